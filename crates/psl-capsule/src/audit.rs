@@ -1,0 +1,149 @@
+//! Whole-replica audit of a capsule file: every framing, record and chain check, with each
+//! problem named by record position, hash, writer, seq and the check that failed.
+
+use crate::file::{scan, FileProblem};
+use crate::replica::Replica;
+use crate::verify::Verifier;
+use crate::{MetadataError, SignedMetadata};
+use psl_crypto::{DataKey, Hash256};
+use serde::Serialize;
+use std::fmt;
+
+/// One problem found by an audit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Problem {
+    /// Position of the record in the file, when the problem concerns one record.
+    pub index: Option<usize>,
+    pub hash: Option<String>,
+    pub writer: Option<u32>,
+    pub seq: Option<u64>,
+    /// Stable name of the failed check (`encoding`, `signature`, `decryption`, `prev`, ...).
+    pub check: &'static str,
+    pub detail: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.index {
+            Some(i) => write!(f, "record #{i}")?,
+            None => write!(f, "capsule")?,
+        }
+        if let Some(h) = &self.hash {
+            write!(f, " {h}")?;
+        }
+        match (self.writer, self.seq) {
+            (Some(w), Some(s)) => write!(f, " (writer {w}, seq {s})")?,
+            (Some(w), None) => write!(f, " (writer {w})")?,
+            _ => {}
+        }
+        write!(f, ": {} check failed: {}", self.check, self.detail)
+    }
+}
+
+/// The outcome of auditing a capsule file.
+#[derive(Debug)]
+pub struct Audit {
+    pub metadata: Option<SignedMetadata>,
+    /// Every record that passed the record checks (chain problems are listed separately).
+    pub replica: Option<Replica>,
+    pub records_total: usize,
+    pub records_verified: usize,
+    pub opened: bool,
+    pub problems: Vec<Problem>,
+}
+
+impl Audit {
+    pub fn ok(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// Audits the bytes of a `.capsule` file. With `data_key`, also decrypts every body.
+pub fn audit_file(bytes: &[u8], data_key: Option<DataKey>) -> Audit {
+    let s = scan(bytes);
+    let mut problems = Vec::new();
+    let capsule_problem = |check: &'static str, detail: String| Problem { index: None, hash: None, writer: None, seq: None, check, detail };
+    let metadata = match s.metadata {
+        Ok(m) => Some(m),
+        Err(e) => {
+            let check = if matches!(e, MetadataError::Signature) { "metadata-signature" } else { "metadata" };
+            problems.push(capsule_problem(check, e.to_string()));
+            None
+        }
+    };
+    let mut audit = Audit { metadata: metadata.clone(), replica: None, records_total: s.frames.len(), records_verified: 0, opened: false, problems: Vec::new() };
+    let verifier = metadata.map(|m| {
+        let key = data_key.filter(|k| {
+            let ok = k.fingerprint() == m.meta.policy.data_key_fp;
+            if !ok {
+                problems.push(capsule_problem("data-key", "the key given is not this capsule's data key".into()));
+            }
+            ok
+        });
+        Verifier::new(m, key)
+    });
+    audit.opened = verifier.as_ref().is_some_and(|v| v.can_open());
+    let mut replica = verifier.as_ref().map(|v| Replica::new(v.name()));
+    let mut index_of = std::collections::HashMap::<Hash256, usize>::new();
+    for f in s.frames {
+        let rec = match f.record {
+            Ok(r) => r,
+            Err(e) => {
+                problems.push(Problem { index: Some(f.index), hash: None, writer: None, seq: None, check: "encoding", detail: e.to_string() });
+                continue;
+            }
+        };
+        let Some(v) = &verifier else { continue };
+        let (hash, writer, seq) = (rec.hash(), rec.header().writer, rec.header().seq);
+        match v.verify(rec) {
+            Ok(ok) => {
+                audit.records_verified += 1;
+                index_of.entry(ok.hash()).or_insert(f.index);
+                if let Some(r) = replica.as_mut() {
+                    let _ = r.insert(ok);
+                }
+            }
+            Err(rej) => problems.push(Problem {
+                index: Some(f.index),
+                hash: Some(hash.to_hex()),
+                writer: Some(writer),
+                seq: Some(seq),
+                check: rej.reason.name(),
+                detail: rej.reason.to_string(),
+            }),
+        }
+    }
+    if let Some(fatal) = s.fatal {
+        let (index, check) = match &fatal {
+            FileProblem::Frame { index, .. } => (Some(*index), "framing"),
+            FileProblem::NoTrailer { .. } => (None, "truncation"),
+            FileProblem::Digest | FileProblem::Count { .. } => (None, "file-digest"),
+            FileProblem::Trailing(_) => (None, "trailing-bytes"),
+            FileProblem::Magic | FileProblem::Metadata(_) => (None, "metadata"),
+        };
+        problems.push(Problem { index, hash: None, writer: None, seq: None, check, detail: fatal.to_string() });
+    }
+    if let Some(r) = &replica {
+        for p in r.check() {
+            let (hash, seq) = match &p {
+                crate::ChainProblem::BrokenPrev { hash, seq, .. }
+                | crate::ChainProblem::DanglingLink { hash, seq, .. }
+                | crate::ChainProblem::LinkEpoch { hash, seq, .. }
+                | crate::ChainProblem::Regression { hash, seq, .. } => (Some(*hash), Some(*seq)),
+                crate::ChainProblem::Equivocation { seq, .. } => (None, Some(*seq)),
+                crate::ChainProblem::Gap { from, .. } => (None, Some(*from)),
+            };
+            problems.push(Problem {
+                index: hash.and_then(|h| index_of.get(&h).copied()),
+                hash: hash.map(|h| h.to_hex()),
+                writer: Some(p.writer()),
+                seq,
+                check: p.check(),
+                detail: p.to_string(),
+            });
+        }
+    }
+    audit.replica = replica;
+    audit.problems = problems;
+    audit
+}

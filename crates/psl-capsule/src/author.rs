@@ -1,0 +1,164 @@
+//! A writer's chain state: it assigns seq, prev, Lamport times and epoch links, and seals.
+
+use crate::body::{Action, Body, Op};
+use crate::limits::Limits;
+use crate::meta::{CapsuleName, SignedMetadata};
+use crate::record::{Link, Record};
+use crate::replica::Head;
+use crate::seal::{Draft, SealError};
+use psl_crypto::{AppKey, CryptoError, DataKey, Hash256, SigningKey};
+
+/// One writer of one capsule. Holds its signing key and the application data key.
+pub struct Author {
+    capsule: CapsuleName,
+    limits: Limits,
+    writer: u32,
+    key: SigningKey,
+    data_key: DataKey,
+    app_key_fp: Hash256,
+    next_seq: u64,
+    prev: Hash256,
+    lamport: u64,
+    epoch: u64,
+    /// The SYNC the next record must link to (set on entering an epoch).
+    epoch_link: Option<Link>,
+}
+
+impl std::fmt::Debug for Author {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Author(writer={}, next_seq={}, lamport={}, epoch={})", self.writer, self.next_seq, self.lamport, self.epoch)
+    }
+}
+
+impl Author {
+    /// A writer at the start of its chain.
+    pub fn new(meta: &SignedMetadata, app: &AppKey, writer: u32) -> Result<Author, CryptoError> {
+        Self::with_keys(meta, app.writer(writer)?, app.data_key(), writer)
+    }
+
+    /// A writer from keys handed to it (as a worker receives them from the leader).
+    pub fn with_keys(meta: &SignedMetadata, key: SigningKey, data_key: DataKey, writer: u32) -> Result<Author, CryptoError> {
+        if meta.meta.app.writer(writer)? != key.verifying_key() {
+            return Err(CryptoError::BadSignature);
+        }
+        Ok(Author {
+            capsule: meta.name(),
+            limits: meta.meta.policy.limits,
+            writer,
+            key,
+            data_key,
+            app_key_fp: meta.meta.app.fingerprint(),
+            next_seq: 0,
+            prev: Hash256::ZERO,
+            lamport: 0,
+            epoch: 0,
+            epoch_link: None,
+        })
+    }
+
+    /// Continues after `head`, the newest record of this writer's chain.
+    pub fn resume(&mut self, head: &Head) {
+        self.next_seq = head.seq + 1;
+        self.prev = head.hash;
+        self.lamport = self.lamport.max(head.lamport);
+        self.epoch = self.epoch.max(head.epoch);
+    }
+
+    pub fn writer(&self) -> u32 {
+        self.writer
+    }
+
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    pub fn lamport(&self) -> u64 {
+        self.lamport
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Lamport rule on receipt: `lamport = max(local, seen)`; the next op then takes `+ 1`.
+    pub fn observe(&mut self, lamport: u64) {
+        self.lamport = self.lamport.max(lamport);
+    }
+
+    /// Enters the epoch opened by `sync` (a SYNC record of epoch `epoch`): the next record
+    /// carries the new epoch number and links to it.
+    pub fn enter_epoch(&mut self, sync: Link, epoch: u64) {
+        if epoch > self.epoch {
+            self.epoch = epoch;
+            self.epoch_link = Some(sync);
+        }
+    }
+
+    /// Stamps ops (`Some(value)` = put, `None` = delete) with fresh Lamport times and seals
+    /// them into one data record.
+    pub fn write_ops<K, V>(&mut self, ops: impl IntoIterator<Item = (K, Option<V>)>) -> Result<Record, SealError>
+    where
+        K: Into<Vec<u8>>,
+        V: Into<Vec<u8>>,
+    {
+        let mut lamport = self.lamport;
+        let ops: Vec<Op> = ops
+            .into_iter()
+            .map(|(k, v)| {
+                lamport += 1;
+                Op {
+                    lamport,
+                    key: k.into(),
+                    action: match v {
+                        Some(v) => Action::Put(v.into()),
+                        None => Action::Delete,
+                    },
+                }
+            })
+            .collect();
+        self.write_body(Body::Data(ops))
+    }
+
+    /// Seals an already stamped data batch (ops carry their own Lamport times).
+    pub fn write_stamped(&mut self, ops: Vec<Op>) -> Result<Record, SealError> {
+        self.write_body(Body::Data(ops))
+    }
+
+    /// Writes a SYNC record of the next epoch pointing at `heads` (coordinator only).
+    pub fn write_sync(&mut self, heads: Vec<Link>) -> Result<Record, SealError> {
+        let epoch = self.epoch + 1;
+        let rec = self.write_with(Body::Sync { app_key_fp: self.app_key_fp }, heads, epoch, self.lamport + 1)?;
+        self.epoch = epoch;
+        Ok(rec)
+    }
+
+    /// Seals any body at this writer's next seq.
+    pub fn write_body(&mut self, body: Body) -> Result<Record, SealError> {
+        let lamport = match &body {
+            Body::Data(ops) => ops.last().map(|o| o.lamport).unwrap_or(self.lamport),
+            _ => self.lamport + 1,
+        };
+        let links = self.epoch_link.into_iter().collect();
+        let rec = self.write_with(body, links, self.epoch, lamport)?;
+        self.epoch_link = None;
+        Ok(rec)
+    }
+
+    fn write_with(&mut self, body: Body, links: Vec<Link>, epoch: u64, lamport: u64) -> Result<Record, SealError> {
+        let draft = Draft {
+            writer: self.writer,
+            key_gen: 0,
+            seq: self.next_seq,
+            lamport,
+            epoch,
+            prev: self.prev,
+            links,
+            body,
+        };
+        let rec = draft.seal(self.capsule, &self.limits, &self.key, &self.data_key)?;
+        self.next_seq += 1;
+        self.prev = rec.hash();
+        self.lamport = lamport;
+        Ok(rec)
+    }
+}

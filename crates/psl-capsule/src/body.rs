@@ -1,0 +1,207 @@
+//! Plaintext bodies, one layout per record kind. Bodies are sealed before they leave the
+//! trusted core and are decoded only after the AEAD has authenticated them; the decoder is
+//! bounded all the same.
+
+use crate::codec::{DecodeError, Put, Reader};
+use crate::limits::Limits;
+use crate::record::Kind;
+use psl_crypto::Hash256;
+
+/// One key-value operation, stamped with its Lamport time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Op {
+    pub lamport: u64,
+    pub key: Vec<u8>,
+    pub action: Action,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    Put(Vec<u8>),
+    Delete,
+}
+
+impl Op {
+    pub fn put(lamport: u64, key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Op {
+        Op { lamport, key: key.into(), action: Action::Put(value.into()) }
+    }
+
+    pub fn delete(lamport: u64, key: impl Into<Vec<u8>>) -> Op {
+        Op { lamport, key: key.into(), action: Action::Delete }
+    }
+
+    /// Bytes this op takes in a data body.
+    pub fn encoded_len(&self) -> usize {
+        1 + 8 + 2 + self.key.len() + match &self.action {
+            Action::Put(v) => 4 + v.len(),
+            Action::Delete => 0,
+        }
+    }
+}
+
+/// Control messages carried in control records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ControlCode {
+    /// Coordinator: ready to sync (end the epoch).
+    Rts = 1,
+    /// Writer: end of epoch, with its latest (seq, hash) in the links.
+    Eoe = 2,
+    /// Leader: wipe memtables and keys.
+    Reset = 3,
+    /// Leader: the application key rotates.
+    Rotate = 4,
+}
+
+impl ControlCode {
+    fn from_u8(v: u8) -> Option<ControlCode> {
+        Some(match v {
+            1 => ControlCode::Rts,
+            2 => ControlCode::Eoe,
+            3 => ControlCode::Reset,
+            4 => ControlCode::Rotate,
+            _ => return None,
+        })
+    }
+}
+
+/// A decoded plaintext body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Body {
+    /// A batch of ops, in strictly increasing Lamport order.
+    Data(Vec<Op>),
+    /// A SYNC: the fingerprint of the application key in force.
+    Sync { app_key_fp: Hash256 },
+    Control { code: ControlCode, payload: Vec<u8> },
+    /// CapsuleDB block and index bodies; their content is CapsuleDB's.
+    DbBlock(Vec<u8>),
+    DbIndex(Vec<u8>),
+}
+
+impl Body {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Body::Data(_) => Kind::Data,
+            Body::Sync { .. } => Kind::Sync,
+            Body::Control { .. } => Kind::Control,
+            Body::DbBlock(_) => Kind::DbBlock,
+            Body::DbIndex(_) => Kind::DbIndex,
+        }
+    }
+
+    /// Checks the body against `limits` and the header's Lamport time: what an encoder must
+    /// hold before writing and a decoder must find after reading.
+    pub fn check(&self, limits: &Limits, header_lamport: u64) -> Result<(), DecodeError> {
+        if let Body::Data(ops) = self {
+            if ops.is_empty() {
+                return Err(DecodeError::Invalid { field: "ops", why: "a data record holds at least one op" });
+            }
+            if ops.len() as u64 > limits.ops_per_record_max as u64 {
+                return Err(DecodeError::Limit {
+                    field: "op count",
+                    len: ops.len() as u64,
+                    max: limits.ops_per_record_max as u64,
+                });
+            }
+            let mut last = None;
+            for op in ops {
+                if op.key.is_empty() {
+                    return Err(DecodeError::Invalid { field: "key", why: "empty" });
+                }
+                if op.key.len() as u64 > limits.key_bytes_max as u64 {
+                    return Err(DecodeError::Limit { field: "key", len: op.key.len() as u64, max: limits.key_bytes_max as u64 });
+                }
+                if let Action::Put(v) = &op.action {
+                    if v.len() as u64 > limits.value_bytes_max as u64 {
+                        return Err(DecodeError::Limit { field: "value", len: v.len() as u64, max: limits.value_bytes_max as u64 });
+                    }
+                }
+                if last.is_some_and(|l| op.lamport <= l) {
+                    return Err(DecodeError::Invalid { field: "op lamport", why: "not strictly increasing" });
+                }
+                last = Some(op.lamport);
+            }
+            if last != Some(header_lamport) {
+                return Err(DecodeError::Invalid { field: "header lamport", why: "differs from the last op's" });
+            }
+        }
+        Ok(())
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::new();
+        match self {
+            Body::Data(ops) => {
+                b.reserve(4 + ops.iter().map(Op::encoded_len).sum::<usize>());
+                b.put_u32(ops.len() as u32);
+                for op in ops {
+                    b.put_u8(match op.action {
+                        Action::Put(_) => 1,
+                        Action::Delete => 2,
+                    });
+                    b.put_u64(op.lamport);
+                    b.put_u16(op.key.len() as u16);
+                    b.extend_from_slice(&op.key);
+                    if let Action::Put(v) = &op.action {
+                        b.put_u32(v.len() as u32);
+                        b.extend_from_slice(v);
+                    }
+                }
+            }
+            Body::Sync { app_key_fp } => b.extend_from_slice(&app_key_fp.0),
+            Body::Control { code, payload } => {
+                b.put_u8(*code as u8);
+                b.extend_from_slice(payload);
+            }
+            Body::DbBlock(x) | Body::DbIndex(x) => b.extend_from_slice(x),
+        }
+        b
+    }
+
+    /// Decodes a plaintext body of `kind`. Bounded by `limits`; never panics.
+    pub fn decode(kind: Kind, bytes: &[u8], limits: &Limits) -> Result<Body, DecodeError> {
+        let mut r = Reader::new(bytes);
+        let body = match kind {
+            Kind::Data => {
+                let n = r.u32("op count")? as u64;
+                if n > limits.ops_per_record_max as u64 {
+                    return Err(DecodeError::Limit { field: "op count", len: n, max: limits.ops_per_record_max as u64 });
+                }
+                // Each op takes at least 11 bytes, so n is also bounded by the bytes present.
+                if n * 11 > r.remaining() as u64 {
+                    return Err(DecodeError::Truncated { field: "ops", offset: r.pos(), need: n as usize * 11, have: r.remaining() });
+                }
+                let mut ops = Vec::with_capacity(n as usize);
+                for _ in 0..n {
+                    let tag = r.u8("op tag")?;
+                    let lamport = r.u64("op lamport")?;
+                    let klen = r.u16("key length")? as u64;
+                    let key = r.bounded(klen, limits.key_bytes_max as u64, "key")?.to_vec();
+                    let action = match tag {
+                        1 => {
+                            let vlen = r.u32("value length")? as u64;
+                            Action::Put(r.bounded(vlen, limits.value_bytes_max as u64, "value")?.to_vec())
+                        }
+                        2 => Action::Delete,
+                        t => return Err(DecodeError::Tag { field: "op tag", value: t as u64 }),
+                    };
+                    ops.push(Op { lamport, key, action });
+                }
+                Body::Data(ops)
+            }
+            Kind::Sync => Body::Sync { app_key_fp: Hash256(r.array("key fingerprint")?) },
+            Kind::Control => {
+                let c = r.u8("control code")?;
+                let code = ControlCode::from_u8(c).ok_or(DecodeError::Tag { field: "control code", value: c as u64 })?;
+                let rest = r.remaining();
+                Body::Control { code, payload: r.take(rest, "control payload")?.to_vec() }
+            }
+            Kind::DbBlock => Body::DbBlock(bytes.to_vec()),
+            Kind::DbIndex => Body::DbIndex(bytes.to_vec()),
+        };
+        if matches!(kind, Kind::Data | Kind::Sync) {
+            r.finish("body")?;
+        }
+        Ok(body)
+    }
+}

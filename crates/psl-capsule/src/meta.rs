@@ -1,0 +1,261 @@
+//! Capsule metadata and names.
+//!
+//! The name of a capsule is SHA-256 over its canonical metadata encoding, and the owner signs
+//! that name with the owner master key, so that nobody can mint a capsule in someone else's name.
+
+use crate::codec::{DecodeError, Put, Reader};
+use crate::limits::Limits;
+use psl_crypto::{sha256, AppPublicKey, Hash256, OwnerPublicKey, Signature, SigningKey, VerifyingKey};
+use std::fmt;
+
+const META_MAGIC: &[u8; 4] = b"PSLM";
+pub const META_VERSION: u8 = 1;
+/// Most bytes a label may have.
+pub const LABEL_BYTES_MAX: usize = 255;
+/// Largest encoded metadata (with the largest label).
+pub const META_BYTES_MAX: usize = 4 + 1 + 33 + 4 + 65 + 8 + 1 + LABEL_BYTES_MAX + 4 + 5 * 4 + 32;
+
+/// The 256-bit name of a DataCapsule, printed as lowercase hex.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CapsuleName(pub Hash256);
+
+impl fmt::Display for CapsuleName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl fmt::Debug for CapsuleName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CapsuleName({})", self.0.short())
+    }
+}
+
+/// Rules every writer and reader of a capsule applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    /// Writer index of the coordinator: the only writer allowed to write SYNC records.
+    pub coordinator: u32,
+    pub limits: Limits,
+    /// Fingerprint of the application data key, so a key holder can tell it has the right one.
+    pub data_key_fp: Hash256,
+}
+
+/// Canonical capsule metadata.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Metadata {
+    pub owner: OwnerPublicKey,
+    /// Hardened child index of the application key under the owner master key.
+    pub app_index: u32,
+    pub app: AppPublicKey,
+    pub created_ms: u64,
+    pub label: String,
+    pub policy: Policy,
+}
+
+impl Metadata {
+    pub fn encode(&self) -> Vec<u8> {
+        assert!(self.label.len() <= LABEL_BYTES_MAX, "label checked by the constructor");
+        let mut b = Vec::with_capacity(META_BYTES_MAX);
+        b.extend_from_slice(META_MAGIC);
+        b.put_u8(META_VERSION);
+        b.extend_from_slice(&self.owner.0.to_bytes());
+        b.put_u32(self.app_index);
+        b.extend_from_slice(&self.app.to_bytes());
+        b.put_u64(self.created_ms);
+        b.put_u8(self.label.len() as u8);
+        b.extend_from_slice(self.label.as_bytes());
+        b.put_u32(self.policy.coordinator);
+        let l = &self.policy.limits;
+        for v in [l.key_bytes_max, l.value_bytes_max, l.ops_per_record_max, l.links_per_record_max, l.record_bytes_max] {
+            b.put_u32(v);
+        }
+        b.extend_from_slice(&self.policy.data_key_fp.0);
+        b
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Metadata, DecodeError> {
+        if bytes.len() > META_BYTES_MAX {
+            return Err(DecodeError::Limit { field: "metadata", len: bytes.len() as u64, max: META_BYTES_MAX as u64 });
+        }
+        let mut r = Reader::new(bytes);
+        if &r.array::<4>("metadata magic")? != META_MAGIC {
+            return Err(DecodeError::Magic { what: "metadata" });
+        }
+        let v = r.u8("metadata version")?;
+        if v != META_VERSION {
+            return Err(DecodeError::Version { what: "metadata", found: v, supported: META_VERSION });
+        }
+        let owner = VerifyingKey::from_bytes(r.take(33, "owner public key")?)
+            .map_err(|_| DecodeError::Invalid { field: "owner public key", why: "not a secp256k1 point" })?;
+        let app_index = r.u32("application index")?;
+        if app_index >= 1 << 31 {
+            return Err(DecodeError::Invalid { field: "application index", why: "must be below 2^31" });
+        }
+        let app = AppPublicKey::from_bytes(r.take(65, "application public key")?)
+            .map_err(|_| DecodeError::Invalid { field: "application public key", why: "not a secp256k1 point" })?;
+        let created_ms = r.u64("creation time")?;
+        let label_len = r.u8("label length")? as u64;
+        let label = r.bounded(label_len, LABEL_BYTES_MAX as u64, "label")?;
+        let label = std::str::from_utf8(label).map_err(|_| DecodeError::Utf8 { field: "label" })?.to_string();
+        let coordinator = r.u32("coordinator writer")?;
+        if coordinator >= 1 << 31 {
+            return Err(DecodeError::Invalid { field: "coordinator writer", why: "must be below 2^31" });
+        }
+        let limits = Limits {
+            key_bytes_max: r.u32("key_bytes_max")?,
+            value_bytes_max: r.u32("value_bytes_max")?,
+            ops_per_record_max: r.u32("ops_per_record_max")?,
+            links_per_record_max: r.u32("links_per_record_max")?,
+            record_bytes_max: r.u32("record_bytes_max")?,
+        };
+        if !limits.within_ceiling() {
+            return Err(DecodeError::Invalid { field: "policy limits", why: "outside the hard ceilings" });
+        }
+        let data_key_fp = Hash256(r.array("data key fingerprint")?);
+        r.finish("metadata")?;
+        Ok(Metadata {
+            owner: OwnerPublicKey(owner),
+            app_index,
+            app,
+            created_ms,
+            label,
+            policy: Policy { coordinator, limits, data_key_fp },
+        })
+    }
+
+    /// The capsule name: SHA-256 over the canonical encoding.
+    pub fn name(&self) -> CapsuleName {
+        CapsuleName(sha256(&[&self.encode()]))
+    }
+}
+
+/// Metadata with the owner's signature over the capsule name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignedMetadata {
+    pub meta: Metadata,
+    pub signature: Signature,
+    name: CapsuleName,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MetadataError {
+    #[error("metadata encoding: {0}")]
+    Decode(#[from] DecodeError),
+    #[error("metadata signature does not verify under the owner key it names")]
+    Signature,
+    #[error("label is {0} bytes, over the limit of {LABEL_BYTES_MAX}")]
+    Label(usize),
+    #[error("policy limits are outside the hard ceilings")]
+    Limits,
+}
+
+impl SignedMetadata {
+    /// Signs `meta` with the owner master key (which must match `meta.owner`).
+    pub fn sign(meta: Metadata, owner_key: &SigningKey) -> Result<SignedMetadata, MetadataError> {
+        if meta.label.len() > LABEL_BYTES_MAX {
+            return Err(MetadataError::Label(meta.label.len()));
+        }
+        if !meta.policy.limits.within_ceiling() {
+            return Err(MetadataError::Limits);
+        }
+        let name = meta.name();
+        let signature = owner_key.sign(&name.0);
+        let s = SignedMetadata { meta, signature, name };
+        s.check()?;
+        Ok(s)
+    }
+
+    pub fn name(&self) -> CapsuleName {
+        self.name
+    }
+
+    fn check(&self) -> Result<(), MetadataError> {
+        self.meta.owner.0.verify(&self.name.0, &self.signature).map_err(|_| MetadataError::Signature)
+    }
+
+    /// `u16 length || metadata || 64-byte signature`.
+    pub fn encode(&self) -> Vec<u8> {
+        let m = self.meta.encode();
+        let mut b = Vec::with_capacity(2 + m.len() + 64);
+        b.put_u16(m.len() as u16);
+        b.extend_from_slice(&m);
+        b.extend_from_slice(&self.signature.0);
+        b
+    }
+
+    /// Decodes and checks the owner signature.
+    pub fn decode(bytes: &[u8]) -> Result<SignedMetadata, MetadataError> {
+        let mut r = Reader::new(bytes);
+        let n = r.u16("metadata length")? as u64;
+        let m = r.bounded(n, META_BYTES_MAX as u64, "metadata")?;
+        let meta = Metadata::decode(m)?;
+        let signature = Signature(r.array("metadata signature")?);
+        r.finish("signed metadata")?;
+        let s = SignedMetadata { name: CapsuleName(sha256(&[m])), meta, signature };
+        s.check()?;
+        Ok(s)
+    }
+
+    /// Length of the encoding that starts `bytes`, read from its length prefix.
+    pub fn encoded_len(bytes: &[u8]) -> Result<usize, DecodeError> {
+        let mut r = Reader::new(bytes);
+        let n = r.u16("metadata length")? as usize;
+        if n > META_BYTES_MAX {
+            return Err(DecodeError::Limit { field: "metadata", len: n as u64, max: META_BYTES_MAX as u64 });
+        }
+        Ok(2 + n + 64)
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use psl_crypto::OwnerKey;
+
+    pub(crate) fn sample(owner: &OwnerKey, label: &str) -> SignedMetadata {
+        let app = owner.app(7).unwrap();
+        let meta = Metadata {
+            owner: owner.public(),
+            app_index: 7,
+            app: app.public(),
+            created_ms: 1_700_000_000_000,
+            label: label.into(),
+            policy: Policy { coordinator: 1000, limits: Limits::default(), data_key_fp: app.data_key().fingerprint() },
+        };
+        SignedMetadata::sign(meta, &owner.signing_key()).unwrap()
+    }
+
+    #[test]
+    fn round_trip_and_name_is_stable() {
+        let owner = OwnerKey::from_seed(&[3; 32]).unwrap();
+        let s = sample(&owner, "demo");
+        let enc = s.encode();
+        assert_eq!(enc.len(), SignedMetadata::encoded_len(&enc).unwrap());
+        let back = SignedMetadata::decode(&enc).unwrap();
+        assert_eq!(back, s);
+        assert_eq!(back.name(), s.meta.name());
+        assert_ne!(sample(&owner, "other").name(), s.name());
+    }
+
+    #[test]
+    fn every_flipped_bit_is_refused() {
+        let owner = OwnerKey::from_seed(&[3; 32]).unwrap();
+        let enc = sample(&owner, "x").encode();
+        for i in 0..enc.len() {
+            for bit in [0x01u8, 0x80] {
+                let mut b = enc.clone();
+                b[i] ^= bit;
+                assert!(SignedMetadata::decode(&b).is_err(), "byte {i} bit {bit:#x}");
+            }
+        }
+    }
+
+    #[test]
+    fn signature_by_someone_else_is_refused() {
+        let owner = OwnerKey::from_seed(&[3; 32]).unwrap();
+        let thief = OwnerKey::from_seed(&[4; 32]).unwrap();
+        let s = sample(&owner, "x");
+        assert_eq!(SignedMetadata::sign(s.meta.clone(), &thief.signing_key()), Err(MetadataError::Signature));
+    }
+}

@@ -1,0 +1,275 @@
+//! The record: header, sealed body, signature. See `docs/formats/datacapsule.md` for the layout.
+
+use crate::codec::{DecodeError, Put, Reader};
+use crate::limits::Limits;
+use crate::meta::CapsuleName;
+use psl_crypto::{sha256, Hash256, Signature, SALT_LEN, SIGNATURE_LEN};
+use std::sync::Arc;
+
+pub const RECORD_VERSION: u8 = 1;
+/// Bytes of a header with no links.
+pub const HEADER_FIXED_LEN: usize = 116;
+/// Bytes of one link.
+pub const LINK_LEN: usize = 44;
+const HASH_DOMAIN: &[u8] = b"psl/record/v1";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+#[repr(u8)]
+pub enum Kind {
+    Data = 1,
+    Sync = 2,
+    Control = 3,
+    DbBlock = 4,
+    DbIndex = 5,
+}
+
+impl Kind {
+    pub fn from_u8(v: u8) -> Option<Kind> {
+        Some(match v {
+            1 => Kind::Data,
+            2 => Kind::Sync,
+            3 => Kind::Control,
+            4 => Kind::DbBlock,
+            5 => Kind::DbIndex,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Data => "data",
+            Kind::Sync => "sync",
+            Kind::Control => "control",
+            Kind::DbBlock => "db-block",
+            Kind::DbIndex => "db-index",
+        }
+    }
+}
+
+/// A hash pointer to another record, naming its writer and seq so that a reader can check
+/// the target without fetching it first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Link {
+    pub writer: u32,
+    pub seq: u64,
+    pub hash: Hash256,
+}
+
+/// The plaintext, signed header of a record. Its encoding is the AEAD's associated data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Header {
+    pub kind: Kind,
+    pub capsule: CapsuleName,
+    /// Writer index: the non-hardened BIP32 child whose key signs this record.
+    pub writer: u32,
+    /// Generation of the application key that signed (0 = the key named in the metadata).
+    pub key_gen: u32,
+    /// Per-writer sequence number, dense from 0.
+    pub seq: u64,
+    /// Lamport timestamp of the last op in the record.
+    pub lamport: u64,
+    /// Number of the newest SYNC the writer had seen.
+    pub epoch: u64,
+    /// Random salt from which the body's one-time key is derived.
+    pub salt: [u8; SALT_LEN],
+    /// Hash of this writer's record `seq - 1`; zero when `seq == 0`.
+    pub prev: Hash256,
+    /// Other hash pointers: for a SYNC, each writer's last record of the epoch; for the first
+    /// record of a writer in an epoch, the SYNC that opened it.
+    pub links: Vec<Link>,
+}
+
+impl Header {
+    pub fn encoded_len(&self) -> usize {
+        HEADER_FIXED_LEN + LINK_LEN * self.links.len()
+    }
+
+    pub(crate) fn encode_into(&self, b: &mut Vec<u8>) {
+        assert!(self.links.len() <= u16::MAX as usize, "links are checked against limits before encoding");
+        b.put_u8(RECORD_VERSION);
+        b.put_u8(self.kind as u8);
+        b.put_u16(self.links.len() as u16);
+        b.extend_from_slice(&self.capsule.0 .0);
+        b.put_u32(self.writer);
+        b.put_u32(self.key_gen);
+        b.put_u64(self.seq);
+        b.put_u64(self.lamport);
+        b.put_u64(self.epoch);
+        b.extend_from_slice(&self.salt);
+        b.extend_from_slice(&self.prev.0);
+        for l in &self.links {
+            b.put_u32(l.writer);
+            b.put_u64(l.seq);
+            b.extend_from_slice(&l.hash.0);
+        }
+    }
+
+    pub(crate) fn decode_from(r: &mut Reader<'_>, limits: &Limits) -> Result<Header, DecodeError> {
+        let v = r.u8("record version")?;
+        if v != RECORD_VERSION {
+            return Err(DecodeError::Version { what: "record", found: v, supported: RECORD_VERSION });
+        }
+        let k = r.u8("record kind")?;
+        let kind = Kind::from_u8(k).ok_or(DecodeError::Tag { field: "record kind", value: k as u64 })?;
+        let nlinks = r.u16("link count")? as u64;
+        if nlinks > limits.links_per_record_max as u64 {
+            return Err(DecodeError::Limit { field: "link count", len: nlinks, max: limits.links_per_record_max as u64 });
+        }
+        let capsule = CapsuleName(Hash256(r.array("capsule")?));
+        let writer = r.u32("writer")?;
+        let key_gen = r.u32("key generation")?;
+        let seq = r.u64("seq")?;
+        let lamport = r.u64("lamport")?;
+        let epoch = r.u64("epoch")?;
+        let salt = r.array("salt")?;
+        let prev = Hash256(r.array("prev")?);
+        // The count is bounded above and each link is read from bytes already present.
+        let need = nlinks as usize * LINK_LEN;
+        if r.remaining() < need {
+            return Err(DecodeError::Truncated { field: "links", offset: r.pos(), need, have: r.remaining() });
+        }
+        let mut links = Vec::with_capacity(nlinks as usize);
+        for _ in 0..nlinks {
+            links.push(Link { writer: r.u32("link writer")?, seq: r.u64("link seq")?, hash: Hash256(r.array("link hash")?) });
+        }
+        Ok(Header { kind, capsule, writer, key_gen, seq, lamport, epoch, salt, prev, links })
+    }
+
+    /// Decodes a header that must fill `bytes` exactly.
+    pub fn decode(bytes: &[u8], limits: &Limits) -> Result<Header, DecodeError> {
+        let mut r = Reader::new(bytes);
+        let h = Header::decode_from(&mut r, limits)?;
+        r.finish("header")?;
+        Ok(h)
+    }
+}
+
+/// The record hash: `SHA-256("psl/record/v1" || header || u32 body_len || SHA-256(body))`.
+/// Hashing the body's digest rather than the body lets a membership proof carry only headers.
+pub fn record_hash(header_bytes: &[u8], body_len: u32, body_digest: &Hash256) -> Hash256 {
+    sha256(&[HASH_DOMAIN, header_bytes, &body_len.to_le_bytes(), &body_digest.0])
+}
+
+/// A decoded record: its exact bytes, the parsed header and its hash. Decoding checks only the
+/// encoding; a `Record` has not been verified (see [`crate::Verifier`]).
+#[derive(Clone)]
+pub struct Record {
+    raw: Arc<[u8]>,
+    header: Header,
+    header_len: usize,
+    body_len: usize,
+    body_digest: Hash256,
+    hash: Hash256,
+}
+
+impl std::fmt::Debug for Record {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Record({} {} w{} s{} {} B)",
+            self.hash.short(),
+            self.header.kind.name(),
+            self.header.writer,
+            self.header.seq,
+            self.raw.len()
+        )
+    }
+}
+
+impl PartialEq for Record {
+    fn eq(&self, other: &Self) -> bool {
+        self.raw == other.raw
+    }
+}
+impl Eq for Record {}
+
+impl Record {
+    /// Assembles a record from a header, a sealed body and a signature.
+    pub(crate) fn assemble(header: Header, body: &[u8], signature_of: impl FnOnce(&Hash256) -> Signature) -> Record {
+        let header_len = header.encoded_len();
+        let mut raw = Vec::with_capacity(header_len + 4 + body.len() + SIGNATURE_LEN);
+        header.encode_into(&mut raw);
+        debug_assert_eq!(raw.len(), header_len);
+        raw.put_u32(body.len() as u32);
+        raw.extend_from_slice(body);
+        let body_digest = sha256(&[body]);
+        let hash = record_hash(&raw[..header_len], body.len() as u32, &body_digest);
+        let sig = signature_of(&hash);
+        raw.extend_from_slice(&sig.0);
+        Record { raw: raw.into(), header, header_len, body_len: body.len(), body_digest, hash }
+    }
+
+    /// Decodes exactly `bytes` as one record under `limits`. Never panics; allocates only the
+    /// links vector (bounded by `links_per_record_max`) and one copy of `bytes`.
+    pub fn decode(bytes: &[u8], limits: &Limits) -> Result<Record, DecodeError> {
+        if bytes.len() as u64 > limits.record_bytes_max as u64 {
+            return Err(DecodeError::Limit { field: "record", len: bytes.len() as u64, max: limits.record_bytes_max as u64 });
+        }
+        let mut r = Reader::new(bytes);
+        let header = Header::decode_from(&mut r, limits)?;
+        let header_len = r.pos();
+        let body_len = r.u32("body length")? as u64;
+        let body = r.bounded(body_len, limits.record_bytes_max as u64, "body")?;
+        let _sig: [u8; SIGNATURE_LEN] = r.array("signature")?;
+        r.finish("record")?;
+        let body_digest = sha256(&[body]);
+        let hash = record_hash(&bytes[..header_len], body.len() as u32, &body_digest);
+        Ok(Record { raw: bytes.into(), header, header_len, body_len: body.len(), body_digest, hash })
+    }
+
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    pub fn hash(&self) -> Hash256 {
+        self.hash
+    }
+
+    /// The exact bytes of the record, as signed and stored.
+    pub fn bytes(&self) -> &[u8] {
+        &self.raw
+    }
+
+    pub fn shared_bytes(&self) -> Arc<[u8]> {
+        self.raw.clone()
+    }
+
+    /// The header's encoding: the AEAD's associated data.
+    pub fn header_bytes(&self) -> &[u8] {
+        &self.raw[..self.header_len]
+    }
+
+    /// The sealed body (ciphertext followed by the GCM tag).
+    pub fn body(&self) -> &[u8] {
+        &self.raw[self.header_len + 4..self.header_len + 4 + self.body_len]
+    }
+
+    pub fn body_digest(&self) -> Hash256 {
+        self.body_digest
+    }
+
+    pub fn body_len(&self) -> u32 {
+        self.body_len as u32
+    }
+
+    pub fn signature(&self) -> Signature {
+        let mut s = [0u8; SIGNATURE_LEN];
+        s.copy_from_slice(&self.raw[self.raw.len() - SIGNATURE_LEN..]);
+        Signature(s)
+    }
+
+    /// The link this record's successor (or a SYNC) uses to point at it.
+    pub fn link(&self) -> Link {
+        Link { writer: self.header.writer, seq: self.header.seq, hash: self.hash }
+    }
+
+    /// The key-derivation context for the body: capsule, writer, seq.
+    pub(crate) fn seal_context(capsule: &CapsuleName, writer: u32, seq: u64) -> [u8; 44] {
+        let mut c = [0u8; 44];
+        c[..32].copy_from_slice(&capsule.0 .0);
+        c[32..36].copy_from_slice(&writer.to_le_bytes());
+        c[36..].copy_from_slice(&seq.to_le_bytes());
+        c
+    }
+}

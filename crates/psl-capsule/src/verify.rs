@@ -1,0 +1,244 @@
+//! The verifier: the only place a [`Verified`] value is made.
+
+use crate::body::Body;
+use crate::codec::DecodeError;
+use crate::meta::{CapsuleName, SignedMetadata};
+use crate::record::{Kind, Record};
+use psl_crypto::{DataKey, Hash256, VerifyingKey};
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::RwLock;
+
+/// A value that has passed the verifier. The field is private to this module, so no other code
+/// can construct one: holding a `Verified<Record>` proves the checks ran.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Verified<T>(T);
+
+impl<T> Verified<T> {
+    pub fn into_inner(self) -> T {
+        self.0
+    }
+}
+
+impl<T> std::ops::Deref for Verified<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for Verified<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Verified({:?})", self.0)
+    }
+}
+
+/// A verified record together with its decrypted, decoded body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Opened {
+    pub record: Record,
+    pub body: Body,
+}
+
+impl Verified<Opened> {
+    pub fn split(self) -> (Verified<Record>, Body) {
+        (Verified(self.0.record), self.0.body)
+    }
+
+    pub fn record(&self) -> Verified<Record> {
+        Verified(self.0.record.clone())
+    }
+}
+
+/// Which check refused a record. `name()` is stable: logs and metrics label rejections with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Reason {
+    #[error("{0}")]
+    Encoding(DecodeError),
+    #[error("record belongs to capsule {found}, not this one")]
+    Capsule { found: Hash256 },
+    #[error("writer index {0} is a hardened index; writers are non-hardened children")]
+    Writer(u32),
+    #[error("key generation {0} is not known to this verifier")]
+    KeyGeneration(u32),
+    #[error("{kind} records may only be written by the coordinator (writer {coordinator})")]
+    KindNotAllowed { kind: &'static str, coordinator: u32 },
+    #[error("{0}")]
+    Structure(&'static str),
+    #[error("signature does not verify under writer {0}'s derived key")]
+    Signature(u32),
+    #[error("body does not decrypt under the application data key")]
+    Decryption,
+    #[error("decrypted body is invalid: {0}")]
+    Body(DecodeError),
+    #[error("SYNC names application key {found}, but the key in force is {expected}")]
+    KeyFingerprint { found: Hash256, expected: Hash256 },
+}
+
+impl Reason {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Reason::Encoding(_) => "encoding",
+            Reason::Capsule { .. } => "capsule",
+            Reason::Writer(_) => "writer",
+            Reason::KeyGeneration(_) => "key-generation",
+            Reason::KindNotAllowed { .. } => "kind",
+            Reason::Structure(_) => "structure",
+            Reason::Signature(_) => "signature",
+            Reason::Decryption => "decryption",
+            Reason::Body(_) => "body",
+            Reason::KeyFingerprint { .. } => "key-fingerprint",
+        }
+    }
+}
+
+/// A refused record, named as far as its bytes allow.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejected {
+    pub hash: Option<Hash256>,
+    pub writer: Option<u32>,
+    pub seq: Option<u64>,
+    pub reason: Reason,
+}
+
+impl fmt::Display for Rejected {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.hash {
+            Some(h) => write!(f, "record {h}")?,
+            None => write!(f, "record (undecodable)")?,
+        }
+        if let (Some(w), Some(s)) = (self.writer, self.seq) {
+            write!(f, " (writer {w}, seq {s})")?;
+        }
+        write!(f, ": {} check failed: {}", self.reason.name(), self.reason)
+    }
+}
+
+impl std::error::Error for Rejected {}
+
+/// Verifies records of one capsule. Holds the public metadata and, optionally, the data key;
+/// without it, it checks everything but decryption (as a capsule server does).
+pub struct Verifier {
+    meta: SignedMetadata,
+    data_key: Option<DataKey>,
+    writer_keys: RwLock<HashMap<u32, VerifyingKey>>,
+}
+
+impl fmt::Debug for Verifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Verifier(capsule={}, can_open={})", self.meta.name().0.short(), self.data_key.is_some())
+    }
+}
+
+impl Verifier {
+    pub fn new(meta: SignedMetadata, data_key: Option<DataKey>) -> Verifier {
+        Verifier { meta, data_key, writer_keys: RwLock::new(HashMap::new()) }
+    }
+
+    pub fn metadata(&self) -> &SignedMetadata {
+        &self.meta
+    }
+
+    pub fn name(&self) -> CapsuleName {
+        self.meta.name()
+    }
+
+    pub fn can_open(&self) -> bool {
+        self.data_key.is_some()
+    }
+
+    /// Whether `key` is this capsule's data key (by its fingerprint in the metadata).
+    pub fn data_key_matches(&self, key: &DataKey) -> bool {
+        key.fingerprint() == self.meta.meta.policy.data_key_fp
+    }
+
+    /// The public key of writer `w`, derived from the application public key (cached).
+    pub fn writer_key(&self, w: u32) -> Result<VerifyingKey, Reason> {
+        if let Some(k) = self.writer_keys.read().unwrap_or_else(|p| p.into_inner()).get(&w) {
+            return Ok(*k);
+        }
+        let k = self.meta.meta.app.writer(w).map_err(|_| Reason::Writer(w))?;
+        self.writer_keys.write().unwrap_or_else(|p| p.into_inner()).insert(w, k);
+        Ok(k)
+    }
+
+    /// Decodes and verifies raw bytes.
+    pub fn verify_bytes(&self, bytes: &[u8]) -> Result<Verified<Record>, Rejected> {
+        let rec = Record::decode(bytes, &self.meta.meta.policy.limits)
+            .map_err(|e| Rejected { hash: None, writer: None, seq: None, reason: Reason::Encoding(e) })?;
+        self.verify(rec)
+    }
+
+    /// Verifies a decoded record: capsule, writer, key generation, kind, structure, signature,
+    /// and, when this verifier holds the data key, decryption and the body.
+    pub fn verify(&self, rec: Record) -> Result<Verified<Record>, Rejected> {
+        if self.data_key.is_some() {
+            return self.verify_open(rec).map(|o| o.split().0);
+        }
+        self.check_public(&rec)?;
+        Ok(Verified(rec))
+    }
+
+    /// Like [`Verifier::verify`], and returns the decrypted body. Needs the data key.
+    pub fn verify_open(&self, rec: Record) -> Result<Verified<Opened>, Rejected> {
+        self.check_public(&rec)?;
+        let body = self.open_body(&rec).map_err(|reason| reject(&rec, reason))?;
+        Ok(Verified(Opened { record: rec, body }))
+    }
+
+    /// Decrypts a record that has already been verified.
+    pub fn open(&self, rec: &Verified<Record>) -> Result<Body, Rejected> {
+        self.open_body(rec).map_err(|reason| reject(rec, reason))
+    }
+
+    fn open_body(&self, rec: &Record) -> Result<Body, Reason> {
+        let key = self.data_key.as_ref().ok_or(Reason::Decryption)?;
+        let h = rec.header();
+        let ctx = Record::seal_context(&h.capsule, h.writer, h.seq);
+        let plain = key.open(&h.salt, &ctx, rec.header_bytes(), rec.body()).map_err(|_| Reason::Decryption)?;
+        let limits = &self.meta.meta.policy.limits;
+        let body = Body::decode(h.kind, &plain, limits).map_err(Reason::Body)?;
+        body.check(limits, h.lamport).map_err(Reason::Body)?;
+        if let Body::Sync { app_key_fp } = &body {
+            let expected = self.meta.meta.app.fingerprint();
+            if *app_key_fp != expected {
+                return Err(Reason::KeyFingerprint { found: *app_key_fp, expected });
+            }
+        }
+        Ok(body)
+    }
+
+    fn check_public(&self, rec: &Record) -> Result<(), Rejected> {
+        let h = rec.header();
+        let fail = |reason| Err(reject(rec, reason));
+        if h.capsule != self.meta.name() {
+            return fail(Reason::Capsule { found: h.capsule.0 });
+        }
+        if h.writer >= 1 << 31 {
+            return fail(Reason::Writer(h.writer));
+        }
+        if h.key_gen != 0 {
+            return fail(Reason::KeyGeneration(h.key_gen));
+        }
+        let coordinator = self.meta.meta.policy.coordinator;
+        if h.kind == Kind::Sync && h.writer != coordinator {
+            return fail(Reason::KindNotAllowed { kind: "sync", coordinator });
+        }
+        if (h.seq == 0) != h.prev.is_zero() {
+            return fail(Reason::Structure("seq 0 must have a zero prev, and every later seq a non-zero one"));
+        }
+        if h.kind == Kind::Data && h.links.iter().any(|l| l.writer != coordinator) {
+            return fail(Reason::Structure("a data record may link only to SYNC records"));
+        }
+        let key = self.writer_key(h.writer).map_err(|r| reject(rec, r))?;
+        if key.verify(&rec.hash(), &rec.signature()).is_err() {
+            return fail(Reason::Signature(h.writer));
+        }
+        Ok(())
+    }
+}
+
+fn reject(rec: &Record, reason: Reason) -> Rejected {
+    let h = rec.header();
+    Rejected { hash: Some(rec.hash()), writer: Some(h.writer), seq: Some(h.seq), reason }
+}

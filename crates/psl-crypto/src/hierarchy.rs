@@ -1,0 +1,416 @@
+//! The BIP32 key tree on secp256k1:
+//!
+//! ```text
+//! owner master (m)  ──hardened child a──▶  application key (m/a')  ──child w──▶  writer key (m/a'/w)
+//! ```
+//!
+//! The application key is a *hardened* child, so holding the application key reveals nothing
+//! about the owner key or other applications. Writer keys are *non-hardened* children, so that
+//! anyone holding the application extended public key (public key + chain code) derives every
+//! writer's public key, and verifies any writer's record, without a directory of keys.
+//!
+//! Child key derivation (CKD) follows BIP32 exactly (HMAC-SHA512 keyed with the chain code); it is
+//! implemented here over zeroizing buffers rather than taken from the `bip32` crate, whose
+//! private-key type does not erase the libsecp256k1 secret on drop. The `bip32` crate is the test
+//! oracle: the tests check our derivations against it.
+
+use crate::sign::{SigningKey, VerifyingKey, PUBLIC_KEY_LEN};
+use crate::{sha256, CryptoError, DataKey, Hash256};
+use aws_lc_rs::hmac;
+use std::fmt;
+use zeroize::{Zeroize, Zeroizing};
+
+/// Non-hardened child indices are `0 ..= WRITER_INDEX_MAX`.
+pub const WRITER_INDEX_MAX: u32 = (1 << 31) - 1;
+const HARDENED: u32 = 1 << 31;
+
+/// An extended private key: a secret scalar and a chain code, both erased on drop.
+struct XPrv {
+    secret: Zeroizing<[u8; 32]>,
+    chain_code: Zeroizing<[u8; 32]>,
+}
+
+impl XPrv {
+    fn master(seed: &[u8]) -> Result<XPrv, CryptoError> {
+        let key = hmac::Key::new(hmac::HMAC_SHA512, b"Bitcoin seed");
+        let tag = hmac::sign(&key, seed);
+        Self::from_i(tag.as_ref(), 0).and_then(|(il, ir)| {
+            // The master secret is IL itself; it must be a valid non-zero scalar.
+            secp256k1::SecretKey::from_secret_bytes(*il)
+                .map_err(|_| CryptoError::Derivation { index: 0, why: "master key out of range" })?;
+            Ok(XPrv { secret: il, chain_code: ir })
+        })
+    }
+
+    fn from_i(i: &[u8], index: u32) -> Result<(Zeroizing<[u8; 32]>, Zeroizing<[u8; 32]>), CryptoError> {
+        if i.len() != 64 {
+            return Err(CryptoError::Derivation { index, why: "HMAC output length" });
+        }
+        let mut il = Zeroizing::new([0u8; 32]);
+        let mut ir = Zeroizing::new([0u8; 32]);
+        il.copy_from_slice(&i[..32]);
+        ir.copy_from_slice(&i[32..]);
+        Ok((il, ir))
+    }
+
+    fn secret_key(&self) -> Result<secp256k1::SecretKey, CryptoError> {
+        secp256k1::SecretKey::from_secret_bytes(*self.secret).map_err(|_| CryptoError::MalformedSecretKey)
+    }
+
+    fn public_key(&self) -> Result<secp256k1::PublicKey, CryptoError> {
+        let mut sk = self.secret_key()?;
+        let pk = sk.public_key();
+        sk.non_secure_erase();
+        Ok(pk)
+    }
+
+    /// BIP32 CKDpriv.
+    fn child(&self, index: u32) -> Result<XPrv, CryptoError> {
+        let key = hmac::Key::new(hmac::HMAC_SHA512, &self.chain_code[..]);
+        let mut data = Zeroizing::new([0u8; 37]);
+        if index & HARDENED != 0 {
+            data[1..33].copy_from_slice(&self.secret[..]);
+        } else {
+            data[..33].copy_from_slice(&self.public_key()?.serialize());
+        }
+        data[33..].copy_from_slice(&index.to_be_bytes());
+        let tag = hmac::sign(&key, &data[..]);
+        let (il, ir) = Self::from_i(tag.as_ref(), index)?;
+        let tweak = secp256k1::Scalar::from_be_bytes(*il)
+            .map_err(|_| CryptoError::Derivation { index, why: "IL is not below the curve order" })?;
+        let mut parent = self.secret_key()?;
+        let child = parent
+            .add_tweak(&tweak)
+            .map_err(|_| CryptoError::Derivation { index, why: "derived key is zero" })?;
+        parent.non_secure_erase();
+        let mut secret = Zeroizing::new([0u8; 32]);
+        secret.copy_from_slice(&child.to_secret_bytes());
+        let mut child = child;
+        child.non_secure_erase();
+        Ok(XPrv { secret, chain_code: ir })
+    }
+
+    fn xpub(&self) -> Result<XPub, CryptoError> {
+        Ok(XPub { pk: self.public_key()?, chain_code: *self.chain_code })
+    }
+
+    fn signing_key(&self) -> Result<SigningKey, CryptoError> {
+        Ok(SigningKey::from_secret(self.secret_key()?))
+    }
+}
+
+/// An extended public key: a point and a chain code.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct XPub {
+    pk: secp256k1::PublicKey,
+    chain_code: [u8; 32],
+}
+
+impl XPub {
+    /// BIP32 CKDpub (non-hardened children only).
+    fn child(&self, index: u32) -> Result<XPub, CryptoError> {
+        if index & HARDENED != 0 {
+            return Err(CryptoError::WriterIndex(index));
+        }
+        let key = hmac::Key::new(hmac::HMAC_SHA512, &self.chain_code);
+        let mut data = [0u8; 37];
+        data[..33].copy_from_slice(&self.pk.serialize());
+        data[33..].copy_from_slice(&index.to_be_bytes());
+        let tag = hmac::sign(&key, &data);
+        let (il, ir) = XPrv::from_i(tag.as_ref(), index)?;
+        let tweak = secp256k1::Scalar::from_be_bytes(*il)
+            .map_err(|_| CryptoError::Derivation { index, why: "IL is not below the curve order" })?;
+        let pk = self
+            .pk
+            .add_exp_tweak(&tweak)
+            .map_err(|_| CryptoError::Derivation { index, why: "derived point is infinity" })?;
+        Ok(XPub { pk, chain_code: *ir })
+    }
+
+    fn to_bytes(self) -> [u8; 65] {
+        let mut out = [0u8; 65];
+        out[..33].copy_from_slice(&self.pk.serialize());
+        out[33..].copy_from_slice(&self.chain_code);
+        out
+    }
+
+    fn from_bytes(b: &[u8]) -> Result<XPub, CryptoError> {
+        if b.len() != 65 {
+            return Err(CryptoError::MalformedPublicKey);
+        }
+        let pk = secp256k1::PublicKey::from_slice(&b[..33]).map_err(|_| CryptoError::MalformedPublicKey)?;
+        let mut chain_code = [0u8; 32];
+        chain_code.copy_from_slice(&b[33..]);
+        Ok(XPub { pk, chain_code })
+    }
+}
+
+/// The owner's master key: the root of one owner's capsules. Secret; erased on drop.
+pub struct OwnerKey {
+    xprv: XPrv,
+}
+
+const OWNER_FILE_MAGIC: &str = "psl-owner-key-v1";
+
+impl OwnerKey {
+    /// A new master key from 32 bytes of OS randomness.
+    pub fn generate() -> OwnerKey {
+        let mut seed = Zeroizing::new([0u8; 32]);
+        loop {
+            rand::fill(&mut seed[..]);
+            if let Ok(k) = Self::from_seed(&seed[..]) {
+                return k;
+            }
+        }
+    }
+
+    /// The BIP32 master key of `seed` (16 to 64 bytes).
+    pub fn from_seed(seed: &[u8]) -> Result<OwnerKey, CryptoError> {
+        if !(16..=64).contains(&seed.len()) {
+            return Err(CryptoError::KeyFile(format!("seed must be 16 to 64 bytes, got {}", seed.len())));
+        }
+        Ok(OwnerKey { xprv: XPrv::master(seed)? })
+    }
+
+    pub fn public(&self) -> OwnerPublicKey {
+        OwnerPublicKey(VerifyingKey { pk: self.xprv.public_key().expect("valid secret by construction") })
+    }
+
+    /// Signs with the master key itself (the capsule metadata is signed this way).
+    pub fn signing_key(&self) -> SigningKey {
+        self.xprv.signing_key().expect("valid secret by construction")
+    }
+
+    /// The hardened application child `m/app_index'`.
+    pub fn app(&self, app_index: u32) -> Result<AppKey, CryptoError> {
+        if app_index > WRITER_INDEX_MAX {
+            return Err(CryptoError::Derivation { index: app_index, why: "application index must be below 2^31" });
+        }
+        Ok(AppKey { xprv: self.xprv.child(app_index | HARDENED)?, app_index })
+    }
+
+    /// The key file's text. Holds the secret: write it with mode 0600.
+    pub fn to_file_string(&self) -> Zeroizing<String> {
+        let mut s = Zeroizing::new(String::with_capacity(200));
+        s.push_str(OWNER_FILE_MAGIC);
+        s.push('\n');
+        s.push_str(&hex::encode(&self.xprv.secret[..]));
+        s.push_str(&hex::encode(&self.xprv.chain_code[..]));
+        s.push('\n');
+        s
+    }
+
+    pub fn from_file_string(text: &str) -> Result<OwnerKey, CryptoError> {
+        let mut lines = text.lines();
+        if lines.next().map(str::trim) != Some(OWNER_FILE_MAGIC) {
+            return Err(CryptoError::KeyFile(format!("first line is not '{OWNER_FILE_MAGIC}'")));
+        }
+        let body = lines.next().map(str::trim).unwrap_or("");
+        let mut raw = Zeroizing::new([0u8; 64]);
+        hex::decode_to_slice(body, &mut raw[..])
+            .map_err(|_| CryptoError::KeyFile("second line must be 128 hex digits".into()))?;
+        let mut secret = Zeroizing::new([0u8; 32]);
+        let mut chain_code = Zeroizing::new([0u8; 32]);
+        secret.copy_from_slice(&raw[..32]);
+        chain_code.copy_from_slice(&raw[32..]);
+        let xprv = XPrv { secret, chain_code };
+        xprv.secret_key().map_err(|_| CryptoError::KeyFile("secret is not a valid scalar".into()))?;
+        Ok(OwnerKey { xprv })
+    }
+}
+
+impl fmt::Debug for OwnerKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "OwnerKey(pub={})", self.public())
+    }
+}
+
+/// The owner's master public key (compressed point). Identifies the owner; verifies metadata.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct OwnerPublicKey(pub VerifyingKey);
+
+impl fmt::Display for OwnerPublicKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// An application key `m/a'`: derives writer signing keys and the application data key.
+pub struct AppKey {
+    xprv: XPrv,
+    app_index: u32,
+}
+
+impl AppKey {
+    pub fn app_index(&self) -> u32 {
+        self.app_index
+    }
+
+    pub fn public(&self) -> AppPublicKey {
+        AppPublicKey { xpub: self.xprv.xpub().expect("valid secret by construction") }
+    }
+
+    /// The signing key of writer `w` (`m/a'/w`).
+    pub fn writer(&self, w: u32) -> Result<SigningKey, CryptoError> {
+        if w > WRITER_INDEX_MAX {
+            return Err(CryptoError::WriterIndex(w));
+        }
+        self.xprv.child(w)?.signing_key()
+    }
+
+    /// The symmetric key that seals record bodies, derived from the application secret with
+    /// HKDF-SHA256 (so it changes whenever the application key does).
+    pub fn data_key(&self) -> DataKey {
+        let mut ikm = Zeroizing::new([0u8; 64]);
+        ikm[..32].copy_from_slice(&self.xprv.secret[..]);
+        ikm[32..].copy_from_slice(&self.xprv.chain_code[..]);
+        DataKey::derive_from(&ikm[..], b"psl/data-key/v1")
+    }
+}
+
+impl fmt::Debug for AppKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "AppKey(index={}, pub={})", self.app_index, self.public())
+    }
+}
+
+/// The application's extended public key: 33-byte point and 32-byte chain code.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct AppPublicKey {
+    xpub: XPub,
+}
+
+impl AppPublicKey {
+    pub const LEN: usize = 65;
+
+    /// The public key of writer `w`, derivable by anyone holding this key.
+    pub fn writer(&self, w: u32) -> Result<VerifyingKey, CryptoError> {
+        Ok(VerifyingKey { pk: self.xpub.child(w)?.pk })
+    }
+
+    pub fn to_bytes(&self) -> [u8; 65] {
+        self.xpub.to_bytes()
+    }
+
+    pub fn from_bytes(b: &[u8]) -> Result<AppPublicKey, CryptoError> {
+        Ok(AppPublicKey { xpub: XPub::from_bytes(b)? })
+    }
+
+    /// SHA-256 of the encoded key: what SYNC records carry to name the current key.
+    pub fn fingerprint(&self) -> Hash256 {
+        sha256(&[b"psl/app-key-fp/v1", &self.to_bytes()])
+    }
+
+    pub fn point(&self) -> VerifyingKey {
+        VerifyingKey { pk: self.xpub.pk }
+    }
+}
+
+impl fmt::Display for AppPublicKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&hex::encode(self.to_bytes()))
+    }
+}
+
+impl fmt::Debug for AppPublicKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "AppPublicKey({}…)", &hex::encode(&self.to_bytes()[..8]))
+    }
+}
+
+impl Drop for XPrv {
+    fn drop(&mut self) {
+        // Zeroizing already erases both buffers; this makes the intent explicit.
+        self.secret.zeroize();
+        self.chain_code.zeroize();
+    }
+}
+
+const _: () = assert!(PUBLIC_KEY_LEN == 33);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bip32::{ChildNumber, ExtendedPrivateKey};
+
+    type Oracle = ExtendedPrivateKey<secp256k1::SecretKey>;
+
+    fn oracle_path(seed: &[u8], path: &[u32]) -> Oracle {
+        let mut k = Oracle::new(seed).unwrap();
+        for &i in path {
+            k = k.derive_child(ChildNumber(i)).unwrap();
+        }
+        k
+    }
+
+    #[test]
+    fn bip32_test_vector_1() {
+        // BIP32 test vector 1: seed 000102...0f, chain m/0'/1 .
+        let seed = hex::decode("000102030405060708090a0b0c0d0e0f").unwrap();
+        let owner = OwnerKey::from_seed(&seed).unwrap();
+        // m public key from the specification.
+        assert_eq!(
+            owner.public().to_string(),
+            "0339a36013301597daef41fbe593a02cc513d0b55527ec2df1050e2e8ff49c85c2"
+        );
+        let app = owner.app(0).unwrap();
+        // m/0' public key from the specification.
+        assert_eq!(
+            hex::encode(&app.public().to_bytes()[..33]),
+            "035a784662a4a20a65bf6aab9ae98a6c068a81c52e4b032c0fb5400c706cfccc56"
+        );
+        // m/0'/1 public key from the specification, by private and by public derivation.
+        let want = "03501e454bf00751f24b1b489aa925215d66af2234e3891c3b21a52bedb3cd711c";
+        assert_eq!(app.writer(1).unwrap().verifying_key().to_string(), want);
+        assert_eq!(app.public().writer(1).unwrap().to_string(), want);
+    }
+
+    #[test]
+    fn matches_bip32_crate_and_public_derivation() {
+        for s in 0u8..8 {
+            let seed = [s.wrapping_mul(37).wrapping_add(1); 32];
+            let owner = OwnerKey::from_seed(&seed).unwrap();
+            for a in [0u32, 1, 77, WRITER_INDEX_MAX] {
+                let app = owner.app(a).unwrap();
+                for w in [0u32, 3, 1000, WRITER_INDEX_MAX] {
+                    let o = oracle_path(&seed, &[a | HARDENED, w]);
+                    let vk = app.writer(w).unwrap().verifying_key();
+                    assert_eq!(vk.to_bytes(), o.public_key().public_key().serialize());
+                    assert_eq!(app.public().writer(w).unwrap(), vk);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn hardened_writer_index_refused() {
+        let owner = OwnerKey::from_seed(&[1u8; 32]).unwrap();
+        let app = owner.app(5).unwrap();
+        assert!(app.writer(HARDENED).is_err());
+        assert!(app.public().writer(HARDENED).is_err());
+        assert!(owner.app(HARDENED).is_err());
+    }
+
+    #[test]
+    fn key_file_round_trip_and_no_secret_in_debug() {
+        let owner = OwnerKey::generate();
+        let text = owner.to_file_string();
+        let back = OwnerKey::from_file_string(&text).unwrap();
+        assert_eq!(back.public(), owner.public());
+        let secret_hex = text.lines().nth(1).unwrap()[..64].to_string();
+        for dbg in [format!("{owner:?}"), format!("{:?}", owner.app(1).unwrap())] {
+            assert!(!dbg.contains(&secret_hex[..16]), "{dbg}");
+        }
+        assert!(OwnerKey::from_file_string("nope\n00").is_err());
+        assert!(OwnerKey::from_file_string("psl-owner-key-v1\nabc").is_err());
+    }
+
+    #[test]
+    fn data_keys_differ_per_application() {
+        let owner = OwnerKey::from_seed(&[2u8; 32]).unwrap();
+        let a = owner.app(1).unwrap().data_key();
+        let b = owner.app(2).unwrap().data_key();
+        assert_ne!(a.fingerprint(), b.fingerprint());
+        assert_eq!(a.fingerprint(), owner.app(1).unwrap().data_key().fingerprint());
+    }
+}

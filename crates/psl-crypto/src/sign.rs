@@ -1,0 +1,156 @@
+//! ECDSA over secp256k1 (libsecp256k1). Signatures are 64-byte compact `r || s` with low `s`,
+//! so each (key, message) has exactly one accepted encoding.
+
+use crate::{CryptoError, Hash256};
+use std::fmt;
+
+pub const SIGNATURE_LEN: usize = 64;
+pub const PUBLIC_KEY_LEN: usize = 33;
+
+/// A 64-byte compact ECDSA signature as it travels on the wire. Not checked until verified.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Signature(pub [u8; SIGNATURE_LEN]);
+
+impl fmt::Debug for Signature {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Signature({}…)", hex::encode(&self.0[..6]))
+    }
+}
+
+/// A secp256k1 secret key used for signing. Erased on drop; never printed.
+pub struct SigningKey {
+    sk: secp256k1::SecretKey,
+}
+
+impl SigningKey {
+    pub fn from_bytes(bytes: &[u8; 32]) -> Result<SigningKey, CryptoError> {
+        let sk = secp256k1::SecretKey::from_secret_bytes(*bytes)
+            .map_err(|_| CryptoError::MalformedSecretKey)?;
+        Ok(SigningKey { sk })
+    }
+
+    pub(crate) fn from_secret(sk: secp256k1::SecretKey) -> SigningKey {
+        SigningKey { sk }
+    }
+
+    /// Signs a 32-byte digest (RFC 6979 deterministic nonce, low-s).
+    pub fn sign(&self, digest: &Hash256) -> Signature {
+        let msg = secp256k1::Message::from_digest(digest.0);
+        Signature(secp256k1::ecdsa::sign(msg, &self.sk).serialize_compact())
+    }
+
+    pub fn verifying_key(&self) -> VerifyingKey {
+        VerifyingKey {
+            pk: self.sk.public_key(),
+        }
+    }
+}
+
+impl Drop for SigningKey {
+    fn drop(&mut self) {
+        // libsecp256k1's SecretKey is a plain byte array; this overwrites it in place.
+        self.sk.non_secure_erase();
+    }
+}
+
+impl fmt::Debug for SigningKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SigningKey(pub={})", self.verifying_key())
+    }
+}
+
+/// A secp256k1 public key (compressed, 33 bytes on the wire).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct VerifyingKey {
+    pub(crate) pk: secp256k1::PublicKey,
+}
+
+impl VerifyingKey {
+    pub fn from_bytes(bytes: &[u8]) -> Result<VerifyingKey, CryptoError> {
+        if bytes.len() != PUBLIC_KEY_LEN {
+            return Err(CryptoError::MalformedPublicKey);
+        }
+        let pk = secp256k1::PublicKey::from_slice(bytes)
+            .map_err(|_| CryptoError::MalformedPublicKey)?;
+        Ok(VerifyingKey { pk })
+    }
+
+    pub fn to_bytes(&self) -> [u8; PUBLIC_KEY_LEN] {
+        self.pk.serialize()
+    }
+
+    /// Verifies a compact signature over a 32-byte digest. High-s signatures are refused.
+    pub fn verify(&self, digest: &Hash256, sig: &Signature) -> Result<(), CryptoError> {
+        let s = secp256k1::ecdsa::Signature::from_compact(&sig.0)
+            .map_err(|_| CryptoError::MalformedSignature)?;
+        let msg = secp256k1::Message::from_digest(digest.0);
+        // libsecp256k1's verify rejects non-normalized (high-s) signatures.
+        secp256k1::ecdsa::verify(&s, msg, &self.pk).map_err(|_| CryptoError::BadSignature)
+    }
+}
+
+impl fmt::Display for VerifyingKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&hex::encode(self.to_bytes()))
+    }
+}
+
+impl fmt::Debug for VerifyingKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "VerifyingKey({})", &hex::encode(self.to_bytes())[..12])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sha256;
+
+    #[test]
+    fn sign_verify_and_reject() {
+        let k = SigningKey::from_bytes(&[7u8; 32]).unwrap();
+        let h = sha256(&[b"hello"]);
+        let sig = k.sign(&h);
+        let vk = k.verifying_key();
+        assert_eq!(vk.verify(&h, &sig), Ok(()));
+        assert_eq!(vk.verify(&sha256(&[b"other"]), &sig), Err(CryptoError::BadSignature));
+        let other = SigningKey::from_bytes(&[8u8; 32]).unwrap().verifying_key();
+        assert_eq!(other.verify(&h, &sig), Err(CryptoError::BadSignature));
+        assert_eq!(VerifyingKey::from_bytes(&vk.to_bytes()).unwrap(), vk);
+    }
+
+    #[test]
+    fn high_s_is_refused() {
+        let k = SigningKey::from_bytes(&[9u8; 32]).unwrap();
+        let h = sha256(&[b"m"]);
+        let sig = k.sign(&h);
+        // Negate s: n - s. The curve order n:
+        let n: [u8; 32] =
+            hex_literal("fffffffffffffffffffffffffffffffebaaedce6af48a03bbfd25e8cd0364141");
+        let mut s = [0u8; 32];
+        s.copy_from_slice(&sig.0[32..]);
+        let mut neg = [0u8; 32];
+        let mut borrow = 0i16;
+        for i in (0..32).rev() {
+            let v = n[i] as i16 - s[i] as i16 - borrow;
+            neg[i] = v.rem_euclid(256) as u8;
+            borrow = if v < 0 { 1 } else { 0 };
+        }
+        let mut high = sig.0;
+        high[32..].copy_from_slice(&neg);
+        assert!(k.verifying_key().verify(&h, &Signature(high)).is_err());
+    }
+
+    fn hex_literal(s: &str) -> [u8; 32] {
+        let mut o = [0u8; 32];
+        hex::decode_to_slice(s, &mut o).unwrap();
+        o
+    }
+
+    #[test]
+    fn debug_never_shows_secret() {
+        let k = SigningKey::from_bytes(&[0x42u8; 32]).unwrap();
+        let s = format!("{k:?}");
+        assert!(!s.contains("4242"), "{s}");
+    }
+}
