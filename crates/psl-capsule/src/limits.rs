@@ -19,12 +19,13 @@ pub struct Limits {
 
 impl Limits {
     /// Hard ceilings no capsule may raise its limits above, so that a hostile metadata block
-    /// cannot make a decoder allocate without bound.
+    /// cannot make a decoder allocate without bound. Key length and link count are encoded in
+    /// 16 bits, so their ceilings are `u16::MAX`.
     pub const CEILING: Limits = Limits {
-        key_bytes_max: 64 * 1024,
+        key_bytes_max: u16::MAX as u32,
         value_bytes_max: 64 << 20,
         ops_per_record_max: 1 << 20,
-        links_per_record_max: 1 << 16,
+        links_per_record_max: u16::MAX as u32,
         record_bytes_max: 128 << 20,
     };
 

@@ -148,6 +148,8 @@ pub enum MetadataError {
     Label(usize),
     #[error("policy limits are outside the hard ceilings")]
     Limits,
+    #[error("application index and coordinator writer must both be below 2^31")]
+    Index,
 }
 
 impl SignedMetadata {
@@ -158,6 +160,9 @@ impl SignedMetadata {
         }
         if !meta.policy.limits.within_ceiling() {
             return Err(MetadataError::Limits);
+        }
+        if meta.app_index >= 1 << 31 || meta.policy.coordinator >= 1 << 31 {
+            return Err(MetadataError::Index);
         }
         let name = meta.name();
         let signature = owner_key.sign(&name.0);

@@ -54,6 +54,8 @@ pub enum ProofError {
     Empty,
     #[error("step {0} belongs to another capsule")]
     StepCapsule(usize),
+    #[error("step {0} breaks a structural rule (unknown key generation, or prev inconsistent with seq)")]
+    StepStructure(usize),
     #[error("head signature does not verify under writer {0}'s key")]
     HeadSignature(u32),
     #[error("step {step} ({hash}) is not pointed at by step {}", step - 1)]
@@ -123,6 +125,9 @@ impl MembershipProof {
             let h = Header::decode(&s.header, limits)?;
             if h.capsule != capsule {
                 return Err(ProofError::StepCapsule(i));
+            }
+            if h.key_gen != 0 || (h.seq == 0) != h.prev.is_zero() {
+                return Err(ProofError::StepStructure(i));
             }
             let hash = record_hash(&s.header, s.body_len, &s.body_digest);
             match &prev {

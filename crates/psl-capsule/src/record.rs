@@ -67,7 +67,8 @@ pub struct Header {
     pub key_gen: u32,
     /// Per-writer sequence number, dense from 0.
     pub seq: u64,
-    /// Lamport timestamp of the last op in the record.
+    /// Lamport timestamp: of the last op for data records (checked against the body); for other
+    /// kinds, the writer's clock when it wrote the record.
     pub lamport: u64,
     /// Number of the newest SYNC the writer had seen.
     pub epoch: u64,

@@ -139,7 +139,12 @@ impl Replica {
             return Err(WrongCapsule { expected: self.capsule, found: h.capsule });
         }
         let hash = rec.hash();
-        if self.records.contains_key(&hash) {
+        if let Some(have) = self.records.get_mut(&hash) {
+            // Same record (the hash is its identity). Only the key holder can sign one hash twice;
+            // keep the smaller signature so that the set does not depend on arrival order.
+            if rec.signature().0 < have.signature().0 {
+                *have = rec;
+            }
             return Ok(false);
         }
         let slot = self.slots.entry((h.writer, h.seq)).or_default();

@@ -30,6 +30,8 @@ pub enum SealError {
     RecordSize { len: usize, max: u32 },
     #[error("seq {seq} with {} prev pointer: seq 0 has none, every later seq has one", if *has_prev { "a" } else { "no" })]
     Prev { seq: u64, has_prev: bool },
+    #[error("the limits given are outside the hard ceilings (Limits::CEILING)")]
+    Limits,
     #[error("writer index {0} is not a non-hardened child index")]
     Writer(u32),
 }
@@ -37,6 +39,9 @@ pub enum SealError {
 impl Draft {
     /// Seals, hashes and signs. Checks every limit before producing any bytes.
     pub fn seal(self, capsule: CapsuleName, limits: &Limits, key: &SigningKey, data_key: &DataKey) -> Result<Record, SealError> {
+        if !limits.within_ceiling() {
+            return Err(SealError::Limits);
+        }
         if self.writer >= 1 << 31 {
             return Err(SealError::Writer(self.writer));
         }

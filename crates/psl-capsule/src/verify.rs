@@ -1,4 +1,8 @@
 //! The verifier: the only place a [`Verified`] value is made.
+//!
+//! Rejections carry the record's identity and the reason by value: they are the cold path, and
+//! callers count and log them, so the size of `Rejected` is not worth a box.
+#![allow(clippy::result_large_err)]
 
 use crate::body::Body;
 use crate::codec::DecodeError;
@@ -57,7 +61,7 @@ pub enum Reason {
     Encoding(DecodeError),
     #[error("record belongs to capsule {found}, not this one")]
     Capsule { found: Hash256 },
-    #[error("writer index {0} is a hardened index; writers are non-hardened children")]
+    #[error("writer index {0} has no derivable public key (a hardened index, or a failed derivation)")]
     Writer(u32),
     #[error("key generation {0} is not known to this verifier")]
     KeyGeneration(u32),
@@ -228,7 +232,7 @@ impl Verifier {
             return fail(Reason::Structure("seq 0 must have a zero prev, and every later seq a non-zero one"));
         }
         if h.kind == Kind::Data && h.links.iter().any(|l| l.writer != coordinator) {
-            return fail(Reason::Structure("a data record may link only to SYNC records"));
+            return fail(Reason::Structure("a data record may link only to the coordinator's records (its epoch's SYNC)"));
         }
         let key = self.writer_key(h.writer).map_err(|r| reject(rec, r))?;
         if key.verify(&rec.hash(), &rec.signature()).is_err() {

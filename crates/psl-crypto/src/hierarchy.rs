@@ -9,7 +9,9 @@
 //! anyone holding the application extended public key (public key + chain code) derives every
 //! writer's public key, and verifies any writer's record, without a directory of keys.
 //!
-//! Child key derivation (CKD) follows BIP32 exactly (HMAC-SHA512 keyed with the chain code); it is
+//! Child key derivation (CKD) follows BIP32 (HMAC-SHA512 keyed with the chain code), except that
+//! where BIP32 says to skip to the next index (IL >= n or a zero key, probability below 2^-127)
+//! we return an error instead of silently deriving a different index. It is
 //! implemented here over zeroizing buffers rather than taken from the `bip32` crate, whose
 //! private-key type does not erase the libsecp256k1 secret on drop. The `bip32` crate is the test
 //! oracle: the tests check our derivations against it.
@@ -23,6 +25,8 @@ use zeroize::{Zeroize, Zeroizing};
 /// Non-hardened child indices are `0 ..= WRITER_INDEX_MAX`.
 pub const WRITER_INDEX_MAX: u32 = (1 << 31) - 1;
 const HARDENED: u32 = 1 << 31;
+
+type Secret32 = Zeroizing<[u8; 32]>;
 
 /// An extended private key: a secret scalar and a chain code, both erased on drop.
 struct XPrv {
@@ -42,7 +46,7 @@ impl XPrv {
         })
     }
 
-    fn from_i(i: &[u8], index: u32) -> Result<(Zeroizing<[u8; 32]>, Zeroizing<[u8; 32]>), CryptoError> {
+    fn from_i(i: &[u8], index: u32) -> Result<(Secret32, Secret32), CryptoError> {
         if i.len() != 64 {
             return Err(CryptoError::Derivation { index, why: "HMAC output length" });
         }

@@ -1,5 +1,6 @@
-//! ECDSA over secp256k1 (libsecp256k1). Signatures are 64-byte compact `r || s` with low `s`,
-//! so each (key, message) has exactly one accepted encoding.
+//! ECDSA over secp256k1 (libsecp256k1). Signatures are 64-byte compact `r || s` with low `s`:
+//! the verifier refuses the `s -> n - s` twin, so nobody but the key holder can make a second
+//! valid signature of a record. (Record hashes do not cover the signature in any case.)
 
 use crate::{CryptoError, Hash256};
 use std::fmt;

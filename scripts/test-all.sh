@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs what the tests need and runs all of them: formatting, lints, the workspace's unit,
+# property and integration tests, and a short smoke run of every fuzz target.
+# Usage: scripts/test-all.sh            (FUZZ_SECONDS=N to change the per-target fuzz time)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+FUZZ_SECONDS="${FUZZ_SECONDS:-12}"
+log() { printf '\n==> %s\n' "$*"; }
+
+log "toolchains"
+cargo --version
+if ! rustup toolchain list | grep -q '^nightly'; then
+  echo "the nightly toolchain is needed for the fuzz smoke run (rustup toolchain install nightly)" >&2
+  exit 1
+fi
+if ! command -v cargo-fuzz >/dev/null 2>&1; then
+  log "installing cargo-fuzz"
+  cargo install cargo-fuzz --locked
+fi
+
+log "format and lints"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+log "workspace tests"
+results=$(mktemp)
+cargo test --workspace --locked 2>&1 | tee "$results"
+passed=$(grep -E '^test result:' "$results" | sed -E 's/.* ([0-9]+) passed.*/\1/' | paste -sd+ - | bc)
+failed=$(grep -E '^test result:' "$results" | sed -E 's/.* ([0-9]+) failed.*/\1/' | paste -sd+ - | bc)
+
+log "fuzz smoke: ${FUZZ_SECONDS}s per target"
+for target in $(cargo +nightly fuzz list --fuzz-dir fuzz); do
+  corpus=$(mktemp -d)
+  seeds=fuzz/seeds/$target
+  [ -d "$seeds" ] || seeds=
+  cargo +nightly fuzz run --fuzz-dir fuzz "$target" "$corpus" $seeds -- \
+    -max_total_time="$FUZZ_SECONDS" -max_len=65536 -rss_limit_mb=2048 -print_final_stats=0 2>&1 | tail -n 3
+  rm -rf "$corpus"
+done
+
+echo
+echo "tests: ${passed} passed, ${failed} failed"
