@@ -62,7 +62,14 @@ impl Audit {
 pub fn audit_file(bytes: &[u8], data_key: Option<DataKey>) -> Audit {
     let s = scan(bytes);
     let mut problems = Vec::new();
-    let capsule_problem = |check: &'static str, detail: String| Problem { index: None, hash: None, writer: None, seq: None, check, detail };
+    let capsule_problem = |check: &'static str, detail: String| Problem {
+        index: None,
+        hash: None,
+        writer: None,
+        seq: None,
+        check,
+        detail,
+    };
     let metadata = match s.metadata {
         Ok(m) => Some(m),
         Err(e) => {
@@ -71,7 +78,14 @@ pub fn audit_file(bytes: &[u8], data_key: Option<DataKey>) -> Audit {
             None
         }
     };
-    let mut audit = Audit { metadata: metadata.clone(), replica: None, records_total: s.frames.len(), records_verified: 0, opened: false, problems: Vec::new() };
+    let mut audit = Audit {
+        metadata: metadata.clone(),
+        replica: None,
+        records_total: s.frames.len(),
+        records_verified: 0,
+        opened: false,
+        problems: Vec::new(),
+    };
     let verifier = metadata.map(|m| {
         let key = data_key.filter(|k| {
             let ok = k.fingerprint() == m.meta.policy.data_key_fp;
@@ -89,7 +103,14 @@ pub fn audit_file(bytes: &[u8], data_key: Option<DataKey>) -> Audit {
         let rec = match f.record {
             Ok(r) => r,
             Err(e) => {
-                problems.push(Problem { index: Some(f.index), hash: None, writer: None, seq: None, check: "encoding", detail: e.to_string() });
+                problems.push(Problem {
+                    index: Some(f.index),
+                    hash: None,
+                    writer: None,
+                    seq: None,
+                    check: "encoding",
+                    detail: e.to_string(),
+                });
                 continue;
             }
         };
@@ -139,7 +160,7 @@ pub fn audit_file(bytes: &[u8], data_key: Option<DataKey>) -> Audit {
                 writer: Some(p.writer()),
                 seq,
                 check: p.check(),
-                detail: p.to_string(),
+                detail: p.detail(),
             });
         }
     }

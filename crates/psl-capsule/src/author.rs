@@ -26,7 +26,11 @@ pub struct Author {
 
 impl std::fmt::Debug for Author {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Author(writer={}, next_seq={}, lamport={}, epoch={})", self.writer, self.next_seq, self.lamport, self.epoch)
+        write!(
+            f,
+            "Author(writer={}, next_seq={}, lamport={}, epoch={})",
+            self.writer, self.next_seq, self.lamport, self.epoch
+        )
     }
 }
 
@@ -37,7 +41,12 @@ impl Author {
     }
 
     /// A writer from keys handed to it (as a worker receives them from the leader).
-    pub fn with_keys(meta: &SignedMetadata, key: SigningKey, data_key: DataKey, writer: u32) -> Result<Author, CryptoError> {
+    pub fn with_keys(
+        meta: &SignedMetadata,
+        key: SigningKey,
+        data_key: DataKey,
+        writer: u32,
+    ) -> Result<Author, CryptoError> {
         if meta.meta.app.writer(writer)? != key.verifying_key() {
             return Err(CryptoError::BadSignature);
         }
@@ -145,16 +154,8 @@ impl Author {
     }
 
     fn write_with(&mut self, body: Body, links: Vec<Link>, epoch: u64, lamport: u64) -> Result<Record, SealError> {
-        let draft = Draft {
-            writer: self.writer,
-            key_gen: 0,
-            seq: self.next_seq,
-            lamport,
-            epoch,
-            prev: self.prev,
-            links,
-            body,
-        };
+        let draft =
+            Draft { writer: self.writer, key_gen: 0, seq: self.next_seq, lamport, epoch, prev: self.prev, links, body };
         let rec = draft.seal(self.capsule, &self.limits, &self.key, &self.data_key)?;
         self.next_seq += 1;
         self.prev = rec.hash();

@@ -32,10 +32,13 @@ impl Op {
 
     /// Bytes this op takes in a data body.
     pub fn encoded_len(&self) -> usize {
-        1 + 8 + 2 + self.key.len() + match &self.action {
-            Action::Put(v) => 4 + v.len(),
-            Action::Delete => 0,
-        }
+        1 + 8
+            + 2
+            + self.key.len()
+            + match &self.action {
+                Action::Put(v) => 4 + v.len(),
+                Action::Delete => 0,
+            }
     }
 }
 
@@ -71,8 +74,13 @@ pub enum Body {
     /// A batch of ops, in strictly increasing Lamport order.
     Data(Vec<Op>),
     /// A SYNC: the fingerprint of the application key in force.
-    Sync { app_key_fp: Hash256 },
-    Control { code: ControlCode, payload: Vec<u8> },
+    Sync {
+        app_key_fp: Hash256,
+    },
+    Control {
+        code: ControlCode,
+        payload: Vec<u8>,
+    },
     /// CapsuleDB block and index bodies; their content is CapsuleDB's.
     DbBlock(Vec<u8>),
     DbIndex(Vec<u8>),
@@ -109,11 +117,19 @@ impl Body {
                     return Err(DecodeError::Invalid { field: "key", why: "empty" });
                 }
                 if op.key.len() as u64 > limits.key_bytes_max as u64 {
-                    return Err(DecodeError::Limit { field: "key", len: op.key.len() as u64, max: limits.key_bytes_max as u64 });
+                    return Err(DecodeError::Limit {
+                        field: "key",
+                        len: op.key.len() as u64,
+                        max: limits.key_bytes_max as u64,
+                    });
                 }
                 if let Action::Put(v) = &op.action {
                     if v.len() as u64 > limits.value_bytes_max as u64 {
-                        return Err(DecodeError::Limit { field: "value", len: v.len() as u64, max: limits.value_bytes_max as u64 });
+                        return Err(DecodeError::Limit {
+                            field: "value",
+                            len: v.len() as u64,
+                            max: limits.value_bytes_max as u64,
+                        });
                     }
                 }
                 if last.is_some_and(|l| op.lamport <= l) {
@@ -165,11 +181,20 @@ impl Body {
             Kind::Data => {
                 let n = r.u32("op count")? as u64;
                 if n > limits.ops_per_record_max as u64 {
-                    return Err(DecodeError::Limit { field: "op count", len: n, max: limits.ops_per_record_max as u64 });
+                    return Err(DecodeError::Limit {
+                        field: "op count",
+                        len: n,
+                        max: limits.ops_per_record_max as u64,
+                    });
                 }
                 // Each op takes at least 11 bytes, so n is also bounded by the bytes present.
                 if n * 11 > r.remaining() as u64 {
-                    return Err(DecodeError::Truncated { field: "ops", offset: r.pos(), need: n as usize * 11, have: r.remaining() });
+                    return Err(DecodeError::Truncated {
+                        field: "ops",
+                        offset: r.pos(),
+                        need: n as usize * 11,
+                        have: r.remaining(),
+                    });
                 }
                 let mut ops = Vec::with_capacity(n as usize);
                 for _ in 0..n {
@@ -192,7 +217,8 @@ impl Body {
             Kind::Sync => Body::Sync { app_key_fp: Hash256(r.array("key fingerprint")?) },
             Kind::Control => {
                 let c = r.u8("control code")?;
-                let code = ControlCode::from_u8(c).ok_or(DecodeError::Tag { field: "control code", value: c as u64 })?;
+                let code =
+                    ControlCode::from_u8(c).ok_or(DecodeError::Tag { field: "control code", value: c as u64 })?;
                 let rest = r.remaining();
                 Body::Control { code, payload: r.take(rest, "control payload")?.to_vec() }
             }

@@ -127,7 +127,8 @@ pub fn scan(bytes: &[u8]) -> Scan {
         };
         match tag {
             TAG_RECORD => {
-                let body = r.u32("record length").and_then(|n| r.bounded(n as u64, limits.record_bytes_max as u64, "record"));
+                let body =
+                    r.u32("record length").and_then(|n| r.bounded(n as u64, limits.record_bytes_max as u64, "record"));
                 match body {
                     Ok(b) => s.frames.push(Frame { index, offset, record: Record::decode(b, &limits) }),
                     Err(err) => {
@@ -157,7 +158,11 @@ pub fn scan(bytes: &[u8]) -> Scan {
                 return s;
             }
             t => {
-                s.fatal = Some(FileProblem::Frame { index, offset, err: DecodeError::Tag { field: "frame tag", value: t as u64 } });
+                s.fatal = Some(FileProblem::Frame {
+                    index,
+                    offset,
+                    err: DecodeError::Tag { field: "frame tag", value: t as u64 },
+                });
                 return s;
             }
         }

@@ -52,9 +52,9 @@ pub fn new_capsule(
     created_ms: u64,
     limits: Limits,
 ) -> Result<SignedMetadata, MetadataError> {
-    let app = owner
-        .app(app_index)
-        .map_err(|_| MetadataError::Decode(DecodeError::Invalid { field: "application index", why: "must be below 2^31" }))?;
+    let app = owner.app(app_index).map_err(|_| {
+        MetadataError::Decode(DecodeError::Invalid { field: "application index", why: "must be below 2^31" })
+    })?;
     let meta = Metadata {
         owner: owner.public(),
         app_index,

@@ -67,7 +67,8 @@ impl Metadata {
         b.extend_from_slice(self.label.as_bytes());
         b.put_u32(self.policy.coordinator);
         let l = &self.policy.limits;
-        for v in [l.key_bytes_max, l.value_bytes_max, l.ops_per_record_max, l.links_per_record_max, l.record_bytes_max] {
+        for v in [l.key_bytes_max, l.value_bytes_max, l.ops_per_record_max, l.links_per_record_max, l.record_bytes_max]
+        {
             b.put_u32(v);
         }
         b.extend_from_slice(&self.policy.data_key_fp.0);

@@ -101,7 +101,11 @@ impl MembershipProof {
                     .iter()
                     .map(|h| {
                         let r = replica.get(h).expect("path nodes are in the replica");
-                        ProofStep { header: r.header_bytes().to_vec(), body_len: r.body_len(), body_digest: r.body_digest() }
+                        ProofStep {
+                            header: r.header_bytes().to_vec(),
+                            body_len: r.body_len(),
+                            body_digest: r.body_digest(),
+                        }
                     })
                     .collect();
                 return Ok(MembershipProof { metadata: metadata.clone(), head_signature: head_rec.signature(), steps });
@@ -132,7 +136,8 @@ impl MembershipProof {
             let hash = record_hash(&s.header, s.body_len, &s.body_digest);
             match &prev {
                 None => {
-                    let key = self.metadata.meta.app.writer(h.writer).map_err(|_| ProofError::HeadSignature(h.writer))?;
+                    let key =
+                        self.metadata.meta.app.writer(h.writer).map_err(|_| ProofError::HeadSignature(h.writer))?;
                     key.verify(&hash, &self.head_signature).map_err(|_| ProofError::HeadSignature(h.writer))?;
                     if h.kind == Kind::Sync && h.writer != self.metadata.meta.policy.coordinator {
                         return Err(ProofError::HeadSignature(h.writer));
@@ -187,7 +192,8 @@ impl MembershipProof {
         if n > PROOF_STEPS_MAX {
             return Err(DecodeError::Limit { field: "step count", len: n as u64, max: PROOF_STEPS_MAX as u64 }.into());
         }
-        let header_max = (HEADER_FIXED_LEN + LINK_LEN * metadata.meta.policy.limits.links_per_record_max as usize) as u64;
+        let header_max =
+            (HEADER_FIXED_LEN + LINK_LEN * metadata.meta.policy.limits.links_per_record_max as usize) as u64;
         let mut steps = Vec::new();
         for _ in 0..n {
             let hl = r.u32("step header length")? as u64;

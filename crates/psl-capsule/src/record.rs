@@ -115,7 +115,11 @@ impl Header {
         let kind = Kind::from_u8(k).ok_or(DecodeError::Tag { field: "record kind", value: k as u64 })?;
         let nlinks = r.u16("link count")? as u64;
         if nlinks > limits.links_per_record_max as u64 {
-            return Err(DecodeError::Limit { field: "link count", len: nlinks, max: limits.links_per_record_max as u64 });
+            return Err(DecodeError::Limit {
+                field: "link count",
+                len: nlinks,
+                max: limits.links_per_record_max as u64,
+            });
         }
         let capsule = CapsuleName(Hash256(r.array("capsule")?));
         let writer = r.u32("writer")?;
@@ -132,7 +136,11 @@ impl Header {
         }
         let mut links = Vec::with_capacity(nlinks as usize);
         for _ in 0..nlinks {
-            links.push(Link { writer: r.u32("link writer")?, seq: r.u64("link seq")?, hash: Hash256(r.array("link hash")?) });
+            links.push(Link {
+                writer: r.u32("link writer")?,
+                seq: r.u64("link seq")?,
+                hash: Hash256(r.array("link hash")?),
+            });
         }
         Ok(Header { kind, capsule, writer, key_gen, seq, lamport, epoch, salt, prev, links })
     }
@@ -205,7 +213,11 @@ impl Record {
     /// links vector (bounded by `links_per_record_max`) and one copy of `bytes`.
     pub fn decode(bytes: &[u8], limits: &Limits) -> Result<Record, DecodeError> {
         if bytes.len() as u64 > limits.record_bytes_max as u64 {
-            return Err(DecodeError::Limit { field: "record", len: bytes.len() as u64, max: limits.record_bytes_max as u64 });
+            return Err(DecodeError::Limit {
+                field: "record",
+                len: bytes.len() as u64,
+                max: limits.record_bytes_max as u64,
+            });
         }
         let mut r = Reader::new(bytes);
         let header = Header::decode_from(&mut r, limits)?;

@@ -76,32 +76,38 @@ impl ChainProblem {
     }
 }
 
+impl ChainProblem {
+    /// What is wrong, without naming the record (callers name it their own way).
+    pub fn detail(&self) -> String {
+        match self {
+            ChainProblem::Equivocation { hashes, .. } => {
+                let hs: Vec<String> = hashes.iter().map(|h| h.to_hex()).collect();
+                format!("{} different records claim this slot: {}", hashes.len(), hs.join(", "))
+            }
+            ChainProblem::Gap { from, to, .. } => format!("seqs {from}..={to} are missing below a later record"),
+            ChainProblem::BrokenPrev { seq, prev, actual, .. } => {
+                format!("prev points at {prev}, but seq {} is {actual}", seq - 1)
+            }
+            ChainProblem::DanglingLink { target, .. } => format!("link target {target} is not in the replica as named"),
+            ChainProblem::LinkEpoch { target, .. } => format!("{target} is not the SYNC of this record's epoch"),
+            ChainProblem::Regression { what, .. } => format!("{what} goes backwards along the chain"),
+        }
+    }
+}
+
 impl fmt::Display for ChainProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ChainProblem::Equivocation { writer, seq, hashes } => {
-                let hs: Vec<String> = hashes.iter().map(|h| h.to_hex()).collect();
-                write!(f, "writer {writer}, seq {seq}: equivocation check failed: {} different records: {}", hashes.len(), hs.join(", "))
-            }
-            ChainProblem::Gap { writer, from, to } => {
-                write!(f, "writer {writer}, seq {from}..={to}: gap check failed: records missing below a later record")
-            }
-            ChainProblem::BrokenPrev { writer, seq, hash, prev, actual } => write!(
-                f,
-                "record {hash} (writer {writer}, seq {seq}): prev check failed: points at {prev}, but seq {} is {actual}",
-                seq - 1
-            ),
-            ChainProblem::DanglingLink { writer, seq, hash, target } => {
-                write!(f, "record {hash} (writer {writer}, seq {seq}): link check failed: {target} is not in the replica as named")
-            }
-            ChainProblem::LinkEpoch { writer, seq, hash, target } => write!(
-                f,
-                "record {hash} (writer {writer}, seq {seq}): link-epoch check failed: {target} is not the SYNC of this record's epoch"
-            ),
-            ChainProblem::Regression { writer, seq, hash, what } => {
-                write!(f, "record {hash} (writer {writer}, seq {seq}): monotonic check failed: {what} goes backwards")
+            ChainProblem::Equivocation { writer, seq, .. } => write!(f, "writer {writer}, seq {seq}")?,
+            ChainProblem::Gap { writer, .. } => write!(f, "writer {writer}")?,
+            ChainProblem::BrokenPrev { writer, seq, hash, .. }
+            | ChainProblem::DanglingLink { writer, seq, hash, .. }
+            | ChainProblem::LinkEpoch { writer, seq, hash, .. }
+            | ChainProblem::Regression { writer, seq, hash, .. } => {
+                write!(f, "record {hash} (writer {writer}, seq {seq})")?
             }
         }
+        write!(f, ": {} check failed: {}", self.check(), self.detail())
     }
 }
 
@@ -217,7 +223,10 @@ impl Replica {
 
     /// The SYNC record with the highest epoch, if any.
     pub fn latest_sync(&self) -> Option<&Verified<Record>> {
-        self.records.values().filter(|r| r.header().kind == Kind::Sync).max_by_key(|r| (r.header().epoch, r.header().seq))
+        self.records
+            .values()
+            .filter(|r| r.header().kind == Kind::Sync)
+            .max_by_key(|r| (r.header().epoch, r.header().seq))
     }
 
     /// Largest Lamport time in the replica.
@@ -246,7 +255,13 @@ impl Replica {
                 if seq > 0 {
                     if let Some(prevs) = self.slots.get(&(writer, seq - 1)) {
                         if prevs.len() == 1 && prevs[0] != h.prev {
-                            out.push(ChainProblem::BrokenPrev { writer, seq, hash: *hash, prev: h.prev, actual: prevs[0] });
+                            out.push(ChainProblem::BrokenPrev {
+                                writer,
+                                seq,
+                                hash: *hash,
+                                prev: h.prev,
+                                actual: prevs[0],
+                            });
                         }
                         if prevs.len() == 1 {
                             let p = self.records[&prevs[0]].header();

@@ -38,7 +38,13 @@ pub enum SealError {
 
 impl Draft {
     /// Seals, hashes and signs. Checks every limit before producing any bytes.
-    pub fn seal(self, capsule: CapsuleName, limits: &Limits, key: &SigningKey, data_key: &DataKey) -> Result<Record, SealError> {
+    pub fn seal(
+        self,
+        capsule: CapsuleName,
+        limits: &Limits,
+        key: &SigningKey,
+        data_key: &DataKey,
+    ) -> Result<Record, SealError> {
         if !limits.within_ceiling() {
             return Err(SealError::Limits);
         }

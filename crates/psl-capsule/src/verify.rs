@@ -168,8 +168,12 @@ impl Verifier {
 
     /// Decodes and verifies raw bytes.
     pub fn verify_bytes(&self, bytes: &[u8]) -> Result<Verified<Record>, Rejected> {
-        let rec = Record::decode(bytes, &self.meta.meta.policy.limits)
-            .map_err(|e| Rejected { hash: None, writer: None, seq: None, reason: Reason::Encoding(e) })?;
+        let rec = Record::decode(bytes, &self.meta.meta.policy.limits).map_err(|e| Rejected {
+            hash: None,
+            writer: None,
+            seq: None,
+            reason: Reason::Encoding(e),
+        })?;
         self.verify(rec)
     }
 
@@ -232,7 +236,9 @@ impl Verifier {
             return fail(Reason::Structure("seq 0 must have a zero prev, and every later seq a non-zero one"));
         }
         if h.kind == Kind::Data && h.links.iter().any(|l| l.writer != coordinator) {
-            return fail(Reason::Structure("a data record may link only to the coordinator's records (its epoch's SYNC)"));
+            return fail(Reason::Structure(
+                "a data record may link only to the coordinator's records (its epoch's SYNC)",
+            ));
         }
         let key = self.writer_key(h.writer).map_err(|r| reject(rec, r))?;
         if key.verify(&rec.hash(), &rec.signature()).is_err() {

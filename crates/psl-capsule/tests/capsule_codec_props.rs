@@ -12,9 +12,9 @@ use proptest::prelude::*;
 use proptest::sample::Index;
 use psl_capsule::meta::{LABEL_BYTES_MAX, META_BYTES_MAX};
 use psl_capsule::{
-    audit_file, file, new_capsule, Action, Body, ControlCode, DecodeError, Draft, Header, Kind,
-    Limits, Link, MembershipProof, Metadata, MetadataError, Op, Reason, Record, Replica,
-    SignedMetadata, Verifier, DEFAULT_COORDINATOR,
+    audit_file, file, new_capsule, Action, Body, ControlCode, DecodeError, Draft, Header, Kind, Limits, Link,
+    MembershipProof, Metadata, MetadataError, Op, Reason, Record, Replica, SignedMetadata, Verifier,
+    DEFAULT_COORDINATOR,
 };
 use psl_crypto::{Hash256, OwnerKey};
 use std::sync::LazyLock;
@@ -47,19 +47,9 @@ static WORLD: LazyLock<World> = LazyLock::new(|| {
     let mut valid = fx.small_history();
     // One record of each remaining kind, with links, from writer 9.
     let mut a = fx.author(9);
-    let sync = valid
-        .iter()
-        .find(|r| r.header().kind == Kind::Sync)
-        .unwrap()
-        .link();
+    let sync = valid.iter().find(|r| r.header().kind == Kind::Sync).unwrap().link();
     a.enter_epoch(sync, 1);
-    valid.push(
-        a.write_body(Body::Control {
-            code: ControlCode::Eoe,
-            payload: b"end".to_vec(),
-        })
-        .unwrap(),
-    );
+    valid.push(a.write_body(Body::Control { code: ControlCode::Eoe, payload: b"end".to_vec() }).unwrap());
     valid.push(a.write_body(Body::DbBlock(vec![7; 300])).unwrap());
     valid.push(a.write_body(Body::DbIndex(Vec::new())).unwrap());
     for r in &valid {
@@ -71,20 +61,9 @@ static WORLD: LazyLock<World> = LazyLock::new(|| {
         rep.insert(public.verify(r.clone()).unwrap()).unwrap();
     }
     let target = valid[0].hash();
-    let proof = MembershipProof::build(&fx.meta, &rep, target, None)
-        .unwrap()
-        .encode();
+    let proof = MembershipProof::build(&fx.meta, &rep, target, None).unwrap().encode();
     let meta = fx.meta.encode();
-    World {
-        fx,
-        verifier,
-        public,
-        limits,
-        valid,
-        file,
-        meta,
-        proof,
-    }
+    World { fx, verifier, public, limits, valid, file, meta, proof }
 });
 
 // ---------------------------------------------------------------------------------------------
@@ -110,38 +89,19 @@ fn action() -> impl Strategy<Value = Action> {
 /// Lamport times (starting anywhere, steps up to 2^32).
 fn ops(n: std::ops::Range<usize>) -> impl Strategy<Value = Vec<Op>> {
     let base = 0..=u64::MAX - 64 * (1u64 << 32);
-    (
-        base,
-        prop::collection::vec(
-            (
-                1..=1u64 << 32,
-                prop::collection::vec(any::<u8>(), 1..=KEY_MAX),
-                action(),
-            ),
-            n,
-        ),
-    )
+    (base, prop::collection::vec((1..=1u64 << 32, prop::collection::vec(any::<u8>(), 1..=KEY_MAX), action()), n))
         .prop_map(|(mut lamport, raw)| {
             raw.into_iter()
                 .map(|(step, key, action)| {
                     lamport += step;
-                    Op {
-                        lamport,
-                        key,
-                        action,
-                    }
+                    Op { lamport, key, action }
                 })
                 .collect()
         })
 }
 
 fn control_code() -> impl Strategy<Value = ControlCode> {
-    prop_oneof![
-        Just(ControlCode::Rts),
-        Just(ControlCode::Eoe),
-        Just(ControlCode::Reset),
-        Just(ControlCode::Rotate)
-    ]
+    prop_oneof![Just(ControlCode::Rts), Just(ControlCode::Eoe), Just(ControlCode::Reset), Just(ControlCode::Rotate)]
 }
 
 /// Any body of any kind (a SYNC names an arbitrary key fingerprint).
@@ -166,8 +126,7 @@ fn link() -> impl Strategy<Value = Link> {
 fn draft() -> impl Strategy<Value = Draft> {
     let app_fp = WORLD.fx.meta.meta.app.fingerprint();
     let key_gen = prop_oneof![7 => Just(0u32), 1 => 1..=u32::MAX];
-    let seq_prev =
-        prop_oneof![1 => Just((0u64, Hash256::ZERO)), 3 => (1..=u64::MAX, nonzero_hash())];
+    let seq_prev = prop_oneof![1 => Just((0u64, Hash256::ZERO)), 3 => (1..=u64::MAX, nonzero_hash())];
     let shape = prop_oneof![
         // Data: any writer (the coordinator included); links only to the coordinator.
         4 => (ops(1..20), 0..=WRITER_MAX, prop::collection::vec((any::<u64>(), hash()), 0..20)).prop_map(
@@ -201,8 +160,7 @@ fn draft() -> impl Strategy<Value = Draft> {
 fn seal(d: Draft) -> Record {
     let w = &*WORLD;
     let key = w.fx.app.writer(d.writer).unwrap();
-    d.seal(w.fx.meta.name(), &w.limits, &key, &w.fx.app.data_key())
-        .expect("a well-formed draft seals")
+    d.seal(w.fx.meta.name(), &w.limits, &key, &w.fx.app.data_key()).expect("a well-formed draft seals")
 }
 
 /// Any limits within the hard ceilings.
@@ -216,13 +174,7 @@ fn limits() -> impl Strategy<Value = Limits> {
         0..=c.record_bytes_max,
     )
         .prop_map(
-            |(
-                key_bytes_max,
-                value_bytes_max,
-                ops_per_record_max,
-                links_per_record_max,
-                record_bytes_max,
-            )| Limits {
+            |(key_bytes_max, value_bytes_max, ops_per_record_max, links_per_record_max, record_bytes_max)| Limits {
                 key_bytes_max,
                 value_bytes_max,
                 ops_per_record_max,
@@ -235,20 +187,18 @@ fn limits() -> impl Strategy<Value = Limits> {
 /// A UTF-8 label of at most `max` bytes (cut at a character boundary), mixing ASCII with
 /// multi-byte characters.
 fn label(max: usize) -> impl Strategy<Value = String> {
-    prop::collection::vec(
-        prop_oneof![3 => any::<char>(), 2 => prop::char::range(' ', '~')],
-        0..=max,
-    )
-    .prop_map(move |cs| {
-        let mut s = String::new();
-        for c in cs {
-            if s.len() + c.len_utf8() > max {
-                break;
+    prop::collection::vec(prop_oneof![3 => any::<char>(), 2 => prop::char::range(' ', '~')], 0..=max).prop_map(
+        move |cs| {
+            let mut s = String::new();
+            for c in cs {
+                if s.len() + c.len_utf8() > max {
+                    break;
+                }
+                s.push(c);
             }
-            s.push(c);
-        }
-        s
-    })
+            s
+        },
+    )
 }
 
 #[derive(Debug, Clone)]
@@ -299,23 +249,15 @@ fn mutate(bytes: &[u8], muts: &[Mutation]) -> Vec<u8> {
 fn garbage(valid: &'static [u8]) -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![
         prop::collection::vec(any::<u8>(), 0..4096),
-        (any::<Index>(), prop::collection::vec(any::<u8>(), 0..512)).prop_map(
-            move |(cut, tail)| {
-                let mut b = valid[..cut.index(valid.len() + 1)].to_vec();
-                b.extend_from_slice(&tail);
-                b
-            }
-        ),
+        (any::<Index>(), prop::collection::vec(any::<u8>(), 0..512)).prop_map(move |(cut, tail)| {
+            let mut b = valid[..cut.index(valid.len() + 1)].to_vec();
+            b.extend_from_slice(&tail);
+            b
+        }),
     ]
 }
 
-const KINDS: [Kind; 5] = [
-    Kind::Data,
-    Kind::Sync,
-    Kind::Control,
-    Kind::DbBlock,
-    Kind::DbIndex,
-];
+const KINDS: [Kind; 5] = [Kind::Data, Kind::Sync, Kind::Control, Kind::DbBlock, Kind::DbIndex];
 
 // ---------------------------------------------------------------------------------------------
 // Round trips
@@ -589,8 +531,7 @@ fn probe() -> impl Strategy<Value = Probe> {
     prop_oneof![
         (1..=TIGHT.ops_per_record_max as usize + 5).prop_map(Probe::Ops),
         (1..=TIGHT.key_bytes_max as usize + 5).prop_map(Probe::Key),
-        (TIGHT.value_bytes_max as usize - 3..=TIGHT.value_bytes_max as usize + 5)
-            .prop_map(Probe::Value),
+        (TIGHT.value_bytes_max as usize - 3..=TIGHT.value_bytes_max as usize + 5).prop_map(Probe::Value),
         (0..=TIGHT.links_per_record_max as usize + 5).prop_map(Probe::Links),
     ]
 }
@@ -602,15 +543,9 @@ fn probe_draft(p: Probe, writer: u32) -> Draft {
         Probe::Value(n) => (1, 1, n, 0),
         Probe::Links(n) => (1, 1, 1, n),
     };
-    let ops: Vec<Op> = (0..nops)
-        .map(|i| Op::put(i as u64 + 1, vec![b'k'; klen], vec![b'v'; vlen]))
-        .collect();
+    let ops: Vec<Op> = (0..nops).map(|i| Op::put(i as u64 + 1, vec![b'k'; klen], vec![b'v'; vlen])).collect();
     let links = (0..nlinks)
-        .map(|i| Link {
-            writer: DEFAULT_COORDINATOR,
-            seq: i as u64,
-            hash: Hash256([i as u8 + 1; 32]),
-        })
+        .map(|i| Link { writer: DEFAULT_COORDINATOR, seq: i as u64, hash: Hash256([i as u8 + 1; 32]) })
         .collect();
     Draft {
         writer,
@@ -708,35 +643,14 @@ proptest! {
 /// above the ceiling are refused.
 #[test]
 fn key_at_the_ceiling_round_trips() {
-    let limits = Limits {
-        key_bytes_max: Limits::CEILING.key_bytes_max,
-        ..Limits::default()
-    };
-    assert!(!Limits {
-        key_bytes_max: limits.key_bytes_max + 1,
-        ..limits
-    }
-    .within_ceiling());
-    let body = Body::Data(vec![Op::put(
-        1,
-        vec![b'k'; limits.key_bytes_max as usize],
-        b"v".to_vec(),
-    )]);
+    let limits = Limits { key_bytes_max: Limits::CEILING.key_bytes_max, ..Limits::default() };
+    assert!(!Limits { key_bytes_max: limits.key_bytes_max + 1, ..limits }.within_ceiling());
+    let body = Body::Data(vec![Op::put(1, vec![b'k'; limits.key_bytes_max as usize], b"v".to_vec())]);
     assert_eq!(body.check(&limits, 1), Ok(()));
-    assert_eq!(
-        Body::decode(Kind::Data, &body.encode(), &limits),
-        Ok(body.clone())
-    );
+    assert_eq!(Body::decode(Kind::Data, &body.encode(), &limits), Ok(body.clone()));
     let fx = Fixture::with_limits(42, limits);
-    let rec = fx
-        .author(1)
-        .write_body(body.clone())
-        .expect("a key at the ceiling seals");
-    let (_, opened) = fx
-        .verifier()
-        .verify_open(rec)
-        .expect("a sealed record opens")
-        .split();
+    let rec = fx.author(1).write_body(body.clone()).expect("a key at the ceiling seals");
+    let (_, opened) = fx.verifier().verify_open(rec).expect("a sealed record opens").split();
     assert_eq!(opened, body);
 }
 
@@ -744,22 +658,11 @@ fn key_at_the_ceiling_round_trips() {
 /// panic, as `Header::encode_into` did while the ceiling was 65536) and verify.
 #[test]
 fn links_at_the_ceiling_seal_and_verify() {
-    let limits = Limits {
-        links_per_record_max: Limits::CEILING.links_per_record_max,
-        ..Limits::default()
-    };
-    assert!(!Limits {
-        links_per_record_max: limits.links_per_record_max + 1,
-        ..limits
-    }
-    .within_ceiling());
+    let limits = Limits { links_per_record_max: Limits::CEILING.links_per_record_max, ..Limits::default() };
+    assert!(!Limits { links_per_record_max: limits.links_per_record_max + 1, ..limits }.within_ceiling());
     let fx = Fixture::with_limits(43, limits);
     let links: Vec<Link> = (0..limits.links_per_record_max)
-        .map(|i| Link {
-            writer: DEFAULT_COORDINATOR,
-            seq: i as u64,
-            hash: Hash256([1; 32]),
-        })
+        .map(|i| Link { writer: DEFAULT_COORDINATOR, seq: i as u64, hash: Hash256([1; 32]) })
         .collect();
     let d = Draft {
         writer: 1,
@@ -772,21 +675,12 @@ fn links_at_the_ceiling_seal_and_verify() {
         body: Body::Data(vec![Op::put(1, "k", "v")]),
     };
     let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        d.seal(
-            fx.meta.name(),
-            &limits,
-            &fx.app.writer(1).unwrap(),
-            &fx.app.data_key(),
-        )
+        d.seal(fx.meta.name(), &limits, &fx.app.writer(1).unwrap(), &fx.app.data_key())
     }));
-    let rec = out
-        .expect("Draft::seal must not panic")
-        .expect("links at the ceiling seal");
+    let rec = out.expect("Draft::seal must not panic").expect("links at the ceiling seal");
     let back = Record::decode(rec.bytes(), &limits).unwrap();
     assert_eq!(back.header().links, links);
-    fx.verifier()
-        .verify(back)
-        .expect("a sealed record verifies");
+    fx.verifier().verify(back).expect("a sealed record verifies");
 }
 
 /// Signing refuses what decoding refuses: an application index or a coordinator of 2^31 and
@@ -794,11 +688,7 @@ fn links_at_the_ceiling_seal_and_verify() {
 #[test]
 fn signed_metadata_always_decodes() {
     let fx = Fixture::new(44);
-    for (app_index, coordinator) in [
-        (1u32 << 31, DEFAULT_COORDINATOR),
-        (11, 1 << 31),
-        (11, u32::MAX),
-    ] {
+    for (app_index, coordinator) in [(1u32 << 31, DEFAULT_COORDINATOR), (11, 1 << 31), (11, u32::MAX)] {
         let mut meta = fx.meta.meta.clone();
         meta.app_index = app_index;
         meta.policy.coordinator = coordinator;

@@ -49,7 +49,8 @@ fn altered_proofs_fail() {
     for i in 0..bytes.len() {
         let mut b = bytes.clone();
         b[i] ^= 0x10;
-        let ok = MembershipProof::decode(&b).and_then(|p| p.verify(Some(fx.meta.name()))).map(|o| o.target.hash == target);
+        let ok =
+            MembershipProof::decode(&b).and_then(|p| p.verify(Some(fx.meta.name()))).map(|o| o.target.hash == target);
         if !matches!(ok, Ok(true)) {
             failures += 1;
         }

@@ -33,11 +33,7 @@ static POOL: LazyLock<Pool> = LazyLock::new(|| {
     let v = fx.verifier();
     // Writers 1, 2, 3 (three records each, the last linking to the SYNC) and the coordinator.
     let mut recs: Vec<Record> = fx.small_history();
-    let sync = recs
-        .iter()
-        .find(|r| r.header().kind == Kind::Sync)
-        .unwrap()
-        .clone();
+    let sync = recs.iter().find(|r| r.header().kind == Kind::Sync).unwrap().clone();
 
     // Writer 4: two authors for the same writer, both starting at seq 0.
     let mut x = fx.author(FORK0_WRITER);
@@ -70,10 +66,7 @@ static POOL: LazyLock<Pool> = LazyLock::new(|| {
         if i == 2 {
             w6.enter_epoch(sync.link(), 1);
         }
-        chain6.push(
-            w6.write_ops([(format!("k{i}"), Some(vec![i as u8; i]))])
-                .unwrap(),
-        );
+        chain6.push(w6.write_ops([(format!("k{i}"), Some(vec![i as u8; i]))]).unwrap());
     }
 
     let base = recs.len();
@@ -83,20 +76,12 @@ static POOL: LazyLock<Pool> = LazyLock::new(|| {
 
     let mut chains = Vec::new();
     for w in [1, 2, 3, 6, DEFAULT_COORDINATOR] {
-        let mut idx: Vec<usize> = (0..records.len())
-            .filter(|&i| records[i].header().writer == w)
-            .collect();
+        let mut idx: Vec<usize> = (0..records.len()).filter(|&i| records[i].header().writer == w).collect();
         idx.sort_by_key(|&i| records[i].header().seq);
         chains.push((w, idx));
     }
     assert!(records.len() <= 32, "pool subsets are u32 masks");
-    Pool {
-        fx,
-        records,
-        chains,
-        fork0: [base, base + 1, base + 2],
-        fork1: [base + 3, base + 4, base + 5],
-    }
+    Pool { fx, records, chains, fork0: [base, base + 1, base + 2], fork1: [base + 3, base + 4, base + 5] }
 });
 
 fn pool_len() -> usize {
@@ -127,10 +112,7 @@ fn replica_in_order(mask: u32, order: &[usize]) -> Replica {
     let mut r = Replica::new(POOL.fx.meta.name());
     for &i in order {
         if mask & (1 << i) != 0 {
-            assert!(
-                r.insert(POOL.records[i].clone()).unwrap(),
-                "record {i} inserted twice"
-            );
+            assert!(r.insert(POOL.records[i].clone()).unwrap(), "record {i} inserted twice");
         }
     }
     r
@@ -147,10 +129,7 @@ fn hashes(r: &Replica) -> BTreeSet<Hash256> {
 }
 
 fn mask_hashes(mask: u32) -> BTreeSet<Hash256> {
-    (0..pool_len())
-        .filter(|i| mask & (1 << i) != 0)
-        .map(|i| POOL.records[i].hash())
-        .collect()
+    (0..pool_len()).filter(|i| mask & (1 << i) != 0).map(|i| POOL.records[i].hash()).collect()
 }
 
 /// Everything observable about a replica, for comparing two that should be equal.
@@ -161,10 +140,7 @@ fn assert_same(a: &Replica, b: &Replica) -> Result<(), TestCaseError> {
     prop_assert_eq!(a.heads(), b.heads());
     prop_assert_eq!(a.writers(), b.writers());
     prop_assert_eq!(a.max_lamport(), b.max_lamport());
-    prop_assert_eq!(
-        a.latest_sync().map(|r| r.hash()),
-        b.latest_sync().map(|r| r.hash())
-    );
+    prop_assert_eq!(a.latest_sync().map(|r| r.hash()), b.latest_sync().map(|r| r.hash()));
     let ia: Vec<_> = a.iter().map(|r| r.hash()).collect();
     let ib: Vec<_> = b.iter().map(|r| r.hash()).collect();
     prop_assert_eq!(ia, ib);
@@ -367,11 +343,6 @@ fn merge_across_capsules_is_refused() {
 fn pool_has_the_forks_it_claims() {
     let full = replica_of(u32::MAX >> (32 - pool_len()));
     let checks: Vec<&str> = full.check().iter().map(|p| p.check()).collect();
-    assert_eq!(
-        checks,
-        ["equivocation", "equivocation"],
-        "{:?}",
-        full.check()
-    );
+    assert_eq!(checks, ["equivocation", "equivocation"], "{:?}", full.check());
     assert_eq!(full.len(), pool_len());
 }

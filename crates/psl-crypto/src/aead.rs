@@ -56,9 +56,7 @@ impl DataKey {
     fn record_key(&self, salt: &[u8; SALT_LEN], context: &[u8]) -> aead::LessSafeKey {
         let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, salt).extract(&self.key[..]);
         let info: [&[u8]; 2] = [b"psl/record-key/v1", context];
-        let okm = prk
-            .expand(&info, &aead::AES_256_GCM)
-            .expect("HKDF-SHA256 can always produce an AES-256 key");
+        let okm = prk.expand(&info, &aead::AES_256_GCM).expect("HKDF-SHA256 can always produce an AES-256 key");
         aead::LessSafeKey::new(aead::UnboundKey::from(okm))
     }
 

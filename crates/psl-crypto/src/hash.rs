@@ -65,10 +65,7 @@ mod tests {
     #[test]
     fn known_vector() {
         // FIPS 180-2 "abc".
-        assert_eq!(
-            sha256(&[b"a", b"bc"]).to_hex(),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
+        assert_eq!(sha256(&[b"a", b"bc"]).to_hex(), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
     }
 
     #[test]

@@ -83,9 +83,8 @@ impl XPrv {
         let tweak = secp256k1::Scalar::from_be_bytes(*il)
             .map_err(|_| CryptoError::Derivation { index, why: "IL is not below the curve order" })?;
         let mut parent = self.secret_key()?;
-        let child = parent
-            .add_tweak(&tweak)
-            .map_err(|_| CryptoError::Derivation { index, why: "derived key is zero" })?;
+        let child =
+            parent.add_tweak(&tweak).map_err(|_| CryptoError::Derivation { index, why: "derived key is zero" })?;
         parent.non_secure_erase();
         let mut secret = Zeroizing::new([0u8; 32]);
         secret.copy_from_slice(&child.to_secret_bytes());
@@ -353,10 +352,7 @@ mod tests {
         let seed = hex::decode("000102030405060708090a0b0c0d0e0f").unwrap();
         let owner = OwnerKey::from_seed(&seed).unwrap();
         // m public key from the specification.
-        assert_eq!(
-            owner.public().to_string(),
-            "0339a36013301597daef41fbe593a02cc513d0b55527ec2df1050e2e8ff49c85c2"
-        );
+        assert_eq!(owner.public().to_string(), "0339a36013301597daef41fbe593a02cc513d0b55527ec2df1050e2e8ff49c85c2");
         let app = owner.app(0).unwrap();
         // m/0' public key from the specification.
         assert_eq!(

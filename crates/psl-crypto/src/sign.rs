@@ -25,8 +25,7 @@ pub struct SigningKey {
 
 impl SigningKey {
     pub fn from_bytes(bytes: &[u8; 32]) -> Result<SigningKey, CryptoError> {
-        let sk = secp256k1::SecretKey::from_secret_bytes(*bytes)
-            .map_err(|_| CryptoError::MalformedSecretKey)?;
+        let sk = secp256k1::SecretKey::from_secret_bytes(*bytes).map_err(|_| CryptoError::MalformedSecretKey)?;
         Ok(SigningKey { sk })
     }
 
@@ -41,9 +40,7 @@ impl SigningKey {
     }
 
     pub fn verifying_key(&self) -> VerifyingKey {
-        VerifyingKey {
-            pk: self.sk.public_key(),
-        }
+        VerifyingKey { pk: self.sk.public_key() }
     }
 }
 
@@ -71,8 +68,7 @@ impl VerifyingKey {
         if bytes.len() != PUBLIC_KEY_LEN {
             return Err(CryptoError::MalformedPublicKey);
         }
-        let pk = secp256k1::PublicKey::from_slice(bytes)
-            .map_err(|_| CryptoError::MalformedPublicKey)?;
+        let pk = secp256k1::PublicKey::from_slice(bytes).map_err(|_| CryptoError::MalformedPublicKey)?;
         Ok(VerifyingKey { pk })
     }
 
@@ -82,8 +78,7 @@ impl VerifyingKey {
 
     /// Verifies a compact signature over a 32-byte digest. High-s signatures are refused.
     pub fn verify(&self, digest: &Hash256, sig: &Signature) -> Result<(), CryptoError> {
-        let s = secp256k1::ecdsa::Signature::from_compact(&sig.0)
-            .map_err(|_| CryptoError::MalformedSignature)?;
+        let s = secp256k1::ecdsa::Signature::from_compact(&sig.0).map_err(|_| CryptoError::MalformedSignature)?;
         let msg = secp256k1::Message::from_digest(digest.0);
         // libsecp256k1's verify rejects non-normalized (high-s) signatures.
         secp256k1::ecdsa::verify(&s, msg, &self.pk).map_err(|_| CryptoError::BadSignature)
@@ -126,8 +121,7 @@ mod tests {
         let h = sha256(&[b"m"]);
         let sig = k.sign(&h);
         // Negate s: n - s. The curve order n:
-        let n: [u8; 32] =
-            hex_literal("fffffffffffffffffffffffffffffffebaaedce6af48a03bbfd25e8cd0364141");
+        let n: [u8; 32] = hex_literal("fffffffffffffffffffffffffffffffebaaedce6af48a03bbfd25e8cd0364141");
         let mut s = [0u8; 32];
         s.copy_from_slice(&sig.0[32..]);
         let mut neg = [0u8; 32];

@@ -1,9 +1,7 @@
 #![allow(dead_code)]
 //! Shared fixtures: a capsule with a few writers, a coordinator and a SYNC.
 
-use psl_capsule::{
-    new_capsule, Author, Limits, Record, SignedMetadata, Verifier, DEFAULT_COORDINATOR,
-};
+use psl_capsule::{new_capsule, Author, Limits, Record, SignedMetadata, Verifier, DEFAULT_COORDINATOR};
 use psl_crypto::{AppKey, OwnerKey};
 
 pub struct Fixture {
@@ -44,9 +42,7 @@ impl Fixture {
         let mut heads = Vec::new();
         for a in authors.iter_mut() {
             for i in 0..2 {
-                let r = a
-                    .write_ops([(format!("k{i}"), Some(format!("v{}-{i}", a.writer())))])
-                    .unwrap();
+                let r = a.write_ops([(format!("k{i}"), Some(format!("v{}-{i}", a.writer())))]).unwrap();
                 if i == 1 {
                     heads.push(r.link());
                 }

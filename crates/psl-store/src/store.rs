@@ -1,0 +1,679 @@
+//! [`DiskStore`]: a durable replica of one capsule in one directory.
+
+use crate::error::StoreError;
+use crate::frame::{encode_frame, scan, Event, FrameFault, LogReader, FRAME_HEADER_LEN};
+use crate::fsutil::{read_exact_at, sync_dir, write_all_at, write_new_atomic};
+use crate::index::{Index, Loc, Orphan, Placement};
+use crate::report::{AppendOutcome, CheckReport, LostRecord, OpenReport, RepairReport};
+use psl_capsule::meta::META_BYTES_MAX;
+use psl_capsule::{CapsuleName, Head, Record, Replica, SignedMetadata, Verified, Verifier};
+use psl_crypto::{DataKey, Hash256};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+/// The signed metadata, written once at creation.
+pub const METADATA_FILE: &str = "metadata.bin";
+/// The append-only record log.
+pub const LOG_FILE: &str = "records.log";
+const METADATA_TMP: &str = "metadata.bin.tmp";
+const REPAIR_TMP: &str = "records.log.repair";
+
+/// Reads and checks (owner signature included) the metadata of the store in `dir`.
+pub fn read_metadata(dir: impl AsRef<Path>) -> Result<SignedMetadata, StoreError> {
+    let dir = dir.as_ref();
+    let path = dir.join(METADATA_FILE);
+    let mut f = match File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(StoreError::NotAStore { path: dir.to_path_buf() }),
+        Err(e) => return Err(StoreError::io(path, "opening", None, e)),
+    };
+    // Bound the read before allocating: the encoding is a u16 length, the metadata, a signature.
+    let max = (2 + META_BYTES_MAX + 64) as u64;
+    let mut bytes = Vec::new();
+    io::Read::read_to_end(&mut io::Read::take(&mut f, max + 1), &mut bytes)
+        .map_err(|e| StoreError::io(&path, "reading", Some(0), e))?;
+    if bytes.len() as u64 > max {
+        let source = psl_capsule::DecodeError::Limit { field: "metadata file", len: bytes.len() as u64, max };
+        return Err(StoreError::Metadata { path, source: source.into() });
+    }
+    SignedMetadata::decode(&bytes).map_err(|source| StoreError::Metadata { path, source })
+}
+
+fn check_data_key(dir: &Path, meta: &SignedMetadata, key: Option<&DataKey>) -> Result<(), StoreError> {
+    match key {
+        Some(k) if k.fingerprint() != meta.meta.policy.data_key_fp => {
+            Err(StoreError::WrongDataKey { path: dir.join(METADATA_FILE) })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A durable replica of one capsule: `metadata.bin` and `records.log` in one directory.
+///
+/// Only one `DiskStore` may have a directory open for writing at a time; the store does not
+/// lock the directory itself.
+pub struct DiskStore {
+    dir: PathBuf,
+    log_path: PathBuf,
+    file: File,
+    verifier: Verifier,
+    index: Index,
+    /// End of the valid log: where the next frame goes.
+    end: u64,
+    /// Frame positions in the log (damaged ones included).
+    frames: u64,
+    read_only: bool,
+    /// Exclusive lock on `LOCK` in the directory, held while a writable store is open, so that
+    /// two processes never append to one log.
+    _lock: Option<File>,
+    /// Why appends are refused until a repair (unreadable regions in the log).
+    damaged: Option<String>,
+    /// Why appends are refused until a reopen (a failed fsync or rollback).
+    poisoned: Option<String>,
+}
+
+impl std::fmt::Debug for DiskStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DiskStore({}, {} records of {:?}, {} bytes)", self.dir.display(), self.len(), self.name(), self.end)
+    }
+}
+
+impl DiskStore {
+    /// Creates a store for the capsule `meta` in `dir` (created if missing). Fails if `dir`
+    /// already holds a store. `data_key`, if given, must be the capsule's; with it, every
+    /// verification also decrypts and checks the body.
+    pub fn create(
+        dir: impl AsRef<Path>,
+        meta: SignedMetadata,
+        data_key: Option<DataKey>,
+    ) -> Result<DiskStore, StoreError> {
+        let dir = dir.as_ref().to_path_buf();
+        fs::create_dir_all(&dir).map_err(|e| StoreError::io(&dir, "creating the store directory", None, e))?;
+        let meta_path = dir.join(METADATA_FILE);
+        let log_path = dir.join(LOG_FILE);
+        if meta_path.exists() {
+            return Err(StoreError::AlreadyExists { path: meta_path });
+        }
+        match fs::metadata(&log_path) {
+            Ok(m) if m.len() > 0 => return Err(StoreError::AlreadyExists { path: log_path }),
+            _ => {}
+        }
+        check_data_key(&dir, &meta, data_key.as_ref())?;
+        let lock = lock_dir(&dir)?;
+        // The log first, so that metadata.bin, which marks a store, never exists without a log.
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&log_path)
+            .map_err(|e| StoreError::io(&log_path, "creating", None, e))?;
+        file.sync_all().map_err(|e| StoreError::io(&log_path, "fsync", None, e))?;
+        write_new_atomic(&dir, &meta_path, &dir.join(METADATA_TMP), &meta.encode())
+            .map_err(|e| StoreError::io(&meta_path, "writing (temp file, fsync, rename, directory fsync)", None, e))?;
+        Ok(DiskStore {
+            dir,
+            log_path,
+            file,
+            verifier: Verifier::new(meta, data_key),
+            index: Index::default(),
+            end: 0,
+            frames: 0,
+            read_only: false,
+            _lock: Some(lock),
+            damaged: None,
+            poisoned: None,
+        })
+    }
+
+    /// Opens the store in `dir`, re-verifying every record of the log. A torn tail is cut off
+    /// (and the file fsync'd); damaged frames are skipped and reported. See the crate
+    /// documentation for the recovery rules.
+    pub fn open(dir: impl AsRef<Path>, data_key: Option<DataKey>) -> Result<(DiskStore, OpenReport), StoreError> {
+        Self::open_with(dir.as_ref(), data_key, false)
+    }
+
+    /// Like [`DiskStore::open`], but changes nothing on disk: a torn tail is reported and left
+    /// in place, and appends are refused.
+    pub fn open_readonly(
+        dir: impl AsRef<Path>,
+        data_key: Option<DataKey>,
+    ) -> Result<(DiskStore, OpenReport), StoreError> {
+        Self::open_with(dir.as_ref(), data_key, true)
+    }
+
+    fn open_with(
+        dir: &Path,
+        data_key: Option<DataKey>,
+        read_only: bool,
+    ) -> Result<(DiskStore, OpenReport), StoreError> {
+        let meta = read_metadata(dir)?;
+        check_data_key(dir, &meta, data_key.as_ref())?;
+        let verifier = Verifier::new(meta, data_key);
+        let lock = if read_only { None } else { Some(lock_dir(dir)?) };
+        let log_path = dir.join(LOG_FILE);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(!read_only)
+            .open(&log_path)
+            .map_err(|e| StoreError::io(&log_path, "opening", None, e))?;
+        let (index, mut report, mut end) = load(&file, &log_path, &verifier)?;
+        if let Some(t) = &mut report.torn_tail {
+            end = t.offset;
+            if !read_only {
+                file.set_len(t.offset)
+                    .map_err(|e| StoreError::io(&log_path, "truncating the torn tail", Some(t.offset), e))?;
+                t.truncated = true;
+                tracing::info!(path = %log_path.display(), offset = t.offset, bytes = t.bytes, "truncated a torn tail");
+            }
+        }
+        if !read_only {
+            // What was loaded may still sit in the page cache only (a crash of the process, not
+            // of the machine): make it durable before anyone relies on it.
+            // (The directory entry was made durable by `create` or `repair`.)
+            file.sync_all().map_err(|e| StoreError::io(&log_path, "fsync", None, e))?;
+        }
+        if report.is_damaged() {
+            tracing::warn!(path = %log_path.display(), "{report}");
+        }
+        let damaged = report.unreadable.first().map(|u| {
+            format!(
+                "{} region(s) of the log have no trustworthy framing, the first at offset {}",
+                report.unreadable.len(),
+                u.offset
+            )
+        });
+        let store = DiskStore {
+            dir: dir.to_path_buf(),
+            log_path,
+            file,
+            verifier,
+            index,
+            end,
+            frames: report.frames,
+            read_only,
+            _lock: lock,
+            damaged,
+            poisoned: None,
+        };
+        Ok((store, report))
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn name(&self) -> CapsuleName {
+        self.verifier.name()
+    }
+
+    pub fn metadata(&self) -> &SignedMetadata {
+        self.verifier.metadata()
+    }
+
+    /// The verifier every record is checked with, on open and on every read.
+    pub fn verifier(&self) -> &Verifier {
+        &self.verifier
+    }
+
+    /// Records loaded (each extends its writer's chain).
+    pub fn len(&self) -> usize {
+        self.index.locs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.index.locs.is_empty()
+    }
+
+    /// Bytes of valid log.
+    pub fn log_bytes(&self) -> u64 {
+        self.end
+    }
+
+    /// Frame positions in the log, damaged frames included.
+    pub fn frames(&self) -> u64 {
+        self.frames
+    }
+
+    pub fn contains(&self, hash: &Hash256) -> bool {
+        self.index.locs.contains_key(hash)
+    }
+
+    /// Each writer's newest record.
+    pub fn heads(&self) -> BTreeMap<u32, Head> {
+        self.index.heads()
+    }
+
+    /// The next seq writer `writer` may append (0 for a writer with no records).
+    pub fn next_seq(&self, writer: u32) -> u64 {
+        self.index.chain(writer).map(|c| c.next_seq()).unwrap_or(0)
+    }
+
+    /// Whether appends are accepted, and if not, why.
+    pub fn writable(&self) -> Result<(), StoreError> {
+        if self.read_only {
+            return Err(StoreError::ReadOnly { path: self.log_path.clone() });
+        }
+        if let Some(reason) = &self.poisoned {
+            return Err(StoreError::Poisoned { path: self.log_path.clone(), reason: reason.clone() });
+        }
+        if let Some(reason) = &self.damaged {
+            return Err(StoreError::Damaged { path: self.log_path.clone(), reason: reason.clone() });
+        }
+        Ok(())
+    }
+
+    /// Appends a batch as one group commit: every record is checked first (capsule, size,
+    /// chain extension taking the earlier records of the batch into account), then all new
+    /// frames are written with one write and made durable with one `fsync`. Records the store
+    /// already holds (same hash) are skipped. If any record is refused, nothing is written.
+    /// Records are taken in the order given: a batch must itself be in chain order per writer.
+    /// Signatures are not checked again (a [`Verified`] record has passed a verifier); if this
+    /// store holds the data key, each new record's body is opened, as `open` will do later.
+    /// If the write fails, the log is cut back to where it was.
+    pub fn append(&mut self, recs: &[Verified<Record>]) -> Result<AppendOutcome, StoreError> {
+        self.writable()?;
+        let name = self.name();
+        let max = self.metadata().meta.policy.limits.record_bytes_max;
+        let mut plan: Vec<&Verified<Record>> = Vec::new();
+        let mut pending: HashMap<u32, Vec<Hash256>> = HashMap::new();
+        let mut seen: HashSet<Hash256> = HashSet::new();
+        let mut duplicates = 0;
+        for (index, r) in recs.iter().enumerate() {
+            let h = r.header();
+            let hash = r.hash();
+            if h.capsule != name {
+                return Err(StoreError::WrongCapsule { expected: name, found: h.capsule });
+            }
+            if r.bytes().len() > max as usize {
+                return Err(StoreError::RecordTooLarge { hash, len: r.bytes().len(), max });
+            }
+            if self.index.locs.contains_key(&hash) || seen.contains(&hash) {
+                duplicates += 1;
+                continue;
+            }
+            let stored: &[Hash256] = self.index.chain(h.writer).map(|c| &c.hashes[..]).unwrap_or(&[]);
+            let batch: &[Hash256] = pending.get(&h.writer).map(|v| &v[..]).unwrap_or(&[]);
+            let slot = |s: u64| {
+                let s = s as usize;
+                if s < stored.len() {
+                    stored[s]
+                } else {
+                    batch[s - stored.len()]
+                }
+            };
+            let next = (stored.len() + batch.len()) as u64;
+            if h.seq < next {
+                return Err(StoreError::Equivocation {
+                    writer: h.writer,
+                    seq: h.seq,
+                    stored: slot(h.seq),
+                    offered: hash,
+                });
+            }
+            if h.seq > next {
+                return Err(StoreError::Gap { writer: h.writer, expected: next, got: h.seq });
+            }
+            let head = if next == 0 { Hash256::ZERO } else { slot(next - 1) };
+            if h.prev != head {
+                return Err(StoreError::BrokenChain {
+                    writer: h.writer,
+                    seq: h.seq,
+                    expected_prev: head,
+                    got_prev: h.prev,
+                });
+            }
+            if self.verifier.can_open() {
+                // `r` may have passed a verifier without the data key; `open` would then find
+                // a body that does not decrypt, so check it now (decryption only, no signature).
+                self.verifier.open(r).map_err(|source| StoreError::Rejected { index, source: Box::new(source) })?;
+            }
+            pending.entry(h.writer).or_default().push(hash);
+            seen.insert(hash);
+            plan.push(r);
+        }
+        if plan.is_empty() {
+            return Ok(AppendOutcome { appended: 0, duplicates, bytes: 0 });
+        }
+
+        // Invariants before writing: the file ends where the index says, and the index is sound.
+        let on_disk = self.file.metadata().map_err(|e| StoreError::io(&self.log_path, "stat", None, e))?.len();
+        if on_disk != self.end {
+            let reason =
+                format!("the log is {on_disk} bytes but the store wrote {} (changed by someone else?)", self.end);
+            self.damaged = Some(reason.clone());
+            return Err(StoreError::Damaged { path: self.log_path.clone(), reason });
+        }
+        debug_assert!(self.index.consistent(), "index inconsistent before append");
+
+        let total: usize = plan.iter().map(|r| FRAME_HEADER_LEN as usize + r.bytes().len()).sum();
+        let mut buf = Vec::with_capacity(total);
+        let mut locs = Vec::with_capacity(plan.len());
+        for r in &plan {
+            locs.push(Loc { offset: self.end + buf.len() as u64, len: r.bytes().len() as u32 });
+            encode_frame(r.bytes(), &mut buf);
+        }
+        debug_assert_eq!(buf.len(), total);
+
+        let start = self.end;
+        if let Err(e) = write_all_at(&self.file, &buf, start) {
+            self.roll_back(start);
+            return Err(StoreError::io(&self.log_path, "appending frames", Some(start), e));
+        }
+        if let Err(e) = self.file.sync_data() {
+            // After a failed fsync the kernel may have dropped the dirty pages: nothing about the
+            // file can be trusted until it is reopened and re-verified.
+            self.roll_back(start);
+            self.poisoned = Some(format!("fsync after appending at offset {start} failed: {e}"));
+            return Err(StoreError::io(&self.log_path, "fsync of appended frames", Some(start), e));
+        }
+        for (r, loc) in plan.iter().zip(locs) {
+            self.index.push(r, loc);
+        }
+        self.end += buf.len() as u64;
+        self.frames += plan.len() as u64;
+        debug_assert!(self.index.consistent(), "index inconsistent after append");
+        Ok(AppendOutcome { appended: plan.len(), duplicates, bytes: buf.len() as u64 })
+    }
+
+    /// Cuts the log back to `end` after a failed append; poisons the store if that fails too.
+    fn roll_back(&mut self, end: u64) {
+        if let Err(e) = self.file.set_len(end).and_then(|_| self.file.sync_data()) {
+            self.poisoned = Some(format!("rolling back a failed append to offset {end} failed: {e}"));
+        }
+    }
+
+    /// The record with `hash`, read back from disk and re-verified (CRC, decoding, hash,
+    /// verifier). Damage on disk is an error, never bad bytes.
+    pub fn get(&self, hash: &Hash256) -> Result<Option<Verified<Record>>, StoreError> {
+        match self.index.locs.get(hash) {
+            Some(loc) => self.read_at(*hash, *loc).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn read_at(&self, hash: Hash256, loc: Loc) -> Result<Verified<Record>, StoreError> {
+        let mut buf = vec![0u8; FRAME_HEADER_LEN as usize + loc.len as usize];
+        read_exact_at(&self.file, &mut buf, loc.offset)
+            .map_err(|e| StoreError::io(&self.log_path, "reading a frame", Some(loc.offset), e))?;
+        let fail = |fault| StoreError::ReadBack { path: self.log_path.clone(), offset: loc.offset, hash, fault };
+        let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]);
+        let stored = u32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]);
+        if len != loc.len {
+            return Err(fail(FrameFault::LengthChanged { indexed: loc.len, found: len }));
+        }
+        let bytes = &buf[FRAME_HEADER_LEN as usize..];
+        let computed = crc32fast::hash(bytes);
+        if computed != stored {
+            return Err(fail(FrameFault::Crc { stored, computed }));
+        }
+        let rec =
+            Record::decode(bytes, &self.metadata().meta.policy.limits).map_err(|e| fail(FrameFault::Decode(e)))?;
+        if rec.hash() != hash {
+            return Err(fail(FrameFault::WrongRecord { found: rec.hash() }));
+        }
+        self.verifier.verify(rec).map_err(|r| fail(FrameFault::Verify(Box::new(r))))
+    }
+
+    /// Writer `writer`'s records with seq in `from_seq..to_seq` (half-open, clamped to the
+    /// chain), read back and re-verified.
+    pub fn range(&self, writer: u32, from_seq: u64, to_seq: u64) -> Result<Vec<Verified<Record>>, StoreError> {
+        let Some(chain) = self.index.chain(writer) else {
+            return Ok(Vec::new());
+        };
+        let to = to_seq.min(chain.next_seq());
+        if from_seq >= to {
+            return Ok(Vec::new());
+        }
+        chain.hashes[from_seq as usize..to as usize].iter().map(|h| self.read_at(*h, self.index.locs[h])).collect()
+    }
+
+    /// Every record in chain order (writer, then seq), read back and re-verified one by one.
+    pub fn iter_chain_order(&self) -> impl Iterator<Item = Result<Verified<Record>, StoreError>> + '_ {
+        self.index.chains.values().flat_map(|c| c.hashes.iter()).map(|h| self.read_at(*h, self.index.locs[h]))
+    }
+
+    /// Every record in chain order, read back and re-verified.
+    pub fn records_in_chain_order(&self) -> Result<Vec<Verified<Record>>, StoreError> {
+        self.iter_chain_order().collect()
+    }
+
+    /// An in-memory replica of everything the store holds (read back and re-verified).
+    pub fn to_replica(&self) -> Result<Replica, StoreError> {
+        let mut r = Replica::new(self.name());
+        for rec in self.iter_chain_order() {
+            r.insert(rec?).expect("the store only holds records of its own capsule");
+        }
+        Ok(r)
+    }
+
+    /// The SYNC record with the highest epoch, read back and re-verified.
+    pub fn latest_sync(&self) -> Result<Option<Verified<Record>>, StoreError> {
+        match self.index.latest_sync {
+            Some((_, _, h)) => self.get(&h),
+            None => Ok(None),
+        }
+    }
+
+    /// Re-reads and re-verifies every frame of the log, end to end, checks the chains and
+    /// links of everything that verified (`Replica::check`), and compares the result with the
+    /// in-memory index. Changes nothing. Errors only when the log cannot be read at all.
+    pub fn check(&self) -> Result<CheckReport, StoreError> {
+        let len = self.file.metadata().map_err(|e| StoreError::io(&self.log_path, "stat", None, e))?.len();
+        let mut reader = LogReader::new(&self.file, len);
+        let mut idx = Index::default();
+        let mut rep = CheckReport::default();
+        let mut replica = Replica::new(self.name());
+        rep.frames = scan(&mut reader, &self.verifier, |ev| match ev {
+            Event::Good { index, offset, len, record } => {
+                rep.verified += 1;
+                match idx.place(&record) {
+                    Placement::Extends => idx.push(&record, Loc { offset, len }),
+                    Placement::Duplicate => rep.duplicate_frames += 1,
+                    Placement::Orphan(cause) => rep.orphaned.push(orphan(index, offset, &record, cause)),
+                }
+                // The verifier checked the capsule name, so this cannot fail.
+                let _ = replica.insert(record);
+            }
+            Event::Damaged(d) => rep.damaged.push(d),
+            Event::Unreadable(u) => rep.unreadable.push(u),
+            Event::Torn(t) => rep.torn_tail = Some(t),
+        })
+        .map_err(|e| StoreError::io(&self.log_path, "reading", None, e))?;
+        rep.chain_problems = replica.check();
+        rep.lost = self
+            .index
+            .locs
+            .iter()
+            .filter(|(h, loc)| idx.locs.get(*h) != Some(*loc))
+            .map(|(h, loc)| LostRecord { hash: *h, offset: loc.offset })
+            .collect();
+        rep.lost.sort_by_key(|l| l.offset);
+        let mut unindexed: Vec<(u64, Hash256)> =
+            idx.locs.iter().filter(|(h, _)| !self.index.locs.contains_key(*h)).map(|(h, l)| (l.offset, *h)).collect();
+        unindexed.sort();
+        rep.unindexed = unindexed.into_iter().map(|(_, h)| h).collect();
+        Ok(rep)
+    }
+
+    /// Rewrites the log from what can be recovered: every record that verifies, found by a
+    /// resynchronising scan (so records behind an unreadable region are kept), connected into
+    /// chains from seq 0, written in chain order. Damaged frames, unreadable regions, orphans
+    /// that still cannot be connected and a torn tail are dropped. The old log is kept as a
+    /// hard link `records.log.damaged-<n>` (named in the report); the new one replaces it
+    /// atomically (temp file, fsync, rename, directory fsync). Clears the damaged state.
+    pub fn repair(&mut self) -> Result<RepairReport, StoreError> {
+        if self.read_only {
+            return Err(StoreError::ReadOnly { path: self.log_path.clone() });
+        }
+        if let Some(reason) = &self.poisoned {
+            return Err(StoreError::Poisoned { path: self.log_path.clone(), reason: reason.clone() });
+        }
+        let path = self.log_path.clone();
+        let bytes_before = self.file.metadata().map_err(|e| StoreError::io(&path, "stat", None, e))?.len();
+
+        // 1. Every verified record, by slot.
+        struct Cand {
+            prev: Hash256,
+            hash: Hash256,
+            loc: Loc,
+        }
+        let mut slots: BTreeMap<(u32, u64), Vec<Cand>> = BTreeMap::new();
+        let mut positions = 0u64;
+        let mut reader = LogReader::new(&self.file, bytes_before);
+        scan(&mut reader, &self.verifier, |ev| {
+            positions += 1;
+            if let Event::Good { offset, len, record, .. } = ev {
+                let h = record.header();
+                slots.entry((h.writer, h.seq)).or_default().push(Cand {
+                    prev: h.prev,
+                    hash: record.hash(),
+                    loc: Loc { offset, len },
+                });
+            }
+        })
+        .map_err(|e| StoreError::io(&path, "reading", None, e))?;
+
+        // 2. Chains from seq 0, first candidate in file order that links to the head.
+        let mut keep: Vec<(Hash256, Loc)> = Vec::new();
+        let mut cur: Option<(u32, u64, Hash256)> = None;
+        for (&(w, s), cands) in &slots {
+            let (cw, next, head) = match cur {
+                Some(c) if c.0 == w => c,
+                _ => (w, 0, Hash256::ZERO),
+            };
+            cur = Some((cw, next, head));
+            if s != next {
+                continue;
+            }
+            if let Some(c) = cands.iter().find(|c| c.prev == head) {
+                keep.push((c.hash, c.loc));
+                cur = Some((w, next + 1, c.hash));
+            }
+        }
+
+        // 3. The new log.
+        let tmp = self.dir.join(REPAIR_TMP);
+        let io_tmp = |what, e| StoreError::io(&tmp, what, None, e);
+        let out = File::create(&tmp).map_err(|e| io_tmp("creating", e))?;
+        let mut w = BufWriter::new(out);
+        let mut bytes_after = 0u64;
+        for (hash, loc) in &keep {
+            let mut frame = vec![0u8; FRAME_HEADER_LEN as usize + loc.len as usize];
+            read_exact_at(&self.file, &mut frame, loc.offset)
+                .map_err(|e| StoreError::io(&path, "reading a frame", Some(loc.offset), e))?;
+            let stored = u32::from_le_bytes([frame[4], frame[5], frame[6], frame[7]]);
+            let computed = crc32fast::hash(&frame[FRAME_HEADER_LEN as usize..]);
+            if stored != computed {
+                return Err(StoreError::ReadBack {
+                    path,
+                    offset: loc.offset,
+                    hash: *hash,
+                    fault: FrameFault::Crc { stored, computed },
+                });
+            }
+            w.write_all(&frame).map_err(|e| io_tmp("writing", e))?;
+            bytes_after += frame.len() as u64;
+        }
+        let out = w.into_inner().map_err(|e| io_tmp("writing", e.into_error()))?;
+        out.sync_all().map_err(|e| io_tmp("fsync", e))?;
+        drop(out);
+
+        // 4. Keep the old log, swap in the new one.
+        let backup = self.backup_path();
+        if fs::hard_link(&path, &backup).is_err() {
+            fs::copy(&path, &backup).map_err(|e| StoreError::io(&backup, "copying the old log", None, e))?;
+            File::open(&backup).and_then(|f| f.sync_all()).map_err(|e| StoreError::io(&backup, "fsync", None, e))?;
+        }
+        // Until the reload below succeeds, the handle and index describe the old file.
+        self.poisoned = Some("a repair was interrupted after replacing the log".into());
+        fs::rename(&tmp, &path).map_err(|e| io_tmp("renaming over records.log", e))?;
+        sync_dir(&self.dir).map_err(|e| StoreError::io(&self.dir, "fsync of the directory", None, e))?;
+
+        // 5. Reload from the new log.
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| StoreError::io(&path, "opening", None, e))?;
+        let (index, report, _) = load(&file, &path, &self.verifier)?;
+        debug_assert!(report.is_clean(), "a repaired log loads clean: {report}");
+        self.file = file;
+        self.index = index;
+        self.end = bytes_after;
+        self.frames = report.frames;
+        self.damaged = None;
+        self.poisoned = None;
+        tracing::info!(path = %path.display(), backup = %backup.display(), kept = keep.len(), "repaired the log");
+        Ok(RepairReport {
+            backup,
+            kept: keep.len(),
+            dropped: positions.saturating_sub(keep.len() as u64),
+            bytes_before,
+            bytes_after,
+        })
+    }
+
+    fn backup_path(&self) -> PathBuf {
+        (0u32..)
+            .map(|n| self.dir.join(format!("{LOG_FILE}.damaged-{n}")))
+            .find(|p| !p.exists())
+            .expect("some backup name is free")
+    }
+}
+
+fn orphan(index: u64, offset: u64, rec: &Record, cause: crate::index::OrphanCause) -> Orphan {
+    let h = rec.header();
+    Orphan { index, offset, writer: h.writer, seq: h.seq, hash: rec.hash(), cause }
+}
+
+/// Scans `file` and builds the index the way `open` does: records are loaded in file order,
+/// each only if it extends its writer's chain.
+/// Also returns the length of the log scanned.
+fn load(file: &File, path: &Path, verifier: &Verifier) -> Result<(Index, OpenReport, u64), StoreError> {
+    let len = file.metadata().map_err(|e| StoreError::io(path, "stat", None, e))?.len();
+    let mut reader = LogReader::new(file, len);
+    let mut idx = Index::default();
+    let mut report = OpenReport::default();
+    report.frames = scan(&mut reader, verifier, |ev| match ev {
+        Event::Good { index, offset, len, record } => match idx.place(&record) {
+            Placement::Extends => {
+                idx.push(&record, Loc { offset, len });
+                report.records += 1;
+            }
+            Placement::Duplicate => report.duplicate_frames += 1,
+            Placement::Orphan(cause) => report.orphaned.push(orphan(index, offset, &record, cause)),
+        },
+        Event::Damaged(d) => report.damaged.push(d),
+        Event::Unreadable(u) => report.unreadable.push(u),
+        Event::Torn(t) => {
+            report.torn_tail_bytes = t.bytes;
+            report.torn_tail = Some(t);
+        }
+    })
+    .map_err(|e| StoreError::io(path, "reading", None, e))?;
+    Ok((idx, report, len))
+}
+
+/// Name of the lock file in a store directory.
+pub const LOCK_FILE: &str = "LOCK";
+
+/// Takes the directory's exclusive lock (released when the returned file is dropped, or when
+/// the process dies).
+fn lock_dir(dir: &Path) -> Result<File, StoreError> {
+    let path = dir.join(LOCK_FILE);
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| StoreError::io(&path, "opening the lock file", None, e))?;
+    match f.try_lock() {
+        Ok(()) => Ok(f),
+        Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Locked { path }),
+        Err(std::fs::TryLockError::Error(e)) => Err(StoreError::io(&path, "locking", None, e)),
+    }
+}

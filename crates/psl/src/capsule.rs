@@ -1,0 +1,577 @@
+//! `psl capsule`: the DataCapsule tool.
+
+use crate::util::{data_key_for, now_ms, read_owner_key, show_bytes, write_atomic};
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Subcommand;
+use psl_capsule::{
+    audit_file, file, new_capsule, Action, Author, Body, CapsuleFile, Kind, Limits, MembershipProof, Record, Replica,
+    SignedMetadata, Verifier,
+};
+use psl_crypto::{DataKey, Hash256};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+
+#[derive(Subcommand)]
+pub enum CapsuleCmd {
+    /// Create an empty capsule file owned by a key file.
+    New {
+        #[arg(long)]
+        owner: PathBuf,
+        #[arg(long, default_value = "")]
+        label: String,
+        #[arg(long)]
+        out: PathBuf,
+        /// Application index (hardened child of the owner key); random when not given.
+        #[arg(long)]
+        app_index: Option<u32>,
+        /// Largest key in bytes.
+        #[arg(long, default_value_t = Limits::default().key_bytes_max)]
+        key_bytes_max: u32,
+        /// Largest value in bytes.
+        #[arg(long, default_value_t = Limits::default().value_bytes_max)]
+        value_bytes_max: u32,
+        #[arg(long)]
+        force: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Append one data record of ops, written and signed by WRITER.
+    Append {
+        capsule: PathBuf,
+        #[arg(long)]
+        owner: PathBuf,
+        #[arg(long)]
+        writer: u32,
+        /// KEY=VALUE to put (repeatable).
+        #[arg(long = "put", value_name = "KEY=VALUE")]
+        puts: Vec<String>,
+        /// KEY to delete (repeatable); deletes follow the puts in the record.
+        #[arg(long = "del", value_name = "KEY")]
+        dels: Vec<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Append a SYNC record (as the coordinator) pointing at every writer's newest record.
+    Sync {
+        capsule: PathBuf,
+        #[arg(long)]
+        owner: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check every record and chain of a capsule file or a store directory; exit 1 on any failure.
+    Verify {
+        capsule: PathBuf,
+        /// Owner key: also decrypt and check every body.
+        #[arg(long)]
+        key: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List records (headers; with --key also the decrypted ops).
+    #[command(alias = "log")]
+    Show {
+        capsule: PathBuf,
+        #[arg(long)]
+        key: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Union of two replicas of one capsule.
+    Merge {
+        a: PathBuf,
+        b: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Membership proof of one record, from the newest SYNC that reaches it (or its writer's head).
+    Prove {
+        capsule: PathBuf,
+        #[arg(long)]
+        record: String,
+        /// Prove from this record instead (a later record or a SYNC).
+        #[arg(long)]
+        head: Option<String>,
+        /// Also write the binary proof here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check a binary membership proof, with public keys only.
+    CheckProof {
+        proof: PathBuf,
+        /// The capsule name you trust (hex).
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write a store directory's replica to a capsule file.
+    Export {
+        store: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Verify a capsule file's records and append them to a store directory (created if needed).
+    Import {
+        capsule: PathBuf,
+        #[arg(long)]
+        into: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub fn run(cmd: CapsuleCmd) -> Result<i32> {
+    match cmd {
+        CapsuleCmd::New { owner, label, out, app_index, key_bytes_max, value_bytes_max, force, json } => {
+            if out.exists() && !force {
+                bail!("{} exists; pass --force to overwrite it", out.display());
+            }
+            let owner = read_owner_key(&owner)?;
+            let app_index = app_index.unwrap_or_else(|| rand::random::<u32>() >> 1);
+            let limits = Limits { key_bytes_max, value_bytes_max, ..Limits::default() };
+            let meta = new_capsule(&owner, app_index, &label, now_ms(), limits)?;
+            write_atomic(&out, &file::encode(&meta, []), 0o644)?;
+            let name = meta.name();
+            if json {
+                println!("{}", json!({ "name": name.to_string(), "app_index": app_index, "file": out }));
+            } else {
+                println!("capsule {name}");
+                println!("label {label:?}, application index {app_index}, written to {}", out.display());
+            }
+            Ok(0)
+        }
+        CapsuleCmd::Append { capsule, owner, writer, puts, dels, json } => {
+            let owner = read_owner_key(&owner)?;
+            let (meta, mut records, replica) = load_verified(&capsule, Some(&owner))?;
+            let app = owner.app(meta.meta.app_index)?;
+            let mut ops: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
+            for p in &puts {
+                let (k, v) = p.split_once('=').ok_or_else(|| anyhow!("--put {p:?}: expected KEY=VALUE"))?;
+                ops.push((k.as_bytes().to_vec(), Some(v.as_bytes().to_vec())));
+            }
+            for d in &dels {
+                if ops.iter().any(|(k, _)| k == d.as_bytes()) {
+                    bail!("key {d:?} is both put and deleted in one record; append them separately");
+                }
+                ops.push((d.as_bytes().to_vec(), None));
+            }
+            if ops.is_empty() {
+                bail!("nothing to append: give --put KEY=VALUE or --del KEY");
+            }
+            let mut author = author_at(&meta, &app, writer, &replica)?;
+            let rec = author.write_ops(ops).context("sealing the record")?;
+            let h = rec.header().clone();
+            records.push(rec.clone());
+            write_atomic(&capsule, &file::encode(&meta, &records), 0o644)?;
+            if json {
+                println!(
+                    "{}",
+                    json!({ "hash": rec.hash().to_hex(), "writer": writer, "seq": h.seq, "lamport": h.lamport, "epoch": h.epoch, "bytes": rec.bytes().len() })
+                );
+            } else {
+                println!(
+                    "appended record {} (writer {writer}, seq {}, lamport {}, epoch {})",
+                    rec.hash(),
+                    h.seq,
+                    h.lamport,
+                    h.epoch
+                );
+            }
+            Ok(0)
+        }
+        CapsuleCmd::Sync { capsule, owner, json } => {
+            let owner = read_owner_key(&owner)?;
+            let (meta, mut records, replica) = load_verified(&capsule, Some(&owner))?;
+            let app = owner.app(meta.meta.app_index)?;
+            let coordinator = meta.meta.policy.coordinator;
+            let mut author = author_at(&meta, &app, coordinator, &replica)?;
+            let heads: Vec<_> = replica
+                .heads()
+                .values()
+                .filter(|h| h.writer != coordinator)
+                .map(|h| psl_capsule::Link { writer: h.writer, seq: h.seq, hash: h.hash })
+                .collect();
+            let n = heads.len();
+            let rec = author.write_sync(heads).context("sealing the SYNC record")?;
+            records.push(rec.clone());
+            write_atomic(&capsule, &file::encode(&meta, &records), 0o644)?;
+            if json {
+                println!("{}", json!({ "hash": rec.hash().to_hex(), "epoch": rec.header().epoch, "writers": n }));
+            } else {
+                println!("SYNC {} closes epoch {} over {n} writers", rec.hash(), rec.header().epoch);
+            }
+            Ok(0)
+        }
+        CapsuleCmd::Verify { capsule, key, json } => verify(&capsule, key.as_deref(), json),
+        CapsuleCmd::Show { capsule, key, json } => show(&capsule, key.as_deref(), json),
+        CapsuleCmd::Merge { a, b, out, json } => {
+            let (ma, ra, _) = load_verified(&a, None)?;
+            let (mb, rb, _) = load_verified(&b, None)?;
+            if ma.name() != mb.name() {
+                bail!(
+                    "{} holds capsule {} but {} holds capsule {}: only replicas of one capsule merge",
+                    a.display(),
+                    ma.name(),
+                    b.display(),
+                    mb.name()
+                );
+            }
+            let v = Verifier::new(ma.clone(), None);
+            let mut rep = Replica::new(ma.name());
+            for r in ra.into_iter().chain(rb) {
+                rep.insert(v.verify(r).map_err(|e| anyhow!("{e}"))?)?;
+            }
+            let problems = rep.check();
+            let recs: Vec<Record> = rep.in_chain_order().map(|r| (**r).clone()).collect();
+            write_atomic(&out, &file::encode(&ma, &recs), 0o644)?;
+            if json {
+                println!(
+                    "{}",
+                    json!({ "records": recs.len(), "problems": problems.iter().map(|p| p.to_string()).collect::<Vec<_>>(), "file": out })
+                );
+            } else {
+                println!("merged {} records into {}", recs.len(), out.display());
+                for p in &problems {
+                    println!("warning: {p}");
+                }
+            }
+            Ok(if problems.is_empty() { 0 } else { 1 })
+        }
+        CapsuleCmd::Prove { capsule, record, head, out, json } => {
+            let (meta, _, replica) = load_verified(&capsule, None)?;
+            let target = parse_hash(&replica, &record)?;
+            let head = head.map(|h| parse_hash(&replica, &h)).transpose()?;
+            let proof = MembershipProof::build(&meta, &replica, target, head)?;
+            let outcome = proof.verify(Some(meta.name()))?;
+            let bytes = proof.encode();
+            if let Some(p) = &out {
+                write_atomic(p, &bytes, 0o644)?;
+            }
+            if json {
+                println!(
+                    "{}",
+                    json!({
+                        "capsule": meta.name().to_string(),
+                        "target": outcome.target.hash.to_hex(),
+                        "target_writer": outcome.target.writer,
+                        "target_seq": outcome.target.seq,
+                        "head": outcome.head.hash.to_hex(),
+                        "head_kind": outcome.head_kind.name(),
+                        "steps": proof.steps.len(),
+                        "proof": hex::encode(&bytes),
+                    })
+                );
+            } else {
+                println!(
+                    "record {} (writer {}, seq {})",
+                    outcome.target.hash, outcome.target.writer, outcome.target.seq
+                );
+                println!(
+                    "is reached from {} {} (writer {}, seq {}) in {} step(s); proof of {} bytes checks out",
+                    outcome.head_kind.name(),
+                    outcome.head.hash,
+                    outcome.head.writer,
+                    outcome.head.seq,
+                    proof.steps.len() - 1,
+                    bytes.len()
+                );
+                match &out {
+                    Some(p) => println!("written to {}", p.display()),
+                    None => println!("{}", hex::encode(&bytes)),
+                }
+            }
+            Ok(0)
+        }
+        CapsuleCmd::CheckProof { proof, name, json } => {
+            let bytes = std::fs::read(&proof).with_context(|| format!("reading {}", proof.display()))?;
+            let expected = name
+                .map(|n| {
+                    Hash256::from_hex(&n)
+                        .map(psl_capsule::CapsuleName)
+                        .ok_or_else(|| anyhow!("--name must be 64 hex digits"))
+                })
+                .transpose()?;
+            let result = MembershipProof::decode(&bytes).and_then(|p| p.verify(expected));
+            match result {
+                Ok(o) => {
+                    if json {
+                        println!(
+                            "{}",
+                            json!({ "ok": true, "capsule": o.capsule.to_string(), "target": o.target.hash.to_hex(), "writer": o.target.writer, "seq": o.target.seq, "head": o.head.hash.to_hex() })
+                        );
+                    } else {
+                        println!(
+                            "proof OK: record {} (writer {}, seq {}) is in capsule {}",
+                            o.target.hash, o.target.writer, o.target.seq, o.capsule
+                        );
+                        if expected.is_none() {
+                            println!("note: no --name given; the proof is only as good as the capsule name you compare it with");
+                        }
+                    }
+                    Ok(0)
+                }
+                Err(e) => {
+                    if json {
+                        println!("{}", json!({ "ok": false, "error": e.to_string() }));
+                    } else {
+                        println!("proof FAILED: {e}");
+                    }
+                    Ok(1)
+                }
+            }
+        }
+        CapsuleCmd::Export { store, out, json } => {
+            let (s, report) = psl_store::DiskStore::open(&store, None)?;
+            if !report.is_clean() {
+                eprintln!("warning: store {} is damaged: {report}", store.display());
+            }
+            let bytes = s.export()?;
+            write_atomic(&out, &bytes, 0o644)?;
+            if json {
+                println!("{}", json!({ "records": s.len(), "capsule": s.name().to_string(), "file": out }));
+            } else {
+                println!("exported {} records of capsule {} to {}", s.len(), s.name(), out.display());
+            }
+            Ok(0)
+        }
+        CapsuleCmd::Import { capsule, into, json } => {
+            let bytes = std::fs::read(&capsule).with_context(|| format!("reading {}", capsule.display()))?;
+            let (s, outcome) = psl_store::import_into(&into, &bytes, None)?;
+            if json {
+                println!(
+                    "{}",
+                    json!({ "appended": outcome.appended, "duplicates": outcome.duplicates, "records": s.len(), "capsule": s.name().to_string() })
+                );
+            } else {
+                println!(
+                    "imported {} new records ({} already present) into {}; it holds {} records of capsule {}",
+                    outcome.appended,
+                    outcome.duplicates,
+                    into.display(),
+                    s.len(),
+                    s.name()
+                );
+            }
+            Ok(0)
+        }
+    }
+}
+
+/// Reads a capsule file, verifying every record (and decrypting with the owner's key when given).
+/// Refuses a file with any problem: nothing is ever built on an unverified record.
+fn load_verified(path: &Path, owner: Option<&psl_crypto::OwnerKey>) -> Result<(SignedMetadata, Vec<Record>, Replica)> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let f = CapsuleFile::parse(&bytes).with_context(|| format!("{}", path.display()))?;
+    let key = owner.map(|o| data_key_for(o, &f.metadata)).transpose()?;
+    let audit = audit_file(&bytes, key);
+    if let Some(p) = audit.problems.first() {
+        bail!("{} does not verify ({} problems; see `psl capsule verify`): {p}", path.display(), audit.problems.len());
+    }
+    let replica = audit.replica.expect("metadata verified, so the audit built a replica");
+    Ok((f.metadata, f.records, replica))
+}
+
+fn author_at(meta: &SignedMetadata, app: &psl_crypto::AppKey, writer: u32, replica: &Replica) -> Result<Author> {
+    let mut a = Author::new(meta, app, writer)?;
+    if let Some(h) = replica.heads().get(&writer) {
+        a.resume(h);
+    }
+    a.observe(replica.max_lamport());
+    if let Some(s) = replica.latest_sync() {
+        a.enter_epoch(s.link(), s.header().epoch);
+    }
+    Ok(a)
+}
+
+fn parse_hash(replica: &Replica, s: &str) -> Result<Hash256> {
+    if let Some(h) = Hash256::from_hex(s) {
+        return Ok(h);
+    }
+    // Accept a unique hex prefix, as people copy the short form from `show`.
+    let s = s.to_ascii_lowercase();
+    let mut m = replica.iter().map(|r| r.hash()).filter(|h| h.to_hex().starts_with(&s));
+    match (m.next(), m.next()) {
+        (Some(h), None) if s.len() >= 4 => Ok(h),
+        (Some(_), Some(_)) => bail!("record prefix {s} is ambiguous"),
+        _ => bail!("no record {s} in this capsule"),
+    }
+}
+
+fn verify(path: &Path, key: Option<&Path>, json: bool) -> Result<i32> {
+    if path.is_dir() {
+        return verify_store(path, key, json);
+    }
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let data_key: Option<DataKey> = match key {
+        Some(k) => {
+            let owner = read_owner_key(k)?;
+            let meta = CapsuleFile::parse(&bytes).ok().map(|f| f.metadata).or_else(|| file::scan(&bytes).metadata.ok());
+            match meta {
+                Some(m) => Some(data_key_for(&owner, &m)?),
+                None => None,
+            }
+        }
+        None => None,
+    };
+    let audit = audit_file(&bytes, data_key);
+    let summary = audit.replica.as_ref().map(|r| {
+        let syncs = r.iter().filter(|x| x.header().kind == Kind::Sync).count();
+        (r.len(), r.writers().len(), syncs)
+    });
+    if json {
+        println!(
+            "{}",
+            json!({
+                "ok": audit.ok(),
+                "capsule": audit.metadata.as_ref().map(|m| m.name().to_string()),
+                "records": audit.records_total,
+                "records_verified": audit.records_verified,
+                "writers": summary.map(|s| s.1),
+                "syncs": summary.map(|s| s.2),
+                "decrypted": audit.opened,
+                "problems": audit.problems,
+            })
+        );
+    } else if audit.ok() {
+        let (n, w, s) = summary.unwrap_or_default();
+        println!(
+            "OK: capsule {}: {n} records from {w} writers, {s} SYNC record(s); every signature, hash, chain and link checks out{}",
+            audit.metadata.as_ref().map(|m| m.name().to_string()).unwrap_or_default(),
+            if audit.opened { ", and every body decrypts" } else { " (bodies not decrypted: no --key)" }
+        );
+    } else {
+        for p in &audit.problems {
+            println!("FAILED: {p}");
+        }
+        println!("{} problems in {}", audit.problems.len(), path.display());
+    }
+    Ok(if audit.ok() { 0 } else { 1 })
+}
+
+fn verify_store(dir: &Path, key: Option<&Path>, json: bool) -> Result<i32> {
+    let data_key = match key {
+        Some(k) => {
+            let owner = read_owner_key(k)?;
+            let meta = psl_store::read_metadata(dir)?;
+            Some(data_key_for(&owner, &meta)?)
+        }
+        None => None,
+    };
+    let (store, open) = psl_store::DiskStore::open_readonly(dir, data_key)?;
+    let report = store.check()?;
+    let ok = open.is_clean() && report.is_clean();
+    if json {
+        println!(
+            "{}",
+            json!({ "ok": ok, "capsule": store.name().to_string(), "records": store.len(), "open": open.to_string(), "problems": report.problems(), })
+        );
+    } else if ok {
+        println!(
+            "OK: store {}: capsule {}, {} records; every frame, signature, hash and chain checks out",
+            dir.display(),
+            store.name(),
+            store.len()
+        );
+    } else {
+        let mut problems = report.problems();
+        if problems.is_empty() {
+            problems = open.problems();
+        }
+        for p in &problems {
+            println!("FAILED: {p}");
+        }
+        println!("{} problems in store {}", problems.len(), dir.display());
+    }
+    Ok(if ok { 0 } else { 1 })
+}
+
+fn show(path: &Path, key: Option<&Path>, json: bool) -> Result<i32> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let f = CapsuleFile::parse(&bytes).with_context(|| format!("{}", path.display()))?;
+    let data_key = key.map(|k| read_owner_key(k).and_then(|o| data_key_for(&o, &f.metadata))).transpose()?;
+    let v = Verifier::new(f.metadata.clone(), data_key);
+    let m = &f.metadata.meta;
+    let mut rows = Vec::new();
+    if !json {
+        println!("capsule {}", f.metadata.name());
+        println!(
+            "  label {:?}, owner {}, application index {}, created {} ms",
+            m.label, m.owner, m.app_index, m.created_ms
+        );
+        println!("  coordinator writer {}, limits {:?}", m.policy.coordinator, m.policy.limits);
+        println!(
+            "{:>4}  {:<8}  {:<8}  {:>10}  {:>6}  {:>8}  {:>5}  {:>6}",
+            "#", "hash", "kind", "writer", "seq", "lamport", "epoch", "bytes"
+        );
+    }
+    for (i, r) in f.records.iter().enumerate() {
+        let h = r.header();
+        let checked = if v.can_open() {
+            v.verify_open(r.clone()).map(|o| Some(o.split().1))
+        } else {
+            v.verify(r.clone()).map(|_| None)
+        };
+        let (status, body) = match checked {
+            Ok(b) => ("ok".to_string(), b),
+            Err(e) => (format!("FAILED {} check", e.reason.name()), None),
+        };
+        let ops = body.as_ref().map(describe_body);
+        if json {
+            rows.push(json!({
+                "index": i, "hash": r.hash().to_hex(), "kind": h.kind.name(), "writer": h.writer, "seq": h.seq,
+                "lamport": h.lamport, "epoch": h.epoch, "prev": h.prev.to_hex(),
+                "links": h.links.iter().map(|l| json!({"writer": l.writer, "seq": l.seq, "hash": l.hash.to_hex()})).collect::<Vec<_>>(),
+                "bytes": r.bytes().len(), "status": status, "body": ops,
+            }));
+        } else {
+            println!(
+                "{i:>4}  {:<8}  {:<8}  {:>10}  {:>6}  {:>8}  {:>5}  {:>6}  {status}",
+                r.hash().short(),
+                h.kind.name(),
+                h.writer,
+                h.seq,
+                h.lamport,
+                h.epoch,
+                r.bytes().len()
+            );
+            for l in &h.links {
+                println!("        -> writer {} seq {} {}", l.writer, l.seq, l.hash.short());
+            }
+            if let Some(lines) = ops {
+                for line in lines {
+                    println!("        {line}");
+                }
+            }
+        }
+    }
+    if json {
+        println!(
+            "{}",
+            json!({ "capsule": f.metadata.name().to_string(), "label": m.label, "owner": m.owner.to_string(), "app_index": m.app_index, "records": rows })
+        );
+    }
+    Ok(0)
+}
+
+fn describe_body(b: &Body) -> Vec<String> {
+    match b {
+        Body::Data(ops) => ops
+            .iter()
+            .map(|o| match &o.action {
+                Action::Put(v) => format!("@{} put {} = {}", o.lamport, show_bytes(&o.key), show_bytes(v)),
+                Action::Delete => format!("@{} del {}", o.lamport, show_bytes(&o.key)),
+            })
+            .collect(),
+        Body::Sync { app_key_fp } => vec![format!("sync, application key {}", app_key_fp.short())],
+        Body::Control { code, payload } => vec![format!("control {code:?}, {} payload bytes", payload.len())],
+        Body::DbBlock(x) => vec![format!("db-block, {} bytes", x.len())],
+        Body::DbIndex(x) => vec![format!("db-index, {} bytes", x.len())],
+    }
+}
