@@ -34,7 +34,7 @@ for target in $(cargo +nightly fuzz list --fuzz-dir fuzz); do
   seeds=fuzz/seeds/$target
   [ -d "$seeds" ] || seeds=
   cargo +nightly fuzz run --fuzz-dir fuzz "$target" "$corpus" $seeds -- \
-    -max_total_time="$FUZZ_SECONDS" -max_len=65536 -rss_limit_mb=2048 -print_final_stats=0 2>&1 | tail -n 3
+    -max_total_time="$FUZZ_SECONDS" -max_len=65536 -rss_limit_mb=2048 -print_final_stats=0 2>&1 | grep -E "^Done|ERROR|panicked|SUMMARY" || true
   rm -rf "$corpus"
 done
 
