@@ -22,6 +22,8 @@ pub struct Author {
     epoch: u64,
     /// The SYNC the next record must link to (set on entering an epoch).
     epoch_link: Option<Link>,
+    /// Seeded salt source for reproducible simulations; OS randomness when `None`.
+    salts: Option<rand::rngs::StdRng>,
 }
 
 impl std::fmt::Debug for Author {
@@ -62,7 +64,17 @@ impl Author {
             lamport: 0,
             epoch: 0,
             epoch_link: None,
+            salts: None,
         })
+    }
+
+    /// Draws record salts from a generator seeded with `seed` instead of the OS: for seeded
+    /// simulations only, where every run must produce the same bytes. The seed must differ per
+    /// (data key, writer) and per run of a real deployment, or salts would repeat.
+    pub fn with_salt_seed(mut self, seed: u64) -> Author {
+        use rand::SeedableRng;
+        self.salts = Some(rand::rngs::StdRng::seed_from_u64(seed));
+        self
     }
 
     /// Continues after `head`, the newest record of this writer's chain.
@@ -135,9 +147,25 @@ impl Author {
 
     /// Writes a SYNC record of the next epoch pointing at `heads` (coordinator only).
     pub fn write_sync(&mut self, heads: Vec<Link>) -> Result<Record, SealError> {
-        let epoch = self.epoch + 1;
+        self.write_sync_epoch(self.epoch + 1, heads)
+    }
+
+    /// Writes the SYNC record of `epoch` (which must be above this writer's epoch).
+    pub fn write_sync_epoch(&mut self, epoch: u64, heads: Vec<Link>) -> Result<Record, SealError> {
+        assert!(epoch > self.epoch, "a SYNC opens a newer epoch");
         let rec = self.write_with(Body::Sync { app_key_fp: self.app_key_fp }, heads, epoch, self.lamport + 1)?;
         self.epoch = epoch;
+        self.epoch_link = None;
+        Ok(rec)
+    }
+
+    /// Seals a non-data body with extra `links` (an EOE naming other writers' heads). The
+    /// epoch's SYNC link, if due, comes first.
+    pub fn write_control(&mut self, body: Body, links: Vec<Link>) -> Result<Record, SealError> {
+        assert!(!matches!(body, Body::Data(_) | Body::Sync { .. }), "data and SYNC records have their own rules");
+        let all: Vec<Link> = self.epoch_link.into_iter().chain(links).collect();
+        let rec = self.write_with(body, all, self.epoch, self.lamport + 1)?;
+        self.epoch_link = None;
         Ok(rec)
     }
 
@@ -156,7 +184,14 @@ impl Author {
     fn write_with(&mut self, body: Body, links: Vec<Link>, epoch: u64, lamport: u64) -> Result<Record, SealError> {
         let draft =
             Draft { writer: self.writer, key_gen: 0, seq: self.next_seq, lamport, epoch, prev: self.prev, links, body };
-        let rec = draft.seal(self.capsule, &self.limits, &self.key, &self.data_key)?;
+        let rec = match &mut self.salts {
+            Some(rng) => {
+                let mut salt = [0u8; psl_crypto::SALT_LEN];
+                rand::RngCore::fill_bytes(rng, &mut salt);
+                draft.seal_with_salt(salt, self.capsule, &self.limits, &self.key, &self.data_key)?
+            }
+            None => draft.seal(self.capsule, &self.limits, &self.key, &self.data_key)?,
+        };
         self.next_seq += 1;
         self.prev = rec.hash();
         self.lamport = lamport;

@@ -41,7 +41,11 @@ pub use replica::{ChainProblem, Head, Replica};
 pub use seal::{Draft, SealError};
 pub use verify::{Opened, Reason, Rejected, Verified, Verifier};
 
-/// Writer index the coordinator signs SYNC records with, unless a capsule's policy says otherwise.
+/// How many coordinators (a primary and shadows) a new capsule allows, unless told otherwise.
+pub const DEFAULT_COORDINATORS: u8 = 3;
+
+/// Writer index the primary coordinator signs SYNC records with, unless a capsule's policy says
+/// otherwise; shadows use the indices just below it.
 pub const DEFAULT_COORDINATOR: u32 = (1 << 31) - 1;
 
 /// Builds and signs metadata for a new capsule under `owner`'s application `app_index`.
@@ -61,7 +65,12 @@ pub fn new_capsule(
         app: app.public(),
         created_ms,
         label: label.to_string(),
-        policy: Policy { coordinator: DEFAULT_COORDINATOR, limits, data_key_fp: app.data_key().fingerprint() },
+        policy: Policy {
+            coordinator: DEFAULT_COORDINATOR,
+            coordinators: DEFAULT_COORDINATORS,
+            limits,
+            data_key_fp: app.data_key().fingerprint(),
+        },
     };
     SignedMetadata::sign(meta, &owner.signing_key())
 }

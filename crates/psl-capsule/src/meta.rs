@@ -13,7 +13,7 @@ pub const META_VERSION: u8 = 1;
 /// Most bytes a label may have.
 pub const LABEL_BYTES_MAX: usize = 255;
 /// Largest encoded metadata (with the largest label).
-pub const META_BYTES_MAX: usize = 4 + 1 + 33 + 4 + 65 + 8 + 1 + LABEL_BYTES_MAX + 4 + 5 * 4 + 32;
+pub const META_BYTES_MAX: usize = 4 + 1 + 33 + 4 + 65 + 8 + 1 + LABEL_BYTES_MAX + 4 + 1 + 5 * 4 + 32;
 
 /// The 256-bit name of a DataCapsule, printed as lowercase hex.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -34,11 +34,32 @@ impl fmt::Debug for CapsuleName {
 /// Rules every writer and reader of a capsule applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Policy {
-    /// Writer index of the coordinator: the only writer allowed to write SYNC records.
+    /// Writer index of the primary coordinator. Coordinators (primary and shadows) are the
+    /// writers `coordinator, coordinator - 1, ..., coordinator - (coordinators - 1)`: the only
+    /// writers allowed to write SYNC records.
     pub coordinator: u32,
+    /// How many coordinator writer indices there are (1 to 255).
+    pub coordinators: u8,
     pub limits: Limits,
     /// Fingerprint of the application data key, so a key holder can tell it has the right one.
     pub data_key_fp: Hash256,
+}
+
+impl Policy {
+    /// Whether writer `w` is one of the coordinators (and so may write SYNC records).
+    pub fn is_coordinator(&self, w: u32) -> bool {
+        w <= self.coordinator && self.coordinator - w < self.coordinators as u32
+    }
+
+    /// Rank of coordinator `w`: 0 for the primary, 1.. for the shadows.
+    pub fn coordinator_rank(&self, w: u32) -> Option<u8> {
+        self.is_coordinator(w).then(|| (self.coordinator - w) as u8)
+    }
+
+    /// Writer index of the coordinator of rank `r`.
+    pub fn coordinator_at(&self, r: u8) -> Option<u32> {
+        (r < self.coordinators).then(|| self.coordinator - r as u32)
+    }
 }
 
 /// Canonical capsule metadata.
@@ -66,6 +87,7 @@ impl Metadata {
         b.put_u8(self.label.len() as u8);
         b.extend_from_slice(self.label.as_bytes());
         b.put_u32(self.policy.coordinator);
+        b.put_u8(self.policy.coordinators);
         let l = &self.policy.limits;
         for v in [l.key_bytes_max, l.value_bytes_max, l.ops_per_record_max, l.links_per_record_max, l.record_bytes_max]
         {
@@ -103,6 +125,10 @@ impl Metadata {
         if coordinator >= 1 << 31 {
             return Err(DecodeError::Invalid { field: "coordinator writer", why: "must be below 2^31" });
         }
+        let coordinators = r.u8("coordinator count")?;
+        if coordinators == 0 || coordinators as u32 > coordinator + 1 {
+            return Err(DecodeError::Invalid { field: "coordinator count", why: "must be 1 to coordinator + 1" });
+        }
         let limits = Limits {
             key_bytes_max: r.u32("key_bytes_max")?,
             value_bytes_max: r.u32("value_bytes_max")?,
@@ -121,7 +147,7 @@ impl Metadata {
             app,
             created_ms,
             label,
-            policy: Policy { coordinator, limits, data_key_fp },
+            policy: Policy { coordinator, coordinators, limits, data_key_fp },
         })
     }
 
@@ -149,7 +175,7 @@ pub enum MetadataError {
     Label(usize),
     #[error("policy limits are outside the hard ceilings")]
     Limits,
-    #[error("application index and coordinator writer must both be below 2^31")]
+    #[error("application index and coordinator writer must be below 2^31, with 1 to coordinator + 1 coordinators")]
     Index,
 }
 
@@ -162,7 +188,12 @@ impl SignedMetadata {
         if !meta.policy.limits.within_ceiling() {
             return Err(MetadataError::Limits);
         }
-        if meta.app_index >= 1 << 31 || meta.policy.coordinator >= 1 << 31 {
+        let p = &meta.policy;
+        if meta.app_index >= 1 << 31
+            || p.coordinator >= 1 << 31
+            || p.coordinators == 0
+            || p.coordinators as u32 > p.coordinator + 1
+        {
             return Err(MetadataError::Index);
         }
         let name = meta.name();
@@ -227,7 +258,12 @@ pub(crate) mod tests {
             app: app.public(),
             created_ms: 1_700_000_000_000,
             label: label.into(),
-            policy: Policy { coordinator: 1000, limits: Limits::default(), data_key_fp: app.data_key().fingerprint() },
+            policy: Policy {
+                coordinator: 1000,
+                coordinators: 2,
+                limits: Limits::default(),
+                data_key_fp: app.data_key().fingerprint(),
+            },
         };
         SignedMetadata::sign(meta, &owner.signing_key()).unwrap()
     }

@@ -139,7 +139,7 @@ impl MembershipProof {
                     let key =
                         self.metadata.meta.app.writer(h.writer).map_err(|_| ProofError::HeadSignature(h.writer))?;
                     key.verify(&hash, &self.head_signature).map_err(|_| ProofError::HeadSignature(h.writer))?;
-                    if h.kind == Kind::Sync && h.writer != self.metadata.meta.policy.coordinator {
+                    if h.kind == Kind::Sync && !self.metadata.meta.policy.is_coordinator(h.writer) {
                         return Err(ProofError::HeadSignature(h.writer));
                     }
                     head = Some((Link { writer: h.writer, seq: h.seq, hash }, h.kind));

@@ -37,9 +37,25 @@ pub enum SealError {
 }
 
 impl Draft {
-    /// Seals, hashes and signs. Checks every limit before producing any bytes.
+    /// Seals, hashes and signs, with a fresh random salt. Checks every limit before producing
+    /// any bytes.
     pub fn seal(
         self,
+        capsule: CapsuleName,
+        limits: &Limits,
+        key: &SigningKey,
+        data_key: &DataKey,
+    ) -> Result<Record, SealError> {
+        let mut salt = [0u8; SALT_LEN];
+        rand::fill(&mut salt);
+        self.seal_with_salt(salt, capsule, limits, key, data_key)
+    }
+
+    /// Like [`Draft::seal`] with a given salt. The salt must never repeat under one data key
+    /// for the same (capsule, writer, seq); a seeded simulation uses this to replay exactly.
+    pub fn seal_with_salt(
+        self,
+        salt: [u8; SALT_LEN],
         capsule: CapsuleName,
         limits: &Limits,
         key: &SigningKey,
@@ -63,8 +79,6 @@ impl Draft {
         if len > limits.record_bytes_max as usize {
             return Err(SealError::RecordSize { len, max: limits.record_bytes_max });
         }
-        let mut salt = [0u8; SALT_LEN];
-        rand::fill(&mut salt);
         let header = Header {
             kind: self.body.kind(),
             capsule,

@@ -65,7 +65,7 @@ pub enum Reason {
     Writer(u32),
     #[error("key generation {0} is not known to this verifier")]
     KeyGeneration(u32),
-    #[error("{kind} records may only be written by the coordinator (writer {coordinator})")]
+    #[error("{kind} records may only be written by a coordinator (writer {coordinator} or a shadow below it)")]
     KindNotAllowed { kind: &'static str, coordinator: u32 },
     #[error("{0}")]
     Structure(&'static str),
@@ -228,17 +228,16 @@ impl Verifier {
         if h.key_gen != 0 {
             return fail(Reason::KeyGeneration(h.key_gen));
         }
-        let coordinator = self.meta.meta.policy.coordinator;
-        if h.kind == Kind::Sync && h.writer != coordinator {
+        let policy = &self.meta.meta.policy;
+        let coordinator = policy.coordinator;
+        if h.kind == Kind::Sync && !policy.is_coordinator(h.writer) {
             return fail(Reason::KindNotAllowed { kind: "sync", coordinator });
         }
         if (h.seq == 0) != h.prev.is_zero() {
             return fail(Reason::Structure("seq 0 must have a zero prev, and every later seq a non-zero one"));
         }
-        if h.kind == Kind::Data && h.links.iter().any(|l| l.writer != coordinator) {
-            return fail(Reason::Structure(
-                "a data record may link only to the coordinator's records (its epoch's SYNC)",
-            ));
+        if h.kind == Kind::Data && h.links.iter().any(|l| !policy.is_coordinator(l.writer)) {
+            return fail(Reason::Structure("a data record may link only to coordinators' records (its epoch's SYNC)"));
         }
         let key = self.writer_key(h.writer).map_err(|r| reject(rec, r))?;
         if key.verify(&rec.hash(), &rec.signature()).is_err() {

@@ -1,0 +1,159 @@
+//! Counters of a node, rejections by reason, rendered as Prometheus text.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Why an incoming message or record was not applied. Names are stable metric labels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RejectReason {
+    /// Verifier reasons (see `psl_capsule::Reason::name`).
+    Encoding,
+    Capsule,
+    Writer,
+    KeyGeneration,
+    Kind,
+    Structure,
+    Signature,
+    Decryption,
+    Body,
+    KeyFingerprint,
+    /// A message that is not a valid wire message.
+    BadMessage,
+    /// A record already applied, arriving again.
+    Duplicate,
+    /// A record already applied, from an epoch before the current one (a replay).
+    StaleEpoch,
+    /// A different record for a (writer, seq) already applied, or a chain that does not link.
+    Equivocation,
+    /// A writer's epoch going backwards along its chain.
+    EpochRegression,
+    /// A SYNC whose epoch is not newer than the one in force.
+    StaleSync,
+    /// The hold-back buffer was full.
+    HoldFull,
+}
+
+impl RejectReason {
+    pub const ALL: [RejectReason; 17] = [
+        RejectReason::Encoding,
+        RejectReason::Capsule,
+        RejectReason::Writer,
+        RejectReason::KeyGeneration,
+        RejectReason::Kind,
+        RejectReason::Structure,
+        RejectReason::Signature,
+        RejectReason::Decryption,
+        RejectReason::Body,
+        RejectReason::KeyFingerprint,
+        RejectReason::BadMessage,
+        RejectReason::Duplicate,
+        RejectReason::StaleEpoch,
+        RejectReason::Equivocation,
+        RejectReason::EpochRegression,
+        RejectReason::StaleSync,
+        RejectReason::HoldFull,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            RejectReason::Encoding => "encoding",
+            RejectReason::Capsule => "capsule",
+            RejectReason::Writer => "writer",
+            RejectReason::KeyGeneration => "key-generation",
+            RejectReason::Kind => "kind",
+            RejectReason::Structure => "structure",
+            RejectReason::Signature => "signature",
+            RejectReason::Decryption => "decryption",
+            RejectReason::Body => "body",
+            RejectReason::KeyFingerprint => "key-fingerprint",
+            RejectReason::BadMessage => "bad-message",
+            RejectReason::Duplicate => "duplicate",
+            RejectReason::StaleEpoch => "stale-epoch",
+            RejectReason::Equivocation => "equivocation",
+            RejectReason::EpochRegression => "epoch-regression",
+            RejectReason::StaleSync => "stale-sync",
+            RejectReason::HoldFull => "hold-full",
+        }
+    }
+
+    /// Maps a verifier rejection.
+    pub fn from_verifier(r: &psl_capsule::Reason) -> RejectReason {
+        use psl_capsule::Reason as R;
+        match r {
+            R::Encoding(_) => RejectReason::Encoding,
+            R::Capsule { .. } => RejectReason::Capsule,
+            R::Writer(_) => RejectReason::Writer,
+            R::KeyGeneration(_) => RejectReason::KeyGeneration,
+            R::KindNotAllowed { .. } => RejectReason::Kind,
+            R::Structure(_) => RejectReason::Structure,
+            R::Signature(_) => RejectReason::Signature,
+            R::Decryption => RejectReason::Decryption,
+            R::Body(_) => RejectReason::Body,
+            R::KeyFingerprint { .. } => RejectReason::KeyFingerprint,
+        }
+    }
+
+    fn index(self) -> usize {
+        RejectReason::ALL.iter().position(|r| *r == self).expect("every reason is listed")
+    }
+}
+
+/// A node's counters. Shared between threads; every field is a relaxed atomic.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    rejected: [AtomicU64; 17],
+    pub records_applied: AtomicU64,
+    pub ops_applied: AtomicU64,
+    pub records_written: AtomicU64,
+    pub ops_written: AtomicU64,
+    pub records_held: AtomicU64,
+    pub repair_requests_sent: AtomicU64,
+    pub repair_records_sent: AtomicU64,
+    pub syncs_applied: AtomicU64,
+    pub withholding_reports: AtomicU64,
+    pub epoch: AtomicU64,
+}
+
+impl Metrics {
+    pub fn reject(&self, r: RejectReason) {
+        self.rejected[r.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn rejected(&self, r: RejectReason) -> u64 {
+        self.rejected[r.index()].load(Ordering::Relaxed)
+    }
+
+    pub fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn get(c: &AtomicU64) -> u64 {
+        c.load(Ordering::Relaxed)
+    }
+
+    /// Prometheus text exposition.
+    pub fn render(&self, prefix: &str) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "# TYPE {prefix}_rejected_total counter");
+        for r in RejectReason::ALL {
+            let _ = writeln!(s, "{prefix}_rejected_total{{reason=\"{}\"}} {}", r.name(), self.rejected(r));
+        }
+        for (name, c) in [
+            ("records_applied_total", &self.records_applied),
+            ("ops_applied_total", &self.ops_applied),
+            ("records_written_total", &self.records_written),
+            ("ops_written_total", &self.ops_written),
+            ("records_held", &self.records_held),
+            ("repair_requests_sent_total", &self.repair_requests_sent),
+            ("repair_records_sent_total", &self.repair_records_sent),
+            ("syncs_applied_total", &self.syncs_applied),
+            ("withholding_reports_total", &self.withholding_reports),
+            ("epoch", &self.epoch),
+        ] {
+            let kind = if name.ends_with("_total") { "counter" } else { "gauge" };
+            let _ = writeln!(s, "# TYPE {prefix}_{name} {kind}");
+            let _ = writeln!(s, "{prefix}_{name} {}", Metrics::get(c));
+        }
+        s
+    }
+}

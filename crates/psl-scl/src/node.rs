@@ -1,0 +1,561 @@
+//! [`NodeCore`]: one node's protocol logic, single-threaded and deterministic.
+//!
+//! Inputs: verified records (the verifier runs elsewhere, in parallel), rejections, repair
+//! requests, this node's own sealed records, and ticks. Outputs: messages to publish and
+//! requests to the node's writers (enter an epoch, write an EOE, write an RTS or a SYNC).
+//! Writers (one [`psl_capsule::Author`] each) live outside: in crypto actor threads in the
+//! runtime, inline in the simulator.
+
+use crate::coordinator::{CoordinatorAction, CoordinatorSm};
+use crate::memtable::{Memtable, Version};
+use crate::metrics::{Metrics, RejectReason};
+use crate::orderer::{Orderer, OrdererAction, OrdererConfig};
+use crate::wire::Msg;
+use crate::LamportClock;
+use psl_capsule::{Action, Body, ControlCode, Kind, Link, Opened, Record, Verified, Verifier};
+use psl_crypto::Hash256;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeConfig {
+    pub orderer: OrdererConfig,
+    /// Records kept to answer repair requests (oldest evicted first).
+    pub cache_records_max: usize,
+    /// Most records sent in answer to repair requests per tick.
+    pub repair_answers_per_tick: usize,
+    /// How often the node publishes a heads hint (see [`crate::wire`]).
+    pub heads_interval_ms: u64,
+    /// Most repair requests a tick sends because of heads hints.
+    pub hint_requests_per_tick: usize,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            orderer: OrdererConfig::default(),
+            cache_records_max: 1 << 20,
+            repair_answers_per_tick: 4096,
+            heads_interval_ms: 250,
+            hint_requests_per_tick: 64,
+        }
+    }
+}
+
+/// Something the node's runtime must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    /// Send these bytes on the fabric.
+    Publish(Vec<u8>),
+    /// Every local writer: the next record links to this SYNC and carries its epoch.
+    EnterEpoch {
+        sync: Link,
+        epoch: u64,
+    },
+    /// Every local data writer: flush pending ops, then write an EOE for `epoch` linking
+    /// `heads` (the newest record this node has applied of every other writer: an authenticated
+    /// anti-entropy hint, so that a record only some nodes received still reaches everyone).
+    WriteEoe {
+        epoch: u64,
+        heads: Vec<Link>,
+    },
+    /// The local coordinator writer: write an RTS / a SYNC.
+    WriteRts {
+        epoch: u64,
+    },
+    WriteSync {
+        epoch: u64,
+        heads: Vec<Link>,
+    },
+    /// A writer's records could not be obtained for `withholding_after_ms`.
+    Withholding {
+        writer: u32,
+        from_seq: u64,
+        to_seq: u64,
+    },
+    /// Two different signed records for one (writer, seq).
+    Equivocation {
+        writer: u32,
+        seq: u64,
+        a: Hash256,
+        b: Hash256,
+    },
+}
+
+/// A pending `sync()`: see [`NodeCore::begin_sync`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncTicket {
+    id: u64,
+}
+
+#[derive(Debug)]
+struct SyncWait {
+    /// Own writers' next seqs when the call began: the first SYNC must link a later record.
+    need: BTreeMap<u32, u64>,
+    /// Epoch of that first SYNC, once seen.
+    first: Option<u64>,
+    done: bool,
+}
+
+/// Records kept for repair answers, by (writer, seq).
+#[derive(Debug, Default)]
+struct Cache {
+    by_slot: BTreeMap<(u32, u64), Record>,
+    order: VecDeque<(u32, u64)>,
+    max: usize,
+}
+
+impl Cache {
+    fn insert(&mut self, r: &Record) {
+        let k = (r.header().writer, r.header().seq);
+        if self.by_slot.insert(k, r.clone()).is_none() {
+            self.order.push_back(k);
+        }
+        while self.order.len() > self.max {
+            if let Some(old) = self.order.pop_front() {
+                self.by_slot.remove(&old);
+            }
+        }
+    }
+}
+
+pub struct NodeCore {
+    verifier: Arc<Verifier>,
+    memtable: Arc<Memtable>,
+    clock: Arc<LamportClock>,
+    metrics: Arc<Metrics>,
+    cfg: NodeConfig,
+    orderer: Orderer,
+    coordinator: Option<CoordinatorSm>,
+    /// This node's data writers.
+    local: BTreeSet<u32>,
+    /// This node's coordinator writer, if it is a coordinator.
+    coordinator_writer: Option<u32>,
+    cache: Cache,
+    /// Outstanding repair answers: (writer, next seq to send, last seq).
+    answering: VecDeque<(u32, u64, u64)>,
+    syncs: BTreeMap<u64, SyncWait>,
+    next_ticket: u64,
+    /// Newest SYNC applied: epoch and links.
+    last_sync: Option<(u64, Vec<Link>)>,
+    last_heads_at: u64,
+    /// Hinted heads not yet acted on: writer -> seq.
+    hinted: BTreeMap<u32, u64>,
+}
+
+impl std::fmt::Debug for NodeCore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "NodeCore(writers={:?}, epoch={})", self.local, self.orderer.current_epoch())
+    }
+}
+
+impl NodeCore {
+    pub fn new(
+        verifier: Arc<Verifier>,
+        memtable: Arc<Memtable>,
+        clock: Arc<LamportClock>,
+        metrics: Arc<Metrics>,
+        local_writers: impl IntoIterator<Item = u32>,
+        coordinator: Option<(u32, CoordinatorSm)>,
+        cfg: NodeConfig,
+    ) -> NodeCore {
+        let (coordinator_writer, coordinator) = match coordinator {
+            Some((w, c)) => (Some(w), Some(c)),
+            None => (None, None),
+        };
+        NodeCore {
+            verifier,
+            memtable,
+            clock,
+            metrics,
+            orderer: Orderer::new(cfg.orderer),
+            coordinator,
+            local: local_writers.into_iter().collect(),
+            coordinator_writer,
+            cache: Cache { max: cfg.cache_records_max, ..Default::default() },
+            answering: VecDeque::new(),
+            syncs: BTreeMap::new(),
+            next_ticket: 0,
+            last_sync: None,
+            last_heads_at: 0,
+            hinted: BTreeMap::new(),
+            cfg,
+        }
+    }
+
+    pub fn orderer(&self) -> &Orderer {
+        &self.orderer
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.orderer.current_epoch()
+    }
+
+    pub fn local_writers(&self) -> &BTreeSet<u32> {
+        &self.local
+    }
+
+    pub fn coordinator(&self) -> Option<&CoordinatorSm> {
+        self.coordinator.as_ref()
+    }
+
+    /// The newest SYNC applied, if any: its epoch and links.
+    pub fn last_sync(&self) -> Option<&(u64, Vec<Link>)> {
+        self.last_sync.as_ref()
+    }
+
+    /// Cheap pre-check before verification: a record this node already holds is counted and
+    /// dropped without a signature check (see [`Orderer::known`]). Returns `true` if dropped.
+    pub fn precheck(&mut self, rec: &Record) -> bool {
+        match self.orderer.known(rec) {
+            Some(r) => {
+                self.metrics.reject(r);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A message arrived that failed verification (or decoding).
+    pub fn on_rejected(&mut self, reason: RejectReason) {
+        self.metrics.reject(reason);
+    }
+
+    /// A verified record arrived from the fabric.
+    pub fn on_verified(&mut self, rec: Verified<Opened>, now: u64) -> Vec<Output> {
+        let mut out = Vec::new();
+        self.cache.insert(&rec.record);
+        let d = self.orderer.deliver(rec, now);
+        if let Some(r) = d.rejected {
+            self.metrics.reject(r);
+        }
+        if let Some((writer, seq, a, b)) = d.conflict {
+            tracing::warn!(writer, seq, %a, %b, "equivocation: two signed records for one slot");
+            out.push(Output::Equivocation { writer, seq, a, b });
+        }
+        if d.held {
+            Metrics::add(&self.metrics.records_held, 1);
+        }
+        for r in d.ready {
+            self.apply(&r, now, &mut out);
+        }
+        self.check_syncs();
+        out
+    }
+
+    /// One of this node's own records, just sealed: cache it, advance the chain, publish it.
+    /// Its data ops were applied to the memtable when they were put.
+    pub fn on_local_record(&mut self, rec: Record, body: &Body, now: u64) -> Vec<Output> {
+        let mut out = Vec::new();
+        self.orderer.advance_own(&rec, now);
+        self.cache.insert(&rec);
+        Metrics::add(&self.metrics.records_written, 1);
+        if let Body::Data(ops) = body {
+            Metrics::add(&self.metrics.ops_written, ops.len() as u64);
+        }
+        out.push(Output::Publish(Msg::Record { capsule: self.verifier.name(), bytes: rec.shared_bytes() }.encode()));
+        self.after_apply(&rec, body, now, &mut out);
+        self.check_syncs();
+        out
+    }
+
+    /// A repair request arrived: queue the records we hold in that range.
+    pub fn on_repair(&mut self, writer: u32, from_seq: u64, to_seq: u64) {
+        let to = to_seq.min(from_seq.saturating_add(self.cfg.orderer.repair_chunk.max(1) - 1));
+        if !self.answering.iter().any(|a| *a == (writer, from_seq, to)) {
+            self.answering.push_back((writer, from_seq, to));
+        }
+        // Bound the queue of pending answers: drop the oldest requests first.
+        while self.answering.len() > 1024 {
+            self.answering.pop_front();
+        }
+    }
+
+    /// A message from the fabric that is not a record (records go through the verifier).
+    pub fn on_message(&mut self, msg: Msg) {
+        match msg {
+            Msg::Repair { capsule, writer, from_seq, to_seq } if capsule == self.verifier.name() => {
+                self.on_repair(writer, from_seq, to_seq)
+            }
+            Msg::Heads { capsule, heads } if capsule == self.verifier.name() => {
+                for (w, s) in heads {
+                    if s >= self.orderer.next_seq(w) {
+                        let e = self.hinted.entry(w).or_insert(s);
+                        *e = (*e).max(s);
+                    }
+                }
+                // Bound the hint table: keep the writers with the most to fetch.
+                while self.hinted.len() > crate::wire::HEADS_MAX {
+                    self.hinted.pop_last();
+                }
+            }
+            Msg::Repair { .. } | Msg::Heads { .. } => self.metrics.reject(RejectReason::Capsule),
+            Msg::Record { .. } => {}
+        }
+    }
+
+    /// Time passes: repair requests, repair answers, the coordinator's epoch clock.
+    pub fn on_tick(&mut self, now: u64) -> Vec<Output> {
+        let mut out = Vec::new();
+        let name = self.verifier.name();
+        for a in self.orderer.tick(now) {
+            match a {
+                OrdererAction::Repair { writer, from_seq, to_seq } => {
+                    Metrics::add(&self.metrics.repair_requests_sent, 1);
+                    out.push(Output::Publish(Msg::Repair { capsule: name, writer, from_seq, to_seq }.encode()));
+                }
+                OrdererAction::Withholding { writer, from_seq, to_seq } => {
+                    Metrics::add(&self.metrics.withholding_reports, 1);
+                    tracing::warn!(
+                        writer,
+                        from_seq,
+                        to_seq,
+                        "writer withholding: records known to exist cannot be obtained"
+                    );
+                    out.push(Output::Withholding { writer, from_seq, to_seq });
+                }
+            }
+        }
+        let mut hints = self.cfg.hint_requests_per_tick;
+        let hinted: Vec<(u32, u64)> = self.hinted.iter().map(|(w, s)| (*w, *s)).collect();
+        for (w, s) in hinted {
+            if hints == 0 {
+                break;
+            }
+            if s < self.orderer.next_seq(w) {
+                self.hinted.remove(&w);
+                continue;
+            }
+            if let Some(OrdererAction::Repair { writer, from_seq, to_seq }) = self.orderer.hint(w, s, now) {
+                hints -= 1;
+                Metrics::add(&self.metrics.repair_requests_sent, 1);
+                out.push(Output::Publish(Msg::Repair { capsule: name, writer, from_seq, to_seq }.encode()));
+            }
+        }
+        if now.saturating_sub(self.last_heads_at) >= self.cfg.heads_interval_ms {
+            self.last_heads_at = now;
+            let heads: Vec<(u32, u64)> =
+                self.orderer.heads().into_values().map(|l| (l.writer, l.seq)).take(crate::wire::HEADS_MAX).collect();
+            if !heads.is_empty() {
+                out.push(Output::Publish(Msg::Heads { capsule: name, heads }.encode()));
+            }
+        }
+        let mut budget = self.cfg.repair_answers_per_tick;
+        while budget > 0 {
+            let Some((w, from, to)) = self.answering.pop_front() else { break };
+            let mut s = from;
+            while s <= to && budget > 0 {
+                if let Some(r) = self.cache.by_slot.get(&(w, s)) {
+                    out.push(Output::Publish(Msg::Record { capsule: name, bytes: r.shared_bytes() }.encode()));
+                    Metrics::add(&self.metrics.repair_records_sent, 1);
+                    budget -= 1;
+                }
+                s += 1;
+            }
+            if s <= to {
+                self.answering.push_front((w, s, to));
+            }
+        }
+        if let Some(c) = &mut self.coordinator {
+            let heads: BTreeMap<u32, Link> = self
+                .orderer
+                .heads()
+                .into_iter()
+                .filter(|(w, _)| !self.verifier.metadata().meta.policy.is_coordinator(*w))
+                .collect();
+            for a in c.tick(now, &heads) {
+                out.push(match a {
+                    CoordinatorAction::WriteRts { epoch } => Output::WriteRts { epoch },
+                    CoordinatorAction::WriteSync { epoch, heads } => Output::WriteSync { epoch, heads },
+                });
+            }
+        }
+        out
+    }
+
+    /// Asks peers for this node's own writers' records (after a restart, before writing again).
+    pub fn probe_own(&mut self, now: u64) -> Vec<Output> {
+        let name = self.verifier.name();
+        let own: Vec<u32> = self.local.iter().copied().chain(self.coordinator_writer).collect();
+        own.into_iter()
+            .map(|w| match self.orderer.probe(w, now) {
+                OrdererAction::Repair { writer, from_seq, to_seq }
+                | OrdererAction::Withholding { writer, from_seq, to_seq } => {
+                    Output::Publish(Msg::Repair { capsule: name, writer, from_seq, to_seq }.encode())
+                }
+            })
+            .collect()
+    }
+
+    /// Starts a `sync()` barrier. `next_seqs` are the own writers' next seqs after flushing
+    /// every op put before the call. The barrier completes after two SYNCs: the first links a
+    /// record each own writer wrote after the call (so the coordinator's next RTS comes after
+    /// the call, and every live writer's answer to it follows every op it had accepted before
+    /// the call); the second closes that next epoch, and the node has applied everything it
+    /// links. A node without data writers needs the first SYNC applied after the call instead.
+    pub fn begin_sync(&mut self, next_seqs: BTreeMap<u32, u64>) -> SyncTicket {
+        let id = self.next_ticket;
+        self.next_ticket += 1;
+        self.syncs.insert(id, SyncWait { need: next_seqs, first: None, done: false });
+        SyncTicket { id }
+    }
+
+    /// Whether the barrier has completed (and forgets it if so).
+    pub fn sync_done(&mut self, t: &SyncTicket) -> bool {
+        match self.syncs.get(&t.id) {
+            Some(w) if w.done => {
+                self.syncs.remove(&t.id);
+                true
+            }
+            Some(_) => false,
+            None => true,
+        }
+    }
+
+    /// Abandons a barrier (a caller that timed out).
+    pub fn cancel_sync(&mut self, t: &SyncTicket) {
+        self.syncs.remove(&t.id);
+    }
+
+    fn on_sync_applied(&mut self, epoch: u64, links: &[Link]) {
+        for w in self.syncs.values_mut() {
+            if w.done {
+                continue;
+            }
+            match w.first {
+                None => {
+                    let covers =
+                        w.need.iter().all(|(writer, next)| links.iter().any(|l| l.writer == *writer && l.seq >= *next));
+                    if covers {
+                        w.first = Some(epoch);
+                    }
+                }
+                Some(e) if epoch > e => {
+                    // Completion also needs everything this SYNC links applied: check_syncs.
+                }
+                Some(_) => {}
+            }
+        }
+    }
+
+    fn check_syncs(&mut self) {
+        let Some((epoch, links)) = &self.last_sync else { return };
+        let covered = self.orderer.covers(links);
+        for w in self.syncs.values_mut() {
+            if let Some(e) = w.first {
+                if *epoch > e && covered {
+                    w.done = true;
+                }
+            }
+        }
+    }
+
+    fn apply(&mut self, r: &Verified<Opened>, now: u64, out: &mut Vec<Output>) {
+        let h = r.record.header();
+        self.clock.observe(h.lamport);
+        Metrics::add(&self.metrics.records_applied, 1);
+        if let Body::Data(ops) = &r.body {
+            for op in ops {
+                let v = Version { lamport: op.lamport, writer: h.writer };
+                let value = match &op.action {
+                    Action::Put(x) => Some(Arc::<[u8]>::from(x.as_slice())),
+                    Action::Delete => None,
+                };
+                self.memtable.apply(&op.key, v, value);
+            }
+            Metrics::add(&self.metrics.ops_applied, ops.len() as u64);
+        }
+        self.after_apply(&r.record, &r.body, now, out);
+    }
+
+    /// Protocol effects of a record applied in order (remote or own).
+    fn after_apply(&mut self, rec: &Record, body: &Body, now: u64, out: &mut Vec<Output>) {
+        let h = rec.header();
+        let policy = self.verifier.metadata().meta.policy;
+        let is_coord = policy.is_coordinator(h.writer);
+        if !is_coord {
+            if let Some(c) = &mut self.coordinator {
+                c.observe_writer(h.writer);
+            }
+        }
+        match body {
+            Body::Control { code: ControlCode::Rts, payload } if is_coord => {
+                if let Some(epoch) = payload_epoch(payload) {
+                    if epoch > self.orderer.current_epoch() && !self.local.is_empty() {
+                        let max = policy.limits.links_per_record_max as usize;
+                        let heads: Vec<Link> = self
+                            .orderer
+                            .heads()
+                            .into_values()
+                            .filter(|l| !self.local.contains(&l.writer) && !policy.is_coordinator(l.writer))
+                            .take(max)
+                            .collect();
+                        out.push(Output::WriteEoe { epoch, heads });
+                    }
+                }
+            }
+            Body::Control { code: ControlCode::Eoe, payload } if !is_coord => {
+                for l in &h.links {
+                    if let Some((writer, seq, a, b)) = self.orderer.note_link(l, now) {
+                        tracing::warn!(writer, seq, %a, %b, "EOE links a record other than the one applied");
+                        self.metrics.reject(RejectReason::Equivocation);
+                        out.push(Output::Equivocation { writer, seq, a, b });
+                    }
+                }
+                if let (Some(epoch), Some(c)) = (payload_epoch(payload), &mut self.coordinator) {
+                    c.on_eoe(epoch, rec.link());
+                }
+            }
+            Body::Sync { .. } if h.kind == Kind::Sync => {
+                let epoch = h.epoch;
+                if epoch <= self.orderer.current_epoch() {
+                    // An older or equal epoch: never accept two SYNCs for one epoch.
+                    self.metrics.reject(RejectReason::StaleSync);
+                    return;
+                }
+                self.orderer.set_epoch(epoch);
+                self.metrics.epoch.store(epoch, Ordering::Relaxed);
+                Metrics::add(&self.metrics.syncs_applied, 1);
+                for l in &h.links {
+                    if let Some((writer, seq, a, b)) = self.orderer.note_link(l, now) {
+                        tracing::warn!(writer, seq, %a, %b, "SYNC links a record other than the one applied");
+                        self.metrics.reject(RejectReason::Equivocation);
+                        out.push(Output::Equivocation { writer, seq, a, b });
+                    }
+                }
+                if let Some(c) = &mut self.coordinator {
+                    c.on_sync(epoch, now);
+                }
+                out.push(Output::EnterEpoch { sync: rec.link(), epoch });
+                self.last_sync = Some((epoch, h.links.clone()));
+                let links = h.links.clone();
+                self.on_sync_applied(epoch, &links);
+            }
+            _ => {}
+        }
+    }
+
+    /// Forgets all replicated state (RESET): memtable, chains, cache, barriers.
+    pub fn reset(&mut self, now: u64) {
+        self.memtable.clear();
+        self.orderer.clear();
+        self.cache = Cache { max: self.cfg.cache_records_max, ..Default::default() };
+        self.answering.clear();
+        self.syncs.clear();
+        self.last_sync = None;
+        self.hinted.clear();
+        if let Some(c) = &mut self.coordinator {
+            c.reset(now);
+        }
+    }
+}
+
+/// The epoch number an RTS or EOE carries (8 bytes, little-endian).
+pub fn payload_epoch(p: &[u8]) -> Option<u64> {
+    p.try_into().ok().map(u64::from_le_bytes)
+}
+
+pub fn epoch_payload(epoch: u64) -> Vec<u8> {
+    epoch.to_le_bytes().to_vec()
+}

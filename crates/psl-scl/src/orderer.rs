@@ -1,0 +1,333 @@
+//! The receive state machine: verified records in, records in per-writer `seq` order out.
+//!
+//! For each writer it keeps the next expected seq, the hash of every applied record (to tell
+//! a duplicate from an equivocation), a bounded hold-back buffer for records that arrive early,
+//! and a *target*: the highest seq known to exist (from held records and SYNC links). While the
+//! next seq is below the target there is a gap; a gap older than `repair_after_ms` yields a
+//! repair request, repeated every `repair_retry_ms`; a gap with no progress for
+//! `withholding_after_ms` is reported once as withholding. A gap is never skipped.
+
+use crate::metrics::RejectReason;
+use psl_capsule::{Link, Opened, Record, Verified};
+use psl_crypto::Hash256;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OrdererConfig {
+    /// Most records held back across all writers; beyond it early records are dropped (and
+    /// fetched again by repair).
+    pub held_records_max: usize,
+    /// Age of a gap before the first repair request.
+    pub repair_after_ms: u64,
+    /// Time between repeated requests for the same gap.
+    pub repair_retry_ms: u64,
+    /// Most seqs asked for in one request.
+    pub repair_chunk: u64,
+    /// Time without progress on a gap before the writer is reported as withholding.
+    pub withholding_after_ms: u64,
+}
+
+impl Default for OrdererConfig {
+    fn default() -> Self {
+        OrdererConfig {
+            held_records_max: 65_536,
+            repair_after_ms: 40,
+            repair_retry_ms: 150,
+            repair_chunk: 512,
+            withholding_after_ms: 5_000,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct WriterState {
+    next_seq: u64,
+    head: Hash256,
+    last_epoch: u64,
+    /// Hash of every applied seq. 32 bytes a record; see `docs/protocol/scl.md` on bounds.
+    chain: Vec<Hash256>,
+    held: BTreeMap<u64, Verified<Opened>>,
+    /// Exclusive: seqs below it are known to exist.
+    target: u64,
+    /// Hashes a SYNC named for seqs not applied yet.
+    expected: BTreeMap<u64, Hash256>,
+    gap_since: Option<u64>,
+    last_request: Option<u64>,
+    last_hint_request: Option<u64>,
+    last_progress: u64,
+    withholding_reported: bool,
+}
+
+/// What happened to one verified record.
+#[derive(Debug)]
+pub struct Delivery {
+    /// Records now ready, in order (the one given and any held ones it unblocked).
+    pub ready: Vec<Verified<Opened>>,
+    /// Set when the record was not applied (and not held).
+    pub rejected: Option<RejectReason>,
+    /// Set when the record is being held for a predecessor.
+    pub held: bool,
+    /// Evidence: (writer, seq, hash applied, hash offered) of a conflicting record.
+    pub conflict: Option<(u32, u64, Hash256, Hash256)>,
+}
+
+/// Something the orderer asks its caller to do on a tick.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OrdererAction {
+    Repair { writer: u32, from_seq: u64, to_seq: u64 },
+    Withholding { writer: u32, from_seq: u64, to_seq: u64 },
+}
+
+#[derive(Debug, Default)]
+pub struct Orderer {
+    cfg: OrdererConfig,
+    writers: BTreeMap<u32, WriterState>,
+    held_total: usize,
+    current_epoch: u64,
+}
+
+impl Orderer {
+    pub fn new(cfg: OrdererConfig) -> Orderer {
+        Orderer { cfg, ..Default::default() }
+    }
+
+    /// Epoch of the newest SYNC applied.
+    pub fn current_epoch(&self) -> u64 {
+        self.current_epoch
+    }
+
+    pub(crate) fn set_epoch(&mut self, e: u64) {
+        self.current_epoch = self.current_epoch.max(e);
+    }
+
+    pub fn held_total(&self) -> usize {
+        self.held_total
+    }
+
+    /// The next seq expected from `writer`.
+    pub fn next_seq(&self, writer: u32) -> u64 {
+        self.writers.get(&writer).map(|w| w.next_seq).unwrap_or(0)
+    }
+
+    /// The newest applied record of each writer.
+    pub fn heads(&self) -> BTreeMap<u32, Link> {
+        self.writers
+            .iter()
+            .filter(|(_, s)| s.next_seq > 0)
+            .map(|(w, s)| (*w, Link { writer: *w, seq: s.next_seq - 1, hash: s.head }))
+            .collect()
+    }
+
+    /// Hash of the applied record `(writer, seq)`.
+    pub fn applied_hash(&self, writer: u32, seq: u64) -> Option<Hash256> {
+        self.writers.get(&writer).and_then(|w| w.chain.get(seq as usize).copied())
+    }
+
+    /// Whether every link's target has been applied.
+    pub fn covers(&self, links: &[Link]) -> bool {
+        links.iter().all(|l| self.next_seq(l.writer) > l.seq)
+    }
+
+    /// Whether any writer has a gap (records known to exist but not applied).
+    pub fn has_gaps(&self) -> bool {
+        self.writers.values().any(|w| w.next_seq < w.target)
+    }
+
+    /// Writers with a gap: (writer, next seq, target).
+    pub fn gaps(&self) -> Vec<(u32, u64, u64)> {
+        self.writers.iter().filter(|(_, s)| s.next_seq < s.target).map(|(w, s)| (*w, s.next_seq, s.target)).collect()
+    }
+
+    /// Before spending a signature check: is this record (by its hash) already applied or held?
+    /// A record whose hash matches one we hold *is* that record, so it needs no verification.
+    pub fn known(&self, rec: &Record) -> Option<RejectReason> {
+        let h = rec.header();
+        let st = self.writers.get(&h.writer)?;
+        let hash = rec.hash();
+        if h.seq < st.next_seq && st.chain.get(h.seq as usize) == Some(&hash) {
+            return Some(if h.epoch < self.current_epoch { RejectReason::StaleEpoch } else { RejectReason::Duplicate });
+        }
+        if st.held.get(&h.seq).is_some_and(|x| x.record.hash() == hash) {
+            return Some(RejectReason::Duplicate);
+        }
+        None
+    }
+
+    /// Takes a verified record. Returns the records it makes ready, in order.
+    pub fn deliver(&mut self, rec: Verified<Opened>, now: u64) -> Delivery {
+        let h = rec.record.header();
+        let (writer, seq, hash) = (h.writer, h.seq, rec.record.hash());
+        let epoch = h.epoch;
+        let current_epoch = self.current_epoch;
+        let st = self.writers.entry(writer).or_insert_with(|| WriterState { last_progress: now, ..Default::default() });
+        let mut out = Delivery { ready: Vec::new(), rejected: None, held: false, conflict: None };
+        if seq < st.next_seq {
+            let applied = st.chain[seq as usize];
+            if applied == hash {
+                out.rejected =
+                    Some(if epoch < current_epoch { RejectReason::StaleEpoch } else { RejectReason::Duplicate });
+            } else {
+                out.rejected = Some(RejectReason::Equivocation);
+                out.conflict = Some((writer, seq, applied, hash));
+            }
+            return out;
+        }
+        if seq > st.next_seq {
+            st.target = st.target.max(seq + 1);
+            if st.gap_since.is_none() {
+                st.gap_since = Some(now);
+            }
+            match st.held.get(&seq) {
+                Some(x) if x.record.hash() == hash => out.rejected = Some(RejectReason::Duplicate),
+                Some(x) => {
+                    out.rejected = Some(RejectReason::Equivocation);
+                    out.conflict = Some((writer, seq, x.record.hash(), hash));
+                }
+                None if self.held_total >= self.cfg.held_records_max => out.rejected = Some(RejectReason::HoldFull),
+                None => {
+                    st.held.insert(seq, rec);
+                    self.held_total += 1;
+                    out.held = true;
+                }
+            }
+            return out;
+        }
+        // seq == next_seq: apply it and whatever it unblocks.
+        let mut next = Some(rec);
+        while let Some(r) = next.take() {
+            match Self::accept(st, &r, now) {
+                Ok(()) => out.ready.push(r),
+                Err((reason, conflict)) => {
+                    // The first record is refused: report it. A held record that turns out not
+                    // to link is dropped the same way (it was verified, so it is evidence).
+                    if out.ready.is_empty() {
+                        out.rejected = Some(reason);
+                        out.conflict = conflict;
+                    }
+                    break;
+                }
+            }
+            if let Some(h) = st.held.remove(&st.next_seq) {
+                self.held_total -= 1;
+                next = Some(h);
+            }
+        }
+        if st.next_seq >= st.target {
+            st.gap_since = None;
+            st.last_request = None;
+        }
+        out
+    }
+
+    fn accept(
+        st: &mut WriterState,
+        r: &Verified<Opened>,
+        now: u64,
+    ) -> Result<(), (RejectReason, Option<(u32, u64, Hash256, Hash256)>)> {
+        let h = r.record.header();
+        if h.seq > 0 && h.prev != st.head {
+            return Err((RejectReason::Equivocation, Some((h.writer, h.seq - 1, st.head, h.prev))));
+        }
+        if h.epoch < st.last_epoch {
+            return Err((RejectReason::EpochRegression, None));
+        }
+        let hash = r.record.hash();
+        let conflict = st.expected.remove(&h.seq).filter(|e| *e != hash).map(|e| (h.writer, h.seq, e, hash));
+        st.chain.push(hash);
+        st.head = hash;
+        st.next_seq += 1;
+        st.last_epoch = h.epoch;
+        st.last_progress = now;
+        st.withholding_reported = false;
+        st.target = st.target.max(st.next_seq);
+        if let Some(c) = conflict {
+            // Applied, but a SYNC named another record here: the writer equivocated.
+            tracing::warn!(writer = c.0, seq = c.1, sync = %c.2, applied = %c.3, "writer equivocation against a SYNC");
+        }
+        Ok(())
+    }
+
+    /// Records one of this node's own records (sealed here, so trusted): advances the chain
+    /// without going through verification. Must be called in seq order.
+    pub fn advance_own(&mut self, rec: &Record, now: u64) {
+        let h = rec.header();
+        let st =
+            self.writers.entry(h.writer).or_insert_with(|| WriterState { last_progress: now, ..Default::default() });
+        assert_eq!(h.seq, st.next_seq, "own records are recorded in chain order");
+        assert!(h.seq == 0 || h.prev == st.head, "own records extend the own chain");
+        st.chain.push(rec.hash());
+        st.head = rec.hash();
+        st.next_seq += 1;
+        st.last_epoch = h.epoch;
+        st.last_progress = now;
+        st.target = st.target.max(st.next_seq);
+    }
+
+    /// A SYNC (or EOE) says `link` exists: raise the writer's target, and compare hashes.
+    /// Returns a conflict if the applied record at that seq differs.
+    pub fn note_link(&mut self, link: &Link, now: u64) -> Option<(u32, u64, Hash256, Hash256)> {
+        let st =
+            self.writers.entry(link.writer).or_insert_with(|| WriterState { last_progress: now, ..Default::default() });
+        if link.seq < st.next_seq {
+            let applied = st.chain[link.seq as usize];
+            return (applied != link.hash).then_some((link.writer, link.seq, applied, link.hash));
+        }
+        st.target = st.target.max(link.seq + 1);
+        st.expected.insert(link.seq, link.hash);
+        if st.gap_since.is_none() {
+            st.gap_since = Some(now);
+        }
+        None
+    }
+
+    /// An unauthenticated hint that `writer` reached `seq`: ask for what we lack, at most once
+    /// per `repair_retry_ms` per writer, without creating a gap.
+    pub fn hint(&mut self, writer: u32, seq: u64, now: u64) -> Option<OrdererAction> {
+        let retry = self.cfg.repair_retry_ms;
+        let chunk = self.cfg.repair_chunk;
+        let st = self.writers.entry(writer).or_insert_with(|| WriterState { last_progress: now, ..Default::default() });
+        if seq < st.next_seq || st.last_hint_request.is_some_and(|t| now.saturating_sub(t) < retry) {
+            return None;
+        }
+        st.last_hint_request = Some(now);
+        Some(OrdererAction::Repair { writer, from_seq: st.next_seq, to_seq: seq.min(st.next_seq + chunk - 1) })
+    }
+
+    /// Asks for the records of `writer` from its next seq on, whether or not a gap is known
+    /// (a restarted node learning its own writers' chains back).
+    pub fn probe(&mut self, writer: u32, now: u64) -> OrdererAction {
+        let st = self.writers.entry(writer).or_insert_with(|| WriterState { last_progress: now, ..Default::default() });
+        OrdererAction::Repair { writer, from_seq: st.next_seq, to_seq: st.next_seq + self.cfg.repair_chunk - 1 }
+    }
+
+    /// Time passes: repair requests for old gaps, withholding reports for stuck ones.
+    pub fn tick(&mut self, now: u64) -> Vec<OrdererAction> {
+        let mut out = Vec::new();
+        for (w, st) in self.writers.iter_mut() {
+            if st.next_seq >= st.target {
+                continue;
+            }
+            let since = *st.gap_since.get_or_insert(now);
+            if now.saturating_sub(since) < self.cfg.repair_after_ms {
+                continue;
+            }
+            if st.last_request.is_none_or(|t| now.saturating_sub(t) >= self.cfg.repair_retry_ms) {
+                st.last_request = Some(now);
+                let to = (st.target - 1).min(st.next_seq + self.cfg.repair_chunk - 1);
+                out.push(OrdererAction::Repair { writer: *w, from_seq: st.next_seq, to_seq: to });
+            }
+            if !st.withholding_reported && now.saturating_sub(st.last_progress) >= self.cfg.withholding_after_ms {
+                st.withholding_reported = true;
+                out.push(OrdererAction::Withholding { writer: *w, from_seq: st.next_seq, to_seq: st.target - 1 });
+            }
+        }
+        out
+    }
+
+    /// Forgets everything (RESET).
+    pub fn clear(&mut self) {
+        self.writers.clear();
+        self.held_total = 0;
+        self.current_epoch = 0;
+    }
+}

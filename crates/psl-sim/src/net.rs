@@ -1,0 +1,121 @@
+//! The simulated network: every publish is delivered to every other endpoint through the fault
+//! model. Endpoints are indices; a partition assigns each a side.
+
+use rand::rngs::StdRng;
+use rand::Rng;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+pub struct NetStats {
+    pub sent: u64,
+    pub delivered: u64,
+    pub dropped: u64,
+    pub duplicated: u64,
+    pub corrupted: u64,
+    pub replayed: u64,
+    pub partitioned: u64,
+}
+
+#[derive(Debug)]
+pub struct Net {
+    /// (deliver_at, sequence) -> (to, bytes); the sequence keeps order deterministic.
+    queue: BTreeMap<(u64, u64), (usize, Vec<u8>)>,
+    seq: u64,
+    history: Vec<Vec<u8>>,
+    pub side: Vec<u8>,
+    pub stats: NetStats,
+}
+
+pub struct Faults {
+    pub loss: f64,
+    pub duplicate: f64,
+    pub delay_ms_max: u64,
+    pub corrupt: f64,
+    pub replay: f64,
+}
+
+const HISTORY_MAX: usize = 4096;
+
+impl Net {
+    pub fn new(endpoints: usize) -> Net {
+        Net {
+            queue: BTreeMap::new(),
+            seq: 0,
+            history: Vec::new(),
+            side: vec![0; endpoints],
+            stats: NetStats::default(),
+        }
+    }
+
+    fn push(&mut self, at: u64, to: usize, bytes: Vec<u8>) {
+        self.seq += 1;
+        self.queue.insert((at, self.seq), (to, bytes));
+    }
+
+    /// `from` publishes `bytes` at `now` to every other endpoint in `alive`.
+    pub fn publish(&mut self, rng: &mut StdRng, f: &Faults, now: u64, from: usize, bytes: &[u8], endpoints: usize) {
+        self.stats.sent += 1;
+        if self.history.len() < HISTORY_MAX {
+            self.history.push(bytes.to_vec());
+        } else {
+            let i = rng.random_range(0..HISTORY_MAX);
+            self.history[i] = bytes.to_vec();
+        }
+        for to in 0..endpoints {
+            if to == from {
+                continue;
+            }
+            if self.side[to] != self.side[from] {
+                self.stats.partitioned += 1;
+                continue;
+            }
+            if rng.random_bool(f.loss) {
+                self.stats.dropped += 1;
+                continue;
+            }
+            let copies = if rng.random_bool(f.duplicate) {
+                self.stats.duplicated += 1;
+                2
+            } else {
+                1
+            };
+            for _ in 0..copies {
+                let mut b = bytes.to_vec();
+                if !b.is_empty() && rng.random_bool(f.corrupt) {
+                    self.stats.corrupted += 1;
+                    for _ in 0..rng.random_range(1..=3) {
+                        let i = rng.random_range(0..b.len());
+                        b[i] ^= 1 << rng.random_range(0..8);
+                    }
+                }
+                let at = now + 1 + rng.random_range(0..=f.delay_ms_max);
+                self.push(at, to, b);
+            }
+        }
+        if !self.history.is_empty() && rng.random_bool(f.replay) {
+            self.stats.replayed += 1;
+            let old = self.history[rng.random_range(0..self.history.len())].clone();
+            let to = rng.random_range(0..endpoints);
+            let at = now + 1 + rng.random_range(0..=f.delay_ms_max);
+            self.push(at, to, old);
+        }
+    }
+
+    /// Messages due at or before `now`, in delivery order.
+    pub fn due(&mut self, now: u64) -> Vec<(usize, Vec<u8>)> {
+        let mut out = Vec::new();
+        while let Some(((at, _), _)) = self.queue.first_key_value() {
+            if *at > now {
+                break;
+            }
+            let (_, m) = self.queue.pop_first().expect("non-empty");
+            out.push(m);
+        }
+        self.stats.delivered += out.len() as u64;
+        out
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.queue.len()
+    }
+}

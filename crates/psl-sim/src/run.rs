@@ -1,0 +1,412 @@
+//! The simulation loop, the fault schedule and the invariants.
+//!
+//! Invariants, checked after every simulated millisecond:
+//! - **no unverified byte applied**: every memtable entry of every node is an op some honest
+//!   writer issued, with that exact version and value (corrupted, replayed or forged messages
+//!   never show up as data);
+//! - **coherence**: on every node, the version of each key only moves forward;
+//! - **no equivocation** among honest writers (a restarted node writes under a new incarnation).
+//!
+//! And at the end: once faults stop, every live node's memtable becomes identical within
+//! `settle_ms`; with no crash in the run, identical to the last-writer-wins result of every op
+//! issued; with crashes, no op sealed by a node that never crashed is missing.
+
+use crate::config::SimConfig;
+use crate::net::{Faults, Net, NetStats};
+use crate::node::{Effect, SimNode};
+use psl_capsule::{new_capsule, Limits};
+use psl_crypto::OwnerKey;
+use psl_scl::{CoordinatorConfig, Output, RejectReason, Version};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::collections::{BTreeMap, HashMap};
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SimReport {
+    pub seed: u64,
+    pub ops_issued: u64,
+    pub records_written: u64,
+    pub crashes: u64,
+    pub coordinator_crashes: u64,
+    pub partitions: u64,
+    pub converged_at_ms: u64,
+    pub epochs: u64,
+    pub withholding_reports: u64,
+    pub rejected: BTreeMap<&'static str, u64>,
+    pub net: NetStats,
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Violation {
+    #[error("seed {seed} at {at_ms} ms: node {node} holds key {key:?} at {version:?}, which no honest writer issued with that value")]
+    Unverified { seed: u64, at_ms: u64, node: u32, key: String, version: Version },
+    #[error("seed {seed} at {at_ms} ms: node {node}, key {key:?}: version went back from {from:?} to {to:?}")]
+    Coherence { seed: u64, at_ms: u64, node: u32, key: String, from: Version, to: Version },
+    #[error("seed {seed} at {at_ms} ms: equivocation by honest writer {writer} at seq {seq}")]
+    Equivocation { seed: u64, at_ms: u64, writer: u32, seq: u64 },
+    #[error("seed {seed}: memtables still differ {settle_ms} ms after faults stopped: {detail}")]
+    NoConvergence { seed: u64, settle_ms: u64, detail: String },
+    #[error("seed {seed}: node {node}, key {key:?}: holds {held:?}, but {expected:?} was issued and sealed by a node that never crashed")]
+    Lost { seed: u64, node: u32, key: String, held: Option<Version>, expected: Version },
+}
+
+struct Endpoint {
+    node: Option<SimNode>,
+    /// Data writers per incarnation (0 for coordinators).
+    writers: usize,
+    id: u32,
+    rank: Option<u8>,
+    restart_at: Option<u64>,
+    incarnation: u32,
+    ever_crashed: bool,
+    last: HashMap<Vec<u8>, Version>,
+}
+
+pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SimReport, Violation> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut seed_bytes = [0u8; 32];
+    seed_bytes[..8].copy_from_slice(&seed.to_le_bytes());
+    seed_bytes[8] = 0x51;
+    let owner = OwnerKey::from_seed(&seed_bytes).expect("32-byte seed");
+    let app = owner.app(1).expect("index below 2^31");
+    let meta = new_capsule(&owner, 1, "sim", 0, Limits::default()).expect("valid metadata");
+    let ccfg = |rank: u8| CoordinatorConfig {
+        epoch_ms: cfg.epoch_ms,
+        eoe_timeout_ms: cfg.epoch_ms * 3,
+        takeover_after_epochs: 5,
+        rank,
+        ranks: meta.meta.policy.coordinators,
+        missed_eoe_max: 3,
+    };
+    let mut eps: Vec<Endpoint> = Vec::new();
+    for i in 0..cfg.nodes {
+        let id = i as u32 + 1;
+        let node = SimNode::new(id, 0, &meta, &app, cfg.writers_per_node, None, seed, 0, cfg.batch_ops_max);
+        eps.push(Endpoint {
+            node: Some(node),
+            writers: cfg.writers_per_node,
+            id,
+            rank: None,
+            restart_at: None,
+            incarnation: 0,
+            ever_crashed: false,
+            last: HashMap::new(),
+        });
+    }
+    for r in 0..cfg.coordinators.min(meta.meta.policy.coordinators as usize) {
+        let rank = r as u8;
+        let id = 1000 + r as u32;
+        let node = SimNode::new(id, 0, &meta, &app, 0, Some((rank, ccfg(rank))), seed, 0, cfg.batch_ops_max);
+        eps.push(Endpoint {
+            node: Some(node),
+            writers: 0,
+            id,
+            rank: Some(rank),
+            restart_at: None,
+            incarnation: 0,
+            ever_crashed: false,
+            last: HashMap::new(),
+        });
+    }
+    let n = eps.len();
+    let mut net = Net::new(n);
+    let keys: Vec<Vec<u8>> = (0..cfg.keys).map(|k| format!("key{k:03}").into_bytes()).collect();
+    // Every op any honest writer issued: (key, version) -> value.
+    let mut issued: HashMap<(Vec<u8>, Version), Option<Vec<u8>>> = HashMap::new();
+    // Ops sealed into records by each endpoint, for the end check.
+    let mut sealed_by: Vec<Vec<(Vec<u8>, Version)>> = vec![Vec::new(); n];
+    let mut report = SimReport {
+        seed,
+        ops_issued: 0,
+        records_written: 0,
+        crashes: 0,
+        coordinator_crashes: 0,
+        partitions: 0,
+        converged_at_ms: 0,
+        epochs: 0,
+        withholding_reports: 0,
+        rejected: BTreeMap::new(),
+        net: NetStats::default(),
+    };
+    let faults_on = Faults {
+        loss: cfg.loss,
+        duplicate: cfg.duplicate,
+        delay_ms_max: cfg.delay_ms_max,
+        corrupt: cfg.corrupt,
+        replay: cfg.replay,
+    };
+    let faults_off = Faults { loss: 0.0, duplicate: 0.0, delay_ms_max: 2, corrupt: 0.0, replay: 0.0 };
+    let mut heal_at: Option<u64> = None;
+    let end = cfg.work_ms + cfg.settle_ms;
+    let mut stable_since: Option<u64> = None;
+    let mut converged = false;
+    let mut retired_metrics: Vec<std::sync::Arc<psl_scl::Metrics>> = Vec::new();
+    // Writers of crashed incarnations: records they sealed but nobody received are gone, so
+    // gaps in their chains may never close (and must be the same on every node).
+    let mut dead_writers: std::collections::BTreeSet<u32> = std::collections::BTreeSet::new();
+
+    for now in 1..=end {
+        let active = now <= cfg.work_ms;
+        let mut effects: Vec<(usize, Effect)> = Vec::new();
+        let mut fx = Vec::new();
+        // Deliveries.
+        for (to, bytes) in net.due(now) {
+            if let Some(node) = eps[to].node.as_mut() {
+                node.receive(&bytes, now, &mut fx);
+                effects.extend(fx.drain(..).map(|e| (to, e)));
+            }
+        }
+        // Workload.
+        if active {
+            for (i, ep) in eps.iter_mut().enumerate() {
+                let Some(node) = ep.node.as_mut() else { continue };
+                if ep.writers == 0 || now < node.quiet_until || !rng.random_bool(cfg.op_rate) {
+                    continue;
+                }
+                let key = keys[rng.random_range(0..keys.len())].clone();
+                let value = (!rng.random_bool(cfg.delete_share)).then(|| format!("{}@{now}", ep.id).into_bytes());
+                report.ops_issued += 1;
+                node.put(key, value, now, &mut fx);
+                effects.extend(fx.drain(..).map(|e| (i, e)));
+            }
+        }
+        // Flushes and ticks.
+        for (i, ep) in eps.iter_mut().enumerate() {
+            let Some(node) = ep.node.as_mut() else { continue };
+            if now % cfg.flush_ms == 0 {
+                node.flush(now, &mut fx);
+            }
+            if now % cfg.tick_ms == 0 {
+                node.tick(now, &mut fx);
+            }
+            effects.extend(fx.drain(..).map(|e| (i, e)));
+        }
+        // Effects: ops issued locally are recorded at put time (they are in the memtable at once).
+        for (i, e) in effects.drain(..) {
+            match e {
+                Effect::Publish(b) => {
+                    net.publish(&mut rng, if active { &faults_on } else { &faults_off }, now, i, &b, n)
+                }
+                Effect::Sealed(k, v, val) => {
+                    sealed_by[i].push((k.clone(), v));
+                    issued.insert((k, v), val);
+                }
+                Effect::Note(Output::Equivocation { writer, seq, .. }) => {
+                    return Err(Violation::Equivocation { seed, at_ms: now, writer, seq });
+                }
+                Effect::Note(Output::Withholding { .. }) => report.withholding_reports += 1,
+                Effect::Note(_) => {}
+            }
+        }
+        // Ops still pending in a node's queue are issued too (visible in its memtable).
+        for ep in eps.iter() {
+            if let Some(node) = &ep.node {
+                for (ai, pend) in node.pending.iter().enumerate() {
+                    let w = node.authors[ai].writer();
+                    for op in pend {
+                        let v = Version { lamport: op.lamport, writer: w };
+                        let val = match &op.action {
+                            psl_capsule::Action::Put(x) => Some(x.clone()),
+                            psl_capsule::Action::Delete => None,
+                        };
+                        issued.entry((op.key.clone(), v)).or_insert(val);
+                    }
+                }
+            }
+        }
+        // Faults.
+        if active {
+            for ep in eps.iter_mut() {
+                if ep.writers > 0 && ep.node.is_some() && rng.random_bool(cfg.crash) {
+                    let node = ep.node.take().expect("checked");
+                    dead_writers.extend(node.authors.iter().map(|a| a.writer()));
+                    retired_metrics.push(node.metrics.clone());
+                    ep.restart_at = Some(now + cfg.restart_ms);
+                    ep.ever_crashed = true;
+                    ep.last.clear();
+                    report.crashes += 1;
+                }
+            }
+            let primary_alive = eps.iter().any(|e| e.rank == Some(0) && e.node.is_some());
+            let shadow_alive = eps.iter().any(|e| e.rank.is_some_and(|r| r > 0) && e.node.is_some());
+            if primary_alive && shadow_alive && rng.random_bool(cfg.coordinator_crash) {
+                let ep = eps.iter_mut().find(|e| e.rank == Some(0)).expect("primary exists");
+                if let Some(node) = ep.node.take() {
+                    dead_writers.extend(node.coordinator.as_ref().map(|a| a.writer()));
+                    retired_metrics.push(node.metrics.clone());
+                }
+                report.coordinator_crashes += 1;
+            }
+            if heal_at.is_none() && rng.random_bool(cfg.partition) {
+                for s in net.side.iter_mut() {
+                    *s = rng.random_range(0..2);
+                }
+                heal_at = Some(now + cfg.heal_ms);
+                report.partitions += 1;
+            }
+        }
+        if heal_at.is_some_and(|t| now >= t || !active) {
+            net.side.iter_mut().for_each(|s| *s = 0);
+            heal_at = None;
+        }
+        for ep in eps.iter_mut() {
+            if ep.restart_at.is_some_and(|t| now >= t) {
+                ep.restart_at = None;
+                ep.incarnation += 1;
+                let inc = ep.incarnation;
+                let mut node = SimNode::new(
+                    ep.id,
+                    inc,
+                    &meta,
+                    &app,
+                    ep.writers,
+                    None,
+                    seed ^ ((inc as u64) << 40),
+                    now,
+                    cfg.batch_ops_max,
+                );
+                node.quiet_until = now + 3 * cfg.epoch_ms;
+                ep.node = Some(node);
+            }
+        }
+        // Invariants.
+        for ep in eps.iter_mut() {
+            let Some(node) = &ep.node else { continue };
+            for k in &keys {
+                let Some(e) = node.memtable.entry(k) else { continue };
+                let ok = issued.get(&(k.clone(), e.version)).is_some_and(|v| v.as_deref() == e.value.as_deref());
+                if !ok {
+                    return Err(Violation::Unverified {
+                        seed,
+                        at_ms: now,
+                        node: ep.id,
+                        key: show(k),
+                        version: e.version,
+                    });
+                }
+                if let Some(prev) = ep.last.insert(k.clone(), e.version) {
+                    if prev > e.version {
+                        return Err(Violation::Coherence {
+                            seed,
+                            at_ms: now,
+                            node: ep.id,
+                            key: show(k),
+                            from: prev,
+                            to: e.version,
+                        });
+                    }
+                }
+            }
+        }
+        // Convergence, once faults have stopped.
+        if !active && now % cfg.tick_ms == 0 {
+            let alive: Vec<&SimNode> = eps.iter().filter_map(|e| e.node.as_ref()).collect();
+            let same = alive.windows(2).all(|w| w[0].memtable.digest() == w[1].memtable.digest());
+            let quiet = alive.iter().all(|x| {
+                x.core.orderer().gaps().iter().all(|(w, _, _)| dead_writers.contains(w))
+                    && x.pending.iter().all(Vec::is_empty)
+            }) && eps.iter().all(|e| e.restart_at.is_none());
+            if same && quiet {
+                let since = *stable_since.get_or_insert(now);
+                if now - since >= 3 * cfg.epoch_ms {
+                    converged = true;
+                    report.converged_at_ms = since;
+                    break;
+                }
+            } else {
+                stable_since = None;
+            }
+        }
+    }
+    if !converged {
+        let mut diffs = Vec::new();
+        for k in &keys {
+            let vs: Vec<String> = eps
+                .iter()
+                .filter_map(|e| e.node.as_ref().map(|x| (e.id, x.memtable.entry(k))))
+                .map(|(id, e)| {
+                    format!("{id}:{:?}", e.map(|e| (e.version.lamport, e.version.writer, e.value.is_some())))
+                })
+                .collect();
+            let first = eps.iter().find_map(|e| e.node.as_ref()).map(|x| x.memtable.entry(k));
+            if eps.iter().filter_map(|e| e.node.as_ref()).any(|x| Some(x.memtable.entry(k)) != first) {
+                diffs.push(format!("{}: {}", show(k), vs.join(" ")));
+            }
+        }
+        let rejected: Vec<String> = eps
+            .iter()
+            .filter_map(|e| e.node.as_ref().map(|x| (e.id, x)))
+            .map(|(id, x)| {
+                let r: Vec<String> = RejectReason::ALL
+                    .iter()
+                    .filter(|r| x.metrics.rejected(**r) > 0)
+                    .map(|r| format!("{}={}", r.name(), x.metrics.rejected(*r)))
+                    .collect();
+                format!("{id}[{}] epoch {:#x}", r.join(","), x.core.epoch())
+            })
+            .collect();
+        eprintln!(
+            "differing keys: {}
+rejections: {}
+dead writers: {:?}",
+            diffs.join("\n  "),
+            rejected.join(" "),
+            dead_writers
+        );
+        let detail = eps
+            .iter()
+            .filter_map(|e| {
+                e.node.as_ref().map(|x| {
+                    format!(
+                        "node {}: {} keys, digest {}, gaps {:?}",
+                        e.id,
+                        x.memtable.len(),
+                        x.memtable.digest().short(),
+                        x.core.orderer().gaps()
+                    )
+                })
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        return Err(Violation::NoConvergence { seed, settle_ms: cfg.settle_ms, detail });
+    }
+    // Nothing sealed by a node that never crashed may be missing (and with no crash at all,
+    // the memtables equal the last-writer-wins result of every op issued).
+    let mut model: HashMap<Vec<u8>, Version> = HashMap::new();
+    for (i, ep) in eps.iter().enumerate() {
+        if ep.ever_crashed {
+            continue;
+        }
+        for (k, v) in &sealed_by[i] {
+            let m = model.entry(k.clone()).or_insert(*v);
+            if *v > *m {
+                *m = *v;
+            }
+        }
+    }
+    for ep in eps.iter() {
+        let Some(node) = &ep.node else { continue };
+        for (k, v) in &model {
+            let held = node.memtable.entry(k).map(|e| e.version);
+            if held.is_none_or(|h| h < *v) {
+                return Err(Violation::Lost { seed, node: ep.id, key: show(k), held, expected: *v });
+            }
+        }
+    }
+    let mut all_metrics = retired_metrics;
+    all_metrics.extend(eps.iter().filter_map(|e| e.node.as_ref().map(|n| n.metrics.clone())));
+    for r in RejectReason::ALL {
+        let c: u64 = all_metrics.iter().map(|m| m.rejected(r)).sum();
+        if c > 0 {
+            report.rejected.insert(r.name(), c);
+        }
+    }
+    report.records_written = all_metrics.iter().map(|m| psl_scl::Metrics::get(&m.records_written)).sum();
+    report.epochs = eps.iter().filter_map(|e| e.node.as_ref()).map(|x| x.core.epoch() & 0xffff_ffff).max().unwrap_or(0);
+    report.net = net.stats;
+    Ok(report)
+}
+
+fn show(k: &[u8]) -> String {
+    String::from_utf8_lossy(k).into_owned()
+}
