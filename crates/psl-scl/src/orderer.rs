@@ -58,6 +58,9 @@ struct WriterState {
     withholding_reported: bool,
 }
 
+/// Evidence of equivocation: (writer, seq, hash already held, hash offered).
+pub type Conflict = (u32, u64, Hash256, Hash256);
+
 /// What happened to one verified record.
 #[derive(Debug)]
 pub struct Delivery {
@@ -68,7 +71,7 @@ pub struct Delivery {
     /// Set when the record is being held for a predecessor.
     pub held: bool,
     /// Evidence: (writer, seq, hash applied, hash offered) of a conflicting record.
-    pub conflict: Option<(u32, u64, Hash256, Hash256)>,
+    pub conflict: Option<Conflict>,
 }
 
 /// Something the orderer asks its caller to do on a tick.
@@ -223,7 +226,7 @@ impl Orderer {
         st: &mut WriterState,
         r: &Verified<Opened>,
         now: u64,
-    ) -> Result<(), (RejectReason, Option<(u32, u64, Hash256, Hash256)>)> {
+    ) -> Result<(), (RejectReason, Option<Conflict>)> {
         let h = r.record.header();
         if h.seq > 0 && h.prev != st.head {
             return Err((RejectReason::Equivocation, Some((h.writer, h.seq - 1, st.head, h.prev))));
@@ -265,7 +268,7 @@ impl Orderer {
 
     /// A SYNC (or EOE) says `link` exists: raise the writer's target, and compare hashes.
     /// Returns a conflict if the applied record at that seq differs.
-    pub fn note_link(&mut self, link: &Link, now: u64) -> Option<(u32, u64, Hash256, Hash256)> {
+    pub fn note_link(&mut self, link: &Link, now: u64) -> Option<Conflict> {
         let st =
             self.writers.entry(link.writer).or_insert_with(|| WriterState { last_progress: now, ..Default::default() });
         if link.seq < st.next_seq {
