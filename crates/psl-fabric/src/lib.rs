@@ -1,0 +1,59 @@
+//! The untrusted multicast network of PSL: the [`Fabric`] trait and its backends.
+//!
+//! The fabric carries opaque byte messages (sealed, signed DataCapsule records and small
+//! protocol messages) and never interprets them: whatever it does to them, dropping,
+//! duplicating, reordering, corrupting, replaying, is caught by the verifier and repaired by the
+//! layers above. So it is deliberately lossy and bounded: every queue has a length and a byte
+//! limit, and a message that does not fit is dropped and counted, never buffered without bound.
+//!
+//! Module map:
+//! - [`fabric`]: the [`Fabric`] trait (`publish` to every other endpoint, `recv_timeout`,
+//!   `try_recv`, `stats`) and its contract.
+//! - [`inproc`]: [`InProcHub`] and [`InProcEndpoint`]: the fabric inside one process (tests,
+//!   the embedded single-process deployment).
+//! - [`tcp`]: [`TcpEndpoint`]: an endpoint attached to a router, reconnecting with backoff.
+//! - [`router`]: [`Router`], [`RouterConfig`], [`RouterHandle`]: one node of a tree of routers
+//!   that forwards every frame to every other link; bounded per-link queues, per-link counters.
+//! - [`frame`]: the wire format `u32 LE length ‖ payload` and its bounded, never-panicking
+//!   incremental decoder.
+//! - [`fault`]: [`FaultConfig`] and [`FaultInjector`]: the seeded adversary (drop, duplicate,
+//!   reorder, delay, corrupt, replay) as a pure state machine.
+//! - [`adversary`]: [`Adversarial`]: any endpoint with the adversary on its publish and/or
+//!   receive side. (The router runs the same injector on each link's send path.)
+//! - [`config`]: [`FabricConfig`] (queue and frame limits) and [`LinkTiming`] (connect,
+//!   backoff, heartbeat, idle and write timeouts).
+//! - [`stats`]: [`FabricStats`] and [`FaultStats`].
+//! - [`error`]: [`FabricError`], [`RouterError`], [`ConfigError`].
+//! - [`cli`]: [`RouterArgs`] and [`run_router`], the library side of `psl router`.
+//! - `link` (private): a TCP link's outbound queue, read loop and write loop, shared by the
+//!   router and the TCP endpoint. `queue` (private): the bounded receive queue.
+//!
+//! Defaults: `frame_bytes_max` 16 MiB, queues 4096 messages and 64 MiB, connect timeout 2 s,
+//! reconnect backoff 50 ms doubling to 2 s, heartbeat every 1 s when idle, idle timeout 5 s,
+//! write timeout 5 s.
+
+pub mod adversary;
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod fabric;
+pub mod fault;
+pub mod frame;
+pub mod inproc;
+mod link;
+mod queue;
+pub mod router;
+pub mod stats;
+pub mod tcp;
+
+pub use adversary::{Adversarial, AdversaryStats};
+pub use cli::{run_router, RouterArgs};
+pub use config::{FabricConfig, LinkTiming, FRAME_BYTES_MAX_DEFAULT};
+pub use error::{ConfigError, FabricError, RouterError};
+pub use fabric::{Fabric, Message};
+pub use fault::{FaultConfig, FaultInjector};
+pub use frame::{FrameDecoder, FrameError};
+pub use inproc::{InProcEndpoint, InProcHub};
+pub use router::{LinkRole, LinkStats, LinkTotals, Router, RouterConfig, RouterHandle, RouterStats};
+pub use stats::{FabricStats, FaultStats};
+pub use tcp::{TcpConfig, TcpEndpoint};
