@@ -12,7 +12,8 @@
 //! congruent to their rank (so two coordinators never share a term, hence never an epoch
 //! number), and a coordinator that applies a SYNC of a higher term than its own steps down.
 //! Every node refuses a SYNC whose epoch is not above the one in force, so no node ever accepts
-//! two SYNCs for one epoch.
+//! two SYNCs for one epoch. (A shadow of rank r waits `takeover_after_epochs × (1 + r)` epochs,
+//! so that shadows take over one at a time, in rank order.)
 
 use psl_capsule::Link;
 use std::collections::BTreeMap;
@@ -149,7 +150,10 @@ impl CoordinatorSm {
     }
 
     /// Time passes. `heads` gives the newest applied record of every writer.
-    pub fn tick(&mut self, now: u64, heads: &BTreeMap<u32, Link>) -> Vec<CoordinatorAction> {
+    ///
+    /// `links_max` bounds the SYNC's links (the capsule's `links_per_record_max`): writers that
+    /// answered come first, then the others by how recently they answered.
+    pub fn tick(&mut self, now: u64, heads: &BTreeMap<u32, Link>, links_max: usize) -> Vec<CoordinatorAction> {
         let mut out = Vec::new();
         if !self.active {
             let silent = now.saturating_sub(self.last_sync_at);
@@ -183,13 +187,19 @@ impl CoordinatorSm {
                         *missed = missed.saturating_add(1);
                     }
                 }
-                let mut links: BTreeMap<u32, Link> = BTreeMap::new();
-                for w in self.writers.keys() {
-                    if let Some(l) = c.eoes.get(w).or_else(|| heads.get(w)) {
-                        links.insert(*w, *l);
-                    }
-                }
-                out.push(CoordinatorAction::WriteSync { epoch: c.epoch, heads: links.into_values().collect() });
+                // A writer silent for many epochs (a crashed incarnation) has had its newest
+                // record linked by earlier SYNCs; stop carrying it.
+                let forget = self.cfg.missed_eoe_max.saturating_mul(4).max(8);
+                self.writers.retain(|_, missed| *missed < forget);
+                let mut order: Vec<(u32, u32)> = self.writers.iter().map(|(w, m)| (*m, *w)).collect();
+                order.sort();
+                let mut links: Vec<Link> = order
+                    .into_iter()
+                    .filter_map(|(_, w)| c.eoes.get(&w).or_else(|| heads.get(&w)).copied())
+                    .take(links_max)
+                    .collect();
+                links.sort_by_key(|l| l.writer);
+                out.push(CoordinatorAction::WriteSync { epoch: c.epoch, heads: links });
                 self.epoch = self.epoch.max(c.epoch);
                 self.next_rts_at = now + self.cfg.epoch_ms;
             }

@@ -6,7 +6,8 @@
 //! Module map:
 //! - [`memtable`]: the concurrent key-value map with last-writer-wins by `(lamport, writer)`.
 //! - [`clock`]: the node's Lamport clock.
-//! - [`wire`]: the messages nodes exchange over the untrusted fabric (records, repair requests).
+//! - [`wire`]: the messages nodes exchange over the untrusted fabric (records, repair requests,
+//!   heads hints).
 //! - [`orderer`]: the receive state machine: per-writer `seq` order, hold-back, gap repair,
 //!   duplicate/replay/equivocation detection, withholding reports.
 //! - [`coordinator`]: the epoch state machine of a coordinator (RTS, EOE collection, SYNC),
@@ -34,9 +35,11 @@ pub use orderer::{Orderer, OrdererConfig};
 pub use wire::{Msg, WireError};
 
 /// The writer index of actor `actor` of node `node` in its `incarnation`:
-/// `node << 16 | incarnation << 4 | actor` (node below 2^15, incarnation below 2^12, actor
-/// below 16). A restarted node takes a new incarnation, so it never re-uses a (writer, seq)
+/// `node << 16 | incarnation << 4 | actor` (node 1 to 32766, incarnation below 2^12, actor
+/// below 16; node 32767 is left out so that no worker writer collides with the coordinators'
+/// indices just below 2^31). A restarted node takes a new incarnation, so it never re-uses a (writer, seq)
 /// slot that a record from before the crash may still occupy somewhere in the network.
 pub fn writer_index(node: u32, incarnation: u32, actor: u32) -> Option<u32> {
-    (node < 1 << 15 && incarnation < 1 << 12 && actor < 16).then_some((node << 16) | (incarnation << 4) | actor)
+    ((1..(1 << 15) - 1).contains(&node) && incarnation < 1 << 12 && actor < 16)
+        .then_some((node << 16) | (incarnation << 4) | actor)
 }

@@ -31,10 +31,12 @@ pub enum RejectReason {
     StaleSync,
     /// The hold-back buffer was full.
     HoldFull,
+    /// The verify queue was full (the node is overloaded); repair fetches it again.
+    Overload,
 }
 
 impl RejectReason {
-    pub const ALL: [RejectReason; 17] = [
+    pub const ALL: [RejectReason; 18] = [
         RejectReason::Encoding,
         RejectReason::Capsule,
         RejectReason::Writer,
@@ -52,6 +54,7 @@ impl RejectReason {
         RejectReason::EpochRegression,
         RejectReason::StaleSync,
         RejectReason::HoldFull,
+        RejectReason::Overload,
     ];
 
     pub fn name(self) -> &'static str {
@@ -73,6 +76,7 @@ impl RejectReason {
             RejectReason::EpochRegression => "epoch-regression",
             RejectReason::StaleSync => "stale-sync",
             RejectReason::HoldFull => "hold-full",
+            RejectReason::Overload => "overload",
         }
     }
 
@@ -101,7 +105,7 @@ impl RejectReason {
 /// A node's counters. Shared between threads; every field is a relaxed atomic.
 #[derive(Debug, Default)]
 pub struct Metrics {
-    rejected: [AtomicU64; 17],
+    rejected: [AtomicU64; 18],
     pub records_applied: AtomicU64,
     pub ops_applied: AtomicU64,
     pub records_written: AtomicU64,
@@ -111,6 +115,8 @@ pub struct Metrics {
     pub repair_records_sent: AtomicU64,
     pub syncs_applied: AtomicU64,
     pub withholding_reports: AtomicU64,
+    /// Messages dropped because the outbound ring stayed full (the host side stalled).
+    pub outbound_dropped: AtomicU64,
     pub epoch: AtomicU64,
 }
 
@@ -143,7 +149,8 @@ impl Metrics {
             ("ops_applied_total", &self.ops_applied),
             ("records_written_total", &self.records_written),
             ("ops_written_total", &self.ops_written),
-            ("records_held", &self.records_held),
+            ("records_held_total", &self.records_held),
+            ("outbound_dropped_total", &self.outbound_dropped),
             ("repair_requests_sent_total", &self.repair_requests_sent),
             ("repair_records_sent_total", &self.repair_records_sent),
             ("syncs_applied_total", &self.syncs_applied),

@@ -29,6 +29,10 @@ pub struct NodeConfig {
     pub heads_interval_ms: u64,
     /// Most repair requests a tick sends because of heads hints.
     pub hint_requests_per_tick: usize,
+    /// After a start, how long a node that owns a long-lived writer (a coordinator) asks its
+    /// peers for that writer's chain before writing again (0: write at once). See
+    /// [`Output::Resume`].
+    pub rejoin_ms: u64,
 }
 
 impl Default for NodeConfig {
@@ -39,6 +43,7 @@ impl Default for NodeConfig {
             repair_answers_per_tick: 4096,
             heads_interval_ms: 250,
             hint_requests_per_tick: 64,
+            rejoin_ms: 0,
         }
     }
 }
@@ -68,6 +73,9 @@ pub enum Output {
         epoch: u64,
         heads: Vec<Link>,
     },
+    /// The rejoin period is over: continue this own writer's chain after `head` (a restarted
+    /// coordinator, whose writer index has no incarnation, must never re-use a seq).
+    Resume(psl_capsule::Head),
     /// A writer's records could not be obtained for `withholding_after_ms`.
     Withholding {
         writer: u32,
@@ -142,6 +150,10 @@ pub struct NodeCore {
     last_heads_at: u64,
     /// Hinted heads not yet acted on: writer -> seq.
     hinted: BTreeMap<u32, u64>,
+    /// When the first tick came (the rejoin period starts there), and whether it is over.
+    started_at: Option<u64>,
+    rejoined: bool,
+    last_probe: Option<u64>,
 }
 
 impl std::fmt::Debug for NodeCore {
@@ -180,6 +192,9 @@ impl NodeCore {
             last_sync: None,
             last_heads_at: 0,
             hinted: BTreeMap::new(),
+            started_at: None,
+            rejoined: false,
+            last_probe: None,
             cfg,
         }
     }
@@ -225,14 +240,16 @@ impl NodeCore {
     /// A verified record arrived from the fabric.
     pub fn on_verified(&mut self, rec: Verified<Opened>, now: u64) -> Vec<Output> {
         let mut out = Vec::new();
-        self.cache.insert(&rec.record);
         let d = self.orderer.deliver(rec, now);
         if let Some(r) = d.rejected {
             self.metrics.reject(r);
         }
-        if let Some((writer, seq, a, b)) = d.conflict {
+        for (writer, seq, a, b) in d.conflicts {
             tracing::warn!(writer, seq, %a, %b, "equivocation: two signed records for one slot");
             out.push(Output::Equivocation { writer, seq, a, b });
+        }
+        for r in d.dropped {
+            self.metrics.reject(r);
         }
         if d.held {
             Metrics::add(&self.metrics.records_held, 1);
@@ -257,6 +274,19 @@ impl NodeCore {
         out.push(Output::Publish(Msg::Record { capsule: self.verifier.name(), bytes: rec.shared_bytes() }.encode()));
         self.after_apply(&rec, body, now, &mut out);
         self.check_syncs();
+        out
+    }
+
+    /// Like [`NodeCore::on_local_record`] for a data record of `ops` ops, without its body
+    /// (the writer thread keeps the plaintext; the core needs only the count).
+    pub fn on_local_data(&mut self, rec: Record, ops: usize, now: u64) -> Vec<Output> {
+        debug_assert_eq!(rec.header().kind, Kind::Data);
+        let mut out = Vec::new();
+        self.orderer.advance_own(&rec, now);
+        Metrics::add(&self.metrics.records_written, 1);
+        Metrics::add(&self.metrics.ops_written, ops as u64);
+        out.push(Output::Publish(Msg::Record { capsule: self.verifier.name(), bytes: rec.shared_bytes() }.encode()));
+        self.cache.insert(&rec);
         out
     }
 
@@ -285,7 +315,7 @@ impl NodeCore {
                         *e = (*e).max(s);
                     }
                 }
-                // Bound the hint table: keep the writers with the most to fetch.
+                // Bound the hint table (dropping the highest writer indices first).
                 while self.hinted.len() > crate::wire::HEADS_MAX {
                     self.hinted.pop_last();
                 }
@@ -295,9 +325,42 @@ impl NodeCore {
         }
     }
 
+    pub fn clock(&self) -> &Arc<LamportClock> {
+        &self.clock
+    }
+
+    /// Whether the rejoin period is over (writers may write).
+    pub fn rejoined(&self) -> bool {
+        self.rejoined
+    }
+
     /// Time passes: repair requests, repair answers, the coordinator's epoch clock.
     pub fn on_tick(&mut self, now: u64) -> Vec<Output> {
         let mut out = Vec::new();
+        if !self.rejoined {
+            let start = *self.started_at.get_or_insert(now);
+            if now.saturating_sub(start) >= self.cfg.rejoin_ms {
+                self.rejoined = true;
+                if let Some(w) = self.coordinator_writer {
+                    if let Some(l) = self.orderer.heads().get(&w) {
+                        if let Some(r) = self.cache.by_slot.get(&(w, l.seq)) {
+                            let h = r.header();
+                            tracing::info!(writer = w, seq = l.seq, "rejoined: continuing the coordinator's chain");
+                            out.push(Output::Resume(psl_capsule::Head {
+                                writer: w,
+                                seq: l.seq,
+                                hash: l.hash,
+                                lamport: h.lamport,
+                                epoch: h.epoch,
+                            }));
+                        }
+                    }
+                }
+            } else if self.last_probe.is_none_or(|t| now.saturating_sub(t) >= self.cfg.orderer.repair_retry_ms) {
+                self.last_probe = Some(now);
+                out.extend(self.probe_own(now));
+            }
+        }
         let name = self.verifier.name();
         for a in self.orderer.tick(now) {
             match a {
@@ -357,14 +420,15 @@ impl NodeCore {
                 self.answering.push_front((w, s, to));
             }
         }
-        if let Some(c) = &mut self.coordinator {
+        if let Some(c) = self.coordinator.as_mut().filter(|_| self.rejoined) {
             let heads: BTreeMap<u32, Link> = self
                 .orderer
                 .heads()
                 .into_iter()
                 .filter(|(w, _)| !self.verifier.metadata().meta.policy.is_coordinator(*w))
                 .collect();
-            for a in c.tick(now, &heads) {
+            let links_max = self.verifier.metadata().meta.policy.limits.links_per_record_max as usize;
+            for a in c.tick(now, &heads, links_max) {
                 out.push(match a {
                     CoordinatorAction::WriteRts { epoch } => Output::WriteRts { epoch },
                     CoordinatorAction::WriteSync { epoch, heads } => Output::WriteSync { epoch, heads },
@@ -393,7 +457,8 @@ impl NodeCore {
     /// record each own writer wrote after the call (so the coordinator's next RTS comes after
     /// the call, and every live writer's answer to it follows every op it had accepted before
     /// the call); the second closes that next epoch, and the node has applied everything it
-    /// links. A node without data writers needs the first SYNC applied after the call instead.
+    /// links. A node without data writers has no post-call record to wait for: any SYNC
+    /// applied after the call counts as the first, so its barrier is best effort.
     pub fn begin_sync(&mut self, next_seqs: BTreeMap<u32, u64>) -> SyncTicket {
         let id = self.next_ticket;
         self.next_ticket += 1;
@@ -452,6 +517,8 @@ impl NodeCore {
     }
 
     fn apply(&mut self, r: &Verified<Opened>, now: u64, out: &mut Vec<Output>) {
+        // Only applied records are cached: a repair answer never sends a conflicting copy.
+        self.cache.insert(&r.record);
         let h = r.record.header();
         self.clock.observe(h.lamport);
         Metrics::add(&self.metrics.records_applied, 1);
@@ -483,7 +550,8 @@ impl NodeCore {
             Body::Control { code: ControlCode::Rts, payload } if is_coord => {
                 if let Some(epoch) = payload_epoch(payload) {
                     if epoch > self.orderer.current_epoch() && !self.local.is_empty() {
-                        let max = policy.limits.links_per_record_max as usize;
+                        // One link is reserved for the epoch's SYNC, which the author puts first.
+                        let max = (policy.limits.links_per_record_max as usize).saturating_sub(1);
                         let heads: Vec<Link> = self
                             .orderer
                             .heads()

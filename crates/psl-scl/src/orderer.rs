@@ -70,8 +70,11 @@ pub struct Delivery {
     pub rejected: Option<RejectReason>,
     /// Set when the record is being held for a predecessor.
     pub held: bool,
-    /// Evidence: (writer, seq, hash applied, hash offered) of a conflicting record.
-    pub conflict: Option<Conflict>,
+    /// Evidence of equivocation found on the way: the record given or a held one conflicting
+    /// with what is applied, or an applied record conflicting with a hash a SYNC or EOE named.
+    pub conflicts: Vec<Conflict>,
+    /// Held records released by this delivery that turned out not to link, by reason.
+    pub dropped: Vec<RejectReason>,
 }
 
 /// Something the orderer asks its caller to do on a tick.
@@ -163,7 +166,7 @@ impl Orderer {
         let epoch = h.epoch;
         let current_epoch = self.current_epoch;
         let st = self.writers.entry(writer).or_insert_with(|| WriterState { last_progress: now, ..Default::default() });
-        let mut out = Delivery { ready: Vec::new(), rejected: None, held: false, conflict: None };
+        let mut out = Delivery { ready: Vec::new(), rejected: None, held: false, conflicts: Vec::new(), dropped: Vec::new() };
         if seq < st.next_seq {
             let applied = st.chain[seq as usize];
             if applied == hash {
@@ -171,7 +174,7 @@ impl Orderer {
                     Some(if epoch < current_epoch { RejectReason::StaleEpoch } else { RejectReason::Duplicate });
             } else {
                 out.rejected = Some(RejectReason::Equivocation);
-                out.conflict = Some((writer, seq, applied, hash));
+                out.conflicts.push((writer, seq, applied, hash));
             }
             return out;
         }
@@ -184,7 +187,7 @@ impl Orderer {
                 Some(x) if x.record.hash() == hash => out.rejected = Some(RejectReason::Duplicate),
                 Some(x) => {
                     out.rejected = Some(RejectReason::Equivocation);
-                    out.conflict = Some((writer, seq, x.record.hash(), hash));
+                    out.conflicts.push((writer, seq, x.record.hash(), hash));
                 }
                 None if self.held_total >= self.cfg.held_records_max => out.rejected = Some(RejectReason::HoldFull),
                 None => {
@@ -199,14 +202,20 @@ impl Orderer {
         let mut next = Some(rec);
         while let Some(r) = next.take() {
             match Self::accept(st, &r, now) {
-                Ok(()) => out.ready.push(r),
+                Ok(conflict) => {
+                    out.conflicts.extend(conflict);
+                    out.ready.push(r);
+                }
                 Err((reason, conflict)) => {
-                    // The first record is refused: report it. A held record that turns out not
-                    // to link is dropped the same way (it was verified, so it is evidence).
+                    // The record given is refused: report it. A held record that turns out not
+                    // to link is dropped and counted the same way (it was verified, so a
+                    // conflict is evidence).
                     if out.ready.is_empty() {
                         out.rejected = Some(reason);
-                        out.conflict = conflict;
+                    } else {
+                        out.dropped.push(reason);
                     }
+                    out.conflicts.extend(conflict);
                     break;
                 }
             }
@@ -226,7 +235,7 @@ impl Orderer {
         st: &mut WriterState,
         r: &Verified<Opened>,
         now: u64,
-    ) -> Result<(), (RejectReason, Option<Conflict>)> {
+    ) -> Result<Option<Conflict>, (RejectReason, Option<Conflict>)> {
         let h = r.record.header();
         if h.seq > 0 && h.prev != st.head {
             return Err((RejectReason::Equivocation, Some((h.writer, h.seq - 1, st.head, h.prev))));
@@ -243,11 +252,9 @@ impl Orderer {
         st.last_progress = now;
         st.withholding_reported = false;
         st.target = st.target.max(st.next_seq);
-        if let Some(c) = conflict {
-            // Applied, but a SYNC named another record here: the writer equivocated.
-            tracing::warn!(writer = c.0, seq = c.1, sync = %c.2, applied = %c.3, "writer equivocation against a SYNC");
-        }
-        Ok(())
+        // Applied (it links to what came before), but a SYNC or EOE named another record here:
+        // the writer equivocated. The caller reports the evidence.
+        Ok(conflict)
     }
 
     /// Records one of this node's own records (sealed here, so trusted): advances the chain
@@ -319,7 +326,8 @@ impl Orderer {
                 let to = (st.target - 1).min(st.next_seq + self.cfg.repair_chunk - 1);
                 out.push(OrdererAction::Repair { writer: *w, from_seq: st.next_seq, to_seq: to });
             }
-            if !st.withholding_reported && now.saturating_sub(st.last_progress) >= self.cfg.withholding_after_ms {
+            let stuck_since = st.last_progress.max(since);
+            if !st.withholding_reported && now.saturating_sub(stuck_since) >= self.cfg.withholding_after_ms {
                 st.withholding_reported = true;
                 out.push(OrdererAction::Withholding { writer: *w, from_seq: st.next_seq, to_seq: st.target - 1 });
             }

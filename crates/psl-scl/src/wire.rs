@@ -153,7 +153,7 @@ mod tests {
         #[test]
         fn round_trip(name in any::<[u8; 32]>(), bytes in proptest::collection::vec(any::<u8>(), 0..300), w in any::<u32>(), a in any::<u64>(), n in 0u64..1000) {
             let capsule = CapsuleName(Hash256(name));
-            let heads: Vec<(u32, u64)> = bytes.iter().map(|b| (*b as u32 * w, a ^ *b as u64)).collect();
+            let heads: Vec<(u32, u64)> = bytes.iter().map(|b| ((*b as u32).wrapping_mul(w), a ^ *b as u64)).collect();
             for m in [Msg::Record { capsule, bytes: bytes.clone().into() }, Msg::Repair { capsule, writer: w, from_seq: a / 2, to_seq: a / 2 + n }, Msg::Heads { capsule, heads }] {
                 prop_assert_eq!(Msg::decode(&m.encode()), Ok(m));
             }

@@ -159,7 +159,10 @@ impl SimNode {
                             Body::Control { code: ControlCode::Eoe, payload: psl_scl::node::epoch_payload(epoch) };
                         // The first writer carries the node's view of every other writer's head.
                         let links = if i == 0 { heads.clone() } else { Vec::new() };
+                        // Control records take their Lamport time from the node's clock too.
+                        self.authors[i].observe(self.clock.tick());
                         let rec = self.authors[i].write_control(body.clone(), links).expect("control record fits");
+                        self.clock.observe(rec.header().lamport);
                         self.local_record(rec, &body, now, fx);
                     }
                 }
@@ -167,17 +170,26 @@ impl SimNode {
                     if let Some(c) = &mut self.coordinator {
                         let body =
                             Body::Control { code: ControlCode::Rts, payload: psl_scl::node::epoch_payload(epoch) };
+                        c.observe(self.clock.tick());
                         let rec = c.write_body(body.clone()).expect("control record fits");
+                        self.clock.observe(rec.header().lamport);
                         self.local_record(rec, &body, now, fx);
                     }
                 }
                 Output::WriteSync { epoch, heads } => {
                     if let Some(c) = &mut self.coordinator {
                         if epoch > c.epoch() {
+                            c.observe(self.clock.tick());
                             let rec = c.write_sync_epoch(epoch, heads).expect("SYNC fits");
+                            self.clock.observe(rec.header().lamport);
                             let body = Body::Sync { app_key_fp: self.verifier.metadata().meta.app.fingerprint() };
                             self.local_record(rec, &body, now, fx);
                         }
+                    }
+                }
+                Output::Resume(head) => {
+                    if let Some(c) = self.coordinator.as_mut().filter(|c| c.writer() == head.writer) {
+                        c.resume(&head);
                     }
                 }
                 other => fx.push(Effect::Note(other)),

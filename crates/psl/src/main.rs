@@ -5,12 +5,19 @@
 //! - `capsule`: the DataCapsule tool (`psl capsule ...`).
 //! - `bench`: benchmarks that print one JSON object (`psl bench NAME --json`).
 //! - `demo`: the embedded end-to-end demonstration (`psl demo`).
+//! - `roles`: long-running roles: `psl node`, `psl coordinator` (`psl router` comes from
+//!   psl-fabric).
+//! - `kv`: the client of a node's control interface (`psl kv put|get|del|sync|stats|dump`).
+//! - `sim`: the seeded simulator over many seeds (`psl sim`).
 //! - `util`: file helpers shared by the commands (atomic writes, key loading).
 
 mod bench;
 mod capsule;
 mod demo;
 mod keys;
+mod kv;
+mod roles;
+mod sim;
 mod util;
 
 use clap::{Parser, Subcommand};
@@ -35,6 +42,17 @@ enum Cmd {
     /// End-to-end demonstration on the embedded default: keys, a capsule with several writers,
     /// a SYNC, verification, a membership proof, a durable store round trip.
     Demo(demo::DemoArgs),
+    /// Run a worker node: memtable, writer and verify actors, fabric client, control interface.
+    Node(roles::NodeArgs),
+    /// Run a coordinator (primary or shadow): RTS every epoch, SYNC over every writer's EOE.
+    Coordinator(roles::CoordinatorArgs),
+    /// Run a router of the multicast tree (untrusted; may inject faults for tests).
+    Router(psl_fabric::RouterArgs),
+    /// Talk to a node: put, get, del, sync, stats, dump.
+    #[command(subcommand)]
+    Kv(kv::KvCmd),
+    /// Run the seeded simulator; exit 0 only if every seed holds every invariant.
+    Sim(sim::SimArgs),
 }
 
 fn main() {
@@ -62,5 +80,10 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Capsule(c) => capsule::run(c),
         Cmd::Bench(a) => bench::run(a),
         Cmd::Demo(a) => demo::run(a),
+        Cmd::Node(a) => roles::run_node(a),
+        Cmd::Coordinator(a) => roles::run_coordinator(a),
+        Cmd::Router(a) => psl_fabric::run_router(a).map(|()| 0),
+        Cmd::Kv(c) => kv::run(c),
+        Cmd::Sim(a) => sim::run(a),
     }
 }

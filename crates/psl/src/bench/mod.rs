@@ -3,13 +3,15 @@
 //! reproduces.
 
 mod capsule;
+mod scl;
+mod zipf;
 
 use anyhow::{bail, Result};
 use clap::Args;
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// Which benchmark: `capsule`.
+    /// Which benchmark: `capsule`, `scl`.
     pub name: String,
     /// Print one JSON object instead of a table.
     #[arg(long)]
@@ -22,7 +24,8 @@ pub struct BenchArgs {
 pub fn run(a: BenchArgs) -> Result<i32> {
     let out = match a.name.as_str() {
         "capsule" => capsule::run(a.seconds, !a.json)?,
-        other => bail!("unknown benchmark {other:?}; available: capsule"),
+        "scl" => scl::run(a.seconds * 2.0, !a.json)?,
+        other => bail!("unknown benchmark {other:?}; available: capsule, scl"),
     };
     if a.json {
         println!("{out}");

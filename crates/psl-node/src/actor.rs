@@ -1,0 +1,175 @@
+//! Writer actors: each owns one writer's [`Author`] (its signing key and chain state) and a
+//! bounded op queue. `put` stamps an op with the node's Lamport clock and applies it to the
+//! memtable under the queue's lock, so each queue holds its ops in increasing Lamport order;
+//! the actor takes up to `batch_ops_max` of them (waiting up to `flush_delay` for a batch to
+//! fill), seals one record and hands it to the core thread.
+
+use crate::core::CoreMsg;
+use crossbeam_channel::{Receiver, Sender};
+use parking_lot::{Condvar, Mutex};
+use psl_capsule::{Author, Body, ControlCode, Link, Op};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Control messages for a writer actor, served before ops.
+pub(crate) enum ActorCtl {
+    EnterEpoch(Link, u64),
+    WriteEoe { epoch: u64, heads: Vec<Link> },
+    /// Seal everything queued, then answer with the writer's next seq.
+    Flush(Sender<u64>),
+    Stop,
+}
+
+pub(crate) struct ActorQueue {
+    pub writer: u32,
+    pub ops: Mutex<VecDeque<Op>>,
+    /// Signalled when ops or control arrive.
+    pub work: Condvar,
+    /// Signalled when space frees up.
+    pub space: Condvar,
+    pub cap: usize,
+    pub ctl_waiting: AtomicBool,
+}
+
+impl ActorQueue {
+    pub fn new(writer: u32, cap: usize) -> ActorQueue {
+        ActorQueue {
+            writer,
+            ops: Mutex::new(VecDeque::new()),
+            work: Condvar::new(),
+            space: Condvar::new(),
+            cap,
+            ctl_waiting: AtomicBool::new(false),
+        }
+    }
+
+    /// Wakes the actor for a control message already sent on its channel.
+    pub fn poke(&self) {
+        self.ctl_waiting.store(true, Ordering::Release);
+        let _g = self.ops.lock();
+        self.work.notify_one();
+    }
+}
+
+pub(crate) struct Actor {
+    pub queue: Arc<ActorQueue>,
+    pub author: Author,
+    pub ctl: Receiver<ActorCtl>,
+    pub core: Sender<CoreMsg>,
+    pub batch_ops_max: usize,
+    /// Most body bytes in one record (the capsule's record limit less header room), so that a
+    /// batch of large values is split instead of failing to seal.
+    pub batch_bytes_max: usize,
+    pub flush_delay: Duration,
+    pub clock: Arc<psl_scl::LamportClock>,
+}
+
+/// How many of the first ops of `ops` fit one record: at most `max_ops`, at most `max_bytes`
+/// of encoded ops, and at least one.
+fn fitting(ops: &VecDeque<Op>, max_ops: usize, max_bytes: usize) -> usize {
+    let mut bytes = 0;
+    let mut n = 0;
+    for op in ops.iter().take(max_ops) {
+        bytes += op.encoded_len();
+        if n > 0 && bytes > max_bytes {
+            break;
+        }
+        n += 1;
+    }
+    n
+}
+
+impl Actor {
+    pub fn run(mut self) {
+        loop {
+            self.queue.ctl_waiting.store(false, Ordering::Release);
+            while let Ok(c) = self.ctl.try_recv() {
+                match c {
+                    ActorCtl::EnterEpoch(link, epoch) => self.author.enter_epoch(link, epoch),
+                    ActorCtl::WriteEoe { epoch, heads } => {
+                        self.drain_all();
+                        let body = Body::Control { code: ControlCode::Eoe, payload: psl_scl::node::epoch_payload(epoch) };
+                        // Control records take their Lamport time from the node's clock too.
+                        self.author.observe(self.clock.tick());
+                        match self.author.write_control(body.clone(), heads) {
+                            Ok(rec) => {
+                                self.clock.observe(rec.header().lamport);
+                                self.send(CoreMsg::Local { rec, body: Some(body), ops: 0 })
+                            }
+                            Err(e) => tracing::error!(writer = self.queue.writer, "cannot seal EOE: {e}"),
+                        }
+                    }
+                    ActorCtl::Flush(reply) => {
+                        self.drain_all();
+                        let _ = reply.send(self.author.next_seq());
+                    }
+                    ActorCtl::Stop => return,
+                }
+            }
+            let batch = self.take_batch();
+            if !batch.is_empty() {
+                self.seal(batch);
+            }
+        }
+    }
+
+    /// Waits for ops, then for a full batch or `flush_delay`, whichever first.
+    fn take_batch(&mut self) -> Vec<Op> {
+        let q = &self.queue;
+        let mut ops = q.ops.lock();
+        if ops.is_empty() {
+            if q.ctl_waiting.load(Ordering::Acquire) {
+                return Vec::new();
+            }
+            q.work.wait_for(&mut ops, Duration::from_millis(20));
+            if ops.is_empty() {
+                return Vec::new();
+            }
+        }
+        if ops.len() < self.batch_ops_max {
+            let deadline = Instant::now() + self.flush_delay;
+            while ops.len() < self.batch_ops_max && !q.ctl_waiting.load(Ordering::Acquire) {
+                if q.work.wait_until(&mut ops, deadline).timed_out() {
+                    break;
+                }
+            }
+        }
+        let n = fitting(&ops, self.batch_ops_max, self.batch_bytes_max);
+        let batch: Vec<Op> = ops.drain(..n).collect();
+        drop(ops);
+        q.space.notify_all();
+        batch
+    }
+
+    fn drain_all(&mut self) {
+        loop {
+            let batch: Vec<Op> = {
+                let mut ops = self.queue.ops.lock();
+                let n = fitting(&ops, self.batch_ops_max, self.batch_bytes_max);
+                ops.drain(..n).collect()
+            };
+            self.queue.space.notify_all();
+            if batch.is_empty() {
+                return;
+            }
+            self.seal(batch);
+        }
+    }
+
+    fn seal(&mut self, batch: Vec<Op>) {
+        let n = batch.len();
+        match self.author.write_stamped(batch) {
+            Ok(rec) => self.send(CoreMsg::Local { rec, body: None, ops: n }),
+            // Ops were checked against the limits at `put`; failing here is a bug, and the ops
+            // stay applied locally only. Say so loudly.
+            Err(e) => tracing::error!(writer = self.queue.writer, ops = n, "cannot seal a batch: {e}"),
+        }
+    }
+
+    fn send(&self, m: CoreMsg) {
+        // Blocks while the core is busy: backpressure from the core to the writers.
+        let _ = self.core.send(m);
+    }
+}

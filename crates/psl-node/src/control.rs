@@ -1,0 +1,238 @@
+//! The node's control interface: a line protocol over TCP, for tests, scripts and people.
+//!
+//! ```text
+//! PUT <key> <value...>     -> OK | ERROR <why>        (value: rest of the line)
+//! DEL <key>                -> OK | ERROR <why>
+//! GET <key>                -> VALUE <value> | NOT_FOUND
+//! SYNC [timeout_ms]        -> OK | ERROR <why>
+//! DIGEST                   -> DIGEST <hex>            (memtable digest)
+//! DUMP                     -> one line of JSON: {key: [value, lamport, writer]}
+//! STATS                    -> one line of JSON: counters and rejections by reason
+//! METRICS                  -> Prometheus text, then a line "END"
+//! QUIT
+//! ```
+//! Lines are at most `LINE_BYTES_MAX` bytes; at most `CONNECTIONS_MAX` clients at once. The
+//! interface is for a trusted operator on loopback: it hands out plaintext.
+
+use crate::node::Node;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub const LINE_BYTES_MAX: usize = 2 << 20;
+pub const CONNECTIONS_MAX: usize = 64;
+
+/// Serves the control interface on `listener` until `stop` is set.
+pub fn serve(node: Arc<Node>, listener: TcpListener, stop: Arc<AtomicBool>) -> std::io::Result<()> {
+    listener.set_nonblocking(true)?;
+    let live = Arc::new(AtomicUsize::new(0));
+    while !stop.load(Ordering::Acquire) {
+        match listener.accept() {
+            Ok((s, _)) => {
+                if live.load(Ordering::Acquire) >= CONNECTIONS_MAX {
+                    let mut s = s;
+                    let _ = s.write_all(b"ERROR too many connections\n");
+                    continue;
+                }
+                live.fetch_add(1, Ordering::AcqRel);
+                let node = node.clone();
+                let live = live.clone();
+                std::thread::spawn(move || {
+                    if let Err(e) = handle(&node, s) {
+                        tracing::debug!("control connection: {e}");
+                    }
+                    live.fetch_sub(1, Ordering::AcqRel);
+                });
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn handle(node: &Node, s: TcpStream) -> std::io::Result<()> {
+    s.set_nonblocking(false)?;
+    s.set_nodelay(true)?;
+    let mut w = std::io::BufWriter::new(s.try_clone()?);
+    let mut r = BufReader::new(s.take(u64::MAX));
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let n = r.by_ref().take(LINE_BYTES_MAX as u64 + 1).read_until(b'\n', &mut line)?;
+        if n == 0 {
+            return Ok(());
+        }
+        if line.len() > LINE_BYTES_MAX {
+            w.write_all(b"ERROR line too long\n")?;
+            w.flush()?;
+            return Ok(());
+        }
+        while line.last().is_some_and(|c| *c == b'\n' || *c == b'\r') {
+            line.pop();
+        }
+        let reply = command(node, &line);
+        match reply {
+            Reply::Line(l) => {
+                w.write_all(l.as_bytes())?;
+                w.write_all(b"\n")?;
+            }
+            Reply::Quit => {
+                w.flush()?;
+                return Ok(());
+            }
+        }
+        // Flush only when no further request is already buffered (pipelining).
+        if r.buffer().is_empty() {
+            w.flush()?;
+        }
+    }
+}
+
+enum Reply {
+    Line(String),
+    Quit,
+}
+
+fn command(node: &Node, line: &[u8]) -> Reply {
+    let (cmd, rest) = split(line);
+    let ok = |r: Result<(), crate::NodeError>| Reply::Line(match r {
+        Ok(()) => "OK".into(),
+        Err(e) => format!("ERROR {e}"),
+    });
+    match cmd.to_ascii_uppercase().as_slice() {
+        b"PUT" => {
+            let (k, v) = split(rest);
+            if k.is_empty() {
+                return Reply::Line("ERROR usage: PUT <key> <value>".into());
+            }
+            ok(node.put(k, v))
+        }
+        b"DEL" => ok(node.delete(rest)),
+        b"GET" => Reply::Line(match node.get(rest) {
+            Some(v) => format!("VALUE {}", String::from_utf8_lossy(&v)),
+            None => "NOT_FOUND".into(),
+        }),
+        b"SYNC" => {
+            let ms = std::str::from_utf8(rest).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(30_000u64);
+            ok(node.sync(Duration::from_millis(ms)))
+        }
+        b"DIGEST" => Reply::Line(format!("DIGEST {}", node.digest())),
+        b"DUMP" => {
+            let snap = node.memtable().snapshot();
+            let m: serde_json::Map<String, serde_json::Value> = snap
+                .into_iter()
+                .filter_map(|(k, e)| {
+                    e.value.map(|v| {
+                        (
+                            String::from_utf8_lossy(&k).into_owned(),
+                            serde_json::json!([String::from_utf8_lossy(&v), e.version.lamport, e.version.writer]),
+                        )
+                    })
+                })
+                .collect();
+            Reply::Line(serde_json::Value::Object(m).to_string())
+        }
+        b"STATS" => Reply::Line(stats_json(node).to_string()),
+        b"METRICS" => Reply::Line(format!("{}END", node.render_metrics())),
+        b"QUIT" => Reply::Quit,
+        _ => Reply::Line(format!("ERROR unknown command {:?}", String::from_utf8_lossy(cmd))),
+    }
+}
+
+/// The node's counters as JSON.
+pub fn stats_json(node: &Node) -> serde_json::Value {
+    use psl_scl::{Metrics, RejectReason};
+    let m = node.metrics();
+    let rejected: serde_json::Map<String, serde_json::Value> =
+        RejectReason::ALL.iter().map(|r| (r.name().to_string(), m.rejected(*r).into())).collect();
+    serde_json::json!({
+        "writers": node.writers(),
+        "keys": node.memtable().len(),
+        "lamport": node.lamport(),
+        "epoch": Metrics::get(&m.epoch),
+        "records_applied": Metrics::get(&m.records_applied),
+        "ops_applied": Metrics::get(&m.ops_applied),
+        "records_written": Metrics::get(&m.records_written),
+        "ops_written": Metrics::get(&m.ops_written),
+        "records_held": Metrics::get(&m.records_held),
+        "repair_requests_sent": Metrics::get(&m.repair_requests_sent),
+        "repair_records_sent": Metrics::get(&m.repair_records_sent),
+        "syncs_applied": Metrics::get(&m.syncs_applied),
+        "withholding_reports": Metrics::get(&m.withholding_reports),
+        "rejected": rejected,
+    })
+}
+
+fn split(b: &[u8]) -> (&[u8], &[u8]) {
+    match b.iter().position(|c| *c == b' ') {
+        Some(i) => (&b[..i], &b[i + 1..]),
+        None => (b, &[]),
+    }
+}
+
+/// A client of the control interface.
+pub struct ControlClient {
+    w: TcpStream,
+    r: BufReader<TcpStream>,
+}
+
+impl ControlClient {
+    pub fn connect(addr: SocketAddr, timeout: Duration) -> std::io::Result<ControlClient> {
+        let s = TcpStream::connect_timeout(&addr, timeout)?;
+        s.set_nodelay(true)?;
+        s.set_read_timeout(Some(Duration::from_secs(120)))?;
+        Ok(ControlClient { r: BufReader::new(s.try_clone()?), w: s })
+    }
+
+    /// Sends one command and reads its one-line answer.
+    pub fn call(&mut self, line: &str) -> std::io::Result<String> {
+        self.w.write_all(line.as_bytes())?;
+        self.w.write_all(b"\n")?;
+        self.read_line()
+    }
+
+    /// Sends many commands before reading any answer (pipelining); returns the answers.
+    pub fn pipeline(&mut self, lines: &[String]) -> std::io::Result<Vec<String>> {
+        let mut buf = Vec::new();
+        for l in lines {
+            buf.extend_from_slice(l.as_bytes());
+            buf.push(b'\n');
+        }
+        let w = self.w.try_clone()?;
+        let writer = std::thread::spawn(move || {
+            let mut w = w;
+            w.write_all(&buf)
+        });
+        let mut out = Vec::with_capacity(lines.len());
+        for _ in lines {
+            out.push(self.read_line()?);
+        }
+        writer.join().map_err(|_| std::io::Error::other("writer thread panicked"))??;
+        Ok(out)
+    }
+
+    fn read_line(&mut self) -> std::io::Result<String> {
+        let mut s = String::new();
+        if self.r.read_line(&mut s)? == 0 {
+            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "node closed the connection"));
+        }
+        Ok(s.trim_end().to_string())
+    }
+
+    /// METRICS: reads until END.
+    pub fn metrics(&mut self) -> std::io::Result<String> {
+        self.w.write_all(b"METRICS\n")?;
+        let mut out = String::new();
+        loop {
+            let l = self.read_line()?;
+            if l == "END" {
+                return Ok(out);
+            }
+            out.push_str(&l);
+            out.push('\n');
+        }
+    }
+}

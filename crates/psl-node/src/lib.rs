@@ -1,0 +1,35 @@
+//! A PSL node: the threaded runtime that runs the SCL protocol engines of `psl-scl`.
+//!
+//! ```text
+//!  put/delete ─▶ writer actor queues (bounded, one per writer, by key) ─▶ writer actors
+//!                 (memtable updated at put time)                         batch→seal→sign
+//!                                                                            │ local records
+//!   get ◀── memtable ◀── core thread (NodeCore: orderer, coordinator, cache, sync barriers)
+//!                          │  ▲ verified / rejected            │ publish
+//!                          ▼  │                                ▼
+//!                     verify actors (pool)          ═══ boundary: outbound SPSC ring ═══▶ host: fabric.publish
+//!                          ▲                                                                    
+//!             dispatcher ◀═══ boundary: inbound SPSC ring ◀═══ host: fabric.recv
+//! ```
+//!
+//! Module map:
+//! - [`node`]: [`Node`]: start, `put`/`delete`/`get`/`sync`, metrics, shutdown.
+//! - [`options`]: [`NodeOptions`] and the limits of every queue.
+//! - `actor`: writer actors (one [`psl_capsule::Author`] each) and their bounded op queues.
+//! - `core`: the core thread that owns the [`psl_scl::NodeCore`].
+//! - `host`: the untrusted side: two threads moving messages between the rings and the fabric.
+//! - [`control`]: the line-based TCP control interface (`psl node --control`) and its client.
+//!
+//! Trust: everything but `host` is the trusted core. The host side sees only what crosses the
+//! rings: sealed, signed records and repair/heads messages; never a key or a plaintext byte.
+
+mod actor;
+pub mod control;
+mod core;
+mod host;
+mod ring;
+pub mod node;
+pub mod options;
+
+pub use node::{Node, NodeError, NodeKeys};
+pub use options::NodeOptions;

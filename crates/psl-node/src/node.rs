@@ -1,0 +1,394 @@
+//! [`Node`]: starts the threads, offers the KV API.
+
+use crate::actor::{Actor, ActorCtl, ActorQueue};
+use crate::core::{Core, CoreMsg};
+use crate::host::HostStats;
+use crate::options::NodeOptions;
+use crossbeam_channel::{bounded, Sender};
+use psl_capsule::{Action, Author, Limits, Op, Record, SignedMetadata, Verifier};
+use psl_crypto::{AppKey, DataKey, Hash256, SigningKey};
+use psl_fabric::Fabric;
+use psl_scl::memtable::key_shard;
+use psl_scl::{CoordinatorSm, LamportClock, Memtable, Metrics, Msg, NodeCore, RejectReason, Version};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("key is {len} bytes, over the limit of {max}")]
+    KeyTooLong { len: usize, max: u32 },
+    #[error("key is empty")]
+    EmptyKey,
+    #[error("value is {len} bytes, over the limit of {max}")]
+    ValueTooLarge { len: usize, max: u32 },
+    #[error("writer queue stayed full for {0:?} (the network or the writers are too slow)")]
+    Backpressure(Duration),
+    #[error("this node has no writers (it is receive-only)")]
+    ReadOnly,
+    #[error("sync() did not complete within {0:?}: no SYNC covering this node's writes was applied (is a coordinator running and reachable?)")]
+    SyncTimeout(Duration),
+    #[error("the node is shutting down")]
+    Stopped,
+    #[error("keys: {0}")]
+    Keys(String),
+    #[error("starting a thread: {0}")]
+    Spawn(#[from] std::io::Error),
+}
+
+/// The keys a node works with: the capsule's public metadata, the data key, one signing key
+/// per writer actor, and the coordinator's key if it runs one. Today they are derived from the
+/// application key; the leader (a later issue) will hand each its own.
+pub struct NodeKeys {
+    pub meta: SignedMetadata,
+    pub data_key: DataKey,
+    pub writers: Vec<(u32, SigningKey)>,
+    pub coordinator: Option<(u32, SigningKey)>,
+}
+
+impl NodeKeys {
+    /// Derives the keys `opts` calls for from the application key.
+    pub fn derive(meta: &SignedMetadata, app: &AppKey, opts: &NodeOptions) -> Result<NodeKeys, NodeError> {
+        let mut writers = Vec::new();
+        for a in 0..opts.writers as u32 {
+            let w = psl_scl::writer_index(opts.node_id, opts.incarnation, a)
+                .ok_or_else(|| NodeError::Keys(format!("node id {} / incarnation {} / writer {a} out of range", opts.node_id, opts.incarnation)))?;
+            writers.push((w, app.writer(w).map_err(|e| NodeError::Keys(e.to_string()))?));
+        }
+        let coordinator = match &opts.coordinator {
+            Some(c) => {
+                let w = meta
+                    .meta
+                    .policy
+                    .coordinator_at(c.rank)
+                    .ok_or_else(|| NodeError::Keys(format!("the capsule allows no coordinator of rank {}", c.rank)))?;
+                Some((w, app.writer(w).map_err(|e| NodeError::Keys(e.to_string()))?))
+            }
+            None => None,
+        };
+        Ok(NodeKeys { meta: meta.clone(), data_key: app.data_key(), writers, coordinator })
+    }
+}
+
+pub struct Node {
+    verifier: Arc<Verifier>,
+    memtable: Arc<Memtable>,
+    clock: Arc<LamportClock>,
+    metrics: Arc<Metrics>,
+    host_stats: Arc<HostStats>,
+    limits: Limits,
+    actors: Vec<(Arc<ActorQueue>, Sender<ActorCtl>)>,
+    api: Sender<CoreMsg>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+    put_timeout: Duration,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Node(writers={:?})", self.writers())
+    }
+}
+
+impl Node {
+    /// Starts a node on `fabric`.
+    pub fn start(keys: NodeKeys, fabric: Arc<dyn Fabric>, opts: NodeOptions) -> Result<Node, NodeError> {
+        let verifier = Arc::new(Verifier::new(keys.meta.clone(), Some(keys.data_key.clone())));
+        let memtable = Arc::new(Memtable::new());
+        let clock = Arc::new(LamportClock::new(0));
+        let metrics = Arc::new(Metrics::default());
+        let host_stats = Arc::new(HostStats::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let limits = keys.meta.meta.policy.limits;
+        let cap = opts.channel_msgs_max.max(16);
+        let (local_tx, local_rx) = bounded(cap);
+        let (results_tx, results_rx) = bounded::<CoreMsg>(cap);
+        let (api_tx, api_rx) = bounded(64);
+        let (incoming_tx, incoming_rx) = bounded::<CoreMsg>(cap);
+        let (verify_tx, verify_rx) = bounded::<Record>(cap);
+        let mut threads = Vec::new();
+
+        // Writer actors.
+        let mut actors = Vec::new();
+        for (w, key) in keys.writers {
+            let q = Arc::new(ActorQueue::new(w, opts.queue_ops_max.max(opts.batch_ops_max)));
+            let (ctl_tx, ctl_rx) = bounded(1024);
+            let author = Author::with_keys(&keys.meta, key, keys.data_key.clone(), w).map_err(|e| NodeError::Keys(e.to_string()))?;
+            let actor = Actor {
+                queue: q.clone(),
+                author,
+                ctl: ctl_rx,
+                core: local_tx.clone(),
+                batch_ops_max: opts.batch_ops_max.clamp(1, limits.ops_per_record_max as usize),
+                batch_bytes_max: (limits.record_bytes_max as usize).saturating_sub(64 * 1024).max(1),
+                flush_delay: opts.flush_delay,
+                clock: clock.clone(),
+            };
+            threads.push(std::thread::Builder::new().name(format!("writer-{w}")).spawn(move || actor.run())?);
+            actors.push((q, ctl_tx));
+        }
+
+        // Verify actors.
+        for i in 0..opts.verifiers.max(1) {
+            let rx = verify_rx.clone();
+            let tx = results_tx.clone();
+            let v = verifier.clone();
+            threads.push(std::thread::Builder::new().name(format!("verify-{i}")).spawn(move || {
+                while let Ok(rec) = rx.recv() {
+                    let m = match v.verify_open(rec) {
+                        Ok(o) => CoreMsg::Verified(Box::new(o)),
+                        Err(rej) => {
+                            tracing::debug!("rejected: {rej}");
+                            CoreMsg::Rejected(RejectReason::from_verifier(&rej.reason))
+                        }
+                    };
+                    if tx.send(m).is_err() {
+                        return;
+                    }
+                }
+            })?);
+        }
+        drop(results_tx);
+
+        // Boundary and host.
+        let (core_ring, mut inbound, host_out, host_in) = crate::ring::split(opts.ring_items);
+        threads.extend(crate::host::spawn(fabric, host_out, host_in, stop.clone(), host_stats.clone())?);
+
+        // Dispatcher: inbound ring -> decoded messages for the core.
+        {
+            let stop = stop.clone();
+            let name = verifier.name();
+            let tx = incoming_tx;
+            let res = local_tx.clone();
+            threads.push(std::thread::Builder::new().name("dispatch".into()).spawn(move || {
+                while !stop.load(Ordering::Acquire) {
+                    let Some(bytes) = inbound.wait_pop(Duration::from_millis(50)) else { continue };
+                    let m = match Msg::decode(&bytes) {
+                        Err(_) => CoreMsg::Rejected(RejectReason::BadMessage),
+                        Ok(Msg::Record { capsule, .. }) if capsule != name => CoreMsg::Rejected(RejectReason::Capsule),
+                        Ok(Msg::Record { bytes, .. }) => match Record::decode(&bytes, &limits) {
+                            Ok(r) => CoreMsg::Incoming(r),
+                            Err(_) => CoreMsg::Rejected(RejectReason::Encoding),
+                        },
+                        Ok(other) => CoreMsg::Message(other),
+                    };
+                    let sent = match m {
+                        CoreMsg::Rejected(_) => res.send(m),
+                        m => tx.send(m),
+                    };
+                    if sent.is_err() {
+                        return;
+                    }
+                }
+            })?);
+        }
+
+        // Core.
+        let coordinator = match (&opts.coordinator, keys.coordinator) {
+            (Some(cfg), Some((w, key))) => {
+                let author = Author::with_keys(&keys.meta, key, keys.data_key.clone(), w).map_err(|e| NodeError::Keys(e.to_string()))?;
+                Some((w, *cfg, author))
+            }
+            _ => None,
+        };
+        let core = NodeCore::new(
+            verifier.clone(),
+            memtable.clone(),
+            clock.clone(),
+            metrics.clone(),
+            actors.iter().map(|(q, _)| q.writer),
+            coordinator.as_ref().map(|(w, cfg, _)| (*w, CoordinatorSm::new(*cfg, 0))),
+            opts.core,
+        );
+        let core = Core {
+            core,
+            coordinator: coordinator.map(|(_, _, a)| a),
+            actors: actors.clone(),
+            local_rx,
+            results_rx,
+            api_rx,
+            incoming_rx,
+            verify_tx,
+            ring: core_ring,
+            metrics: metrics.clone(),
+            tick: opts.tick,
+            start: Instant::now(),
+        };
+        threads.push(std::thread::Builder::new().name("core".into()).spawn(move || core.run())?);
+        drop(local_tx);
+
+        Ok(Node {
+            verifier,
+            memtable,
+            clock,
+            metrics,
+            host_stats,
+            limits,
+            actors,
+            api: api_tx,
+            stop,
+            threads,
+            put_timeout: opts.put_timeout,
+        })
+    }
+
+    pub fn writers(&self) -> Vec<u32> {
+        self.actors.iter().map(|(q, _)| q.writer).collect()
+    }
+
+    pub fn capsule(&self) -> psl_capsule::CapsuleName {
+        self.verifier.name()
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// Puts `value` under `key`: visible to local `get` at once, sealed, signed and multicast
+    /// within `flush_delay` (or when a batch fills). Blocks while the writer queue is full.
+    pub fn put(&self, key: &[u8], value: &[u8]) -> Result<(), NodeError> {
+        self.write(key, Some(value))
+    }
+
+    pub fn delete(&self, key: &[u8]) -> Result<(), NodeError> {
+        self.write(key, None)
+    }
+
+    fn write(&self, key: &[u8], value: Option<&[u8]>) -> Result<(), NodeError> {
+        if key.is_empty() {
+            return Err(NodeError::EmptyKey);
+        }
+        if key.len() > self.limits.key_bytes_max as usize {
+            return Err(NodeError::KeyTooLong { len: key.len(), max: self.limits.key_bytes_max });
+        }
+        if let Some(v) = value {
+            if v.len() > self.limits.value_bytes_max as usize {
+                return Err(NodeError::ValueTooLarge { len: v.len(), max: self.limits.value_bytes_max });
+            }
+        }
+        if self.actors.is_empty() {
+            return Err(NodeError::ReadOnly);
+        }
+        if self.stop.load(Ordering::Acquire) {
+            return Err(NodeError::Stopped);
+        }
+        let (q, _) = &self.actors[key_shard(key, self.actors.len())];
+        let mut ops = q.ops.lock();
+        if ops.len() >= q.cap {
+            let deadline = Instant::now() + self.put_timeout;
+            while ops.len() >= q.cap {
+                if q.space.wait_until(&mut ops, deadline).timed_out() && ops.len() >= q.cap {
+                    return Err(NodeError::Backpressure(self.put_timeout));
+                }
+            }
+        }
+        let lamport = self.clock.tick();
+        let version = Version { lamport, writer: q.writer };
+        self.memtable.apply(key, version, value.map(Arc::from));
+        ops.push_back(Op {
+            lamport,
+            key: key.to_vec(),
+            action: match value {
+                Some(v) => Action::Put(v.to_vec()),
+                None => Action::Delete,
+            },
+        });
+        let wake = ops.len() == 1 || ops.len() % 64 == 0;
+        drop(ops);
+        if wake {
+            q.work.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Reads the local memtable (never the network).
+    pub fn get(&self, key: &[u8]) -> Option<Arc<[u8]>> {
+        self.memtable.get(key)
+    }
+
+    /// Barrier: returns once this node has applied a SYNC that covers every write any live node
+    /// had accepted before the call (see `psl_scl::NodeCore::begin_sync`).
+    pub fn sync(&self, timeout: Duration) -> Result<(), NodeError> {
+        let deadline = Instant::now() + timeout;
+        let mut next_seqs = std::collections::BTreeMap::new();
+        for (q, tx) in &self.actors {
+            let (rtx, rrx) = bounded(1);
+            tx.send(ActorCtl::Flush(rtx)).map_err(|_| NodeError::Stopped)?;
+            q.poke();
+            let next = rrx.recv_deadline(deadline).map_err(|_| NodeError::SyncTimeout(timeout))?;
+            next_seqs.insert(q.writer, next);
+        }
+        let (rtx, rrx) = bounded(1);
+        self.api
+            .send_deadline(CoreMsg::Sync { next_seqs, reply: rtx, deadline }, deadline)
+            .map_err(|_| NodeError::SyncTimeout(timeout))?;
+        rrx.recv_deadline(deadline).map_err(|_| NodeError::SyncTimeout(timeout))
+    }
+
+    /// RESET: wipes the memtable and the replicated state (the keys go with the node).
+    pub fn reset(&self) -> Result<(), NodeError> {
+        let (rtx, rrx) = bounded(1);
+        self.api.send(CoreMsg::Reset(rtx)).map_err(|_| NodeError::Stopped)?;
+        rrx.recv().map_err(|_| NodeError::Stopped)
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    pub fn host_stats(&self) -> &Arc<HostStats> {
+        &self.host_stats
+    }
+
+    pub fn memtable(&self) -> &Arc<Memtable> {
+        &self.memtable
+    }
+
+    pub fn digest(&self) -> Hash256 {
+        self.memtable.digest()
+    }
+
+    pub fn lamport(&self) -> u64 {
+        self.clock.now()
+    }
+
+    /// Prometheus text of the node's counters.
+    pub fn render_metrics(&self) -> String {
+        let mut s = self.metrics.render("psl_node");
+        for (name, v) in [
+            ("host_published_total", &self.host_stats.published),
+            ("host_received_total", &self.host_stats.received),
+            ("host_inbound_dropped_total", &self.host_stats.inbound_dropped),
+            ("host_publish_errors_total", &self.host_stats.publish_errors),
+        ] {
+            s.push_str(&format!("# TYPE psl_node_{name} counter\npsl_node_{name} {}\n", v.load(Ordering::Relaxed)));
+        }
+        s
+    }
+
+    /// Stops every thread (pending ops not yet sealed are lost, as in a crash).
+    pub fn shutdown(mut self) {
+        self.stop_threads();
+    }
+
+    fn stop_threads(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        for (q, tx) in &self.actors {
+            let _ = tx.send(ActorCtl::Stop);
+            q.poke();
+        }
+        let _ = self.api.send(CoreMsg::Stop);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if !self.threads.is_empty() {
+            self.stop_threads();
+        }
+    }
+}

@@ -1,0 +1,53 @@
+//! Node options: every queue has a bound, every wait a limit.
+
+use psl_scl::{CoordinatorConfig, NodeConfig};
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    /// Node id (1 ..= 32767): with the incarnation, it names the node's writers.
+    pub node_id: u32,
+    /// Incarnation: a restarted node must use a new one (see `psl_scl::writer_index`).
+    pub incarnation: u32,
+    /// Writer actors (crypto threads that batch, seal and sign). 0 for a receive-only node.
+    pub writers: usize,
+    /// Verify actors.
+    pub verifiers: usize,
+    /// Most ops in one record.
+    pub batch_ops_max: usize,
+    /// How long a writer waits for a batch to fill before sealing what it has.
+    pub flush_delay: Duration,
+    /// Ops queued per writer before `put` blocks (backpressure).
+    pub queue_ops_max: usize,
+    /// How long `put` waits on a full queue before failing.
+    pub put_timeout: Duration,
+    /// Items in each boundary ring.
+    pub ring_items: usize,
+    /// Messages between the dispatcher, the core and the verify actors.
+    pub channel_msgs_max: usize,
+    /// The core's tick (repair timers, coordinator clock).
+    pub tick: Duration,
+    pub core: NodeConfig,
+    /// Run a coordinator of this rank and configuration in this node.
+    pub coordinator: Option<CoordinatorConfig>,
+}
+
+impl Default for NodeOptions {
+    fn default() -> Self {
+        NodeOptions {
+            node_id: 1,
+            incarnation: 0,
+            writers: 2,
+            verifiers: 2,
+            batch_ops_max: 128,
+            flush_delay: Duration::from_micros(500),
+            queue_ops_max: 65_536,
+            put_timeout: Duration::from_secs(10),
+            ring_items: 4096,
+            channel_msgs_max: 4096,
+            tick: Duration::from_millis(10),
+            core: NodeConfig::default(),
+            coordinator: None,
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! `psl bench scl`: SCL put and get throughput on the embedded deployment (all nodes in one
+//! process on the in-process fabric), the batching ablation, and the boundary ring crossing.
+//!
+//! Put throughput counts each put once, and only when every node has applied it: the writer
+//! sealed and signed it, and every other node (the other writers and one receive-only node)
+//! verified, decrypted and applied it. Keys: YCSB zipfian 0.99 over 100,000 keys; 100-byte
+//! values. Baseline in the same run: the same workload with one op per record (every op
+//! sealed and signed alone), the ablation the PSL paper reports.
+
+use super::zipf::Zipf;
+use anyhow::{bail, Result};
+use psl_capsule::{new_capsule, Limits};
+use psl_crypto::OwnerKey;
+use psl_fabric::{Fabric, FabricConfig, InProcHub};
+use psl_node::{Node, NodeKeys, NodeOptions};
+use psl_scl::{CoordinatorConfig, Metrics};
+use serde_json::{json, Map, Value};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const KEYS: u64 = 100_000;
+const VALUE_BYTES: usize = 100;
+
+struct Case {
+    writers: usize,
+    batch_ops_max: usize,
+}
+
+pub fn run(seconds: f64, show_progress: bool) -> Result<Value> {
+    let secs = seconds.max(0.2);
+    let pb = if show_progress { super::progress(7, "bench scl") } else { indicatif::ProgressBar::hidden() };
+    let keys: Arc<Vec<Vec<u8>>> = Arc::new((0..KEYS).map(|i| format!("user{i:012}").into_bytes()).collect());
+    let mut out = Map::new();
+    for w in [1usize, 2, 4, 8] {
+        let r = put_case(&Case { writers: w, batch_ops_max: 128 }, secs, &keys)?;
+        out.insert(format!("puts_per_s_w{w}"), json!(r.puts_per_s));
+        out.insert(format!("records_per_s_w{w}"), json!(r.records_per_s));
+        out.insert(format!("detail_w{w}"), r.detail);
+        pb.inc(1);
+    }
+    let unbatched = put_case(&Case { writers: 1, batch_ops_max: 1 }, secs, &keys)?;
+    pb.inc(1);
+    let batched = out["puts_per_s_w1"].as_f64().unwrap_or(0.0);
+    out.insert("puts_per_s_w1_unbatched".into(), json!(unbatched.puts_per_s));
+    out.insert("ablation_ratio".into(), json!(batched / unbatched.puts_per_s.max(1e-9)));
+    out.insert("gets_per_s".into(), json!(get_case(secs, &keys)?));
+    pb.inc(1);
+    let ring = psl_boundary::bench_crossings(psl_boundary::CrossingConfig::default());
+    pb.inc(1);
+    pb.finish_and_clear();
+    let rv = serde_json::to_value(&ring)?;
+    for k in ["ring_cycles_median", "floor_cycles_median", "mpsc_cycles_median", "pipe_cycles_median", "ring_stream_items_per_s", "ring_over_floor", "pinned", "tsc_ghz"] {
+        if let Some(v) = rv.get(k) {
+            out.insert(k.into(), v.clone());
+        }
+    }
+    out.insert("ring".into(), rv);
+    out.insert("keys".into(), json!(KEYS));
+    out.insert("value_bytes".into(), json!(VALUE_BYTES));
+    out.insert("zipf_theta".into(), json!(0.99));
+    out.insert("machine".into(), super::machine());
+    Ok(Value::Object(out))
+}
+
+struct PutResult {
+    puts_per_s: f64,
+    records_per_s: f64,
+    detail: Value,
+}
+
+fn put_case(c: &Case, secs: f64, keys: &Arc<Vec<Vec<u8>>>) -> Result<PutResult> {
+    let owner = OwnerKey::generate();
+    let app = owner.app(1)?;
+    let meta = new_capsule(&owner, 1, "bench", 0, Limits::default())?;
+    let hub = InProcHub::new(FabricConfig { queue_msgs_max: 1 << 16, ..FabricConfig::default() })?;
+    // Epochs are slow here: the bench measures the data path.
+    let copts = NodeOptions {
+        node_id: 0x7000,
+        writers: 0,
+        verifiers: 1,
+        coordinator: Some(CoordinatorConfig { epoch_ms: 1000, eoe_timeout_ms: 1000, ..CoordinatorConfig::default() }),
+        ..NodeOptions::default()
+    };
+    let _coord = Node::start(NodeKeys::derive(&meta, &app, &copts)?, ep(&hub, "coordinator"), copts)?;
+    let mut writers = Vec::new();
+    for id in 1..=c.writers as u32 {
+        let o = NodeOptions { node_id: id, writers: 1, verifiers: 1, batch_ops_max: c.batch_ops_max, ..NodeOptions::default() };
+        writers.push(Arc::new(Node::start(NodeKeys::derive(&meta, &app, &o)?, ep(&hub, &format!("w{id}")), o)?));
+    }
+    let ro = NodeOptions { node_id: 100, writers: 0, verifiers: 1, ..NodeOptions::default() };
+    let receiver = Node::start(NodeKeys::derive(&meta, &app, &ro)?, ep(&hub, "receiver"), ro)?;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let issued = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut loads = Vec::new();
+    for (i, n) in writers.iter().enumerate() {
+        let (n, stop, issued, keys) = (n.clone(), stop.clone(), issued.clone(), keys.clone());
+        loads.push(std::thread::spawn(move || -> Result<u64> {
+            let mut z = Zipf::new(KEYS, 0.99, 0x9e37 + i as u64);
+            let value = vec![b'x'; VALUE_BYTES];
+            let mut count = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                for _ in 0..256 {
+                    n.put(&keys[z.next_item() as usize], &value)?;
+                }
+                count += 256;
+            }
+            issued.fetch_add(count, Ordering::Relaxed);
+            Ok(count)
+        }));
+    }
+    std::thread::sleep(Duration::from_secs_f64(secs));
+    stop.store(true, Ordering::Relaxed);
+    let mut total = 0u64;
+    for l in loads {
+        total += l.join().map_err(|_| anyhow::anyhow!("load thread panicked"))??;
+    }
+    // Done when every node has every op: each writer holds the others', the receiver all.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let applied = |n: &Node| Metrics::get(&n.metrics().ops_applied);
+    loop {
+        let others_ok = writers.iter().all(|w| applied(w) + Metrics::get(&w.metrics().ops_written) >= total);
+        if applied(&receiver) >= total && others_ok {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("nodes did not apply every op within 120 s ({} of {total} at the receiver)", applied(&receiver));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let records = Metrics::get(&receiver.metrics().records_applied) as f64;
+    let rm = receiver.metrics();
+    Ok(PutResult {
+        puts_per_s: total as f64 / elapsed,
+        records_per_s: records / elapsed,
+        detail: json!({
+            "writer_nodes": c.writers,
+            "batch_ops_max": c.batch_ops_max,
+            "puts": total,
+            "seconds": elapsed,
+            "receiver_records_applied": records,
+            "receiver_repair_requests": Metrics::get(&rm.repair_requests_sent),
+            "receiver_duplicates": rm.rejected(psl_scl::RejectReason::Duplicate),
+        }),
+    })
+}
+
+fn get_case(secs: f64, keys: &Arc<Vec<Vec<u8>>>) -> Result<f64> {
+    let owner = OwnerKey::generate();
+    let app = owner.app(1)?;
+    let meta = new_capsule(&owner, 1, "bench", 0, Limits::default())?;
+    let hub = InProcHub::new(FabricConfig::default())?;
+    let o = NodeOptions { node_id: 1, writers: 1, ..NodeOptions::default() };
+    let node = Arc::new(Node::start(NodeKeys::derive(&meta, &app, &o)?, ep(&hub, "n"), o)?);
+    let value = vec![b'x'; VALUE_BYTES];
+    for k in keys.iter() {
+        node.put(k, &value)?;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = (0..2)
+        .map(|t| {
+            let (n, s, keys) = (node.clone(), stop.clone(), keys.clone());
+            std::thread::spawn(move || {
+                let mut z = Zipf::new(KEYS, 0.99, 77 + t);
+                let mut c = 0u64;
+                while !s.load(Ordering::Relaxed) {
+                    for _ in 0..1024 {
+                        std::hint::black_box(n.get(&keys[z.next_item() as usize]));
+                    }
+                    c += 1024;
+                }
+                c
+            })
+        })
+        .collect();
+    let start = Instant::now();
+    std::thread::sleep(Duration::from_secs_f64(secs));
+    stop.store(true, Ordering::Relaxed);
+    let total: u64 = threads.into_iter().map(|t| t.join().unwrap_or(0)).sum();
+    Ok(total as f64 / start.elapsed().as_secs_f64())
+}
+
+fn ep(hub: &InProcHub, name: &str) -> Arc<dyn Fabric> {
+    Arc::new(hub.endpoint(name))
+}

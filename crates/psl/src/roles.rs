@@ -1,0 +1,166 @@
+//! Long-running roles: `psl node`, `psl coordinator` (and `psl router`, from psl-fabric).
+
+use crate::util::read_owner_key;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use psl_capsule::CapsuleFile;
+use psl_node::{Node, NodeKeys, NodeOptions};
+use psl_scl::CoordinatorConfig;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Args, Debug, Clone)]
+pub struct CommonArgs {
+    /// The capsule file that names the capsule (its metadata; records in it are not loaded).
+    #[arg(long)]
+    pub capsule: PathBuf,
+    /// Owner key file (the leader will hand out per-node keys instead, in a later release).
+    #[arg(long)]
+    pub owner: PathBuf,
+    /// Router to attach to (the untrusted multicast fabric).
+    #[arg(long)]
+    pub router: SocketAddr,
+    /// Epoch length in milliseconds (RTS every epoch).
+    #[arg(long, default_value_t = 100)]
+    pub epoch_ms: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct NodeArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Node id, 1 to 32767 (with the incarnation it names the node's writers).
+    #[arg(long)]
+    pub id: u32,
+    /// Writer actors (crypto threads); 0 makes a receive-only node.
+    #[arg(long, default_value_t = 2)]
+    pub writers: usize,
+    /// Verify actors.
+    #[arg(long, default_value_t = 2)]
+    pub verifiers: usize,
+    /// Most ops per record.
+    #[arg(long, default_value_t = 128)]
+    pub batch_ops_max: usize,
+    /// Microseconds a writer waits for a batch to fill.
+    #[arg(long, default_value_t = 500)]
+    pub flush_us: u64,
+    /// Control interface address (line protocol: PUT/GET/DEL/SYNC/STATS/DUMP/METRICS).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub control: SocketAddr,
+    /// State directory: keeps the incarnation counter, so that a restarted node never re-uses
+    /// its old writers' sequence numbers. Without it a random incarnation is drawn.
+    #[arg(long)]
+    pub state: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct CoordinatorArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// 0 = primary; 1, 2, ... = shadows that take over, in order, when SYNCs stop.
+    #[arg(long, default_value_t = 0)]
+    pub rank: u8,
+    /// Milliseconds to wait for every writer's EOE before closing an epoch without it.
+    #[arg(long, default_value_t = 300)]
+    pub eoe_timeout_ms: u64,
+    /// Epochs without a SYNC before a shadow takes over (times 1 + its rank).
+    #[arg(long, default_value_t = 5)]
+    pub takeover_after_epochs: u64,
+    /// Control interface address (STATS, DUMP, METRICS).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub control: SocketAddr,
+}
+
+fn load(common: &CommonArgs) -> Result<(psl_capsule::SignedMetadata, psl_crypto::AppKey)> {
+    let bytes = std::fs::read(&common.capsule).with_context(|| format!("reading {}", common.capsule.display()))?;
+    let f = CapsuleFile::parse(&bytes).with_context(|| format!("{}", common.capsule.display()))?;
+    let owner = read_owner_key(&common.owner)?;
+    if owner.public() != f.metadata.meta.owner {
+        bail!("{} is not the owner key of capsule {}", common.owner.display(), f.metadata.name());
+    }
+    let app = owner.app(f.metadata.meta.app_index)?;
+    Ok((f.metadata, app))
+}
+
+/// Reads, increments and durably stores the incarnation counter.
+fn next_incarnation(dir: &Path) -> Result<u32> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let p = dir.join("incarnation");
+    let cur: u32 = match std::fs::read_to_string(&p) {
+        Ok(s) => s.trim().parse().with_context(|| format!("{} is not a number", p.display()))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+        Err(e) => return Err(e).with_context(|| format!("reading {}", p.display())),
+    };
+    let next = cur + 1;
+    if next >= 1 << 12 {
+        bail!("{}: this node id has used all 4096 incarnations; give it a new --id", p.display());
+    }
+    crate::util::write_atomic(&p, next.to_string().as_bytes(), 0o644)?;
+    Ok(next)
+}
+
+fn serve(node: Node, control: SocketAddr, what: &str) -> Result<i32> {
+    let listener = std::net::TcpListener::bind(control).with_context(|| format!("binding the control address {control}"))?;
+    let addr = listener.local_addr()?;
+    // Tests and scripts read this line to find the control port.
+    println!("control {addr}");
+    use std::io::Write;
+    std::io::stdout().flush()?;
+    tracing::info!(%addr, "{what} ready; writers {:?}", node.writers());
+    let node = Arc::new(node);
+    let stop = Arc::new(AtomicBool::new(false));
+    psl_node::control::serve(node, listener, stop)?;
+    Ok(0)
+}
+
+fn fabric(router: SocketAddr) -> Result<Arc<dyn psl_fabric::Fabric>> {
+    let ep = psl_fabric::TcpEndpoint::connect(router, psl_fabric::TcpConfig::default())
+        .with_context(|| format!("connecting to router {router}"))?;
+    Ok(Arc::new(ep))
+}
+
+pub fn run_node(a: NodeArgs) -> Result<i32> {
+    let (meta, app) = load(&a.common)?;
+    let incarnation = match &a.state {
+        Some(d) => next_incarnation(d)?,
+        None => {
+            let i = rand::random::<u32>() % (1 << 12);
+            tracing::warn!(incarnation = i, "no --state directory: drew a random incarnation; a restart could collide with an earlier one");
+            i
+        }
+    };
+    let opts = NodeOptions {
+        node_id: a.id,
+        incarnation,
+        writers: a.writers,
+        verifiers: a.verifiers,
+        batch_ops_max: a.batch_ops_max,
+        flush_delay: Duration::from_micros(a.flush_us),
+        ..NodeOptions::default()
+    };
+    let keys = NodeKeys::derive(&meta, &app, &opts)?;
+    let node = Node::start(keys, fabric(a.common.router)?, opts)?;
+    serve(node, a.control, "node")
+}
+
+pub fn run_coordinator(a: CoordinatorArgs) -> Result<i32> {
+    let (meta, app) = load(&a.common)?;
+    let cfg = CoordinatorConfig {
+        epoch_ms: a.common.epoch_ms,
+        eoe_timeout_ms: a.eoe_timeout_ms,
+        takeover_after_epochs: a.takeover_after_epochs,
+        rank: a.rank,
+        ranks: meta.meta.policy.coordinators,
+        missed_eoe_max: 3,
+    };
+    // A coordinator's writer index has no incarnation: after a restart it first learns its own
+    // chain back from its peers (rejoin), so that it never re-uses a seq.
+    let core = psl_scl::NodeConfig { rejoin_ms: (3 * a.common.epoch_ms).max(300), ..psl_scl::NodeConfig::default() };
+    let opts = NodeOptions { node_id: 0x7000 + a.rank as u32, writers: 0, coordinator: Some(cfg), core, ..NodeOptions::default() };
+    let keys = NodeKeys::derive(&meta, &app, &opts)?;
+    let node = Node::start(keys, fabric(a.common.router)?, opts)?;
+    serve(node, a.control, "coordinator")
+}
