@@ -307,6 +307,11 @@ impl Node {
         self.memtable.get(key)
     }
 
+    /// The key's entry with its version `(lamport, writer)`; tombstones included.
+    pub fn entry(&self, key: &[u8]) -> Option<psl_scl::Entry> {
+        self.memtable.entry(key)
+    }
+
     /// Barrier: returns once this node has applied a SYNC that covers every write any live node
     /// had accepted before the call (see `psl_scl::NodeCore::begin_sync`).
     pub fn sync(&self, timeout: Duration) -> Result<(), NodeError> {
