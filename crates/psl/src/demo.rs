@@ -108,6 +108,7 @@ pub fn run(a: DemoArgs) -> Result<i32> {
         store_dir.display(),
         outcome.appended
     );
+    scl_round(&meta, &app)?;
     println!(
         "done in {:.0} ms; try: psl capsule show {} --key {}",
         t0.elapsed().as_secs_f64() * 1e3,
@@ -115,4 +116,51 @@ pub fn run(a: DemoArgs) -> Result<i32> {
         dir.join("owner.key").display()
     );
     Ok(0)
+}
+
+/// Step 6: three nodes and a coordinator in this process share the capsule through SCL.
+fn scl_round(meta: &psl_capsule::SignedMetadata, app: &psl_crypto::AppKey) -> Result<()> {
+    use psl_fabric::{Fabric, FabricConfig, InProcHub};
+    use psl_node::{Node, NodeKeys, NodeOptions};
+    use std::sync::Arc;
+    use std::time::Duration;
+    let t = Instant::now();
+    let hub = InProcHub::new(FabricConfig::default())?;
+    let copts = NodeOptions {
+        node_id: 0x7000,
+        writers: 0,
+        coordinator: Some(psl_scl::CoordinatorConfig { epoch_ms: 20, eoe_timeout_ms: 100, ..Default::default() }),
+        ..NodeOptions::default()
+    };
+    let ep = |name: &str| -> Arc<dyn Fabric> { Arc::new(hub.endpoint(name)) };
+    let _coordinator = Node::start(NodeKeys::derive(meta, app, &copts)?, ep("coordinator"), copts)?;
+    let nodes: Vec<Node> = (1..=3u32)
+        .map(|id| {
+            let o = NodeOptions { node_id: id, writers: 2, ..NodeOptions::default() };
+            Node::start(NodeKeys::derive(meta, app, &o)?, ep(&format!("node{id}")), o)
+        })
+        .collect::<Result<_, _>>()?;
+    for i in 0..3000u32 {
+        let n = &nodes[(i % 3) as usize];
+        n.put(format!("key{}", i % 500).as_bytes(), format!("value {i} via node {}", i % 3 + 1).as_bytes())?;
+    }
+    for n in &nodes {
+        n.sync(Duration::from_secs(30))?;
+    }
+    let digests: Vec<_> = nodes.iter().map(|n| n.digest()).collect();
+    if digests.windows(2).any(|w| w[0] != w[1]) {
+        bail!("SCL demo: memtables differ after sync");
+    }
+    let m = nodes[0].metrics();
+    println!(
+        "6. SCL: 3 nodes put 3000 ops concurrently; after sync() every memtable holds the same {} keys (digest {}), {} records verified and applied by node 1, in {:.0} ms",
+        nodes[0].memtable().len(),
+        digests[0].short(),
+        psl_scl::Metrics::get(&m.records_applied),
+        t.elapsed().as_secs_f64() * 1e3
+    );
+    for n in nodes {
+        n.shutdown();
+    }
+    Ok(())
 }
