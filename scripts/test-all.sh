@@ -22,6 +22,7 @@ log "format and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+scripts/install-memcached-test-deps.sh  # psl-memcached: memcached, memcaslap, pymemcache, pylibmc
 log "workspace tests"
 results=$(mktemp)
 cargo test --workspace --locked 2>&1 | tee "$results"

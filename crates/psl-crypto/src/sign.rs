@@ -33,6 +33,12 @@ impl SigningKey {
         SigningKey { sk }
     }
 
+    /// The raw secret, for handing this key to an attested party over a secure channel
+    /// (the FaaS leader's key delivery). Erased when the returned buffer is dropped.
+    pub fn expose_secret_bytes(&self) -> zeroize::Zeroizing<[u8; 32]> {
+        zeroize::Zeroizing::new(self.sk.to_secret_bytes())
+    }
+
     /// Signs a 32-byte digest (RFC 6979 deterministic nonce, low-s).
     pub fn sign(&self, digest: &Hash256) -> Signature {
         let msg = secp256k1::Message::from_digest(digest.0);

@@ -16,7 +16,10 @@ use std::time::{Duration, Instant};
 /// Control messages for a writer actor, served before ops.
 pub(crate) enum ActorCtl {
     EnterEpoch(Link, u64),
-    WriteEoe { epoch: u64, heads: Vec<Link> },
+    WriteEoe {
+        epoch: u64,
+        heads: Vec<Link>,
+    },
     /// Seal everything queued, then answer with the writer's next seq.
     Flush(Sender<u64>),
     Stop,
@@ -90,7 +93,8 @@ impl Actor {
                     ActorCtl::EnterEpoch(link, epoch) => self.author.enter_epoch(link, epoch),
                     ActorCtl::WriteEoe { epoch, heads } => {
                         self.drain_all();
-                        let body = Body::Control { code: ControlCode::Eoe, payload: psl_scl::node::epoch_payload(epoch) };
+                        let body =
+                            Body::Control { code: ControlCode::Eoe, payload: psl_scl::node::epoch_payload(epoch) };
                         // Control records take their Lamport time from the node's clock too.
                         self.author.observe(self.clock.tick());
                         match self.author.write_control(body.clone(), heads) {

@@ -5,6 +5,8 @@
 //! DEL <key>                -> OK | ERROR <why>
 //! GET <key>                -> VALUE <value> | NOT_FOUND
 //! SYNC [timeout_ms]        -> OK | ERROR <why>
+//! SYNC_DURABLE [timeout_ms] -> OK | ERROR <why>       (every earlier write on f+1 servers' disks)
+//! PUT_DURABLE <key> <value...> -> OK | ERROR <why>    (PUT, then SYNC_DURABLE with 30 s)
 //! DIGEST                   -> DIGEST <hex>            (memtable digest)
 //! DUMP                     -> one line of JSON: {key: [value, lamport, writer]}
 //! STATS                    -> one line of JSON: counters and rejections by reason
@@ -98,10 +100,12 @@ enum Reply {
 
 fn command(node: &Node, line: &[u8]) -> Reply {
     let (cmd, rest) = split(line);
-    let ok = |r: Result<(), crate::NodeError>| Reply::Line(match r {
-        Ok(()) => "OK".into(),
-        Err(e) => format!("ERROR {e}"),
-    });
+    let ok = |r: Result<(), crate::NodeError>| {
+        Reply::Line(match r {
+            Ok(()) => "OK".into(),
+            Err(e) => format!("ERROR {e}"),
+        })
+    };
     match cmd.to_ascii_uppercase().as_slice() {
         b"PUT" => {
             let (k, v) = split(rest);
@@ -118,6 +122,17 @@ fn command(node: &Node, line: &[u8]) -> Reply {
         b"SYNC" => {
             let ms = std::str::from_utf8(rest).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(30_000u64);
             ok(node.sync(Duration::from_millis(ms)))
+        }
+        b"SYNC_DURABLE" => {
+            let ms = std::str::from_utf8(rest).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(30_000u64);
+            ok(node.sync_durable(Duration::from_millis(ms)))
+        }
+        b"PUT_DURABLE" => {
+            let (k, v) = split(rest);
+            if k.is_empty() {
+                return Reply::Line("ERROR usage: PUT_DURABLE <key> <value>".into());
+            }
+            ok(node.put_durable(k, v, Duration::from_secs(30)))
         }
         b"DIGEST" => Reply::Line(format!("DIGEST {}", node.digest())),
         b"DUMP" => {

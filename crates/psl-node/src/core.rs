@@ -9,14 +9,18 @@ use crate::actor::{ActorCtl, ActorQueue};
 use crate::ring::CoreRing;
 use crossbeam_channel::{Receiver, Select, Sender};
 use psl_capsule::{Author, Body, ControlCode, Opened, Record, Verified};
-use psl_scl::{Metrics, Msg, NodeCore, Output, RejectReason, SyncTicket};
+use psl_scl::{DurableStatus, DurableTicket, Metrics, Msg, NodeCore, Output, RejectReason, SyncTicket};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub(crate) enum CoreMsg {
     /// An own record from a writer actor (`body` for non-data records).
-    Local { rec: Record, body: Option<Body>, ops: usize },
+    Local {
+        rec: Record,
+        body: Option<Body>,
+        ops: usize,
+    },
     /// A decoded record from the network, not yet verified.
     Incoming(Record),
     /// A non-record message from the network.
@@ -24,11 +28,25 @@ pub(crate) enum CoreMsg {
     Verified(Box<Verified<Opened>>),
     Rejected(RejectReason),
     /// A `sync()` barrier; abandoned at `deadline` (the caller has given up by then).
-    Sync { next_seqs: BTreeMap<u32, u64>, reply: Sender<()>, deadline: Instant },
+    Sync {
+        next_seqs: BTreeMap<u32, u64>,
+        reply: Sender<()>,
+        deadline: Instant,
+    },
+    /// A `sync_durable()` barrier: answered `Ok` once a quorum of servers acked every own
+    /// record below `next_seqs`, or `Err(status)` at `deadline`.
+    SyncDurable {
+        next_seqs: BTreeMap<u32, u64>,
+        reply: Sender<Result<(), DurableStatus>>,
+        deadline: Instant,
+    },
     /// A RESET: forget all replicated state.
     Reset(Sender<()>),
     Stop,
 }
+
+/// A `sync_durable()` caller: its barrier, where to answer, and when it gives up.
+type DurableWaiter = (DurableTicket, Sender<Result<(), DurableStatus>>, Instant);
 
 pub(crate) struct Core {
     pub core: NodeCore,
@@ -52,6 +70,7 @@ impl Core {
 
     pub fn run(mut self) {
         let mut waiting: Vec<(SyncTicket, Sender<()>, Instant)> = Vec::new();
+        let mut durable: Vec<DurableWaiter> = Vec::new();
         let mut next_tick = Instant::now() + self.tick;
         loop {
             let timeout = next_tick.saturating_duration_since(Instant::now());
@@ -86,6 +105,22 @@ impl Core {
                 let out = self.core.on_tick(now);
                 self.outputs(out);
             }
+            // Durability barriers complete on acks (messages) and time out on their own clock.
+            if !durable.is_empty() {
+                let now_i = Instant::now();
+                durable.retain(|(t, reply, deadline)| {
+                    let st = self.core.durable_status(t);
+                    if st.done() {
+                        let _ = reply.send(Ok(()));
+                    } else if now_i >= *deadline {
+                        let _ = reply.send(Err(st));
+                    } else {
+                        return true;
+                    }
+                    self.core.end_durable(t);
+                    false
+                });
+            }
             let Some(msg) = msg else { continue };
             let now = self.now();
             match msg {
@@ -113,6 +148,10 @@ impl Core {
                 CoreMsg::Sync { next_seqs, reply, deadline } => {
                     let t = self.core.begin_sync(next_seqs);
                     waiting.push((t, reply, deadline));
+                }
+                CoreMsg::SyncDurable { next_seqs, reply, deadline } => {
+                    let t = self.core.begin_durable(next_seqs);
+                    durable.push((t, reply, deadline));
                 }
                 CoreMsg::Reset(reply) => {
                     self.core.reset(now);
@@ -162,7 +201,8 @@ impl Core {
                 }
                 Output::WriteRts { epoch } => {
                     if let Some(c) = &mut self.coordinator {
-                        let body = Body::Control { code: ControlCode::Rts, payload: psl_scl::node::epoch_payload(epoch) };
+                        let body =
+                            Body::Control { code: ControlCode::Rts, payload: psl_scl::node::epoch_payload(epoch) };
                         c.observe(self.core.clock().tick());
                         match c.write_body(body.clone()) {
                             Ok(rec) => {

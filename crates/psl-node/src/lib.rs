@@ -27,9 +27,9 @@ mod actor;
 pub mod control;
 mod core;
 mod host;
-mod ring;
 pub mod node;
 pub mod options;
+mod ring;
 
 pub use node::{Node, NodeError, NodeKeys};
 pub use options::NodeOptions;

@@ -29,6 +29,10 @@ pub enum NodeError {
     ReadOnly,
     #[error("sync() did not complete within {0:?}: no SYNC covering this node's writes was applied (is a coordinator running and reachable?)")]
     SyncTimeout(Duration),
+    #[error("no capsule servers are configured (NodeConfig::servers is 0): nothing can be made durable")]
+    NoServers,
+    #[error("sync_durable() did not complete within {timeout:?}: only {acked_by} of the {servers} capsule servers acked every earlier write of this node; {quorum} must (are the servers running and reachable?)")]
+    DurableTimeout { timeout: Duration, acked_by: usize, quorum: usize, servers: u32 },
     #[error("the node is shutting down")]
     Stopped,
     #[error("keys: {0}")]
@@ -52,17 +56,20 @@ impl NodeKeys {
     pub fn derive(meta: &SignedMetadata, app: &AppKey, opts: &NodeOptions) -> Result<NodeKeys, NodeError> {
         let mut writers = Vec::new();
         for a in 0..opts.writers as u32 {
-            let w = psl_scl::writer_index(opts.node_id, opts.incarnation, a)
-                .ok_or_else(|| NodeError::Keys(format!("node id {} / incarnation {} / writer {a} out of range", opts.node_id, opts.incarnation)))?;
+            let w = psl_scl::writer_index(opts.node_id, opts.incarnation, a).ok_or_else(|| {
+                NodeError::Keys(format!(
+                    "node id {} / incarnation {} / writer {a} out of range",
+                    opts.node_id, opts.incarnation
+                ))
+            })?;
             writers.push((w, app.writer(w).map_err(|e| NodeError::Keys(e.to_string()))?));
         }
         let coordinator = match &opts.coordinator {
             Some(c) => {
-                let w = meta
-                    .meta
-                    .policy
-                    .coordinator_at(c.rank)
-                    .ok_or_else(|| NodeError::Keys(format!("the capsule allows no coordinator of rank {}", c.rank)))?;
+                let w =
+                    meta.meta.policy.coordinator_at(c.rank).ok_or_else(|| {
+                        NodeError::Keys(format!("the capsule allows no coordinator of rank {}", c.rank))
+                    })?;
                 Some((w, app.writer(w).map_err(|e| NodeError::Keys(e.to_string()))?))
             }
             None => None,
@@ -83,6 +90,7 @@ pub struct Node {
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
     put_timeout: Duration,
+    servers: u32,
 }
 
 impl std::fmt::Debug for Node {
@@ -114,7 +122,8 @@ impl Node {
         for (w, key) in keys.writers {
             let q = Arc::new(ActorQueue::new(w, opts.queue_ops_max.max(opts.batch_ops_max)));
             let (ctl_tx, ctl_rx) = bounded(1024);
-            let author = Author::with_keys(&keys.meta, key, keys.data_key.clone(), w).map_err(|e| NodeError::Keys(e.to_string()))?;
+            let author = Author::with_keys(&keys.meta, key, keys.data_key.clone(), w)
+                .map_err(|e| NodeError::Keys(e.to_string()))?;
             let actor = Actor {
                 queue: q.clone(),
                 author,
@@ -152,7 +161,7 @@ impl Node {
         drop(results_tx);
 
         // Boundary and host.
-        let (core_ring, mut inbound, host_out, host_in) = crate::ring::split(opts.ring_items);
+        let (core_ring, mut inbound, host_out, host_in) = crate::ring::split(opts.ring_items, opts.ring_backoff);
         threads.extend(crate::host::spawn(fabric, host_out, host_in, stop.clone(), host_stats.clone())?);
 
         // Dispatcher: inbound ring -> decoded messages for the core.
@@ -187,7 +196,8 @@ impl Node {
         // Core.
         let coordinator = match (&opts.coordinator, keys.coordinator) {
             (Some(cfg), Some((w, key))) => {
-                let author = Author::with_keys(&keys.meta, key, keys.data_key.clone(), w).map_err(|e| NodeError::Keys(e.to_string()))?;
+                let author = Author::with_keys(&keys.meta, key, keys.data_key.clone(), w)
+                    .map_err(|e| NodeError::Keys(e.to_string()))?;
                 Some((w, *cfg, author))
             }
             _ => None,
@@ -230,6 +240,7 @@ impl Node {
             stop,
             threads,
             put_timeout: opts.put_timeout,
+            servers: opts.core.servers,
         })
     }
 
@@ -316,19 +327,68 @@ impl Node {
     /// had accepted before the call (see `psl_scl::NodeCore::begin_sync`).
     pub fn sync(&self, timeout: Duration) -> Result<(), NodeError> {
         let deadline = Instant::now() + timeout;
-        let mut next_seqs = std::collections::BTreeMap::new();
-        for (q, tx) in &self.actors {
-            let (rtx, rrx) = bounded(1);
-            tx.send(ActorCtl::Flush(rtx)).map_err(|_| NodeError::Stopped)?;
-            q.poke();
-            let next = rrx.recv_deadline(deadline).map_err(|_| NodeError::SyncTimeout(timeout))?;
-            next_seqs.insert(q.writer, next);
-        }
+        let next_seqs = self.flush_writers(deadline, timeout)?;
         let (rtx, rrx) = bounded(1);
         self.api
             .send_deadline(CoreMsg::Sync { next_seqs, reply: rtx, deadline }, deadline)
             .map_err(|_| NodeError::SyncTimeout(timeout))?;
         rrx.recv_deadline(deadline).map_err(|_| NodeError::SyncTimeout(timeout))
+    }
+
+    /// Seals every op queued so far; returns each writer's next seq.
+    fn flush_writers(
+        &self,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<std::collections::BTreeMap<u32, u64>, NodeError> {
+        let mut next_seqs = std::collections::BTreeMap::new();
+        for (q, tx) in &self.actors {
+            let (rtx, rrx) = bounded(1);
+            tx.send_deadline(ActorCtl::Flush(rtx), deadline).map_err(|_| NodeError::SyncTimeout(timeout))?;
+            q.poke();
+            let next = rrx.recv_deadline(deadline).map_err(|_| NodeError::SyncTimeout(timeout))?;
+            next_seqs.insert(q.writer, next);
+        }
+        Ok(next_seqs)
+    }
+
+    /// Durability barrier: returns once every write this node accepted before the call is
+    /// stored, fsync'd, by a majority of the capsule servers (f + 1 of 2f + 1), as their signed
+    /// acks say. On timeout the error says how many servers acked. Writes stay asynchronous;
+    /// call this when durability matters (see `docs/protocol/durability.md`).
+    pub fn sync_durable(&self, timeout: Duration) -> Result<(), NodeError> {
+        if self.servers == 0 {
+            return Err(NodeError::NoServers);
+        }
+        let deadline = Instant::now() + timeout;
+        let next_seqs = self.flush_writers(deadline, timeout)?;
+        let (rtx, rrx) = bounded(1);
+        self.api
+            .send_deadline(CoreMsg::SyncDurable { next_seqs, reply: rtx, deadline }, deadline)
+            .map_err(|_| NodeError::SyncTimeout(timeout))?;
+        // The core answers at the deadline at the latest (with what it knows); allow it a moment.
+        match rrx.recv_deadline(deadline + Duration::from_secs(2)) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(st)) => Err(NodeError::DurableTimeout {
+                timeout,
+                acked_by: st.acked_by,
+                quorum: st.quorum,
+                servers: st.servers,
+            }),
+            Err(_) => Err(NodeError::Stopped),
+        }
+    }
+
+    /// `put`, then [`Node::sync_durable`]: returns once this write (and every earlier one of
+    /// the node) is on a majority of the servers' disks.
+    pub fn put_durable(&self, key: &[u8], value: &[u8], timeout: Duration) -> Result<(), NodeError> {
+        self.put(key, value)?;
+        self.sync_durable(timeout)
+    }
+
+    /// How many capsule servers the node counts acks from (0: durability off).
+    pub fn servers(&self) -> u32 {
+        self.servers
     }
 
     /// RESET: wipes the memtable and the replicated state (the keys go with the node).

@@ -23,6 +23,10 @@ pub struct NodeOptions {
     pub put_timeout: Duration,
     /// Items in each boundary ring.
     pub ring_items: usize,
+    /// How ring waiters spin, yield and sleep. The default spins ~20-40 µs before sleeping,
+    /// right for a node with cores of its own; many nodes sharing a few cores (the embedded
+    /// deployment, benchmarks) should use [`NodeOptions::shared_cores`].
+    pub ring_backoff: psl_boundary::BackoffPolicy,
     /// Messages between the dispatcher, the core and the verify actors.
     pub channel_msgs_max: usize,
     /// The core's tick (repair timers, coordinator clock).
@@ -30,6 +34,20 @@ pub struct NodeOptions {
     pub core: NodeConfig,
     /// Run a coordinator of this rank and configuration in this node.
     pub coordinator: Option<CoordinatorConfig>,
+}
+
+impl NodeOptions {
+    /// Options for a node that shares its cores with many others (several nodes in one
+    /// process): ring waiters barely spin, so idle nodes leave the CPU to busy ones.
+    pub fn shared_cores(mut self) -> NodeOptions {
+        self.ring_backoff = psl_boundary::BackoffPolicy {
+            spin_polls: 32,
+            yield_polls: 8,
+            min_sleep: Duration::from_micros(20),
+            max_sleep: Duration::from_micros(500),
+        };
+        self
+    }
 }
 
 impl Default for NodeOptions {
@@ -44,6 +62,7 @@ impl Default for NodeOptions {
             queue_ops_max: 65_536,
             put_timeout: Duration::from_secs(10),
             ring_items: 4096,
+            ring_backoff: psl_boundary::BackoffPolicy::default(),
             channel_msgs_max: 4096,
             tick: Duration::from_millis(10),
             core: NodeConfig::default(),

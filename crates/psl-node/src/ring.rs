@@ -58,7 +58,7 @@ impl HostIn {
     }
 }
 
-pub(crate) fn split(items: usize) -> (CoreRing, InboundRing, HostOut, HostIn) {
-    let (core, host) = psl_boundary::Boundary::new(items.max(2));
+pub(crate) fn split(items: usize, backoff: psl_boundary::BackoffPolicy) -> (CoreRing, InboundRing, HostOut, HostIn) {
+    let (core, host) = psl_boundary::Boundary::with_backoff(items.max(2), backoff, backoff);
     (CoreRing(core.outbound), InboundRing(core.inbound), HostOut(host.outbound), HostIn(host.inbound))
 }

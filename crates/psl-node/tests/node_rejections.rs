@@ -35,7 +35,8 @@ fn bad_records_are_refused_and_counted_by_reason() {
     let victim = Node::start(NodeKeys::derive(&meta, &app, &opts).unwrap(), Arc::new(hub.endpoint("v")), opts).unwrap();
     let attacker = hub.endpoint("attacker");
     let name = meta.name();
-    let send = |r: &Record| attacker.publish(Msg::Record { capsule: name, bytes: r.shared_bytes() }.encode().into()).unwrap();
+    let send =
+        |r: &Record| attacker.publish(Msg::Record { capsule: name, bytes: r.shared_bytes() }.encode().into()).unwrap();
     let m = victim.metrics().clone();
 
     // An honest record from a third writer (a compromised key would look the same), applied.
@@ -84,7 +85,9 @@ fn bad_records_are_refused_and_counted_by_reason() {
     // 5. Another capsule's record.
     let other_meta = new_capsule(&owner, 9, "another", 0, Limits::default()).unwrap();
     let foreign = Author::new(&other_meta, &app, 500).unwrap().write_ops([("honest", Some("foreign"))]).unwrap();
-    attacker.publish(Msg::Record { capsule: other_meta.name(), bytes: foreign.shared_bytes() }.encode().into()).unwrap();
+    attacker
+        .publish(Msg::Record { capsule: other_meta.name(), bytes: foreign.shared_bytes() }.encode().into())
+        .unwrap();
     wait_until("the foreign record to be refused", || m.rejected(RejectReason::Capsule) >= 1);
 
     // 6. Garbage.

@@ -10,7 +10,7 @@ use crate::coordinator::{CoordinatorAction, CoordinatorSm};
 use crate::memtable::{Memtable, Version};
 use crate::metrics::{Metrics, RejectReason};
 use crate::orderer::{Orderer, OrdererAction, OrdererConfig};
-use crate::wire::Msg;
+use crate::wire::{Ack, Msg};
 use crate::LamportClock;
 use psl_capsule::{Action, Body, ControlCode, Kind, Link, Opened, Record, Verified, Verifier};
 use psl_crypto::Hash256;
@@ -33,6 +33,10 @@ pub struct NodeConfig {
     /// peers for that writer's chain before writing again (0: write at once). See
     /// [`Output::Resume`].
     pub rejoin_ms: u64,
+    /// Capsule servers `n` (ids `0 .. n`; 0: none). A write is durable once a majority,
+    /// `n / 2 + 1` (f + 1 for n = 2f + 1), of them has acked it. See
+    /// `docs/protocol/durability.md`.
+    pub servers: u32,
 }
 
 impl Default for NodeConfig {
@@ -44,6 +48,7 @@ impl Default for NodeConfig {
             heads_interval_ms: 250,
             hint_requests_per_tick: 64,
             rejoin_ms: 0,
+            servers: 0,
         }
     }
 }
@@ -106,6 +111,27 @@ struct SyncWait {
     done: bool,
 }
 
+/// A pending `sync_durable()`: see [`NodeCore::begin_durable`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DurableTicket {
+    id: u64,
+}
+
+/// How far a durability barrier got: for the own writer that is least acked, how many
+/// distinct servers have acked everything it needs, and how many must.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DurableStatus {
+    pub acked_by: usize,
+    pub quorum: usize,
+    pub servers: u32,
+}
+
+impl DurableStatus {
+    pub fn done(&self) -> bool {
+        self.acked_by >= self.quorum
+    }
+}
+
 /// Records kept for repair answers, by (writer, seq).
 #[derive(Debug, Default)]
 struct Cache {
@@ -154,6 +180,10 @@ pub struct NodeCore {
     started_at: Option<u64>,
     rejoined: bool,
     last_probe: Option<u64>,
+    /// Per server id, per own writer: the server's durable next seq (everything below is acked).
+    acked: BTreeMap<u32, BTreeMap<u32, u64>>,
+    /// Durability barriers: own writers' next seqs that must be acked by a quorum.
+    durables: BTreeMap<u64, BTreeMap<u32, u64>>,
 }
 
 impl std::fmt::Debug for NodeCore {
@@ -195,6 +225,8 @@ impl NodeCore {
             started_at: None,
             rejoined: false,
             last_probe: None,
+            acked: BTreeMap::new(),
+            durables: BTreeMap::new(),
             cfg,
         }
     }
@@ -320,9 +352,98 @@ impl NodeCore {
                     self.hinted.pop_last();
                 }
             }
-            Msg::Repair { .. } | Msg::Heads { .. } => self.metrics.reject(RejectReason::Capsule),
+            Msg::Ack(a) if a.capsule == self.verifier.name() => self.on_ack(a),
+            Msg::Repair { .. } | Msg::Heads { .. } | Msg::Ack(_) => self.metrics.reject(RejectReason::Capsule),
             Msg::Record { .. } => {}
         }
+    }
+
+    /// A capsule server's ack. Only entries for this node's own writers matter; the signature is
+    /// checked only if one of them would advance what that server is known to hold (so repeated
+    /// and foreign acks cost no signature check). An entry counts only if its hash is the own
+    /// chain's record at that seq.
+    pub fn on_ack(&mut self, a: Ack) {
+        let n = self.cfg.servers;
+        let Some(id) = crate::server_id(a.server).filter(|id| *id < n) else {
+            self.metrics.reject(RejectReason::Writer);
+            return;
+        };
+        let known = self.acked.get(&id);
+        let useful = a.entries.iter().any(|e| {
+            self.local.contains(&e.writer) && known.and_then(|m| m.get(&e.writer)).is_none_or(|next| e.to_seq >= *next)
+        });
+        if !useful {
+            return;
+        }
+        match self.verifier.writer_key(a.server) {
+            Ok(k) if a.verify(&k) => {}
+            _ => {
+                tracing::debug!(server = id, "ack with a bad signature");
+                self.metrics.reject(RejectReason::Signature);
+                return;
+            }
+        }
+        let m = self.acked.entry(id).or_default();
+        for e in a.entries.iter().filter(|e| self.local.contains(&e.writer)) {
+            if self.orderer.applied_hash(e.writer, e.to_seq) != Some(e.hash) {
+                tracing::warn!(
+                    server = id,
+                    writer = e.writer,
+                    seq = e.to_seq,
+                    "server acked a record this node did not write"
+                );
+                continue;
+            }
+            let next = m.entry(e.writer).or_insert(0);
+            *next = (*next).max(e.to_seq + 1);
+        }
+    }
+
+    /// Majority of the configured servers.
+    pub fn quorum(&self) -> usize {
+        self.cfg.servers as usize / 2 + 1
+    }
+
+    /// How many servers have acked own writer `writer` up to (excluding) `next`.
+    fn acked_by(&self, writer: u32, next: u64) -> usize {
+        self.acked.values().filter(|m| m.get(&writer).is_some_and(|s| *s >= next)).count()
+    }
+
+    /// Own writer `writer`'s durable next seq: every record below it is acked by a quorum.
+    pub fn durable_next(&self, writer: u32) -> u64 {
+        let mut v: Vec<u64> = self.acked.values().map(|m| m.get(&writer).copied().unwrap_or(0)).collect();
+        v.sort_unstable_by(|a, b| b.cmp(a));
+        v.get(self.quorum() - 1).copied().unwrap_or(0)
+    }
+
+    /// Starts a durability barrier: done once, for every own writer, the records below
+    /// `next_seqs[writer]` are acked by a quorum of servers (acks come only after their fsync).
+    pub fn begin_durable(&mut self, next_seqs: BTreeMap<u32, u64>) -> DurableTicket {
+        let id = self.next_ticket;
+        self.next_ticket += 1;
+        self.durables.insert(id, next_seqs);
+        DurableTicket { id }
+    }
+
+    /// Where a durability barrier stands (a forgotten one counts as done).
+    pub fn durable_status(&self, t: &DurableTicket) -> DurableStatus {
+        let quorum = self.quorum();
+        let servers = self.cfg.servers;
+        let Some(need) = self.durables.get(&t.id) else {
+            return DurableStatus { acked_by: quorum, quorum, servers };
+        };
+        let acked_by = need
+            .iter()
+            .filter(|(_, next)| **next > 0)
+            .map(|(w, next)| self.acked_by(*w, *next))
+            .min()
+            .unwrap_or(servers as usize);
+        DurableStatus { acked_by, quorum, servers }
+    }
+
+    /// Forgets a durability barrier (done, or its caller gave up).
+    pub fn end_durable(&mut self, t: &DurableTicket) {
+        self.durables.remove(&t.id);
     }
 
     pub fn clock(&self) -> &Arc<LamportClock> {
@@ -613,6 +734,7 @@ impl NodeCore {
         self.syncs.clear();
         self.last_sync = None;
         self.hinted.clear();
+        self.durables.clear();
         if let Some(c) = &mut self.coordinator {
             c.reset(now);
         }

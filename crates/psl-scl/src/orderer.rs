@@ -39,14 +39,32 @@ impl Default for OrdererConfig {
     }
 }
 
-#[derive(Debug, Default)]
-struct WriterState {
+/// What the orderer holds and hands back: a verified record, opened (a node, which holds the
+/// data key) or not (a capsule server, which verifies signatures only).
+pub trait Chained {
+    fn record(&self) -> &Record;
+}
+
+impl Chained for Verified<Opened> {
+    fn record(&self) -> &Record {
+        &self.record
+    }
+}
+
+impl Chained for Verified<Record> {
+    fn record(&self) -> &Record {
+        self
+    }
+}
+
+#[derive(Debug)]
+struct WriterState<T> {
     next_seq: u64,
     head: Hash256,
     last_epoch: u64,
     /// Hash of every applied seq. 32 bytes a record; see `docs/protocol/scl.md` on bounds.
     chain: Vec<Hash256>,
-    held: BTreeMap<u64, Verified<Opened>>,
+    held: BTreeMap<u64, T>,
     /// Exclusive: seqs below it are known to exist.
     target: u64,
     /// Hashes a SYNC named for seqs not applied yet.
@@ -58,14 +76,33 @@ struct WriterState {
     withholding_reported: bool,
 }
 
+impl<T> Default for WriterState<T> {
+    fn default() -> Self {
+        WriterState {
+            next_seq: 0,
+            head: Hash256::ZERO,
+            last_epoch: 0,
+            chain: Vec::new(),
+            held: BTreeMap::new(),
+            target: 0,
+            expected: BTreeMap::new(),
+            gap_since: None,
+            last_request: None,
+            last_hint_request: None,
+            last_progress: 0,
+            withholding_reported: false,
+        }
+    }
+}
+
 /// Evidence of equivocation: (writer, seq, hash already held, hash offered).
 pub type Conflict = (u32, u64, Hash256, Hash256);
 
 /// What happened to one verified record.
 #[derive(Debug)]
-pub struct Delivery {
+pub struct Delivery<T = Verified<Opened>> {
     /// Records now ready, in order (the one given and any held ones it unblocked).
-    pub ready: Vec<Verified<Opened>>,
+    pub ready: Vec<T>,
     /// Set when the record was not applied (and not held).
     pub rejected: Option<RejectReason>,
     /// Set when the record is being held for a predecessor.
@@ -84,16 +121,22 @@ pub enum OrdererAction {
     Withholding { writer: u32, from_seq: u64, to_seq: u64 },
 }
 
-#[derive(Debug, Default)]
-pub struct Orderer {
+#[derive(Debug)]
+pub struct Orderer<T = Verified<Opened>> {
     cfg: OrdererConfig,
-    writers: BTreeMap<u32, WriterState>,
+    writers: BTreeMap<u32, WriterState<T>>,
     held_total: usize,
     current_epoch: u64,
 }
 
-impl Orderer {
-    pub fn new(cfg: OrdererConfig) -> Orderer {
+impl<T> Default for Orderer<T> {
+    fn default() -> Self {
+        Orderer { cfg: OrdererConfig::default(), writers: BTreeMap::new(), held_total: 0, current_epoch: 0 }
+    }
+}
+
+impl<T: Chained> Orderer<T> {
+    pub fn new(cfg: OrdererConfig) -> Orderer<T> {
         Orderer { cfg, ..Default::default() }
     }
 
@@ -153,20 +196,21 @@ impl Orderer {
         if h.seq < st.next_seq && st.chain.get(h.seq as usize) == Some(&hash) {
             return Some(if h.epoch < self.current_epoch { RejectReason::StaleEpoch } else { RejectReason::Duplicate });
         }
-        if st.held.get(&h.seq).is_some_and(|x| x.record.hash() == hash) {
+        if st.held.get(&h.seq).is_some_and(|x| x.record().hash() == hash) {
             return Some(RejectReason::Duplicate);
         }
         None
     }
 
     /// Takes a verified record. Returns the records it makes ready, in order.
-    pub fn deliver(&mut self, rec: Verified<Opened>, now: u64) -> Delivery {
-        let h = rec.record.header();
-        let (writer, seq, hash) = (h.writer, h.seq, rec.record.hash());
+    pub fn deliver(&mut self, rec: T, now: u64) -> Delivery<T> {
+        let h = rec.record().header();
+        let (writer, seq, hash) = (h.writer, h.seq, rec.record().hash());
         let epoch = h.epoch;
         let current_epoch = self.current_epoch;
         let st = self.writers.entry(writer).or_insert_with(|| WriterState { last_progress: now, ..Default::default() });
-        let mut out = Delivery { ready: Vec::new(), rejected: None, held: false, conflicts: Vec::new(), dropped: Vec::new() };
+        let mut out =
+            Delivery { ready: Vec::new(), rejected: None, held: false, conflicts: Vec::new(), dropped: Vec::new() };
         if seq < st.next_seq {
             let applied = st.chain[seq as usize];
             if applied == hash {
@@ -184,10 +228,10 @@ impl Orderer {
                 st.gap_since = Some(now);
             }
             match st.held.get(&seq) {
-                Some(x) if x.record.hash() == hash => out.rejected = Some(RejectReason::Duplicate),
+                Some(x) if x.record().hash() == hash => out.rejected = Some(RejectReason::Duplicate),
                 Some(x) => {
                     out.rejected = Some(RejectReason::Equivocation);
-                    out.conflicts.push((writer, seq, x.record.hash(), hash));
+                    out.conflicts.push((writer, seq, x.record().hash(), hash));
                 }
                 None if self.held_total >= self.cfg.held_records_max => out.rejected = Some(RejectReason::HoldFull),
                 None => {
@@ -231,19 +275,15 @@ impl Orderer {
         out
     }
 
-    fn accept(
-        st: &mut WriterState,
-        r: &Verified<Opened>,
-        now: u64,
-    ) -> Result<Option<Conflict>, (RejectReason, Option<Conflict>)> {
-        let h = r.record.header();
+    fn accept(st: &mut WriterState<T>, r: &T, now: u64) -> Result<Option<Conflict>, (RejectReason, Option<Conflict>)> {
+        let h = r.record().header();
         if h.seq > 0 && h.prev != st.head {
             return Err((RejectReason::Equivocation, Some((h.writer, h.seq - 1, st.head, h.prev))));
         }
         if h.epoch < st.last_epoch {
             return Err((RejectReason::EpochRegression, None));
         }
-        let hash = r.record.hash();
+        let hash = r.record().hash();
         let conflict = st.expected.remove(&h.seq).filter(|e| *e != hash).map(|e| (h.writer, h.seq, e, hash));
         st.chain.push(hash);
         st.head = hash;
@@ -255,6 +295,29 @@ impl Orderer {
         // Applied (it links to what came before), but a SYNC or EOE named another record here:
         // the writer equivocated. The caller reports the evidence.
         Ok(conflict)
+    }
+
+    /// Adopts a chain known to be sound (a capsule server's durable store, re-verified on open):
+    /// `hashes` are writer `writer`'s records from seq 0, in order, `last_epoch` the newest's
+    /// epoch. Only for a writer the orderer does not know yet; returns `false` otherwise.
+    pub fn adopt(&mut self, writer: u32, hashes: &[Hash256], last_epoch: u64, now: u64) -> bool {
+        if self.writers.contains_key(&writer) || hashes.is_empty() {
+            return false;
+        }
+        let n = hashes.len() as u64;
+        self.writers.insert(
+            writer,
+            WriterState {
+                next_seq: n,
+                head: hashes[hashes.len() - 1],
+                last_epoch,
+                chain: hashes.to_vec(),
+                target: n,
+                last_progress: now,
+                ..Default::default()
+            },
+        );
+        true
     }
 
     /// Records one of this node's own records (sealed here, so trusted): advances the chain

@@ -7,7 +7,16 @@
 //!   type 1, record:          the record's bytes
 //!   type 2, repair request:  u32 writer | u64 from_seq | u64 to_seq (inclusive)
 //!   type 3, heads hint:      u16 n | n × (u32 writer | u64 seq)     (n <= HEADS_MAX)
+//!   type 4, ack:             u32 server | u16 n | n × (u32 writer | u64 from_seq | u64 to_seq
+//!                            | [32] hash of to_seq) | [64] signature    (1 <= n <= ACK_ENTRIES_MAX)
 //! ```
+//!
+//! An ack is a capsule server's signed statement "writer `writer`'s chain up to `to_seq`, whose
+//! record `to_seq` has this hash, is on my disk, fsync'd" (`from_seq` only says which part the
+//! fsync just covered). `server` is the writer index of the server's signing key (see
+//! [`crate::server_writer`]); the signature is ECDSA secp256k1 over [`ack_digest`], which
+//! covers every byte of the message before the signature, behind a domain tag, so that it can
+//! never be mistaken for a record signature. See `docs/protocol/durability.md`.
 //!
 //! A heads hint says "I have applied these writers up to these seqs". It is unauthenticated,
 //! so it never creates a gap (no withholding report can follow from it): it only makes the
@@ -15,13 +24,19 @@
 //! divergence: a record of a writer that crashed, which only some nodes received.
 
 use psl_capsule::CapsuleName;
-use psl_crypto::Hash256;
+use psl_crypto::{sha256, Hash256, Signature, SigningKey, VerifyingKey};
 use std::sync::Arc;
 
 pub const WIRE_VERSION: u8 = 1;
 const TYPE_RECORD: u8 = 1;
 const TYPE_REPAIR: u8 = 2;
 const TYPE_HEADS: u8 = 3;
+const TYPE_ACK: u8 = 4;
+/// Most entries in one ack.
+pub const ACK_ENTRIES_MAX: usize = 1024;
+const ACK_ENTRY_LEN: usize = 4 + 8 + 8 + 32;
+/// Domain separation of ack signatures from record signatures.
+const ACK_DOMAIN: &[u8] = b"psl-ack-v1";
 /// Most entries in one heads hint.
 pub const HEADS_MAX: usize = 4096;
 const PREFIX_LEN: usize = 2 + 32;
@@ -34,6 +49,65 @@ pub enum Msg {
     Repair { capsule: CapsuleName, writer: u32, from_seq: u64, to_seq: u64 },
     /// Hint: the sender has applied each `(writer, seq)` listed.
     Heads { capsule: CapsuleName, heads: Vec<(u32, u64)> },
+    /// A capsule server's signed durability ack (see the module documentation).
+    Ack(Ack),
+}
+
+/// One acked range: writer `writer`'s records `from_seq ..= to_seq` are durable at the server,
+/// and so is every earlier record of that writer (servers store chains in order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AckEntry {
+    pub writer: u32,
+    pub from_seq: u64,
+    pub to_seq: u64,
+    /// Hash of record `to_seq`: the ack names the exact chain it covers.
+    pub hash: Hash256,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ack {
+    pub capsule: CapsuleName,
+    /// The server's writer index (its key's BIP32 child index).
+    pub server: u32,
+    pub entries: Vec<AckEntry>,
+    pub signature: Signature,
+}
+
+/// What an ack's signature covers: SHA-256 over a domain tag, then the message bytes from the
+/// version byte up to (not including) the signature.
+pub fn ack_digest(capsule: &CapsuleName, server: u32, entries: &[AckEntry]) -> Hash256 {
+    let body = ack_body(capsule, server, entries);
+    sha256(&[ACK_DOMAIN, &body])
+}
+
+fn ack_body(capsule: &CapsuleName, server: u32, entries: &[AckEntry]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(PREFIX_LEN + 6 + entries.len() * ACK_ENTRY_LEN + 64);
+    b.push(WIRE_VERSION);
+    b.push(TYPE_ACK);
+    b.extend_from_slice(&capsule.0 .0);
+    b.extend_from_slice(&server.to_le_bytes());
+    b.extend_from_slice(&(entries.len() as u16).to_le_bytes());
+    for e in entries {
+        b.extend_from_slice(&e.writer.to_le_bytes());
+        b.extend_from_slice(&e.from_seq.to_le_bytes());
+        b.extend_from_slice(&e.to_seq.to_le_bytes());
+        b.extend_from_slice(&e.hash.0);
+    }
+    b
+}
+
+impl Ack {
+    /// Signs `entries` (at most [`ACK_ENTRIES_MAX`], at least one) as server `server`.
+    pub fn sign(capsule: CapsuleName, server: u32, entries: Vec<AckEntry>, key: &SigningKey) -> Ack {
+        assert!(!entries.is_empty() && entries.len() <= ACK_ENTRIES_MAX, "callers split acks");
+        let signature = key.sign(&ack_digest(&capsule, server, &entries));
+        Ack { capsule, server, entries, signature }
+    }
+
+    /// Checks the signature against the server's public key.
+    pub fn verify(&self, key: &VerifyingKey) -> bool {
+        key.verify(&ack_digest(&self.capsule, self.server, &self.entries), &self.signature).is_ok()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -50,12 +124,15 @@ pub enum WireError {
     RepairRange { from: u64, to: u64 },
     #[error("heads hint: {0}")]
     Heads(&'static str),
+    #[error("ack: {0}")]
+    Ack(&'static str),
 }
 
 impl Msg {
     pub fn capsule(&self) -> CapsuleName {
         match self {
             Msg::Record { capsule, .. } | Msg::Repair { capsule, .. } | Msg::Heads { capsule, .. } => *capsule,
+            Msg::Ack(a) => a.capsule,
         }
     }
 
@@ -85,6 +162,10 @@ impl Msg {
                     b.extend_from_slice(&w.to_le_bytes());
                     b.extend_from_slice(&s.to_le_bytes());
                 }
+            }
+            Msg::Ack(a) => {
+                b = ack_body(&a.capsule, a.server, &a.entries);
+                b.extend_from_slice(&a.signature.0);
             }
         }
         b
@@ -139,6 +220,34 @@ impl Msg {
                     .collect();
                 Ok(Msg::Heads { capsule, heads })
             }
+            TYPE_ACK => {
+                if p.len() < 6 + 64 {
+                    return Err(WireError::Ack("too short"));
+                }
+                let server = u32::from_le_bytes(p[0..4].try_into().expect("4 bytes"));
+                let n = u16::from_le_bytes([p[4], p[5]]) as usize;
+                if n == 0 || n > ACK_ENTRIES_MAX {
+                    return Err(WireError::Ack("entry count out of range"));
+                }
+                if p.len() != 6 + ACK_ENTRY_LEN * n + 64 {
+                    return Err(WireError::Ack("length does not match the count"));
+                }
+                let mut entries = Vec::with_capacity(n);
+                for c in p[6..6 + ACK_ENTRY_LEN * n].chunks_exact(ACK_ENTRY_LEN) {
+                    let writer = u32::from_le_bytes(c[0..4].try_into().expect("4 bytes"));
+                    let from_seq = u64::from_le_bytes(c[4..12].try_into().expect("8 bytes"));
+                    let to_seq = u64::from_le_bytes(c[12..20].try_into().expect("8 bytes"));
+                    if to_seq < from_seq {
+                        return Err(WireError::Ack("empty range"));
+                    }
+                    let mut hash = [0u8; 32];
+                    hash.copy_from_slice(&c[20..52]);
+                    entries.push(AckEntry { writer, from_seq, to_seq, hash: Hash256(hash) });
+                }
+                let mut sig = [0u8; 64];
+                sig.copy_from_slice(&p[p.len() - 64..]);
+                Ok(Msg::Ack(Ack { capsule, server, entries, signature: Signature(sig) }))
+            }
             t => Err(WireError::Type(t)),
         }
     }
@@ -149,6 +258,31 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    #[test]
+    fn ack_signature_covers_every_field() {
+        let owner = psl_crypto::OwnerKey::generate();
+        let app = owner.app(1).unwrap();
+        let w = crate::server_writer(2).unwrap();
+        let key = app.writer(w).unwrap();
+        let capsule = CapsuleName(Hash256([7; 32]));
+        let e = AckEntry { writer: 0x10000, from_seq: 3, to_seq: 9, hash: Hash256([1; 32]) };
+        let ack = Ack::sign(capsule, w, vec![e], &key);
+        let pk = app.public().writer(w).unwrap();
+        assert!(ack.verify(&pk));
+        let Msg::Ack(back) = Msg::decode(&Msg::Ack(ack.clone()).encode()).unwrap() else { panic!("an ack") };
+        assert!(back.verify(&pk));
+        for m in [
+            Ack { server: w + 1, ..ack.clone() },
+            Ack { capsule: CapsuleName(Hash256([8; 32])), ..ack.clone() },
+            Ack { entries: vec![AckEntry { to_seq: 10, ..e }], ..ack.clone() },
+            Ack { entries: vec![AckEntry { hash: Hash256([2; 32]), ..e }], ..ack.clone() },
+        ] {
+            assert!(!m.verify(&pk));
+        }
+        // Another server's key does not verify it.
+        assert!(!ack.verify(&app.public().writer(w + 1).unwrap()));
+    }
+
     proptest! {
         #[test]
         fn round_trip(name in any::<[u8; 32]>(), bytes in proptest::collection::vec(any::<u8>(), 0..300), w in any::<u32>(), a in any::<u64>(), n in 0u64..1000) {
@@ -156,6 +290,24 @@ mod tests {
             let heads: Vec<(u32, u64)> = bytes.iter().map(|b| ((*b as u32).wrapping_mul(w), a ^ *b as u64)).collect();
             for m in [Msg::Record { capsule, bytes: bytes.clone().into() }, Msg::Repair { capsule, writer: w, from_seq: a / 2, to_seq: a / 2 + n }, Msg::Heads { capsule, heads }] {
                 prop_assert_eq!(Msg::decode(&m.encode()), Ok(m));
+            }
+        }
+
+        #[test]
+        fn ack_round_trip(name in any::<[u8; 32]>(), server in any::<u32>(), raw in proptest::collection::vec((any::<u32>(), any::<u64>(), 0u64..1000, any::<[u8; 32]>()), 1..40), sig in proptest::collection::vec(any::<u8>(), 64)) {
+            let capsule = CapsuleName(Hash256(name));
+            let entries: Vec<AckEntry> = raw.iter().map(|(w, a, n, h)| AckEntry { writer: *w, from_seq: a / 2, to_seq: a / 2 + n, hash: Hash256(*h) }).collect();
+            let mut s = [0u8; 64];
+            s.copy_from_slice(&sig);
+            let m = Msg::Ack(Ack { capsule, server, entries, signature: Signature(s) });
+            let bytes = m.encode();
+            prop_assert_eq!(bytes.len(), 34 + 6 + 52 * raw.len() + 64);
+            prop_assert_eq!(Msg::decode(&bytes), Ok(m));
+            // Any truncation is refused, never a panic.
+            for cut in [1usize, 2, 52, 64] {
+                if cut < bytes.len() {
+                    prop_assert!(Msg::decode(&bytes[..bytes.len() - cut]).is_err());
+                }
             }
         }
 

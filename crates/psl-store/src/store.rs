@@ -251,6 +251,11 @@ impl DiskStore {
         self.index.chain(writer).map(|c| c.next_seq()).unwrap_or(0)
     }
 
+    /// Writer `writer`'s chain: the hash of each stored record, by seq (empty if none).
+    pub fn chain_hashes(&self, writer: u32) -> &[Hash256] {
+        self.index.chain(writer).map(|c| &c.hashes[..]).unwrap_or(&[])
+    }
+
     /// Whether appends are accepted, and if not, why.
     pub fn writable(&self) -> Result<(), StoreError> {
         if self.read_only {

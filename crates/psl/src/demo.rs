@@ -136,7 +136,7 @@ fn scl_round(meta: &psl_capsule::SignedMetadata, app: &psl_crypto::AppKey) -> Re
     let _coordinator = Node::start(NodeKeys::derive(meta, app, &copts)?, ep("coordinator"), copts)?;
     let nodes: Vec<Node> = (1..=3u32)
         .map(|id| {
-            let o = NodeOptions { node_id: id, writers: 2, ..NodeOptions::default() };
+            let o = NodeOptions { node_id: id, writers: 2, ..NodeOptions::default().shared_cores() };
             Node::start(NodeKeys::derive(meta, app, &o)?, ep(&format!("node{id}")), o)
         })
         .collect::<Result<_, _>>()?;

@@ -34,6 +34,9 @@ pub enum KvCmd {
         node: SocketAddr,
         #[arg(long, default_value_t = 30_000)]
         timeout_ms: u64,
+        /// Instead: wait until every earlier write of the node is on f+1 capsule servers' disks.
+        #[arg(long)]
+        durable: bool,
     },
     /// The node's counters (JSON).
     Stats {
@@ -87,7 +90,10 @@ pub fn run(cmd: KvCmd) -> Result<i32> {
                 expect_ok(c.call(&format!("DEL {k}"))?)?;
             }
         }
-        KvCmd::Sync { node, timeout_ms } => expect_ok(client(node)?.call(&format!("SYNC {timeout_ms}"))?)?,
+        KvCmd::Sync { node, timeout_ms, durable } => {
+            let cmd = if durable { "SYNC_DURABLE" } else { "SYNC" };
+            expect_ok(client(node)?.call(&format!("{cmd} {timeout_ms}"))?)?
+        }
         KvCmd::Stats { node } => println!("{}", client(node)?.call("STATS")?),
         KvCmd::Dump { node } => println!("{}", client(node)?.call("DUMP")?),
     }

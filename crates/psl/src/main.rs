@@ -16,7 +16,9 @@ mod capsule;
 mod demo;
 mod keys;
 mod kv;
+mod memcached;
 mod roles;
+mod run;
 mod sim;
 mod util;
 
@@ -53,6 +55,12 @@ enum Cmd {
     Kv(kv::KvCmd),
     /// Run the seeded simulator; exit 0 only if every seed holds every invariant.
     Sim(sim::SimArgs),
+    /// Run a JavaScript job on N lambdas (embedded deployment; sim attestation is INSECURE).
+    Run(run::RunArgs),
+    /// Run a DataCapsule server (verified durable storage, signed acks), or check its storage.
+    CapsuleServer(roles::CapsuleServerArgs),
+    /// Serve the memcached protocol on the secure store (SecureCached).
+    Memcached(memcached::MemcachedArgs),
 }
 
 fn main() {
@@ -85,5 +93,8 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Router(a) => psl_fabric::run_router(a).map(|()| 0),
         Cmd::Kv(c) => kv::run(c),
         Cmd::Sim(a) => sim::run(a),
+        Cmd::Run(a) => run::run(a),
+        Cmd::CapsuleServer(a) => roles::run_capsule_server(a),
+        Cmd::Memcached(a) => memcached::run(a),
     }
 }

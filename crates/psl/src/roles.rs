@@ -54,6 +54,10 @@ pub struct NodeArgs {
     /// its old writers' sequence numbers. Without it a random incarnation is drawn.
     #[arg(long)]
     pub state: Option<PathBuf>,
+    /// Capsule servers n (ids 0 .. n): SYNC_DURABLE waits for acks from a majority (f + 1 of
+    /// 2f + 1). 0 turns durability off.
+    #[arg(long, default_value_t = 0)]
+    pub servers: u32,
 }
 
 #[derive(Args, Debug)]
@@ -103,7 +107,8 @@ fn next_incarnation(dir: &Path) -> Result<u32> {
 }
 
 fn serve(node: Node, control: SocketAddr, what: &str) -> Result<i32> {
-    let listener = std::net::TcpListener::bind(control).with_context(|| format!("binding the control address {control}"))?;
+    let listener =
+        std::net::TcpListener::bind(control).with_context(|| format!("binding the control address {control}"))?;
     let addr = listener.local_addr()?;
     // Tests and scripts read this line to find the control port.
     println!("control {addr}");
@@ -128,7 +133,10 @@ pub fn run_node(a: NodeArgs) -> Result<i32> {
         Some(d) => next_incarnation(d)?,
         None => {
             let i = rand::random::<u32>() % (1 << 12);
-            tracing::warn!(incarnation = i, "no --state directory: drew a random incarnation; a restart could collide with an earlier one");
+            tracing::warn!(
+                incarnation = i,
+                "no --state directory: drew a random incarnation; a restart could collide with an earlier one"
+            );
             i
         }
     };
@@ -139,6 +147,7 @@ pub fn run_node(a: NodeArgs) -> Result<i32> {
         verifiers: a.verifiers,
         batch_ops_max: a.batch_ops_max,
         flush_delay: Duration::from_micros(a.flush_us),
+        core: psl_scl::NodeConfig { servers: a.servers, ..psl_scl::NodeConfig::default() },
         ..NodeOptions::default()
     };
     let keys = NodeKeys::derive(&meta, &app, &opts)?;
@@ -159,8 +168,121 @@ pub fn run_coordinator(a: CoordinatorArgs) -> Result<i32> {
     // A coordinator's writer index has no incarnation: after a restart it first learns its own
     // chain back from its peers (rejoin), so that it never re-uses a seq.
     let core = psl_scl::NodeConfig { rejoin_ms: (3 * a.common.epoch_ms).max(300), ..psl_scl::NodeConfig::default() };
-    let opts = NodeOptions { node_id: 0x7000 + a.rank as u32, writers: 0, coordinator: Some(cfg), core, ..NodeOptions::default() };
+    let opts = NodeOptions {
+        node_id: 0x7000 + a.rank as u32,
+        writers: 0,
+        coordinator: Some(cfg),
+        core,
+        ..NodeOptions::default()
+    };
     let keys = NodeKeys::derive(&meta, &app, &opts)?;
     let node = Node::start(keys, fabric(a.common.router)?, opts)?;
     serve(node, a.control, "coordinator")
+}
+
+/// `psl capsule-server`: run a DataCapsule server, or `check` a server's storage.
+#[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct CapsuleServerArgs {
+    #[command(subcommand)]
+    pub cmd: Option<CapsuleServerCmd>,
+    /// The capsule file that names the capsule (its metadata).
+    #[arg(long)]
+    pub capsule: Option<PathBuf>,
+    /// Owner key file. Used only to derive this server's own signing key (application child
+    /// `32768 + id`); a server never needs the data key. In production the leader hands each
+    /// server its key instead, after attestation.
+    #[arg(long)]
+    pub owner: Option<PathBuf>,
+    /// Router to attach to.
+    #[arg(long)]
+    pub router: Option<SocketAddr>,
+    /// Store directory (created if missing; re-verified, and repaired if damaged, on start).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Server id, 0 to 32767.
+    #[arg(long)]
+    pub id: Option<u32>,
+    /// Verify threads.
+    #[arg(long, default_value_t = 2)]
+    pub verifiers: usize,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum CapsuleServerCmd {
+    /// Re-read and re-verify a server's storage end to end (exit 0 only if clean).
+    Check {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub fn run_capsule_server(a: CapsuleServerArgs) -> Result<i32> {
+    if let Some(CapsuleServerCmd::Check { dir, json }) = a.cmd {
+        return check_server_store(&dir, json);
+    }
+    let (Some(capsule), Some(owner), Some(router), Some(dir), Some(id)) = (a.capsule, a.owner, a.router, a.dir, a.id)
+    else {
+        bail!("psl capsule-server needs --capsule, --owner, --router, --dir and --id (or the `check` subcommand)");
+    };
+    let common = CommonArgs { capsule, owner, router, epoch_ms: 100 };
+    let (meta, app) = load(&common)?;
+    let key =
+        psl_server::server_key(&app, id).with_context(|| format!("server id {id} is out of range (0 to 32767)"))?;
+    drop(app);
+    let opts = psl_server::ServerOptions { id, verifiers: a.verifiers, ..psl_server::ServerOptions::default() };
+    let server = psl_server::Server::start(&dir, meta, key, fabric(router)?, opts)?;
+    let rep = server.start_report().clone();
+    // Tests and scripts read this line.
+    println!("ready {} records={} repaired={}", server.writer(), rep.records, rep.repaired);
+    use std::io::Write;
+    std::io::stdout().flush()?;
+    for p in &rep.problems {
+        tracing::warn!("store problem found on open: {p}");
+    }
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+        if let Some(e) = server.failed() {
+            bail!("capsule server stopped acking: {e}");
+        }
+    }
+}
+
+fn check_server_store(dir: &Path, json: bool) -> Result<i32> {
+    let (store, _open) =
+        psl_store::DiskStore::open_readonly(dir, None).with_context(|| format!("opening {}", dir.display()))?;
+    let rep = store.check().with_context(|| format!("checking {}", dir.display()))?;
+    // A torn tail is what a crash during an append leaves: nothing in it was ever acked (acks
+    // follow the fsync), so it is reported as a note, not as damage.
+    let torn: Option<String> = rep.torn_tail.as_ref().map(|t| t.to_string());
+    let problems: Vec<String> = rep.problems().into_iter().filter(|p| Some(p) != torn.as_ref()).collect();
+    let heads: serde_json::Map<String, serde_json::Value> = store
+        .heads()
+        .into_iter()
+        .map(|(w, h)| (w.to_string(), serde_json::json!({"seq": h.seq, "hash": h.hash.to_hex()})))
+        .collect();
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"dir": dir.display().to_string(), "frames": rep.frames, "verified": rep.verified, "records": store.len(), "clean": problems.is_empty(), "problems": problems, "torn_tail": torn, "heads": heads})
+        );
+    } else {
+        println!(
+            "{}: {} frames, {} verified, {} records indexed",
+            dir.display(),
+            rep.frames,
+            rep.verified,
+            store.len()
+        );
+        for p in &problems {
+            println!("problem: {p}");
+        }
+        if let Some(t) = &torn {
+            println!("note (unacked bytes left by a crash): {t}");
+        }
+        println!("{}", if problems.is_empty() { "clean" } else { "DAMAGED" });
+    }
+    Ok(if problems.is_empty() { 0 } else { 1 })
 }

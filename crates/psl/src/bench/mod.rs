@@ -3,6 +3,7 @@
 //! reproduces.
 
 mod capsule;
+mod replication;
 mod scl;
 mod zipf;
 
@@ -11,7 +12,7 @@ use clap::Args;
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// Which benchmark: `capsule`, `scl`.
+    /// Which benchmark: `capsule`, `scl`, `replication`.
     pub name: String,
     /// Print one JSON object instead of a table.
     #[arg(long)]
@@ -25,7 +26,8 @@ pub fn run(a: BenchArgs) -> Result<i32> {
     let out = match a.name.as_str() {
         "capsule" => capsule::run(a.seconds, !a.json)?,
         "scl" => scl::run(a.seconds * 2.0, !a.json)?,
-        other => bail!("unknown benchmark {other:?}; available: capsule, scl"),
+        "replication" => replication::run(a.seconds * 2.0, !a.json)?,
+        other => bail!("unknown benchmark {other:?}; available: capsule, scl, replication"),
     };
     if a.json {
         println!("{out}");

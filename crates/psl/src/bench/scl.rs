@@ -80,15 +80,21 @@ fn put_case(c: &Case, secs: f64, keys: &Arc<Vec<Vec<u8>>>) -> Result<PutResult> 
         writers: 0,
         verifiers: 1,
         coordinator: Some(CoordinatorConfig { epoch_ms: 1000, eoe_timeout_ms: 1000, ..CoordinatorConfig::default() }),
-        ..NodeOptions::default()
+        ..NodeOptions::default().shared_cores()
     };
     let _coord = Node::start(NodeKeys::derive(&meta, &app, &copts)?, ep(&hub, "coordinator"), copts)?;
     let mut writers = Vec::new();
     for id in 1..=c.writers as u32 {
-        let o = NodeOptions { node_id: id, writers: 1, verifiers: 1, batch_ops_max: c.batch_ops_max, ..NodeOptions::default() };
+        let o = NodeOptions {
+            node_id: id,
+            writers: 1,
+            verifiers: 1,
+            batch_ops_max: c.batch_ops_max,
+            ..NodeOptions::default().shared_cores()
+        };
         writers.push(Arc::new(Node::start(NodeKeys::derive(&meta, &app, &o)?, ep(&hub, &format!("w{id}")), o)?));
     }
-    let ro = NodeOptions { node_id: 100, writers: 0, verifiers: 1, ..NodeOptions::default() };
+    let ro = NodeOptions { node_id: 100, writers: 0, verifiers: 1, ..NodeOptions::default().shared_cores() };
     let receiver = Node::start(NodeKeys::derive(&meta, &app, &ro)?, ep(&hub, "receiver"), ro)?;
 
     let stop = Arc::new(AtomicBool::new(false));

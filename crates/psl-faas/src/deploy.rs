@@ -1,0 +1,383 @@
+//! The embedded deployment: client, leader, scheduler, workers, coordinator and a capsule
+//! recorder in one process over an `InProcHub`.
+
+use crate::attest::{
+    binary_hash, bind_channel_key, measure, AttestPolicy, AttestVerifier, Measurement, SimAttester, SimPlatform,
+    SimVerifier,
+};
+use crate::error::FaasError;
+use crate::leader::{Grant, Leader, Offer};
+use crate::program::{JobId, Payload, SealedProgram};
+use crate::scheduler::{Scheduler, SealedJob};
+use crate::worker::{Worker, WorkerDebug, WorkerRun};
+use parking_lot::Mutex;
+use psl_capsule::{new_capsule, Limits, Record, SignedMetadata};
+use psl_crypto::{Hash256, OwnerKey};
+use psl_fabric::{Fabric, FabricConfig, InProcHub};
+use psl_sandbox::SandboxLimits;
+use psl_scl::Msg;
+use serde::Serialize;
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone)]
+pub struct DeploymentConfig {
+    pub workers: usize,
+    pub limits: SandboxLimits,
+    /// Fewest attested workers a job may run on.
+    pub min_workers: usize,
+    /// Test hook: workers whose measurement is made from another configuration (a worker
+    /// running code the policy does not allow).
+    pub rogue_workers: Vec<u32>,
+    /// Keep every record of the job for `capsule()`.
+    pub record_capsule: bool,
+}
+
+impl Default for DeploymentConfig {
+    fn default() -> Self {
+        DeploymentConfig {
+            workers: 4,
+            limits: SandboxLimits::default(),
+            min_workers: 1,
+            rogue_workers: Vec::new(),
+            record_capsule: true,
+        }
+    }
+}
+
+pub struct JobRequest {
+    pub program: String,
+    pub lambdas: u32,
+    pub input: Option<String>,
+    /// The owner key; a fresh one if `None`.
+    pub owner: Option<OwnerKey>,
+}
+
+/// Most lambdas in one job.
+pub const LAMBDAS_MAX: u32 = 256;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LambdaReport {
+    pub lambda: u32,
+    pub worker: u32,
+    pub emitted: Vec<String>,
+    pub logs: Vec<String>,
+    pub error: Option<String>,
+    pub error_kind: Option<&'static str>,
+    pub cpu_ms: f64,
+    pub wall_ms: f64,
+}
+
+/// The launch path in milliseconds (each phase the slowest worker's).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct LaunchBreakdown {
+    pub client_to_scheduler_ms: f64,
+    pub scheduler_to_workers_ms: f64,
+    pub attestation_ms: f64,
+    pub key_delivery_ms: f64,
+    pub program_load_ms: f64,
+    pub first_op_ms: f64,
+    /// Submit to every lambda running.
+    pub launch_ms: f64,
+    pub total_ms: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct JobReport {
+    pub job: String,
+    pub capsule: String,
+    pub lambdas: Vec<LambdaReport>,
+    pub refused_workers: Vec<(u32, String)>,
+    pub launch: LaunchBreakdown,
+    pub ok: bool,
+    #[serde(skip)]
+    pub capsule_file: Option<Vec<u8>>,
+    pub capsule_records: usize,
+    /// What each worker held right after its RESET.
+    pub resets: Vec<(u32, WorkerDebug)>,
+}
+
+pub struct Deployment {
+    pub hub: InProcHub,
+    pub leader: Leader,
+    pub scheduler: Scheduler,
+    pub workers: Vec<Arc<Worker>>,
+    pub config: DeploymentConfig,
+    pub measurement: Measurement,
+    verifier: SimVerifier,
+    policy: AttestPolicy,
+}
+
+fn runtime_config(limits: &SandboxLimits) -> Vec<u8> {
+    format!("psl-faas {} sandbox {:?}", env!("CARGO_PKG_VERSION"), limits).into_bytes()
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+impl Deployment {
+    /// Starts the embedded deployment with the sim attestation backend (INSECURE).
+    pub fn start(config: DeploymentConfig) -> Result<Deployment, FaasError> {
+        if config.workers == 0 || config.workers > 255 {
+            return Err(FaasError::Config(format!("workers must be 1 ..= 255, got {}", config.workers)));
+        }
+        let hub = InProcHub::new(FabricConfig::default()).map_err(|e| FaasError::Config(e.to_string()))?;
+        let platform = SimPlatform::new();
+        let measurement = measure(&binary_hash(), &runtime_config(&config.limits));
+        let policy = AttestPolicy { allowed: [measurement].into() };
+        let leader = Leader::new(
+            Box::new(SimAttester::new(platform.clone(), measurement)),
+            Box::new(SimVerifier::new(platform.public())),
+            policy.clone(),
+        );
+        let scheduler = Scheduler::new();
+        let mut workers = Vec::new();
+        for i in 1..=config.workers as u32 {
+            let m = if config.rogue_workers.contains(&i) {
+                measure(&binary_hash(), b"a configuration the policy does not allow")
+            } else {
+                measurement
+            };
+            workers.push(Arc::new(Worker::new(i, Box::new(SimAttester::new(platform.clone(), m)), config.limits)));
+            scheduler.register(i);
+        }
+        Ok(Deployment {
+            hub,
+            leader,
+            scheduler,
+            workers,
+            measurement,
+            verifier: SimVerifier::new(platform.public()),
+            policy,
+            config,
+        })
+    }
+
+    fn worker(&self, id: u32) -> Option<&Arc<Worker>> {
+        self.workers.iter().find(|w| w.id == id)
+    }
+
+    /// Runs a job from submit to RESET and returns the report.
+    pub fn run_job(&self, req: JobRequest) -> Result<JobReport, FaasError> {
+        if req.lambdas == 0 || req.lambdas > LAMBDAS_MAX {
+            return Err(FaasError::Config(format!("lambdas must be 1 ..= {LAMBDAS_MAX}, got {}", req.lambdas)));
+        }
+        let t0 = Instant::now();
+        let job = JobId::random();
+        // Client: a capsule for a fresh application key, the leader attested, the program sealed.
+        let owner = req.owner.unwrap_or_else(OwnerKey::generate);
+        let app_index = rand::random::<u32>() >> 1;
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let meta = new_capsule(&owner, app_index, &format!("job-{job}"), now_ms, Limits::default())
+            .map_err(|e| FaasError::Capsule(e.to_string()))?;
+        let app = owner.app(app_index).map_err(|e| FaasError::Config(e.to_string()))?;
+        let nonce: [u8; 32] = rand::random();
+        let ev = self.leader.attest(&nonce, &bind_channel_key(b"client-leader-inproc"))?;
+        self.verifier
+            .verify(&ev, &nonce, &bind_channel_key(b"client-leader-inproc"), &self.policy)
+            .map_err(|e| FaasError::Attestation { who: "leader".into(), why: e.to_string() })?;
+        let data_key = app.data_key();
+        let program = SealedProgram::seal(
+            &data_key,
+            job,
+            Payload::Program,
+            req.program.as_bytes(),
+            self.config.limits.program_bytes_max,
+        )?;
+        let input = match &req.input {
+            Some(i) => Some(SealedProgram::seal(
+                &data_key,
+                job,
+                Payload::Input,
+                i.as_bytes(),
+                self.config.limits.input_bytes_max,
+            )?),
+            None => None,
+        };
+        drop(data_key);
+        drop(app);
+        let recorder = if self.config.record_capsule { Some(Recorder::start(&self.hub, meta.clone())?) } else { None };
+        self.leader.begin_job(job, owner, meta.clone(), &self.hub)?;
+        let sealed = SealedJob { job, program, input, lambdas: req.lambdas };
+        let t_sched = Instant::now();
+        let result = self.launch(&sealed, t0, t_sched);
+        // RESET every worker that took part, whatever happened; the leader forgets the job.
+        self.leader.end_job();
+        let mut resets = Vec::new();
+        for w in &self.workers {
+            if w.debug()
+                != (WorkerDebug { holds_keys: false, node_running: false, memtable_entries: 0, attested: false })
+            {
+                resets.push((w.id, w.reset()));
+            }
+            self.scheduler.release(w.id);
+        }
+        let (runs, refused, t_sent, t_admitted) = result?;
+        let capsule_file = recorder.map(|r| r.finish(&meta));
+        let mut lambdas = Vec::new();
+        let mut b = LaunchBreakdown { client_to_scheduler_ms: ms(t_sched - t0), ..Default::default() };
+        b.scheduler_to_workers_ms = ms(t_sent.saturating_duration_since(t_sched));
+        b.attestation_ms = ms(t_admitted.saturating_duration_since(t_sent));
+        let mut ok = true;
+        let mut last_start = t_admitted;
+        let mut last_first_op = t_admitted;
+        for r in &runs {
+            b.key_delivery_ms = b.key_delivery_ms.max(ms(r.keys_ready.saturating_duration_since(t_admitted)));
+            b.program_load_ms = b.program_load_ms.max(ms(r.lambdas_started.saturating_duration_since(r.keys_ready)));
+            last_start = last_start.max(r.lambdas_started);
+            if let Err(e) = &r.final_sync {
+                tracing::warn!("worker {}: final sync: {e}", r.worker);
+            }
+            for o in &r.outcomes {
+                if let Some(f) = o.first_op_at {
+                    last_first_op = last_first_op.max(f);
+                }
+                ok &= o.result.is_ok();
+                lambdas.push(LambdaReport {
+                    lambda: o.id,
+                    worker: r.worker,
+                    emitted: o.emitted.clone(),
+                    logs: o.logs.clone(),
+                    error: o.result.as_ref().err().map(|e| e.to_string()),
+                    error_kind: o.result.as_ref().err().map(|e| e.reason.kind()),
+                    cpu_ms: ms(o.cpu),
+                    wall_ms: ms(o.finished_at - o.started_at),
+                });
+            }
+        }
+        lambdas.sort_by_key(|l| l.lambda);
+        b.launch_ms = ms(last_start - t0);
+        b.first_op_ms = ms(last_first_op.saturating_duration_since(last_start));
+        b.total_ms = ms(t0.elapsed());
+        let capsule_records = capsule_file.as_ref().map(|(_, n)| *n).unwrap_or(0);
+        Ok(JobReport {
+            job: job.to_string(),
+            capsule: meta.name().to_string(),
+            lambdas,
+            refused_workers: refused,
+            launch: b,
+            ok,
+            capsule_file: capsule_file.map(|(f, _)| f),
+            capsule_records,
+            resets,
+        })
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn launch(
+        &self,
+        sealed: &SealedJob,
+        _t0: Instant,
+        _t_sched: Instant,
+    ) -> Result<(Vec<WorkerRun>, Vec<(u32, String)>, Instant, Instant), FaasError> {
+        // Scheduler: forwards the sealed job to idle workers (one lambda each, at most).
+        let forwarded = self.scheduler.dispatch(sealed, sealed.lambdas as usize);
+        if forwarded.is_empty() {
+            return Err(FaasError::NoIdleWorkers);
+        }
+        let t_sent = Instant::now();
+        // Workers attest to the leader (in parallel).
+        let offers: Vec<Result<Offer, FaasError>> = std::thread::scope(|s| {
+            let hs: Vec<_> = forwarded
+                .iter()
+                .map(|(w, _)| {
+                    let worker = self.worker(*w).cloned();
+                    s.spawn(move || match worker {
+                        Some(wk) => wk.offer(&self.leader),
+                        None => Err(FaasError::Worker { worker: *w, why: "unknown worker".into() }),
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(FaasError::Config("offer thread panicked".into()))))
+                .collect()
+        });
+        let mut good = Vec::new();
+        let mut refused = Vec::new();
+        for (o, (w, _)) in offers.into_iter().zip(&forwarded) {
+            match o {
+                Ok(o) => good.push(o),
+                Err(e) => refused.push((*w, e.to_string())),
+            }
+        }
+        let (grants, mut refused2) = self.leader.admit(good, sealed.lambdas, self.config.min_workers)?;
+        refused.append(&mut refused2);
+        let t_admitted = Instant::now();
+        // Admitted workers open their keys and the program, and run their slots (in parallel).
+        let runs: Vec<Result<WorkerRun, FaasError>> = std::thread::scope(|s| {
+            let hs: Vec<_> = grants
+                .iter()
+                .map(|g: &Grant| {
+                    let job = forwarded.iter().find(|(w, _)| *w == g.worker).map(|(_, j)| j);
+                    let worker = self.worker(g.worker).cloned();
+                    let hub = &self.hub;
+                    s.spawn(move || match (worker, job) {
+                        (Some(wk), Some(job)) => wk.run(job, g, hub),
+                        _ => Err(FaasError::Worker { worker: g.worker, why: "not forwarded".into() }),
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(FaasError::Config("worker thread panicked".into()))))
+                .collect()
+        });
+        let runs = runs.into_iter().collect::<Result<Vec<_>, _>>()?;
+        Ok((runs, refused, t_sent, t_admitted))
+    }
+}
+
+/// An untrusted observer on the fabric keeping every record of the job (for the `.capsule`).
+struct Recorder {
+    stop: Arc<AtomicBool>,
+    records: Arc<Mutex<(Vec<Record>, HashSet<Hash256>)>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Recorder {
+    fn start(hub: &InProcHub, meta: SignedMetadata) -> Result<Recorder, FaasError> {
+        let ep = hub.endpoint("capsule-recorder");
+        let stop = Arc::new(AtomicBool::new(false));
+        let records = Arc::new(Mutex::new((Vec::new(), HashSet::new())));
+        let (st, rec) = (stop.clone(), records.clone());
+        let name = meta.name();
+        let limits = meta.meta.policy.limits;
+        let thread = std::thread::Builder::new().name("capsule-recorder".into()).spawn(move || {
+            let take = |m: bytes::Bytes| {
+                if let Ok(Msg::Record { capsule, bytes }) = Msg::decode(&m) {
+                    if capsule == name {
+                        if let Ok(r) = Record::decode(&bytes, &limits) {
+                            let mut g = rec.lock();
+                            if g.1.insert(r.hash()) {
+                                g.0.push(r);
+                            }
+                        }
+                    }
+                }
+            };
+            while !st.load(Ordering::Acquire) {
+                if let Ok(Some(m)) = ep.recv_timeout(Duration::from_millis(20)) {
+                    take(m);
+                }
+            }
+            while let Ok(Some(m)) = ep.try_recv() {
+                take(m);
+            }
+        })?;
+        Ok(Recorder { stop, records, thread: Some(thread) })
+    }
+
+    fn finish(mut self, meta: &SignedMetadata) -> (Vec<u8>, usize) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let g = self.records.lock();
+        (psl_capsule::file::encode(meta, &g.0), g.0.len())
+    }
+}

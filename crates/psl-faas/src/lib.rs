@@ -1,0 +1,37 @@
+//! The PSL FaaS runtime: sealed programs, attestation, key delivery, and the leader, scheduler
+//! and worker roles, wired together in process as the embedded deployment.
+//!
+//! Module map:
+//! - [`program`]: [`SealedProgram`]: a job's program (and input) sealed with AES-256-GCM under a
+//!   key derived from the application data key, the job id as associated data.
+//! - [`attest`]: the [`Attester`] / [`AttestVerifier`] traits, [`AttestPolicy`], and the `sim`
+//!   backend (**insecure, for development only**: a simulated platform key signs the report).
+//! - [`channel`]: key delivery sealed to the worker's X25519 channel key bound in its report.
+//! - [`leader`]: the trusted leader: attests workers, derives keys, runs the job's coordinator,
+//!   RESETs workers.
+//! - [`scheduler`]: the untrusted scheduler: a registry of workers; forwards sealed programs.
+//! - [`worker`]: a worker: attests, receives its keys, runs lambda slots on a `psl_node::Node`.
+//! - [`kv`]: [`NodeKv`], the sandbox's [`psl_sandbox::KvHost`] over a `psl_node::Node`.
+//! - [`deploy`]: [`Deployment`]: every role in one process over an `InProcHub`; `run_job`.
+//! - [`error`] holds [`FaasError`].
+//!
+//! Trust: the leader and the workers are trusted (they would run in TEEs); the scheduler, the
+//! fabric and everything that only sees sealed bytes are not. The scheduler never holds a key.
+
+pub mod attest;
+pub mod channel;
+pub mod deploy;
+pub mod error;
+pub mod kv;
+pub mod leader;
+pub mod program;
+pub mod scheduler;
+pub mod worker;
+
+pub use attest::{
+    AttestPolicy, AttestVerifier, Attester, Evidence, Measurement, SimAttester, SimPlatform, SimVerifier,
+};
+pub use deploy::{Deployment, DeploymentConfig, JobReport, JobRequest, LambdaReport, LaunchBreakdown};
+pub use error::FaasError;
+pub use kv::NodeKv;
+pub use program::{JobId, SealedProgram};

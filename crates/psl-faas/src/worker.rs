@@ -1,0 +1,208 @@
+//! A worker (trusted): attests to the leader with a fresh channel key, opens the keys sealed to
+//! that key, starts a node, opens the sealed program (integrity check), runs its lambda slots
+//! in the sandbox, and on RESET wipes its memtable and drops every key.
+
+use crate::attest::{bind_channel_key, Attester};
+use crate::channel::ChannelKey;
+use crate::error::FaasError;
+use crate::kv::NodeKv;
+use crate::leader::{grant_aad, Grant, Leader, Offer};
+use crate::program::{JobId, Payload};
+use crate::scheduler::SealedJob;
+use parking_lot::Mutex;
+use psl_capsule::SignedMetadata;
+use psl_crypto::{DataKey, SigningKey};
+use psl_fabric::{Fabric, InProcHub};
+use psl_node::{Node, NodeKeys, NodeOptions};
+use psl_sandbox::{spawn_lambda, LambdaOutcome, LambdaSpec, SandboxLimits};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+struct Inner {
+    channel: Option<ChannelKey>,
+    node: Option<Arc<Node>>,
+    data_key: Option<DataKey>,
+    attested: bool,
+}
+
+pub struct Worker {
+    pub id: u32,
+    attester: Box<dyn Attester>,
+    pub limits: SandboxLimits,
+    pub sync_timeout: Duration,
+    inner: Mutex<Inner>,
+}
+
+/// What a worker did with its slots.
+pub struct WorkerRun {
+    pub worker: u32,
+    pub keys_ready: Instant,
+    pub lambdas_started: Instant,
+    pub outcomes: Vec<LambdaOutcome>,
+    pub final_sync: Result<(), String>,
+}
+
+/// What a worker holds, for tests and debug dumps (no secret is shown, only its presence).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct WorkerDebug {
+    pub holds_keys: bool,
+    pub node_running: bool,
+    pub memtable_entries: usize,
+    pub attested: bool,
+}
+
+impl Worker {
+    pub fn new(id: u32, attester: Box<dyn Attester>, limits: SandboxLimits) -> Worker {
+        Worker {
+            id,
+            attester,
+            limits,
+            sync_timeout: Duration::from_secs(10),
+            inner: Mutex::new(Inner { channel: None, node: None, data_key: None, attested: false }),
+        }
+    }
+
+    /// Answers a forwarded job: a fresh channel key, a report binding it, under the leader's nonce.
+    pub fn offer(&self, leader: &Leader) -> Result<Offer, FaasError> {
+        let channel = ChannelKey::generate()?;
+        let nonce = leader.challenge(self.id);
+        let evidence = self
+            .attester
+            .attest(&nonce, &bind_channel_key(&channel.public()))
+            .map_err(|e| FaasError::Attestation { who: format!("worker {}", self.id), why: e.to_string() })?;
+        let channel_public = channel.public();
+        self.inner.lock().channel = Some(channel);
+        Ok(Offer { worker: self.id, channel_public, evidence })
+    }
+
+    /// Opens the grant, starts the node, opens the program, runs the slots, waits for them.
+    pub fn run(&self, job: &SealedJob, grant: &Grant, hub: &InProcHub) -> Result<WorkerRun, FaasError> {
+        let channel = self.inner.lock().channel.take().ok_or_else(|| FaasError::Worker {
+            worker: self.id,
+            why: "no channel key: not attested for this job".into(),
+        })?;
+        let bundle = channel.open(&grant.sealed_keys, &grant_aad(job.job, self.id, &grant.lambdas))?;
+        let (meta, data_key, writers) = parse_bundle(&bundle, job.job, grant)?;
+        drop(bundle);
+        self.inner.lock().attested = true;
+        // Integrity first: nothing runs unless the program (and input) open under the job's key.
+        let program = job.program.open(&data_key, job.job, Payload::Program, self.limits.program_bytes_max)?;
+        let program: Arc<str> = Arc::from(
+            std::str::from_utf8(&program)
+                .map_err(|_| FaasError::Malformed { what: "program", why: "not UTF-8".into() })?,
+        );
+        let input: Option<Arc<str>> = match &job.input {
+            Some(s) => {
+                let i = s.open(&data_key, job.job, Payload::Input, self.limits.input_bytes_max)?;
+                Some(Arc::from(String::from_utf8_lossy(&i).as_ref()))
+            }
+            None => None,
+        };
+        let opts = NodeOptions {
+            node_id: grant.node_id,
+            incarnation: 0,
+            writers: writers.len(),
+            verifiers: 1,
+            ..NodeOptions::default()
+        };
+        let keys = NodeKeys { meta, data_key: data_key.clone(), writers, coordinator: None };
+        let ep: Arc<dyn Fabric> = Arc::new(hub.endpoint(format!("worker-{}", self.id)));
+        let node = Arc::new(Node::start(keys, ep, opts)?);
+        {
+            let mut g = self.inner.lock();
+            g.node = Some(node.clone());
+            g.data_key = Some(data_key);
+        }
+        let keys_ready = Instant::now();
+        let mut handles = Vec::new();
+        for &l in &grant.lambdas {
+            let host = Arc::new(NodeKv { node: node.clone(), sync_timeout: self.sync_timeout });
+            let spec = LambdaSpec { id: l, count: job.lambdas, program: program.clone(), input: input.clone() };
+            handles.push(spawn_lambda(spec, host, self.limits)?);
+        }
+        let lambdas_started = Instant::now();
+        let outcomes: Vec<LambdaOutcome> = handles.into_iter().map(|h| h.join()).collect();
+        // Seal and publish every write, covered by a SYNC, before reporting.
+        let final_sync = node.sync(self.sync_timeout).map_err(|e| e.to_string());
+        Ok(WorkerRun { worker: self.id, keys_ready, lambdas_started, outcomes, final_sync })
+    }
+
+    /// RESET: wipes the memtable, stops the node (its writer keys go with it), drops the data
+    /// and channel keys. The next job needs a new attestation. Returns the state left behind.
+    pub fn reset(&self) -> WorkerDebug {
+        let (node, data_key, channel) = {
+            let mut g = self.inner.lock();
+            g.attested = false;
+            (g.node.take(), g.data_key.take(), g.channel.take())
+        };
+        drop(data_key);
+        drop(channel);
+        let mut entries = 0;
+        if let Some(node) = node {
+            if let Err(e) = node.reset() {
+                tracing::warn!("worker {}: reset: {e}", self.id);
+            }
+            entries = node.memtable().len();
+            match Arc::try_unwrap(node) {
+                Ok(n) => n.shutdown(),
+                Err(n) => {
+                    tracing::warn!("worker {}: node still referenced at RESET; dropping our handle", self.id);
+                    drop(n);
+                }
+            }
+        }
+        let mut d = self.debug();
+        d.memtable_entries = entries;
+        d
+    }
+
+    pub fn debug(&self) -> WorkerDebug {
+        let g = self.inner.lock();
+        WorkerDebug {
+            holds_keys: g.data_key.is_some() || g.node.is_some() || g.channel.is_some(),
+            node_running: g.node.is_some(),
+            memtable_entries: g.node.as_ref().map(|n| n.memtable().len()).unwrap_or(0),
+            attested: g.attested,
+        }
+    }
+}
+
+#[allow(clippy::type_complexity)]
+fn parse_bundle(
+    b: &[u8],
+    job: JobId,
+    grant: &Grant,
+) -> Result<(SignedMetadata, DataKey, Vec<(u32, SigningKey)>), FaasError> {
+    let bad = |why: &str| FaasError::Malformed { what: "key bundle", why: why.into() };
+    if b.len() < 16 + 4 + 32 + 2 || b[..16] != job.0 {
+        return Err(bad("wrong job or too short"));
+    }
+    let node_id = u32::from_le_bytes(b[16..20].try_into().expect("4"));
+    if node_id != grant.node_id {
+        return Err(bad("node id does not match the grant"));
+    }
+    let dk: [u8; 32] = b[20..52].try_into().expect("32");
+    let data_key = DataKey::from_bytes(dk);
+    let n = u16::from_le_bytes(b[52..54].try_into().expect("2")) as usize;
+    if n != grant.lambdas.len() || n > crate::leader::SLOTS_PER_WORKER_MAX || b.len() < 54 + 36 * n {
+        return Err(bad("writer count"));
+    }
+    let mut writers = Vec::with_capacity(n);
+    for i in 0..n {
+        let o = 54 + 36 * i;
+        let w = u32::from_le_bytes(b[o..o + 4].try_into().expect("4"));
+        let mut sk = zeroize::Zeroizing::new([0u8; 32]);
+        sk.copy_from_slice(&b[o + 4..o + 36]);
+        writers.push((w, SigningKey::from_bytes(&sk).map_err(|_| bad("writer key"))?));
+    }
+    let meta = SignedMetadata::decode(&b[54 + 36 * n..]).map_err(|e| FaasError::Capsule(e.to_string()))?;
+    if meta.meta.policy.data_key_fp != data_key.fingerprint() {
+        return Err(bad("data key does not match the capsule"));
+    }
+    for (w, k) in &writers {
+        if meta.meta.app.writer(*w).ok() != Some(k.verifying_key()) {
+            return Err(bad("writer key is not the application's"));
+        }
+    }
+    Ok((meta, data_key, writers))
+}

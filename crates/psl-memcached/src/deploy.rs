@@ -1,0 +1,93 @@
+//! Deployments inside one process: the embedded default of `psl memcached` (one node, an
+//! in-process hub, an in-process coordinator so that `sync` works), and groups of several
+//! front ends on several nodes for tests and benchmarks.
+
+use crate::store::{Config, FrontEnd};
+use psl_capsule::{new_capsule, Limits, SignedMetadata};
+use psl_crypto::{AppKey, OwnerKey};
+use psl_fabric::{Fabric, FabricConfig, InProcHub};
+use psl_node::{Node, NodeError, NodeKeys, NodeOptions};
+use psl_scl::CoordinatorConfig;
+use std::sync::Arc;
+
+/// Settings of an in-process deployment.
+#[derive(Debug, Clone)]
+pub struct EmbeddedOptions {
+    /// Front ends, each on its own node (1 for the embedded default).
+    pub front_ends: usize,
+    /// Extra receive-only nodes that verify and apply every write (the benchmark's replica).
+    pub replicas: usize,
+    /// Writer actors per front-end node.
+    pub writers: usize,
+    pub verifiers: usize,
+    pub epoch_ms: u64,
+    pub config: Config,
+}
+
+impl Default for EmbeddedOptions {
+    fn default() -> Self {
+        EmbeddedOptions { front_ends: 1, replicas: 0, writers: 2, verifiers: 1, epoch_ms: 100, config: Config::default() }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DeployError {
+    #[error("node: {0}")]
+    Node(#[from] NodeError),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Everything of an in-process deployment; dropping it stops the nodes.
+pub struct Embedded {
+    pub hub: InProcHub,
+    pub meta: SignedMetadata,
+    pub front_ends: Vec<Arc<FrontEnd>>,
+    pub replicas: Vec<Arc<Node>>,
+    pub coordinator: Node,
+    _app: AppKey,
+}
+
+impl Embedded {
+    /// Starts a coordinator, `front_ends` nodes with a front end each (joined in one group so
+    /// that read-modify-write commands are arbitrated by each key's home), and `replicas`
+    /// receive-only nodes, all on one in-process hub, under a fresh owner key and capsule.
+    pub fn start(o: &EmbeddedOptions) -> Result<Embedded, DeployError> {
+        let owner = OwnerKey::generate();
+        let app = owner.app(1).map_err(|e| DeployError::Other(e.to_string()))?;
+        let meta = new_capsule(&owner, 1, "securecached", 0, Limits::default()).map_err(|e| DeployError::Other(e.to_string()))?;
+        let hub = InProcHub::new(FabricConfig { queue_msgs_max: 1 << 16, ..FabricConfig::default() })
+            .map_err(|e| DeployError::Other(e.to_string()))?;
+        let ep = |name: &str| -> Arc<dyn Fabric> { Arc::new(hub.endpoint(name)) };
+        let copts = NodeOptions {
+            node_id: 0x7000,
+            writers: 0,
+            verifiers: 1,
+            coordinator: Some(CoordinatorConfig {
+                epoch_ms: o.epoch_ms,
+                eoe_timeout_ms: 3 * o.epoch_ms,
+                ..CoordinatorConfig::default()
+            }),
+            ..NodeOptions::default()
+        };
+        let coordinator = Node::start(NodeKeys::derive(&meta, &app, &copts)?, ep("coordinator"), copts)?;
+        let mut front_ends = Vec::new();
+        for i in 0..o.front_ends.max(1) {
+            let opts = NodeOptions {
+                node_id: 1 + i as u32,
+                writers: o.writers.max(1),
+                verifiers: o.verifiers.max(1),
+                ..NodeOptions::default()
+            };
+            let node = Node::start(NodeKeys::derive(&meta, &app, &opts)?, ep(&format!("memcached-{i}")), opts)?;
+            front_ends.push(FrontEnd::new(Arc::new(node), o.config.clone()));
+        }
+        FrontEnd::join_group(&front_ends);
+        let mut replicas = Vec::new();
+        for i in 0..o.replicas {
+            let opts = NodeOptions { node_id: 100 + i as u32, writers: 0, verifiers: o.verifiers.max(1), ..NodeOptions::default() };
+            replicas.push(Arc::new(Node::start(NodeKeys::derive(&meta, &app, &opts)?, ep(&format!("replica-{i}")), opts)?));
+        }
+        Ok(Embedded { hub, meta, front_ends, replicas, coordinator, _app: app })
+    }
+}

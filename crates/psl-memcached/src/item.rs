@@ -1,0 +1,124 @@
+//! How one memcached item is stored as one KV value of the secure store.
+//!
+//! ```text
+//! offset size field
+//! 0      1    format tag 0xC1
+//! 1      4    client flags (u32 LE)
+//! 5      8    expiry: absolute Unix time in seconds (i64 LE); 0 = never; in the past = expired
+//! 13     8    stored at: Unix time in microseconds (u64 LE), for `flush_all`
+//! 21     …    the payload (the client's data block)
+//! ```
+//! A value that does not start with the tag or is shorter than the header is not an item of
+//! this front end (another application wrote the key): it reads as missing.
+
+pub const TAG: u8 = 0xC1;
+pub const HEADER: usize = 21;
+
+/// The 30-day boundary of memcached expiry times: above it a time is absolute.
+pub const REL_MAX: i64 = 60 * 60 * 24 * 30;
+
+/// A decoded item view over a stored value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ItemRef<'a> {
+    pub flags: u32,
+    pub expiry: i64,
+    pub stored_us: u64,
+    pub data: &'a [u8],
+}
+
+pub fn encode(flags: u32, expiry: i64, stored_us: u64, parts: &[&[u8]]) -> Vec<u8> {
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    let mut v = Vec::with_capacity(HEADER + len);
+    v.push(TAG);
+    v.extend_from_slice(&flags.to_le_bytes());
+    v.extend_from_slice(&expiry.to_le_bytes());
+    v.extend_from_slice(&stored_us.to_le_bytes());
+    for p in parts {
+        v.extend_from_slice(p);
+    }
+    v
+}
+
+pub fn decode(v: &[u8]) -> Option<ItemRef<'_>> {
+    if v.len() < HEADER || v[0] != TAG {
+        return None;
+    }
+    let flags = u32::from_le_bytes(v[1..5].try_into().ok()?);
+    let expiry = i64::from_le_bytes(v[5..13].try_into().ok()?);
+    let stored_us = u64::from_le_bytes(v[13..21].try_into().ok()?);
+    Some(ItemRef { flags, expiry, stored_us, data: &v[HEADER..] })
+}
+
+/// The absolute expiry for a client's `exptime` at `now` (Unix seconds): 0 = never; negative
+/// = already expired (stored as -1); up to 30 days = relative; above = absolute.
+pub fn absolute_expiry(exptime: i64, now: i64) -> i64 {
+    if exptime == 0 {
+        0
+    } else if exptime < 0 {
+        -1
+    } else if exptime <= REL_MAX {
+        now.saturating_add(exptime)
+    } else {
+        exptime
+    }
+}
+
+impl ItemRef<'_> {
+    /// Expired at `now` (Unix seconds)?
+    pub fn expired(&self, now: i64) -> bool {
+        self.expiry != 0 && self.expiry <= now
+    }
+
+    /// Seconds left, -1 for never (the meta `t` flag).
+    pub fn ttl_left(&self, now: i64) -> i64 {
+        if self.expiry == 0 {
+            -1
+        } else {
+            (self.expiry - now).max(0)
+        }
+    }
+}
+
+/// The CAS unique of a record version: the same on every front end that holds that version.
+/// A 63-bit mix of `(lamport, writer)` (never 0): distinct versions of one key collide with
+/// probability 2^-63. Kept below 2^63 because clients hold uniques in signed 64-bit integers
+/// (Java) or format them into 20-character buffers (libmemcached fails on 20-digit values).
+pub fn cas_of(lamport: u64, writer: u32) -> u64 {
+    let mut z = lamport ^ (u64::from(writer)).rotate_left(40) ^ 0x9E37_79B9_7F4A_7C15;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 1).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roundtrip_and_expiry() {
+        let v = encode(7, 100, 5, &[b"he", b"llo"]);
+        let it = decode(&v).unwrap();
+        assert_eq!((it.flags, it.expiry, it.stored_us, it.data), (7, 100, 5, &b"hello"[..]));
+        assert!(decode(b"short").is_none());
+        assert!(decode(&[0u8; 30]).is_none());
+        assert_eq!(absolute_expiry(0, 1000), 0);
+        assert_eq!(absolute_expiry(-5, 1000), -1);
+        assert_eq!(absolute_expiry(10, 1000), 1010);
+        assert_eq!(absolute_expiry(REL_MAX + 1, 1000), REL_MAX + 1);
+        assert!(decode(&encode(0, -1, 0, &[])).unwrap().expired(1));
+        assert!(!decode(&encode(0, 0, 0, &[])).unwrap().expired(i64::MAX));
+    }
+
+    #[test]
+    fn cas_differs_by_version() {
+        let mut seen = std::collections::HashSet::new();
+        for l in 0..200u64 {
+            for w in [0u32, 1, 65536, 65537, 0x7fff_ffff] {
+                let c = cas_of(l, w);
+                assert!(c > 0 && c < 1 << 63);
+                assert!(seen.insert(c));
+            }
+        }
+    }
+}

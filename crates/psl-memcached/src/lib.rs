@@ -1,0 +1,70 @@
+//! SecureCached: a memcached-compatible front end on PSL's secure, replicated store.
+//!
+//! Every memcached client can use the store: the text protocol of memcached 1.6 (`get`,
+//! `gets`, `set`, `add`, `replace`, `append`, `prepend`, `cas`, `delete`, `incr`, `decr`,
+//! `touch`, `gat`, `gats`, `flush_all`, `stats`, `version`, `verbosity`, `quit`, `noreply`)
+//! and the meta commands (`mg`, `ms`, `md`, `ma`, `mn`). Each item is one KV value of a
+//! [`psl_node::Node`], so each write is an op in a sealed, signed, encrypted DataCapsule record
+//! that the other nodes verify before applying.
+//!
+//! Module map:
+//! - [`proto`]: the parser: pure, bounded, never panics (fuzzed by `fuzz/fuzz_targets/memcached_parser.rs`).
+//! - [`item`]: an item's value layout (flags, absolute expiry, store time, payload) and the
+//!   CAS unique derived from the record version.
+//! - [`store`]: [`FrontEnd`]: the semantics (expiry, flush_all, CAS, incr/decr, striped
+//!   per-key locks, home-front-end arbitration, LRU eviction of local copies).
+//! - [`exec`]: runs a parsed command and writes the exact memcached reply.
+//! - [`server`]: the tokio server: pipelining, bounded buffers, idle timeout, connection
+//!   limit, optional TLS (rustls with aws-lc-rs).
+//! - `lru`: sharded LRU memory accounting. [`stats`]: the `stats` counters.
+//! - [`deploy`]: in-process deployments (the embedded default, test and bench groups).
+//!
+//! # Semantics and their cost
+//!
+//! **CAS uniques** are a 64-bit mix of the record version `(lamport, writer)` of the item
+//! ([`item::cas_of`]), so every front end that holds the same version reports the same unique;
+//! two versions of one key collide with probability 2^-63 (uniques stay below 2^63, which
+//! libmemcached and Java clients need). Any write (touch included) makes a
+//! new version, so unlike memcached `touch`/`gat` change the unique.
+//!
+//! **Read-modify-write commands** (`cas`, `add`, `replace`, `append`, `prepend`, `incr`,
+//! `decr`, `touch`, `gat`, `gats`, `ms` with a mode or `C`, `md` with `C`, `ma`, `mg` with `T`
+//! or `N`) run under a striped lock (1024 stripes) of the key's *home* front end:
+//! `hash(key) mod group size` ([`FrontEnd::join_group`]). Two of them on one key are therefore
+//! serialized wherever they arrive: of two `cas` with one unique exactly one is `STORED`.
+//! Cost: a command whose home is another front end is forwarded (in one process: a direct call
+//! into the home, about a microsecond; the home's own node does the write), and the home
+//! compares against *its* memtable, so a `cas` whose unique the home has not applied yet
+//! fails with `EXISTS` (safe; the client retries after the replication delay, one `sync` at
+//! most). Plain `set` and `delete` are last-writer-wins and run where they arrive: a `set` on
+//! another front end racing a `cas` is ordered by record version, as if it came before or after.
+//! Forwarding between processes (over TCP) is not built yet: a `--cluster` front end is its
+//! own home for every key, so `cas` is atomic per front end only.
+//!
+//! **Expiry**: relative seconds up to 30 days, absolute Unix time above, negative = expired
+//! at once; stored as an absolute time in the item, checked on every read.
+//! **flush_all [delay]** writes a replicated state key ([`store::FLUSH_KEY`]): items stored
+//! before the flush time read as missing on every front end once that time has come.
+//!
+//! **Memory limit**: each front end accounts the items it wrote or read (key + value +
+//! overhead) in a sharded LRU; past the limit it evicts the least recently used, counted in
+//! `evictions`. Eviction drops the local copy only: a tombstone just above the item's version
+//! is applied to this node's memtable (never sealed or sent), which frees the value; any newer
+//! write replaces it. Other nodes keep their copies. Until CapsuleDB exists an evicted key is
+//! gone from this front end's view (reads miss) until it is written again.
+//!
+//! **Durability** is SCL's: a write is in the local memtable and queued for sealing when the
+//! reply is sent; see `docs/protocol/scl.md`.
+
+pub mod deploy;
+pub mod exec;
+pub mod item;
+mod lru;
+pub mod proto;
+pub mod server;
+pub mod stats;
+pub mod store;
+
+pub use exec::VERSION;
+pub use server::{tls_acceptor, Server, ServerConfig, ServerError};
+pub use store::{Config, FrontEnd};

@@ -1,0 +1,292 @@
+//! The network server: tokio, one task per connection, pipelined requests answered in order.
+//!
+//! Per connection: an input buffer that holds at most one command line (`line_max`) plus one
+//! data block (`item_size_max` + 2) beyond what has been parsed, and an output buffer that is
+//! written out whenever it passes [`OUT_FLUSH`] bytes and whenever the parsed input runs dry
+//! (so a pipeline of N requests costs one write, not N). A connection that sends nothing for
+//! `idle_timeout` is closed; past `max_connections` a new one gets
+//! `SERVER_ERROR too many open connections` and is closed.
+
+use crate::exec::Flow;
+use crate::proto::{parse, Command, Parsed};
+use crate::stats::Stats;
+use crate::store::FrontEnd;
+use bytes::{Buf, BytesMut};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// Output bytes gathered before a write even if more input is parsed.
+pub const OUT_FLUSH: usize = 256 * 1024;
+
+/// Server settings.
+#[derive(Clone)]
+pub struct ServerConfig {
+    pub max_connections: usize,
+    /// Close a connection that sent nothing for this long (`None`: never).
+    pub idle_timeout: Option<Duration>,
+    /// Worker threads of the runtime [`Server::start`] builds.
+    pub threads: usize,
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig { max_connections: 4096, idle_timeout: Some(Duration::from_secs(300)), threads: 2, tls: None }
+    }
+}
+
+impl std::fmt::Debug for ServerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerConfig")
+            .field("max_connections", &self.max_connections)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("threads", &self.threads)
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("{what}: {source}")]
+    Io { what: String, source: std::io::Error },
+    #[error("TLS: {0}")]
+    Tls(String),
+}
+
+/// A TLS acceptor from PEM files: a certificate chain and its private key.
+pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor, ServerError> {
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs = CertificateDer::pem_file_iter(cert)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| ServerError::Tls(format!("{}: {e}", cert.display())))?;
+    if certs.is_empty() {
+        return Err(ServerError::Tls(format!("{}: no certificate", cert.display())));
+    }
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| ServerError::Tls(format!("{}: {e}", key.display())))?;
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ServerError::Tls(e.to_string()))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| ServerError::Tls(e.to_string()))?;
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(cfg)))
+}
+
+/// A running server on its own runtime. Dropping it (or [`Server::stop`]) stops it.
+pub struct Server {
+    addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Server {
+    /// Binds `addr` and serves `fe` on a new multi-thread runtime of `cfg.threads` workers.
+    pub fn start(fe: Arc<FrontEnd>, addr: SocketAddr, cfg: ServerConfig) -> Result<Server, ServerError> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(cfg.threads.max(1))
+            .thread_name("memcached")
+            .enable_all()
+            .build()
+            .map_err(|source| ServerError::Io { what: "building the runtime".into(), source })?;
+        let listener = rt
+            .block_on(TcpListener::bind(addr))
+            .map_err(|source| ServerError::Io { what: format!("binding {addr}"), source })?;
+        let addr = listener.local_addr().map_err(|source| ServerError::Io { what: "local address".into(), source })?;
+        let (stop, rx) = watch::channel(false);
+        let thread = std::thread::Builder::new()
+            .name("memcached-main".into())
+            .spawn(move || {
+                rt.block_on(serve(fe, listener, cfg, rx));
+                rt.shutdown_timeout(Duration::from_secs(1));
+            })
+            .map_err(|source| ServerError::Io { what: "spawning the server thread".into(), source })?;
+        Ok(Server { addr, stop, thread: Some(thread) })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Blocks until the server stops (it stops only through [`Server::stop`]).
+    pub fn wait(mut self) {
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+
+    pub fn stop(mut self) {
+        self.stop_inner();
+    }
+
+    fn stop_inner(&mut self) {
+        let _ = self.stop.send(true);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop_inner();
+    }
+}
+
+/// Accepts and serves connections until `stop` turns true.
+pub async fn serve(fe: Arc<FrontEnd>, listener: TcpListener, cfg: ServerConfig, mut stop: watch::Receiver<bool>) {
+    loop {
+        let (sock, _) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!("accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
+            _ = stop.changed() => return,
+        };
+        let _ = sock.set_nodelay(true);
+        let st = &fe.stats;
+        if Stats::get(&st.curr_connections) as usize >= cfg.max_connections {
+            Stats::inc(&st.rejected_connections);
+            tokio::spawn(async move {
+                let mut sock = sock;
+                let _ = sock.write_all(b"SERVER_ERROR too many open connections\r\n").await;
+            });
+            continue;
+        }
+        Stats::inc(&st.curr_connections);
+        Stats::inc(&st.total_connections);
+        let fe = fe.clone();
+        let cfg = cfg.clone();
+        let mut stop = stop.clone();
+        tokio::spawn(async move {
+            let run = async {
+                match &cfg.tls {
+                    Some(acc) => match tokio::time::timeout(Duration::from_secs(10), acc.accept(sock)).await {
+                        Ok(Ok(tls)) => connection(&fe, tls, &cfg).await,
+                        Ok(Err(e)) => tracing::debug!("TLS handshake: {e}"),
+                        Err(_) => tracing::debug!("TLS handshake timed out"),
+                    },
+                    None => connection(&fe, sock, &cfg).await,
+                }
+            };
+            tokio::select! {
+                _ = run => {}
+                _ = stop.changed() => {}
+            }
+            fe.stats.curr_connections.fetch_sub(1, Ordering::Relaxed);
+        });
+    }
+}
+
+/// Serves one connection until it closes, idles out, quits or fails.
+pub async fn connection<S: AsyncRead + AsyncWrite + Unpin>(fe: &FrontEnd, mut s: S, cfg: &ServerConfig) {
+    let limits = fe.config().limits;
+    let mut inbuf = BytesMut::with_capacity(16 * 1024);
+    let mut out: Vec<u8> = Vec::with_capacity(16 * 1024);
+    let mut swallow = 0usize;
+    loop {
+        // Answer everything complete in the buffer, in order.
+        loop {
+            if swallow > 0 {
+                let n = swallow.min(inbuf.len());
+                inbuf.advance(n);
+                swallow -= n;
+                if swallow > 0 {
+                    break;
+                }
+            }
+            if inbuf.is_empty() {
+                break;
+            }
+            match parse(&inbuf, &limits) {
+                Parsed::Incomplete => break,
+                Parsed::Cmd { cmd, used } => {
+                    let flow = match &cmd {
+                        Command::Get { keys, cas, touch } => {
+                            for k in keys.iter() {
+                                fe.get_key(k, *cas, *touch, &mut out);
+                                if out.len() >= OUT_FLUSH && write_out(fe, &mut s, &mut out).await.is_err() {
+                                    return;
+                                }
+                            }
+                            out.extend_from_slice(b"END\r\n");
+                            Flow::Continue
+                        }
+                        other => fe.execute(other, &mut out),
+                    };
+                    inbuf.advance(used);
+                    if flow == Flow::Close {
+                        let _ = write_out(fe, &mut s, &mut out).await;
+                        return;
+                    }
+                }
+                Parsed::Error { reply, used, swallow: sw } => {
+                    out.extend_from_slice(reply.as_bytes());
+                    out.extend_from_slice(b"\r\n");
+                    inbuf.advance(used);
+                    swallow = sw;
+                }
+                Parsed::Close { reply } => {
+                    out.extend_from_slice(reply.as_bytes());
+                    out.extend_from_slice(b"\r\n");
+                    let _ = write_out(fe, &mut s, &mut out).await;
+                    return;
+                }
+            }
+            if out.len() >= OUT_FLUSH && write_out(fe, &mut s, &mut out).await.is_err() {
+                return;
+            }
+        }
+        if !out.is_empty() && write_out(fe, &mut s, &mut out).await.is_err() {
+            return;
+        }
+        if out.capacity() > 4 * OUT_FLUSH {
+            out = Vec::with_capacity(16 * 1024);
+        }
+        // Keep the input buffer bounded: after a large data block, give the memory back.
+        if inbuf.is_empty() && inbuf.capacity() > 256 * 1024 {
+            inbuf = BytesMut::with_capacity(16 * 1024);
+        }
+        if inbuf.capacity() - inbuf.len() < 8 * 1024 {
+            inbuf.reserve(16 * 1024);
+        }
+        let read = s.read_buf(&mut inbuf);
+        let n = match cfg.idle_timeout {
+            Some(t) => match tokio::time::timeout(t, read).await {
+                Ok(r) => r,
+                Err(_) => {
+                    Stats::inc(&fe.stats.idle_kicks);
+                    return;
+                }
+            },
+            None => read.await,
+        };
+        match n {
+            Ok(0) | Err(_) => return,
+            Ok(n) => Stats::add(&fe.stats.bytes_read, n as u64),
+        }
+    }
+}
+
+async fn write_out<S: AsyncWrite + Unpin>(fe: &FrontEnd, s: &mut S, out: &mut Vec<u8>) -> std::io::Result<()> {
+    let r = s.write_all(out).await;
+    if r.is_ok() {
+        s.flush().await?;
+    }
+    Stats::add(&fe.stats.bytes_written, out.len() as u64);
+    out.clear();
+    r
+}

@@ -1,0 +1,474 @@
+//! [`FrontEnd`]: memcached semantics on a [`psl_node::Node`].
+//!
+//! Reads go to the node's memtable (`Node::entry`); writes are `Node::put`/`Node::delete`, so
+//! every write becomes an op in a sealed, signed, encrypted record that the other nodes verify
+//! and apply. Read-modify-write commands run under a striped per-key lock of the key's *home*
+//! front end (see the crate docs), so they are atomic among all front ends of a group.
+
+use crate::item::{self, absolute_expiry, cas_of};
+use crate::lru::{key_hash, Lru};
+use crate::proto::{parse_counter, Limits, StoreMode};
+use crate::stats::Stats;
+use parking_lot::{Mutex, RwLock};
+use psl_node::{Node, NodeError};
+use psl_scl::Version;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+/// The KV key that holds the flush_all state, replicated like any item. It starts with a space,
+/// which no memcached key can contain.
+pub const FLUSH_KEY: &[u8] = b" psl-memcached flush_all";
+
+const LOCK_STRIPES: usize = 1024;
+
+/// Front end settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub limits: Limits,
+    /// Bytes of items this front end keeps before evicting (memcached `-m`), default 64 MiB.
+    pub memory_limit: u64,
+    /// Reported as `threads` in `stats`.
+    pub threads: usize,
+    /// Reported as `max_connections`.
+    pub max_connections: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config { limits: Limits::default(), memory_limit: 64 << 20, threads: 2, max_connections: 4096 }
+    }
+}
+
+/// A read-modify-write operation, run at the key's home front end.
+#[derive(Debug, Clone, Copy)]
+pub enum Rmw<'a> {
+    /// `mode` Set/Add/Replace/Append/Prepend (Cas is Set with `cas`).
+    Store { mode: StoreMode, flags: u32, exptime: i64, cas: Option<u64>, data: &'a [u8] },
+    Delete { cas: Option<u64> },
+    /// incr/decr; `create` = (initial, exptime) on a miss (meta `N`), `ttl` updates the expiry.
+    Arith { incr: bool, delta: u64, create: Option<(u64, i64)>, ttl: Option<i64>, cas: Option<u64> },
+    /// Touch (`exptime`), and/or create an empty item on a miss (`vivify`): returns the item.
+    Touch { exptime: Option<i64>, vivify: Option<i64> },
+}
+
+/// What a [`Rmw`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Stored { cas: u64 },
+    NotStored,
+    Exists,
+    NotFound,
+    Deleted,
+    Number { value: u64, cas: u64, ttl: i64 },
+    /// An item (encoded, see [`item`]) and its CAS; `won` when a meta `N` created it.
+    Item { value: Arc<[u8]>, cas: u64, won: bool },
+    NonNumeric,
+    TooLarge,
+    Failed(String),
+}
+
+/// A read's result.
+#[derive(Debug, Clone)]
+pub enum Lookup {
+    Hit { value: Arc<[u8]>, cas: u64 },
+    Miss,
+}
+
+/// The flush_all state: items stored before `floor` are gone; items stored before `pending`
+/// are gone once the clock passes `pending`. Microseconds since the epoch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Flush {
+    floor: u64,
+    pending: u64,
+}
+
+impl Flush {
+    fn decode(v: &[u8]) -> Flush {
+        if v.len() != 16 {
+            return Flush::default();
+        }
+        let mut a = [0u8; 8];
+        a.copy_from_slice(&v[..8]);
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&v[8..]);
+        Flush { floor: u64::from_le_bytes(a), pending: u64::from_le_bytes(b) }
+    }
+
+    fn encode(&self) -> [u8; 16] {
+        let mut o = [0u8; 16];
+        o[..8].copy_from_slice(&self.floor.to_le_bytes());
+        o[8..].copy_from_slice(&self.pending.to_le_bytes());
+        o
+    }
+
+    fn hides(&self, stored_us: u64, now_us: u64) -> bool {
+        stored_us < self.floor || (self.pending != 0 && self.pending <= now_us && stored_us < self.pending)
+    }
+}
+
+/// One memcached front end on one node.
+pub struct FrontEnd {
+    node: Arc<Node>,
+    cfg: Config,
+    /// Largest encoded item: the smaller of the item size limit (plus the header) and the
+    /// node's value limit.
+    value_max: usize,
+    locks: Box<[Mutex<()>]>,
+    lru: Lru,
+    pub stats: Stats,
+    started: Instant,
+    last_stamp: AtomicU64,
+    group: RwLock<Group>,
+}
+
+#[derive(Default)]
+struct Group {
+    members: Vec<Weak<FrontEnd>>,
+    me: usize,
+}
+
+pub fn unix_now() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+}
+
+fn unix_us() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
+}
+
+impl FrontEnd {
+    pub fn new(node: Arc<Node>, cfg: Config) -> Arc<FrontEnd> {
+        let node_max = node.limits().value_bytes_max as usize;
+        let value_max = (cfg.limits.item_size_max.saturating_add(item::HEADER)).min(node_max);
+        Arc::new(FrontEnd {
+            lru: Lru::new(cfg.memory_limit),
+            node,
+            cfg,
+            value_max,
+            locks: (0..LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
+            stats: Stats::default(),
+            started: Instant::now(),
+            last_stamp: AtomicU64::new(0),
+            group: RwLock::new(Group::default()),
+        })
+    }
+
+    pub fn node(&self) -> &Arc<Node> {
+        &self.node
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    pub fn uptime(&self) -> u64 {
+        self.started.elapsed().as_secs()
+    }
+
+    /// Makes `members` one group: each key's read-modify-write commands run at
+    /// `members[hash(key) % members.len()]`, whichever member receives them.
+    pub fn join_group(members: &[Arc<FrontEnd>]) {
+        for (i, m) in members.iter().enumerate() {
+            let mut g = m.group.write();
+            g.members = members.iter().map(Arc::downgrade).collect();
+            g.me = i;
+        }
+    }
+
+    /// The home of `key` if it is another front end.
+    fn home(&self, key: &[u8]) -> Option<Arc<FrontEnd>> {
+        let g = self.group.read();
+        let n = g.members.len();
+        if n <= 1 {
+            return None;
+        }
+        let h = (key_hash(key) % n as u64) as usize;
+        if h == g.me {
+            None
+        } else {
+            g.members[h].upgrade()
+        }
+    }
+
+    /// A strictly increasing microsecond stamp for items and flushes.
+    fn stamp(&self) -> u64 {
+        let now = unix_us();
+        let mut cur = self.last_stamp.load(Ordering::Relaxed);
+        loop {
+            let next = now.max(cur + 1);
+            match self.last_stamp.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return next,
+                Err(c) => cur = c,
+            }
+        }
+    }
+
+    fn flush_state(&self) -> Flush {
+        self.node.get(FLUSH_KEY).map(|v| Flush::decode(&v)).unwrap_or_default()
+    }
+
+    fn lock(&self, key: &[u8]) -> parking_lot::MutexGuard<'_, ()> {
+        self.locks[(key_hash(key) % LOCK_STRIPES as u64) as usize].lock()
+    }
+
+    /// The live item of `key` (not expired, not flushed), with its CAS.
+    fn live(&self, key: &[u8], now: i64, flush: Flush, count: bool) -> Option<(Arc<[u8]>, u64)> {
+        let e = self.node.entry(key)?;
+        let v = e.value?;
+        let it = item::decode(&v)?;
+        if it.expired(now) {
+            if count {
+                Stats::inc(&self.stats.get_expired);
+            }
+            self.lru.remove(key);
+            return None;
+        }
+        if flush.hides(it.stored_us, unix_us()) {
+            if count {
+                Stats::inc(&self.stats.get_flushed);
+            }
+            self.lru.remove(key);
+            return None;
+        }
+        let cas = cas_of(e.version.lamport, e.version.writer);
+        Some((v, cas))
+    }
+
+    /// A read of one key (get, gets, mg without T/N). Counts hits and misses.
+    pub fn lookup(&self, key: &[u8]) -> Lookup {
+        Stats::inc(&self.stats.cmd_get);
+        match self.live(key, unix_now(), self.flush_state(), true) {
+            Some((value, cas)) => {
+                Stats::inc(&self.stats.get_hits);
+                let victims = self.lru.touch(key, value.len() as u64);
+                self.evict(victims);
+                Lookup::Hit { value, cas }
+            }
+            None => {
+                Stats::inc(&self.stats.get_misses);
+                Lookup::Miss
+            }
+        }
+    }
+
+    /// `set` (no condition): LWW, runs here under the local stripe lock.
+    pub fn set(&self, key: &[u8], flags: u32, exptime: i64, data: &[u8], want_cas: bool) -> Outcome {
+        let _g = self.lock(key);
+        let v = item::encode(flags, absolute_expiry(exptime, unix_now()), self.stamp(), &[data]);
+        self.write(key, v, want_cas)
+    }
+
+    /// `delete` (no condition): runs here.
+    pub fn delete(&self, key: &[u8]) -> Outcome {
+        let _g = self.lock(key);
+        self.delete_locked(key, None, unix_now(), self.flush_state())
+    }
+
+    /// Runs `op` at the key's home front end.
+    pub fn rmw(&self, key: &[u8], op: Rmw<'_>) -> Outcome {
+        match self.home(key) {
+            Some(home) => {
+                Stats::inc(&self.stats.forwarded);
+                home.rmw_local(key, op)
+            }
+            None => self.rmw_local(key, op),
+        }
+    }
+
+    /// Runs `op` here, under the key's stripe lock.
+    pub fn rmw_local(&self, key: &[u8], op: Rmw<'_>) -> Outcome {
+        let _g = self.lock(key);
+        let now = unix_now();
+        let flush = self.flush_state();
+        let st = &self.stats;
+        match op {
+            Rmw::Store { mode, flags, exptime, cas, data } => {
+                let cur = self.live(key, now, flush, false);
+                if let Some(c) = cas {
+                    match &cur {
+                        None => {
+                            Stats::inc(&st.cas_misses);
+                            return Outcome::NotFound;
+                        }
+                        Some((_, have)) if *have != c => {
+                            Stats::inc(&st.cas_badval);
+                            return Outcome::Exists;
+                        }
+                        Some(_) => Stats::inc(&st.cas_hits),
+                    }
+                }
+                let value = match (mode, &cur) {
+                    (StoreMode::Add, Some(_)) => return Outcome::NotStored,
+                    (StoreMode::Replace | StoreMode::Append | StoreMode::Prepend, None) => return Outcome::NotStored,
+                    (StoreMode::Append | StoreMode::Prepend, Some((old, _))) => {
+                        let Some(o) = item::decode(old) else { return Outcome::NotStored };
+                        if o.data.len() + data.len() + item::HEADER > self.value_max {
+                            return Outcome::TooLarge;
+                        }
+                        let parts: [&[u8]; 2] = if mode == StoreMode::Append { [o.data, data] } else { [data, o.data] };
+                        item::encode(o.flags, o.expiry, self.stamp(), &parts)
+                    }
+                    _ => item::encode(flags, absolute_expiry(exptime, now), self.stamp(), &[data]),
+                };
+                self.write(key, value, true)
+            }
+            Rmw::Delete { cas } => self.delete_locked(key, cas, now, flush),
+            Rmw::Arith { incr, delta, create, ttl, cas } => {
+                let (hits, misses) = if incr { (&st.incr_hits, &st.incr_misses) } else { (&st.decr_hits, &st.decr_misses) };
+                let Some((old, have)) = self.live(key, now, flush, false) else {
+                    if let Some((initial, exptime)) = create {
+                        Stats::inc(misses);
+                        let expiry = absolute_expiry(exptime, now);
+                        let v = item::encode(0, expiry, self.stamp(), &[initial.to_string().as_bytes()]);
+                        return match self.write(key, v, true) {
+                            Outcome::Stored { cas } => {
+                                Outcome::Number { value: initial, cas, ttl: ttl_of(expiry, now) }
+                            }
+                            other => other,
+                        };
+                    }
+                    Stats::inc(misses);
+                    return Outcome::NotFound;
+                };
+                if cas.is_some_and(|c| c != have) {
+                    return Outcome::Exists;
+                }
+                let Some(o) = item::decode(&old) else { return Outcome::NonNumeric };
+                let Some(n) = parse_counter(o.data) else { return Outcome::NonNumeric };
+                let value = if incr { n.wrapping_add(delta) } else { n.saturating_sub(delta) };
+                let expiry = ttl.map_or(o.expiry, |t| absolute_expiry(t, now));
+                let v = item::encode(o.flags, expiry, self.stamp(), &[value.to_string().as_bytes()]);
+                Stats::inc(hits);
+                match self.write(key, v, true) {
+                    Outcome::Stored { cas } => Outcome::Number { value, cas, ttl: ttl_of(expiry, now) },
+                    other => other,
+                }
+            }
+            Rmw::Touch { exptime, vivify } => {
+                let Some((old, have)) = self.live(key, now, flush, false) else {
+                    if let Some(t) = vivify {
+                        let v = item::encode(0, absolute_expiry(t, now), self.stamp(), &[]);
+                        return match self.write(key, v.clone(), true) {
+                            Outcome::Stored { cas } => Outcome::Item { value: v.into(), cas, won: true },
+                            other => other,
+                        };
+                    }
+                    if exptime.is_some() {
+                        Stats::inc(&st.touch_misses);
+                    }
+                    return Outcome::NotFound;
+                };
+                let Some(t) = exptime else { return Outcome::Item { value: old, cas: have, won: false } };
+                Stats::inc(&st.touch_hits);
+                let Some(o) = item::decode(&old) else { return Outcome::NotFound };
+                let v = item::encode(o.flags, absolute_expiry(t, now), self.stamp(), &[o.data]);
+                match self.write(key, v.clone(), true) {
+                    Outcome::Stored { cas } => Outcome::Item { value: v.into(), cas, won: false },
+                    other => other,
+                }
+            }
+        }
+    }
+
+    fn delete_locked(&self, key: &[u8], cas: Option<u64>, now: i64, flush: Flush) -> Outcome {
+        let Some((_, have)) = self.live(key, now, flush, false) else {
+            Stats::inc(&self.stats.delete_misses);
+            return Outcome::NotFound;
+        };
+        if cas.is_some_and(|c| c != have) {
+            return Outcome::Exists;
+        }
+        match self.node.delete(key) {
+            Ok(()) => {
+                Stats::inc(&self.stats.delete_hits);
+                self.lru.remove(key);
+                Outcome::Deleted
+            }
+            Err(e) => Outcome::Failed(e.to_string()),
+        }
+    }
+
+    /// Stores an encoded item (caller holds the key's stripe lock).
+    fn write(&self, key: &[u8], value: Vec<u8>, want_cas: bool) -> Outcome {
+        if value.len() > self.value_max {
+            Stats::inc(&self.stats.store_too_large);
+            return Outcome::TooLarge;
+        }
+        let size = value.len() as u64;
+        match self.node.put(key, &value) {
+            Ok(()) => {}
+            Err(NodeError::ValueTooLarge { .. }) => return Outcome::TooLarge,
+            Err(e) => {
+                Stats::inc(&self.stats.store_no_memory);
+                return Outcome::Failed(e.to_string());
+            }
+        }
+        Stats::inc(&self.stats.total_items);
+        let victims = self.lru.put(key, size);
+        self.evict(victims);
+        let cas = if want_cas {
+            self.node.entry(key).map(|e| cas_of(e.version.lamport, e.version.writer)).unwrap_or(0)
+        } else {
+            0
+        };
+        Outcome::Stored { cas }
+    }
+
+    /// Drops this front end's local copy of each victim: a local tombstone just above the
+    /// entry's version, applied to this node's memtable only (never sealed or sent). Any newer
+    /// write of the key, from any node, still replaces it; until one comes the key reads as
+    /// missing here, while other nodes keep their copies.
+    fn evict(&self, victims: Vec<Box<[u8]>>) {
+        for k in victims {
+            let Some(e) = self.node.entry(&k) else { continue };
+            if e.value.is_none() {
+                continue;
+            }
+            let v = e.version;
+            let above = match v.writer.checked_add(1) {
+                Some(w) => Version { lamport: v.lamport, writer: w },
+                None => Version { lamport: v.lamport.saturating_add(1), writer: 0 },
+            };
+            if self.node.memtable().apply(&k, above, None) {
+                Stats::inc(&self.stats.evictions);
+            }
+        }
+    }
+
+    /// flush_all: items stored before now (delay ≤ 0) or before the delay's time read as
+    /// missing from then on, on every front end of the capsule (the state is a replicated key).
+    pub fn flush_all(&self, delay: i64) -> Outcome {
+        Stats::inc(&self.stats.cmd_flush);
+        let _g = self.lock(FLUSH_KEY);
+        let now_us = self.stamp();
+        let mut f = self.flush_state();
+        if f.pending != 0 && f.pending <= now_us {
+            f.floor = f.floor.max(f.pending);
+        }
+        if delay <= 0 {
+            f.floor = f.floor.max(now_us);
+            f.pending = 0;
+            self.lru.clear();
+        } else {
+            let at = absolute_expiry(delay, unix_now());
+            f.pending = (at.max(0) as u64).saturating_mul(1_000_000);
+        }
+        match self.node.put(FLUSH_KEY, &f.encode()) {
+            Ok(()) => Outcome::Stored { cas: 0 },
+            Err(e) => Outcome::Failed(e.to_string()),
+        }
+    }
+
+    /// (items, bytes) this front end accounts for (`curr_items`, `bytes`).
+    pub fn totals(&self) -> (u64, u64) {
+        self.lru.totals()
+    }
+}
+
+fn ttl_of(expiry: i64, now: i64) -> i64 {
+    if expiry == 0 {
+        -1
+    } else {
+        (expiry - now).max(0)
+    }
+}

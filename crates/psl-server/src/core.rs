@@ -1,0 +1,415 @@
+//! [`ServerCore`]: one capsule server's protocol logic, single-threaded, deterministic, no I/O.
+//!
+//! Inputs: verified records (the verifier runs elsewhere, in parallel; it needs no data key),
+//! fabric messages (repair requests, heads hints), ticks, and the outcome of each group commit.
+//! Outputs: messages to publish, ranges of the store to serve, and batches to persist.
+//!
+//! The rule that matters: an ack is built only in [`ServerCore::on_persisted`], which the
+//! runtime calls after the `fsync` of the batch that [`ServerCore::take_batch`] handed out
+//! returned successfully. Nothing else creates an ack, so none can precede its fsync.
+
+use psl_capsule::{Kind, Link, Record, Verified, Verifier};
+use psl_crypto::{Hash256, SigningKey};
+use psl_scl::wire::ACK_ENTRIES_MAX;
+use psl_scl::{Ack, AckEntry, Msg, Orderer, OrdererAction, OrdererConfig};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// Per-writer ordering, hold-back and gap repair (the same engine as a node's).
+    pub orderer: OrdererConfig,
+    /// Most records in one group commit (one write, one fsync).
+    pub batch_records_max: usize,
+    /// Records ordered but not yet persisted; at the bound the runtime stops taking input.
+    pub ready_records_max: usize,
+    /// Most records served (repair answers) per tick.
+    pub answers_per_tick: usize,
+    /// Most pending repair requests (oldest dropped).
+    pub answering_max: usize,
+    /// How often the server publishes its durable heads (anti-entropy).
+    pub heads_interval_ms: u64,
+    /// Most repair requests per tick caused by peers' heads hints.
+    pub hint_requests_per_tick: usize,
+    /// How often acks are repeated for writers whose durable head moved recently (acks travel
+    /// on a lossy fabric), and how recently.
+    pub reack_interval_ms: u64,
+    pub reack_window_ms: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            orderer: OrdererConfig::default(),
+            batch_records_max: 4096,
+            ready_records_max: 65_536,
+            answers_per_tick: 1024,
+            answering_max: 1024,
+            heads_interval_ms: 250,
+            hint_requests_per_tick: 64,
+            reack_interval_ms: 200,
+            reack_window_ms: 5_000,
+        }
+    }
+}
+
+/// Something the server's runtime must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    /// Send these bytes on the fabric.
+    Publish(Vec<u8>),
+    /// Read writer `writer`'s records `from_seq ..= to_seq` (all durable) from the store and
+    /// publish each as a record message.
+    Serve { writer: u32, from_seq: u64, to_seq: u64 },
+    /// A writer's records could not be obtained for `withholding_after_ms`.
+    Withholding { writer: u32, from_seq: u64, to_seq: u64 },
+    /// Two different signed records for one (writer, seq).
+    Equivocation { writer: u32, seq: u64, a: Hash256, b: Hash256 },
+    /// A group commit failed: nothing more is acked; the runtime must stop (a restart reopens
+    /// and re-verifies the store).
+    Fatal(String),
+}
+
+/// Counters (plain numbers; the runtime copies them out).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    pub records_verified: u64,
+    pub records_rejected: u64,
+    pub duplicates: u64,
+    pub records_held: u64,
+    pub records_persisted: u64,
+    pub commits: u64,
+    pub acks_sent: u64,
+    pub repair_requests_sent: u64,
+    pub records_served: u64,
+    pub server_range_refused: u64,
+    pub withholding_reports: u64,
+    pub equivocations: u64,
+}
+
+pub struct ServerCore {
+    verifier: Arc<Verifier>,
+    key: SigningKey,
+    /// This server's writer index (its key's child index).
+    me: u32,
+    cfg: ServerConfig,
+    orderer: Orderer<Verified<Record>>,
+    ready: VecDeque<Verified<Record>>,
+    /// Summary of the batch handed out and not yet persisted: writer -> (from, to, hash of to).
+    in_flight: Option<BTreeMap<u32, (u64, u64, Hash256)>>,
+    /// What is on disk, fsync'd: writer -> (next seq, hash of the newest).
+    durable: BTreeMap<u32, (u64, Hash256)>,
+    /// When each writer's durable head last moved (for re-acks).
+    changed: BTreeMap<u32, u64>,
+    answering: VecDeque<(u32, u64, u64)>,
+    hinted: BTreeMap<u32, u64>,
+    last_heads_at: Option<u64>,
+    last_reack_at: u64,
+    /// Newest SYNC ordered: (epoch, link).
+    latest_sync: Option<(u64, Link)>,
+    failed: Option<String>,
+    pub stats: ServerStats,
+}
+
+impl std::fmt::Debug for ServerCore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ServerCore(server={}, writers={})", self.me, self.durable.len())
+    }
+}
+
+impl ServerCore {
+    /// `me` is the server's writer index (`psl_scl::server_writer(id)`), `key` its signing key.
+    pub fn new(verifier: Arc<Verifier>, key: SigningKey, me: u32, cfg: ServerConfig) -> ServerCore {
+        ServerCore {
+            verifier,
+            key,
+            me,
+            cfg,
+            orderer: Orderer::new(cfg.orderer),
+            ready: VecDeque::new(),
+            in_flight: None,
+            durable: BTreeMap::new(),
+            changed: BTreeMap::new(),
+            answering: VecDeque::new(),
+            hinted: BTreeMap::new(),
+            last_heads_at: None,
+            last_reack_at: 0,
+            latest_sync: None,
+            failed: None,
+            stats: ServerStats::default(),
+        }
+    }
+
+    /// At start: what the store already holds (re-verified when it was opened) is durable.
+    /// `hashes` are the writer's chain from seq 0; `epoch` the newest record's epoch.
+    pub fn adopt(&mut self, writer: u32, hashes: &[Hash256], epoch: u64, now: u64) {
+        if let Some(last) = hashes.last() {
+            if self.orderer.adopt(writer, hashes, epoch, now) {
+                self.durable.insert(writer, (hashes.len() as u64, *last));
+            }
+        }
+    }
+
+    /// At start: the newest SYNC in the store.
+    pub fn adopt_sync(&mut self, epoch: u64, link: Link) {
+        if self.latest_sync.is_none_or(|(e, _)| epoch > e) {
+            self.latest_sync = Some((epoch, link));
+        }
+    }
+
+    pub fn server_writer(&self) -> u32 {
+        self.me
+    }
+
+    pub fn orderer(&self) -> &Orderer<Verified<Record>> {
+        &self.orderer
+    }
+
+    /// What is durable: writer -> (next seq, hash of the newest record).
+    pub fn durable(&self) -> &BTreeMap<u32, (u64, Hash256)> {
+        &self.durable
+    }
+
+    /// The newest SYNC this server has ordered (not necessarily persisted yet).
+    pub fn latest_sync(&self) -> Option<(u64, Link)> {
+        self.latest_sync
+    }
+
+    /// Whether the runtime should stop taking input until batches are persisted.
+    pub fn congested(&self) -> bool {
+        self.ready.len() >= self.cfg.ready_records_max
+    }
+
+    pub fn failed(&self) -> Option<&str> {
+        self.failed.as_deref()
+    }
+
+    /// Before spending a signature check: drop records already stored, ordered or held, and
+    /// records claiming a server's writer index. Returns `true` if dropped.
+    pub fn precheck(&mut self, rec: &Record) -> bool {
+        if psl_scl::server_id(rec.header().writer).is_some() {
+            self.stats.server_range_refused += 1;
+            return true;
+        }
+        if self.orderer.known(rec).is_some() {
+            self.stats.duplicates += 1;
+            return true;
+        }
+        false
+    }
+
+    /// A record failed verification (or decoding): it is never stored.
+    pub fn on_rejected(&mut self) {
+        self.stats.records_rejected += 1;
+    }
+
+    /// A verified record: order it; whatever becomes ready in chain order waits for the next
+    /// group commit.
+    pub fn on_verified(&mut self, rec: Verified<Record>, now: u64) -> Vec<Output> {
+        let mut out = Vec::new();
+        if psl_scl::server_id(rec.header().writer).is_some() {
+            self.stats.server_range_refused += 1;
+            return out;
+        }
+        self.stats.records_verified += 1;
+        let d = self.orderer.deliver(rec, now);
+        if d.rejected.is_some_and(|r| r == psl_scl::RejectReason::Duplicate) {
+            self.stats.duplicates += 1;
+        }
+        if d.held {
+            self.stats.records_held += 1;
+        }
+        for (writer, seq, a, b) in d.conflicts {
+            tracing::warn!(writer, seq, %a, %b, "equivocation: two signed records for one slot");
+            self.stats.equivocations += 1;
+            out.push(Output::Equivocation { writer, seq, a, b });
+        }
+        for r in d.ready {
+            let h = r.header();
+            // A SYNC (or EOE) names records that exist: note them so gaps get repaired, and so
+            // a record other than the one named is caught.
+            if !h.links.is_empty() && (h.kind == Kind::Sync || h.kind == Kind::Control) {
+                for l in &h.links {
+                    if let Some((writer, seq, a, b)) = self.orderer.note_link(l, now) {
+                        self.stats.equivocations += 1;
+                        out.push(Output::Equivocation { writer, seq, a, b });
+                    }
+                }
+            }
+            if h.kind == Kind::Sync && self.latest_sync.is_none_or(|(e, _)| h.epoch > e) {
+                self.latest_sync = Some((h.epoch, r.link()));
+            }
+            self.ready.push_back(r);
+        }
+        out
+    }
+
+    /// The next group commit: records in chain order per writer, at most `batch_records_max`.
+    /// `None` while a batch is in flight, after a failure, or with nothing to write.
+    pub fn take_batch(&mut self) -> Option<Vec<Verified<Record>>> {
+        if self.in_flight.is_some() || self.failed.is_some() || self.ready.is_empty() {
+            return None;
+        }
+        let n = self.ready.len().min(self.cfg.batch_records_max.max(1));
+        let batch: Vec<Verified<Record>> = self.ready.drain(..n).collect();
+        let mut summary: BTreeMap<u32, (u64, u64, Hash256)> = BTreeMap::new();
+        for r in &batch {
+            let h = r.header();
+            let e = summary.entry(h.writer).or_insert((h.seq, h.seq, r.hash()));
+            e.1 = h.seq;
+            e.2 = r.hash();
+        }
+        self.in_flight = Some(summary);
+        Some(batch)
+    }
+
+    /// The runtime's report on the batch from [`ServerCore::take_batch`]: `Ok` only once the
+    /// fsync covering it returned. Then, and only then, the batch is acked.
+    pub fn on_persisted(&mut self, result: Result<usize, String>, now: u64) -> Vec<Output> {
+        let Some(summary) = self.in_flight.take() else { return Vec::new() };
+        match result {
+            Ok(records) => {
+                self.stats.records_persisted += records as u64;
+                self.stats.commits += 1;
+                let mut entries = Vec::with_capacity(summary.len());
+                for (w, (from, to, hash)) in summary {
+                    self.durable.insert(w, (to + 1, hash));
+                    self.changed.insert(w, now);
+                    entries.push(AckEntry { writer: w, from_seq: from, to_seq: to, hash });
+                }
+                self.acks(entries)
+            }
+            Err(e) => {
+                tracing::error!("group commit failed, no more acks until restart: {e}");
+                self.failed = Some(e.clone());
+                vec![Output::Fatal(e)]
+            }
+        }
+    }
+
+    fn acks(&mut self, entries: Vec<AckEntry>) -> Vec<Output> {
+        let name = self.verifier.name();
+        entries
+            .chunks(ACK_ENTRIES_MAX)
+            .map(|c| {
+                self.stats.acks_sent += 1;
+                Output::Publish(Msg::Ack(Ack::sign(name, self.me, c.to_vec(), &self.key)).encode())
+            })
+            .collect()
+    }
+
+    /// A message from the fabric that is not a record.
+    pub fn on_message(&mut self, msg: Msg) {
+        let name = self.verifier.name();
+        match msg {
+            Msg::Repair { capsule, writer, from_seq, to_seq } if capsule == name => {
+                let to = to_seq.min(from_seq.saturating_add(self.cfg.orderer.repair_chunk.max(1) - 1));
+                if !self.answering.contains(&(writer, from_seq, to)) {
+                    self.answering.push_back((writer, from_seq, to));
+                }
+                while self.answering.len() > self.cfg.answering_max {
+                    self.answering.pop_front();
+                }
+            }
+            Msg::Heads { capsule, heads } if capsule == name => {
+                for (w, s) in heads {
+                    if psl_scl::server_id(w).is_none() && s >= self.orderer.next_seq(w) {
+                        let e = self.hinted.entry(w).or_insert(s);
+                        *e = (*e).max(s);
+                    }
+                }
+                while self.hinted.len() > psl_scl::wire::HEADS_MAX {
+                    self.hinted.pop_last();
+                }
+            }
+            // Other servers' acks and records are not this method's business.
+            _ => {}
+        }
+    }
+
+    /// Time passes: repair requests for gaps, pulls driven by peers' heads (anti-entropy), our
+    /// own heads, re-acks, and answers to repair requests (from durable records only).
+    pub fn on_tick(&mut self, now: u64) -> Vec<Output> {
+        let mut out = Vec::new();
+        let name = self.verifier.name();
+        for a in self.orderer.tick(now) {
+            match a {
+                OrdererAction::Repair { writer, from_seq, to_seq } => {
+                    self.stats.repair_requests_sent += 1;
+                    out.push(Output::Publish(Msg::Repair { capsule: name, writer, from_seq, to_seq }.encode()));
+                }
+                OrdererAction::Withholding { writer, from_seq, to_seq } => {
+                    self.stats.withholding_reports += 1;
+                    tracing::warn!(
+                        writer,
+                        from_seq,
+                        to_seq,
+                        "writer withholding: records known to exist cannot be obtained"
+                    );
+                    out.push(Output::Withholding { writer, from_seq, to_seq });
+                }
+            }
+        }
+        let mut budget = self.cfg.hint_requests_per_tick;
+        let hinted: Vec<(u32, u64)> = self.hinted.iter().map(|(w, s)| (*w, *s)).collect();
+        for (w, s) in hinted {
+            if budget == 0 {
+                break;
+            }
+            if s < self.orderer.next_seq(w) {
+                self.hinted.remove(&w);
+                continue;
+            }
+            if let Some(OrdererAction::Repair { writer, from_seq, to_seq }) = self.orderer.hint(w, s, now) {
+                budget -= 1;
+                self.stats.repair_requests_sent += 1;
+                out.push(Output::Publish(Msg::Repair { capsule: name, writer, from_seq, to_seq }.encode()));
+            }
+        }
+        if self.last_heads_at.is_none_or(|t| now.saturating_sub(t) >= self.cfg.heads_interval_ms) {
+            self.last_heads_at = Some(now);
+            let heads: Vec<(u32, u64)> =
+                self.durable.iter().map(|(w, (next, _))| (*w, next - 1)).take(psl_scl::wire::HEADS_MAX).collect();
+            if !heads.is_empty() {
+                out.push(Output::Publish(Msg::Heads { capsule: name, heads }.encode()));
+            }
+        }
+        if now.saturating_sub(self.last_reack_at) >= self.cfg.reack_interval_ms {
+            self.last_reack_at = now;
+            let window = self.cfg.reack_window_ms;
+            self.changed.retain(|_, t| now.saturating_sub(*t) <= window);
+            let entries: Vec<AckEntry> = self
+                .changed
+                .keys()
+                .filter_map(|w| {
+                    self.durable.get(w).map(|(next, hash)| AckEntry {
+                        writer: *w,
+                        from_seq: next - 1,
+                        to_seq: next - 1,
+                        hash: *hash,
+                    })
+                })
+                .collect();
+            if !entries.is_empty() && self.failed.is_none() {
+                out.extend(self.acks(entries));
+            }
+        }
+        let mut budget = self.cfg.answers_per_tick as u64;
+        while budget > 0 {
+            let Some((w, from, to)) = self.answering.pop_front() else { break };
+            let Some((next, _)) = self.durable.get(&w).copied() else { continue };
+            if from >= next {
+                continue;
+            }
+            let to = to.min(next - 1);
+            let end = to.min(from + budget - 1);
+            out.push(Output::Serve { writer: w, from_seq: from, to_seq: end });
+            self.stats.records_served += end - from + 1;
+            budget -= end - from + 1;
+            if end < to {
+                self.answering.push_front((w, end + 1, to));
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,28 @@
+//! The DataCapsule server: verified, durable, chain-ordered storage of one capsule's records,
+//! signed acks only after the fsync that covers them, reads, and anti-entropy between servers.
+//!
+//! Module map:
+//! - [`core`]: [`ServerCore`], the protocol state machine (no I/O): ordering (the SCL
+//!   `Orderer`, with hold-back and gap repair), batches for group commit, acks after persist,
+//!   repair answers, heads exchange and pulls.
+//! - [`runtime`]: [`Server`], the thin threaded runtime: fabric in/out, a verify pool (public
+//!   keys only, no data key), one core thread that owns the [`psl_store::DiskStore`].
+//! - [`freshness`]: [`check_fresh`], how a reader that knows a newer SYNC catches a server
+//!   serving a stale prefix.
+//!
+//! The protocol is described in `docs/protocol/durability.md`.
+
+pub mod core;
+pub mod freshness;
+pub mod runtime;
+
+pub use crate::core::{Output, ServerConfig, ServerCore, ServerStats};
+pub use freshness::{check_fresh, ServerView, Stale};
+pub use runtime::{open_store, Server, ServerError, ServerOptions, StartReport};
+
+/// Derives server `id`'s signing key from the application key. In production the leader hands
+/// each server its key after attestation; deriving it from the owner's tree here is the
+/// development path (`psl capsule-server --owner`).
+pub fn server_key(app: &psl_crypto::AppKey, id: u32) -> Option<psl_crypto::SigningKey> {
+    psl_scl::server_writer(id).and_then(|w| app.writer(w).ok())
+}

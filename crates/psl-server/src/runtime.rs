@@ -1,0 +1,509 @@
+//! The thin threaded runtime around [`ServerCore`]: fabric in, verify pool, one core thread
+//! that owns the protocol state and does the group commits, fabric out.
+//!
+//! ```text
+//! fabric ─▶ host-in (decode) ─▶ in channel ─▶ core: precheck ─▶ verify pool (public keys)
+//!                                              ▲                    │
+//!                                              └──── verified ◀─────┘
+//! core: order ─▶ ready ─▶ DiskStore::append (one write, one fsync) ─▶ ack ─▶ fabric.publish
+//! ```
+//!
+//! While the core thread waits on an fsync, the verify pool keeps verifying and the in channel
+//! keeps filling (both bounded), so the next commit takes everything that arrived meanwhile:
+//! that is the group commit.
+
+use crate::core::{Output, ServerConfig, ServerCore, ServerStats};
+use crossbeam_channel::{bounded, Receiver, Select, Sender, TrySendError};
+use psl_capsule::{Record, SignedMetadata, Verified, Verifier};
+use psl_crypto::{Hash256, SigningKey};
+use psl_fabric::Fabric;
+use psl_scl::Msg;
+use psl_store::{CheckReport, DiskStore, StoreError};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    #[error("the store in {dir} holds capsule {found}, not {expected}")]
+    WrongCapsule { dir: PathBuf, found: String, expected: String },
+    #[error("server id {0} is out of range (0 to 32767)")]
+    Id(u32),
+    #[error("server writer index {0} is one of the capsule's coordinator indices: pick another server id")]
+    CoordinatorClash(u32),
+    #[error("starting a thread: {0}")]
+    Spawn(#[from] std::io::Error),
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    /// Server id (0 .. 32767); its key is the application key's child `SERVER_WRITER_BASE + id`.
+    pub id: u32,
+    pub verifiers: usize,
+    /// Bound of each channel (in, verify, verified).
+    pub channel_msgs_max: usize,
+    pub tick: Duration,
+    pub core: ServerConfig,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        ServerOptions {
+            id: 0,
+            verifiers: 2,
+            channel_msgs_max: 4096,
+            tick: Duration::from_millis(10),
+            core: ServerConfig::default(),
+        }
+    }
+}
+
+/// What happened when the store was opened.
+#[derive(Debug, Clone, Default)]
+pub struct StartReport {
+    pub created: bool,
+    pub records: usize,
+    /// Problems the open found (damaged frames, unreadable regions, orphans, torn tail).
+    pub problems: Vec<String>,
+    /// Whether the log was rewritten by `DiskStore::repair` (what was lost is fetched again
+    /// from peers by anti-entropy).
+    pub repaired: bool,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    received: AtomicU64,
+    bad_messages: AtomicU64,
+    in_dropped: AtomicU64,
+    published: AtomicU64,
+    serve_errors: AtomicU64,
+}
+
+enum In {
+    Record(Record),
+    Msg(Msg),
+}
+
+pub struct Server {
+    store: Arc<Mutex<DiskStore>>,
+    verifier: Arc<Verifier>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+    stats: Arc<Mutex<ServerStats>>,
+    counters: Arc<Counters>,
+    failed: Arc<Mutex<Option<String>>>,
+    writer: u32,
+    start: StartReport,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Server(writer={})", self.writer)
+    }
+}
+
+/// Opens the store in `dir` (creating it for `meta` if there is none), repairing it if the open
+/// found damage. Verification needs no data key.
+pub fn open_store(dir: &Path, meta: &SignedMetadata) -> Result<(DiskStore, StartReport), ServerError> {
+    let mut rep = StartReport::default();
+    let mut store = if dir.join(psl_store::METADATA_FILE).exists() {
+        let (s, open) = DiskStore::open(dir, None)?;
+        rep.problems = open.problems();
+        if s.name() != meta.name() {
+            return Err(ServerError::WrongCapsule {
+                dir: dir.to_path_buf(),
+                found: s.name().0.to_hex(),
+                expected: meta.name().0.to_hex(),
+            });
+        }
+        if !rep.problems.is_empty() {
+            tracing::warn!(dir = %dir.display(), problems = ?rep.problems, "the store needs repair");
+        }
+        s
+    } else {
+        rep.created = true;
+        DiskStore::create(dir, meta.clone(), None)?
+    };
+    if !rep.problems.is_empty() {
+        let r = store.repair()?;
+        tracing::warn!(kept = r.kept, dropped = r.dropped, backup = %r.backup.display(), "repaired the store; missing records will be fetched from peers");
+        rep.repaired = true;
+    }
+    rep.records = store.len();
+    Ok((store, rep))
+}
+
+impl Server {
+    /// Starts a capsule server on `fabric` with its store in `dir`. `key` must be the
+    /// application key's child at `psl_scl::server_writer(opts.id)`.
+    pub fn start(
+        dir: &Path,
+        meta: SignedMetadata,
+        key: SigningKey,
+        fabric: Arc<dyn Fabric>,
+        opts: ServerOptions,
+    ) -> Result<Server, ServerError> {
+        let writer = psl_scl::server_writer(opts.id).ok_or(ServerError::Id(opts.id))?;
+        if meta.meta.policy.is_coordinator(writer) {
+            return Err(ServerError::CoordinatorClash(writer));
+        }
+        let (store, start_report) = open_store(dir, &meta)?;
+        let verifier = Arc::new(Verifier::new(meta, None));
+        let mut core = ServerCore::new(verifier.clone(), key, writer, opts.core);
+        let t0 = Instant::now();
+        for (w, head) in store.heads() {
+            core.adopt(w, store.chain_hashes(w), head.epoch, 0);
+        }
+        if let Ok(Some(s)) = store.latest_sync() {
+            core.adopt_sync(s.header().epoch, s.link());
+        }
+        let store = Arc::new(Mutex::new(store));
+        let stop = Arc::new(AtomicBool::new(false));
+        let stats = Arc::new(Mutex::new(ServerStats::default()));
+        let counters = Arc::new(Counters::default());
+        let failed = Arc::new(Mutex::new(None));
+        let cap = opts.channel_msgs_max.max(16);
+        let (in_tx, in_rx) = bounded::<In>(cap);
+        let (verify_tx, verify_rx) = bounded::<Record>(cap);
+        let (res_tx, res_rx) = bounded::<Option<Verified<Record>>>(cap);
+        let mut threads = Vec::new();
+
+        for i in 0..opts.verifiers.max(1) {
+            let (rx, tx, v) = (verify_rx.clone(), res_tx.clone(), verifier.clone());
+            threads.push(std::thread::Builder::new().name(format!("srv-verify-{i}")).spawn(move || {
+                while let Ok(rec) = rx.recv() {
+                    let r = match v.verify(rec) {
+                        Ok(r) => Some(r),
+                        Err(rej) => {
+                            tracing::debug!("rejected: {rej}");
+                            None
+                        }
+                    };
+                    if tx.send(r).is_err() {
+                        return;
+                    }
+                }
+            })?);
+        }
+        drop(res_tx);
+
+        {
+            let (fabric, stop, counters, name) = (fabric.clone(), stop.clone(), counters.clone(), verifier.name());
+            let limits = verifier.metadata().meta.policy.limits;
+            threads.push(std::thread::Builder::new().name("srv-host-in".into()).spawn(move || {
+                while !stop.load(Ordering::Acquire) {
+                    let m = match fabric.recv_timeout(Duration::from_millis(50)) {
+                        Ok(Some(m)) => m,
+                        Ok(None) => continue,
+                        Err(e) => {
+                            tracing::warn!("fabric receive failed: {e}");
+                            std::thread::sleep(Duration::from_millis(50));
+                            continue;
+                        }
+                    };
+                    counters.received.fetch_add(1, Ordering::Relaxed);
+                    let item = match Msg::decode(&m) {
+                        Ok(Msg::Record { capsule, bytes }) if capsule == name => {
+                            match Record::decode(&bytes, &limits) {
+                                Ok(r) => In::Record(r),
+                                Err(_) => {
+                                    counters.bad_messages.fetch_add(1, Ordering::Relaxed);
+                                    continue;
+                                }
+                            }
+                        }
+                        Ok(Msg::Ack(_)) => continue,
+                        Ok(m) if m.capsule() == name => In::Msg(m),
+                        _ => {
+                            counters.bad_messages.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        }
+                    };
+                    // Bounded wait, then drop (repair and anti-entropy fetch it again).
+                    match in_tx.send_timeout(item, Duration::from_millis(500)) {
+                        Ok(()) => {}
+                        Err(crossbeam_channel::SendTimeoutError::Timeout(_)) => {
+                            counters.in_dropped.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(crossbeam_channel::SendTimeoutError::Disconnected(_)) => return,
+                    }
+                }
+            })?);
+        }
+
+        {
+            let run = CoreLoop {
+                core,
+                store: store.clone(),
+                fabric,
+                in_rx,
+                verify_tx,
+                res_rx,
+                stop: stop.clone(),
+                stats: stats.clone(),
+                counters: counters.clone(),
+                failed: failed.clone(),
+                tick: opts.tick,
+                t0,
+                name: verifier.name(),
+            };
+            threads.push(std::thread::Builder::new().name("srv-core".into()).spawn(move || run.run())?);
+        }
+        tracing::info!(writer, records = start_report.records, "capsule server started");
+        Ok(Server { store, verifier, stop, threads, stats, counters, failed, writer, start: start_report })
+    }
+
+    pub fn writer(&self) -> u32 {
+        self.writer
+    }
+
+    pub fn start_report(&self) -> &StartReport {
+        &self.start
+    }
+
+    fn store(&self) -> MutexGuard<'_, DiskStore> {
+        self.store.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Each writer's newest durable record: writer -> (seq, hash).
+    pub fn heads(&self) -> std::collections::BTreeMap<u32, (u64, Hash256)> {
+        self.store().heads().into_iter().map(|(w, h)| (w, (h.seq, h.hash))).collect()
+    }
+
+    /// A record by hash (read back from disk and re-verified).
+    pub fn get(&self, hash: &Hash256) -> Result<Option<Verified<Record>>, StoreError> {
+        self.store().get(hash)
+    }
+
+    /// Writer `writer`'s records `from_seq ..= to_seq` that the server holds.
+    pub fn range(&self, writer: u32, from_seq: u64, to_seq: u64) -> Result<Vec<Verified<Record>>, StoreError> {
+        self.store().range(writer, from_seq, to_seq.saturating_add(1))
+    }
+
+    /// The SYNC with the highest epoch on disk.
+    pub fn latest_sync(&self) -> Result<Option<Verified<Record>>, StoreError> {
+        self.store().latest_sync()
+    }
+
+    /// Re-reads and re-verifies the whole log.
+    pub fn check(&self) -> Result<CheckReport, StoreError> {
+        self.store().check()
+    }
+
+    pub fn len(&self) -> usize {
+        self.store().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn stats(&self) -> ServerStats {
+        *self.stats.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Set when a group commit failed (the server no longer acks; restart it).
+    pub fn failed(&self) -> Option<String> {
+        self.failed.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn stats_json(&self) -> serde_json::Value {
+        let s = self.stats();
+        let c = &self.counters;
+        serde_json::json!({
+            "writer": self.writer,
+            "capsule": self.verifier.name().0.to_hex(),
+            "records": self.len(),
+            "records_verified": s.records_verified,
+            "records_rejected": s.records_rejected,
+            "duplicates": s.duplicates,
+            "records_held": s.records_held,
+            "records_persisted": s.records_persisted,
+            "commits": s.commits,
+            "acks_sent": s.acks_sent,
+            "repair_requests_sent": s.repair_requests_sent,
+            "records_served": s.records_served,
+            "server_range_refused": s.server_range_refused,
+            "withholding_reports": s.withholding_reports,
+            "equivocations": s.equivocations,
+            "received": c.received.load(Ordering::Relaxed),
+            "bad_messages": c.bad_messages.load(Ordering::Relaxed),
+            "in_dropped": c.in_dropped.load(Ordering::Relaxed),
+            "published": c.published.load(Ordering::Relaxed),
+            "serve_errors": c.serve_errors.load(Ordering::Relaxed),
+            "failed": self.failed(),
+        })
+    }
+
+    /// Stops every thread. Records not yet persisted are lost (and were never acked).
+    pub fn shutdown(mut self) {
+        self.stop_threads();
+    }
+
+    fn stop_threads(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if !self.threads.is_empty() {
+            self.stop_threads();
+        }
+    }
+}
+
+struct CoreLoop {
+    core: ServerCore,
+    store: Arc<Mutex<DiskStore>>,
+    fabric: Arc<dyn Fabric>,
+    in_rx: Receiver<In>,
+    verify_tx: Sender<Record>,
+    res_rx: Receiver<Option<Verified<Record>>>,
+    stop: Arc<AtomicBool>,
+    stats: Arc<Mutex<ServerStats>>,
+    counters: Arc<Counters>,
+    failed: Arc<Mutex<Option<String>>>,
+    tick: Duration,
+    t0: Instant,
+    name: psl_capsule::CapsuleName,
+}
+
+/// Most inputs taken between two group commits.
+const DRAIN_MAX: usize = 8192;
+
+impl CoreLoop {
+    fn now(&self) -> u64 {
+        self.t0.elapsed().as_millis() as u64
+    }
+
+    fn run(mut self) {
+        let mut next_tick = Instant::now();
+        while !self.stop.load(Ordering::Acquire) {
+            // Wait for input (bounded), then take what is there, up to DRAIN_MAX.
+            let timeout = next_tick.saturating_duration_since(Instant::now()).min(Duration::from_millis(50));
+            self.wait_input(timeout);
+            for _ in 0..DRAIN_MAX {
+                if !self.step() {
+                    break;
+                }
+            }
+            // Group commit: one write, one fsync; the acks only after it returned.
+            self.commit();
+            if Instant::now() >= next_tick {
+                next_tick = Instant::now() + self.tick;
+                let now = self.now();
+                let out = self.core.on_tick(now);
+                self.outputs(out);
+                *self.stats.lock().unwrap_or_else(|p| p.into_inner()) = self.core.stats;
+            }
+        }
+        // Persist what is ready before leaving (acks go out too; a crash instead loses it unacked).
+        self.commit();
+    }
+
+    fn wait_input(&self, timeout: Duration) {
+        let room = !self.verify_tx.is_full() && !self.core.congested();
+        let mut sel = Select::new();
+        sel.recv(&self.res_rx);
+        if room {
+            sel.recv(&self.in_rx);
+        }
+        let _ = sel.ready_timeout(timeout);
+    }
+
+    /// Handles one input if there is one.
+    fn step(&mut self) -> bool {
+        if let Ok(r) = self.res_rx.try_recv() {
+            let now = self.now();
+            match r {
+                Some(v) => {
+                    let out = self.core.on_verified(v, now);
+                    self.outputs(out);
+                }
+                None => self.core.on_rejected(),
+            }
+            return true;
+        }
+        if self.verify_tx.is_full() || self.core.congested() {
+            return false;
+        }
+        match self.in_rx.try_recv() {
+            Ok(In::Record(r)) => {
+                if !self.core.precheck(&r) {
+                    match self.verify_tx.try_send(r) {
+                        Ok(()) => {}
+                        Err(TrySendError::Full(_)) => {
+                            self.counters.in_dropped.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(TrySendError::Disconnected(_)) => return false,
+                    }
+                }
+                true
+            }
+            Ok(In::Msg(m)) => {
+                self.core.on_message(m);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    fn commit(&mut self) {
+        while let Some(batch) = self.core.take_batch() {
+            let result = {
+                let mut st = self.store.lock().unwrap_or_else(|p| p.into_inner());
+                st.append(&batch).map(|o| o.appended + o.duplicates).map_err(|e| e.to_string())
+            };
+            let now = self.now();
+            let out = self.core.on_persisted(result, now);
+            self.outputs(out);
+        }
+    }
+
+    fn publish(&self, bytes: Vec<u8>) {
+        match self.fabric.publish(bytes.into()) {
+            Ok(()) => {
+                self.counters.published.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => tracing::debug!("publish failed: {e}"),
+        }
+    }
+
+    fn outputs(&mut self, out: Vec<Output>) {
+        for o in out {
+            match o {
+                Output::Publish(b) => self.publish(b),
+                Output::Serve { writer, from_seq, to_seq } => {
+                    let recs = {
+                        let st = self.store.lock().unwrap_or_else(|p| p.into_inner());
+                        st.range(writer, from_seq, to_seq.saturating_add(1))
+                    };
+                    match recs {
+                        Ok(recs) => {
+                            let name = self.name;
+                            for r in recs {
+                                self.publish(Msg::Record { capsule: name, bytes: r.shared_bytes() }.encode());
+                            }
+                        }
+                        Err(e) => {
+                            self.counters.serve_errors.fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!(writer, from_seq, to_seq, "cannot serve records from the store: {e}");
+                        }
+                    }
+                }
+                Output::Withholding { .. } | Output::Equivocation { .. } => {}
+                Output::Fatal(e) => {
+                    *self.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! `psl run JOB.js --lambdas N`: starts the embedded deployment (leader, scheduler, workers,
+//! coordinator, in-process fabric) on the fly, runs the job, prints each lambda's results and
+//! the launch breakdown, and can export the job's capsule.
+//!
+//! Attestation uses the `sim` backend: INSECURE, for development only (see `psl_faas::attest`).
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use psl_faas::{Deployment, DeploymentConfig, JobRequest};
+use psl_sandbox::SandboxLimits;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Args, Debug)]
+#[command(
+    after_help = "WARNING: attestation uses the simulated backend 'sim', which is INSECURE (anyone can forge its reports); never use it in production."
+)]
+pub struct RunArgs {
+    /// The JavaScript program every lambda runs.
+    pub program: PathBuf,
+    /// How many lambdas run it (1 ..= 256).
+    #[arg(long, default_value_t = 1)]
+    pub lambdas: u32,
+    /// A file whose text every lambda sees as `lambda.input`.
+    #[arg(long)]
+    pub input: Option<PathBuf>,
+    /// Workers in the embedded deployment (default: one per lambda, at most 64).
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Owner key file (a fresh key is made for the job if absent).
+    #[arg(long)]
+    pub owner: Option<PathBuf>,
+    /// Write the job's DataCapsule (every record it wrote) to this file.
+    #[arg(long)]
+    pub capsule_out: Option<PathBuf>,
+    /// Per-lambda memory limit in MiB.
+    #[arg(long, default_value_t = 64)]
+    pub memory_mib: usize,
+    /// Per-lambda CPU-time limit in milliseconds.
+    #[arg(long, default_value_t = 10_000)]
+    pub cpu_ms: u64,
+    /// Per-lambda wall-clock limit in milliseconds.
+    #[arg(long, default_value_t = 60_000)]
+    pub wall_ms: u64,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: RunArgs) -> Result<i32> {
+    let program = std::fs::read_to_string(&a.program).with_context(|| format!("reading {}", a.program.display()))?;
+    let input = match &a.input {
+        Some(p) => Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?),
+        None => None,
+    };
+    let owner = match &a.owner {
+        Some(p) => Some(crate::util::read_owner_key(p)?),
+        None => None,
+    };
+    if a.lambdas == 0 || a.lambdas > psl_faas::deploy::LAMBDAS_MAX {
+        bail!("--lambdas must be 1 ..= {}", psl_faas::deploy::LAMBDAS_MAX);
+    }
+    let limits = SandboxLimits {
+        memory_bytes: a.memory_mib.clamp(1, 4096) << 20,
+        cpu_time: Duration::from_millis(a.cpu_ms),
+        wall_time: Duration::from_millis(a.wall_ms),
+        ..SandboxLimits::default()
+    };
+    let workers = a.workers.unwrap_or((a.lambdas as usize).min(64));
+    let t0 = std::time::Instant::now();
+    let d = Deployment::start(DeploymentConfig {
+        workers,
+        limits,
+        record_capsule: a.capsule_out.is_some(),
+        ..DeploymentConfig::default()
+    })?;
+    let cold_ms = t0.elapsed().as_secs_f64() * 1e3;
+    if !a.json {
+        eprintln!("warning: attestation backend 'sim' is INSECURE (development only)");
+    }
+    let r = d.run_job(JobRequest { program, lambdas: a.lambdas, input, owner })?;
+    if let (Some(path), Some(bytes)) = (&a.capsule_out, &r.capsule_file) {
+        crate::util::write_atomic(path, bytes, 0o644)?;
+    }
+    if a.json {
+        let mut v = serde_json::to_value(&r)?;
+        v["deployment_start_ms"] = serde_json::json!(cold_ms);
+        v["attestation_backend"] = serde_json::json!("sim-INSECURE");
+        println!("{}", serde_json::to_string(&v)?);
+    } else {
+        println!("job {} on capsule {} ({} lambdas, {} workers)", r.job, r.capsule, r.lambdas.len(), workers);
+        for (w, why) in &r.refused_workers {
+            println!("  worker {w} refused: {why}");
+        }
+        for l in &r.lambdas {
+            match &l.error {
+                None => println!("lambda {} (worker {}, {:.1} ms CPU):", l.lambda, l.worker, l.cpu_ms),
+                Some(e) => println!("lambda {} (worker {}) FAILED: {e}", l.lambda, l.worker),
+            }
+            for e in &l.emitted {
+                println!("  {e}");
+            }
+            for log in &l.logs {
+                println!("  log: {log}");
+            }
+        }
+        let b = &r.launch;
+        println!("launch breakdown (ms):");
+        let total = b.launch_ms.max(1e-9);
+        for (name, v) in [
+            ("client -> scheduler", b.client_to_scheduler_ms),
+            ("scheduler -> workers", b.scheduler_to_workers_ms),
+            ("attestation", b.attestation_ms),
+            ("key delivery", b.key_delivery_ms),
+            ("program load", b.program_load_ms),
+        ] {
+            let bar = "#".repeat(((v / total) * 40.0).round().clamp(0.0, 40.0) as usize);
+            println!("  {name:<22} {v:>8.2}  {bar}");
+        }
+        println!("  {:<22} {:>8.2}", "all lambdas running", b.launch_ms);
+        println!("  {:<22} {:>8.2}  (after the last lambda started)", "first op", b.first_op_ms);
+        println!("  {:<22} {:>8.2}", "job total", b.total_ms);
+        if let Some(p) = &a.capsule_out {
+            println!(
+                "capsule: {} records -> {} (check: psl capsule verify {})",
+                r.capsule_records,
+                p.display(),
+                p.display()
+            );
+        }
+    }
+    Ok(if r.ok { 0 } else { 1 })
+}
