@@ -501,21 +501,11 @@ impl NodeCore {
                 }
             }
         }
-        let mut hints = self.cfg.hint_requests_per_tick;
-        let hinted: Vec<(u32, u64)> = self.hinted.iter().map(|(w, s)| (*w, *s)).collect();
-        for (w, s) in hinted {
-            if hints == 0 {
-                break;
-            }
-            if s < self.orderer.next_seq(w) {
-                self.hinted.remove(&w);
-                continue;
-            }
-            if let Some(OrdererAction::Repair { writer, from_seq, to_seq }) = self.orderer.hint(w, s, now) {
-                hints -= 1;
-                Metrics::add(&self.metrics.repair_requests_sent, 1);
-                out.push(Output::Publish(Msg::Repair { capsule: name, writer, from_seq, to_seq }.encode()));
-            }
+        for (writer, from_seq, to_seq) in
+            self.orderer.requests_for_hints(&mut self.hinted, self.cfg.hint_requests_per_tick, now)
+        {
+            Metrics::add(&self.metrics.repair_requests_sent, 1);
+            out.push(Output::Publish(Msg::Repair { capsule: name, writer, from_seq, to_seq }.encode()));
         }
         if now.saturating_sub(self.last_heads_at) >= self.cfg.heads_interval_ms {
             self.last_heads_at = now;

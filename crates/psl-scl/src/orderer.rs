@@ -353,6 +353,31 @@ impl<T: Chained> Orderer<T> {
         None
     }
 
+    /// Turns hinted heads (writer -> seq, from heads hints) into at most `budget` repair
+    /// requests, forgetting the hints already satisfied.
+    pub fn requests_for_hints(
+        &mut self,
+        hinted: &mut BTreeMap<u32, u64>,
+        budget: usize,
+        now: u64,
+    ) -> Vec<(u32, u64, u64)> {
+        let mut out = Vec::new();
+        let pending: Vec<(u32, u64)> = hinted.iter().map(|(w, s)| (*w, *s)).collect();
+        for (w, s) in pending {
+            if out.len() >= budget {
+                break;
+            }
+            if s < self.next_seq(w) {
+                hinted.remove(&w);
+                continue;
+            }
+            if let Some(OrdererAction::Repair { writer, from_seq, to_seq }) = self.hint(w, s, now) {
+                out.push((writer, from_seq, to_seq));
+            }
+        }
+        out
+    }
+
     /// An unauthenticated hint that `writer` reached `seq`: ask for what we lack, at most once
     /// per `repair_retry_ms` per writer, without creating a gap.
     pub fn hint(&mut self, writer: u32, seq: u64, now: u64) -> Option<OrdererAction> {

@@ -30,7 +30,8 @@ fn start(extra: &[&str]) -> Server {
         .unwrap();
     let mut line = String::new();
     BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let port = line.trim().rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("bad line {line:?}"));
+    let port =
+        line.trim().rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("bad line {line:?}"));
     Server { child, port }
 }
 

@@ -2,54 +2,15 @@
 //! three nodes. Every wait is bounded; every process is killed when the test ends.
 
 use psl_node::control::ControlClient;
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-struct Proc {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts `psl ARGS` and reads the address it prints (`listening ADDR` or `control ADDR`).
-fn start(dir: &Path, args: &[&str], prefix: &str) -> Proc {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_psl"))
-        .args(args)
-        .current_dir(dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("psl starts");
-    let out = child.stdout.take().expect("piped");
-    let (tx, rx) = std::sync::mpsc::channel();
-    let prefix = prefix.to_string();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if let Some(a) = line.strip_prefix(&format!("{prefix} ")) {
-                let _ = tx.send(a.trim().to_string());
-            }
-        }
-    });
-    let addr = rx.recv_timeout(Duration::from_secs(20)).unwrap_or_else(|_| panic!("psl {args:?} did not print its address"));
-    Proc { child, addr: addr.parse().expect("an address") }
-}
-
-fn ok(dir: &Path, args: &[&str]) {
-    let o = Command::new(env!("CARGO_BIN_EXE_psl")).args(args).current_dir(dir).output().unwrap();
-    assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
-}
+mod common;
+use common::{ok, start, Proc};
 
 fn client(p: &Proc) -> ControlClient {
-    ControlClient::connect(p.addr, Duration::from_secs(5)).expect("control connects")
+    ControlClient::connect(p.addr(), Duration::from_secs(5)).expect("control connects")
 }
 
 fn node(dir: &Path, router: SocketAddr, id: u32) -> Proc {
@@ -58,7 +19,21 @@ fn node(dir: &Path, router: SocketAddr, id: u32) -> Proc {
     let state = format!("state{id}");
     start(
         dir,
-        &["node", "--capsule", "c.capsule", "--owner", "owner.key", "--router", &r, "--id", &ids, "--state", &state, "--epoch-ms", "50"],
+        &[
+            "node",
+            "--capsule",
+            "c.capsule",
+            "--owner",
+            "owner.key",
+            "--router",
+            &r,
+            "--id",
+            &ids,
+            "--state",
+            &state,
+            "--epoch-ms",
+            "50",
+        ],
         "control",
     )
 }
@@ -68,11 +43,24 @@ fn setup(loss: &str) -> (tempfile::TempDir, Proc, Proc) {
     let d = t.path();
     ok(d, &["keys", "new", "--out", "owner.key"]);
     ok(d, &["capsule", "new", "--owner", "owner.key", "--label", "scl", "--out", "c.capsule"]);
-    let router = start(d, &["router", "--listen", "127.0.0.1:0", "--loss", loss, "--reorder", loss, "--seed", "7"], "listening");
-    let r = router.addr.to_string();
+    let router =
+        start(d, &["router", "--listen", "127.0.0.1:0", "--loss", loss, "--reorder", loss, "--seed", "7"], "listening");
+    let r = router.addr().to_string();
     let coord = start(
         d,
-        &["coordinator", "--capsule", "c.capsule", "--owner", "owner.key", "--router", &r, "--epoch-ms", "50", "--eoe-timeout-ms", "200"],
+        &[
+            "coordinator",
+            "--capsule",
+            "c.capsule",
+            "--owner",
+            "owner.key",
+            "--router",
+            &r,
+            "--epoch-ms",
+            "50",
+            "--eoe-timeout-ms",
+            "200",
+        ],
         "control",
     );
     (t, router, coord)
@@ -81,7 +69,7 @@ fn setup(loss: &str) -> (tempfile::TempDir, Proc, Proc) {
 fn sync_all(nodes: &[Proc]) {
     for n in nodes {
         let r = client(n).call("SYNC 60000").unwrap();
-        assert_eq!(r, "OK", "sync on {}", n.addr);
+        assert_eq!(r, "OK", "sync on {}", n.addr());
     }
 }
 
@@ -93,7 +81,7 @@ fn dumps(nodes: &[Proc]) -> Vec<serde_json::Value> {
 fn three_nodes_converge_through_a_lossy_reordering_router() {
     let (t, router, _coord) = setup("0.2");
     let d = t.path();
-    let nodes: Vec<Proc> = (1..=3).map(|id| node(d, router.addr, id)).collect();
+    let nodes: Vec<Proc> = (1..=3).map(|id| node(d, router.addr(), id)).collect();
     // 10,000 puts spread over the nodes. Keys `own*` are written through one node only, so
     // their expected value is the last one put; keys `hot*` are written through all three.
     let mut rng: u64 = 0x5eed;
@@ -141,7 +129,7 @@ fn three_nodes_converge_through_a_lossy_reordering_router() {
 fn a_killed_node_restarts_and_catches_up() {
     let (t, router, _coord) = setup("0.05");
     let d = t.path();
-    let mut nodes: Vec<Proc> = (1..=3).map(|id| node(d, router.addr, id)).collect();
+    let mut nodes: Vec<Proc> = (1..=3).map(|id| node(d, router.addr(), id)).collect();
     let puts = |n: &Proc, from: u32, to: u32| {
         let lines: Vec<String> = (from..to).map(|i| format!("PUT k{} n{}", i % 500, i)).collect();
         assert!(client(n).pipeline(&lines).unwrap().iter().all(|r| r == "OK"));
@@ -154,7 +142,7 @@ fn a_killed_node_restarts_and_catches_up() {
     let _ = victim.child.kill();
     let _ = victim.child.wait();
     puts(&nodes[0], 3000, 4000);
-    let restarted = node(d, router.addr, 2);
+    let restarted = node(d, router.addr(), 2);
     nodes.insert(1, restarted);
     puts(&nodes[2], 4000, 5000);
     puts(&nodes[1], 5000, 5200);

@@ -8,53 +8,16 @@
 use psl_capsule::{Action, Body};
 use psl_node::control::ControlClient;
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-struct Proc {
-    child: Child,
-    line: String,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start(dir: &Path, args: &[&str], prefix: &str) -> Proc {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_psl"))
-        .args(args)
-        .current_dir(dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("psl starts");
-    let out = child.stdout.take().expect("piped");
-    let (tx, rx) = std::sync::mpsc::channel();
-    let prefix = prefix.to_string();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if let Some(a) = line.strip_prefix(&format!("{prefix} ")) {
-                let _ = tx.send(a.trim().to_string());
-            }
-        }
-    });
-    let line = rx.recv_timeout(Duration::from_secs(20)).unwrap_or_else(|_| panic!("psl {args:?} did not start"));
-    Proc { child, line }
-}
+mod common;
+use common::{ok, start, Proc};
 
 fn addr(p: &Proc) -> SocketAddr {
-    p.line.parse().expect("an address")
-}
-
-fn ok(dir: &Path, args: &[&str]) {
-    let o = Command::new(env!("CARGO_BIN_EXE_psl")).args(args).current_dir(dir).output().unwrap();
-    assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    p.addr()
 }
 
 fn server(dir: &Path, router: SocketAddr, id: u32) -> Proc {
