@@ -21,12 +21,23 @@ pub struct EmbeddedOptions {
     pub writers: usize,
     pub verifiers: usize,
     pub epoch_ms: u64,
+    /// How long a writer actor waits for a batch to fill. Longer batches mean fewer
+    /// signatures (sealing and verifying) per op, at the cost of replication delay.
+    pub flush_delay: std::time::Duration,
     pub config: Config,
 }
 
 impl Default for EmbeddedOptions {
     fn default() -> Self {
-        EmbeddedOptions { front_ends: 1, replicas: 0, writers: 2, verifiers: 1, epoch_ms: 100, config: Config::default() }
+        EmbeddedOptions {
+            front_ends: 1,
+            replicas: 0,
+            writers: 2,
+            verifiers: 1,
+            epoch_ms: 100,
+            flush_delay: std::time::Duration::from_millis(2),
+            config: Config::default(),
+        }
     }
 }
 
@@ -55,7 +66,8 @@ impl Embedded {
     pub fn start(o: &EmbeddedOptions) -> Result<Embedded, DeployError> {
         let owner = OwnerKey::generate();
         let app = owner.app(1).map_err(|e| DeployError::Other(e.to_string()))?;
-        let meta = new_capsule(&owner, 1, "securecached", 0, Limits::default()).map_err(|e| DeployError::Other(e.to_string()))?;
+        let meta = new_capsule(&owner, 1, "securecached", 0, Limits::default())
+            .map_err(|e| DeployError::Other(e.to_string()))?;
         let hub = InProcHub::new(FabricConfig { queue_msgs_max: 1 << 16, ..FabricConfig::default() })
             .map_err(|e| DeployError::Other(e.to_string()))?;
         let ep = |name: &str| -> Arc<dyn Fabric> { Arc::new(hub.endpoint(name)) };
@@ -77,6 +89,7 @@ impl Embedded {
                 node_id: 1 + i as u32,
                 writers: o.writers.max(1),
                 verifiers: o.verifiers.max(1),
+                flush_delay: o.flush_delay,
                 ..NodeOptions::default()
             };
             let node = Node::start(NodeKeys::derive(&meta, &app, &opts)?, ep(&format!("memcached-{i}")), opts)?;
@@ -85,8 +98,17 @@ impl Embedded {
         FrontEnd::join_group(&front_ends);
         let mut replicas = Vec::new();
         for i in 0..o.replicas {
-            let opts = NodeOptions { node_id: 100 + i as u32, writers: 0, verifiers: o.verifiers.max(1), ..NodeOptions::default() };
-            replicas.push(Arc::new(Node::start(NodeKeys::derive(&meta, &app, &opts)?, ep(&format!("replica-{i}")), opts)?));
+            let opts = NodeOptions {
+                node_id: 100 + i as u32,
+                writers: 0,
+                verifiers: o.verifiers.max(1),
+                ..NodeOptions::default()
+            };
+            replicas.push(Arc::new(Node::start(
+                NodeKeys::derive(&meta, &app, &opts)?,
+                ep(&format!("replica-{i}")),
+                opts,
+            )?));
         }
         Ok(Embedded { hub, meta, front_ends, replicas, coordinator, _app: app })
     }

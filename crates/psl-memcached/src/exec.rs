@@ -249,7 +249,8 @@ impl FrontEnd {
 
     fn meta_delete(&self, key: &[u8], f: &MetaFlags<'_>, out: &mut Vec<u8>) {
         Stats::inc(&self.stats.cmd_meta);
-        let o = if f.compare_cas.is_some() { self.rmw(key, Rmw::Delete { cas: f.compare_cas }) } else { self.delete(key) };
+        let o =
+            if f.compare_cas.is_some() { self.rmw(key, Rmw::Delete { cas: f.compare_cas }) } else { self.delete(key) };
         let code = match &o {
             Outcome::Deleted => "HD",
             Outcome::NotFound => "NF",

@@ -116,7 +116,7 @@ mod tests {
         // Find keys in one shard.
         let keys: Vec<Vec<u8>> = (0..10_000u32)
             .map(|i| format!("k{i}").into_bytes())
-            .filter(|k| (key_hash(k) >> 7) as usize % SHARDS == 0)
+            .filter(|k| ((key_hash(k) >> 7) as usize).is_multiple_of(SHARDS))
             .take(4)
             .collect();
         assert!(lru.put(&keys[0], 300).is_empty());

@@ -11,7 +11,7 @@
 //! - [`Parsed::Close`]: a line longer than the limit: reply and close the connection.
 //!
 //! Lines end with `\n` (a preceding `\r` is dropped), tokens are separated by spaces, command
-//! names are case-sensitive, keys are 1 to 250 bytes without control characters. Numbers are
+//! names are case-sensitive, keys are 1 to 250 bytes without spaces or newlines. Numbers are
 //! strict decimal: `u32` flags, `u64` deltas and CAS values, `i64` expiry times.
 
 /// Bounds the parser enforces.
@@ -56,21 +56,65 @@ impl<'a> Keys<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command<'a> {
     /// `get`/`gets` (`touch: None`), `gat`/`gats` (`touch: Some(exptime)`).
-    Get { keys: Keys<'a>, cas: bool, touch: Option<i64> },
-    Store { mode: StoreMode, key: &'a [u8], flags: u32, exptime: i64, cas: u64, data: &'a [u8], noreply: bool },
-    Delete { key: &'a [u8], noreply: bool },
-    Arith { incr: bool, key: &'a [u8], delta: u64, noreply: bool },
-    Touch { key: &'a [u8], exptime: i64, noreply: bool },
-    FlushAll { delay: i64, noreply: bool },
+    Get {
+        keys: Keys<'a>,
+        cas: bool,
+        touch: Option<i64>,
+    },
+    Store {
+        mode: StoreMode,
+        key: &'a [u8],
+        flags: u32,
+        exptime: i64,
+        cas: u64,
+        data: &'a [u8],
+        noreply: bool,
+    },
+    Delete {
+        key: &'a [u8],
+        noreply: bool,
+    },
+    Arith {
+        incr: bool,
+        key: &'a [u8],
+        delta: u64,
+        noreply: bool,
+    },
+    Touch {
+        key: &'a [u8],
+        exptime: i64,
+        noreply: bool,
+    },
+    FlushAll {
+        delay: i64,
+        noreply: bool,
+    },
     /// `stats` with its (possibly empty) argument.
-    Stats { arg: &'a [u8] },
+    Stats {
+        arg: &'a [u8],
+    },
     Version,
-    Verbosity { noreply: bool },
+    Verbosity {
+        noreply: bool,
+    },
     Quit,
-    MetaGet { key: &'a [u8], flags: MetaFlags<'a> },
-    MetaSet { key: &'a [u8], data: &'a [u8], flags: MetaFlags<'a> },
-    MetaDelete { key: &'a [u8], flags: MetaFlags<'a> },
-    MetaArith { key: &'a [u8], flags: MetaFlags<'a> },
+    MetaGet {
+        key: &'a [u8],
+        flags: MetaFlags<'a>,
+    },
+    MetaSet {
+        key: &'a [u8],
+        data: &'a [u8],
+        flags: MetaFlags<'a>,
+    },
+    MetaDelete {
+        key: &'a [u8],
+        flags: MetaFlags<'a>,
+    },
+    MetaArith {
+        key: &'a [u8],
+        flags: MetaFlags<'a>,
+    },
     MetaNoop,
 }
 
@@ -126,12 +170,21 @@ impl<'a> MetaFlags<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Parsed<'a> {
     Incomplete,
-    Cmd { cmd: Command<'a>, used: usize },
+    Cmd {
+        cmd: Command<'a>,
+        used: usize,
+    },
     /// Reply `reply` (one line, `\r\n` not included), drop `used` bytes, then skip `swallow`
     /// more bytes (an oversized data block and its `\r\n`), which may not have arrived yet.
-    Error { reply: &'static str, used: usize, swallow: usize },
+    Error {
+        reply: &'static str,
+        used: usize,
+        swallow: usize,
+    },
     /// Reply and close the connection.
-    Close { reply: &'static str },
+    Close {
+        reply: &'static str,
+    },
 }
 
 pub const ERROR: &str = "ERROR";
@@ -200,11 +253,12 @@ fn parse_simple<'a>(
         b"delete" => {
             // `delete <key> [0] [noreply]`: a legacy zero time is accepted.
             let key = key_at(toks, 0, limits).ok_or(BAD_FORMAT)?;
-            let extra = &toks[1..toks.len() - usize::from(noreply_last)];
+            let noreply = toks.len() > 1 && noreply_last;
+            let extra = &toks[1..toks.len() - usize::from(noreply)];
             if extra.len() > 1 || extra.first().is_some_and(|t| *t != b"0") {
                 return Err(DELETE_USAGE);
             }
-            Command::Delete { key, noreply: noreply_last }
+            Command::Delete { key, noreply }
         }
         b"incr" | b"decr" => {
             if toks.len() < 2 {
@@ -291,8 +345,7 @@ fn parse_store<'a>(name: &[u8], rest: &'a [u8], buf: &'a [u8], used: usize, limi
         return err(ERROR);
     }
     let Some(key) = key_at(toks, 0, limits) else { return err(BAD_FORMAT) };
-    let (Some(flags), Some(exptime), Some(bytes)) = (parse_u32(toks[1]), parse_i64(toks[2]), parse_u64(toks[3]))
-    else {
+    let (Some(flags), Some(exptime), Some(bytes)) = (parse_u32(toks[1]), parse_i64(toks[2]), parse_u64(toks[3])) else {
         return err(BAD_FORMAT);
     };
     let cas = if mode == StoreMode::Cas {
@@ -324,7 +377,11 @@ fn parse_meta_set<'a>(rest: &'a [u8], buf: &'a [u8], used: usize, limits: &Limit
         Ok(f) => f,
         Err(reply) => {
             // The data block follows a well-formed length: skip it with the error.
-            return Parsed::Error { reply, used, swallow: usize::try_from(bytes).unwrap_or(usize::MAX).saturating_add(2) };
+            return Parsed::Error {
+                reply,
+                used,
+                swallow: usize::try_from(bytes).unwrap_or(usize::MAX).saturating_add(2),
+            };
         }
     };
     data_block(buf, used, bytes, limits, |data| Command::MetaSet { key, data, flags })
@@ -423,9 +480,10 @@ fn key_at<'a>(toks: &[&'a [u8]], i: usize, limits: &Limits) -> Option<&'a [u8]> 
     toks.get(i).copied().filter(|k| valid_key(k, limits))
 }
 
-/// 1 to `key_max` bytes, no control characters or spaces.
+/// 1 to `key_max` bytes, no space or newline. Like memcached, other control characters are
+/// accepted (load generators such as memcaslap put them in keys).
 pub fn valid_key(k: &[u8], limits: &Limits) -> bool {
-    !k.is_empty() && k.len() <= limits.key_max && k.iter().all(|b| *b > b' ' && *b != 0x7f)
+    !k.is_empty() && k.len() <= limits.key_max && !k.iter().any(|b| *b == b' ' || *b == b'\n')
 }
 
 fn trim(s: &[u8]) -> &[u8] {
@@ -531,7 +589,10 @@ mod tests {
                 noreply: false
             }
         );
-        assert!(matches!(cmd(b"cas k 0 -1 0 77 noreply\r\n\r\n"), Command::Store { mode: StoreMode::Cas, cas: 77, exptime: -1, noreply: true, .. }));
+        assert!(matches!(
+            cmd(b"cas k 0 -1 0 77 noreply\r\n\r\n"),
+            Command::Store { mode: StoreMode::Cas, cas: 77, exptime: -1, noreply: true, .. }
+        ));
         assert!(matches!(cmd(b"append k 0 0 1\nx\r\n"), Command::Store { mode: StoreMode::Append, .. }));
         assert_eq!(p(b"set k 0 0 2\r\nh"), Parsed::Incomplete);
         assert_eq!(p(b"set k 0 0"), Parsed::Incomplete);
@@ -562,7 +623,12 @@ mod tests {
         assert_eq!(cmd(b"delete a 0\r\n"), Command::Delete { key: b"a", noreply: false });
         assert_eq!(cmd(b"delete a noreply\r\n"), Command::Delete { key: b"a", noreply: true });
         assert_eq!(err(b"delete a 5\r\n"), DELETE_USAGE);
-        assert_eq!(cmd(b"incr a 18446744073709551615\r\n"), Command::Arith { incr: true, key: b"a", delta: u64::MAX, noreply: false });
+        // Found by the fuzzer: a key named like the option.
+        assert_eq!(cmd(b"delete noreply\r\n"), Command::Delete { key: b"noreply", noreply: false });
+        assert_eq!(
+            cmd(b"incr a 18446744073709551615\r\n"),
+            Command::Arith { incr: true, key: b"a", delta: u64::MAX, noreply: false }
+        );
         assert_eq!(err(b"incr a abc\r\n"), BAD_DELTA);
         assert_eq!(err(b"incr a\r\n"), ERROR);
         assert_eq!(err(b"touch a x\r\n"), BAD_EXPTIME);
@@ -586,7 +652,20 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        assert!(matches!(cmd(b"ms k 2 T10 F7 MA C9\r\nhi\r\n"), Command::MetaSet { data: b"hi", flags: MetaFlags { ttl: Some(10), client_flags: Some(7), set_mode: Some(MetaSetMode::Append), compare_cas: Some(9), .. }, .. }));
+        assert!(matches!(
+            cmd(b"ms k 2 T10 F7 MA C9\r\nhi\r\n"),
+            Command::MetaSet {
+                data: b"hi",
+                flags: MetaFlags {
+                    ttl: Some(10),
+                    client_flags: Some(7),
+                    set_mode: Some(MetaSetMode::Append),
+                    compare_cas: Some(9),
+                    ..
+                },
+                ..
+            }
+        ));
         assert_eq!(err(b"ms k 2 MZ\r\nhi\r\n"), BAD_MS_MODE);
         assert_eq!(p(b"ms k 2 MZ\r\nhi\r\n"), Parsed::Error { reply: BAD_MS_MODE, used: 11, swallow: 4 });
         assert_eq!(err(b"ms k S2\r\nhi\r\n"), BAD_FORMAT);
@@ -594,8 +673,17 @@ mod tests {
         assert_eq!(err(b"mg\r\n"), ERROR);
         assert_eq!(err(b"mg a zz\r\n"), INVALID_FLAG);
         assert_eq!(err(b"mg a Tabc\r\n"), BAD_TOKEN);
-        assert!(matches!(cmd(b"ma k N0 J10 D5 MD v\r\n"), Command::MetaArith { flags: MetaFlags { vivify: Some(0), initial: Some(10), delta: Some(5), incr: false, value: true, .. }, .. }));
-        assert!(matches!(cmd(b"md k q C5\r\n"), Command::MetaDelete { flags: MetaFlags { quiet: true, compare_cas: Some(5), .. }, .. }));
+        assert!(matches!(
+            cmd(b"ma k N0 J10 D5 MD v\r\n"),
+            Command::MetaArith {
+                flags: MetaFlags { vivify: Some(0), initial: Some(10), delta: Some(5), incr: false, value: true, .. },
+                ..
+            }
+        ));
+        assert!(matches!(
+            cmd(b"md k q C5\r\n"),
+            Command::MetaDelete { flags: MetaFlags { quiet: true, compare_cas: Some(5), .. }, .. }
+        ));
         assert_eq!(cmd(b"mn\r\n"), Command::MetaNoop);
     }
 

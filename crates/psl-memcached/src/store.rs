@@ -44,25 +44,52 @@ impl Default for Config {
 #[derive(Debug, Clone, Copy)]
 pub enum Rmw<'a> {
     /// `mode` Set/Add/Replace/Append/Prepend (Cas is Set with `cas`).
-    Store { mode: StoreMode, flags: u32, exptime: i64, cas: Option<u64>, data: &'a [u8] },
-    Delete { cas: Option<u64> },
+    Store {
+        mode: StoreMode,
+        flags: u32,
+        exptime: i64,
+        cas: Option<u64>,
+        data: &'a [u8],
+    },
+    Delete {
+        cas: Option<u64>,
+    },
     /// incr/decr; `create` = (initial, exptime) on a miss (meta `N`), `ttl` updates the expiry.
-    Arith { incr: bool, delta: u64, create: Option<(u64, i64)>, ttl: Option<i64>, cas: Option<u64> },
+    Arith {
+        incr: bool,
+        delta: u64,
+        create: Option<(u64, i64)>,
+        ttl: Option<i64>,
+        cas: Option<u64>,
+    },
     /// Touch (`exptime`), and/or create an empty item on a miss (`vivify`): returns the item.
-    Touch { exptime: Option<i64>, vivify: Option<i64> },
+    Touch {
+        exptime: Option<i64>,
+        vivify: Option<i64>,
+    },
 }
 
 /// What a [`Rmw`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
-    Stored { cas: u64 },
+    Stored {
+        cas: u64,
+    },
     NotStored,
     Exists,
     NotFound,
     Deleted,
-    Number { value: u64, cas: u64, ttl: i64 },
+    Number {
+        value: u64,
+        cas: u64,
+        ttl: i64,
+    },
     /// An item (encoded, see [`item`]) and its CAS; `won` when a meta `N` created it.
-    Item { value: Arc<[u8]>, cas: u64, won: bool },
+    Item {
+        value: Arc<[u8]>,
+        cas: u64,
+        won: bool,
+    },
     NonNumeric,
     TooLarge,
     Failed(String),
@@ -314,7 +341,8 @@ impl FrontEnd {
             }
             Rmw::Delete { cas } => self.delete_locked(key, cas, now, flush),
             Rmw::Arith { incr, delta, create, ttl, cas } => {
-                let (hits, misses) = if incr { (&st.incr_hits, &st.incr_misses) } else { (&st.decr_hits, &st.decr_misses) };
+                let (hits, misses) =
+                    if incr { (&st.incr_hits, &st.incr_misses) } else { (&st.decr_hits, &st.decr_misses) };
                 let Some((old, have)) = self.live(key, now, flush, false) else {
                     if let Some((initial, exptime)) = create {
                         Stats::inc(misses);

@@ -56,7 +56,8 @@ fn of_two_concurrent_cas_with_one_unique_exactly_one_is_stored() {
         replies.sort();
         assert_eq!(replies, vec!["EXISTS".to_string(), "STORED".to_string()], "round {round}");
     }
-    let forwarded: u64 = srv.deployment.front_ends.iter().map(|fe| fe.stats.forwarded.load(std::sync::atomic::Ordering::Relaxed)).sum();
+    let forwarded: u64 =
+        srv.deployment.front_ends.iter().map(|fe| fe.stats.forwarded.load(std::sync::atomic::Ordering::Relaxed)).sum();
     assert!(forwarded >= 20, "each round forwards one cas to the other front end ({forwarded})");
 }
 

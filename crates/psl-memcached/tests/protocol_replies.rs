@@ -34,7 +34,10 @@ fn error_replies_are_exact_and_the_connection_survives() {
     c.send(&req);
     assert_eq!(c.line(), "SERVER_ERROR object too large for cache");
     assert_eq!(c.line(), "END");
-    c.expect("set n 0 0 2\r\nab\r\nincr n 1\r\n", "STORED\r\nCLIENT_ERROR cannot increment or decrement non-numeric value\r\n");
+    c.expect(
+        "set n 0 0 2\r\nab\r\nincr n 1\r\n",
+        "STORED\r\nCLIENT_ERROR cannot increment or decrement non-numeric value\r\n",
+    );
     c.expect("incr n abc\r\n", "CLIENT_ERROR invalid numeric delta argument\r\n");
     c.expect("incr n -1\r\n", "CLIENT_ERROR invalid numeric delta argument\r\n");
     c.expect("touch n abc\r\n", "CLIENT_ERROR invalid exptime argument\r\n");
@@ -108,10 +111,33 @@ fn storage_retrieval_cas_and_arithmetic() {
     c.expect("flush_all\r\n", "OK\r\n");
     c.expect("get a\r\n", "END\r\n");
     c.expect("set a 0 0 1\r\nq\r\nget a\r\n", "STORED\r\nVALUE a 0 1\r\nq\r\nEND\r\n");
-    for s in ["cmd_get", "cmd_set", "get_hits", "get_misses", "curr_items", "total_items", "bytes", "limit_maxbytes",
-        "evictions", "curr_connections", "total_connections", "uptime", "cas_hits", "cas_badval", "cas_misses",
-        "incr_hits", "incr_misses", "decr_hits", "decr_misses", "delete_hits", "delete_misses", "touch_hits", "threads", "pid", "time"]
-    {
+    for s in [
+        "cmd_get",
+        "cmd_set",
+        "get_hits",
+        "get_misses",
+        "curr_items",
+        "total_items",
+        "bytes",
+        "limit_maxbytes",
+        "evictions",
+        "curr_connections",
+        "total_connections",
+        "uptime",
+        "cas_hits",
+        "cas_badval",
+        "cas_misses",
+        "incr_hits",
+        "incr_misses",
+        "decr_hits",
+        "decr_misses",
+        "delete_hits",
+        "delete_misses",
+        "touch_hits",
+        "threads",
+        "pid",
+        "time",
+    ] {
         c.stat(s);
     }
     assert!(c.stat("cas_hits") >= 1 && c.stat("cas_badval") >= 2 && c.stat("cas_misses") >= 1);
@@ -145,7 +171,9 @@ fn pipelined_requests_are_answered_in_order() {
     let mut req = Vec::new();
     let mut expect = String::new();
     for i in 0..2000 {
-        req.extend_from_slice(format!("set k{i} {i} 0 {}\r\nv{i}\r\nget k{i}\r\nbogus\r\n", format!("v{i}").len()).as_bytes());
+        req.extend_from_slice(
+            format!("set k{i} {i} 0 {}\r\nv{i}\r\nget k{i}\r\nbogus\r\n", format!("v{i}").len()).as_bytes(),
+        );
         expect.push_str(&format!("STORED\r\nVALUE k{i} {i} {}\r\nv{i}\r\nEND\r\nERROR\r\n", format!("v{i}").len()));
     }
     let keys: Vec<String> = (0..100).map(|i| format!("k{i}")).collect();
@@ -196,7 +224,10 @@ fn meta_commands() {
     c.send(b"mg mk v\r\n");
     assert_eq!(c.line(), "VA 4");
     assert_eq!(c.line(), "okxx");
-    c.expect("ms mk 1 MP\r\n<\r\nms nope 2 MR\r\nxx\r\nms mk 2 ME\r\nxx\r\nms new 2 ME k O1\r\nxx\r\n", "HD\r\nNS\r\nNS\r\nHD knew O1\r\n");
+    c.expect(
+        "ms mk 1 MP\r\n<\r\nms nope 2 MR\r\nxx\r\nms mk 2 ME\r\nxx\r\nms new 2 ME k O1\r\nxx\r\n",
+        "HD\r\nNS\r\nNS\r\nHD knew O1\r\n",
+    );
     c.expect("ms mk 2 q\r\nhi\r\nmn\r\n", "MN\r\n");
     c.expect("ms mk 2 MS T-1\r\nhi\r\nmg mk v\r\n", "HD\r\nEN\r\n");
     // Touch and vivify through mg.

@@ -47,7 +47,8 @@ fn thousands_of_concurrent_connections() {
 
 #[test]
 fn connection_limit_and_idle_timeout() {
-    let scfg = ServerConfig { max_connections: 2, idle_timeout: Some(Duration::from_millis(400)), ..ServerConfig::default() };
+    let scfg =
+        ServerConfig { max_connections: 2, idle_timeout: Some(Duration::from_millis(400)), ..ServerConfig::default() };
     let srv = start_with(1, Config::default(), scfg);
     let mut a = Client::connect(srv.addr());
     let mut b = Client::connect(srv.addr());
@@ -72,6 +73,7 @@ fn tls_connections() {
     let ok = std::process::Command::new("openssl")
         .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1"])
         .args(["-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"])
+        .args(["-addext", "basicConstraints=critical,CA:FALSE", "-addext", "extendedKeyUsage=serverAuth"])
         .arg("-keyout")
         .arg(&key)
         .arg("-out")

@@ -27,7 +27,7 @@ fn cluster(nodes: u32) -> (Vec<Node>, Node) {
     for id in 1..=nodes {
         let opts = NodeOptions { node_id: id, writers: 2, ..NodeOptions::default() };
         let keys = NodeKeys::derive(&meta, &app, &opts).unwrap();
-        let ep: Arc<dyn Fabric> = Arc::new(hub.endpoint(&format!("node{id}")));
+        let ep: Arc<dyn Fabric> = Arc::new(hub.endpoint(format!("node{id}")));
         out.push(Node::start(keys, ep, opts).unwrap());
     }
     (out, coordinator)

@@ -108,6 +108,34 @@ fn memcaslap_runs_without_errors() {
             assert_eq!(n.trim(), "0", "{bad}{n}\n{text}");
         }
     }
-    assert!(!text.contains("error"), "{text}");
+    for bad in ["ERROR", "error"] {
+        assert!(!text.contains(bad), "{text}");
+    }
+    // The mix really ran gets, and they hit.
+    let count = |name: &str| -> u64 {
+        text.lines()
+            .filter_map(|l| l.trim().strip_prefix(name))
+            .filter_map(|n| n.trim().parse().ok())
+            .next_back()
+            .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+    };
+    assert!(count("cmd_get:") > count("cmd_set:"), "{text}");
+    assert!(count("get_misses:") * 100 <= count("cmd_get:"), "{text}");
     std::thread::sleep(Duration::from_millis(10));
+}
+
+#[test]
+fn memccapable_ascii_conformance_suite_passes() {
+    if Command::new("memccapable").arg("--help").output().is_err() {
+        eprintln!(
+            "\n!!!!!!!! SKIPPED memccapable: not installed; run scripts/install-memcached-test-deps.sh !!!!!!!!\n"
+        );
+        return;
+    }
+    let srv = start(&[]);
+    let out =
+        Command::new("memccapable").args(["-h", "127.0.0.1", "-p", &srv.port.to_string(), "-a"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !text.contains("FAIL"), "memccapable -a:\n{text}");
+    assert!(text.contains("ascii cas") && text.contains("[pass]"), "{text}");
 }

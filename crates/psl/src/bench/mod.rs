@@ -3,6 +3,7 @@
 //! reproduces.
 
 mod capsule;
+mod memcached;
 mod replication;
 mod scl;
 mod zipf;
@@ -26,6 +27,7 @@ pub fn run(a: BenchArgs) -> Result<i32> {
     let out = match a.name.as_str() {
         "capsule" => capsule::run(a.seconds, !a.json)?,
         "scl" => scl::run(a.seconds * 2.0, !a.json)?,
+        "memcached" => memcached::run(a.seconds, !a.json)?,
         "replication" => replication::run(a.seconds * 2.0, !a.json)?,
         other => bail!("unknown benchmark {other:?}; available: capsule, scl, replication"),
     };

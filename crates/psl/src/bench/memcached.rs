@@ -1,0 +1,200 @@
+//! `psl bench memcached`: SecureCached against plain memcached under one load generator.
+//!
+//! Debian's memcached 1.6 (1 and 2 server threads) and `psl memcached` run, one after the
+//! other, under the same `memcaslap` load: 16 connections from one client thread, 30-byte
+//! keys, 100-byte values, a 90% get / 10% set mix and a set-only run. `psl memcached` runs as a
+//! deployment of two nodes on the in-process fabric: the front end's node (2 writer actors:
+//! every set is sealed, signed and encrypted into a record) and one receive-only node that
+//! verifies, decrypts and applies every record, plus the coordinator. Its throughput counts the
+//! time until that second node has applied every write: ops / (load time + catch-up time).
+//! Headline: `ratio_mix` and `ratio_set`, psl over memcached with 1 thread.
+
+use anyhow::{bail, Context, Result};
+use psl_memcached::deploy::{Embedded, EmbeddedOptions};
+use psl_memcached::{Server, ServerConfig};
+use psl_scl::Metrics;
+use serde_json::{json, Map, Value};
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const CONNECTIONS: u32 = 16;
+
+struct Load {
+    ops: u64,
+    gets: u64,
+    sets: u64,
+    seconds: f64,
+}
+
+fn memcaslap_bin() -> Result<&'static str> {
+    ["memcaslap", "memaslap", "memcslap"]
+        .into_iter()
+        .find(|b| Command::new(b).arg("--version").output().is_ok())
+        .context("memcaslap is not installed (scripts/install-memcached-test-deps.sh installs it)")
+}
+
+fn run_load(bin: &str, port: u16, cfg: &Path, secs: u64) -> Result<Load> {
+    let out = Command::new(bin)
+        .args(["-s", &format!("127.0.0.1:{port}"), "-T", "1", "-c", &CONNECTIONS.to_string(), "-w", "1k"])
+        .args(["-t", &format!("{secs}s")])
+        .arg("-F")
+        .arg(cfg)
+        .output()
+        .with_context(|| format!("running {bin}"))?;
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() || text.contains("ERROR") {
+        bail!("{bin} failed or saw error replies:\n{}", text.lines().take(40).collect::<Vec<_>>().join("\n"));
+    }
+    let last = |prefix: &str| -> Option<f64> {
+        text.lines()
+            .filter_map(|l| l.trim().strip_prefix(prefix))
+            .filter_map(|r| r.split_whitespace().next()?.trim_end_matches('s').parse().ok())
+            .next_back()
+    };
+    let ops = text
+        .lines()
+        .find_map(|l| l.split("Ops: ").nth(1))
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .with_context(|| format!("no Ops in {bin} output:\n{text}"))?;
+    let seconds = text
+        .lines()
+        .find_map(|l| l.strip_prefix("Run time: "))
+        .and_then(|r| r.split_whitespace().next()?.trim_end_matches('s').parse().ok())
+        .unwrap_or(secs as f64);
+    Ok(Load {
+        ops,
+        gets: last("cmd_get:").unwrap_or(0.0) as u64,
+        sets: last("cmd_set:").unwrap_or(0.0) as u64,
+        seconds,
+    })
+}
+
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_memcached(threads: u32) -> Result<(Killed, u16)> {
+    let port = free_port()?;
+    let mut cmd = Command::new("memcached");
+    cmd.args(["-p", &port.to_string(), "-U", "0", "-l", "127.0.0.1", "-t", &threads.to_string(), "-m", "1024"]);
+    let root = Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    if root.unwrap_or(false) {
+        cmd.args(["-u", "root"]);
+    }
+    let child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting memcached (is Debian's memcached installed?)")?;
+    let guard = Killed(child);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if Instant::now() > deadline {
+            bail!("memcached did not start on port {port}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok((guard, port))
+}
+
+pub fn run(seconds: f64, show_progress: bool) -> Result<Value> {
+    let secs = (seconds * 3.0).round().max(2.0) as u64;
+    let bin = memcaslap_bin()?;
+    let dir = std::env::temp_dir().join(format!("psl-bench-memcached-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let mix = dir.join("mix.cfg");
+    let set = dir.join("set.cfg");
+    std::fs::write(&mix, "key\n30 30 1\nvalue\n100 100 1\ncmd\n0 0.1\n1 0.9\n")?;
+    std::fs::write(&set, "key\n30 30 1\nvalue\n100 100 1\ncmd\n0 1\n1 0\n")?;
+    let pb = if show_progress { super::progress(6, "bench memcached") } else { indicatif::ProgressBar::hidden() };
+    let mut out = Map::new();
+    let mut detail = Map::new();
+
+    for threads in [1u32, 2] {
+        let (_mc, port) = start_memcached(threads)?;
+        for (name, cfg) in [("mix", &mix), ("set", &set)] {
+            let l = run_load(bin, port, cfg, secs)?;
+            let tput = l.ops as f64 / l.seconds;
+            let key = if threads == 1 {
+                format!("memcached_ops_per_s_{name}")
+            } else {
+                format!("memcached_t2_ops_per_s_{name}")
+            };
+            out.insert(key.clone(), json!(tput));
+            detail.insert(key, json!({"ops": l.ops, "gets": l.gets, "sets": l.sets, "seconds": l.seconds}));
+            pb.inc(1);
+        }
+    }
+
+    // psl memcached: front end node + a receive-only node that verifies and applies every write.
+    let d = Embedded::start(&EmbeddedOptions { replicas: 1, epoch_ms: 100, ..EmbeddedOptions::default() })?;
+    let fe = d.front_ends[0].clone();
+    let replica = d.replicas[0].clone();
+    let server =
+        Server::start(fe.clone(), "127.0.0.1:0".parse()?, ServerConfig { threads: 2, ..ServerConfig::default() })?;
+    let port = server.addr().port();
+    for (name, cfg) in [("mix", &mix), ("set", &set)] {
+        let written_before = Metrics::get(&fe.node().metrics().ops_written);
+        let start = Instant::now();
+        let l = run_load(bin, port, cfg, secs)?;
+        let load_done = start.elapsed().as_secs_f64();
+        // Wait until the replica has applied every op the front end's node has written.
+        fe.node().sync(Duration::from_secs(60)).ok();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let target = Metrics::get(&fe.node().metrics().ops_written);
+        while Metrics::get(&replica.metrics().ops_applied) < target {
+            if Instant::now() > deadline {
+                bail!("the replica did not apply every write within 120 s");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let catch_up = start.elapsed().as_secs_f64() - load_done;
+        let tput = l.ops as f64 / (l.seconds + catch_up.max(0.0));
+        out.insert(format!("psl_ops_per_s_{name}"), json!(tput));
+        detail.insert(
+            format!("psl_{name}"),
+            json!({"ops": l.ops, "gets": l.gets, "sets": l.sets, "seconds": l.seconds,
+                   "replica_catch_up_seconds": catch_up,
+                   "ops_written_by_front_end_node": target - written_before,
+                   "replica_ops_applied": Metrics::get(&replica.metrics().ops_applied),
+                   "replica_records_applied": Metrics::get(&replica.metrics().records_applied),
+                   "ops_per_s_without_catch_up": l.ops as f64 / l.seconds}),
+        );
+        pb.inc(1);
+    }
+    drop(server);
+    pb.finish_and_clear();
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let g = |k: &str| out.get(k).and_then(Value::as_f64).unwrap_or(0.0);
+    let ratio_mix = g("psl_ops_per_s_mix") / g("memcached_ops_per_s_mix").max(1e-9);
+    let ratio_set = g("psl_ops_per_s_set") / g("memcached_ops_per_s_set").max(1e-9);
+    let ratio_mix_t2 = g("psl_ops_per_s_mix") / g("memcached_t2_ops_per_s_mix").max(1e-9);
+    let ratio_set_t2 = g("psl_ops_per_s_set") / g("memcached_t2_ops_per_s_set").max(1e-9);
+    out.insert("ratio_mix".into(), json!(ratio_mix));
+    out.insert("ratio_set".into(), json!(ratio_set));
+    out.insert("ratio_mix_vs_t2".into(), json!(ratio_mix_t2));
+    out.insert("ratio_set_vs_t2".into(), json!(ratio_set_t2));
+    out.insert("goal_mix".into(), json!(0.9));
+    out.insert("goal_set".into(), json!(0.7));
+    out.insert(
+        "load".into(),
+        json!({"generator": bin, "connections": CONNECTIONS, "client_threads": 1, "seconds_per_case": secs,
+               "key_bytes": 30, "value_bytes": 100, "mix": "90% get / 10% set", "window": "1k"}),
+    );
+    out.insert("psl_deployment".into(), json!({"nodes": 2, "front_end_writers": 2, "replica": "receive-only, verifies and applies every record", "server_threads": 2}));
+    out.insert("detail".into(), Value::Object(detail));
+    out.insert("machine".into(), super::machine());
+    Ok(Value::Object(out))
+}
