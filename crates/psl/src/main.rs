@@ -5,8 +5,10 @@
 //! - `capsule`: the DataCapsule tool (`psl capsule ...`).
 //! - `bench`: benchmarks that print one JSON object (`psl bench NAME --json`).
 //! - `demo`: the embedded end-to-end demonstration (`psl demo`).
-//! - `roles`: long-running roles: `psl node`, `psl coordinator` (`psl router` comes from
-//!   psl-fabric).
+//! - `roles`: long-running roles: `psl node`, `psl coordinator`, `psl capsule-server`
+//!   (`psl router` comes from psl-fabric).
+//! - `run`: `psl run JOB.js`: a job of sandboxed lambdas on the embedded FaaS deployment.
+//! - `memcached`: `psl memcached`: the SecureCached front end.
 //! - `kv`: the client of a node's control interface (`psl kv put|get|del|sync|stats|dump`).
 //! - `sim`: the seeded simulator over many seeds (`psl sim`).
 //! - `util`: file helpers shared by the commands (atomic writes, key loading).
