@@ -3,6 +3,7 @@
 //! reproduces.
 
 mod capsule;
+mod launch;
 mod memcached;
 mod replication;
 mod scl;
@@ -13,7 +14,7 @@ use clap::Args;
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// Which benchmark: `capsule`, `scl`, `replication`.
+    /// Which benchmark: `capsule`, `scl`, `replication`, `memcached`, `launch`.
     pub name: String,
     /// Print one JSON object instead of a table.
     #[arg(long)]
@@ -29,7 +30,8 @@ pub fn run(a: BenchArgs) -> Result<i32> {
         "scl" => scl::run(a.seconds * 2.0, !a.json)?,
         "memcached" => memcached::run(a.seconds, !a.json)?,
         "replication" => replication::run(a.seconds * 2.0, !a.json)?,
-        other => bail!("unknown benchmark {other:?}; available: capsule, scl, replication"),
+        "launch" => launch::run((a.seconds * 20.0) as usize, !a.json)?,
+        other => bail!("unknown benchmark {other:?}; available: capsule, scl, replication, launch"),
     };
     if a.json {
         println!("{out}");
