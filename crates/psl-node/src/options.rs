@@ -57,7 +57,7 @@ impl Default for NodeOptions {
             incarnation: 0,
             writers: 2,
             verifiers: 2,
-            batch_ops_max: 128,
+            batch_ops_max: 512,
             flush_delay: Duration::from_micros(500),
             queue_ops_max: 65_536,
             put_timeout: Duration::from_secs(10),

@@ -42,7 +42,7 @@ pub struct NodeArgs {
     #[arg(long, default_value_t = 2)]
     pub verifiers: usize,
     /// Most ops per record.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 512)]
     pub batch_ops_max: usize,
     /// Microseconds a writer waits for a batch to fill.
     #[arg(long, default_value_t = 500)]

@@ -33,7 +33,7 @@ pub fn run(seconds: f64, show_progress: bool) -> Result<Value> {
     let keys: Arc<Vec<Vec<u8>>> = Arc::new((0..KEYS).map(|i| format!("user{i:012}").into_bytes()).collect());
     let mut out = Map::new();
     for w in [1usize, 2, 4, 8] {
-        let r = put_case(&Case { writers: w, batch_ops_max: 128 }, secs, &keys)?;
+        let r = put_case(&Case { writers: w, batch_ops_max: NodeOptions::default().batch_ops_max }, secs, &keys)?;
         out.insert(format!("puts_per_s_w{w}"), json!(r.puts_per_s));
         out.insert(format!("records_per_s_w{w}"), json!(r.records_per_s));
         out.insert(format!("detail_w{w}"), r.detail);
