@@ -90,7 +90,13 @@ fn bad_records_are_refused_and_counted_by_reason() {
         .unwrap();
     wait_until("the foreign record to be refused", || m.rejected(RejectReason::Capsule) >= 1);
 
-    // 6. Garbage.
+    // 6. A capsule server's key (servers sign acks, never records) cannot write data.
+    let server_w = psl_scl::server_writer(1).unwrap();
+    let by_server = Author::new(&meta, &app, server_w).unwrap().write_ops([("honest", Some("server"))]).unwrap();
+    send(&by_server);
+    wait_until("the server-signed record to be refused", || m.rejected(RejectReason::Writer) >= 1);
+
+    // 7. Garbage.
     attacker.publish(vec![0xFFu8; 40].into()).unwrap();
     wait_until("garbage to be refused", || m.rejected(RejectReason::BadMessage) >= 1);
 

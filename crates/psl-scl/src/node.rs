@@ -255,6 +255,12 @@ impl NodeCore {
     /// Cheap pre-check before verification: a record this node already holds is counted and
     /// dropped without a signature check (see [`Orderer::known`]). Returns `true` if dropped.
     pub fn precheck(&mut self, rec: &Record) -> bool {
+        if crate::server_id(rec.header().writer).is_some() {
+            // Capsule servers' keys sign acks only, never records (see `SERVER_WRITER_BASE`):
+            // a server must not be able to inject writes.
+            self.metrics.reject(RejectReason::Writer);
+            return true;
+        }
         match self.orderer.known(rec) {
             Some(r) => {
                 self.metrics.reject(r);
@@ -272,6 +278,10 @@ impl NodeCore {
     /// A verified record arrived from the fabric.
     pub fn on_verified(&mut self, rec: Verified<Opened>, now: u64) -> Vec<Output> {
         let mut out = Vec::new();
+        if crate::server_id(rec.record.header().writer).is_some() {
+            self.metrics.reject(RejectReason::Writer);
+            return out;
+        }
         let d = self.orderer.deliver(rec, now);
         if let Some(r) = d.rejected {
             self.metrics.reject(r);
