@@ -1,0 +1,72 @@
+//! A Bloom filter: `k` probes `h1 + i * h2 (mod m)` from two seeded 64-bit hashes.
+
+/// Bits per entry and probes used for new filters (about 1% false positives).
+pub const BITS_PER_ENTRY: usize = 10;
+pub const PROBES: u8 = 7;
+/// Largest filter accepted by the decoder, in bytes.
+pub const BLOOM_BYTES_MAX: usize = 1 << 20;
+pub const PROBES_MAX: u8 = 16;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bloom {
+    pub(crate) k: u8,
+    pub(crate) bits: Vec<u8>,
+}
+
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A seeded 64-bit hash of `data` (splitmix-style mixing of 8-byte words).
+pub fn hash64(data: &[u8], seed: u64) -> u64 {
+    let mut h = mix(seed ^ (data.len() as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let mut chunks = data.chunks_exact(8);
+    for c in &mut chunks {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(c);
+        h = mix(h ^ u64::from_le_bytes(w)).rotate_left(17);
+    }
+    let rest = chunks.remainder();
+    let mut w = [0u8; 8];
+    w[..rest.len()].copy_from_slice(rest);
+    mix(h ^ u64::from_le_bytes(w) ^ 0xff)
+}
+
+impl Bloom {
+    /// A filter sized for `n` keys, holding `keys`.
+    pub fn build<'a>(n: usize, keys: impl IntoIterator<Item = &'a [u8]>) -> Bloom {
+        let bytes = (n.saturating_mul(BITS_PER_ENTRY).div_ceil(8)).clamp(8, BLOOM_BYTES_MAX);
+        let mut b = Bloom { k: PROBES, bits: vec![0; bytes] };
+        for k in keys {
+            b.insert(k);
+        }
+        b
+    }
+
+    /// Rebuilds a decoded filter; `None` if its shape is out of bounds.
+    pub fn from_parts(k: u8, bits: Vec<u8>) -> Option<Bloom> {
+        ((1..=PROBES_MAX).contains(&k) && !bits.is_empty() && bits.len() <= BLOOM_BYTES_MAX)
+            .then_some(Bloom { k, bits })
+    }
+
+    fn probes(&self, key: &[u8]) -> impl Iterator<Item = usize> {
+        let m = (self.bits.len() * 8) as u64;
+        let h1 = hash64(key, 0x5053_4c42);
+        let h2 = hash64(key, 0x626c_6f6f) | 1;
+        (0..self.k as u64).map(move |i| (h1.wrapping_add(i.wrapping_mul(h2)) % m) as usize)
+    }
+
+    pub fn insert(&mut self, key: &[u8]) {
+        let idx: Vec<usize> = self.probes(key).collect();
+        for i in idx {
+            self.bits[i / 8] |= 1 << (i % 8);
+        }
+    }
+
+    /// `false` means the key is certainly absent.
+    pub fn may_contain(&self, key: &[u8]) -> bool {
+        self.probes(key).all(|i| self.bits[i / 8] & (1 << (i % 8)) != 0)
+    }
+}

@@ -1,0 +1,277 @@
+//! Block and index encodings: versioned, bounded, and total (garbage yields an error, never a
+//! panic or an unbounded allocation).
+//!
+//! Block v1: `"PSLB" 01 | count u32 | count × (klen u16, key, lamport u64, writer u32,
+//! tag u8 (0 = tombstone, 1 = value), [vlen u32, value])`, keys strictly increasing.
+//!
+//! Index v1: `"PSLI" 01 | seq u64 | has_prev u8 [prev 32] | levels u8 | per level: n u32 |
+//! per block: hash 32, entries u32, min (klen u16, key), max (klen u16, key), bloom k u8,
+//! bloom len u32, bloom bytes`. Level 0 is newest first and may overlap; deeper levels are
+//! sorted and non-overlapping. All integers are little-endian.
+
+use crate::bloom::Bloom;
+use crate::{Cell, RecordHash, Version};
+
+pub const KEY_BYTES_MAX: usize = 250;
+pub const VALUE_BYTES_MAX: usize = 1 << 20;
+pub const BLOCK_ENTRIES_MAX: usize = 1 << 16;
+/// Soft bound on an encoded block's payload (well under a record's 8 MiB default limit).
+pub const BLOCK_BYTES_MAX: usize = 4 << 20;
+pub const LEVELS_MAX: usize = 32;
+pub const BLOCKS_PER_LEVEL_MAX: usize = 1 << 20;
+const BLOCK_MAGIC: &[u8; 4] = b"PSLB";
+const INDEX_MAGIC: &[u8; 4] = b"PSLI";
+const FORMAT_V1: u8 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CodecError {
+    #[error("truncated at {0}")]
+    Truncated(&'static str),
+    #[error("bad magic")]
+    Magic,
+    #[error("unsupported format version {0}")]
+    Version(u8),
+    #[error("{field}: {len} over the limit {max}")]
+    Limit { field: &'static str, len: u64, max: u64 },
+    #[error("invalid {0}")]
+    Invalid(&'static str),
+    #[error("trailing bytes")]
+    Trailing,
+}
+
+/// An immutable sorted run of entries (unique keys, strictly increasing).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Block {
+    pub entries: Vec<(Vec<u8>, Cell)>,
+}
+
+/// What an index knows about one block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockRef {
+    pub hash: RecordHash,
+    pub entries: u32,
+    pub min: Vec<u8>,
+    pub max: Vec<u8>,
+    pub bloom: Bloom,
+}
+
+/// A snapshot of the tree's on-store part: level 0 newest first, then sorted levels.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Index {
+    pub seq: u64,
+    pub prev: Option<RecordHash>,
+    pub levels: Vec<Vec<BlockRef>>,
+}
+
+impl Block {
+    pub fn get(&self, key: &[u8]) -> Option<&Cell> {
+        self.entries.binary_search_by(|(k, _)| k.as_slice().cmp(key)).ok().map(|i| &self.entries[i].1)
+    }
+
+    pub fn encoded_len(&self) -> usize {
+        9 + self.entries.iter().map(|(k, (_, v))| entry_len(k, v)).sum::<usize>()
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(self.encoded_len());
+        b.extend_from_slice(BLOCK_MAGIC);
+        b.push(FORMAT_V1);
+        b.extend_from_slice(&(self.entries.len() as u32).to_le_bytes());
+        for (k, (ver, v)) in &self.entries {
+            b.extend_from_slice(&(k.len() as u16).to_le_bytes());
+            b.extend_from_slice(k);
+            b.extend_from_slice(&ver.lamport.to_le_bytes());
+            b.extend_from_slice(&ver.writer.to_le_bytes());
+            match v {
+                None => b.push(0),
+                Some(v) => {
+                    b.push(1);
+                    b.extend_from_slice(&(v.len() as u32).to_le_bytes());
+                    b.extend_from_slice(v);
+                }
+            }
+        }
+        b
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Block, CodecError> {
+        let mut r = Reader(bytes);
+        if r.take(4, "magic")? != BLOCK_MAGIC {
+            return Err(CodecError::Magic);
+        }
+        let v = r.u8("format")?;
+        if v != FORMAT_V1 {
+            return Err(CodecError::Version(v));
+        }
+        let n = r.u32("count")? as usize;
+        limit("entry count", n, BLOCK_ENTRIES_MAX)?;
+        // Every entry takes at least 16 bytes: bound the allocation by the input too.
+        let mut entries = Vec::with_capacity(n.min(bytes.len() / 16));
+        for _ in 0..n {
+            let k = r.key()?;
+            let lamport = r.u64("lamport")?;
+            let writer = r.u32("writer")?;
+            let v = match r.u8("tag")? {
+                0 => None,
+                1 => {
+                    let len = r.u32("value length")? as usize;
+                    limit("value", len, VALUE_BYTES_MAX)?;
+                    Some(r.take(len, "value")?.to_vec())
+                }
+                _ => return Err(CodecError::Invalid("entry tag")),
+            };
+            if entries.last().is_some_and(|(last, _): &(Vec<u8>, Cell)| last.as_slice() >= k) {
+                return Err(CodecError::Invalid("key order (keys must strictly increase)"));
+            }
+            entries.push((k.to_vec(), (Version { lamport, writer }, v)));
+        }
+        r.end()?;
+        Ok(Block { entries })
+    }
+}
+
+pub(crate) fn entry_len(k: &[u8], v: &Option<Vec<u8>>) -> usize {
+    2 + k.len() + 13 + v.as_ref().map_or(0, |v| 4 + v.len())
+}
+
+impl BlockRef {
+    pub fn overlaps_key(&self, key: &[u8]) -> bool {
+        self.min.as_slice() <= key && key <= self.max.as_slice()
+    }
+}
+
+impl Index {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend_from_slice(INDEX_MAGIC);
+        b.push(FORMAT_V1);
+        b.extend_from_slice(&self.seq.to_le_bytes());
+        match &self.prev {
+            None => b.push(0),
+            Some(h) => {
+                b.push(1);
+                b.extend_from_slice(h);
+            }
+        }
+        b.push(self.levels.len() as u8);
+        for level in &self.levels {
+            b.extend_from_slice(&(level.len() as u32).to_le_bytes());
+            for r in level {
+                b.extend_from_slice(&r.hash);
+                b.extend_from_slice(&r.entries.to_le_bytes());
+                for k in [&r.min, &r.max] {
+                    b.extend_from_slice(&(k.len() as u16).to_le_bytes());
+                    b.extend_from_slice(k);
+                }
+                b.push(r.bloom.k);
+                b.extend_from_slice(&(r.bloom.bits.len() as u32).to_le_bytes());
+                b.extend_from_slice(&r.bloom.bits);
+            }
+        }
+        b
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Index, CodecError> {
+        let mut r = Reader(bytes);
+        if r.take(4, "magic")? != INDEX_MAGIC {
+            return Err(CodecError::Magic);
+        }
+        let v = r.u8("format")?;
+        if v != FORMAT_V1 {
+            return Err(CodecError::Version(v));
+        }
+        let seq = r.u64("seq")?;
+        let prev = match r.u8("has prev")? {
+            0 => None,
+            1 => {
+                let mut h = [0u8; 32];
+                h.copy_from_slice(r.take(32, "prev")?);
+                Some(h)
+            }
+            _ => return Err(CodecError::Invalid("prev flag")),
+        };
+        let nl = r.u8("level count")? as usize;
+        limit("level count", nl, LEVELS_MAX)?;
+        let mut levels = Vec::with_capacity(nl);
+        for li in 0..nl {
+            let n = r.u32("block count")? as usize;
+            limit("block count", n, BLOCKS_PER_LEVEL_MAX)?;
+            let mut level: Vec<BlockRef> = Vec::with_capacity(n.min(bytes.len() / 48));
+            for _ in 0..n {
+                let mut hash = [0u8; 32];
+                hash.copy_from_slice(r.take(32, "block hash")?);
+                let entries = r.u32("entries")?;
+                if entries == 0 || entries as usize > BLOCK_ENTRIES_MAX {
+                    return Err(CodecError::Invalid("block entry count"));
+                }
+                let min = r.key()?.to_vec();
+                let max = r.key()?.to_vec();
+                if min > max {
+                    return Err(CodecError::Invalid("block key range"));
+                }
+                let k = r.u8("bloom probes")?;
+                let len = r.u32("bloom length")? as usize;
+                limit("bloom", len, crate::bloom::BLOOM_BYTES_MAX)?;
+                let bits = r.take(len, "bloom")?.to_vec();
+                let bloom = Bloom::from_parts(k, bits).ok_or(CodecError::Invalid("bloom shape"))?;
+                if li > 0 && level.last().is_some_and(|p| p.max >= min) {
+                    return Err(CodecError::Invalid("level blocks overlap or are out of order"));
+                }
+                level.push(BlockRef { hash, entries, min, max, bloom });
+            }
+            levels.push(level);
+        }
+        r.end()?;
+        Ok(Index { seq, prev, levels })
+    }
+}
+
+fn limit(field: &'static str, len: usize, max: usize) -> Result<(), CodecError> {
+    if len > max {
+        return Err(CodecError::Limit { field, len: len as u64, max: max as u64 });
+    }
+    Ok(())
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], CodecError> {
+        if self.0.len() < n {
+            return Err(CodecError::Truncated(what));
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Ok(a)
+    }
+    fn u8(&mut self, what: &'static str) -> Result<u8, CodecError> {
+        Ok(self.take(1, what)?[0])
+    }
+    fn u32(&mut self, what: &'static str) -> Result<u32, CodecError> {
+        let mut w = [0u8; 4];
+        w.copy_from_slice(self.take(4, what)?);
+        Ok(u32::from_le_bytes(w))
+    }
+    fn u64(&mut self, what: &'static str) -> Result<u64, CodecError> {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(self.take(8, what)?);
+        Ok(u64::from_le_bytes(w))
+    }
+    fn key(&mut self) -> Result<&'a [u8], CodecError> {
+        let mut w = [0u8; 2];
+        w.copy_from_slice(self.take(2, "key length")?);
+        let len = u16::from_le_bytes(w) as usize;
+        if len == 0 {
+            return Err(CodecError::Invalid("empty key"));
+        }
+        limit("key", len, KEY_BYTES_MAX)?;
+        self.take(len, "key")
+    }
+    fn end(&self) -> Result<(), CodecError> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(CodecError::Trailing)
+        }
+    }
+}

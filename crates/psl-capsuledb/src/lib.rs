@@ -1,0 +1,43 @@
+//! CapsuleDB: an LSM tree whose immutable blocks and whose indexes are DataCapsule records.
+//!
+//! - [`bloom`]: a small Bloom filter (k probes from two 64-bit hashes).
+//! - [`codec`]: the bounded, versioned block and index encodings (never panic on garbage).
+//! - [`lsm`]: the pure LSM core (memtable, L0, sorted levels, compaction); no I/O.
+//! - [`db`]: [`CapsuleDb`], the core on top of [`BlockStore`]s holding sealed, signed records.
+
+pub mod bloom;
+pub mod codec;
+pub mod db;
+pub mod lsm;
+
+pub use bloom::Bloom;
+pub use codec::{Block, BlockRef, CodecError, Index};
+pub use db::{BlockStore, CapsuleDb, MemStore, Stats};
+pub use lsm::{Blocks, Config, Tree};
+
+/// The version of a write, ordered as in SCL's memtable: Lamport time, then writer index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Version {
+    pub lamport: u64,
+    pub writer: u32,
+}
+
+/// A value (`Some`) or a tombstone (`None`) at a version.
+pub type Cell = (Version, Option<Vec<u8>>);
+
+/// 32-byte record hash: the pointer an index keeps to a block.
+pub type RecordHash = [u8; 32];
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("codec: {0}")]
+    Codec(#[from] CodecError),
+    #[error("invalid argument: {0}")]
+    Invalid(&'static str),
+    #[error("sealing a record failed: {0}")]
+    Seal(String),
+    #[error("record {hash} not readable from any store ({tried} tried): {last}")]
+    Unavailable { hash: String, tried: usize, last: String },
+    #[error("snapshot {0} is not kept")]
+    UnknownSnapshot(u64),
+}
