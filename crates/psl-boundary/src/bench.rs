@@ -166,6 +166,18 @@ pub struct CrossingReport {
     pub notes: Vec<String>,
 }
 
+/// The top-level keys of a serialized [`CrossingReport`] that benchmarks quote.
+pub const HEADLINE_KEYS: [&str; 8] = [
+    "ring_cycles_median",
+    "floor_cycles_median",
+    "mpsc_cycles_median",
+    "pipe_cycles_median",
+    "ring_stream_items_per_s",
+    "ring_over_floor",
+    "pinned",
+    "tsc_ghz",
+];
+
 /// Runs the crossing benchmark; see the [module docs](self). Takes about
 /// `rounds × (5 fast cases + 2 OS cases) × (round_trips / rounds + warmup)` round trips: a few
 /// seconds with the defaults, dominated by the `mpsc` and `pipe` cases.

@@ -76,7 +76,7 @@ pub mod ring;
 use std::sync::Arc;
 
 pub use backoff::BackoffPolicy;
-pub use bench::{bench_crossings, CaseReport, CrossingConfig, CrossingReport};
+pub use bench::{bench_crossings, CaseReport, CrossingConfig, CrossingReport, HEADLINE_KEYS};
 pub use boundary::{Boundary, BoundaryMonitor, BoundaryStats, CoreSide, HostSide};
 pub use ring::{Consumer, Full, Producer, RingMonitor, RingStats};
 

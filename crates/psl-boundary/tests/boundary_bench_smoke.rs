@@ -31,16 +31,7 @@ fn bench_smoke() {
     }
 
     let json = serde_json::to_value(&report).unwrap();
-    for key in [
-        "ring_cycles_median",
-        "floor_cycles_median",
-        "mpsc_cycles_median",
-        "pipe_cycles_median",
-        "ring_stream_items_per_s",
-        "ring_over_floor",
-        "pinned",
-        "tsc_ghz",
-    ] {
+    for key in psl_boundary::HEADLINE_KEYS {
         assert!(json.get(key).is_some(), "report lacks {key}");
     }
     assert!(json["ring_cycles_median"].is_number());

@@ -31,7 +31,7 @@ pub use coordinator::{CoordinatorConfig, CoordinatorSm};
 pub use memtable::{Entry, Memtable, Version};
 pub use metrics::{Metrics, RejectReason};
 pub use node::{DurableStatus, DurableTicket, NodeConfig, NodeCore, Output, SyncTicket};
-pub use orderer::{Chained, Orderer, OrdererAction, OrdererConfig};
+pub use orderer::{Chained, Orderer, OrdererAction, OrdererConfig, TickWork};
 pub use wire::{Ack, AckEntry, Msg, WireError};
 
 /// First writer index reserved for capsule servers' keys. Server `id` signs its acks with the

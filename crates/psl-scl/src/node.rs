@@ -493,29 +493,14 @@ impl NodeCore {
             }
         }
         let name = self.verifier.name();
-        for a in self.orderer.tick(now) {
-            match a {
-                OrdererAction::Repair { writer, from_seq, to_seq } => {
-                    Metrics::add(&self.metrics.repair_requests_sent, 1);
-                    out.push(Output::Publish(Msg::Repair { capsule: name, writer, from_seq, to_seq }.encode()));
-                }
-                OrdererAction::Withholding { writer, from_seq, to_seq } => {
-                    Metrics::add(&self.metrics.withholding_reports, 1);
-                    tracing::warn!(
-                        writer,
-                        from_seq,
-                        to_seq,
-                        "writer withholding: records known to exist cannot be obtained"
-                    );
-                    out.push(Output::Withholding { writer, from_seq, to_seq });
-                }
-            }
-        }
-        for (writer, from_seq, to_seq) in
-            self.orderer.requests_for_hints(&mut self.hinted, self.cfg.hint_requests_per_tick, now)
-        {
-            Metrics::add(&self.metrics.repair_requests_sent, 1);
+        let work = self.orderer.tick_with_hints(&mut self.hinted, self.cfg.hint_requests_per_tick, now);
+        Metrics::add(&self.metrics.repair_requests_sent, work.repairs.len() as u64);
+        Metrics::add(&self.metrics.withholding_reports, work.withholding.len() as u64);
+        for (writer, from_seq, to_seq) in work.repairs {
             out.push(Output::Publish(Msg::Repair { capsule: name, writer, from_seq, to_seq }.encode()));
+        }
+        for (writer, from_seq, to_seq) in work.withholding {
+            out.push(Output::Withholding { writer, from_seq, to_seq });
         }
         if now.saturating_sub(self.last_heads_at) >= self.cfg.heads_interval_ms {
             self.last_heads_at = now;

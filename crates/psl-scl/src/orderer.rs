@@ -114,6 +114,14 @@ pub struct Delivery<T = Verified<Opened>> {
     pub dropped: Vec<RejectReason>,
 }
 
+/// [`Orderer::tick_with_hints`]: ranges `(writer, from_seq, to_seq)` to ask peers for, and
+/// ranges reported as withheld.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct TickWork {
+    pub repairs: Vec<(u32, u64, u64)>,
+    pub withholding: Vec<(u32, u64, u64)>,
+}
+
 /// Something the orderer asks its caller to do on a tick.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OrdererAction {
@@ -351,6 +359,28 @@ impl<T: Chained> Orderer<T> {
             st.gap_since = Some(now);
         }
         None
+    }
+
+    /// One tick's work for a replica (node or server): repair requests for old gaps and for
+    /// hinted heads (at most `hint_budget` of the latter), and withholding reports (logged here).
+    pub fn tick_with_hints(&mut self, hinted: &mut BTreeMap<u32, u64>, hint_budget: usize, now: u64) -> TickWork {
+        let mut work = TickWork::default();
+        for a in self.tick(now) {
+            match a {
+                OrdererAction::Repair { writer, from_seq, to_seq } => work.repairs.push((writer, from_seq, to_seq)),
+                OrdererAction::Withholding { writer, from_seq, to_seq } => {
+                    tracing::warn!(
+                        writer,
+                        from_seq,
+                        to_seq,
+                        "writer withholding: records known to exist cannot be obtained"
+                    );
+                    work.withholding.push((writer, from_seq, to_seq));
+                }
+            }
+        }
+        work.repairs.extend(self.requests_for_hints(hinted, hint_budget, now));
+        work
     }
 
     /// Turns hinted heads (writer -> seq, from heads hints) into at most `budget` repair

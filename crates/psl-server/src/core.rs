@@ -11,7 +11,7 @@
 use psl_capsule::{Kind, Link, Record, Verified, Verifier};
 use psl_crypto::{Hash256, SigningKey};
 use psl_scl::wire::ACK_ENTRIES_MAX;
-use psl_scl::{Ack, AckEntry, Msg, Orderer, OrdererAction, OrdererConfig};
+use psl_scl::{Ack, AckEntry, Msg, Orderer, OrdererConfig};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
@@ -332,29 +332,14 @@ impl ServerCore {
     pub fn on_tick(&mut self, now: u64) -> Vec<Output> {
         let mut out = Vec::new();
         let name = self.verifier.name();
-        for a in self.orderer.tick(now) {
-            match a {
-                OrdererAction::Repair { writer, from_seq, to_seq } => {
-                    self.stats.repair_requests_sent += 1;
-                    out.push(Output::Publish(Msg::Repair { capsule: name, writer, from_seq, to_seq }.encode()));
-                }
-                OrdererAction::Withholding { writer, from_seq, to_seq } => {
-                    self.stats.withholding_reports += 1;
-                    tracing::warn!(
-                        writer,
-                        from_seq,
-                        to_seq,
-                        "writer withholding: records known to exist cannot be obtained"
-                    );
-                    out.push(Output::Withholding { writer, from_seq, to_seq });
-                }
-            }
-        }
-        for (writer, from_seq, to_seq) in
-            self.orderer.requests_for_hints(&mut self.hinted, self.cfg.hint_requests_per_tick, now)
-        {
-            self.stats.repair_requests_sent += 1;
+        let work = self.orderer.tick_with_hints(&mut self.hinted, self.cfg.hint_requests_per_tick, now);
+        self.stats.repair_requests_sent += work.repairs.len() as u64;
+        self.stats.withholding_reports += work.withholding.len() as u64;
+        for (writer, from_seq, to_seq) in work.repairs {
             out.push(Output::Publish(Msg::Repair { capsule: name, writer, from_seq, to_seq }.encode()));
+        }
+        for (writer, from_seq, to_seq) in work.withholding {
+            out.push(Output::Withholding { writer, from_seq, to_seq });
         }
         if self.last_heads_at.is_none_or(|t| now.saturating_sub(t) >= self.cfg.heads_interval_ms) {
             self.last_heads_at = Some(now);

@@ -7,35 +7,14 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{ok, start, Proc};
+use common::{ok, start, start_node, Proc};
 
 fn client(p: &Proc) -> ControlClient {
     ControlClient::connect(p.addr(), Duration::from_secs(5)).expect("control connects")
 }
 
 fn node(dir: &Path, router: SocketAddr, id: u32) -> Proc {
-    let r = router.to_string();
-    let ids = id.to_string();
-    let state = format!("state{id}");
-    start(
-        dir,
-        &[
-            "node",
-            "--capsule",
-            "c.capsule",
-            "--owner",
-            "owner.key",
-            "--router",
-            &r,
-            "--id",
-            &ids,
-            "--state",
-            &state,
-            "--epoch-ms",
-            "50",
-        ],
-        "control",
-    )
+    start_node(dir, router, id, &["--epoch-ms", "50"])
 }
 
 fn setup(loss: &str) -> (tempfile::TempDir, Proc, Proc) {

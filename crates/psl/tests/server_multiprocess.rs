@@ -14,7 +14,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{ok, start, Proc};
+use common::{ok, start, start_node, Proc};
 
 fn addr(p: &Proc) -> SocketAddr {
     p.addr()
@@ -75,27 +75,8 @@ fn server_kill9_loses_no_acknowledged_durable_write() {
     ok(d, &["keys", "new", "--out", "owner.key"]);
     ok(d, &["capsule", "new", "--owner", "owner.key", "--label", "dur", "--out", "c.capsule"]);
     let router = start(d, &["router", "--listen", "127.0.0.1:0"], "listening");
-    let r = addr(&router).to_string();
     let mut servers: Vec<Option<Proc>> = (0..3).map(|i| Some(server(d, addr(&router), i))).collect();
-    let node = start(
-        d,
-        &[
-            "node",
-            "--capsule",
-            "c.capsule",
-            "--owner",
-            "owner.key",
-            "--router",
-            &r,
-            "--id",
-            "1",
-            "--state",
-            "n1",
-            "--servers",
-            "3",
-        ],
-        "control",
-    );
+    let node = start_node(d, addr(&router), 1, &["--servers", "3"]);
     let mut c = ControlClient::connect(addr(&node), Duration::from_secs(5)).unwrap();
     let mut acked: Vec<(String, String)> = Vec::new();
     let started = Instant::now();

@@ -50,16 +50,7 @@ pub fn run(seconds: f64, show_progress: bool) -> Result<Value> {
     pb.inc(1);
     pb.finish_and_clear();
     let rv = serde_json::to_value(&ring)?;
-    for k in [
-        "ring_cycles_median",
-        "floor_cycles_median",
-        "mpsc_cycles_median",
-        "pipe_cycles_median",
-        "ring_stream_items_per_s",
-        "ring_over_floor",
-        "pinned",
-        "tsc_ghz",
-    ] {
+    for k in psl_boundary::HEADLINE_KEYS {
         if let Some(v) = rv.get(k) {
             out.insert(k.into(), v.clone());
         }

@@ -56,3 +56,15 @@ pub fn ok(dir: &Path, args: &[&str]) {
     let o = Command::new(env!("CARGO_BIN_EXE_psl")).args(args).current_dir(dir).output().unwrap();
     assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
 }
+
+/// Starts `psl node` number `id` on `router` (capsule `c.capsule`, key `owner.key`, state
+/// directory `state<id>`), with `extra` arguments, and waits for its control address.
+pub fn start_node(dir: &Path, router: SocketAddr, id: u32, extra: &[&str]) -> Proc {
+    let r = router.to_string();
+    let ids = id.to_string();
+    let state = format!("state{id}");
+    let mut args =
+        vec!["node", "--capsule", "c.capsule", "--owner", "owner.key", "--router", &r, "--id", &ids, "--state", &state];
+    args.extend_from_slice(extra);
+    start(dir, &args, "control")
+}
