@@ -7,16 +7,21 @@
 //!   repair answers, heads exchange and pulls.
 //! - [`runtime`]: [`Server`], the thin threaded runtime: fabric in/out, a verify pool (public
 //!   keys only, no data key), one core thread that owns the [`psl_store::DiskStore`].
+//! - [`disk`]: the [`Disk`] trait (write, then sync) the commit path runs over: the real
+//!   [`psl_store::DiskStore`], or the simulator's disk that loses unsynced writes on a crash;
+//!   the [`FsyncPolicy`].
 //! - [`freshness`]: [`check_fresh`], how a reader that knows a newer SYNC catches a server
 //!   serving a stale prefix.
 //!
 //! The protocol is described in `docs/protocol/durability.md`.
 
 pub mod core;
+pub mod disk;
 pub mod freshness;
 pub mod runtime;
 
 pub use crate::core::{Output, ServerConfig, ServerCore, ServerStats};
+pub use disk::{Disk, FsyncPolicy};
 pub use freshness::{check_fresh, ServerView, Stale};
 pub use runtime::{open_store, Server, ServerError, ServerOptions, StartReport};
 

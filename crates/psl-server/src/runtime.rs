@@ -13,6 +13,7 @@
 //! that is the group commit.
 
 use crate::core::{Output, ServerConfig, ServerCore, ServerStats};
+use crate::disk::{self, FsyncPolicy};
 use crossbeam_channel::{bounded, Receiver, Select, Sender, TrySendError};
 use psl_capsule::{Record, SignedMetadata, Verified, Verifier};
 use psl_crypto::{Hash256, SigningKey};
@@ -48,6 +49,8 @@ pub struct ServerOptions {
     pub channel_msgs_max: usize,
     pub tick: Duration,
     pub core: ServerConfig,
+    /// When batches are fsync'd (acks always follow the fsync).
+    pub fsync: FsyncPolicy,
 }
 
 impl Default for ServerOptions {
@@ -58,6 +61,7 @@ impl Default for ServerOptions {
             channel_msgs_max: 4096,
             tick: Duration::from_millis(10),
             core: ServerConfig::default(),
+            fsync: FsyncPolicy::Group,
         }
     }
 }
@@ -153,14 +157,13 @@ impl Server {
         }
         let (store, start_report) = open_store(dir, &meta)?;
         let verifier = Arc::new(Verifier::new(meta, None));
-        let mut core = ServerCore::new(verifier.clone(), key, writer, opts.core);
+        let mut core_cfg = opts.core;
+        if opts.fsync == FsyncPolicy::Always {
+            core_cfg.batch_records_max = 1;
+        }
+        let mut core = ServerCore::new(verifier.clone(), key, writer, core_cfg);
         let t0 = Instant::now();
-        for (w, head) in store.heads() {
-            core.adopt(w, store.chain_hashes(w), head.epoch, 0);
-        }
-        if let Ok(Some(s)) = store.latest_sync() {
-            core.adopt_sync(s.header().epoch, s.link());
-        }
+        disk::adopt(&mut core, &store, 0);
         let store = Arc::new(Mutex::new(store));
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(Mutex::new(ServerStats::default()));
@@ -248,6 +251,8 @@ impl Server {
                 counters: counters.clone(),
                 failed: failed.clone(),
                 tick: opts.tick,
+                fsync: opts.fsync,
+                last_commit: Instant::now(),
                 t0,
                 name: verifier.name(),
             };
@@ -372,6 +377,8 @@ struct CoreLoop {
     counters: Arc<Counters>,
     failed: Arc<Mutex<Option<String>>>,
     tick: Duration,
+    fsync: FsyncPolicy,
+    last_commit: Instant,
     t0: Instant,
     name: psl_capsule::CapsuleName,
 }
@@ -388,7 +395,11 @@ impl CoreLoop {
         let mut next_tick = Instant::now();
         while !self.stop.load(Ordering::Acquire) {
             // Wait for input (bounded), then take what is there, up to DRAIN_MAX.
-            let timeout = next_tick.saturating_duration_since(Instant::now()).min(Duration::from_millis(50));
+            let mut timeout = next_tick.saturating_duration_since(Instant::now()).min(Duration::from_millis(50));
+            if let FsyncPolicy::IntervalMs(ms) = self.fsync {
+                let next_commit = self.last_commit + Duration::from_millis(ms);
+                timeout = timeout.min(next_commit.saturating_duration_since(Instant::now()));
+            }
             self.wait_input(timeout);
             for _ in 0..DRAIN_MAX {
                 if !self.step() {
@@ -396,7 +407,15 @@ impl CoreLoop {
                 }
             }
             // Group commit: one write, one fsync; the acks only after it returned.
-            self.commit();
+            let due = match self.fsync {
+                FsyncPolicy::IntervalMs(ms) => {
+                    self.last_commit.elapsed() >= Duration::from_millis(ms) || self.core.congested()
+                }
+                FsyncPolicy::Always | FsyncPolicy::Group => true,
+            };
+            if due {
+                self.commit();
+            }
             if Instant::now() >= next_tick {
                 next_tick = Instant::now() + self.tick;
                 let now = self.now();
@@ -457,13 +476,18 @@ impl CoreLoop {
     }
 
     fn commit(&mut self) {
-        while let Some(batch) = self.core.take_batch() {
-            let result = {
+        self.last_commit = Instant::now();
+        let now = self.now();
+        loop {
+            // One batch per lock, so that readers get in between batches.
+            let out = {
                 let mut st = self.store.lock().unwrap_or_else(|p| p.into_inner());
-                st.append(&batch).map(|o| o.appended + o.duplicates).map_err(|e| e.to_string())
+                match disk::commit_write(&mut self.core, &mut *st, now) {
+                    None => break,
+                    Some(Ok(n)) => disk::commit_synced(&mut self.core, &mut *st, n, now),
+                    Some(Err(out)) => out,
+                }
             };
-            let now = self.now();
-            let out = self.core.on_persisted(result, now);
             self.outputs(out);
         }
     }

@@ -39,6 +39,20 @@ pub struct SimConfig {
     /// Per ms: probability of a partition splitting the nodes in two, healed after `heal_ms`.
     pub partition: f64,
     pub heal_ms: u64,
+    /// Capsule servers n = 2f + 1 (0: none). Nodes count a write durable once f + 1 acked it.
+    pub servers: usize,
+    /// Per server per ms: probability of a crash (at most f are down at once); it restarts
+    /// `server_restart_ms` later from what its disk kept.
+    pub server_crash: f64,
+    pub server_restart_ms: u64,
+    /// Simulated fsync duration: a batch written at t is durable (and acked) at t + fsync_ms; a
+    /// crash in between loses it.
+    pub fsync_ms: u64,
+    /// Probability that a crash leaves a torn prefix of the unsynced writes on the medium
+    /// (otherwise all of them are lost).
+    pub torn_write: f64,
+    /// Deliberately broken servers that ack before the fsync (to show the checker catches it).
+    pub bug_ack_before_sync: bool,
 }
 
 impl Default for SimConfig {
@@ -66,11 +80,24 @@ impl Default for SimConfig {
             coordinator_crash: 0.0003,
             partition: 0.0005,
             heal_ms: 300,
+            servers: 0,
+            server_crash: 0.0,
+            server_restart_ms: 300,
+            fsync_ms: 3,
+            torn_write: 0.5,
+            bug_ack_before_sync: false,
         }
     }
 }
 
 impl SimConfig {
+    /// The durability scenario: three capsule servers (f = 1) with crash-prone disks, nodes
+    /// that crash and restart empty, partitions and loss; every write a node counted durable
+    /// must stay on f + 1 servers' synced storage, and reach every memtable in the end.
+    pub fn durability() -> SimConfig {
+        SimConfig { servers: 3, server_crash: 0.002, crash: 0.0006, loss: 0.1, work_ms: 1_200, ..SimConfig::default() }
+    }
+
     /// A fault-free configuration (for checking the simulator itself).
     pub fn calm() -> SimConfig {
         SimConfig {

@@ -7,6 +7,9 @@
 //!   corruption, replay, partitions.
 //! - [`node`]: one simulated node: the real [`psl_scl::NodeCore`], memtable, verifier and
 //!   writers ([`psl_capsule::Author`]), driven inline instead of by threads.
+//! - [`server`]: simulated capsule servers: the real `psl_server::ServerCore` and commit path
+//!   over [`server::SimDisk`], a disk that loses unsynced writes (or keeps a torn prefix) when
+//!   its server crashes.
 //! - [`run`]: the event loop, the fault schedule and the invariants checked after every step.
 //!
 //! Everything random comes from one seed (network, workload, faults, and the record salts), so
@@ -16,6 +19,7 @@ pub mod config;
 pub mod net;
 pub mod node;
 pub mod run;
+pub mod server;
 
 pub use config::SimConfig;
 pub use run::{run_seed, SimReport, Violation};

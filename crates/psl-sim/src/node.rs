@@ -30,6 +30,8 @@ pub enum Effect {
     Publish(Vec<u8>),
     /// A data op sealed into a record: (key, version, value).
     Sealed(Vec<u8>, Version, Option<Vec<u8>>),
+    /// A record this node wrote: (writer, seq, hash, the data ops in it as (key, version)).
+    Wrote(u32, u64, psl_crypto::Hash256, Vec<(Vec<u8>, Version)>),
     Note(Output),
 }
 
@@ -45,6 +47,7 @@ impl SimNode {
         seed: u64,
         now: u64,
         batch_ops_max: usize,
+        servers: u32,
     ) -> SimNode {
         let verifier = Arc::new(Verifier::new(meta.clone(), Some(app.data_key())));
         let memtable = Arc::new(Memtable::new());
@@ -72,7 +75,7 @@ impl SimNode {
             metrics.clone(),
             authors.iter().map(|a| a.writer()),
             core_coord,
-            NodeConfig::default(),
+            NodeConfig { servers, ..NodeConfig::default() },
         );
         SimNode {
             id,
@@ -122,7 +125,9 @@ impl SimNode {
         }
         let ops = std::mem::take(&mut self.pending[i]);
         let writer = self.authors[i].writer();
+        let mut applied = Vec::with_capacity(ops.len());
         for op in &ops {
+            applied.push((op.key.clone(), Version { lamport: op.lamport, writer }));
             let v = match &op.action {
                 Action::Put(x) => Some(x.clone()),
                 Action::Delete => None,
@@ -131,10 +136,14 @@ impl SimNode {
         }
         let body = Body::Data(ops.clone());
         let rec = self.authors[i].write_stamped(ops).expect("simulated ops fit the limits");
+        fx.push(Effect::Wrote(writer, rec.header().seq, rec.hash(), applied));
         self.local_record(rec, &body, now, fx);
     }
 
     fn local_record(&mut self, rec: Record, body: &Body, now: u64, fx: &mut Vec<Effect>) {
+        if !matches!(body, Body::Data(_)) {
+            fx.push(Effect::Wrote(rec.header().writer, rec.header().seq, rec.hash(), Vec::new()));
+        }
         let out = self.core.on_local_record(rec, body, now);
         self.outputs(out, now, fx);
     }

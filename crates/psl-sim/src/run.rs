@@ -6,15 +6,23 @@
 //!   never show up as data);
 //! - **coherence**: on every node, the version of each key only moves forward;
 //! - **no equivocation** among honest writers (a restarted node writes under a new incarnation).
+//! - with capsule servers: **no unverified record stored** (every record any server wrote to its
+//!   disk is one an honest writer sealed), and **durable means on f + 1 disks**: every record a
+//!   node ever counted durable (`NodeCore::durable_next`) is in the synced part of at least
+//!   f + 1 servers' disks, whatever crashed (servers lose their unsynced writes, or keep a torn
+//!   prefix of them).
 //!
 //! And at the end: once faults stop, every live node's memtable becomes identical within
 //! `settle_ms`; with no crash in the run, identical to the last-writer-wins result of every op
-//! issued; with crashes, no op sealed by a node that never crashed is missing.
+//! issued; with crashes, no op sealed by a node that never crashed is missing; and no op of a
+//! record counted durable is missing, even if its node crashed (it is rebuilt from the servers).
 
 use crate::config::SimConfig;
 use crate::net::{Faults, Net, NetStats};
 use crate::node::{Effect, SimNode};
+use crate::server::{ServerEffect, SimDisk, SimServer};
 use psl_capsule::{new_capsule, Limits};
+use psl_crypto::Hash256;
 use psl_crypto::OwnerKey;
 use psl_scl::{CoordinatorConfig, Output, RejectReason, Version};
 use rand::rngs::StdRng;
@@ -32,6 +40,12 @@ pub struct SimReport {
     pub converged_at_ms: u64,
     pub epochs: u64,
     pub withholding_reports: u64,
+    pub server_crashes: u64,
+    /// Records written but not synced that server crashes lost.
+    pub records_lost_on_crash: u64,
+    pub torn_writes: u64,
+    /// Records counted durable by their nodes (all writers).
+    pub durable_records: u64,
     pub rejected: BTreeMap<&'static str, u64>,
     pub net: NetStats,
 }
@@ -48,6 +62,18 @@ pub enum Violation {
     NoConvergence { seed: u64, settle_ms: u64, detail: String },
     #[error("seed {seed}: node {node}, key {key:?}: holds {held:?}, but {expected:?} was issued and sealed by a node that never crashed")]
     Lost { seed: u64, node: u32, key: String, held: Option<Version>, expected: Version },
+    #[error("seed {seed} at {at_ms} ms: writer {writer} seq {seq} was counted durable but is synced on only {on} servers ({need} needed)")]
+    NotDurable { seed: u64, at_ms: u64, writer: u32, seq: u64, on: usize, need: usize },
+    #[error("seed {seed} at {at_ms} ms: server {server} wrote record {hash}, which no honest writer sealed")]
+    UnverifiedStored { seed: u64, at_ms: u64, server: u32, hash: Hash256 },
+    #[error("seed {seed}: node {node}, key {key:?}: holds {held:?}, but {expected:?} is in a record counted durable")]
+    DurableLost { seed: u64, node: u32, key: String, held: Option<Version>, expected: Version },
+}
+
+struct ServerSlot {
+    server: Option<SimServer>,
+    disk: SimDisk,
+    restart_at: Option<u64>,
 }
 
 struct Endpoint {
@@ -78,10 +104,11 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SimReport, Violation> {
         ranks: meta.meta.policy.coordinators,
         missed_eoe_max: 3,
     };
+    let servers = cfg.servers as u32;
     let mut eps: Vec<Endpoint> = Vec::new();
     for i in 0..cfg.nodes {
         let id = i as u32 + 1;
-        let node = SimNode::new(id, 0, &meta, &app, cfg.writers_per_node, None, seed, 0, cfg.batch_ops_max);
+        let node = SimNode::new(id, 0, &meta, &app, cfg.writers_per_node, None, seed, 0, cfg.batch_ops_max, servers);
         eps.push(Endpoint {
             node: Some(node),
             writers: cfg.writers_per_node,
@@ -96,7 +123,7 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SimReport, Violation> {
     for r in 0..cfg.coordinators.min(meta.meta.policy.coordinators as usize) {
         let rank = r as u8;
         let id = 1000 + r as u32;
-        let node = SimNode::new(id, 0, &meta, &app, 0, Some((rank, ccfg(rank))), seed, 0, cfg.batch_ops_max);
+        let node = SimNode::new(id, 0, &meta, &app, 0, Some((rank, ccfg(rank))), seed, 0, cfg.batch_ops_max, servers);
         eps.push(Endpoint {
             node: Some(node),
             writers: 0,
@@ -109,7 +136,22 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SimReport, Violation> {
         });
     }
     let n = eps.len();
-    let mut net = Net::new(n);
+    let mut slots: Vec<ServerSlot> = (0..cfg.servers)
+        .map(|i| {
+            let disk = SimDisk::default();
+            let server = SimServer::new(i as u32, &meta, &app, &disk, 0, cfg.bug_ack_before_sync);
+            ServerSlot { server: Some(server), disk, restart_at: None }
+        })
+        .collect();
+    let total = n + slots.len();
+    let quorum = cfg.servers / 2 + 1;
+    let mut net = Net::new(total);
+    // Every record an honest writer sealed: (writer, seq) -> (hash, data ops in it).
+    let mut honest: HashMap<(u32, u64), (Hash256, Vec<(Vec<u8>, Version)>)> = HashMap::new();
+    let mut honest_hashes: std::collections::HashSet<Hash256> = std::collections::HashSet::new();
+    // Per writer: the highest next seq any node ever counted durable.
+    let mut reported: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut sfx: Vec<ServerEffect> = Vec::new();
     let keys: Vec<Vec<u8>> = (0..cfg.keys).map(|k| format!("key{k:03}").into_bytes()).collect();
     // Every op any honest writer issued: (key, version) -> value.
     let mut issued: HashMap<(Vec<u8>, Version), Option<Vec<u8>>> = HashMap::new();
@@ -125,6 +167,10 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SimReport, Violation> {
         converged_at_ms: 0,
         epochs: 0,
         withholding_reports: 0,
+        server_crashes: 0,
+        records_lost_on_crash: 0,
+        torn_writes: 0,
+        durable_records: 0,
         rejected: BTreeMap::new(),
         net: NetStats::default(),
     };
@@ -148,9 +194,18 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SimReport, Violation> {
     for now in 1..=end {
         let active = now <= cfg.work_ms;
         let mut effects: Vec<(usize, Effect)> = Vec::new();
+        let mut server_fx: Vec<(usize, ServerEffect)> = Vec::new();
         let mut fx = Vec::new();
         // Deliveries.
         for (to, bytes) in net.due(now) {
+            if to >= n {
+                let slot = &mut slots[to - n];
+                if let Some(srv) = slot.server.as_mut() {
+                    srv.receive(&bytes, now, &slot.disk, &mut sfx);
+                    server_fx.extend(sfx.drain(..).map(|e| (to, e)));
+                }
+                continue;
+            }
             if let Some(node) = eps[to].node.as_mut() {
                 node.receive(&bytes, now, &mut fx);
                 effects.extend(fx.drain(..).map(|e| (to, e)));
@@ -181,11 +236,32 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SimReport, Violation> {
             }
             effects.extend(fx.drain(..).map(|e| (i, e)));
         }
+        // Servers: group commits (write, then the fsync completes fsync_ms later), ticks.
+        for (i, slot) in slots.iter_mut().enumerate() {
+            if let Some(srv) = slot.server.as_mut() {
+                srv.step(now, now % cfg.tick_ms == 0, cfg.fsync_ms, &mut slot.disk, &mut sfx);
+            }
+            server_fx.extend(sfx.drain(..).map(|e| (n + i, e)));
+        }
+        for (i, e) in server_fx {
+            match e {
+                ServerEffect::Publish(b) => {
+                    net.publish(&mut rng, if active { &faults_on } else { &faults_off }, now, i, &b, total)
+                }
+                ServerEffect::Equivocation { writer, seq } => {
+                    return Err(Violation::Equivocation { seed, at_ms: now, writer, seq });
+                }
+            }
+        }
         // Effects: ops issued locally are recorded at put time (they are in the memtable at once).
         for (i, e) in effects.drain(..) {
             match e {
                 Effect::Publish(b) => {
-                    net.publish(&mut rng, if active { &faults_on } else { &faults_off }, now, i, &b, n)
+                    net.publish(&mut rng, if active { &faults_on } else { &faults_off }, now, i, &b, total)
+                }
+                Effect::Wrote(w, seq, hash, ops) => {
+                    honest_hashes.insert(hash);
+                    honest.insert((w, seq), (hash, ops));
                 }
                 Effect::Sealed(k, v, val) => {
                     sealed_by[i].push((k.clone(), v));
@@ -237,6 +313,17 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SimReport, Violation> {
                 }
                 report.coordinator_crashes += 1;
             }
+            let down = slots.iter().filter(|s| s.server.is_none()).count();
+            if cfg.server_crash > 0.0 && down < cfg.servers - quorum {
+                if let Some(i) = (0..slots.len()).find(|_| rng.random_bool(cfg.server_crash)) {
+                    let slot = &mut slots[i];
+                    if slot.server.take().is_some() {
+                        slot.disk.crash(&mut rng, cfg.torn_write);
+                        slot.restart_at = Some(now + cfg.server_restart_ms);
+                        report.server_crashes += 1;
+                    }
+                }
+            }
             if heal_at.is_none() && rng.random_bool(cfg.partition) {
                 for s in net.side.iter_mut() {
                     *s = rng.random_range(0..2);
@@ -264,12 +351,50 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SimReport, Violation> {
                     seed ^ ((inc as u64) << 40),
                     now,
                     cfg.batch_ops_max,
+                    servers,
                 );
                 node.quiet_until = now + 3 * cfg.epoch_ms;
                 ep.node = Some(node);
             }
         }
+        for (i, slot) in slots.iter_mut().enumerate() {
+            if slot.restart_at.is_some_and(|t| now >= t) {
+                slot.restart_at = None;
+                slot.server = Some(SimServer::new(i as u32, &meta, &app, &slot.disk, now, cfg.bug_ack_before_sync));
+            }
+        }
         // Invariants.
+        // Servers store only records honest writers sealed (forged, corrupted ones never).
+        for (i, slot) in slots.iter_mut().enumerate() {
+            for h in slot.disk.fresh.drain(..) {
+                if !honest_hashes.contains(&h) {
+                    return Err(Violation::UnverifiedStored { seed, at_ms: now, server: i as u32, hash: h });
+                }
+            }
+        }
+        // Whatever a node counted durable is synced on f + 1 disks, now and forever after.
+        if servers > 0 {
+            for ep in eps.iter() {
+                let Some(node) = &ep.node else { continue };
+                for a in &node.authors {
+                    let w = a.writer();
+                    let d = node.core.durable_next(w);
+                    let r = reported.entry(w).or_insert(0);
+                    *r = (*r).max(d);
+                }
+            }
+            for (w, next) in &reported {
+                if *next == 0 {
+                    continue;
+                }
+                let seq = next - 1;
+                let hash = honest.get(&(*w, seq)).map(|(h, _)| *h);
+                let on = slots.iter().filter(|s| hash.is_some() && s.disk.synced_hash(*w, seq) == hash).count();
+                if on < quorum {
+                    return Err(Violation::NotDurable { seed, at_ms: now, writer: *w, seq, on, need: quorum });
+                }
+            }
+        }
         for ep in eps.iter_mut() {
             let Some(node) = &ep.node else { continue };
             for k in &keys {
@@ -384,6 +509,30 @@ dead writers: {:?}",
             }
         }
     }
+    // Every op in a record counted durable is in every memtable, whoever crashed.
+    let mut durable_model: HashMap<Vec<u8>, Version> = HashMap::new();
+    for (w, next) in &reported {
+        report.durable_records += next;
+        for seq in 0..*next {
+            for (k, v) in honest.get(&(*w, seq)).map(|(_, ops)| &ops[..]).unwrap_or(&[]) {
+                let m = durable_model.entry(k.clone()).or_insert(*v);
+                if *v > *m {
+                    *m = *v;
+                }
+            }
+        }
+    }
+    for ep in eps.iter() {
+        let Some(node) = &ep.node else { continue };
+        for (k, v) in &durable_model {
+            let held = node.memtable.entry(k).map(|e| e.version);
+            if held.is_none_or(|h| h < *v) {
+                return Err(Violation::DurableLost { seed, node: ep.id, key: show(k), held, expected: *v });
+            }
+        }
+    }
+    report.records_lost_on_crash = slots.iter().map(|s| s.disk.lost_on_crash).sum();
+    report.torn_writes = slots.iter().map(|s| s.disk.torn_writes).sum();
     for ep in eps.iter() {
         let Some(node) = &ep.node else { continue };
         for (k, v) in &model {

@@ -206,6 +206,18 @@ pub struct CapsuleServerArgs {
     /// Verify threads.
     #[arg(long, default_value_t = 2)]
     pub verifiers: usize,
+    /// Servers in the deployment, n = 2f + 1 (ids 0 .. n); this server's --id must be below it.
+    /// Nodes count a write durable once f + 1 of them acked it (`psl node --servers N`).
+    #[arg(long, default_value_t = 3)]
+    pub n: u32,
+    /// Failures tolerated; defaults to (n - 1) / 2. Must satisfy n = 2f + 1.
+    #[arg(long)]
+    pub f: Option<u32>,
+    /// When batches are fsync'd: `group` (default: each fsync takes everything that arrived
+    /// during the previous one), `always` (one record per fsync), `interval-ms=N` (at most one
+    /// fsync every N ms). Acks always follow the fsync that covers them, whatever the policy.
+    #[arg(long, default_value = "group")]
+    pub fsync: psl_server::FsyncPolicy,
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -227,12 +239,25 @@ pub fn run_capsule_server(a: CapsuleServerArgs) -> Result<i32> {
     else {
         bail!("psl capsule-server needs --capsule, --owner, --router, --dir and --id (or the `check` subcommand)");
     };
+    let f = a.f.unwrap_or(a.n.saturating_sub(1) / 2);
+    if a.n == 0 || a.n != 2 * f + 1 {
+        bail!("--n {} and --f {f} do not satisfy n = 2f + 1", a.n);
+    }
+    if id >= a.n {
+        bail!("--id {id} is not below --n {} (server ids are 0 .. n)", a.n);
+    }
     let common = CommonArgs { capsule, owner, router, epoch_ms: 100 };
     let (meta, app) = load(&common)?;
     let key =
         psl_server::server_key(&app, id).with_context(|| format!("server id {id} is out of range (0 to 32767)"))?;
     drop(app);
-    let opts = psl_server::ServerOptions { id, verifiers: a.verifiers, ..psl_server::ServerOptions::default() };
+    let opts = psl_server::ServerOptions {
+        id,
+        verifiers: a.verifiers,
+        fsync: a.fsync,
+        ..psl_server::ServerOptions::default()
+    };
+    tracing::info!(id, n = a.n, f, fsync = %a.fsync, "capsule server configuration");
     let server = psl_server::Server::start(&dir, meta, key, fabric(router)?, opts)?;
     let rep = server.start_report().clone();
     // Tests and scripts read this line.

@@ -15,16 +15,35 @@ pub struct SimArgs {
     /// Worker nodes.
     #[arg(long, default_value_t = SimConfig::default().nodes)]
     nodes: usize,
-    /// Message loss rate during the faulty phase.
-    #[arg(long, default_value_t = SimConfig::default().loss)]
-    loss: f64,
+    /// Message loss rate during the faulty phase (default: the scenario's).
+    #[arg(long)]
+    loss: Option<f64>,
     /// Print each seed's report as a JSON line.
     #[arg(long)]
     json: bool,
+    /// `scl` (nodes and coordinators) or `durability` (plus three capsule servers whose disks
+    /// lose unsynced writes on a crash; servers and nodes crash and restart).
+    #[arg(long, default_value = "scl")]
+    scenario: Scenario,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum Scenario {
+    Scl,
+    Durability,
 }
 
 pub fn run(a: SimArgs) -> Result<i32> {
-    let cfg = SimConfig { nodes: a.nodes, loss: a.loss, ..SimConfig::default() };
+    let base = match a.scenario {
+        Scenario::Scl => SimConfig::default(),
+        Scenario::Durability => SimConfig::durability(),
+    };
+    let loss = a.loss.unwrap_or(base.loss);
+    let cfg = SimConfig { nodes: a.nodes, loss, ..base };
+    let scenario = match a.scenario {
+        Scenario::Scl => "scl",
+        Scenario::Durability => "durability",
+    };
     let pb = crate::bench::progress(a.seeds, "sim seeds");
     let mut failed = 0u64;
     for s in a.start..a.start + a.seeds {
@@ -38,7 +57,10 @@ pub fn run(a: SimArgs) -> Result<i32> {
                 failed += 1;
                 pb.suspend(|| {
                     println!("FAILED {v}");
-                    println!("replay: psl sim --seeds 1 --start {s} --nodes {} --loss {}", a.nodes, a.loss);
+                    println!(
+                        "replay: psl sim --scenario {scenario} --seeds 1 --start {s} --nodes {} --loss {loss}",
+                        a.nodes
+                    );
                 });
             }
         }
