@@ -10,6 +10,9 @@
 //! - [`disk`]: the [`Disk`] trait (write, then sync) the commit path runs over: the real
 //!   [`psl_store::DiskStore`], or the simulator's disk that loses unsynced writes on a crash;
 //!   the [`FsyncPolicy`].
+//! - [`read`]: reads for other processes over TCP (heads, latest SYNC, a record by hash, a
+//!   writer's range, a membership proof), the [`read::ReadClient`], and [`read::fetch_fresh`]
+//!   (whole capsule from the first server whose copy is fresh; the restart path of a node).
 //! - [`freshness`]: [`check_fresh`], how a reader that knows a newer SYNC catches a server
 //!   serving a stale prefix.
 //!
@@ -18,6 +21,7 @@
 pub mod core;
 pub mod disk;
 pub mod freshness;
+pub mod read;
 pub mod runtime;
 
 pub use crate::core::{Output, ServerConfig, ServerCore, ServerStats};

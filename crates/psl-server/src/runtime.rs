@@ -51,6 +51,8 @@ pub struct ServerOptions {
     pub core: ServerConfig,
     /// When batches are fsync'd (acks always follow the fsync).
     pub fsync: FsyncPolicy,
+    /// Where to serve reads for other processes (`crate::read`); none if `None`.
+    pub read_listen: Option<std::net::SocketAddr>,
 }
 
 impl Default for ServerOptions {
@@ -62,6 +64,7 @@ impl Default for ServerOptions {
             tick: Duration::from_millis(10),
             core: ServerConfig::default(),
             fsync: FsyncPolicy::Group,
+            read_listen: None,
         }
     }
 }
@@ -102,6 +105,7 @@ pub struct Server {
     failed: Arc<Mutex<Option<String>>>,
     writer: u32,
     start: StartReport,
+    read_addr: Option<std::net::SocketAddr>,
 }
 
 impl std::fmt::Debug for Server {
@@ -258,12 +262,28 @@ impl Server {
             };
             threads.push(std::thread::Builder::new().name("srv-core".into()).spawn(move || run.run())?);
         }
-        tracing::info!(writer, records = start_report.records, "capsule server started");
-        Ok(Server { store, verifier, stop, threads, stats, counters, failed, writer, start: start_report })
+        let mut read_addr = None;
+        if let Some(a) = opts.read_listen {
+            let listener = std::net::TcpListener::bind(a)?;
+            read_addr = Some(listener.local_addr()?);
+            let (store, stop) = (store.clone(), stop.clone());
+            threads.push(std::thread::Builder::new().name("srv-read-accept".into()).spawn(move || {
+                if let Err(e) = crate::read::serve(listener, store, stop) {
+                    tracing::error!("the read interface stopped: {e}");
+                }
+            })?);
+        }
+        tracing::info!(writer, records = start_report.records, ?read_addr, "capsule server started");
+        Ok(Server { store, verifier, stop, threads, stats, counters, failed, writer, start: start_report, read_addr })
     }
 
     pub fn writer(&self) -> u32 {
         self.writer
+    }
+
+    /// The address reads are served on (`ServerOptions::read_listen`, port resolved).
+    pub fn read_addr(&self) -> Option<std::net::SocketAddr> {
+        self.read_addr
     }
 
     pub fn start_report(&self) -> &StartReport {

@@ -7,7 +7,8 @@ use psl_crypto::{AppKey, OwnerKey};
 use psl_fabric::{Fabric, FabricConfig, FabricError, FabricStats, InProcEndpoint, InProcHub, Message};
 use psl_node::{Node, NodeError, NodeKeys, NodeOptions};
 use psl_scl::CoordinatorConfig;
-use psl_server::{check_fresh, server_key, Server, ServerOptions, ServerView, Stale};
+use psl_server::read::{fetch_fresh, ReadClient};
+use psl_server::{check_fresh, server_key, FsyncPolicy, Server, ServerOptions, ServerView, Stale};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -60,16 +61,13 @@ impl World {
     }
 
     fn server(&self, id: u32, up: &Arc<AtomicBool>) -> Server {
+        self.server_with(id, up, ServerOptions { id, ..Default::default() })
+    }
+
+    fn server_with(&self, id: u32, up: &Arc<AtomicBool>, opts: ServerOptions) -> Server {
         let f = Switch { inner: self.hub.endpoint(format!("server{id}")), up: up.clone() };
         let key = server_key(&self.app, id).unwrap();
-        Server::start(
-            &self.dirs[id as usize],
-            self.meta.clone(),
-            key,
-            Arc::new(f),
-            ServerOptions { id, ..Default::default() },
-        )
-        .unwrap()
+        Server::start(&self.dirs[id as usize], self.meta.clone(), key, Arc::new(f), opts).unwrap()
     }
 
     fn node(&self, id: u32) -> Node {
@@ -251,4 +249,81 @@ fn server_stale_prefix_is_caught_by_a_reader_that_knows_a_newer_sync() {
         assert!(Instant::now() < deadline, "server 1 never became fresh: {:?}", view(&servers[1]));
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+#[test]
+fn server_reads_over_tcp_and_a_withholding_server_is_skipped() {
+    let w = World::new();
+    let ups: Vec<_> = (0..3).map(|_| up()).collect();
+    let opts = |id: u32, fsync| ServerOptions {
+        id,
+        fsync,
+        read_listen: Some("127.0.0.1:0".parse().unwrap()),
+        ..Default::default()
+    };
+    // Each server runs another fsync policy: all of them ack only what they synced.
+    let policies = [FsyncPolicy::Group, FsyncPolicy::Always, FsyncPolicy::IntervalMs(5)];
+    let servers: Vec<Server> =
+        (0..3).map(|i| w.server_with(i, &ups[i as usize], opts(i, policies[i as usize]))).collect();
+    let addrs: Vec<_> = servers.iter().map(|s| s.read_addr().unwrap()).collect();
+    let _coord = w.coordinator();
+    let node = w.node(6);
+    put_many(&node, "r", 200);
+    node.sync(Duration::from_secs(20)).unwrap();
+    node.sync_durable(Duration::from_secs(20)).unwrap();
+    ups[2].store(false, Ordering::Release);
+    put_many(&node, "s", 300);
+    node.sync(Duration::from_secs(20)).unwrap();
+    node.sync_durable(Duration::from_secs(20)).unwrap();
+    let v = psl_capsule::Verifier::new(w.meta.clone(), None);
+
+    // Every read the in-process API offers, over TCP, agrees with it.
+    let mut c = ReadClient::connect(addrs[0]).unwrap();
+    let heads = c.heads().unwrap();
+    let local = servers[0].heads();
+    for (wr, (seq, hash)) in &heads {
+        let (lseq, lhash) = local.get(wr).copied().unwrap_or((0, psl_crypto::Hash256::ZERO));
+        assert!(lseq >= *seq, "TCP heads ahead of the store");
+        if lseq == *seq {
+            assert_eq!(lhash, *hash);
+        }
+        let chain = c.range(&v, *wr, 0, *seq).unwrap();
+        assert_eq!(chain.len() as u64, seq + 1);
+        assert_eq!(chain.last().unwrap().hash(), *hash);
+        let one = c.get(&v, hash).unwrap().expect("the head record");
+        assert_eq!(one.hash(), *hash);
+        let p = c.proof(&v, hash).unwrap();
+        assert_eq!(p.verify(Some(w.meta.name())).unwrap().target.hash, *hash);
+    }
+    assert!(c.get(&v, &psl_crypto::Hash256([7; 32])).unwrap().is_none());
+    let sync = c.latest_sync(&v).unwrap().expect("a SYNC");
+    assert_eq!(sync.header().kind, psl_capsule::Kind::Sync);
+
+    // Wait for a SYNC that the cut-off server cannot have: one linking the node's later writes.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let newest = loop {
+        let s = c.latest_sync(&v).unwrap().expect("a SYNC");
+        let stale_heads = ReadClient::connect(addrs[2]).unwrap().heads().unwrap();
+        let ahead = s.header().links.iter().any(|l| stale_heads.get(&l.writer).is_none_or(|(q, _)| *q < l.seq));
+        if ahead {
+            break (s.header().epoch, s.header().links.clone());
+        }
+        assert!(Instant::now() < deadline, "no SYNC beyond the cut-off server's copy");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // The withholding server is asked first, and skipped; the copy comes from a fresh one.
+    let order = [addrs[2], addrs[0], addrs[1]];
+    let got = fetch_fresh(&order, &v, Some(newest.clone())).unwrap();
+    assert_ne!(got.server, addrs[2]);
+    assert!(got.skipped.iter().any(|(a, why)| *a == addrs[2] && why.contains("stale")), "{:?}", got.skipped);
+    let mut r = psl_capsule::Replica::new(w.meta.name());
+    for rec in got.records {
+        r.insert(rec).unwrap();
+    }
+    for l in &newest.1 {
+        assert!(r.get(&l.hash).is_some(), "the fetched copy holds every record the SYNC links");
+    }
+    // Only the stale server left: no fresh copy, and the error says why.
+    let err = fetch_fresh(&[addrs[2]], &v, Some(newest)).unwrap_err();
+    assert!(err.to_string().contains("stale"), "{err}");
 }

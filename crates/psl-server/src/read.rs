@@ -1,0 +1,410 @@
+//! Reads for other processes: a small TCP protocol on a capsule server's `--read` address, and
+//! its client, including the freshness-checked fetch a restarting node recovers from.
+//!
+//! Requests are one ASCII line each (at most [`REQUEST_BYTES_MAX`] bytes); a connection may send
+//! many. Every answer is `u32 count` (big-endian) then `count` frames of `u32 len | bytes`; an
+//! error is `count = u32::MAX` then one frame holding the message.
+//!
+//! | request | answer frames |
+//! | --- | --- |
+//! | `HEADS` | one per writer: `u32 writer | u64 seq | [32] hash` of its newest durable record |
+//! | `SYNC` | the newest SYNC record stored (0 or 1 frame) |
+//! | `GET <hash hex>` | the record (0 or 1 frame) |
+//! | `RANGE <writer> <from> <to>` | the writer's records `from ..= to` held (at most [`RANGE_RECORDS_MAX`]) |
+//! | `PROOF <hash hex>` | a membership proof (`psl_capsule::MembershipProof` bytes) of the record |
+//!
+//! The server is untrusted for what it answers: the client verifies every record with the
+//! capsule's public keys, and [`fetch_fresh`] checks each server's view against the newest SYNC
+//! known (`crate::check_fresh`), moving on to another server when one withholds.
+
+use crate::freshness::{check_fresh, ServerView, Stale};
+use psl_capsule::{Kind, Link, MembershipProof, Record, Verified, Verifier};
+use psl_crypto::Hash256;
+use psl_store::DiskStore;
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Longest request line.
+pub const REQUEST_BYTES_MAX: usize = 256;
+/// Most records one `RANGE` answer carries (the client asks again from where it stopped).
+pub const RANGE_RECORDS_MAX: u64 = 1024;
+/// Most concurrent read connections per server.
+pub const CONNECTIONS_MAX: usize = 32;
+/// Largest frame a client accepts.
+pub const FRAME_BYTES_MAX: usize = 64 << 20;
+const IO_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("server {addr}: {what}: {source}")]
+    Io { addr: SocketAddr, what: &'static str, source: std::io::Error },
+    #[error("server {addr} answered an error: {msg}")]
+    Server { addr: SocketAddr, msg: String },
+    #[error("server {addr} sent a malformed answer: {what}")]
+    Malformed { addr: SocketAddr, what: String },
+    #[error("server {addr} sent a record that does not verify: {what}")]
+    Unverified { addr: SocketAddr, what: String },
+    #[error("no server holds a fresh copy: {0}")]
+    NoFreshServer(String),
+}
+
+/// Serves reads from `store` on `listener` until `stop` is set. One thread per connection, at
+/// most [`CONNECTIONS_MAX`].
+pub fn serve(listener: TcpListener, store: Arc<Mutex<DiskStore>>, stop: Arc<AtomicBool>) -> std::io::Result<()> {
+    listener.set_nonblocking(true)?;
+    let open = Arc::new(AtomicUsize::new(0));
+    while !stop.load(Ordering::Acquire) {
+        match listener.accept() {
+            Ok((s, peer)) => {
+                if open.load(Ordering::Acquire) >= CONNECTIONS_MAX {
+                    tracing::warn!(%peer, "too many read connections; refusing one");
+                    continue;
+                }
+                open.fetch_add(1, Ordering::AcqRel);
+                let (store, stop, open) = (store.clone(), stop.clone(), open.clone());
+                std::thread::Builder::new().name("srv-read".into()).spawn(move || {
+                    if let Err(e) = connection(s, &store, &stop) {
+                        tracing::debug!(%peer, "read connection ended: {e}");
+                    }
+                    open.fetch_sub(1, Ordering::AcqRel);
+                })?;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => {
+                tracing::warn!("accepting a read connection: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn connection(s: TcpStream, store: &Mutex<DiskStore>, stop: &AtomicBool) -> std::io::Result<()> {
+    s.set_nonblocking(false)?;
+    s.set_read_timeout(Some(Duration::from_millis(500)))?;
+    s.set_write_timeout(Some(IO_TIMEOUT))?;
+    let mut w = std::io::BufWriter::new(s.try_clone()?);
+    let mut r = BufReader::new(s).take(0);
+    let mut line = Vec::new();
+    while !stop.load(Ordering::Acquire) {
+        line.clear();
+        r.set_limit(REQUEST_BYTES_MAX as u64 + 1);
+        match r.read_until(b'\n', &mut line) {
+            Ok(0) => return Ok(()),
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => continue,
+            Err(e) => return Err(e),
+        }
+        if line.last() != Some(&b'\n') {
+            write_answer(&mut w, Err("request line too long or cut".into()))?;
+            return Ok(());
+        }
+        let req = String::from_utf8_lossy(&line).trim().to_string();
+        let answer = {
+            let st = store.lock().unwrap_or_else(|p| p.into_inner());
+            answer(&st, &req)
+        };
+        write_answer(&mut w, answer)?;
+        w.flush()?;
+    }
+    Ok(())
+}
+
+fn answer(st: &DiskStore, req: &str) -> Result<Vec<Vec<u8>>, String> {
+    let parts: Vec<&str> = req.split_ascii_whitespace().collect();
+    let hash = |s: &str| Hash256::from_hex(s).ok_or_else(|| format!("{s:?} is not a 64-digit hex hash"));
+    let num = |s: &str| s.parse::<u64>().map_err(|_| format!("{s:?} is not a number"));
+    match parts.as_slice() {
+        ["HEADS"] => Ok(st
+            .heads()
+            .into_iter()
+            .map(|(w, h)| {
+                let mut b = Vec::with_capacity(44);
+                b.extend_from_slice(&w.to_be_bytes());
+                b.extend_from_slice(&h.seq.to_be_bytes());
+                b.extend_from_slice(h.hash.as_bytes());
+                b
+            })
+            .collect()),
+        ["SYNC"] => {
+            st.latest_sync().map(|r| r.map(|r| r.bytes().to_vec()).into_iter().collect()).map_err(|e| e.to_string())
+        }
+        ["GET", h] => {
+            st.get(&hash(h)?).map(|r| r.map(|r| r.bytes().to_vec()).into_iter().collect()).map_err(|e| e.to_string())
+        }
+        ["RANGE", w, from, to] => {
+            let (w, from, to) = (num(w)?, num(from)?, num(to)?);
+            let w = u32::try_from(w).map_err(|_| "writer out of range".to_string())?;
+            let to = to.min(from.saturating_add(RANGE_RECORDS_MAX - 1));
+            st.range(w, from, to.saturating_add(1))
+                .map(|v| v.iter().map(|r| r.bytes().to_vec()).collect())
+                .map_err(|e| e.to_string())
+        }
+        ["PROOF", h] => {
+            let target = hash(h)?;
+            let replica = st.to_replica().map_err(|e| e.to_string())?;
+            MembershipProof::build(st.metadata(), &replica, target, None)
+                .map(|p| vec![p.encode()])
+                .map_err(|e| e.to_string())
+        }
+        _ => Err(format!("unknown request {req:?}: HEADS, SYNC, GET h, RANGE w from to, PROOF h")),
+    }
+}
+
+fn write_answer(w: &mut impl Write, a: Result<Vec<Vec<u8>>, String>) -> std::io::Result<()> {
+    let frames = match a {
+        Ok(f) => {
+            w.write_all(&(f.len() as u32).to_be_bytes())?;
+            f
+        }
+        Err(e) => {
+            w.write_all(&u32::MAX.to_be_bytes())?;
+            vec![e.into_bytes()]
+        }
+    };
+    for f in frames {
+        w.write_all(&(f.len() as u32).to_be_bytes())?;
+        w.write_all(&f)?;
+    }
+    Ok(())
+}
+
+/// A connection to one server's read address.
+pub struct ReadClient {
+    addr: SocketAddr,
+    r: BufReader<TcpStream>,
+    w: TcpStream,
+}
+
+impl ReadClient {
+    pub fn connect(addr: SocketAddr) -> Result<ReadClient, ReadError> {
+        let io = |what| move |source| ReadError::Io { addr, what, source };
+        let s = TcpStream::connect_timeout(&addr, IO_TIMEOUT).map_err(io("connecting"))?;
+        s.set_read_timeout(Some(IO_TIMEOUT)).map_err(io("setting a timeout"))?;
+        s.set_write_timeout(Some(IO_TIMEOUT)).map_err(io("setting a timeout"))?;
+        let w = s.try_clone().map_err(io("cloning the socket"))?;
+        Ok(ReadClient { addr, r: BufReader::new(s), w })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    fn ask(&mut self, req: &str) -> Result<Vec<Vec<u8>>, ReadError> {
+        let addr = self.addr;
+        let io = |what| move |source| ReadError::Io { addr, what, source };
+        self.w.write_all(format!("{req}\n").as_bytes()).map_err(io("sending a request"))?;
+        let mut u = [0u8; 4];
+        self.r.read_exact(&mut u).map_err(io("reading an answer"))?;
+        let count = u32::from_be_bytes(u);
+        let frames = if count == u32::MAX { 1 } else { count as usize };
+        if frames as u64 > RANGE_RECORDS_MAX.max(1 << 16) {
+            return Err(ReadError::Malformed { addr, what: format!("{count} frames") });
+        }
+        let mut out = Vec::with_capacity(frames);
+        for _ in 0..frames {
+            self.r.read_exact(&mut u).map_err(io("reading a frame length"))?;
+            let len = u32::from_be_bytes(u) as usize;
+            if len > FRAME_BYTES_MAX {
+                return Err(ReadError::Malformed { addr, what: format!("a frame of {len} bytes") });
+            }
+            let mut b = vec![0u8; len];
+            self.r.read_exact(&mut b).map_err(io("reading a frame"))?;
+            out.push(b);
+        }
+        if count == u32::MAX {
+            return Err(ReadError::Server { addr, msg: String::from_utf8_lossy(&out[0]).into_owned() });
+        }
+        Ok(out)
+    }
+
+    fn record(&self, v: &Verifier, bytes: &[u8]) -> Result<Verified<Record>, ReadError> {
+        v.verify_bytes(bytes).map_err(|e| ReadError::Unverified { addr: self.addr, what: e.to_string() })
+    }
+
+    /// Each writer's newest durable record: writer -> (seq, hash). Unverified claims: use them
+    /// to decide what to fetch, and verify what comes back.
+    pub fn heads(&mut self) -> Result<BTreeMap<u32, (u64, Hash256)>, ReadError> {
+        let addr = self.addr;
+        self.ask("HEADS")?
+            .into_iter()
+            .map(|f| {
+                if f.len() != 44 {
+                    return Err(ReadError::Malformed { addr, what: format!("a heads entry of {} bytes", f.len()) });
+                }
+                let w = u32::from_be_bytes(f[0..4].try_into().expect("4 bytes"));
+                let s = u64::from_be_bytes(f[4..12].try_into().expect("8 bytes"));
+                let h = Hash256(f[12..44].try_into().expect("32 bytes"));
+                Ok((w, (s, h)))
+            })
+            .collect()
+    }
+
+    /// The newest SYNC the server stores, verified.
+    pub fn latest_sync(&mut self, v: &Verifier) -> Result<Option<Verified<Record>>, ReadError> {
+        let f = self.ask("SYNC")?;
+        let r = f.first().map(|b| self.record(v, b)).transpose()?;
+        if r.as_ref().is_some_and(|r| r.header().kind != Kind::Sync) {
+            return Err(ReadError::Malformed { addr: self.addr, what: "SYNC answered with another kind".into() });
+        }
+        Ok(r)
+    }
+
+    /// A record by hash, verified, and checked to be the one asked for.
+    pub fn get(&mut self, v: &Verifier, hash: &Hash256) -> Result<Option<Verified<Record>>, ReadError> {
+        let f = self.ask(&format!("GET {}", hash.to_hex()))?;
+        let r = f.first().map(|b| self.record(v, b)).transpose()?;
+        if r.as_ref().is_some_and(|r| r.hash() != *hash) {
+            return Err(ReadError::Malformed { addr: self.addr, what: format!("GET {hash} answered another record") });
+        }
+        Ok(r)
+    }
+
+    /// Writer `writer`'s records `from ..= to`, verified, in chain order (several requests if
+    /// needed). Stops early where the server holds no more.
+    pub fn range(&mut self, v: &Verifier, writer: u32, from: u64, to: u64) -> Result<Vec<Verified<Record>>, ReadError> {
+        let mut out: Vec<Verified<Record>> = Vec::new();
+        let mut next = from;
+        while next <= to {
+            let f = self.ask(&format!("RANGE {writer} {next} {to}"))?;
+            if f.is_empty() {
+                break;
+            }
+            for b in f {
+                let r = self.record(v, &b)?;
+                let h = r.header();
+                let prev_ok = match out.last() {
+                    Some(p) => h.prev == p.hash(),
+                    None => true,
+                };
+                if h.writer != writer || h.seq != next || !prev_ok {
+                    return Err(ReadError::Malformed {
+                        addr: self.addr,
+                        what: format!(
+                            "RANGE {writer} answered writer {} seq {} (expected seq {next})",
+                            h.writer, h.seq
+                        ),
+                    });
+                }
+                out.push(r);
+                next += 1;
+            }
+        }
+        Ok(out)
+    }
+
+    /// A membership proof of record `hash`, checked against the capsule.
+    pub fn proof(&mut self, v: &Verifier, hash: &Hash256) -> Result<MembershipProof, ReadError> {
+        let addr = self.addr;
+        let f = self.ask(&format!("PROOF {}", hash.to_hex()))?;
+        let b = f.first().ok_or_else(|| ReadError::Malformed { addr, what: "PROOF without a frame".into() })?;
+        let p = MembershipProof::decode(b).map_err(|e| ReadError::Malformed { addr, what: e.to_string() })?;
+        let o = p.verify(Some(v.name())).map_err(|e| ReadError::Unverified { addr, what: e.to_string() })?;
+        if o.target.hash != *hash {
+            return Err(ReadError::Malformed { addr, what: "proof of another record".into() });
+        }
+        Ok(p)
+    }
+}
+
+/// What [`fetch_fresh`] got.
+#[derive(Debug)]
+pub struct Fetched {
+    /// Every record of the fresh server, verified, in chain order per writer.
+    pub records: Vec<Verified<Record>>,
+    /// The server read from.
+    pub server: SocketAddr,
+    /// Servers passed over, and why (unreachable, stale, lying).
+    pub skipped: Vec<(SocketAddr, String)>,
+    /// The newest SYNC known when choosing: (epoch, its links).
+    pub newest_sync_epoch: Option<u64>,
+}
+
+/// Reads a whole capsule from the first server in `servers` whose copy is fresh: at least as
+/// new as the newest verified SYNC any of them (or `known`, the reader's own newest SYNC)
+/// offers, holding every record that SYNC links. A server that withholds (stale prefix, older
+/// SYNC), lies (a record that does not verify or link) or cannot be reached is skipped.
+pub fn fetch_fresh(
+    servers: &[SocketAddr],
+    v: &Verifier,
+    known: Option<(u64, Vec<Link>)>,
+) -> Result<Fetched, ReadError> {
+    let mut skipped: Vec<(SocketAddr, String)> = Vec::new();
+    let mut clients = Vec::new();
+    let mut newest = known;
+    for a in servers {
+        match ReadClient::connect(*a).and_then(|mut c| c.latest_sync(v).map(|s| (c, s))) {
+            Ok((c, s)) => {
+                if let Some(s) = s {
+                    let e = s.header().epoch;
+                    if newest.as_ref().is_none_or(|(ne, _)| e > *ne) {
+                        newest = Some((e, s.header().links.clone()));
+                    }
+                }
+                clients.push(c);
+            }
+            Err(e) => skipped.push((*a, e.to_string())),
+        }
+    }
+    for mut c in clients {
+        match fetch_from(&mut c, v, newest.as_ref()) {
+            Ok(records) => {
+                return Ok(Fetched {
+                    records,
+                    server: c.addr(),
+                    skipped,
+                    newest_sync_epoch: newest.as_ref().map(|(e, _)| *e),
+                })
+            }
+            Err(e) => {
+                tracing::warn!(server = %c.addr(), "not reading from this server: {e}");
+                skipped.push((c.addr(), e.to_string()));
+            }
+        }
+    }
+    let why: Vec<String> = skipped.iter().map(|(a, e)| format!("{a}: {e}")).collect();
+    Err(ReadError::NoFreshServer(why.join("; ")))
+}
+
+#[derive(Debug, thiserror::Error)]
+enum FetchError {
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    #[error("stale: {0}")]
+    Stale(#[from] Stale),
+}
+
+fn fetch_from(
+    c: &mut ReadClient,
+    v: &Verifier,
+    newest: Option<&(u64, Vec<Link>)>,
+) -> Result<Vec<Verified<Record>>, FetchError> {
+    let heads = c.heads()?;
+    let mut records = Vec::new();
+    let mut at: BTreeMap<(u32, u64), Hash256> = BTreeMap::new();
+    for (w, (seq, hash)) in &heads {
+        let chain = c.range(v, *w, 0, *seq)?;
+        if chain.len() as u64 != seq + 1 || chain.last().map(|r| r.hash()) != Some(*hash) {
+            return Err(ReadError::Malformed {
+                addr: c.addr(),
+                what: format!("writer {w}: heads say seq {seq} but the range holds {} records", chain.len()),
+            }
+            .into());
+        }
+        for r in &chain {
+            at.insert((r.header().writer, r.header().seq), r.hash());
+        }
+        records.extend(chain);
+    }
+    if let Some((epoch, links)) = newest {
+        let sync_epoch = records.iter().filter(|r| r.header().kind == Kind::Sync).map(|r| r.header().epoch).max();
+        let hash_at = |w: u32, s: u64| at.get(&(w, s)).copied();
+        let view = ServerView { heads: &heads, latest_sync_epoch: sync_epoch, hash_at: &hash_at };
+        check_fresh(&view, *epoch, links)?;
+    }
+    Ok(records)
+}
