@@ -18,6 +18,9 @@
 //! - `actor`: writer actors (one [`psl_capsule::Author`] each) and their bounded op queues.
 //! - `core`: the core thread that owns the [`psl_scl::NodeCore`].
 //! - `host`: the untrusted side: two threads moving messages between the rings and the fabric.
+//! - [`recovery`]: a node restarting empty rebuilds its memtable from the capsule servers'
+//!   read interface (freshness-checked) before it rejoins, under an incarnation above any the
+//!   servers have seen.
 //! - [`control`]: the line-based TCP control interface (`psl node --control`) and its client.
 //!
 //! Trust: everything but `host` is the trusted core. The host side sees only what crosses the
@@ -29,6 +32,7 @@ mod core;
 mod host;
 pub mod node;
 pub mod options;
+pub mod recovery;
 mod ring;
 
 pub use node::{Node, NodeError, NodeKeys};

@@ -58,6 +58,11 @@ pub struct NodeArgs {
     /// 2f + 1). 0 turns durability off.
     #[arg(long, default_value_t = 0)]
     pub servers: u32,
+    /// Capsule servers' read addresses (`psl capsule-server --read`), comma-separated: the
+    /// node starts by rebuilding its memtable from the first fresh one (not from peers), under
+    /// an incarnation above any the servers have seen, and serves clients only after that.
+    #[arg(long, value_delimiter = ',')]
+    pub recover_from: Vec<SocketAddr>,
 }
 
 #[derive(Args, Debug)]
@@ -129,8 +134,27 @@ fn fabric(router: SocketAddr) -> Result<Arc<dyn psl_fabric::Fabric>> {
 
 pub fn run_node(a: NodeArgs) -> Result<i32> {
     let (meta, app) = load(&a.common)?;
+    let recovery = if a.recover_from.is_empty() {
+        None
+    } else {
+        let r = psl_node::recovery::fetch(&a.recover_from, &meta, a.id)
+            .with_context(|| format!("recovering from the capsule servers {:?}", a.recover_from))?;
+        for (s, why) in &r.skipped {
+            tracing::warn!(server = %s, "recovery skipped a server: {why}");
+        }
+        Some(r)
+    };
+    let seen = recovery.as_ref().and_then(|r| r.incarnation_seen);
     let incarnation = match &a.state {
-        Some(d) => next_incarnation(d)?,
+        Some(d) => {
+            let i = psl_node::recovery::next_incarnation_above(Some(next_incarnation(d)?), seen);
+            if i >= 1 << 12 {
+                bail!("node id {} has used all 4096 incarnations; give it a new --id", a.id);
+            }
+            crate::util::write_atomic(&d.join("incarnation"), i.to_string().as_bytes(), 0o644)?;
+            i
+        }
+        None if seen.is_some() => psl_node::recovery::next_incarnation_above(None, seen),
         None => {
             let i = rand::random::<u32>() % (1 << 12);
             tracing::warn!(
@@ -151,7 +175,19 @@ pub fn run_node(a: NodeArgs) -> Result<i32> {
         ..NodeOptions::default()
     };
     let keys = NodeKeys::derive(&meta, &app, &opts)?;
-    let node = Node::start(keys, fabric(a.common.router)?, opts)?;
+    let Some(r) = recovery else {
+        let node = Node::start(keys, fabric(a.common.router)?, opts)?;
+        return serve(node, a.control, "node");
+    };
+    let count = r.messages.len() as u64;
+    let pre = Arc::new(psl_node::recovery::Preloaded::new(fabric(a.common.router)?, r.messages));
+    let node = Node::start(keys, pre.clone(), opts)?;
+    if !psl_node::recovery::wait_applied(&pre, node.metrics(), count, Duration::from_secs(120)) {
+        bail!("the node did not apply the {count} records recovered from {} within 120 s", r.server);
+    }
+    // Tests and scripts read this line.
+    let epoch = r.newest_sync_epoch.map(|e| format!("{e:#x}")).unwrap_or_else(|| "none".into());
+    println!("recovered {count} records from {} newest-sync-epoch {epoch} incarnation {incarnation}", r.server);
     serve(node, a.control, "node")
 }
 
@@ -203,6 +239,11 @@ pub struct CapsuleServerArgs {
     /// Server id, 0 to 32767.
     #[arg(long)]
     pub id: Option<u32>,
+    /// Address to serve reads on for other processes (heads, latest SYNC, record by hash,
+    /// writer range, membership proof; see `docs/protocol/durability.md`). Printed as
+    /// `reads ADDR` once listening. None if absent.
+    #[arg(long)]
+    pub read: Option<SocketAddr>,
     /// Verify threads.
     #[arg(long, default_value_t = 2)]
     pub verifiers: usize,
@@ -255,6 +296,7 @@ pub fn run_capsule_server(a: CapsuleServerArgs) -> Result<i32> {
         id,
         verifiers: a.verifiers,
         fsync: a.fsync,
+        read_listen: a.read,
         ..psl_server::ServerOptions::default()
     };
     tracing::info!(id, n = a.n, f, fsync = %a.fsync, "capsule server configuration");
@@ -262,6 +304,9 @@ pub fn run_capsule_server(a: CapsuleServerArgs) -> Result<i32> {
     let rep = server.start_report().clone();
     // Tests and scripts read this line.
     println!("ready {} records={} repaired={}", server.writer(), rep.records, rep.repaired);
+    if let Some(r) = server.read_addr() {
+        println!("reads {r}");
+    }
     use std::io::Write;
     std::io::stdout().flush()?;
     for p in &rep.problems {

@@ -1,0 +1,147 @@
+//! Recovery of a node that restarts empty: its memtable is rebuilt from the capsule servers
+//! (not from peers), over their read interface (`psl_server::read`), before it rejoins.
+//!
+//! 1. [`fetch`] reads the whole capsule from the first server whose copy is fresh
+//!    (`psl_server::read::fetch_fresh`: at least as new as the newest verified SYNC any server
+//!    offers; a withholding or lying server is skipped).
+//! 2. [`next_incarnation_above`] picks an incarnation above every one of this node id that the
+//!    servers have seen, so the restarted node never re-signs a (writer, seq) slot that an
+//!    acknowledged record occupies.
+//! 3. [`Preloaded`] wraps the node's fabric: the recovered records come out of it first, as
+//!    ordinary record messages, so the node's own verify → order → apply path takes them (the
+//!    fetcher is host side and not trusted: the core re-verifies everything).
+//! 4. The caller waits ([`wait_applied`]) until the node applied them before it serves clients,
+//!    so the Lamport clock is past every recovered write before the first new one.
+//!
+//! Why nothing acknowledged is lost or applied twice: an acknowledged write is on `f + 1`
+//! servers, so on every fresh copy (`f + 1` out of `2f + 1` overlap any majority, and the
+//! freshness check rejects copies older than the newest SYNC); applying is last-writer-wins by
+//! version and duplicates are dropped by hash, so a record that arrives again (from the fetch
+//! and later from a peer) changes nothing; and new writes use a new incarnation.
+
+use bytes::Bytes;
+use psl_capsule::{SignedMetadata, Verifier};
+use psl_fabric::{Fabric, FabricError, FabricStats, Message};
+use psl_scl::{Metrics, Msg};
+use psl_server::read::{fetch_fresh, ReadError};
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// What the servers gave back.
+#[derive(Debug)]
+pub struct Recovery {
+    /// Record messages, in chain order per writer, ready for [`Preloaded`].
+    pub messages: Vec<Message>,
+    /// The server read from, and those skipped (with why).
+    pub server: SocketAddr,
+    pub skipped: Vec<(SocketAddr, String)>,
+    pub newest_sync_epoch: Option<u64>,
+    /// Highest incarnation of `node_id` found among the records, if any.
+    pub incarnation_seen: Option<u32>,
+}
+
+/// Reads the capsule from the servers (see the module docs). `node_id` is this node's id.
+pub fn fetch(servers: &[SocketAddr], meta: &SignedMetadata, node_id: u32) -> Result<Recovery, ReadError> {
+    let v = Verifier::new(meta.clone(), None);
+    let got = fetch_fresh(servers, &v, None)?;
+    let capsule = meta.name();
+    let mut incarnation_seen: Option<u32> = None;
+    let mut messages = Vec::with_capacity(got.records.len());
+    for r in &got.records {
+        let w = r.header().writer;
+        if w >> 16 == node_id {
+            let inc = (w >> 4) & 0xfff;
+            incarnation_seen = Some(incarnation_seen.map_or(inc, |i| i.max(inc)));
+        }
+        messages.push(Bytes::from(Msg::Record { capsule, bytes: r.shared_bytes() }.encode()));
+    }
+    Ok(Recovery {
+        messages,
+        server: got.server,
+        skipped: got.skipped,
+        newest_sync_epoch: got.newest_sync_epoch,
+        incarnation_seen,
+    })
+}
+
+/// The incarnation to start with: above `from_state` (the local counter, if any) and above
+/// every incarnation the servers hold records of.
+pub fn next_incarnation_above(from_state: Option<u32>, seen: Option<u32>) -> u32 {
+    match (from_state, seen) {
+        (Some(s), Some(x)) => s.max(x + 1),
+        (Some(s), None) => s,
+        (None, Some(x)) => x + 1,
+        (None, None) => 0,
+    }
+}
+
+/// A fabric that hands out `first` before anything the inner fabric received.
+pub struct Preloaded {
+    first: Mutex<VecDeque<Message>>,
+    inner: Arc<dyn Fabric>,
+}
+
+impl Preloaded {
+    pub fn new(inner: Arc<dyn Fabric>, first: Vec<Message>) -> Preloaded {
+        Preloaded { first: Mutex::new(first.into()), inner }
+    }
+
+    fn pop(&self) -> Option<Message> {
+        self.first.lock().unwrap_or_else(|p| p.into_inner()).pop_front()
+    }
+
+    /// Messages not handed out yet.
+    pub fn left(&self) -> usize {
+        self.first.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+impl Fabric for Preloaded {
+    fn publish(&self, msg: Message) -> Result<(), FabricError> {
+        self.inner.publish(msg)
+    }
+    fn recv_timeout(&self, timeout: Duration) -> Result<Option<Message>, FabricError> {
+        match self.pop() {
+            Some(m) => Ok(Some(m)),
+            None => self.inner.recv_timeout(timeout),
+        }
+    }
+    fn try_recv(&self) -> Result<Option<Message>, FabricError> {
+        match self.pop() {
+            Some(m) => Ok(Some(m)),
+            None => self.inner.try_recv(),
+        }
+    }
+    fn stats(&self) -> FabricStats {
+        self.inner.stats()
+    }
+}
+
+/// Waits (bounded) until the preloaded messages are handed out and the node applied at least
+/// `records` records. Returns false on timeout.
+pub fn wait_applied(pre: &Preloaded, metrics: &Metrics, records: u64, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while pre.left() > 0 || Metrics::get(&metrics.records_applied) < records {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn incarnation_is_above_state_and_servers() {
+        assert_eq!(next_incarnation_above(None, None), 0);
+        assert_eq!(next_incarnation_above(Some(3), None), 3);
+        assert_eq!(next_incarnation_above(None, Some(4)), 5);
+        assert_eq!(next_incarnation_above(Some(3), Some(4)), 5);
+        assert_eq!(next_incarnation_above(Some(9), Some(4)), 9);
+    }
+}
