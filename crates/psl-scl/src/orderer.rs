@@ -25,6 +25,11 @@ pub struct OrdererConfig {
     pub repair_chunk: u64,
     /// Time without progress on a gap before the writer is reported as withholding.
     pub withholding_after_ms: u64,
+    /// How long a writer must make no progress while a heads hint says it has more before the
+    /// hint turns into a repair request. Hints report what a peer applied; a receiver that is
+    /// merely behind (the records are in its queue) would otherwise ask, and every holder would
+    /// answer to everyone: a repair storm that grows with the square of the number of nodes.
+    pub hint_grace_ms: u64,
 }
 
 impl Default for OrdererConfig {
@@ -35,6 +40,7 @@ impl Default for OrdererConfig {
             repair_retry_ms: 150,
             repair_chunk: 512,
             withholding_after_ms: 5_000,
+            hint_grace_ms: 250,
         }
     }
 }
@@ -72,6 +78,8 @@ struct WriterState<T> {
     gap_since: Option<u64>,
     last_request: Option<u64>,
     last_hint_request: Option<u64>,
+    /// A hint is outstanding since: (next seq then, time).
+    hint_since: Option<(u64, u64)>,
     last_progress: u64,
     withholding_reported: bool,
 }
@@ -89,6 +97,7 @@ impl<T> Default for WriterState<T> {
             gap_since: None,
             last_request: None,
             last_hint_request: None,
+            hint_since: None,
             last_progress: 0,
             withholding_reported: false,
         }
@@ -408,13 +417,25 @@ impl<T: Chained> Orderer<T> {
         out
     }
 
-    /// An unauthenticated hint that `writer` reached `seq`: ask for what we lack, at most once
-    /// per `repair_retry_ms` per writer, without creating a gap.
+    /// An unauthenticated hint that `writer` reached `seq`: ask for what we lack, once the
+    /// writer made no progress for `hint_grace_ms` while hinted, then at most once per
+    /// `repair_retry_ms` per writer, without creating a gap.
     pub fn hint(&mut self, writer: u32, seq: u64, now: u64) -> Option<OrdererAction> {
         let retry = self.cfg.repair_retry_ms;
         let chunk = self.cfg.repair_chunk;
+        let grace = self.cfg.hint_grace_ms;
         let st = self.writers.entry(writer).or_insert_with(|| WriterState { last_progress: now, ..Default::default() });
-        if seq < st.next_seq || st.last_hint_request.is_some_and(|t| now.saturating_sub(t) < retry) {
+        if seq < st.next_seq {
+            st.hint_since = None;
+            return None;
+        }
+        let (at, since) = *st.hint_since.get_or_insert((st.next_seq, now));
+        if at != st.next_seq {
+            // Progress since the hint: the records are arriving; start the grace again.
+            st.hint_since = Some((st.next_seq, now));
+            return None;
+        }
+        if now.saturating_sub(since) < grace || st.last_hint_request.is_some_and(|t| now.saturating_sub(t) < retry) {
             return None;
         }
         st.last_hint_request = Some(now);
@@ -436,7 +457,16 @@ impl<T: Chained> Orderer<T> {
                 continue;
             }
             let since = *st.gap_since.get_or_insert(now);
-            if now.saturating_sub(since) < self.cfg.repair_after_ms {
+            // A later record held back means the missing one was lost (each sender's messages
+            // arrive in order): ask soon. A gap known only from a link (SYNC, EOE) may be a
+            // record still queued for this receiver: ask only if the writer made no progress
+            // for the hint grace, so a receiver that is merely behind does not start a storm.
+            let wait = if st.held.is_empty() {
+                self.cfg.hint_grace_ms.max(self.cfg.repair_after_ms)
+            } else {
+                self.cfg.repair_after_ms
+            };
+            if now.saturating_sub(since.max(st.last_progress)) < wait {
                 continue;
             }
             if st.last_request.is_none_or(|t| now.saturating_sub(t) >= self.cfg.repair_retry_ms) {
