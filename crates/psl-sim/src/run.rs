@@ -70,6 +70,9 @@ pub enum Violation {
     DurableLost { seed: u64, node: u32, key: String, held: Option<Version>, expected: Version },
 }
 
+/// The data ops of one record: (key, version).
+type KeyVersions = Vec<(Vec<u8>, Version)>;
+
 struct ServerSlot {
     server: Option<SimServer>,
     disk: SimDisk,
@@ -147,7 +150,7 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SimReport, Violation> {
     let quorum = cfg.servers / 2 + 1;
     let mut net = Net::new(total);
     // Every record an honest writer sealed: (writer, seq) -> (hash, data ops in it).
-    let mut honest: HashMap<(u32, u64), (Hash256, Vec<(Vec<u8>, Version)>)> = HashMap::new();
+    let mut honest: HashMap<(u32, u64), (Hash256, KeyVersions)> = HashMap::new();
     let mut honest_hashes: std::collections::HashSet<Hash256> = std::collections::HashSet::new();
     // Per writer: the highest next seq any node ever counted durable.
     let mut reported: BTreeMap<u32, u64> = BTreeMap::new();

@@ -55,14 +55,16 @@ fn start_recovering(dir: &Path, router: SocketAddr, id: u32, reads: &str) -> (Pr
         "node", "--capsule", "c.capsule", "--owner", "owner.key", "--router", &r, "--id", &ids, "--state", &state,
         "--servers", "3", "--recover-from", reads,
     ];
-    let mut child = Command::new(env!("CARGO_BIN_EXE_psl"))
+    let child = Command::new(env!("CARGO_BIN_EXE_psl"))
         .args(args)
         .current_dir(dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
-    let out = child.stdout.take().unwrap();
+    // Killed and waited for on drop, whatever happens below.
+    let mut p = Proc { child, line: String::new() };
+    let out = p.child.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(out).lines().map_while(Result::ok) {
@@ -77,7 +79,7 @@ fn start_recovering(dir: &Path, router: SocketAddr, id: u32, reads: &str) -> (Pr
         if line.starts_with("recovered ") {
             recovered = Some(line);
         } else if let Some(a) = line.strip_prefix("control ") {
-            let p = Proc { child, line: a.trim().to_string() };
+            p.line = a.trim().to_string();
             return (p, recovered.expect("`recovered` is printed before `control`"));
         }
     }
