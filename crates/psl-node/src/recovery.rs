@@ -1,9 +1,9 @@
 //! Recovery of a node that restarts empty: its memtable is rebuilt from the capsule servers
 //! (not from peers), over their read interface (`psl_server::read`), before it rejoins.
 //!
-//! 1. [`fetch`] reads the whole capsule from the first server whose copy is fresh
-//!    (`psl_server::read::fetch_fresh`: at least as new as the newest verified SYNC any server
-//!    offers; a withholding or lying server is skipped).
+//! 1. [`fetch`] reads the whole capsule from a majority of the servers whose copies are fresh
+//!    and agree (`psl_server::read::fetch_quorum`: each at least as new as the newest verified
+//!    SYNC any server offers; a withholding or lying server is skipped) and takes the union.
 //! 2. [`next_incarnation_above`] picks an incarnation above every one of this node id that the
 //!    servers have seen, so the restarted node never re-signs a (writer, seq) slot that an
 //!    acknowledged record occupies.
@@ -14,8 +14,8 @@
 //!    so the Lamport clock is past every recovered write before the first new one.
 //!
 //! Why nothing acknowledged is lost or applied twice: an acknowledged write is on `f + 1`
-//! servers, so on every fresh copy (`f + 1` out of `2f + 1` overlap any majority, and the
-//! freshness check rejects copies older than the newest SYNC); applying is last-writer-wins by
+//! servers, and the `f + 1` copies read overlap them in at least one (the freshness check
+//! additionally rejects copies older than the newest SYNC); applying is last-writer-wins by
 //! version and duplicates are dropped by hash, so a record that arrives again (from the fetch
 //! and later from a peer) changes nothing; and new writes use a new incarnation.
 
@@ -23,7 +23,7 @@ use bytes::Bytes;
 use psl_capsule::{SignedMetadata, Verifier};
 use psl_fabric::{Fabric, FabricError, FabricStats, Message};
 use psl_scl::{Metrics, Msg};
-use psl_server::read::{fetch_fresh, ReadError};
+use psl_server::read::{fetch_quorum, ReadError};
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -34,18 +34,20 @@ use std::time::{Duration, Instant};
 pub struct Recovery {
     /// Record messages, in chain order per writer, ready for [`Preloaded`].
     pub messages: Vec<Message>,
-    /// The server read from, and those skipped (with why).
-    pub server: SocketAddr,
+    /// The servers read from, and those skipped (with why).
+    pub servers: Vec<SocketAddr>,
     pub skipped: Vec<(SocketAddr, String)>,
     pub newest_sync_epoch: Option<u64>,
     /// Highest incarnation of `node_id` found among the records, if any.
     pub incarnation_seen: Option<u32>,
 }
 
-/// Reads the capsule from the servers (see the module docs). `node_id` is this node's id.
+/// Reads the capsule from the servers (see the module docs): the union of fresh copies from a
+/// majority of `servers` (all n of them should be listed), so that every acknowledged write is
+/// in it. `node_id` is this node's id.
 pub fn fetch(servers: &[SocketAddr], meta: &SignedMetadata, node_id: u32) -> Result<Recovery, ReadError> {
     let v = Verifier::new(meta.clone(), None);
-    let got = fetch_fresh(servers, &v, None)?;
+    let got = fetch_quorum(servers, &v, None, servers.len() / 2 + 1)?;
     let capsule = meta.name();
     let mut incarnation_seen: Option<u32> = None;
     let mut messages = Vec::with_capacity(got.records.len());
@@ -59,7 +61,7 @@ pub fn fetch(servers: &[SocketAddr], meta: &SignedMetadata, node_id: u32) -> Res
     }
     Ok(Recovery {
         messages,
-        server: got.server,
+        servers: got.servers,
         skipped: got.skipped,
         newest_sync_epoch: got.newest_sync_epoch,
         incarnation_seen,

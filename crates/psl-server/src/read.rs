@@ -314,10 +314,10 @@ impl ReadClient {
 /// What [`fetch_fresh`] got.
 #[derive(Debug)]
 pub struct Fetched {
-    /// Every record of the fresh server, verified, in chain order per writer.
+    /// The union of the copies read, verified, in chain order per writer.
     pub records: Vec<Verified<Record>>,
-    /// The server read from.
-    pub server: SocketAddr,
+    /// The servers read from (fresh copies that agree).
+    pub servers: Vec<SocketAddr>,
     /// Servers passed over, and why (unreachable, stale, lying).
     pub skipped: Vec<(SocketAddr, String)>,
     /// The newest SYNC known when choosing: (epoch, its links).
@@ -333,6 +333,21 @@ pub fn fetch_fresh(
     v: &Verifier,
     known: Option<(u64, Vec<Link>)>,
 ) -> Result<Fetched, ReadError> {
+    fetch_quorum(servers, v, known, 1)
+}
+
+/// Like [`fetch_fresh`], but reads `need` fresh copies and returns their union. With
+/// `need = f + 1` of `2f + 1` servers this holds every acknowledged durable write, including
+/// those newer than the newest SYNC (which freshness cannot vouch for): the f + 1 servers that
+/// acked a write and the f + 1 read overlap in at least one. Copies must agree (one chain per
+/// writer, one a prefix of the other); a copy that conflicts is skipped.
+pub fn fetch_quorum(
+    servers: &[SocketAddr],
+    v: &Verifier,
+    known: Option<(u64, Vec<Link>)>,
+    need: usize,
+) -> Result<Fetched, ReadError> {
+    let need = need.max(1);
     let mut skipped: Vec<(SocketAddr, String)> = Vec::new();
     let mut clients = Vec::new();
     let mut newest = known;
@@ -350,15 +365,36 @@ pub fn fetch_fresh(
             Err(e) => skipped.push((*a, e.to_string())),
         }
     }
+    let mut chains: BTreeMap<u32, Vec<Verified<Record>>> = BTreeMap::new();
+    let mut used = Vec::new();
     for mut c in clients {
+        if used.len() >= need {
+            break;
+        }
         match fetch_from(&mut c, v, newest.as_ref()) {
             Ok(records) => {
-                return Ok(Fetched {
-                    records,
-                    server: c.addr(),
-                    skipped,
-                    newest_sync_epoch: newest.as_ref().map(|(e, _)| *e),
-                })
+                let mut theirs: BTreeMap<u32, Vec<Verified<Record>>> = BTreeMap::new();
+                for r in records {
+                    theirs.entry(r.header().writer).or_default().push(r);
+                }
+                let conflict = theirs.iter().find(|(w, c2)| {
+                    chains.get(w).is_some_and(|c1| {
+                        let n = c1.len().min(c2.len());
+                        n > 0 && c1[n - 1].hash() != c2[n - 1].hash()
+                    })
+                });
+                if let Some((w, _)) = conflict {
+                    tracing::warn!(server = %c.addr(), writer = w, "copy conflicts with another server's");
+                    skipped.push((c.addr(), format!("writer {w}: its chain conflicts with another server's")));
+                    continue;
+                }
+                for (w, c2) in theirs {
+                    let e = chains.entry(w).or_default();
+                    if c2.len() > e.len() {
+                        *e = c2;
+                    }
+                }
+                used.push(c.addr());
             }
             Err(e) => {
                 tracing::warn!(server = %c.addr(), "not reading from this server: {e}");
@@ -366,8 +402,16 @@ pub fn fetch_fresh(
             }
         }
     }
+    if used.len() >= need {
+        return Ok(Fetched {
+            records: chains.into_values().flatten().collect(),
+            servers: used,
+            skipped,
+            newest_sync_epoch: newest.as_ref().map(|(e, _)| *e),
+        });
+    }
     let why: Vec<String> = skipped.iter().map(|(a, e)| format!("{a}: {e}")).collect();
-    Err(ReadError::NoFreshServer(why.join("; ")))
+    Err(ReadError::NoFreshServer(format!("{} fresh copies of the {need} needed; {}", used.len(), why.join("; "))))
 }
 
 #[derive(Debug, thiserror::Error)]

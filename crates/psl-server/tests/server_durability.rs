@@ -7,7 +7,7 @@ use psl_crypto::{AppKey, OwnerKey};
 use psl_fabric::{Fabric, FabricConfig, FabricError, FabricStats, InProcEndpoint, InProcHub, Message};
 use psl_node::{Node, NodeError, NodeKeys, NodeOptions};
 use psl_scl::CoordinatorConfig;
-use psl_server::read::{fetch_fresh, ReadClient};
+use psl_server::read::{fetch_fresh, fetch_quorum, ReadClient};
 use psl_server::{check_fresh, server_key, FsyncPolicy, Server, ServerOptions, ServerView, Stale};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -314,7 +314,8 @@ fn server_reads_over_tcp_and_a_withholding_server_is_skipped() {
     // The withholding server is asked first, and skipped; the copy comes from a fresh one.
     let order = [addrs[2], addrs[0], addrs[1]];
     let got = fetch_fresh(&order, &v, Some(newest.clone())).unwrap();
-    assert_ne!(got.server, addrs[2]);
+    assert_eq!(got.servers.len(), 1);
+    assert_ne!(got.servers[0], addrs[2]);
     assert!(got.skipped.iter().any(|(a, why)| *a == addrs[2] && why.contains("stale")), "{:?}", got.skipped);
     let mut r = psl_capsule::Replica::new(w.meta.name());
     for rec in got.records {
@@ -323,6 +324,12 @@ fn server_reads_over_tcp_and_a_withholding_server_is_skipped() {
     for l in &newest.1 {
         assert!(r.get(&l.hash).is_some(), "the fetched copy holds every record the SYNC links");
     }
+    // A majority of fresh copies: the two up-to-date servers, in union; the stale one skipped.
+    let q = fetch_quorum(&order, &v, Some(newest.clone()), 2).unwrap();
+    assert_eq!(q.servers, vec![addrs[0], addrs[1]]);
+    // With the stale server and one fresh one, no majority of fresh copies exists.
+    let err = fetch_quorum(&[addrs[2], addrs[0]], &v, Some(newest.clone()), 2).unwrap_err();
+    assert!(err.to_string().contains("1 fresh copies of the 2 needed"), "{err}");
     // Only the stale server left: no fresh copy, and the error says why.
     let err = fetch_fresh(&[addrs[2]], &v, Some(newest)).unwrap_err();
     assert!(err.to_string().contains("stale"), "{err}");

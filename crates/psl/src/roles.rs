@@ -183,11 +183,12 @@ pub fn run_node(a: NodeArgs) -> Result<i32> {
     let pre = Arc::new(psl_node::recovery::Preloaded::new(fabric(a.common.router)?, r.messages));
     let node = Node::start(keys, pre.clone(), opts)?;
     if !psl_node::recovery::wait_applied(&pre, node.metrics(), count, Duration::from_secs(120)) {
-        bail!("the node did not apply the {count} records recovered from {} within 120 s", r.server);
+        bail!("the node did not apply the {count} records recovered from {:?} within 120 s", r.servers);
     }
     // Tests and scripts read this line.
     let epoch = r.newest_sync_epoch.map(|e| format!("{e:#x}")).unwrap_or_else(|| "none".into());
-    println!("recovered {count} records from {} newest-sync-epoch {epoch} incarnation {incarnation}", r.server);
+    let from: Vec<String> = r.servers.iter().map(|s| s.to_string()).collect();
+    println!("recovered {count} records from {} newest-sync-epoch {epoch} incarnation {incarnation}", from.join(","));
     serve(node, a.control, "node")
 }
 
