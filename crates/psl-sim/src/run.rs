@@ -46,6 +46,8 @@ pub struct SimReport {
     pub torn_writes: u64,
     /// Records counted durable by their nodes (all writers).
     pub durable_records: u64,
+    /// Nodes restarted empty and rebuilt from a majority of servers (each checked at once).
+    pub recoveries: u64,
     pub rejected: BTreeMap<&'static str, u64>,
     pub net: NetStats,
 }
@@ -66,6 +68,8 @@ pub enum Violation {
     NotDurable { seed: u64, at_ms: u64, writer: u32, seq: u64, on: usize, need: usize },
     #[error("seed {seed} at {at_ms} ms: server {server} wrote record {hash}, which no honest writer sealed")]
     UnverifiedStored { seed: u64, at_ms: u64, server: u32, hash: Hash256 },
+    #[error("seed {seed} at {at_ms} ms: node {node} rebuilt from a majority of servers lacks key {key:?} at {expected:?} (holds {held:?}), which is in a record counted durable")]
+    NotRecovered { seed: u64, at_ms: u64, node: u32, key: String, held: Option<Version>, expected: Version },
     #[error("seed {seed}: node {node}, key {key:?}: holds {held:?}, but {expected:?} is in a record counted durable")]
     DurableLost { seed: u64, node: u32, key: String, held: Option<Version>, expected: Version },
 }
@@ -155,6 +159,8 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SimReport, Violation> {
     // Per writer: the highest next seq any node ever counted durable.
     let mut reported: BTreeMap<u32, u64> = BTreeMap::new();
     let mut sfx: Vec<ServerEffect> = Vec::new();
+    // Effects of a restarted node's recovery, handled with the next step's.
+    let mut carried: Vec<(usize, Effect)> = Vec::new();
     let keys: Vec<Vec<u8>> = (0..cfg.keys).map(|k| format!("key{k:03}").into_bytes()).collect();
     // Every op any honest writer issued: (key, version) -> value.
     let mut issued: HashMap<(Vec<u8>, Version), Option<Vec<u8>>> = HashMap::new();
@@ -174,6 +180,7 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SimReport, Violation> {
         records_lost_on_crash: 0,
         torn_writes: 0,
         durable_records: 0,
+        recoveries: 0,
         rejected: BTreeMap::new(),
         net: NetStats::default(),
     };
@@ -257,6 +264,7 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SimReport, Violation> {
             }
         }
         // Effects: ops issued locally are recorded at put time (they are in the memtable at once).
+        let mut effects: Vec<(usize, Effect)> = carried.drain(..).chain(effects.drain(..)).collect();
         for (i, e) in effects.drain(..) {
             match e {
                 Effect::Publish(b) => {
@@ -339,7 +347,7 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SimReport, Violation> {
             net.side.iter_mut().for_each(|s| *s = 0);
             heal_at = None;
         }
-        for ep in eps.iter_mut() {
+        for (i, ep) in eps.iter_mut().enumerate() {
             if ep.restart_at.is_some_and(|t| now >= t) {
                 ep.restart_at = None;
                 ep.incarnation += 1;
@@ -357,6 +365,48 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SimReport, Violation> {
                     servers,
                 );
                 node.quiet_until = now + 3 * cfg.epoch_ms;
+                if servers > 0 {
+                    // Restarted empty: rebuild from the union of a majority of the servers'
+                    // synced copies (what `psl node --recover-from` does over TCP), then it must
+                    // hold every write counted durable so far, before any peer could help.
+                    let live: Vec<&ServerSlot> = slots.iter().filter(|s| s.server.is_some()).collect();
+                    if live.len() >= quorum {
+                        let mut chains: BTreeMap<u32, &[psl_capsule::Verified<psl_capsule::Record>]> = BTreeMap::new();
+                        let skip = rng.random_range(0..=live.len() - quorum);
+                        for slot in live.iter().skip(skip).take(quorum) {
+                            for (w, c) in slot.disk.synced_chains() {
+                                let e = chains.entry(w).or_insert(c);
+                                if c.len() > e.len() {
+                                    *e = c;
+                                }
+                            }
+                        }
+                        let capsule = meta.name();
+                        for r in chains.values().flat_map(|c| c.iter()) {
+                            let bytes = psl_scl::Msg::Record { capsule, bytes: r.shared_bytes() }.encode();
+                            node.receive(&bytes, now, &mut fx);
+                        }
+                        carried.extend(fx.drain(..).map(|e| (i, e)));
+                        for (w, next) in &reported {
+                            for seq in 0..*next {
+                                for (k, v) in honest.get(&(*w, seq)).map(|(_, ops)| &ops[..]).unwrap_or(&[]) {
+                                    let held = node.memtable.entry(k).map(|e| e.version);
+                                    if held.is_none_or(|h| h < *v) {
+                                        return Err(Violation::NotRecovered {
+                                            seed,
+                                            at_ms: now,
+                                            node: ep.id,
+                                            key: show(k),
+                                            held,
+                                            expected: *v,
+                                        });
+                                    }
+                                }
+                            }
+                        }
+                        report.recoveries += 1;
+                    }
+                }
                 ep.node = Some(node);
             }
         }

@@ -32,6 +32,11 @@ impl SimDisk {
         self.synced.get(&writer).copied().unwrap_or(0) as u64
     }
 
+    /// Every writer's durable chain.
+    pub fn synced_chains(&self) -> impl Iterator<Item = (u32, &[Verified<Record>])> + '_ {
+        self.chains.iter().map(|(w, c)| (*w, &c[..self.synced.get(w).copied().unwrap_or(0).min(c.len())]))
+    }
+
     /// The durable record at (writer, seq), if any.
     pub fn synced_hash(&self, writer: u32, seq: u64) -> Option<Hash256> {
         if seq >= self.synced_len(writer) {

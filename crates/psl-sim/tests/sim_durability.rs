@@ -1,7 +1,9 @@
 //! The durability scenario over many seeds: capsule servers with crash-prone disks (unsynced
 //! writes lost or torn on a crash), nodes crashing and restarting empty, partitions and loss.
 //! Every write a node counted durable stays on f + 1 servers' synced storage after every step
-//! and reaches every memtable in the end; no server stores a record no honest writer sealed.
+//! and reaches every memtable in the end; a node restarted empty and rebuilt from a majority of
+//! the servers holds every durable write at once; no server stores a record no honest writer
+//! sealed.
 
 use psl_sim::{run_seed, SimConfig, Violation};
 
@@ -33,6 +35,7 @@ fn durability_seeds_hold_every_invariant() {
     let sum = |f: fn(&psl_sim::SimReport) -> u64| reports.iter().map(f).sum::<u64>();
     assert!(sum(|r| r.server_crashes) > 0, "no server crashed");
     assert!(sum(|r| r.crashes) > 0, "no node crashed");
+    assert!(sum(|r| r.recoveries) > 0, "no node was rebuilt from the servers");
     assert!(sum(|r| r.records_lost_on_crash) > 0, "no crash lost an unsynced write");
     assert!(sum(|r| r.torn_writes) > 0, "no crash tore a write");
     assert!(reports.iter().all(|r| r.durable_records > 0), "a seed made nothing durable");
