@@ -114,12 +114,88 @@ fn connection(s: TcpStream, store: &Mutex<DiskStore>, stop: &AtomicBool) -> std:
     Ok(())
 }
 
-fn answer(st: &DiskStore, req: &str) -> Result<Vec<Vec<u8>>, String> {
+/// A parsed request line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    Heads,
+    Sync,
+    Get(Hash256),
+    /// Writer, from, to (inclusive; the answer holds at most [`RANGE_RECORDS_MAX`]).
+    Range(u32, u64, u64),
+    Proof(Hash256),
+}
+
+/// Parses one request line (without its newline). Never panics.
+pub fn parse_request(req: &str) -> Result<Request, String> {
+    if req.len() > REQUEST_BYTES_MAX {
+        return Err(format!("request of {} bytes (at most {REQUEST_BYTES_MAX})", req.len()));
+    }
     let parts: Vec<&str> = req.split_ascii_whitespace().collect();
     let hash = |s: &str| Hash256::from_hex(s).ok_or_else(|| format!("{s:?} is not a 64-digit hex hash"));
     let num = |s: &str| s.parse::<u64>().map_err(|_| format!("{s:?} is not a number"));
     match parts.as_slice() {
-        ["HEADS"] => Ok(st
+        ["HEADS"] => Ok(Request::Heads),
+        ["SYNC"] => Ok(Request::Sync),
+        ["GET", h] => Ok(Request::Get(hash(h)?)),
+        ["RANGE", w, from, to] => {
+            let w = u32::try_from(num(w)?).map_err(|_| "writer out of range".to_string())?;
+            let (from, to) = (num(from)?, num(to)?);
+            if to < from {
+                return Err(format!("RANGE {from} {to}: to is below from"));
+            }
+            Ok(Request::Range(w, from, to))
+        }
+        ["PROOF", h] => Ok(Request::Proof(hash(h)?)),
+        _ => Err(format!("unknown request {req:?}: HEADS, SYNC, GET h, RANGE w from to, PROOF h")),
+    }
+}
+
+/// Reads one answer (`u32 count`, frames) from `r`: `Ok(Ok(frames))`, `Ok(Err(message))` for
+/// an error answer, `Err` for I/O errors and malformed framing (too many frames, a frame
+/// larger than [`FRAME_BYTES_MAX`]). Never panics on any bytes.
+pub fn read_answer(r: &mut impl Read) -> std::io::Result<Result<Vec<Vec<u8>>, String>> {
+    let bad = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
+    let mut u = [0u8; 4];
+    r.read_exact(&mut u)?;
+    let count = u32::from_be_bytes(u);
+    let frames = if count == u32::MAX { 1 } else { count as usize };
+    if frames as u64 > RANGE_RECORDS_MAX.max(1 << 16) {
+        return Err(bad(format!("{count} frames")));
+    }
+    let mut out = Vec::with_capacity(frames.min(1024));
+    for _ in 0..frames {
+        r.read_exact(&mut u)?;
+        let len = u32::from_be_bytes(u) as usize;
+        if len > FRAME_BYTES_MAX {
+            return Err(bad(format!("a frame of {len} bytes")));
+        }
+        let mut b = Vec::new();
+        r.by_ref().take(len as u64).read_to_end(&mut b)?;
+        if b.len() != len {
+            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "answer cut inside a frame"));
+        }
+        out.push(b);
+    }
+    if count == u32::MAX {
+        return Ok(Err(String::from_utf8_lossy(&out[0]).into_owned()));
+    }
+    Ok(Ok(out))
+}
+
+/// Decodes one `HEADS` entry: (writer, seq, hash).
+pub fn decode_heads_entry(f: &[u8]) -> Option<(u32, u64, Hash256)> {
+    if f.len() != 44 {
+        return None;
+    }
+    let w = u32::from_be_bytes(f[0..4].try_into().ok()?);
+    let s = u64::from_be_bytes(f[4..12].try_into().ok()?);
+    let h = Hash256(f[12..44].try_into().ok()?);
+    Some((w, s, h))
+}
+
+fn answer(st: &DiskStore, req: &str) -> Result<Vec<Vec<u8>>, String> {
+    match parse_request(req)? {
+        Request::Heads => Ok(st
             .heads()
             .into_iter()
             .map(|(w, h)| {
@@ -130,28 +206,24 @@ fn answer(st: &DiskStore, req: &str) -> Result<Vec<Vec<u8>>, String> {
                 b
             })
             .collect()),
-        ["SYNC"] => {
+        Request::Sync => {
             st.latest_sync().map(|r| r.map(|r| r.bytes().to_vec()).into_iter().collect()).map_err(|e| e.to_string())
         }
-        ["GET", h] => {
-            st.get(&hash(h)?).map(|r| r.map(|r| r.bytes().to_vec()).into_iter().collect()).map_err(|e| e.to_string())
+        Request::Get(h) => {
+            st.get(&h).map(|r| r.map(|r| r.bytes().to_vec()).into_iter().collect()).map_err(|e| e.to_string())
         }
-        ["RANGE", w, from, to] => {
-            let (w, from, to) = (num(w)?, num(from)?, num(to)?);
-            let w = u32::try_from(w).map_err(|_| "writer out of range".to_string())?;
+        Request::Range(w, from, to) => {
             let to = to.min(from.saturating_add(RANGE_RECORDS_MAX - 1));
             st.range(w, from, to.saturating_add(1))
                 .map(|v| v.iter().map(|r| r.bytes().to_vec()).collect())
                 .map_err(|e| e.to_string())
         }
-        ["PROOF", h] => {
-            let target = hash(h)?;
+        Request::Proof(target) => {
             let replica = st.to_replica().map_err(|e| e.to_string())?;
             MembershipProof::build(st.metadata(), &replica, target, None)
                 .map(|p| vec![p.encode()])
                 .map_err(|e| e.to_string())
         }
-        _ => Err(format!("unknown request {req:?}: HEADS, SYNC, GET h, RANGE w from to, PROOF h")),
     }
 }
 
@@ -196,30 +268,19 @@ impl ReadClient {
 
     fn ask(&mut self, req: &str) -> Result<Vec<Vec<u8>>, ReadError> {
         let addr = self.addr;
-        let io = |what| move |source| ReadError::Io { addr, what, source };
-        self.w.write_all(format!("{req}\n").as_bytes()).map_err(io("sending a request"))?;
-        let mut u = [0u8; 4];
-        self.r.read_exact(&mut u).map_err(io("reading an answer"))?;
-        let count = u32::from_be_bytes(u);
-        let frames = if count == u32::MAX { 1 } else { count as usize };
-        if frames as u64 > RANGE_RECORDS_MAX.max(1 << 16) {
-            return Err(ReadError::Malformed { addr, what: format!("{count} frames") });
-        }
-        let mut out = Vec::with_capacity(frames);
-        for _ in 0..frames {
-            self.r.read_exact(&mut u).map_err(io("reading a frame length"))?;
-            let len = u32::from_be_bytes(u) as usize;
-            if len > FRAME_BYTES_MAX {
-                return Err(ReadError::Malformed { addr, what: format!("a frame of {len} bytes") });
+        self.w.write_all(format!("{req}\n").as_bytes()).map_err(|source| ReadError::Io {
+            addr,
+            what: "sending a request",
+            source,
+        })?;
+        match read_answer(&mut self.r) {
+            Ok(Ok(frames)) => Ok(frames),
+            Ok(Err(msg)) => Err(ReadError::Server { addr, msg }),
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                Err(ReadError::Malformed { addr, what: e.to_string() })
             }
-            let mut b = vec![0u8; len];
-            self.r.read_exact(&mut b).map_err(io("reading a frame"))?;
-            out.push(b);
+            Err(source) => Err(ReadError::Io { addr, what: "reading an answer", source }),
         }
-        if count == u32::MAX {
-            return Err(ReadError::Server { addr, msg: String::from_utf8_lossy(&out[0]).into_owned() });
-        }
-        Ok(out)
     }
 
     fn record(&self, v: &Verifier, bytes: &[u8]) -> Result<Verified<Record>, ReadError> {
@@ -233,13 +294,9 @@ impl ReadClient {
         self.ask("HEADS")?
             .into_iter()
             .map(|f| {
-                if f.len() != 44 {
-                    return Err(ReadError::Malformed { addr, what: format!("a heads entry of {} bytes", f.len()) });
-                }
-                let w = u32::from_be_bytes(f[0..4].try_into().expect("4 bytes"));
-                let s = u64::from_be_bytes(f[4..12].try_into().expect("8 bytes"));
-                let h = Hash256(f[12..44].try_into().expect("32 bytes"));
-                Ok((w, (s, h)))
+                decode_heads_entry(&f)
+                    .map(|(w, s, h)| (w, (s, h)))
+                    .ok_or_else(|| ReadError::Malformed { addr, what: format!("a heads entry of {} bytes", f.len()) })
             })
             .collect()
     }
@@ -451,4 +508,55 @@ fn fetch_from(
         check_fresh(&view, *epoch, links)?;
     }
     Ok(records)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn requests_parse() {
+        let h = Hash256([3; 32]);
+        assert_eq!(parse_request("HEADS"), Ok(Request::Heads));
+        assert_eq!(parse_request(" SYNC "), Ok(Request::Sync));
+        assert_eq!(parse_request(&format!("GET {}", h.to_hex())), Ok(Request::Get(h)));
+        assert_eq!(parse_request(&format!("PROOF {}", h.to_hex())), Ok(Request::Proof(h)));
+        assert_eq!(parse_request("RANGE 65536 0 9"), Ok(Request::Range(65536, 0, 9)));
+        for bad in ["", "GET zz", "RANGE 1 5 4", "RANGE 4294967296 0 1", "RANGE 1 0", "HEADS x", "DROP"] {
+            assert!(parse_request(bad).is_err(), "{bad:?}");
+        }
+        assert!(parse_request(&"H".repeat(REQUEST_BYTES_MAX + 1)).is_err());
+    }
+
+    #[test]
+    fn answers_round_trip() {
+        for a in [Ok(vec![b"one".to_vec(), Vec::new(), vec![7; 44]]), Ok(Vec::new()), Err("no".to_string())] {
+            let mut buf = Vec::new();
+            write_answer(&mut buf, a.clone()).unwrap();
+            assert_eq!(read_answer(&mut &buf[..]).unwrap(), a);
+        }
+        let mut e = vec![0u8; 44];
+        e[3] = 9;
+        e[11] = 4;
+        assert_eq!(decode_heads_entry(&e), Some((9, 4, Hash256::ZERO)));
+        assert_eq!(decode_heads_entry(&e[..43]), None);
+        // A huge frame length is refused before any allocation.
+        let mut huge = 1u32.to_be_bytes().to_vec();
+        huge.extend_from_slice(&u32::MAX.to_be_bytes());
+        assert!(read_answer(&mut &huge[..]).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn any_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = parse_request(&String::from_utf8_lossy(&data));
+            if let Ok(Ok(frames)) = read_answer(&mut &data[..]) {
+                for f in &frames {
+                    prop_assert!(f.len() <= data.len());
+                    let _ = decode_heads_entry(f);
+                }
+            }
+        }
+    }
 }
