@@ -12,8 +12,10 @@ use crate::metrics::{Metrics, RejectReason};
 use crate::orderer::{Orderer, OrdererAction, OrdererConfig};
 use crate::wire::{Ack, Msg};
 use crate::LamportClock;
-use psl_capsule::{Action, Body, ControlCode, Kind, Link, Opened, Record, Verified, Verifier};
-use psl_crypto::Hash256;
+use psl_capsule::{
+    Action, Body, ControlCode, Kind, Link, Opened, Record, RotationCert, RotationError, Verified, Verifier,
+};
+use psl_crypto::{DataKey, Hash256};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -184,6 +186,8 @@ pub struct NodeCore {
     acked: BTreeMap<u32, BTreeMap<u32, u64>>,
     /// Durability barriers: own writers' next seqs that must be acked by a quorum.
     durables: BTreeMap<u64, BTreeMap<u32, u64>>,
+    /// The application key generation this node's coordinator writer holds keys for.
+    coordinator_key_gen: u32,
 }
 
 impl std::fmt::Debug for NodeCore {
@@ -227,6 +231,7 @@ impl NodeCore {
             last_probe: None,
             acked: BTreeMap::new(),
             durables: BTreeMap::new(),
+            coordinator_key_gen: 0,
             cfg,
         }
     }
@@ -255,6 +260,12 @@ impl NodeCore {
     /// Cheap pre-check before verification: a record this node already holds is counted and
     /// dropped without a signature check (see [`Orderer::known`]). Returns `true` if dropped.
     pub fn precheck(&mut self, rec: &Record) -> bool {
+        if self.verifier.retired(rec.header()).is_some() {
+            // Signed (or claiming to be) under an application key retired at its epoch: refused
+            // before any signature check, whoever holds the old key.
+            self.metrics.reject(RejectReason::RetiredKey);
+            return true;
+        }
         if crate::server_id(rec.header().writer).is_some() {
             // Capsule servers' keys sign acks only, never records (see `SERVER_WRITER_BASE`):
             // a server must not be able to inject writes.
@@ -280,6 +291,11 @@ impl NodeCore {
         let mut out = Vec::new();
         if crate::server_id(rec.record.header().writer).is_some() {
             self.metrics.reject(RejectReason::Writer);
+            return out;
+        }
+        if self.verifier.retired(rec.record.header()).is_some() {
+            // Verified in parallel before this node installed the rotation that retires its key.
+            self.metrics.reject(RejectReason::RetiredKey);
             return out;
         }
         let d = self.orderer.deliver(rec, now);
@@ -330,6 +346,54 @@ impl NodeCore {
         out.push(Output::Publish(Msg::Record { capsule: self.verifier.name(), bytes: rec.shared_bytes() }.encode()));
         self.cache.insert(&rec);
         out
+    }
+
+    /// An application key rotation: from the leader (with the new data key, on the attested
+    /// channel) or from a `Rotate` control record in the log (certificate only). The certificate
+    /// must carry the capsule owner's signature. From its epoch on, records under an older key
+    /// generation are refused as `retired-key`. Idempotent.
+    pub fn install_rotation(&mut self, cert: &RotationCert, data_key: Option<DataKey>) -> Result<bool, RotationError> {
+        let r = self.verifier.install_rotation(cert, data_key);
+        match &r {
+            Ok(true) => {
+                if cert.from_epoch <= self.orderer.current_epoch() {
+                    tracing::warn!(
+                        key_gen = cert.key_gen,
+                        from_epoch = cert.from_epoch,
+                        epoch = self.orderer.current_epoch(),
+                        "key rotation learnt after its epoch began: records applied before stay applied"
+                    );
+                }
+                tracing::info!(
+                    key_gen = cert.key_gen,
+                    from_epoch = cert.from_epoch,
+                    "application key rotation installed"
+                );
+                self.metrics.key_gen.store(self.verifier.key_gen_newest() as u64, Ordering::Relaxed);
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(key_gen = cert.key_gen, "rotation certificate refused: {e}");
+                self.metrics.reject(RejectReason::KeyGeneration);
+            }
+        }
+        r
+    }
+
+    /// The runtime handed this node's coordinator writer its key under generation `key_gen`
+    /// (`Author::schedule_rotation`). Until it does, the coordinator opens no epoch at or after
+    /// the rotation epoch (see [`CoordinatorSm::hold_from`]).
+    pub fn set_coordinator_key_gen(&mut self, key_gen: u32) {
+        self.coordinator_key_gen = self.coordinator_key_gen.max(key_gen);
+    }
+
+    /// The epoch before which the coordinator must hold, if it lacks a rotated key.
+    fn coordinator_hold(&self) -> Option<u64> {
+        if self.verifier.key_gen_newest() <= self.coordinator_key_gen {
+            return None;
+        }
+        let certs = self.verifier.rotation_certs();
+        certs.get(self.coordinator_key_gen as usize).map(|c| c.from_epoch)
     }
 
     /// A repair request arrived: queue the records we hold in that range.
@@ -526,7 +590,9 @@ impl NodeCore {
                 self.answering.push_front((w, s, to));
             }
         }
+        let hold = if self.coordinator.is_some() { self.coordinator_hold() } else { None };
         if let Some(c) = self.coordinator.as_mut().filter(|_| self.rejoined) {
+            c.hold_from(hold);
             let heads: BTreeMap<u32, Link> = self
                 .orderer
                 .heads()
@@ -679,6 +745,23 @@ impl NodeCore {
                 }
                 if let (Some(epoch), Some(c)) = (payload_epoch(payload), &mut self.coordinator) {
                     c.on_eoe(epoch, rec.link());
+                }
+            }
+            Body::Control { code: ControlCode::Rotate, payload } => {
+                // The certificate authenticates itself (the owner's signature); any writer may
+                // carry it into the log, where late joiners and auditors find it.
+                match RotationCert::decode(payload) {
+                    Ok(cert) => {
+                        let _ = self.install_rotation(&cert, None);
+                    }
+                    Err(e) => {
+                        tracing::warn!(
+                            writer = h.writer,
+                            seq = h.seq,
+                            "rotate record with a malformed certificate: {e}"
+                        );
+                        self.metrics.reject(RejectReason::Body);
+                    }
                 }
             }
             Body::Sync { .. } if h.kind == Kind::Sync => {
