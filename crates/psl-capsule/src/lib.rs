@@ -31,7 +31,7 @@ pub mod rotation;
 pub mod seal;
 pub mod verify;
 
-pub use audit::{audit_file, Audit, Problem};
+pub use audit::{audit_file, audit_file_rotated, Audit, Problem};
 pub use author::Author;
 pub use body::{Action, Body, ControlCode, Op};
 pub use codec::DecodeError;

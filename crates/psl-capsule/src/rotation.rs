@@ -13,12 +13,12 @@
 //! rotation epoch stay valid: the log's history remains verifiable with the public keys of
 //! every generation.
 //!
-//! Layout (210 bytes, integers little-endian):
+//! Layout (214 bytes, integers little-endian):
 //!
 //! ```text
 //! [4] "PSLK" | u8 version (1) | [32] capsule name | u32 key_gen | u32 app_index
 //! | [65] application extended public key | [32] data key fingerprint | u64 from_epoch
-//! | [64] owner signature over SHA-256("psl/rotation/v1" ‖ the 146 bytes before it)
+//! | [64] owner signature over SHA-256("psl/rotation/v1" ‖ the 150 bytes before it)
 //! ```
 
 use crate::codec::{DecodeError, Put, Reader};

@@ -122,15 +122,15 @@ fn a_flipped_bit_anywhere_is_refused() {
         let n = s.quote.len();
         // Every byte: header, report body (measurements, report data), signature, QE report,
         // QE authentication data, the PEM certificate chain (including the root's copy), padding.
+        // One bit per byte, its position cycling through the 8 bits.
         for p in 0..n {
-            for bit in [0x01u8 << (p % 8)] {
-                let mut q = s.quote.clone();
-                q[p] ^= bit;
-                assert!(
-                    v.verify(&evidence(&q), &nonce, &bind, &policy).is_err(),
-                    "{name}: byte {p} bit {bit:#x} accepted"
-                );
-            }
+            let bit = 0x01u8 << (p % 8);
+            let mut q = s.quote.clone();
+            q[p] ^= bit;
+            assert!(
+                v.verify(&evidence(&q), &nonce, &bind, &policy).is_err(),
+                "{name}: byte {p} bit {bit:#x} accepted"
+            );
         }
         // Truncated and empty quotes too (the TDX sample ends in 70 bytes of zero padding, which
         // are not part of the quote: cutting them alone changes nothing).

@@ -817,3 +817,86 @@ pub fn payload_epoch(p: &[u8]) -> Option<u64> {
 pub fn epoch_payload(epoch: u64) -> Vec<u8> {
     epoch.to_le_bytes().to_vec()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use psl_capsule::{new_capsule, Author, Limits};
+    use psl_crypto::OwnerKey;
+
+    fn core(owner: &OwnerKey) -> (NodeCore, Arc<Metrics>, Arc<Memtable>, psl_capsule::SignedMetadata) {
+        let meta = new_capsule(owner, 1, "node-rotation", 0, Limits::default()).unwrap();
+        let verifier = Arc::new(Verifier::new(meta.clone(), Some(owner.app(1).unwrap().data_key())));
+        let metrics = Arc::new(Metrics::default());
+        let memtable = Arc::new(Memtable::new());
+        let c = NodeCore::new(
+            verifier,
+            memtable.clone(),
+            Arc::new(LamportClock::new(0)),
+            metrics.clone(),
+            [],
+            None,
+            NodeConfig::default(),
+        );
+        (c, metrics, memtable, meta)
+    }
+
+    fn sync_link() -> Link {
+        Link { writer: psl_capsule::DEFAULT_COORDINATOR, seq: 0, hash: Hash256([3; 32]) }
+    }
+
+    #[test]
+    fn precheck_refuses_and_counts_retired_key_records_before_any_signature_check() {
+        let owner = OwnerKey::from_seed(&[7; 32]).unwrap();
+        let (mut c, metrics, memtable, meta) = core(&owner);
+        let app = owner.app(1).unwrap();
+        let cert = RotationCert::issue(&owner, &meta, 1, 2, 5).unwrap();
+        assert!(c.install_rotation(&cert, Some(owner.app(2).unwrap().data_key())).unwrap());
+        assert_eq!(metrics.key_gen.load(Ordering::Relaxed), 1);
+        let mut a = Author::new(&meta, &app, 0x10000).unwrap();
+        a.enter_epoch(sync_link(), 4);
+        let ok = a.write_ops([("a", Some("before"))]).unwrap();
+        assert!(!c.precheck(&ok));
+        a.enter_epoch(sync_link(), 5);
+        let retired = a.write_ops([("b", Some("after"))]).unwrap();
+        assert!(c.precheck(&retired));
+        assert_eq!(metrics.rejected(RejectReason::RetiredKey), 1);
+        // Even one that somehow got verified is not applied.
+        let v = Verifier::new(meta.clone(), Some(app.data_key()));
+        let opened = v.verify_open(retired).unwrap();
+        assert!(c.on_verified(opened, 0).is_empty());
+        assert_eq!(metrics.rejected(RejectReason::RetiredKey), 2);
+        assert!(memtable.get(b"b").is_none());
+    }
+
+    #[test]
+    fn rotate_record_installs_the_certificate_and_a_forged_one_is_counted() {
+        let owner = OwnerKey::from_seed(&[8; 32]).unwrap();
+        let thief = OwnerKey::from_seed(&[9; 32]).unwrap();
+        let (mut c, metrics, _, meta) = core(&owner);
+        let app = owner.app(1).unwrap();
+        let mut a = Author::new(&meta, &app, 0x10000).unwrap();
+        // A certificate that is not the owner's: applied as a record, refused as a rotation.
+        let mut forged =
+            RotationCert::issue(&thief, &new_capsule(&thief, 1, "x", 0, Limits::default()).unwrap(), 1, 2, 9).unwrap();
+        forged.capsule = meta.name();
+        let body = Body::Control { code: ControlCode::Rotate, payload: forged.encode() };
+        let v = Verifier::new(meta.clone(), Some(app.data_key()));
+        let rec = a.write_control(body, vec![]).unwrap();
+        c.on_verified(v.verify_open(rec).unwrap(), 0);
+        assert_eq!(c.verifier.key_gen_newest(), 0);
+        assert_eq!(metrics.rejected(RejectReason::KeyGeneration), 1);
+        // The owner's certificate in a Rotate record installs the new generation's public key.
+        let cert = RotationCert::issue(&owner, &meta, 1, 2, 9).unwrap();
+        let body = Body::Control { code: ControlCode::Rotate, payload: cert.encode() };
+        let rec = a.write_control(body, vec![]).unwrap();
+        c.on_verified(v.verify_open(rec).unwrap(), 0);
+        assert_eq!(c.verifier.rotation_certs(), vec![cert]);
+        assert_eq!(metrics.key_gen.load(Ordering::Relaxed), 1);
+        // Garbage in a Rotate record is counted, nothing installed.
+        let rec = a.write_control(Body::Control { code: ControlCode::Rotate, payload: vec![1, 2, 3] }, vec![]).unwrap();
+        c.on_verified(v.verify_open(rec).unwrap(), 0);
+        assert_eq!(metrics.rejected(RejectReason::Body), 1);
+        assert_eq!(c.verifier.key_gen_newest(), 1);
+    }
+}
