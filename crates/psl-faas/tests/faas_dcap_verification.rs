@@ -127,10 +127,7 @@ fn a_flipped_bit_anywhere_is_refused() {
             let bit = 0x01u8 << (p % 8);
             let mut q = s.quote.clone();
             q[p] ^= bit;
-            assert!(
-                v.verify(&evidence(&q), &nonce, &bind, &policy).is_err(),
-                "{name}: byte {p} bit {bit:#x} accepted"
-            );
+            assert!(v.verify(&evidence(&q), &nonce, &bind, &policy).is_err(), "{name}: byte {p} bit {bit:#x} accepted");
         }
         // Truncated and empty quotes too (the TDX sample ends in 70 bytes of zero padding, which
         // are not part of the quote: cutting them alone changes nothing).
