@@ -282,13 +282,30 @@ fn rotation_retires_the_old_key_and_all_nodes_converge() {
     };
     assert_eq!(forged_fresh.header().key_gen, 0);
     assert!(forged_fresh.header().epoch >= from_epoch);
+    let forged_next = {
+        let w1 = writers[0];
+        let head = c.nodes[2].core.orderer().heads()[&w1];
+        let mut a = Author::new(&meta, &app, w1).unwrap();
+        a.resume(&psl_capsule::Head {
+            writer: w1,
+            seq: head.seq,
+            hash: head.hash,
+            lamport: 1 << 40,
+            epoch: c.nodes[1].core.epoch(),
+        });
+        a.write_ops([("post-1", Some("overwritten by a retired key"))]).unwrap()
+    };
+    assert_eq!(forged_next.header().key_gen, 0);
     let before = c.rejected(RejectReason::RetiredKey);
     let snapshots: Vec<_> = c.nodes.iter().map(|n| n.memtable.snapshot()).collect();
-    let msg = Msg::Record { capsule: meta.name(), bytes: forged_fresh.shared_bytes() }.encode();
-    c.flood(usize::MAX, vec![msg]);
+    let msgs = [&forged_fresh, &forged_next]
+        .iter()
+        .map(|r| Msg::Record { capsule: meta.name(), bytes: r.shared_bytes() }.encode())
+        .collect();
+    c.flood(usize::MAX, msgs);
     let after = c.rejected(RejectReason::RetiredKey);
     for (i, (b, a)) in before.iter().zip(&after).enumerate() {
-        assert_eq!(*a, b + 1, "node {i} counts the retired-key record");
+        assert_eq!(*a, b + 2, "node {i} counts both retired-key records");
     }
     for (n, s) in c.nodes.iter().zip(&snapshots) {
         assert_eq!(&n.memtable.snapshot(), s, "a refused record changes no memtable");
@@ -309,6 +326,7 @@ fn rotation_retires_the_old_key_and_all_nodes_converge() {
         assert_eq!(n.memtable.snapshot(), first);
     }
     assert!(first.keys().any(|k| k == b"pre-1") && !first.keys().any(|k| k == b"forged"));
+    assert_eq!(c.nodes[2].memtable.get(b"post-1").as_deref(), Some(&b"new key"[..]));
     for n in &c.nodes {
         assert_eq!(n.metrics.rejected(RejectReason::KeyFingerprint), 0, "every SYNC named the key in force");
         assert_eq!(n.metrics.rejected(RejectReason::Decryption), 0);
