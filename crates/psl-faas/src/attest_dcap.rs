@@ -31,7 +31,7 @@ use crate::attest::{AttestError, AttestPolicy, AttestVerifier, Evidence, Measure
 use dcap_qvl::quote::{Quote, Report};
 use dcap_qvl::verify::QuoteVerifier;
 use dcap_qvl::TcbStatus;
-use psl_crypto::{sha256, Hash256};
+use psl_crypto::sha256;
 use std::sync::Arc;
 
 pub use dcap_qvl::QuoteCollateralV3 as Collateral;
@@ -301,9 +301,4 @@ pub fn split_report_data(rd: &[u8; 64]) -> ([u8; 32], [u8; 32]) {
     a.copy_from_slice(&rd[..32]);
     b.copy_from_slice(&rd[32..]);
     (a, b)
-}
-
-/// `Hash256` of a measurement digest in hex (for policy files and logs).
-pub fn measurement_hex(m: &Hash256) -> String {
-    m.to_string()
 }

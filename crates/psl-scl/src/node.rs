@@ -322,6 +322,7 @@ impl NodeCore {
     /// One of this node's own records, just sealed: cache it, advance the chain, publish it.
     /// Its data ops were applied to the memtable when they were put.
     pub fn on_local_record(&mut self, rec: Record, body: &Body, now: u64) -> Vec<Output> {
+        self.check_own_key(&rec);
         let mut out = Vec::new();
         self.orderer.advance_own(&rec, now);
         self.cache.insert(&rec);
@@ -339,6 +340,7 @@ impl NodeCore {
     /// (the writer thread keeps the plaintext; the core needs only the count).
     pub fn on_local_data(&mut self, rec: Record, ops: usize, now: u64) -> Vec<Output> {
         debug_assert_eq!(rec.header().kind, Kind::Data);
+        self.check_own_key(&rec);
         let mut out = Vec::new();
         self.orderer.advance_own(&rec, now);
         Metrics::add(&self.metrics.records_written, 1);
@@ -385,6 +387,17 @@ impl NodeCore {
     /// the rotation epoch (see [`CoordinatorSm::hold_from`]).
     pub fn set_coordinator_key_gen(&mut self, key_gen: u32) {
         self.coordinator_key_gen = self.coordinator_key_gen.max(key_gen);
+    }
+
+    /// An own record under a retired key generation is a runtime bug (a writer that was not
+    /// given its rotated key before the rotation epoch): every peer refuses it while this node
+    /// has already applied its ops. Loud, and counted, so that it is seen.
+    fn check_own_key(&self, rec: &Record) {
+        if let Some(reason) = self.verifier.retired(rec.header()) {
+            let h = rec.header();
+            tracing::error!(writer = h.writer, seq = h.seq, "own record under a retired application key: {reason}");
+            self.metrics.reject(RejectReason::RetiredKey);
+        }
     }
 
     /// The epoch before which the coordinator must hold, if it lacks a rotated key.

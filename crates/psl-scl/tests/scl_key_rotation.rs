@@ -307,6 +307,7 @@ fn rotation_retires_the_old_key_and_all_nodes_converge() {
     for (i, (b, a)) in before.iter().zip(&after).enumerate() {
         assert_eq!(*a, b + 2, "node {i} counts both retired-key records");
     }
+    assert_eq!(after, vec![2; 4], "no honest record, own or remote, was under a retired key");
     for (n, s) in c.nodes.iter().zip(&snapshots) {
         assert_eq!(&n.memtable.snapshot(), s, "a refused record changes no memtable");
     }
