@@ -197,3 +197,32 @@ fn a_rotated_capsule_file_audits_clean_with_its_certificates() {
     assert!(old_only.problems.iter().all(|p| p.check == "decryption"), "{:?}", old_only.problems);
     assert_eq!(old_only.problems.len(), 2);
 }
+
+mod props {
+    use proptest::prelude::*;
+    use psl_capsule::RotationCert;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        #[test]
+        fn rotation_cert_round_trips_and_checks(seed in any::<[u8; 32]>(), key_gen in 1u32..1024, idx in 0u32..(1 << 31), from in any::<u64>()) {
+            let owner = psl_crypto::OwnerKey::from_seed(&seed).unwrap();
+            let meta = psl_capsule::new_capsule(&owner, 11, "props", 0, Default::default()).unwrap();
+            prop_assume!(idx != 11);
+            let cert = RotationCert::issue(&owner, &meta, key_gen, idx, from).unwrap();
+            let enc = cert.encode();
+            prop_assert_eq!(enc.len(), psl_capsule::ROTATION_CERT_LEN);
+            let back = RotationCert::decode(&enc).unwrap();
+            prop_assert_eq!(&back, &cert);
+            prop_assert!(back.check(&meta).is_ok());
+        }
+
+        #[test]
+        fn rotation_cert_decoder_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            if let Ok(c) = RotationCert::decode(&bytes) {
+                prop_assert_eq!(c.encode(), bytes);
+            }
+        }
+    }
+}
