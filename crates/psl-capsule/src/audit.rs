@@ -60,6 +60,18 @@ impl Audit {
 
 /// Audits the bytes of a `.capsule` file. With `data_key`, also decrypts every body.
 pub fn audit_file(bytes: &[u8], data_key: Option<DataKey>) -> Audit {
+    audit_file_rotated(bytes, data_key, Vec::new())
+}
+
+/// Like [`audit_file`] for a capsule whose application key was rotated: `rotations` are the
+/// owner-signed certificates of generations 1.. (each with its data key, if the auditor has it).
+/// With the generation-0 data key, certificates found in `ROTATE` records the auditor can open
+/// are installed too. A certificate that does not verify is listed as a `rotation` problem.
+pub fn audit_file_rotated(
+    bytes: &[u8],
+    data_key: Option<DataKey>,
+    rotations: Vec<(crate::RotationCert, Option<DataKey>)>,
+) -> Audit {
     let s = scan(bytes);
     let mut problems = Vec::new();
     let capsule_problem = |check: &'static str, detail: String| Problem {
@@ -96,6 +108,29 @@ pub fn audit_file(bytes: &[u8], data_key: Option<DataKey>) -> Audit {
         });
         Verifier::new(m, key)
     });
+    if let Some(v) = &verifier {
+        for (cert, key) in rotations {
+            if let Err(e) = v.install_rotation(&cert, key) {
+                problems.push(capsule_problem("rotation", format!("key generation {}: {e}", cert.key_gen)));
+            }
+        }
+        if v.can_open() {
+            // Certificates the log carries itself, in ROTATE records this auditor can open.
+            for f in &s.frames {
+                let Ok(rec) = &f.record else { continue };
+                if rec.header().kind != crate::Kind::Control {
+                    continue;
+                }
+                if let Ok(o) = v.verify_open(rec.clone()) {
+                    if let crate::Body::Control { code: crate::ControlCode::Rotate, payload } = &o.body {
+                        if let Ok(cert) = crate::RotationCert::decode(payload) {
+                            let _ = v.install_rotation(&cert, None);
+                        }
+                    }
+                }
+            }
+        }
+    }
     audit.opened = verifier.as_ref().is_some_and(|v| v.can_open());
     let mut replica = verifier.as_ref().map(|v| Replica::new(v.name()));
     let mut index_of = std::collections::HashMap::<Hash256, usize>::new();

@@ -5,6 +5,7 @@ use crate::limits::Limits;
 use crate::meta::{CapsuleName, SignedMetadata};
 use crate::record::{Link, Record};
 use crate::replica::Head;
+use crate::rotation::RotationCert;
 use crate::seal::{Draft, SealError};
 use psl_crypto::{AppKey, CryptoError, DataKey, Hash256, SigningKey};
 
@@ -16,6 +17,10 @@ pub struct Author {
     key: SigningKey,
     data_key: DataKey,
     app_key_fp: Hash256,
+    /// Application key generation of `key` and `data_key` (0: the metadata's).
+    key_gen: u32,
+    /// A scheduled rotation: from its epoch on, records are signed and sealed with its keys.
+    rotation: Option<NextKeys>,
     next_seq: u64,
     prev: Hash256,
     lamport: u64,
@@ -24,6 +29,15 @@ pub struct Author {
     epoch_link: Option<Link>,
     /// Seeded salt source for reproducible simulations; OS randomness when `None`.
     salts: Option<rand::rngs::StdRng>,
+}
+
+/// The keys of the next application key generation, waiting for its epoch.
+struct NextKeys {
+    key_gen: u32,
+    from_epoch: u64,
+    key: SigningKey,
+    data_key: DataKey,
+    app_key_fp: Hash256,
 }
 
 impl std::fmt::Debug for Author {
@@ -59,6 +73,8 @@ impl Author {
             key,
             data_key,
             app_key_fp: meta.meta.app.fingerprint(),
+            key_gen: 0,
+            rotation: None,
             next_seq: 0,
             prev: Hash256::ZERO,
             lamport: 0,
@@ -87,6 +103,53 @@ impl Author {
 
     pub fn writer(&self) -> u32 {
         self.writer
+    }
+
+    /// The application key generation this writer signs with now.
+    pub fn key_gen(&self) -> u32 {
+        self.key_gen
+    }
+
+    /// Schedules a key rotation (the leader hands the writer its key under the new generation
+    /// and the new data key): every record whose epoch is at or after `cert.from_epoch` is
+    /// signed with `key`, sealed with `data_key` and marked with `cert.key_gen`, and a SYNC from
+    /// then on names the new application key. The certificate's owner signature is the
+    /// verifier's business; here the keys must match it and follow this writer's generation.
+    pub fn schedule_rotation(
+        &mut self,
+        cert: &RotationCert,
+        key: SigningKey,
+        data_key: DataKey,
+    ) -> Result<(), CryptoError> {
+        if cert.key_gen != self.key_gen + 1 {
+            return Err(CryptoError::Derivation {
+                index: cert.key_gen,
+                why: "rotation does not follow the writer's key generation",
+            });
+        }
+        if cert.app.writer(self.writer)? != key.verifying_key() || data_key.fingerprint() != cert.data_key_fp {
+            return Err(CryptoError::BadSignature);
+        }
+        // Only the generation right after the current one can be pending (checked above).
+        self.rotation = Some(NextKeys {
+            key_gen: cert.key_gen,
+            from_epoch: cert.from_epoch,
+            key,
+            data_key,
+            app_key_fp: cert.app.fingerprint(),
+        });
+        Ok(())
+    }
+
+    /// Switches to the scheduled generation if a record of `epoch` is due under it.
+    fn keys_for(&mut self, epoch: u64) {
+        if self.rotation.as_ref().is_some_and(|r| epoch >= r.from_epoch) {
+            let r = self.rotation.take().expect("checked above");
+            self.key = r.key;
+            self.data_key = r.data_key;
+            self.key_gen = r.key_gen;
+            self.app_key_fp = r.app_key_fp;
+        }
     }
 
     pub fn next_seq(&self) -> u64 {
@@ -153,6 +216,8 @@ impl Author {
     /// Writes the SYNC record of `epoch` (which must be above this writer's epoch).
     pub fn write_sync_epoch(&mut self, epoch: u64, heads: Vec<Link>) -> Result<Record, SealError> {
         assert!(epoch > self.epoch, "a SYNC opens a newer epoch");
+        // The SYNC names the application key in force at its own epoch.
+        self.keys_for(epoch);
         let rec = self.write_with(Body::Sync { app_key_fp: self.app_key_fp }, heads, epoch, self.lamport + 1)?;
         self.epoch = epoch;
         self.epoch_link = None;
@@ -182,8 +247,17 @@ impl Author {
     }
 
     fn write_with(&mut self, body: Body, links: Vec<Link>, epoch: u64, lamport: u64) -> Result<Record, SealError> {
-        let draft =
-            Draft { writer: self.writer, key_gen: 0, seq: self.next_seq, lamport, epoch, prev: self.prev, links, body };
+        self.keys_for(epoch);
+        let draft = Draft {
+            writer: self.writer,
+            key_gen: self.key_gen,
+            seq: self.next_seq,
+            lamport,
+            epoch,
+            prev: self.prev,
+            links,
+            body,
+        };
         let rec = match &mut self.salts {
             Some(rng) => {
                 let mut salt = [0u8; psl_crypto::SALT_LEN];

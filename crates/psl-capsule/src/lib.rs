@@ -9,6 +9,8 @@
 //! - [`author`]: a writer's chain state (seq, prev, Lamport time, epoch links) on top of `seal`.
 //! - [`verify`]: the [`Verifier`], the only maker of [`Verified`] values, and rejection reasons.
 //! - [`replica`]: an in-memory replica (a grow-only set) with chain, link and equivocation checks.
+//! - [`rotation`]: [`RotationCert`], the owner-signed announcement of a new application key
+//!   generation and the epoch from which it is in force (older generations retire there).
 //! - [`proof`]: membership proofs from a signed head down to a record.
 //! - [`file`]: the portable `.capsule` file; [`audit`]: every check of a whole file, each problem named.
 //! - [`limits`], [`codec`]: size limits and the bounded decoder they are enforced by.
@@ -25,10 +27,11 @@ pub mod meta;
 pub mod proof;
 pub mod record;
 pub mod replica;
+pub mod rotation;
 pub mod seal;
 pub mod verify;
 
-pub use audit::{audit_file, Audit, Problem};
+pub use audit::{audit_file, audit_file_rotated, Audit, Problem};
 pub use author::Author;
 pub use body::{Action, Body, ControlCode, Op};
 pub use codec::DecodeError;
@@ -38,6 +41,7 @@ pub use meta::{CapsuleName, Metadata, MetadataError, Policy, SignedMetadata};
 pub use proof::{MembershipProof, ProofError, ProofOutcome};
 pub use record::{Header, Kind, Link, Record};
 pub use replica::{ChainProblem, Head, Replica};
+pub use rotation::{RotationCert, RotationError, ROTATION_CERT_LEN};
 pub use seal::{Draft, SealError};
 pub use verify::{Opened, Reason, Rejected, Verified, Verifier};
 

@@ -7,10 +7,12 @@
 use crate::body::Body;
 use crate::codec::DecodeError;
 use crate::meta::{CapsuleName, SignedMetadata};
-use crate::record::{Kind, Record};
+use crate::record::{Header, Kind, Record};
+use crate::rotation::{RotationCert, RotationError, KEY_GENERATIONS_MAX};
 use psl_crypto::{DataKey, Hash256, VerifyingKey};
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::RwLock;
 
 /// A value that has passed the verifier. The field is private to this module, so no other code
@@ -63,8 +65,10 @@ pub enum Reason {
     Capsule { found: Hash256 },
     #[error("writer index {0} has no derivable public key (a hardened index, or a failed derivation)")]
     Writer(u32),
-    #[error("key generation {0} is not known to this verifier")]
+    #[error("key generation {0} is not known to this verifier, or not yet in force at the record's epoch")]
     KeyGeneration(u32),
+    #[error("key generation {key_gen} was retired from epoch {retired_from}; the record claims epoch {epoch}")]
+    RetiredKey { key_gen: u32, epoch: u64, retired_from: u64 },
     #[error("{kind} records may only be written by a coordinator (writer {coordinator} or a shadow below it)")]
     KindNotAllowed { kind: &'static str, coordinator: u32 },
     #[error("{0}")]
@@ -86,6 +90,7 @@ impl Reason {
             Reason::Capsule { .. } => "capsule",
             Reason::Writer(_) => "writer",
             Reason::KeyGeneration(_) => "key-generation",
+            Reason::RetiredKey { .. } => "retired-key",
             Reason::KindNotAllowed { .. } => "kind",
             Reason::Structure(_) => "structure",
             Reason::Signature(_) => "signature",
@@ -126,6 +131,19 @@ pub struct Verifier {
     meta: SignedMetadata,
     data_key: Option<DataKey>,
     writer_keys: RwLock<HashMap<u32, VerifyingKey>>,
+    /// Key generations 1.. (index `g - 1`), learnt from owner-signed rotation certificates.
+    rotations: RwLock<Vec<Generation>>,
+    /// How many rotations are installed: lets the common case (none) skip the lock.
+    rotated: AtomicU32,
+    /// Writer keys of generations 1.., by (generation, writer).
+    rotated_keys: RwLock<HashMap<(u32, u32), VerifyingKey>>,
+}
+
+/// One rotated application key generation.
+struct Generation {
+    cert: RotationCert,
+    app_key_fp: Hash256,
+    data_key: Option<DataKey>,
 }
 
 impl fmt::Debug for Verifier {
@@ -136,7 +154,14 @@ impl fmt::Debug for Verifier {
 
 impl Verifier {
     pub fn new(meta: SignedMetadata, data_key: Option<DataKey>) -> Verifier {
-        Verifier { meta, data_key, writer_keys: RwLock::new(HashMap::new()) }
+        Verifier {
+            meta,
+            data_key,
+            writer_keys: RwLock::new(HashMap::new()),
+            rotations: RwLock::new(Vec::new()),
+            rotated: AtomicU32::new(0),
+            rotated_keys: RwLock::new(HashMap::new()),
+        }
     }
 
     pub fn metadata(&self) -> &SignedMetadata {
@@ -163,6 +188,137 @@ impl Verifier {
         }
         let k = self.meta.meta.app.writer(w).map_err(|_| Reason::Writer(w))?;
         self.writer_keys.write().unwrap_or_else(|p| p.into_inner()).insert(w, k);
+        Ok(k)
+    }
+
+    /// The newest application key generation this verifier knows (0: never rotated).
+    pub fn key_gen_newest(&self) -> u32 {
+        self.rotated.load(Ordering::Acquire)
+    }
+
+    /// The rotation certificates installed, oldest first (generation 1, 2, ...).
+    pub fn rotation_certs(&self) -> Vec<RotationCert> {
+        self.rotations.read().unwrap_or_else(|p| p.into_inner()).iter().map(|g| g.cert.clone()).collect()
+    }
+
+    /// Installs an owner-signed rotation certificate (and, for a verifier that opens bodies, the
+    /// new generation's data key, handed over by the leader on an attested channel). Idempotent:
+    /// returns `Ok(false)` when nothing new was learnt. A generation's data key may come after
+    /// its certificate (the certificate from the log, the key from the leader).
+    pub fn install_rotation(&self, cert: &RotationCert, data_key: Option<DataKey>) -> Result<bool, RotationError> {
+        cert.check(&self.meta)?;
+        if data_key.as_ref().is_some_and(|k| k.fingerprint() != cert.data_key_fp) {
+            return Err(RotationError::DataKey);
+        }
+        let mut gens = self.rotations.write().unwrap_or_else(|p| p.into_inner());
+        let newest = gens.len() as u32;
+        if cert.key_gen <= newest {
+            let g = &mut gens[cert.key_gen as usize - 1];
+            if g.cert != *cert {
+                return Err(RotationError::Conflict(cert.key_gen));
+            }
+            if g.data_key.is_none() && data_key.is_some() {
+                g.data_key = data_key;
+                return Ok(true);
+            }
+            return Ok(false);
+        }
+        if cert.key_gen != newest + 1 {
+            return Err(RotationError::Generation { found: cert.key_gen, newest });
+        }
+        if newest + 1 >= KEY_GENERATIONS_MAX {
+            return Err(RotationError::TooMany);
+        }
+        let previous = gens.last().map(|g| g.cert.from_epoch).unwrap_or(0);
+        if cert.from_epoch <= previous {
+            return Err(RotationError::Epoch { found: cert.from_epoch, previous });
+        }
+        if gens.iter().any(|g| g.cert.app_index == cert.app_index) {
+            return Err(RotationError::AppIndex(cert.app_index));
+        }
+        gens.push(Generation { cert: cert.clone(), app_key_fp: cert.app.fingerprint(), data_key });
+        self.rotated.store(newest + 1, Ordering::Release);
+        Ok(true)
+    }
+
+    /// Whether `h`'s key generation is retired at `h.epoch` (a newer generation is in force):
+    /// the cheap check a node runs before any signature (see `NodeCore::precheck`).
+    pub fn retired(&self, h: &Header) -> Option<Reason> {
+        if self.rotated.load(Ordering::Acquire) <= h.key_gen {
+            return None;
+        }
+        let gens = self.rotations.read().unwrap_or_else(|p| p.into_inner());
+        let next = gens.get(h.key_gen as usize)?;
+        (h.epoch >= next.cert.from_epoch).then_some(Reason::RetiredKey {
+            key_gen: h.key_gen,
+            epoch: h.epoch,
+            retired_from: next.cert.from_epoch,
+        })
+    }
+
+    /// The application key generation in force at `epoch`.
+    pub fn key_gen_at(&self, epoch: u64) -> u32 {
+        if self.rotated.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
+        let gens = self.rotations.read().unwrap_or_else(|p| p.into_inner());
+        gens.iter().rev().find(|g| g.cert.from_epoch <= epoch).map(|g| g.cert.key_gen).unwrap_or(0)
+    }
+
+    /// The fingerprint of generation `key_gen`'s application public key.
+    pub fn app_key_fp(&self, key_gen: u32) -> Option<Hash256> {
+        if key_gen == 0 {
+            return Some(self.meta.meta.app.fingerprint());
+        }
+        let gens = self.rotations.read().unwrap_or_else(|p| p.into_inner());
+        gens.get(key_gen as usize - 1).map(|g| g.app_key_fp)
+    }
+
+    /// The key window check: `h.key_gen` is known and in force at `h.epoch`.
+    fn check_generation(&self, h: &Header) -> Result<(), Reason> {
+        if h.key_gen == 0 {
+            return self.retired(h).map_or(Ok(()), Err);
+        }
+        if h.key_gen > self.rotated.load(Ordering::Acquire) {
+            return Err(Reason::KeyGeneration(h.key_gen));
+        }
+        let gens = self.rotations.read().unwrap_or_else(|p| p.into_inner());
+        let g = &gens[h.key_gen as usize - 1];
+        if h.epoch < g.cert.from_epoch {
+            return Err(Reason::KeyGeneration(h.key_gen));
+        }
+        if let Some(next) = gens.get(h.key_gen as usize) {
+            if h.epoch >= next.cert.from_epoch {
+                return Err(Reason::RetiredKey {
+                    key_gen: h.key_gen,
+                    epoch: h.epoch,
+                    retired_from: next.cert.from_epoch,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The public key of writer `w` under key generation `key_gen`.
+    pub fn writer_key_gen(&self, key_gen: u32, w: u32) -> Result<VerifyingKey, Reason> {
+        if key_gen == 0 {
+            return self.writer_key(w);
+        }
+        if let Some(k) = self.rotated_keys.read().unwrap_or_else(|p| p.into_inner()).get(&(key_gen, w)) {
+            return Ok(*k);
+        }
+        let app = {
+            let gens = self.rotations.read().unwrap_or_else(|p| p.into_inner());
+            gens.get(key_gen as usize - 1).map(|g| g.cert.app).ok_or(Reason::KeyGeneration(key_gen))?
+        };
+        let k = app.writer(w).map_err(|_| Reason::Writer(w))?;
+        let mut cache = self.rotated_keys.write().unwrap_or_else(|p| p.into_inner());
+        // Bounded: writers are bounded per capsule by the fabric, generations by
+        // KEY_GENERATIONS_MAX; clear rather than grow past a large bound.
+        if cache.len() >= 1 << 16 {
+            cache.clear();
+        }
+        cache.insert((key_gen, w), k);
         Ok(k)
     }
 
@@ -203,12 +359,21 @@ impl Verifier {
         let key = self.data_key.as_ref().ok_or(Reason::Decryption)?;
         let h = rec.header();
         let ctx = Record::seal_context(&h.capsule, h.writer, h.seq);
-        let plain = key.open(&h.salt, &ctx, rec.header_bytes(), rec.body()).map_err(|_| Reason::Decryption)?;
+        let plain = if h.key_gen == 0 {
+            key.open(&h.salt, &ctx, rec.header_bytes(), rec.body())
+        } else {
+            // A rotated generation's body is sealed with that generation's data key.
+            let gens = self.rotations.read().unwrap_or_else(|p| p.into_inner());
+            let key = gens.get(h.key_gen as usize - 1).and_then(|g| g.data_key.as_ref()).ok_or(Reason::Decryption)?;
+            key.open(&h.salt, &ctx, rec.header_bytes(), rec.body())
+        }
+        .map_err(|_| Reason::Decryption)?;
         let limits = &self.meta.meta.policy.limits;
         let body = Body::decode(h.kind, &plain, limits).map_err(Reason::Body)?;
         body.check(limits, h.lamport).map_err(Reason::Body)?;
         if let Body::Sync { app_key_fp } = &body {
-            let expected = self.meta.meta.app.fingerprint();
+            // A SYNC names the application key in force at its epoch: its own generation's.
+            let expected = self.app_key_fp(h.key_gen).ok_or(Reason::KeyGeneration(h.key_gen))?;
             if *app_key_fp != expected {
                 return Err(Reason::KeyFingerprint { found: *app_key_fp, expected });
             }
@@ -225,8 +390,8 @@ impl Verifier {
         if h.writer >= 1 << 31 {
             return fail(Reason::Writer(h.writer));
         }
-        if h.key_gen != 0 {
-            return fail(Reason::KeyGeneration(h.key_gen));
+        if let Err(r) = self.check_generation(h) {
+            return fail(r);
         }
         let policy = &self.meta.meta.policy;
         let coordinator = policy.coordinator;
@@ -239,7 +404,7 @@ impl Verifier {
         if h.kind == Kind::Data && h.links.iter().any(|l| !policy.is_coordinator(l.writer)) {
             return fail(Reason::Structure("a data record may link only to coordinators' records (its epoch's SYNC)"));
         }
-        let key = self.writer_key(h.writer).map_err(|r| reject(rec, r))?;
+        let key = self.writer_key_gen(h.key_gen, h.writer).map_err(|r| reject(rec, r))?;
         if key.verify(&rec.hash(), &rec.signature()).is_err() {
             return fail(Reason::Signature(h.writer));
         }

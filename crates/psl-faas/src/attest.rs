@@ -2,7 +2,7 @@
 //! to that proof; a verifier checks the proof against a policy before trusting the key.
 //!
 //! [`Attester`] and [`AttestVerifier`] are the seams for hardware backends (SGX/TDX DCAP quotes,
-//! SEV-SNP reports). The only backend today is `sim`:
+//! SEV-SNP reports). Verifiers: `dcap` (real SGX/TDX quotes, [`crate::attest_dcap`]) and `sim`:
 //!
 //! **THE SIM BACKEND IS INSECURE AND FOR DEVELOPMENT ONLY.** Its "platform key" is an ordinary
 //! key held by the same process; anyone who has it can forge any report. It exercises the
@@ -46,6 +46,10 @@ pub enum AttestError {
     Nonce,
     #[error("the report does not bind the channel key offered with it")]
     ReportData,
+    #[error("quote signature chain or collateral refused: {0}")]
+    Collateral(String),
+    #[error("platform TCB status {status} is not accepted by the policy (advisories: {advisories})")]
+    TcbStatus { status: String, advisories: String },
 }
 
 /// The party being attested.

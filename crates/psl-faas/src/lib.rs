@@ -6,9 +6,14 @@
 //!   key derived from the application data key, the job id as associated data.
 //! - [`attest`]: the [`Attester`] / [`AttestVerifier`] traits, [`AttestPolicy`], and the `sim`
 //!   backend (**insecure, for development only**: a simulated platform key signs the report).
+//! - [`attest_dcap`]: the `dcap` backend's verifier: Intel SGX / TDX DCAP quotes checked with
+//!   `dcap-qvl` against collateral at a given time, a TCB status policy, measurements and the
+//!   report data binding.
 //! - [`channel`]: key delivery sealed to the worker's X25519 channel key bound in its report.
 //! - [`leader`]: the trusted leader: attests workers, derives keys, runs the job's coordinator,
 //!   RESETs workers.
+//! - [`rotation`]: leader side of application key rotation: derives the next hardened
+//!   application key, its data key and writer keys, and the owner-signed certificate.
 //! - [`scheduler`]: the untrusted scheduler: a registry of workers; forwards sealed programs.
 //! - [`worker`]: a worker: attests, receives its keys, runs lambda slots on a `psl_node::Node`.
 //! - [`kv`]: [`NodeKv`], the sandbox's [`psl_sandbox::KvHost`] over a `psl_node::Node`.
@@ -19,12 +24,14 @@
 //! fabric and everything that only sees sealed bytes are not. The scheduler never holds a key.
 
 pub mod attest;
+pub mod attest_dcap;
 pub mod channel;
 pub mod deploy;
 pub mod error;
 pub mod kv;
 pub mod leader;
 pub mod program;
+pub mod rotation;
 pub mod scheduler;
 pub mod worker;
 

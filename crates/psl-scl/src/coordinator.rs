@@ -76,6 +76,9 @@ pub struct CoordinatorSm {
     last_sync_at: u64,
     /// Data writers and how many EOEs in a row each has missed.
     writers: BTreeMap<u32, u32>,
+    /// Do not open an epoch at or after this one (a key rotation takes effect there and this
+    /// coordinator does not hold its key under the new generation yet).
+    hold_from: Option<u64>,
 }
 
 impl CoordinatorSm {
@@ -88,7 +91,20 @@ impl CoordinatorSm {
             next_rts_at: now + cfg.epoch_ms,
             last_sync_at: now,
             writers: BTreeMap::new(),
+            hold_from: None,
             cfg,
+        }
+    }
+
+    /// Holds the epoch clock before epoch `epoch` (`None`: no hold). A SYNC of an epoch at or
+    /// after a key rotation's must be signed under the new generation, so a coordinator that
+    /// lacks that key waits for it rather than write a SYNC every node would refuse.
+    pub fn hold_from(&mut self, epoch: Option<u64>) {
+        if epoch != self.hold_from {
+            if let Some(e) = epoch {
+                tracing::info!(rank = self.cfg.rank, hold_from = e, "coordinator waits for its rotated key");
+            }
+            self.hold_from = epoch;
         }
     }
 
@@ -203,7 +219,7 @@ impl CoordinatorSm {
                 self.epoch = self.epoch.max(c.epoch);
                 self.next_rts_at = now + self.cfg.epoch_ms;
             }
-        } else if now >= self.next_rts_at {
+        } else if now >= self.next_rts_at && self.hold_from.is_none_or(|h| self.next_epoch() < h) {
             let epoch = self.next_epoch();
             self.collecting =
                 Some(Collecting { epoch, deadline: now + self.cfg.eoe_timeout_ms, eoes: BTreeMap::new() });
@@ -215,5 +231,38 @@ impl CoordinatorSm {
     /// Forgets everything but the configuration.
     pub fn reset(&mut self, now: u64) {
         *self = CoordinatorSm::new(self.cfg, now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hold_stops_the_epoch_clock_before_the_rotation_epoch() {
+        let cfg = CoordinatorConfig { epoch_ms: 10, eoe_timeout_ms: 5, ..CoordinatorConfig::default() };
+        let mut c = CoordinatorSm::new(cfg, 0);
+        let heads = BTreeMap::new();
+        c.hold_from(Some(2));
+        let mut epochs = Vec::new();
+        for t in (0..200).step_by(5) {
+            for a in c.tick(t, &heads, 16) {
+                if let CoordinatorAction::WriteSync { epoch, .. } = a {
+                    c.on_sync(epoch, t);
+                    epochs.push(epoch);
+                }
+            }
+        }
+        assert_eq!(epochs, vec![1], "epoch 2 needs the rotated key");
+        c.hold_from(None);
+        for t in (200..260).step_by(5) {
+            for a in c.tick(t, &heads, 16) {
+                if let CoordinatorAction::WriteSync { epoch, .. } = a {
+                    c.on_sync(epoch, t);
+                    epochs.push(epoch);
+                }
+            }
+        }
+        assert!(epochs.len() > 2 && epochs[1] == 2, "{epochs:?}");
     }
 }

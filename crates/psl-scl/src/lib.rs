@@ -11,9 +11,10 @@
 //! - [`orderer`]: the receive state machine: per-writer `seq` order, hold-back, gap repair,
 //!   duplicate/replay/equivocation detection, withholding reports.
 //! - [`coordinator`]: the epoch state machine of a coordinator (RTS, EOE collection, SYNC),
-//!   primary or shadow.
+//!   primary or shadow; it holds before a key rotation epoch until it has its new key.
 //! - [`node`]: [`NodeCore`], one node's protocol logic: orderer + optional coordinator + the
-//!   record cache that answers repairs + the `sync()` barrier.
+//!   record cache that answers repairs + the `sync()` barrier + application key rotation
+//!   (installing certificates, refusing retired-key records before any signature check).
 //! - [`metrics`]: counters, rejections by reason, Prometheus text.
 //!
 //! The protocol is described in `docs/protocol/scl.md`.

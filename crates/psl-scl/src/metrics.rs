@@ -17,6 +17,8 @@ pub enum RejectReason {
     Decryption,
     Body,
     KeyFingerprint,
+    /// A record signed with an application key generation retired at or before its epoch.
+    RetiredKey,
     /// A message that is not a valid wire message.
     BadMessage,
     /// A record already applied, arriving again.
@@ -36,7 +38,7 @@ pub enum RejectReason {
 }
 
 impl RejectReason {
-    pub const ALL: [RejectReason; 18] = [
+    pub const ALL: [RejectReason; 19] = [
         RejectReason::Encoding,
         RejectReason::Capsule,
         RejectReason::Writer,
@@ -47,6 +49,7 @@ impl RejectReason {
         RejectReason::Decryption,
         RejectReason::Body,
         RejectReason::KeyFingerprint,
+        RejectReason::RetiredKey,
         RejectReason::BadMessage,
         RejectReason::Duplicate,
         RejectReason::StaleEpoch,
@@ -69,6 +72,7 @@ impl RejectReason {
             RejectReason::Decryption => "decryption",
             RejectReason::Body => "body",
             RejectReason::KeyFingerprint => "key-fingerprint",
+            RejectReason::RetiredKey => "retired-key",
             RejectReason::BadMessage => "bad-message",
             RejectReason::Duplicate => "duplicate",
             RejectReason::StaleEpoch => "stale-epoch",
@@ -94,6 +98,7 @@ impl RejectReason {
             R::Decryption => RejectReason::Decryption,
             R::Body(_) => RejectReason::Body,
             R::KeyFingerprint { .. } => RejectReason::KeyFingerprint,
+            R::RetiredKey { .. } => RejectReason::RetiredKey,
         }
     }
 
@@ -105,7 +110,7 @@ impl RejectReason {
 /// A node's counters. Shared between threads; every field is a relaxed atomic.
 #[derive(Debug, Default)]
 pub struct Metrics {
-    rejected: [AtomicU64; 18],
+    rejected: [AtomicU64; 19],
     pub records_applied: AtomicU64,
     pub ops_applied: AtomicU64,
     pub records_written: AtomicU64,
@@ -118,6 +123,8 @@ pub struct Metrics {
     /// Messages dropped because the outbound ring stayed full (the host side stalled).
     pub outbound_dropped: AtomicU64,
     pub epoch: AtomicU64,
+    /// Newest application key generation installed (0: never rotated).
+    pub key_gen: AtomicU64,
 }
 
 impl Metrics {
@@ -156,6 +163,7 @@ impl Metrics {
             ("syncs_applied_total", &self.syncs_applied),
             ("withholding_reports_total", &self.withholding_reports),
             ("epoch", &self.epoch),
+            ("key_gen", &self.key_gen),
         ] {
             let kind = if name.ends_with("_total") { "counter" } else { "gauge" };
             let _ = writeln!(s, "# TYPE {prefix}_{name} {kind}");

@@ -12,8 +12,10 @@ use crate::metrics::{Metrics, RejectReason};
 use crate::orderer::{Orderer, OrdererAction, OrdererConfig};
 use crate::wire::{Ack, Msg};
 use crate::LamportClock;
-use psl_capsule::{Action, Body, ControlCode, Kind, Link, Opened, Record, Verified, Verifier};
-use psl_crypto::Hash256;
+use psl_capsule::{
+    Action, Body, ControlCode, Kind, Link, Opened, Record, RotationCert, RotationError, Verified, Verifier,
+};
+use psl_crypto::{DataKey, Hash256};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -184,6 +186,8 @@ pub struct NodeCore {
     acked: BTreeMap<u32, BTreeMap<u32, u64>>,
     /// Durability barriers: own writers' next seqs that must be acked by a quorum.
     durables: BTreeMap<u64, BTreeMap<u32, u64>>,
+    /// The application key generation this node's coordinator writer holds keys for.
+    coordinator_key_gen: u32,
 }
 
 impl std::fmt::Debug for NodeCore {
@@ -227,6 +231,7 @@ impl NodeCore {
             last_probe: None,
             acked: BTreeMap::new(),
             durables: BTreeMap::new(),
+            coordinator_key_gen: 0,
             cfg,
         }
     }
@@ -255,6 +260,12 @@ impl NodeCore {
     /// Cheap pre-check before verification: a record this node already holds is counted and
     /// dropped without a signature check (see [`Orderer::known`]). Returns `true` if dropped.
     pub fn precheck(&mut self, rec: &Record) -> bool {
+        if self.verifier.retired(rec.header()).is_some() {
+            // Signed (or claiming to be) under an application key retired at its epoch: refused
+            // before any signature check, whoever holds the old key.
+            self.metrics.reject(RejectReason::RetiredKey);
+            return true;
+        }
         if crate::server_id(rec.header().writer).is_some() {
             // Capsule servers' keys sign acks only, never records (see `SERVER_WRITER_BASE`):
             // a server must not be able to inject writes.
@@ -282,6 +293,11 @@ impl NodeCore {
             self.metrics.reject(RejectReason::Writer);
             return out;
         }
+        if self.verifier.retired(rec.record.header()).is_some() {
+            // Verified in parallel before this node installed the rotation that retires its key.
+            self.metrics.reject(RejectReason::RetiredKey);
+            return out;
+        }
         let d = self.orderer.deliver(rec, now);
         if let Some(r) = d.rejected {
             self.metrics.reject(r);
@@ -306,6 +322,7 @@ impl NodeCore {
     /// One of this node's own records, just sealed: cache it, advance the chain, publish it.
     /// Its data ops were applied to the memtable when they were put.
     pub fn on_local_record(&mut self, rec: Record, body: &Body, now: u64) -> Vec<Output> {
+        self.check_own_key(&rec);
         let mut out = Vec::new();
         self.orderer.advance_own(&rec, now);
         self.cache.insert(&rec);
@@ -323,6 +340,7 @@ impl NodeCore {
     /// (the writer thread keeps the plaintext; the core needs only the count).
     pub fn on_local_data(&mut self, rec: Record, ops: usize, now: u64) -> Vec<Output> {
         debug_assert_eq!(rec.header().kind, Kind::Data);
+        self.check_own_key(&rec);
         let mut out = Vec::new();
         self.orderer.advance_own(&rec, now);
         Metrics::add(&self.metrics.records_written, 1);
@@ -330,6 +348,65 @@ impl NodeCore {
         out.push(Output::Publish(Msg::Record { capsule: self.verifier.name(), bytes: rec.shared_bytes() }.encode()));
         self.cache.insert(&rec);
         out
+    }
+
+    /// An application key rotation: from the leader (with the new data key, on the attested
+    /// channel) or from a `Rotate` control record in the log (certificate only). The certificate
+    /// must carry the capsule owner's signature. From its epoch on, records under an older key
+    /// generation are refused as `retired-key`. Idempotent.
+    pub fn install_rotation(&mut self, cert: &RotationCert, data_key: Option<DataKey>) -> Result<bool, RotationError> {
+        let r = self.verifier.install_rotation(cert, data_key);
+        match &r {
+            Ok(true) => {
+                if cert.from_epoch <= self.orderer.current_epoch() {
+                    tracing::warn!(
+                        key_gen = cert.key_gen,
+                        from_epoch = cert.from_epoch,
+                        epoch = self.orderer.current_epoch(),
+                        "key rotation learnt after its epoch began: records applied before stay applied"
+                    );
+                }
+                tracing::info!(
+                    key_gen = cert.key_gen,
+                    from_epoch = cert.from_epoch,
+                    "application key rotation installed"
+                );
+                self.metrics.key_gen.store(self.verifier.key_gen_newest() as u64, Ordering::Relaxed);
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(key_gen = cert.key_gen, "rotation certificate refused: {e}");
+                self.metrics.reject(RejectReason::KeyGeneration);
+            }
+        }
+        r
+    }
+
+    /// The runtime handed this node's coordinator writer its key under generation `key_gen`
+    /// (`Author::schedule_rotation`). Until it does, the coordinator opens no epoch at or after
+    /// the rotation epoch (see [`CoordinatorSm::hold_from`]).
+    pub fn set_coordinator_key_gen(&mut self, key_gen: u32) {
+        self.coordinator_key_gen = self.coordinator_key_gen.max(key_gen);
+    }
+
+    /// An own record under a retired key generation is a runtime bug (a writer that was not
+    /// given its rotated key before the rotation epoch): every peer refuses it while this node
+    /// has already applied its ops. Loud, and counted, so that it is seen.
+    fn check_own_key(&self, rec: &Record) {
+        if let Some(reason) = self.verifier.retired(rec.header()) {
+            let h = rec.header();
+            tracing::error!(writer = h.writer, seq = h.seq, "own record under a retired application key: {reason}");
+            self.metrics.reject(RejectReason::RetiredKey);
+        }
+    }
+
+    /// The epoch before which the coordinator must hold, if it lacks a rotated key.
+    fn coordinator_hold(&self) -> Option<u64> {
+        if self.verifier.key_gen_newest() <= self.coordinator_key_gen {
+            return None;
+        }
+        let certs = self.verifier.rotation_certs();
+        certs.get(self.coordinator_key_gen as usize).map(|c| c.from_epoch)
     }
 
     /// A repair request arrived: queue the records we hold in that range.
@@ -526,7 +603,9 @@ impl NodeCore {
                 self.answering.push_front((w, s, to));
             }
         }
+        let hold = if self.coordinator.is_some() { self.coordinator_hold() } else { None };
         if let Some(c) = self.coordinator.as_mut().filter(|_| self.rejoined) {
+            c.hold_from(hold);
             let heads: BTreeMap<u32, Link> = self
                 .orderer
                 .heads()
@@ -681,6 +760,23 @@ impl NodeCore {
                     c.on_eoe(epoch, rec.link());
                 }
             }
+            Body::Control { code: ControlCode::Rotate, payload } => {
+                // The certificate authenticates itself (the owner's signature); any writer may
+                // carry it into the log, where late joiners and auditors find it.
+                match RotationCert::decode(payload) {
+                    Ok(cert) => {
+                        let _ = self.install_rotation(&cert, None);
+                    }
+                    Err(e) => {
+                        tracing::warn!(
+                            writer = h.writer,
+                            seq = h.seq,
+                            "rotate record with a malformed certificate: {e}"
+                        );
+                        self.metrics.reject(RejectReason::Body);
+                    }
+                }
+            }
             Body::Sync { .. } if h.kind == Kind::Sync => {
                 let epoch = h.epoch;
                 if epoch <= self.orderer.current_epoch() {
@@ -733,4 +829,87 @@ pub fn payload_epoch(p: &[u8]) -> Option<u64> {
 
 pub fn epoch_payload(epoch: u64) -> Vec<u8> {
     epoch.to_le_bytes().to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use psl_capsule::{new_capsule, Author, Limits};
+    use psl_crypto::OwnerKey;
+
+    fn core(owner: &OwnerKey) -> (NodeCore, Arc<Metrics>, Arc<Memtable>, psl_capsule::SignedMetadata) {
+        let meta = new_capsule(owner, 1, "node-rotation", 0, Limits::default()).unwrap();
+        let verifier = Arc::new(Verifier::new(meta.clone(), Some(owner.app(1).unwrap().data_key())));
+        let metrics = Arc::new(Metrics::default());
+        let memtable = Arc::new(Memtable::new());
+        let c = NodeCore::new(
+            verifier,
+            memtable.clone(),
+            Arc::new(LamportClock::new(0)),
+            metrics.clone(),
+            [],
+            None,
+            NodeConfig::default(),
+        );
+        (c, metrics, memtable, meta)
+    }
+
+    fn sync_link() -> Link {
+        Link { writer: psl_capsule::DEFAULT_COORDINATOR, seq: 0, hash: Hash256([3; 32]) }
+    }
+
+    #[test]
+    fn precheck_refuses_and_counts_retired_key_records_before_any_signature_check() {
+        let owner = OwnerKey::from_seed(&[7; 32]).unwrap();
+        let (mut c, metrics, memtable, meta) = core(&owner);
+        let app = owner.app(1).unwrap();
+        let cert = RotationCert::issue(&owner, &meta, 1, 2, 5).unwrap();
+        assert!(c.install_rotation(&cert, Some(owner.app(2).unwrap().data_key())).unwrap());
+        assert_eq!(metrics.key_gen.load(Ordering::Relaxed), 1);
+        let mut a = Author::new(&meta, &app, 0x10000).unwrap();
+        a.enter_epoch(sync_link(), 4);
+        let ok = a.write_ops([("a", Some("before"))]).unwrap();
+        assert!(!c.precheck(&ok));
+        a.enter_epoch(sync_link(), 5);
+        let retired = a.write_ops([("b", Some("after"))]).unwrap();
+        assert!(c.precheck(&retired));
+        assert_eq!(metrics.rejected(RejectReason::RetiredKey), 1);
+        // Even one that somehow got verified is not applied.
+        let v = Verifier::new(meta.clone(), Some(app.data_key()));
+        let opened = v.verify_open(retired).unwrap();
+        assert!(c.on_verified(opened, 0).is_empty());
+        assert_eq!(metrics.rejected(RejectReason::RetiredKey), 2);
+        assert!(memtable.get(b"b").is_none());
+    }
+
+    #[test]
+    fn rotate_record_installs_the_certificate_and_a_forged_one_is_counted() {
+        let owner = OwnerKey::from_seed(&[8; 32]).unwrap();
+        let thief = OwnerKey::from_seed(&[9; 32]).unwrap();
+        let (mut c, metrics, _, meta) = core(&owner);
+        let app = owner.app(1).unwrap();
+        let mut a = Author::new(&meta, &app, 0x10000).unwrap();
+        // A certificate that is not the owner's: applied as a record, refused as a rotation.
+        let mut forged =
+            RotationCert::issue(&thief, &new_capsule(&thief, 1, "x", 0, Limits::default()).unwrap(), 1, 2, 9).unwrap();
+        forged.capsule = meta.name();
+        let body = Body::Control { code: ControlCode::Rotate, payload: forged.encode() };
+        let v = Verifier::new(meta.clone(), Some(app.data_key()));
+        let rec = a.write_control(body, vec![]).unwrap();
+        c.on_verified(v.verify_open(rec).unwrap(), 0);
+        assert_eq!(c.verifier.key_gen_newest(), 0);
+        assert_eq!(metrics.rejected(RejectReason::KeyGeneration), 1);
+        // The owner's certificate in a Rotate record installs the new generation's public key.
+        let cert = RotationCert::issue(&owner, &meta, 1, 2, 9).unwrap();
+        let body = Body::Control { code: ControlCode::Rotate, payload: cert.encode() };
+        let rec = a.write_control(body, vec![]).unwrap();
+        c.on_verified(v.verify_open(rec).unwrap(), 0);
+        assert_eq!(c.verifier.rotation_certs(), vec![cert]);
+        assert_eq!(metrics.key_gen.load(Ordering::Relaxed), 1);
+        // Garbage in a Rotate record is counted, nothing installed.
+        let rec = a.write_control(Body::Control { code: ControlCode::Rotate, payload: vec![1, 2, 3] }, vec![]).unwrap();
+        c.on_verified(v.verify_open(rec).unwrap(), 0);
+        assert_eq!(metrics.rejected(RejectReason::Body), 1);
+        assert_eq!(c.verifier.key_gen_newest(), 1);
+    }
 }

@@ -22,12 +22,15 @@ pub struct BenchArgs {
     /// Seconds to spend on each measured case.
     #[arg(long, default_value_t = 1.0)]
     pub seconds: f64,
+    /// Run only these cases (comma-separated; `scl`: w1,w2,w4,w8,ablation,gets,ring). Default: all.
+    #[arg(long, value_delimiter = ',')]
+    pub cases: Vec<String>,
 }
 
 pub fn run(a: BenchArgs) -> Result<i32> {
     let out = match a.name.as_str() {
         "capsule" => capsule::run(a.seconds, !a.json)?,
-        "scl" => scl::run(a.seconds * 2.0, !a.json)?,
+        "scl" => scl::run(a.seconds * 2.0, &a.cases, !a.json)?,
         "memcached" => memcached::run(a.seconds, !a.json)?,
         "replication" => replication::run(a.seconds * 2.0, !a.json)?,
         "launch" => launch::run((a.seconds * 20.0) as usize, !a.json)?,
@@ -50,6 +53,20 @@ pub fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
     );
     pb.set_message(what.to_string());
     pb
+}
+
+/// CPU time (user + system) this process has used so far, from `/proc/self/stat`; zero where
+/// that file is missing. Benchmarks report CPU per op beside throughput, so that a figure
+/// taken on a busy machine can still be compared.
+pub fn process_cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return 0.0 };
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else { return 0.0 };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of stat(5); `rest` starts at field 3.
+    let ticks = |i: usize| f.get(i - 3).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+    // Linux reports these in USER_HZ, which is 100 on every platform it supports.
+    (ticks(14) + ticks(15)) / 100.0
 }
 
 /// Machine facts recorded with every result.

@@ -27,35 +27,46 @@ struct Case {
     batch_ops_max: usize,
 }
 
-pub fn run(seconds: f64, show_progress: bool) -> Result<Value> {
+pub fn run(seconds: f64, cases: &[String], show_progress: bool) -> Result<Value> {
     let secs = seconds.max(0.2);
+    let want = |c: &str| cases.is_empty() || cases.iter().any(|x| x == c);
     let pb = if show_progress { super::progress(7, "bench scl") } else { indicatif::ProgressBar::hidden() };
     let keys: Arc<Vec<Vec<u8>>> = Arc::new((0..KEYS).map(|i| format!("user{i:012}").into_bytes()).collect());
     let mut out = Map::new();
     for w in [1usize, 2, 4, 8] {
+        if !want(&format!("w{w}")) {
+            continue;
+        }
         let r = put_case(&Case { writers: w, batch_ops_max: NodeOptions::default().batch_ops_max }, secs, &keys)?;
         out.insert(format!("puts_per_s_w{w}"), json!(r.puts_per_s));
         out.insert(format!("records_per_s_w{w}"), json!(r.records_per_s));
         out.insert(format!("detail_w{w}"), r.detail);
         pb.inc(1);
     }
-    let unbatched = put_case(&Case { writers: 1, batch_ops_max: 1 }, secs, &keys)?;
-    pb.inc(1);
-    let batched = out["puts_per_s_w1"].as_f64().unwrap_or(0.0);
-    out.insert("puts_per_s_w1_unbatched".into(), json!(unbatched.puts_per_s));
-    out.insert("ablation_ratio".into(), json!(batched / unbatched.puts_per_s.max(1e-9)));
-    out.insert("gets_per_s".into(), json!(get_case(secs, &keys)?));
-    pb.inc(1);
-    let ring = psl_boundary::bench_crossings(psl_boundary::CrossingConfig::default());
-    pb.inc(1);
-    pb.finish_and_clear();
-    let rv = serde_json::to_value(&ring)?;
-    for k in psl_boundary::HEADLINE_KEYS {
-        if let Some(v) = rv.get(k) {
-            out.insert(k.into(), v.clone());
+    if want("ablation") {
+        let unbatched = put_case(&Case { writers: 1, batch_ops_max: 1 }, secs, &keys)?;
+        out.insert("puts_per_s_w1_unbatched".into(), json!(unbatched.puts_per_s));
+        if let Some(batched) = out.get("puts_per_s_w1").and_then(Value::as_f64) {
+            out.insert("ablation_ratio".into(), json!(batched / unbatched.puts_per_s.max(1e-9)));
         }
     }
-    out.insert("ring".into(), rv);
+    pb.inc(1);
+    if want("gets") {
+        out.insert("gets_per_s".into(), json!(get_case(secs, &keys)?));
+    }
+    pb.inc(1);
+    if want("ring") {
+        let ring = psl_boundary::bench_crossings(psl_boundary::CrossingConfig::default());
+        let rv = serde_json::to_value(&ring)?;
+        for k in psl_boundary::HEADLINE_KEYS {
+            if let Some(v) = rv.get(k) {
+                out.insert(k.into(), v.clone());
+            }
+        }
+        out.insert("ring".into(), rv);
+    }
+    pb.inc(1);
+    pb.finish_and_clear();
     out.insert("keys".into(), json!(KEYS));
     out.insert("value_bytes".into(), json!(VALUE_BYTES));
     out.insert("zipf_theta".into(), json!(0.99));
@@ -99,6 +110,7 @@ fn put_case(c: &Case, secs: f64, keys: &Arc<Vec<Vec<u8>>>) -> Result<PutResult> 
 
     let stop = Arc::new(AtomicBool::new(false));
     let issued = Arc::new(AtomicU64::new(0));
+    let cpu0 = super::process_cpu_seconds();
     let start = Instant::now();
     let mut loads = Vec::new();
     for (i, n) in writers.iter().enumerate() {
@@ -137,6 +149,8 @@ fn put_case(c: &Case, secs: f64, keys: &Arc<Vec<Vec<u8>>>) -> Result<PutResult> 
         std::thread::sleep(Duration::from_millis(2));
     }
     let elapsed = start.elapsed().as_secs_f64();
+    let cpu = super::process_cpu_seconds() - cpu0;
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as f64;
     let records = Metrics::get(&receiver.metrics().records_applied) as f64;
     let rm = receiver.metrics();
     Ok(PutResult {
@@ -147,6 +161,10 @@ fn put_case(c: &Case, secs: f64, keys: &Arc<Vec<Vec<u8>>>) -> Result<PutResult> 
             "batch_ops_max": c.batch_ops_max,
             "puts": total,
             "seconds": elapsed,
+            // CPU of the whole process (writers, every receiving node, the load threads) per
+            // put, and how busy the machine's cores were: at 1.0 adding writers cannot add puts.
+            "cpu_ns_per_put": cpu * 1e9 / (total.max(1) as f64),
+            "cpu_utilization": cpu / (elapsed * cores),
             "receiver_records_applied": records,
             "receiver_repair_requests": Metrics::get(&rm.repair_requests_sent),
             "receiver_duplicates": rm.rejected(psl_scl::RejectReason::Duplicate),
