@@ -5,11 +5,14 @@
 //! - [`lsm`]: the pure LSM core (memtable, L0, sorted levels, compaction); no I/O.
 //! - [`db`]: [`CapsuleDb`], the core on top of [`BlockStore`]s holding sealed, signed records.
 //! - [`store`]: [`DirStore`], a directory of record files plus the pointer to the newest index.
+//! - [`role`]: [`role::Role`], the `psl capsuledb` role: a receive-only SCL node feeding the
+//!   tree, answering workers' read requests, publishing the frontier workers may evict below.
 
 pub mod bloom;
 pub mod codec;
 pub mod db;
 pub mod lsm;
+pub mod role;
 pub mod store;
 
 pub use bloom::Bloom;

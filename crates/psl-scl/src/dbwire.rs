@@ -5,10 +5,12 @@
 //!
 //! ```text
 //!   type 5, get:     u64 req_id | [16] salt | u32 len | sealed key
-//!   type 6, answer:  u32 signer | u16 n | n × u64 req_id | [16] salt | u32 len | sealed body | [64] sig
+//!   type 6, answer:  u32 signer | u64 index_seq | u16 n | n × u64 req_id | [16] salt | u32 len
+//!                    | sealed body | [64] sig
 //!   type 7, heads:   u32 signer | u64 seq | u16 n | n × (u32 writer | u64 lamport) | [64] sig
-//!   answer body (plaintext): u16 klen | key | u8 tag (0 miss, 1 tombstone, 2 value)
-//!                            | tag > 0: u64 lamport | u32 writer | tag 2: u32 vlen | value
+//!   answer body (plaintext): u16 n (1..=256) | n × (u16 klen | key | u8 tag (0 miss,
+//!                            1 tombstone, 2 value) | tag > 0: u64 lamport | u32 writer
+//!                            | tag 2: u32 vlen | value)
 //! ```
 //!
 //! Keys and values are secret: the key of a get and the body of an answer are sealed with the
@@ -19,7 +21,11 @@
 //! nobody can forge a frontier that would make workers evict what CapsuleDB does not hold.
 //! A get is unsigned: it is a request, like a repair request, and costs CapsuleDB one lookup.
 //! An answer names the request ids it answers; a worker applies it only for a request of its
-//! own that is still pending for that key, so replaying an old answer achieves nothing.
+//! own that is still pending for that key, so replaying an old answer achieves nothing. The
+//! answer also names the index CapsuleDB had when it answered (`index_seq`); heads carry the
+//! index their frontier is stored in (`seq`). A worker refuses an answer older than the heads
+//! under which it last evicted from the key's shard: such an answer (delayed in the network)
+//! may not know the version the worker evicted (see `Memtable::learn`).
 
 use crate::memtable::Version;
 use psl_capsule::CapsuleName;
@@ -54,6 +60,8 @@ pub struct DbAnswer {
     pub capsule: CapsuleName,
     /// CapsuleDB's writer index (whose key signs).
     pub signer: u32,
+    /// CapsuleDB's index sequence number when it answered.
+    pub index_seq: u64,
     pub req_ids: Vec<u64>,
     pub salt: [u8; SALT_LEN],
     pub sealed: Vec<u8>,
@@ -64,7 +72,7 @@ pub struct DbAnswer {
 pub struct DbHeads {
     pub capsule: CapsuleName,
     pub signer: u32,
-    /// Increases with every heads message of a CapsuleDB (for logs; floors only go up anyway).
+    /// The index sequence number whose blocks hold the frontier.
     pub seq: u64,
     /// Per writer: every write up to this Lamport time is in CapsuleDB's stored blocks.
     pub frontier: Vec<(u32, u64)>,
@@ -82,11 +90,15 @@ pub enum DbMsg {
 /// newest version with its value (`None` = a tombstone).
 pub type Found = Option<(Version, Option<Vec<u8>>)>;
 
+/// One answer carries several keys (the requests CapsuleDB had queued), so that one signature
+/// covers them all.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AnswerBody {
-    pub key: Vec<u8>,
-    pub found: Found,
+    pub entries: Vec<(Vec<u8>, Found)>,
 }
+
+/// Most keys in one answer.
+pub const ANSWER_KEYS_MAX: usize = 256;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DbWireError {
@@ -140,9 +152,10 @@ fn get_aad(capsule: &CapsuleName, req_id: u64) -> Vec<u8> {
     b
 }
 
-fn answer_head(capsule: &CapsuleName, signer: u32, req_ids: &[u64]) -> Vec<u8> {
+fn answer_head(capsule: &CapsuleName, signer: u32, index_seq: u64, req_ids: &[u64]) -> Vec<u8> {
     let mut b = prefix(TYPE_ANSWER, capsule);
     b.extend_from_slice(&signer.to_le_bytes());
+    b.extend_from_slice(&index_seq.to_le_bytes());
     b.extend_from_slice(&(req_ids.len() as u16).to_le_bytes());
     for r in req_ids {
         b.extend_from_slice(&r.to_le_bytes());
@@ -152,18 +165,21 @@ fn answer_head(capsule: &CapsuleName, signer: u32, req_ids: &[u64]) -> Vec<u8> {
 
 impl AnswerBody {
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(16 + self.key.len());
-        b.extend_from_slice(&(self.key.len() as u16).to_le_bytes());
-        b.extend_from_slice(&self.key);
-        match &self.found {
-            None => b.push(0),
-            Some((v, val)) => {
-                b.push(if val.is_some() { 2 } else { 1 });
-                b.extend_from_slice(&v.lamport.to_le_bytes());
-                b.extend_from_slice(&v.writer.to_le_bytes());
-                if let Some(val) = val {
-                    b.extend_from_slice(&(val.len() as u32).to_le_bytes());
-                    b.extend_from_slice(val);
+        let mut b = Vec::with_capacity(64);
+        b.extend_from_slice(&(self.entries.len() as u16).to_le_bytes());
+        for (key, found) in &self.entries {
+            b.extend_from_slice(&(key.len() as u16).to_le_bytes());
+            b.extend_from_slice(key);
+            match found {
+                None => b.push(0),
+                Some((v, val)) => {
+                    b.push(if val.is_some() { 2 } else { 1 });
+                    b.extend_from_slice(&v.lamport.to_le_bytes());
+                    b.extend_from_slice(&v.writer.to_le_bytes());
+                    if let Some(val) = val {
+                        b.extend_from_slice(&(val.len() as u32).to_le_bytes());
+                        b.extend_from_slice(val);
+                    }
                 }
             }
         }
@@ -172,38 +188,48 @@ impl AnswerBody {
 
     pub fn decode(b: &[u8]) -> Result<AnswerBody, DbWireError> {
         let mut r = Reader(b);
-        let klen = r.u16()? as usize;
-        if klen == 0 || klen > KEY_BYTES_MAX {
-            return Err(DbWireError::Malformed("answer key length"));
+        let n = r.u16()? as usize;
+        if n == 0 || n > ANSWER_KEYS_MAX {
+            return Err(DbWireError::Malformed("answer key count"));
         }
-        let key = r.take(klen)?.to_vec();
-        let found = match r.u8()? {
-            0 => None,
-            t @ (1 | 2) => {
-                let lamport = r.u64()?;
-                let writer = r.u32()?;
-                let val = if t == 2 {
-                    let n = r.u32()? as usize;
-                    Some(r.take(n)?.to_vec())
-                } else {
-                    None
-                };
-                Some((Version { lamport, writer }, val))
+        let mut entries = Vec::with_capacity(n);
+        for _ in 0..n {
+            let klen = r.u16()? as usize;
+            if klen == 0 || klen > KEY_BYTES_MAX {
+                return Err(DbWireError::Malformed("answer key length"));
             }
-            _ => return Err(DbWireError::Malformed("answer tag")),
-        };
+            let key = r.take(klen)?.to_vec();
+            let found = match r.u8()? {
+                0 => None,
+                t @ (1 | 2) => {
+                    let lamport = r.u64()?;
+                    let writer = r.u32()?;
+                    let val = if t == 2 {
+                        let n = r.u32()? as usize;
+                        Some(r.take(n)?.to_vec())
+                    } else {
+                        None
+                    };
+                    Some((Version { lamport, writer }, val))
+                }
+                _ => return Err(DbWireError::Malformed("answer tag")),
+            };
+            entries.push((key, found));
+        }
         if !r.0.is_empty() {
             return Err(DbWireError::Malformed("trailing bytes in answer body"));
         }
-        Ok(AnswerBody { key, found })
+        Ok(AnswerBody { entries })
     }
 }
 
 impl DbAnswer {
     /// Seals `body` for `req_ids` and signs the message with CapsuleDB's key.
+    #[allow(clippy::too_many_arguments)]
     pub fn seal(
         capsule: CapsuleName,
         signer: u32,
+        index_seq: u64,
         req_ids: Vec<u64>,
         body: &AnswerBody,
         data_key: &DataKey,
@@ -211,15 +237,15 @@ impl DbAnswer {
         key: &SigningKey,
     ) -> DbAnswer {
         assert!(req_ids.len() <= ANSWER_REQS_MAX, "callers split answers");
-        let aad = answer_head(&capsule, signer, &req_ids);
+        let aad = answer_head(&capsule, signer, index_seq, &req_ids);
         let sealed = data_key.seal(&salt, ANSWER_CONTEXT, &aad, &body.encode());
-        let mut a = DbAnswer { capsule, signer, req_ids, salt, sealed, signature: Signature([0; 64]) };
+        let mut a = DbAnswer { capsule, signer, index_seq, req_ids, salt, sealed, signature: Signature([0; 64]) };
         a.signature = key.sign(&a.digest());
         a
     }
 
     fn digest(&self) -> Hash256 {
-        let mut b = answer_head(&self.capsule, self.signer, &self.req_ids);
+        let mut b = answer_head(&self.capsule, self.signer, self.index_seq, &self.req_ids);
         b.extend_from_slice(&self.salt);
         b.extend_from_slice(&(self.sealed.len() as u32).to_le_bytes());
         b.extend_from_slice(&self.sealed);
@@ -229,7 +255,7 @@ impl DbAnswer {
     /// Checks the signature with CapsuleDB's public key, then opens the body.
     pub fn verify_open(&self, key: &VerifyingKey, data_key: &DataKey) -> Result<AnswerBody, DbWireError> {
         key.verify(&self.digest(), &self.signature).map_err(|_| DbWireError::Signature)?;
-        let aad = answer_head(&self.capsule, self.signer, &self.req_ids);
+        let aad = answer_head(&self.capsule, self.signer, self.index_seq, &self.req_ids);
         let plain =
             data_key.open(&self.salt, ANSWER_CONTEXT, &aad, &self.sealed).map_err(|_| DbWireError::Decryption)?;
         AnswerBody::decode(&plain)
@@ -284,7 +310,7 @@ impl DbMsg {
                 b
             }
             DbMsg::Answer(a) => {
-                let mut b = answer_head(&a.capsule, a.signer, &a.req_ids);
+                let mut b = answer_head(&a.capsule, a.signer, a.index_seq, &a.req_ids);
                 b.extend_from_slice(&a.salt);
                 b.extend_from_slice(&(a.sealed.len() as u32).to_le_bytes());
                 b.extend_from_slice(&a.sealed);
@@ -321,6 +347,7 @@ impl DbMsg {
             }
             TYPE_ANSWER => {
                 let signer = r.u32()?;
+                let index_seq = r.u64()?;
                 let n = r.u16()? as usize;
                 if n == 0 || n > ANSWER_REQS_MAX {
                     return Err(DbWireError::Malformed("answer request count"));
@@ -332,7 +359,7 @@ impl DbMsg {
                 let salt = r.salt()?;
                 let sealed = r.sealed()?;
                 let signature = r.signature()?;
-                DbMsg::Answer(DbAnswer { capsule, signer, req_ids, salt, sealed, signature })
+                DbMsg::Answer(DbAnswer { capsule, signer, index_seq, req_ids, salt, sealed, signature })
             }
             _ => {
                 let signer = r.u32()?;
@@ -417,12 +444,13 @@ mod tests {
         assert!(!g.sealed.windows(5).any(|w| w == b"hello"), "the key is not in the clear");
 
         let body =
-            AnswerBody { key: b"hello".to_vec(), found: Some((Version { lamport: 5, writer: 9 }, Some(vec![1, 2]))) };
-        let a = DbAnswer::seal(capsule, 70, vec![77, 80], &body, &dk, [2; 16], &sk);
+            AnswerBody { entries: vec![(b"hello".to_vec(), Some((Version { lamport: 5, writer: 9 }, Some(vec![1, 2])))), (b"x".to_vec(), None)] };
+        let a = DbAnswer::seal(capsule, 70, 4, vec![77, 80], &body, &dk, [2; 16], &sk);
         let DbMsg::Answer(back) = DbMsg::decode(&DbMsg::Answer(a.clone()).encode()).unwrap() else { panic!("answer") };
         assert_eq!(back.verify_open(&pk, &dk).unwrap(), body);
         assert_eq!(a.verify_open(&other, &dk), Err(DbWireError::Signature));
         assert!(DbAnswer { req_ids: vec![77, 81], ..a.clone() }.verify_open(&pk, &dk).is_err());
+        assert!(DbAnswer { index_seq: 5, ..a.clone() }.verify_open(&pk, &dk).is_err());
         let mut s = a.clone();
         s.sealed[0] ^= 1;
         assert!(s.verify_open(&pk, &dk).is_err());
@@ -438,7 +466,7 @@ mod tests {
         #[test]
         fn answer_body_round_trip(key in proptest::collection::vec(any::<u8>(), 1..50), l in any::<u64>(), w in any::<u32>(), tag in 0u8..3, val in proptest::collection::vec(any::<u8>(), 0..80)) {
             let found = match tag { 0 => None, 1 => Some((Version { lamport: l, writer: w }, None)), _ => Some((Version { lamport: l, writer: w }, Some(val))) };
-            let b = AnswerBody { key, found };
+            let b = AnswerBody { entries: vec![(key.clone(), found), (key, None)] };
             prop_assert_eq!(AnswerBody::decode(&b.encode()).unwrap(), b);
         }
 

@@ -49,7 +49,7 @@ pub type Update = (Box<[u8]>, Version, Option<Arc<[u8]>>);
 
 struct Slot {
     entry: Entry,
-    /// Read or written since the eviction scan last passed (second chance).
+    /// Read or overwritten since the eviction scan last passed (second chance).
     hot: AtomicBool,
     /// The version may be older than one evicted from this shard: not served until CapsuleDB
     /// confirms it ([`Memtable::learn`]).
@@ -61,6 +61,9 @@ struct Shard {
     map: FxHashMap<Box<[u8]>, Slot>,
     /// The highest version ever evicted from this shard.
     evicted_max: Option<Version>,
+    /// The floor's sequence number when this shard last evicted: an answer from CapsuleDB
+    /// older than that may not know what was evicted.
+    evict_seq: u64,
 }
 
 struct Journal {
@@ -86,6 +89,7 @@ pub struct Memtable {
     shards: Vec<RwLock<Shard>>,
     shard_keys_max: usize,
     floor: RwLock<Arc<FxHashMap<u32, u64>>>,
+    floor_seq: AtomicU64,
     journal: Option<Journal>,
     evicted: AtomicU64,
 }
@@ -122,6 +126,7 @@ impl Memtable {
             shards: (0..SHARDS).map(|_| RwLock::new(Shard::default())).collect(),
             shard_keys_max: keys_max.map_or(usize::MAX, |k| k.div_ceil(SHARDS).max(1)),
             floor: RwLock::new(Arc::new(FxHashMap::default())),
+            floor_seq: AtomicU64::new(0),
             journal: journal_updates_max.map(|cap| Journal {
                 q: Mutex::new(VecDeque::new()),
                 space: Condvar::new(),
@@ -190,7 +195,8 @@ impl Memtable {
                 true
             }
             None => {
-                s.map.insert(key.into(), Slot { entry: Entry { version, value }, hot: AtomicBool::new(true), unsure });
+                // Not hot: second chances are for keys read (or rewritten) since the last scan.
+                s.map.insert(key.into(), Slot { entry: Entry { version, value }, hot: AtomicBool::new(false), unsure });
                 if s.map.len() > self.shard_keys_max {
                     self.evict(s, Some(key));
                 }
@@ -200,13 +206,19 @@ impl Memtable {
     }
 
     /// What CapsuleDB answered for `key` (its newest version with the value, or `None` for
-    /// "never written"), in answer to this node's own request: the answer is at least as new
-    /// as anything this node evicted for the key, so it settles an unsure entry. Applied like
-    /// any update otherwise (only if newer). Returns whether the memtable changed.
-    pub fn learn(&self, key: &[u8], answer: Option<(Version, Option<Arc<[u8]>>)>) -> bool {
+    /// "never written") as of its index `seq`, in answer to this node's own request. If `seq`
+    /// is at least the floor sequence under which this shard last evicted, CapsuleDB's answer
+    /// covers anything this node evicted for the key, so it settles an unsure entry and is
+    /// applied like any update otherwise (only if newer): returns `Some(changed)`. An older
+    /// answer (delayed, produced before CapsuleDB stored what was evicted) returns `None` and
+    /// changes nothing: ask again.
+    pub fn learn(&self, key: &[u8], answer: Option<(Version, Option<Arc<[u8]>>)>, seq: u64) -> Option<bool> {
         let mut guard = self.shard(key).write();
         let s = &mut *guard;
-        match (s.map.get_mut(key), answer) {
+        if seq < s.evict_seq {
+            return None;
+        }
+        Some(match (s.map.get_mut(key), answer) {
             (Some(slot), Some((version, value))) if version > slot.entry.version => {
                 slot.entry = Entry { version, value };
                 slot.unsure = false;
@@ -224,12 +236,13 @@ impl Memtable {
                 true
             }
             (None, None) => false,
-        }
+        })
     }
 
     /// Raises the eviction floor: CapsuleDB holds every write of `writer` up to `lamport` in a
-    /// stored block. Floors only go up. Then evicts what the bound calls for.
-    pub fn raise_floor(&self, frontier: &[(u32, u64)]) {
+    /// stored block, as of its index `seq`. Floors only go up. Then evicts what the bound
+    /// calls for.
+    pub fn raise_floor(&self, frontier: &[(u32, u64)], seq: u64) {
         {
             let mut f = self.floor.write();
             let mut next = (**f).clone();
@@ -244,6 +257,8 @@ impl Memtable {
             if !changed {
                 return;
             }
+            // Under the floor's lock, so that no eviction under the new floor records an older seq.
+            self.floor_seq.fetch_max(seq, Ordering::AcqRel);
             *f = Arc::new(next);
         }
         if self.is_bounded() {
@@ -264,7 +279,10 @@ impl Memtable {
     /// Evicts cold, evictable entries until the shard is an eighth under its share (never
     /// `keep`, the key just inserted).
     fn evict(&self, s: &mut Shard, keep: Option<&[u8]>) {
-        let floor = self.floor.read().clone();
+        let (floor, seq) = {
+            let f = self.floor.read();
+            (f.clone(), self.floor_seq.load(Ordering::Acquire))
+        };
         if floor.is_empty() {
             return;
         }
@@ -272,11 +290,9 @@ impl Memtable {
         let mut excess = s.map.len().saturating_sub(target);
         let mut max = s.evicted_max;
         let before = s.map.len();
-        // Two passes at most: the first may only take away second chances.
-        for _ in 0..2 {
-            if excess == 0 {
-                break;
-            }
+        // One pass: entries used since the last pass lose their second chance and stay; the
+        // bound is soft (the next insert into the shard scans again).
+        {
             s.map.retain(|k, slot| {
                 if excess == 0 || keep == Some(&**k) {
                     return true;
@@ -292,6 +308,9 @@ impl Memtable {
                 max = max.max(Some(v));
                 false
             });
+        }
+        if s.map.len() < before {
+            s.evict_seq = s.evict_seq.max(seq);
         }
         s.evicted_max = max;
         self.evicted.fetch_add((before - s.map.len()) as u64, Ordering::Relaxed);
@@ -373,6 +392,7 @@ impl Memtable {
             *s.write() = Shard::default();
         }
         *self.floor.write() = Arc::new(FxHashMap::default());
+        self.floor_seq.store(0, Ordering::Release);
     }
 }
 
@@ -421,7 +441,7 @@ mod tests {
             m.apply(format!("k{i}").as_bytes(), v(i + 1, 7), Some(Arc::from(vec![1u8])));
         }
         assert_eq!(m.evicted(), 0, "nothing is evictable before CapsuleDB's floor covers it");
-        m.raise_floor(&[(7, 500)]);
+        m.raise_floor(&[(7, 500)], 1);
         assert!(m.evicted() > 0);
         for i in 500..1000u64 {
             assert!(m.entry(format!("k{i}").as_bytes()).is_some(), "k{i} is above the floor: pinned");
@@ -433,8 +453,11 @@ mod tests {
         assert!(m.apply(key.as_bytes(), v(0, 1), Some(Arc::from(&b"stale"[..]))));
         assert_eq!(m.lookup(key.as_bytes()), Lookup::Unknown);
         assert_eq!(m.get(key.as_bytes()), None);
+        // An answer from before the floor that allowed the eviction is refused.
+        assert_eq!(m.learn(key.as_bytes(), None, 0), None);
+        assert_eq!(m.lookup(key.as_bytes()), Lookup::Unknown);
         // CapsuleDB's answer (the evicted version) replaces it.
-        assert!(m.learn(key.as_bytes(), Some((v(gone + 1, 7), Some(Arc::from(vec![1u8]))))));
+        assert_eq!(m.learn(key.as_bytes(), Some((v(gone + 1, 7), Some(Arc::from(vec![1u8])))), 1), Some(true));
         assert_eq!(m.lookup(key.as_bytes()), Lookup::Value(Arc::from(vec![1u8])));
         // A newer update than anything evicted is served at once.
         assert!(m.apply(b"fresh", v(5000, 1), None));
@@ -509,13 +532,13 @@ mod tests {
                         // CapsuleDB stored everything it saw (per writer, in any order here, so
                         // the floor may only cover what every writer's updates reached).
                         let fl: Vec<(u32, u64)> = frontier.iter().map(|(w, l)| (*w, *l)).collect();
-                        m.raise_floor(&fl);
+                        m.raise_floor(&fl, 1);
                     }
                     _ => {
                         let want = db.get(&key).cloned();
                         let got = match m.lookup(&key) {
                             Lookup::Unknown => {
-                                m.learn(&key, want.clone());
+                                m.learn(&key, want.clone(), 1);
                                 m.lookup(&key)
                             }
                             x => x,
