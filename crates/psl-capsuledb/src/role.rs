@@ -82,7 +82,7 @@ struct Shared {
     db: Arc<parking_lot::Mutex<CapsuleDb>>,
     node: Arc<Node>,
     keys: RoleKeys,
-    pointer: Option<Arc<DirStore>>,
+    pointers: Vec<Arc<DirStore>>,
     stats: Arc<RoleStats>,
     stop: Arc<AtomicBool>,
 }
@@ -98,7 +98,7 @@ impl Shared {
 
     /// After the index changed: record it as the newest, then tell the workers.
     fn index_changed(&self, db: &CapsuleDb) -> Result<(), Error> {
-        if let Some(p) = &self.pointer {
+        for p in &self.pointers {
             p.set_newest(&db.newest_index()).map_err(|e| Error::Store(e.to_string()))?;
         }
         let h = self.heads(db);
@@ -217,12 +217,12 @@ impl Shared {
 
 impl Role {
     /// Runs the role on `node` (started with `NodeOptions::capsuledb_role`) over `db`.
-    /// `pointer`, if given, records the newest index after every change (for restarts).
+    /// Every store in `pointers` records the newest index after every change (for restarts).
     pub fn start(
         node: Node,
         db: CapsuleDb,
         keys: RoleKeys,
-        pointer: Option<Arc<DirStore>>,
+        pointers: Vec<Arc<DirStore>>,
         opts: RoleOptions,
     ) -> Result<Role, Error> {
         if node.db_requests().is_none() {
@@ -233,7 +233,7 @@ impl Role {
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(RoleStats::default());
         let shared =
-            Arc::new(Shared { db: db.clone(), node: node.clone(), keys, pointer, stats: stats.clone(), stop: stop.clone() });
+            Arc::new(Shared { db: db.clone(), node: node.clone(), keys, pointers, stats: stats.clone(), stop: stop.clone() });
         {
             let d = db.lock();
             shared.index_changed(&d)?;

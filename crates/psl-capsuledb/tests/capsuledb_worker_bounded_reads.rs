@@ -47,7 +47,7 @@ fn capsuledb_worker_with_1000_key_memtable_reads_100000_keys_back() {
     let verifier = Verifier::new(meta.clone(), Some(app.data_key()));
     let db = CapsuleDb::create(config, stores, verifier, author).unwrap();
     let role_keys = RoleKeys { writer: db_writer, signing: app.writer(db_writer).unwrap(), data_key: app.data_key() };
-    let role = Role::start(role_node, db, role_keys, None, RoleOptions::default()).unwrap();
+    let role = Role::start(role_node, db, role_keys, Vec::new(), RoleOptions::default()).unwrap();
 
     // The worker: memtable bound 1,000 keys, misses go to CapsuleDB.
     let opts = NodeOptions {
