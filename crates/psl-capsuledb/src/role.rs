@@ -232,8 +232,14 @@ impl Role {
         let node = Arc::new(node);
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(RoleStats::default());
-        let shared =
-            Arc::new(Shared { db: db.clone(), node: node.clone(), keys, pointers, stats: stats.clone(), stop: stop.clone() });
+        let shared = Arc::new(Shared {
+            db: db.clone(),
+            node: node.clone(),
+            keys,
+            pointers,
+            stats: stats.clone(),
+            stop: stop.clone(),
+        });
         {
             let d = db.lock();
             shared.index_changed(&d)?;

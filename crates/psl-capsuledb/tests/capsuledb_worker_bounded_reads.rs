@@ -73,8 +73,7 @@ fn capsuledb_worker_with_1000_key_memtable_reads_100000_keys_back() {
 
     // Wait for CapsuleDB to hold everything in blocks and the worker to evict down to its bound.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while role.stats().applied.load(Ordering::Relaxed) < KEYS as u64 + 2
-        || worker.memtable().held() > BOUND + BOUND / 4
+    while role.stats().applied.load(Ordering::Relaxed) < KEYS as u64 + 2 || worker.memtable().held() > BOUND + BOUND / 4
     {
         assert!(
             Instant::now() < deadline,

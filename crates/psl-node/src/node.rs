@@ -173,7 +173,8 @@ impl Node {
         // CapsuleDB's miss path (and, for the role, its request queue).
         let db = match opts.capsuledb {
             Some(w) => {
-                let key = verifier.writer_key(w).map_err(|e| NodeError::Keys(format!("CapsuleDB writer {w}: {e:?}")))?;
+                let key =
+                    verifier.writer_key(w).map_err(|e| NodeError::Keys(format!("CapsuleDB writer {w}: {e:?}")))?;
                 Some(Arc::new(crate::dbclient::DbClient::new(
                     verifier.name(),
                     w,

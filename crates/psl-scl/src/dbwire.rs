@@ -443,8 +443,12 @@ mod tests {
         assert!(DbGet { req_id: 78, ..g.clone() }.open(&dk).is_err(), "the request id is bound");
         assert!(!g.sealed.windows(5).any(|w| w == b"hello"), "the key is not in the clear");
 
-        let body =
-            AnswerBody { entries: vec![(b"hello".to_vec(), Some((Version { lamport: 5, writer: 9 }, Some(vec![1, 2])))), (b"x".to_vec(), None)] };
+        let body = AnswerBody {
+            entries: vec![
+                (b"hello".to_vec(), Some((Version { lamport: 5, writer: 9 }, Some(vec![1, 2])))),
+                (b"x".to_vec(), None),
+            ],
+        };
         let a = DbAnswer::seal(capsule, 70, 4, vec![77, 80], &body, &dk, [2; 16], &sk);
         let DbMsg::Answer(back) = DbMsg::decode(&DbMsg::Answer(a.clone()).encode()).unwrap() else { panic!("answer") };
         assert_eq!(back.verify_open(&pk, &dk).unwrap(), body);
