@@ -298,7 +298,7 @@ impl Memtable {
                     return true;
                 }
                 let v = slot.entry.version;
-                if !floor.get(&v.writer).is_some_and(|l| v.lamport <= *l) {
+                if floor.get(&v.writer).is_none_or(|l| v.lamport > *l) {
                     return true;
                 }
                 if slot.hot.swap(false, Ordering::Relaxed) {
@@ -416,6 +416,8 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    type Cell = (Version, Option<Arc<[u8]>>);
+
     fn v(l: u64, w: u32) -> Version {
         Version { lamport: l, writer: w }
     }
@@ -513,7 +515,7 @@ mod tests {
         #[test]
         fn bounded_reads_never_go_back(ops in proptest::collection::vec((0u8..40, 1u64..200, 0u32..3, 0u8..4), 1..400)) {
             let m = Memtable::with_options(Some(64), None);
-            let mut db: std::collections::HashMap<Vec<u8>, (Version, Option<Arc<[u8]>>)> = Default::default();
+            let mut db: std::collections::HashMap<Vec<u8>, Cell> = Default::default();
             let mut frontier: std::collections::HashMap<u32, u64> = Default::default();
             for (k, l, w, what) in ops {
                 let key = vec![k];
@@ -521,7 +523,7 @@ mod tests {
                     0 | 1 => {
                         let ver = v(l, w);
                         // The same version always carries the same write.
-                        let val = ((l + w as u64) % 3 != 0).then(|| Arc::from(vec![k, l as u8, w as u8]));
+                        let val = (!(l + w as u64).is_multiple_of(3)).then(|| Arc::from(vec![k, l as u8, w as u8]));
                         m.apply(&key, ver, val.clone());
                         let e = db.entry(key.clone()).or_insert((ver, val.clone()));
                         if ver > e.0 { *e = (ver, val); }
