@@ -93,13 +93,13 @@ fn capsuledb_worker_with_1000_key_memtable_reads_100000_keys_back() {
         assert!(s1.len() > 10 && s2.len() == s1.len(), "blocks and indexes are records in both stores");
     }
 
-    // Read everything back, 8 readers at once.
-    let readers: Vec<_> = (0..8)
+    // Read everything back, 32 readers at once (as many lambdas would).
+    let readers: Vec<_> = (0..32)
         .map(|r| {
             let w = worker.clone();
             std::thread::spawn(move || {
                 let mut wrong = Vec::new();
-                for i in (r..KEYS).step_by(8) {
+                for i in (r..KEYS).step_by(32) {
                     let got = w.try_get(format!("key-{i:06}").as_bytes()).expect("CapsuleDB answers");
                     let want = match i {
                         7 => None,
