@@ -11,7 +11,7 @@ use parking_lot::{Condvar, Mutex};
 use psl_capsule::CapsuleName;
 use psl_crypto::{DataKey, VerifyingKey};
 use psl_scl::dbwire::{DbAnswer, DbGet, DbHeads, DbMsg};
-use psl_scl::{Memtable, Metrics};
+use psl_scl::Memtable;
 use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -106,13 +106,12 @@ impl DbClient {
 
     /// Handles a CapsuleDB message from the fabric (dispatcher thread). Gets are not ours to
     /// answer: returned for a CapsuleDB role to take.
-    pub fn on_message(&self, m: DbMsg, metrics: &Metrics) -> Option<DbGet> {
+    pub fn on_message(&self, m: DbMsg) -> Option<DbGet> {
         match m {
             DbMsg::Get(g) => return Some(g),
             DbMsg::Answer(a) => self.on_answer(a),
             DbMsg::Heads(h) => self.on_heads(h),
         }
-        let _ = metrics;
         None
     }
 

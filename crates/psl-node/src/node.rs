@@ -215,7 +215,7 @@ impl Node {
                             }
                             Ok(m) => {
                                 if let Some(db) = &db {
-                                    db.on_message(m, &metrics);
+                                    db.on_message(m);
                                 }
                             }
                             Err(_) => metrics.reject(RejectReason::BadMessage),
@@ -560,6 +560,22 @@ impl Node {
             ("host_publish_errors_total", &self.host_stats.publish_errors),
         ] {
             s.push_str(&format!("# TYPE psl_node_{name} counter\npsl_node_{name} {}\n", v.load(Ordering::Relaxed)));
+        }
+        if let Some(db) = &self.db {
+            let st = &db.stats;
+            for (name, v) in [
+                ("capsuledb_requests_total", &st.requests),
+                ("capsuledb_answers_total", &st.answers),
+                ("capsuledb_rejected_total", &st.rejected),
+                ("capsuledb_timeouts_total", &st.timeouts),
+                ("capsuledb_heads_total", &st.heads),
+            ] {
+                s.push_str(&format!("# TYPE psl_node_{name} counter\npsl_node_{name} {}\n", v.load(Ordering::Relaxed)));
+            }
+            s.push_str(&format!(
+                "# TYPE psl_node_memtable_evicted_total counter\npsl_node_memtable_evicted_total {}\n",
+                self.memtable.evicted()
+            ));
         }
         s
     }
