@@ -20,7 +20,9 @@ pub struct Config {
     pub l0_blocks_max: usize,
     /// Size ratio between consecutive levels.
     pub fanout: usize,
-    /// Compaction output is split into blocks of at most this many entries.
+    /// Compaction output (levels 1 and deeper) is split into blocks of at most this many
+    /// entries; a point read fetches one such block per level. Level-0 blocks are whole
+    /// memtables.
     pub block_entries_max: usize,
     /// Decoded blocks kept in the LRU cache.
     pub cache_blocks_max: usize,
@@ -37,8 +39,8 @@ impl Default for Config {
             memtable_entries_max: 4096,
             l0_blocks_max: 4,
             fanout: 10,
-            block_entries_max: 4096,
-            cache_blocks_max: 256,
+            block_entries_max: 256,
+            cache_blocks_max: 1024,
             drop_tombstones: false,
         }
     }
@@ -164,7 +166,10 @@ impl Tree {
             *f = (*f).max(l);
         }
         let entries: Vec<(Vec<u8>, Cell)> = std::mem::take(&mut self.memtable).into_iter().collect();
-        let refs = write_run(blocks, entries, self.config.block_entries_max)?;
+        // The whole memtable becomes one level-0 block (split only at the codec's byte bound):
+        // level 0 counts flushes. `block_entries_max` sizes the blocks compaction writes, which
+        // point reads fetch one at a time.
+        let refs = write_run(blocks, entries, BLOCK_ENTRIES_MAX)?;
         if self.index.levels.is_empty() {
             self.index.levels.push(Vec::new());
         }

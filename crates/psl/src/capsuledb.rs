@@ -44,11 +44,11 @@ pub struct CapsuleDbArgs {
     /// Size ratio between levels.
     #[arg(long, default_value_t = 10)]
     pub fanout: usize,
-    /// Entries per compacted block.
-    #[arg(long, default_value_t = 4096)]
+    /// Entries per compacted block (a point read fetches one block per level).
+    #[arg(long, default_value_t = 256)]
     pub block_entries: usize,
     /// Decoded blocks cached.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 1024)]
     pub cache_blocks: usize,
 }
 

@@ -45,8 +45,8 @@ fn lsm_config() -> Config {
         memtable_entries_max: 4096,
         l0_blocks_max: 4,
         fanout: 10,
-        block_entries_max: 4096,
-        cache_blocks_max: 64,
+        block_entries_max: 256,
+        cache_blocks_max: 1024,
         drop_tombstones: false,
     }
 }
@@ -263,7 +263,7 @@ pub fn run(seconds: f64, keys: u64, progress: bool) -> Result<Value> {
     out.insert("seconds_per_case".into(), json!(seconds));
     out.insert(
         "lsm_config".into(),
-        json!({"memtable_entries_max": 4096, "l0_blocks_max": 4, "fanout": 10, "block_entries_max": 4096, "cache_blocks_max": 64, "fjall_cache_bytes": 32 << 20}),
+        json!({"memtable_entries_max": 4096, "l0_blocks_max": 4, "fanout": 10, "block_entries_max": 256, "cache_blocks_max": 1024, "fjall_cache_bytes": 32 << 20}),
     );
     out.extend(part_lsm(keys, progress)?);
     out.extend(part_fabric(keys, seconds, progress)?);
