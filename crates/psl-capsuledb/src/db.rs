@@ -22,6 +22,11 @@ use std::sync::{Arc, Mutex};
 pub trait BlockStore: Send + Sync {
     fn put(&self, hash: RecordHash, bytes: Vec<u8>) -> std::io::Result<()>;
     fn get(&self, hash: &RecordHash) -> Option<Vec<u8>>;
+    /// Makes every record put so far durable. Called before and after each index record, so
+    /// that an index is never durable before the blocks it points at (and a store may batch).
+    fn sync(&self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// An in-memory store (tests, and the shape of a capsule server's record map).
@@ -131,6 +136,22 @@ impl Io {
         }
         self.stats.records_written += 1;
         Ok(hash)
+    }
+
+    /// Syncs every store; it is enough that one succeeds (as for writes).
+    fn sync(&mut self) -> Result<(), Error> {
+        let mut last = String::new();
+        let mut ok = 0;
+        for s in &self.stores {
+            match s.sync() {
+                Ok(()) => ok += 1,
+                Err(e) => last = e.to_string(),
+            }
+        }
+        if ok == 0 {
+            return Err(Error::Store(last));
+        }
+        Ok(())
     }
 
     /// Fetches, verifies and opens the record `hash`, trying each store in order.
@@ -273,7 +294,9 @@ impl CapsuleDb {
     fn write_index(&mut self) -> Result<(), Error> {
         let mut index = self.tree.index().clone();
         index.prev = self.snapshots.first().map(|s| s.1);
+        self.io.sync()?;
         let hash = self.io.write(Body::DbIndex(index.encode()))?;
+        self.io.sync()?;
         self.newest = hash;
         self.snapshots.insert(0, (index.seq, hash));
         Ok(())

@@ -1,6 +1,9 @@
 //! [`DirStore`]: a [`BlockStore`] in a directory, one file per record (named by the record's
-//! hash in hex), written to a temporary name, fsync'd and renamed into place; and the
-//! `NEWEST` pointer to the newest index record, which [`crate::CapsuleDb::open`] restarts from.
+//! hash in hex), written to a temporary name and renamed into place; [`BlockStore::sync`]
+//! fsyncs the files written since the last sync and the directory in one go (CapsuleDB calls
+//! it before and after each index record, so an index is durable only after its blocks). And
+//! the `NEWEST` pointer to the newest index record, which [`crate::CapsuleDb::open`] restarts
+//! from. A file torn by a crash before its sync fails verification at read time.
 //!
 //! The directory is untrusted like any store: every read is verified by [`crate::CapsuleDb`].
 //! Several directories (on different disks or machines) give the re-fetch from another copy.
@@ -17,13 +20,15 @@ const NEWEST: &str = "NEWEST";
 #[derive(Debug)]
 pub struct DirStore {
     dir: PathBuf,
+    /// Files written since the last sync.
+    unsynced: std::sync::Mutex<Vec<PathBuf>>,
 }
 
 impl DirStore {
     /// Opens (creating if needed) the store in `dir`.
     pub fn open(dir: &Path) -> std::io::Result<Arc<DirStore>> {
         fs::create_dir_all(dir)?;
-        Ok(Arc::new(DirStore { dir: dir.to_path_buf() }))
+        Ok(Arc::new(DirStore { dir: dir.to_path_buf(), unsynced: std::sync::Mutex::new(Vec::new()) }))
     }
 
     fn path(&self, hash: &RecordHash) -> PathBuf {
@@ -68,8 +73,32 @@ impl DirStore {
 impl BlockStore for DirStore {
     fn put(&self, hash: RecordHash, bytes: Vec<u8>) -> std::io::Result<()> {
         let p = self.path(&hash);
-        self.write_atomic(&p, &bytes)
-            .map_err(|e| std::io::Error::new(e.kind(), format!("capsuledb store: writing {}: {e}", p.display())))
+        let tmp = p.with_extension("tmp");
+        fs::write(&tmp, &bytes)
+            .and_then(|()| fs::rename(&tmp, &p))
+            .map_err(|e| std::io::Error::new(e.kind(), format!("capsuledb store: writing {}: {e}", p.display())))?;
+        self.unsynced.lock().unwrap_or_else(|e| e.into_inner()).push(p);
+        Ok(())
+    }
+
+    fn sync(&self) -> std::io::Result<()> {
+        let files = std::mem::take(&mut *self.unsynced.lock().unwrap_or_else(|e| e.into_inner()));
+        if files.is_empty() {
+            return Ok(());
+        }
+        let r = files
+            .iter()
+            .try_for_each(|p| {
+                fs::File::open(p).and_then(|f| f.sync_all()).map_err(|e| {
+                    std::io::Error::new(e.kind(), format!("capsuledb store: syncing {}: {e}", p.display()))
+                })
+            })
+            .and_then(|()| fs::File::open(&self.dir)?.sync_all());
+        if r.is_err() {
+            // Not durable: sync them again next time.
+            self.unsynced.lock().unwrap_or_else(|e| e.into_inner()).extend(files);
+        }
+        r
     }
 
     fn get(&self, hash: &RecordHash) -> Option<Vec<u8>> {
