@@ -4,10 +4,13 @@
 //! Block v1: `"PSLB" 01 | count u32 | count × (klen u16, key, lamport u64, writer u32,
 //! tag u8 (0 = tombstone, 1 = value), [vlen u32, value])`, keys strictly increasing.
 //!
-//! Index v1: `"PSLI" 01 | seq u64 | has_prev u8 [prev 32] | levels u8 | per level: n u32 |
+//! Index v2: `"PSLI" 02 | seq u64 | has_prev u8 [prev 32] | levels u8 | per level: n u32 |
 //! per block: hash 32, entries u32, min (klen u16, key), max (klen u16, key), bloom k u8,
-//! bloom len u32, bloom bytes`. Level 0 is newest first and may overlap; deeper levels are
-//! sorted and non-overlapping. All integers are little-endian.
+//! bloom len u32, bloom bytes | frontier: n u32 | n × (writer u32, lamport u64)` (writers
+//! strictly increasing). Level 0 is newest first and may overlap; deeper levels are sorted
+//! and non-overlapping. The frontier says, per writer, the highest Lamport time up to which
+//! every write of that writer is in the index's blocks. Version 1 (no frontier) still decodes.
+//! All integers are little-endian.
 
 use crate::bloom::Bloom;
 use crate::{Cell, RecordHash, Version};
@@ -22,6 +25,9 @@ pub const BLOCKS_PER_LEVEL_MAX: usize = 1 << 20;
 const BLOCK_MAGIC: &[u8; 4] = b"PSLB";
 const INDEX_MAGIC: &[u8; 4] = b"PSLI";
 const FORMAT_V1: u8 = 1;
+const INDEX_V2: u8 = 2;
+/// Most writers in an index's frontier.
+pub const FRONTIER_WRITERS_MAX: usize = 1 << 16;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CodecError {
@@ -61,6 +67,8 @@ pub struct Index {
     pub seq: u64,
     pub prev: Option<RecordHash>,
     pub levels: Vec<Vec<BlockRef>>,
+    /// Per writer: every write up to this Lamport time is in the blocks (see the module docs).
+    pub frontier: std::collections::BTreeMap<u32, u64>,
 }
 
 impl Block {
@@ -144,7 +152,7 @@ impl Index {
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::new();
         b.extend_from_slice(INDEX_MAGIC);
-        b.push(FORMAT_V1);
+        b.push(INDEX_V2);
         b.extend_from_slice(&self.seq.to_le_bytes());
         match &self.prev {
             None => b.push(0),
@@ -168,6 +176,11 @@ impl Index {
                 b.extend_from_slice(&r.bloom.bits);
             }
         }
+        b.extend_from_slice(&(self.frontier.len() as u32).to_le_bytes());
+        for (w, l) in &self.frontier {
+            b.extend_from_slice(&w.to_le_bytes());
+            b.extend_from_slice(&l.to_le_bytes());
+        }
         b
     }
 
@@ -177,7 +190,7 @@ impl Index {
             return Err(CodecError::Magic);
         }
         let v = r.u8("format")?;
-        if v != FORMAT_V1 {
+        if v != FORMAT_V1 && v != INDEX_V2 {
             return Err(CodecError::Version(v));
         }
         let seq = r.u64("seq")?;
@@ -221,8 +234,21 @@ impl Index {
             }
             levels.push(level);
         }
+        let mut frontier = std::collections::BTreeMap::new();
+        if v == INDEX_V2 {
+            let n = r.u32("frontier count")? as usize;
+            limit("frontier count", n, FRONTIER_WRITERS_MAX)?;
+            for _ in 0..n {
+                let w = r.u32("frontier writer")?;
+                let l = r.u64("frontier lamport")?;
+                if frontier.last_key_value().is_some_and(|(p, _)| *p >= w) {
+                    return Err(CodecError::Invalid("frontier writers must strictly increase"));
+                }
+                frontier.insert(w, l);
+            }
+        }
         r.end()?;
-        Ok(Index { seq, prev, levels })
+        Ok(Index { seq, prev, levels, frontier })
     }
 }
 

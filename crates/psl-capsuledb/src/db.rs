@@ -20,8 +20,13 @@ use std::sync::{Arc, Mutex};
 /// Somewhere sealed record bytes are kept, addressed by record hash. Stores are untrusted:
 /// whatever they return is verified.
 pub trait BlockStore: Send + Sync {
-    fn put(&self, hash: RecordHash, bytes: Vec<u8>);
+    fn put(&self, hash: RecordHash, bytes: Vec<u8>) -> std::io::Result<()>;
     fn get(&self, hash: &RecordHash) -> Option<Vec<u8>>;
+    /// Makes every record put so far durable. Called before and after each index record, so
+    /// that an index is never durable before the blocks it points at (and a store may batch).
+    fn sync(&self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// An in-memory store (tests, and the shape of a capsule server's record map).
@@ -68,7 +73,7 @@ impl MemStore {
 
     /// Stores arbitrary bytes under `hash` (tests: a store lying about a record).
     pub fn put_raw(&self, hash: RecordHash, bytes: Vec<u8>) {
-        self.put(hash, bytes)
+        self.map.lock().unwrap_or_else(|e| e.into_inner()).insert(hash, bytes);
     }
 
     pub fn remove(&self, hash: &RecordHash) -> bool {
@@ -77,8 +82,9 @@ impl MemStore {
 }
 
 impl BlockStore for MemStore {
-    fn put(&self, hash: RecordHash, bytes: Vec<u8>) {
+    fn put(&self, hash: RecordHash, bytes: Vec<u8>) -> std::io::Result<()> {
         self.map.lock().unwrap_or_else(|e| e.into_inner()).insert(hash, bytes);
+        Ok(())
     }
     fn get(&self, hash: &RecordHash) -> Option<Vec<u8>> {
         self.map.lock().unwrap_or_else(|e| e.into_inner()).get(hash).cloned()
@@ -115,11 +121,37 @@ impl Io {
     fn write(&mut self, body: Body) -> Result<RecordHash, Error> {
         let rec = self.author.write_body(body).map_err(|e| Error::Seal(e.to_string()))?;
         let hash = rec.hash().0;
+        // Written to every store; it is enough that one took it (reads try them all), but a
+        // record no store took is an error: the index must never point at nothing.
+        let mut stored = 0;
+        let mut last = String::new();
         for s in &self.stores {
-            s.put(hash, rec.bytes().to_vec());
+            match s.put(hash, rec.bytes().to_vec()) {
+                Ok(()) => stored += 1,
+                Err(e) => last = e.to_string(),
+            }
+        }
+        if stored == 0 {
+            return Err(Error::Store(last));
         }
         self.stats.records_written += 1;
         Ok(hash)
+    }
+
+    /// Syncs every store; it is enough that one succeeds (as for writes).
+    fn sync(&mut self) -> Result<(), Error> {
+        let mut last = String::new();
+        let mut ok = 0;
+        for s in &self.stores {
+            match s.sync() {
+                Ok(()) => ok += 1,
+                Err(e) => last = e.to_string(),
+            }
+        }
+        if ok == 0 {
+            return Err(Error::Store(last));
+        }
+        Ok(())
     }
 
     /// Fetches, verifies and opens the record `hash`, trying each store in order.
@@ -262,7 +294,9 @@ impl CapsuleDb {
     fn write_index(&mut self) -> Result<(), Error> {
         let mut index = self.tree.index().clone();
         index.prev = self.snapshots.first().map(|s| s.1);
+        self.io.sync()?;
         let hash = self.io.write(Body::DbIndex(index.encode()))?;
+        self.io.sync()?;
         self.newest = hash;
         self.snapshots.insert(0, (index.seq, hash));
         Ok(())
@@ -304,12 +338,17 @@ impl CapsuleDb {
 
     /// `key` as of index `seq` (memtable writes after that index are not seen).
     pub fn get_at(&mut self, seq: u64, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        Ok(self.get_cell_at(seq, key)?.and_then(|c| c.1))
+    }
+
+    /// `key` with its version as of index `seq`.
+    pub fn get_cell_at(&mut self, seq: u64, key: &[u8]) -> Result<Option<Cell>, Error> {
         let hash = self.find_snapshot(seq)?;
         let (_, index) = self.io.load_index(&hash)?;
         if index.seq != seq {
             return Err(Error::Invalid("index chain is inconsistent"));
         }
-        Ok(get_in_index(&index, &mut self.io, key)?.and_then(|c| c.1))
+        get_in_index(&index, &mut self.io, key)
     }
 
     fn find_snapshot(&mut self, seq: u64) -> Result<RecordHash, Error> {
@@ -340,6 +379,17 @@ impl CapsuleDb {
     /// Hash of the newest index record: what [`CapsuleDb::open`] restarts from.
     pub fn newest_index(&self) -> RecordHash {
         self.newest
+    }
+
+    /// Per writer, the Lamport time up to which every write is in a stored block (see
+    /// [`crate::Index::frontier`]): what a worker may evict, since this database can serve it.
+    pub fn frontier(&self) -> &std::collections::BTreeMap<u32, u64> {
+        self.tree.frontier()
+    }
+
+    /// Entries in the (unstored) memtable.
+    pub fn memtable_len(&self) -> usize {
+        self.tree.memtable_len()
     }
 
     pub fn index_seq(&self) -> u64 {

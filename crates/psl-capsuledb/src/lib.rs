@@ -4,16 +4,22 @@
 //! - [`codec`]: the bounded, versioned block and index encodings (never panic on garbage).
 //! - [`lsm`]: the pure LSM core (memtable, L0, sorted levels, compaction); no I/O.
 //! - [`db`]: [`CapsuleDb`], the core on top of [`BlockStore`]s holding sealed, signed records.
+//! - [`store`]: [`DirStore`], a directory of record files plus the pointer to the newest index.
+//! - [`role`]: [`role::Role`], the `psl capsuledb` role: a receive-only SCL node feeding the
+//!   tree, answering workers' read requests, publishing the frontier workers may evict below.
 
 pub mod bloom;
 pub mod codec;
 pub mod db;
 pub mod lsm;
+pub mod role;
+pub mod store;
 
 pub use bloom::Bloom;
 pub use codec::{Block, BlockRef, CodecError, Index};
 pub use db::{BlockStore, CapsuleDb, MemStore, Stats};
 pub use lsm::{Blocks, Config, Tree};
+pub use store::DirStore;
 
 /// The version of a write, ordered as in SCL's memtable: Lamport time, then writer index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -38,6 +44,8 @@ pub enum Error {
     Seal(String),
     #[error("record {hash} not readable from any store ({tried} tried): {last}")]
     Unavailable { hash: String, tried: usize, last: String },
+    #[error("no store took the record: {0}")]
+    Store(String),
     #[error("snapshot {0} is not kept")]
     UnknownSnapshot(u64),
 }

@@ -20,10 +20,17 @@ pub struct Config {
     pub l0_blocks_max: usize,
     /// Size ratio between consecutive levels.
     pub fanout: usize,
-    /// Compaction output is split into blocks of at most this many entries.
+    /// Compaction output (levels 1 and deeper) is split into blocks of at most this many
+    /// entries; a point read fetches one such block per level. Level-0 blocks are whole
+    /// memtables.
     pub block_entries_max: usize,
     /// Decoded blocks kept in the LRU cache.
     pub cache_blocks_max: usize,
+    /// Drop tombstones when compacting into the last level. Only safe when every key's writes
+    /// reach the tree in version order (one writer, or an ordered replay): with SCL's
+    /// independent writers a late put older than a dropped tombstone would come back to life,
+    /// so the role keeps them (`false`, the default).
+    pub drop_tombstones: bool,
 }
 
 impl Default for Config {
@@ -32,8 +39,9 @@ impl Default for Config {
             memtable_entries_max: 4096,
             l0_blocks_max: 4,
             fanout: 10,
-            block_entries_max: 4096,
-            cache_blocks_max: 256,
+            block_entries_max: 256,
+            cache_blocks_max: 1024,
+            drop_tombstones: false,
         }
     }
 }
@@ -74,6 +82,9 @@ pub trait Blocks {
 pub struct Tree {
     config: Config,
     memtable: BTreeMap<Vec<u8>, Cell>,
+    /// Highest Lamport time applied per writer since the last freeze (joins the index's
+    /// frontier when the memtable becomes a block).
+    pending_frontier: BTreeMap<u32, u64>,
     index: Index,
 }
 
@@ -95,7 +106,7 @@ impl Tree {
 
     pub fn with_index(config: Config, index: Index) -> Result<Tree, Error> {
         config.validate()?;
-        Ok(Tree { config, memtable: BTreeMap::new(), index })
+        Ok(Tree { config, memtable: BTreeMap::new(), pending_frontier: BTreeMap::new(), index })
     }
 
     pub fn config(&self) -> &Config {
@@ -106,14 +117,20 @@ impl Tree {
         &self.index
     }
 
+    /// Highest Lamport time per writer whose every write (in the writer's own order) is in a
+    /// stored block: what the index covers, not counting the memtable.
+    pub fn frontier(&self) -> &BTreeMap<u32, u64> {
+        &self.index.frontier
+    }
+
     pub fn memtable_len(&self) -> usize {
         self.memtable.len()
     }
 
     /// Applies a put (`Some`) or delete (`None`) at `version`. An older version than the one
-    /// the memtable holds for the key is ignored. Reads return the first hit (memtable, then
-    /// L0 newest first, then deeper levels), so a key's writes must arrive in version order
-    /// (compaction itself keeps the highest version whatever the source). Returns `true` when the index changed (a
+    /// the memtable holds for the key is ignored. Writes of one key may arrive in any version
+    /// order (SCL delivers writers independently): reads and compactions both keep the
+    /// highest `(lamport, writer)` wherever it sits. Returns `true` when the index changed (a
     /// freeze, maybe followed by compactions), so the caller must persist the new index.
     pub fn apply(
         &mut self,
@@ -123,6 +140,8 @@ impl Tree {
         value: Option<Vec<u8>>,
     ) -> Result<bool, Error> {
         check_kv(key, value.as_deref())?;
+        let f = self.pending_frontier.entry(version.writer).or_insert(0);
+        *f = (*f).max(version.lamport);
         match self.memtable.get(key) {
             Some((v, _)) if *v > version => {}
             _ => {
@@ -142,8 +161,15 @@ impl Tree {
         if self.memtable.is_empty() {
             return Ok(false);
         }
+        for (w, l) in std::mem::take(&mut self.pending_frontier) {
+            let f = self.index.frontier.entry(w).or_insert(0);
+            *f = (*f).max(l);
+        }
         let entries: Vec<(Vec<u8>, Cell)> = std::mem::take(&mut self.memtable).into_iter().collect();
-        let refs = write_run(blocks, entries, self.config.block_entries_max)?;
+        // The whole memtable becomes one level-0 block (split only at the codec's byte bound):
+        // level 0 counts flushes. `block_entries_max` sizes the blocks compaction writes, which
+        // point reads fetch one at a time.
+        let refs = write_run(blocks, entries, BLOCK_ENTRIES_MAX)?;
         if self.index.levels.is_empty() {
             self.index.levels.push(Vec::new());
         }
@@ -178,7 +204,7 @@ impl Tree {
         if self.index.levels.len() <= target {
             self.index.levels.push(Vec::new());
         }
-        let last = self.index.levels[target + 1..].iter().all(|l| l.is_empty());
+        let last = self.config.drop_tombstones && self.index.levels[target + 1..].iter().all(|l| l.is_empty());
         let mut merged: BTreeMap<Vec<u8>, Cell> = BTreeMap::new();
         // Sources newest first: on equal versions the newer source wins.
         let sources: Vec<BlockRef> =
@@ -201,18 +227,27 @@ impl Tree {
         Ok(())
     }
 
-    /// Reads `key`: memtable, then the index.
+    /// Reads `key`: the newest version held by the memtable or the index.
     pub fn get(&self, blocks: &mut dyn Blocks, key: &[u8]) -> Result<Option<Cell>, Error> {
-        if let Some(c) = self.memtable.get(key) {
-            return Ok(Some(c.clone()));
-        }
-        get_in_index(&self.index, blocks, key)
+        let mem = self.memtable.get(key).cloned();
+        Ok(newest(mem, get_in_index(&self.index, blocks, key)?))
     }
 }
 
-/// Reads `key` as of `index`: every overlapping L0 block newest first, then one block per
-/// deeper level found by binary search on key ranges; the Bloom filter is asked before a fetch.
+/// The newer of two cells by `(lamport, writer)`; on a tie the first.
+fn newest(a: Option<Cell>, b: Option<Cell>) -> Option<Cell> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(if b.0 > a.0 { b } else { a }),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Reads `key` as of `index`: the newest version among every overlapping L0 block and the one
+/// block per deeper level found by binary search on key ranges (the Bloom filter is asked
+/// before a fetch). Every place is looked at: a write delivered late may sit in an older
+/// block than an earlier-delivered write of a lower version, so the first hit is not enough.
 pub fn get_in_index(index: &Index, blocks: &mut dyn Blocks, key: &[u8]) -> Result<Option<Cell>, Error> {
+    let mut best: Option<Cell> = None;
     for (li, level) in index.levels.iter().enumerate() {
         let candidates: Vec<&BlockRef> = if li == 0 {
             level.iter().filter(|r| r.overlaps_key(key)).collect()
@@ -225,11 +260,11 @@ pub fn get_in_index(index: &Index, blocks: &mut dyn Blocks, key: &[u8]) -> Resul
                 continue;
             }
             if let Some(c) = blocks.load(r)?.get(key) {
-                return Ok(Some(c.clone()));
+                best = newest(best, Some(c.clone()));
             }
         }
     }
-    Ok(None)
+    Ok(best)
 }
 
 /// Splits sorted entries into blocks (by entry count and encoded size), saves them, and

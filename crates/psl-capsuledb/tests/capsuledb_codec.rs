@@ -15,8 +15,13 @@ fn block() -> impl Strategy<Value = Block> {
 }
 
 fn index() -> impl Strategy<Value = Index> {
-    (any::<u64>(), proptest::option::of(any::<[u8; 32]>()), proptest::collection::vec(0usize..4, 0..5)).prop_map(
-        |(seq, prev, counts)| {
+    (
+        any::<u64>(),
+        proptest::option::of(any::<[u8; 32]>()),
+        proptest::collection::vec(0usize..4, 0..5),
+        proptest::collection::btree_map(any::<u32>(), any::<u64>(), 0..6),
+    )
+        .prop_map(|(seq, prev, counts, frontier)| {
             let levels = counts
                 .iter()
                 .enumerate()
@@ -31,9 +36,8 @@ fn index() -> impl Strategy<Value = Index> {
                         .collect()
                 })
                 .collect();
-            Index { seq, prev, levels }
-        },
-    )
+            Index { seq, prev, levels, frontier }
+        })
 }
 
 proptest! {
@@ -56,7 +60,7 @@ proptest! {
         let mut b = b"PSLB\x01".to_vec();
         b.extend_from_slice(&bytes);
         let _ = Block::decode(&b);
-        let mut i = b"PSLI\x01".to_vec();
+        let mut i = b"PSLI\x02".to_vec();
         i.extend_from_slice(&bytes);
         let _ = Index::decode(&i);
     }

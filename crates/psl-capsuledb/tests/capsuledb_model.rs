@@ -35,12 +35,13 @@ fn value(k: u8, v: u8, lamport: u64) -> Vec<u8> {
 }
 
 fn config() -> impl Strategy<Value = Config> {
-    (1usize..6, 1usize..4, 2usize..4, 1usize..6, 1usize..6).prop_map(|(m, l0, f, b, c)| Config {
+    (1usize..6, 1usize..4, 2usize..4, 1usize..6, 1usize..6, any::<bool>()).prop_map(|(m, l0, f, b, c, d)| Config {
         memtable_entries_max: m,
         l0_blocks_max: l0,
         fanout: f,
         block_entries_max: b,
         cache_blocks_max: c,
+        drop_tombstones: d,
     })
 }
 
@@ -101,8 +102,14 @@ proptest! {
 /// Deterministic: many overlapping L0 blocks (the prototype's bug) with updates to the same keys.
 #[test]
 fn capsuledb_overlapping_l0_blocks_all_checked() {
-    let config =
-        Config { memtable_entries_max: 2, l0_blocks_max: 8, fanout: 2, block_entries_max: 2, cache_blocks_max: 2 };
+    let config = Config {
+        memtable_entries_max: 2,
+        l0_blocks_max: 8,
+        fanout: 2,
+        block_entries_max: 2,
+        cache_blocks_max: 2,
+        drop_tombstones: true,
+    };
     let store = MemStore::new();
     let mut db = create(config, &[&store]);
     let mut lamport = 0;
@@ -126,8 +133,14 @@ fn capsuledb_overlapping_l0_blocks_all_checked() {
 /// Deterministic: enough writes for several levels; reads from storage alone after a restart.
 #[test]
 fn capsuledb_many_levels_after_restart() {
-    let config =
-        Config { memtable_entries_max: 8, l0_blocks_max: 2, fanout: 2, block_entries_max: 8, cache_blocks_max: 4 };
+    let config = Config {
+        memtable_entries_max: 8,
+        l0_blocks_max: 2,
+        fanout: 2,
+        block_entries_max: 8,
+        cache_blocks_max: 4,
+        drop_tombstones: true,
+    };
     let store = MemStore::new();
     let mut db = create(config, &[&store]);
     let mut model = BTreeMap::new();
@@ -155,4 +168,107 @@ fn capsuledb_many_levels_after_restart() {
     }
     let s = db.stats();
     assert!(s.block_fetches > 0 && s.rejected_copies == 0);
+}
+
+#[derive(Debug, Clone)]
+enum VOp {
+    /// Key, Lamport time, writer (the version decides put or delete, and the value).
+    Write(u8, u64, u32),
+    Get(u8),
+    Restart,
+}
+
+fn vop() -> impl Strategy<Value = VOp> {
+    prop_oneof![
+        8 => (0u8..24, 1u64..400, 0u32..3).prop_map(|(k, l, w)| VOp::Write(k, l, w)),
+        3 => (0u8..24).prop_map(VOp::Get),
+        1 => Just(VOp::Restart),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    /// Writes of a key arrive in ANY version order (SCL delivers writers independently, so a
+    /// write with a lower (lamport, writer) can reach CapsuleDB after a higher one was frozen
+    /// into a block). The model is a last-writer-wins register per key; every read must return
+    /// the highest version wherever it sits. A reader that stops at the first hit (memtable,
+    /// then L0 newest first, then levels) fails this test.
+    #[test]
+    fn capsuledb_out_of_order_versions_newest_wins(config in config().prop_map(|c| Config { drop_tombstones: false, ..c }), ops in proptest::collection::vec(vop(), 1..260)) {
+        let store = MemStore::new();
+        let mut db = create(config, &[&store]);
+        let mut model: BTreeMap<Vec<u8>, (Version, Option<Vec<u8>>)> = BTreeMap::new();
+        let mut log: Vec<(Vec<u8>, Version, Option<Vec<u8>>)> = Vec::new();
+        let mut restarts = 0u64;
+        let expect = |model: &BTreeMap<Vec<u8>, (Version, Option<Vec<u8>>)>, k: u8| {
+            model.get(&key(k)).and_then(|(_, v)| v.clone())
+        };
+        for op in ops {
+            match op {
+                VOp::Write(k, l, w) => {
+                    let ver = Version { lamport: l, writer: w };
+                    // A version always carries the same write (as in SCL): put or delete and
+                    // the value follow from it.
+                    let val = (!(l + w as u64).is_multiple_of(5)).then(|| format!("{k}:{l}:{w}").into_bytes());
+                    let before = db.index_seq();
+                    db.apply(&key(k), ver, val.clone()).unwrap();
+                    match model.get(&key(k)) {
+                        Some((v, _)) if *v >= ver => {}
+                        _ => { model.insert(key(k), (ver, val.clone())); }
+                    }
+                    if db.index_seq() != before { log.clear(); } else { log.push((key(k), ver, val)); }
+                }
+                VOp::Get(k) => {
+                    prop_assert_eq!(db.get(&key(k)).unwrap(), expect(&model, k), "get {}", k);
+                    if let Some((v, _)) = model.get(&key(k)) {
+                        prop_assert_eq!(db.get_cell(&key(k)).unwrap().map(|c| c.0), Some(*v), "version of {}", k);
+                    }
+                }
+                VOp::Restart => {
+                    restarts += 1;
+                    let newest = db.newest_index();
+                    drop(db);
+                    db = reopen(config, &[&store], newest, 200 + restarts);
+                    for (k, ver, val) in &log {
+                        db.apply(k, *ver, val.clone()).unwrap();
+                    }
+                }
+            }
+        }
+        db.flush().unwrap();
+        let newest = db.newest_index();
+        let mut db = reopen(config, &[&store], newest, 77_777);
+        for k in 0u8..24 {
+            prop_assert_eq!(db.get(&key(k)).unwrap(), expect(&model, k), "after restart {}", k);
+        }
+    }
+}
+
+/// Deterministic: a late write of a lower version lands in a newer block than the higher one.
+#[test]
+fn capsuledb_late_lower_version_does_not_win() {
+    let config = Config {
+        memtable_entries_max: 1,
+        l0_blocks_max: 4,
+        fanout: 2,
+        block_entries_max: 2,
+        cache_blocks_max: 2,
+        drop_tombstones: false,
+    };
+    let store = MemStore::new();
+    let mut db = create(config, &[&store]);
+    db.put(b"k", Version { lamport: 10, writer: 1 }, b"new".to_vec()).unwrap();
+    db.put(b"x", Version { lamport: 11, writer: 1 }, b"x".to_vec()).unwrap();
+    // The late one: lower Lamport time, frozen into a NEWER L0 block than "new".
+    db.put(b"k", Version { lamport: 3, writer: 2 }, b"old".to_vec()).unwrap();
+    db.put(b"y", Version { lamport: 12, writer: 1 }, b"y".to_vec()).unwrap();
+    db.flush().unwrap();
+    assert_eq!(db.get(b"k").unwrap(), Some(b"new".to_vec()));
+    // And the same after compactions push everything down.
+    for i in 0..40u64 {
+        db.put(format!("f{i:02}").as_bytes(), Version { lamport: 100 + i, writer: 1 }, vec![1]).unwrap();
+    }
+    db.flush().unwrap();
+    assert_eq!(db.get(b"k").unwrap(), Some(b"new".to_vec()));
 }

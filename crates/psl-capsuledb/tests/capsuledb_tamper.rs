@@ -6,7 +6,14 @@ use common::*;
 use psl_capsuledb::{Config, Error, MemStore, Version};
 
 fn config() -> Config {
-    Config { memtable_entries_max: 4, l0_blocks_max: 2, fanout: 2, block_entries_max: 4, cache_blocks_max: 8 }
+    Config {
+        memtable_entries_max: 4,
+        l0_blocks_max: 2,
+        fanout: 2,
+        block_entries_max: 4,
+        cache_blocks_max: 8,
+        drop_tombstones: true,
+    }
 }
 
 fn filled(a: &std::sync::Arc<MemStore>, b: &std::sync::Arc<MemStore>) -> [u8; 32] {

@@ -3,7 +3,7 @@
 //! ```text
 //! PUT <key> <value...>     -> OK | ERROR <why>        (value: rest of the line)
 //! DEL <key>                -> OK | ERROR <why>
-//! GET <key>                -> VALUE <value> | NOT_FOUND
+//! GET <key>                -> VALUE <value> | NOT_FOUND | ERROR <why> (CapsuleDB unreachable)
 //! SYNC [timeout_ms]        -> OK | ERROR <why>
 //! SYNC_DURABLE [timeout_ms] -> OK | ERROR <why>       (every earlier write on f+1 servers' disks)
 //! PUT_DURABLE <key> <value...> -> OK | ERROR <why>    (PUT, then SYNC_DURABLE with 30 s)
@@ -115,9 +115,10 @@ fn command(node: &Node, line: &[u8]) -> Reply {
             ok(node.put(k, v))
         }
         b"DEL" => ok(node.delete(rest)),
-        b"GET" => Reply::Line(match node.get(rest) {
-            Some(v) => format!("VALUE {}", String::from_utf8_lossy(&v)),
-            None => "NOT_FOUND".into(),
+        b"GET" => Reply::Line(match node.try_get(rest) {
+            Ok(Some(v)) => format!("VALUE {}", String::from_utf8_lossy(&v)),
+            Ok(None) => "NOT_FOUND".into(),
+            Err(e) => format!("ERROR {e}"),
         }),
         b"SYNC" => {
             let ms = std::str::from_utf8(rest).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(30_000u64);

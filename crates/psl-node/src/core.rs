@@ -42,6 +42,8 @@ pub(crate) enum CoreMsg {
     },
     /// A RESET: forget all replicated state.
     Reset(Sender<()>),
+    /// Bytes to multicast as they are (CapsuleDB requests, answers and frontiers).
+    Publish(Vec<u8>),
     Stop,
 }
 
@@ -157,6 +159,7 @@ impl Core {
                     self.core.reset(now);
                     let _ = reply.send(());
                 }
+                CoreMsg::Publish(bytes) => self.ring.push(bytes, &self.metrics),
                 CoreMsg::Stop => return,
             }
             // Barriers complete when SYNCs apply; answer the callers whose barrier is done, and

@@ -17,6 +17,8 @@
 //! - [`options`]: [`NodeOptions`] and the limits of every queue.
 //! - `actor`: writer actors (one [`psl_capsule::Author`] each) and their bounded op queues.
 //! - `core`: the core thread that owns the [`psl_scl::NodeCore`].
+//! - `dbclient`: the CapsuleDB miss path: sealed requests, verified answers and frontiers
+//!   (bounded memtables evict what CapsuleDB holds and ask it back).
 //! - `host`: the untrusted side: two threads moving messages between the rings and the fabric.
 //! - [`recovery`]: a node restarting empty rebuilds its memtable from the capsule servers'
 //!   read interface (freshness-checked) before it rejoins, under an incarnation above any the
@@ -29,11 +31,13 @@
 mod actor;
 pub mod control;
 mod core;
+mod dbclient;
 mod host;
 pub mod node;
 pub mod options;
 pub mod recovery;
 mod ring;
 
+pub use dbclient::DbClientStats;
 pub use node::{Node, NodeError, NodeKeys};
 pub use options::NodeOptions;

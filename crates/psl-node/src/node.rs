@@ -35,6 +35,8 @@ pub enum NodeError {
     DurableTimeout { timeout: Duration, acked_by: usize, quorum: usize, servers: u32 },
     #[error("the node is shutting down")]
     Stopped,
+    #[error("CapsuleDB did not answer a read within {0:?} (is `psl capsuledb` running on this fabric?)")]
+    CapsuleDbTimeout(Duration),
     #[error("keys: {0}")]
     Keys(String),
     #[error("starting a thread: {0}")]
@@ -91,6 +93,10 @@ pub struct Node {
     threads: Vec<JoinHandle<()>>,
     put_timeout: Duration,
     servers: u32,
+    db: Option<Arc<crate::dbclient::DbClient>>,
+    db_get_timeout: Duration,
+    db_get_retry: Duration,
+    db_requests: Option<crossbeam_channel::Receiver<psl_scl::dbwire::DbGet>>,
 }
 
 impl std::fmt::Debug for Node {
@@ -103,7 +109,7 @@ impl Node {
     /// Starts a node on `fabric`.
     pub fn start(keys: NodeKeys, fabric: Arc<dyn Fabric>, opts: NodeOptions) -> Result<Node, NodeError> {
         let verifier = Arc::new(Verifier::new(keys.meta.clone(), Some(keys.data_key.clone())));
-        let memtable = Arc::new(Memtable::new());
+        let memtable = Arc::new(Memtable::with_options(opts.memtable_keys_max, opts.capsuledb_role));
         let clock = Arc::new(LamportClock::new(0));
         let metrics = Arc::new(Metrics::default());
         let host_stats = Arc::new(HostStats::default());
@@ -164,15 +170,58 @@ impl Node {
         let (core_ring, mut inbound, host_out, host_in) = crate::ring::split(opts.ring_items, opts.ring_backoff);
         threads.extend(crate::host::spawn(fabric, host_out, host_in, stop.clone(), host_stats.clone())?);
 
+        // CapsuleDB's miss path (and, for the role, its request queue).
+        let db = match opts.capsuledb {
+            Some(w) => {
+                let key =
+                    verifier.writer_key(w).map_err(|e| NodeError::Keys(format!("CapsuleDB writer {w}: {e:?}")))?;
+                Some(Arc::new(crate::dbclient::DbClient::new(
+                    verifier.name(),
+                    w,
+                    key,
+                    keys.data_key.clone(),
+                    memtable.clone(),
+                )))
+            }
+            None => None,
+        };
+        let (db_req_tx, db_requests) = match opts.capsuledb_role {
+            Some(_) => {
+                let (t, r) = bounded(cap);
+                (Some(t), Some(r))
+            }
+            None => (None, None),
+        };
+
         // Dispatcher: inbound ring -> decoded messages for the core.
         {
             let stop = stop.clone();
             let name = verifier.name();
             let tx = incoming_tx;
             let res = local_tx.clone();
+            let db = db.clone();
+            let metrics = metrics.clone();
             threads.push(std::thread::Builder::new().name("dispatch".into()).spawn(move || {
                 while !stop.load(Ordering::Acquire) {
                     let Some(bytes) = inbound.wait_pop(Duration::from_millis(50)) else { continue };
+                    if psl_scl::dbwire::is_db_msg(&bytes) {
+                        match psl_scl::dbwire::DbMsg::decode(&bytes) {
+                            Ok(m) if m.capsule() != name => metrics.reject(RejectReason::Capsule),
+                            Ok(psl_scl::dbwire::DbMsg::Get(g)) => {
+                                if let Some(t) = &db_req_tx {
+                                    // Full: dropped (the requester re-sends).
+                                    let _ = t.try_send(g);
+                                }
+                            }
+                            Ok(m) => {
+                                if let Some(db) = &db {
+                                    db.on_message(m);
+                                }
+                            }
+                            Err(_) => metrics.reject(RejectReason::BadMessage),
+                        }
+                        continue;
+                    }
                     let m = match Msg::decode(&bytes) {
                         Err(_) => CoreMsg::Rejected(RejectReason::BadMessage),
                         Ok(Msg::Record { capsule, .. }) if capsule != name => CoreMsg::Rejected(RejectReason::Capsule),
@@ -241,7 +290,27 @@ impl Node {
             threads,
             put_timeout: opts.put_timeout,
             servers: opts.core.servers,
+            db,
+            db_get_timeout: opts.db_get_timeout,
+            db_get_retry: opts.db_get_retry,
+            db_requests,
         })
+    }
+
+    /// CapsuleDB role: the read requests that reached this node (see
+    /// `NodeOptions::capsuledb_role`).
+    pub fn db_requests(&self) -> Option<&crossbeam_channel::Receiver<psl_scl::dbwire::DbGet>> {
+        self.db_requests.as_ref()
+    }
+
+    /// Multicasts `bytes` as they are (the CapsuleDB role's answers and frontiers).
+    pub fn publish(&self, bytes: Vec<u8>) -> Result<(), NodeError> {
+        self.api.send_timeout(CoreMsg::Publish(bytes), Duration::from_secs(5)).map_err(|_| NodeError::Stopped)
+    }
+
+    /// Counters of the CapsuleDB miss path (none without `NodeOptions::capsuledb`).
+    pub fn db_stats(&self) -> Option<&crate::DbClientStats> {
+        self.db.as_ref().map(|d| &d.stats)
     }
 
     pub fn writers(&self) -> Vec<u32> {
@@ -313,9 +382,72 @@ impl Node {
         Ok(())
     }
 
-    /// Reads the local memtable (never the network).
+    /// Reads `key`: from the memtable, or, when it cannot answer and CapsuleDB is configured
+    /// (`NodeOptions::capsuledb`), from CapsuleDB over the fabric (see [`Node::try_get`]). A
+    /// CapsuleDB read that fails is logged and reads as absent; use `try_get` to see the error.
     pub fn get(&self, key: &[u8]) -> Option<Arc<[u8]>> {
-        self.memtable.get(key)
+        match self.try_get(key) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!("get: {e}");
+                None
+            }
+        }
+    }
+
+    /// Reads `key`. The memtable answers if it can; otherwise (key evicted or never seen here,
+    /// and CapsuleDB configured) a sealed request goes to CapsuleDB, re-sent every
+    /// `db_get_retry`, and the call blocks until the signed answer arrives (the memtable
+    /// learns it, with its original version) or `db_get_timeout` passes.
+    pub fn try_get(&self, key: &[u8]) -> Result<Option<Arc<[u8]>>, NodeError> {
+        let db = match (self.memtable.lookup(key), &self.db) {
+            (psl_scl::Lookup::Value(v), _) => return Ok(Some(v)),
+            (psl_scl::Lookup::Deleted, _) | (psl_scl::Lookup::Unknown, None) => return Ok(None),
+            (psl_scl::Lookup::Unknown, Some(db)) => db.clone(),
+        };
+        if key.is_empty() || key.len() > self.limits.key_bytes_max as usize {
+            return Ok(None);
+        }
+        let deadline = Instant::now() + self.db_get_timeout;
+        loop {
+            let (req, bytes) = db.request(key);
+            self.publish(bytes)?;
+            let resend = (Instant::now() + self.db_get_retry).min(deadline);
+            loop {
+                let seen = db.settled();
+                if let Some(v) = db.take_answer(req) {
+                    // The memtable has learned the answer (or something newer): prefer it.
+                    return Ok(match self.memtable.lookup(key) {
+                        psl_scl::Lookup::Value(x) => Some(x),
+                        psl_scl::Lookup::Deleted => None,
+                        psl_scl::Lookup::Unknown => v,
+                    });
+                }
+                if !db.is_pending(req) {
+                    // Answered under another request id of ours, or refused as stale: look again.
+                    break;
+                }
+                let now = Instant::now();
+                if now >= resend {
+                    break;
+                }
+                db.wait(seen, resend);
+                if self.stop.load(Ordering::Acquire) {
+                    db.forget(req);
+                    return Err(NodeError::Stopped);
+                }
+            }
+            db.forget(req);
+            match self.memtable.lookup(key) {
+                psl_scl::Lookup::Value(v) => return Ok(Some(v)),
+                psl_scl::Lookup::Deleted => return Ok(None),
+                psl_scl::Lookup::Unknown => {}
+            }
+            if Instant::now() >= deadline {
+                db.stats.timeouts.fetch_add(1, Ordering::Relaxed);
+                return Err(NodeError::CapsuleDbTimeout(self.db_get_timeout));
+            }
+        }
     }
 
     /// The key's entry with its version `(lamport, writer)`; tombstones included.
@@ -428,6 +560,22 @@ impl Node {
             ("host_publish_errors_total", &self.host_stats.publish_errors),
         ] {
             s.push_str(&format!("# TYPE psl_node_{name} counter\npsl_node_{name} {}\n", v.load(Ordering::Relaxed)));
+        }
+        if let Some(db) = &self.db {
+            let st = &db.stats;
+            for (name, v) in [
+                ("capsuledb_requests_total", &st.requests),
+                ("capsuledb_answers_total", &st.answers),
+                ("capsuledb_rejected_total", &st.rejected),
+                ("capsuledb_timeouts_total", &st.timeouts),
+                ("capsuledb_heads_total", &st.heads),
+            ] {
+                s.push_str(&format!("# TYPE psl_node_{name} counter\npsl_node_{name} {}\n", v.load(Ordering::Relaxed)));
+            }
+            s.push_str(&format!(
+                "# TYPE psl_node_memtable_evicted_total counter\npsl_node_memtable_evicted_total {}\n",
+                self.memtable.evicted()
+            ));
         }
         s
     }

@@ -34,6 +34,18 @@ pub struct NodeOptions {
     pub core: NodeConfig,
     /// Run a coordinator of this rank and configuration in this node.
     pub coordinator: Option<CoordinatorConfig>,
+    /// Bound on the memtable's keys (`None`: unbounded). Only keys CapsuleDB holds are evicted
+    /// (see `psl_scl::Memtable`), so a bound needs `capsuledb`.
+    pub memtable_keys_max: Option<usize>,
+    /// CapsuleDB's writer index: turns on the miss path (a get the memtable cannot answer asks
+    /// CapsuleDB) and the eviction floor from CapsuleDB's signed frontiers.
+    pub capsuledb: Option<u32>,
+    /// How long a get waits for CapsuleDB before failing, and how often it re-sends its request.
+    pub db_get_timeout: Duration,
+    pub db_get_retry: Duration,
+    /// CapsuleDB role only: journal every applied update (this many at most in flight) and hand
+    /// read requests to [`crate::Node::db_requests`].
+    pub capsuledb_role: Option<usize>,
 }
 
 impl NodeOptions {
@@ -67,6 +79,11 @@ impl Default for NodeOptions {
             tick: Duration::from_millis(10),
             core: NodeConfig::default(),
             coordinator: None,
+            memtable_keys_max: None,
+            capsuledb: None,
+            db_get_timeout: Duration::from_secs(5),
+            db_get_retry: Duration::from_millis(300),
+            capsuledb_role: None,
         }
     }
 }

@@ -4,10 +4,13 @@
 //! (`psl-node`) and the seeded simulator (`psl-sim`) drive exactly the same logic.
 //!
 //! Module map:
-//! - [`memtable`]: the concurrent key-value map with last-writer-wins by `(lamport, writer)`.
+//! - [`memtable`]: the concurrent key-value map with last-writer-wins by `(lamport, writer)`,
+//!   optionally bounded (evicts cold keys CapsuleDB holds), with an optional update journal.
 //! - [`clock`]: the node's Lamport clock.
 //! - [`wire`]: the messages nodes exchange over the untrusted fabric (records, repair requests,
 //!   heads hints).
+//! - [`dbwire`]: CapsuleDB's messages: sealed read requests, signed sealed answers carrying the
+//!   original version, signed frontiers (what bounded memtables may evict).
 //! - [`orderer`]: the receive state machine: per-writer `seq` order, hold-back, gap repair,
 //!   duplicate/replay/equivocation detection, withholding reports.
 //! - [`coordinator`]: the epoch state machine of a coordinator (RTS, EOE collection, SYNC),
@@ -21,6 +24,7 @@
 
 pub mod clock;
 pub mod coordinator;
+pub mod dbwire;
 pub mod memtable;
 pub mod metrics;
 pub mod node;
@@ -29,7 +33,7 @@ pub mod wire;
 
 pub use clock::LamportClock;
 pub use coordinator::{CoordinatorConfig, CoordinatorSm};
-pub use memtable::{Entry, Memtable, Version};
+pub use memtable::{Entry, Lookup, Memtable, Version};
 pub use metrics::{Metrics, RejectReason};
 pub use node::{DurableStatus, DurableTicket, NodeConfig, NodeCore, Output, SyncTicket};
 pub use orderer::{Chained, Orderer, OrdererAction, OrdererConfig, TickWork};

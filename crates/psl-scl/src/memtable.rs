@@ -3,13 +3,17 @@
 //! a node applies updates does not matter: every node that has applied the same set of updates
 //! holds the same map (convergence), and every node sees one order per key (coherence).
 //! Deletes leave tombstones so that an older put arriving later cannot resurrect a key.
+//! A memtable may be bounded: it then evicts cold keys that CapsuleDB can serve back (see
+//! [`Memtable`]); a lookup that finds nothing it can vouch for says [`Lookup::Unknown`].
 
-use parking_lot::RwLock;
+use parking_lot::{Condvar, Mutex, RwLock};
 use psl_crypto::{sha256, Hash256};
 use rustc_hash::FxHashMap;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// The version of a value: compared by Lamport time, then by writer index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -27,14 +31,72 @@ pub struct Entry {
 
 const SHARDS: usize = 64;
 
-/// A sharded, concurrent LWW map.
+/// What a local lookup found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup {
+    /// The key's live value.
+    Value(Arc<[u8]>),
+    /// A tombstone: the key is deleted (a local answer, no need to ask CapsuleDB).
+    Deleted,
+    /// Nothing this node can vouch for: the key is absent, or present only at a version that
+    /// may be older than one this node evicted (see [`Memtable::apply`]). A bounded node asks
+    /// CapsuleDB.
+    Unknown,
+}
+
+/// One applied update, as the journal hands it to CapsuleDB.
+pub type Update = (Box<[u8]>, Version, Option<Arc<[u8]>>);
+
+struct Slot {
+    entry: Entry,
+    /// Read or overwritten since the eviction scan last passed (second chance).
+    hot: AtomicBool,
+    /// The version may be older than one evicted from this shard: not served until CapsuleDB
+    /// confirms it ([`Memtable::learn`]).
+    unsure: bool,
+}
+
+#[derive(Default)]
+struct Shard {
+    map: FxHashMap<Box<[u8]>, Slot>,
+    /// The highest version ever evicted from this shard.
+    evicted_max: Option<Version>,
+    /// The floor's sequence number when this shard last evicted: an answer from CapsuleDB
+    /// older than that may not know what was evicted.
+    evict_seq: u64,
+}
+
+struct Journal {
+    q: Mutex<VecDeque<Update>>,
+    space: Condvar,
+    cap: usize,
+    closed: AtomicBool,
+}
+
+/// A sharded, concurrent LWW map, optionally bounded.
+///
+/// **Bound and eviction.** With `keys_max` set, a shard holding more than its share of keys
+/// evicts cold entries (a second-chance scan: an entry read or written since the last scan
+/// survives once). Only entries that CapsuleDB can serve back are evictable: the version
+/// `(lamport, writer)` must be at or below CapsuleDB's published frontier for that writer
+/// ([`Memtable::raise_floor`]), i.e. CapsuleDB holds that write, or a newer one of the key, in
+/// a stored block. Entries above the frontier are pinned, so the bound is soft: it is reached
+/// once CapsuleDB catches up. Each shard remembers the highest version it evicted; an update
+/// for an absent key at or below that version may be older than what was evicted, so it is
+/// kept but marked unsure and not served until CapsuleDB's answer confirms or replaces it.
+/// This keeps coherence: a node never shows an older version of a key after a newer one.
 pub struct Memtable {
-    shards: Vec<RwLock<FxHashMap<Box<[u8]>, Entry>>>,
+    shards: Vec<RwLock<Shard>>,
+    shard_keys_max: usize,
+    floor: RwLock<Arc<FxHashMap<u32, u64>>>,
+    floor_seq: AtomicU64,
+    journal: Option<Journal>,
+    evicted: AtomicU64,
 }
 
 impl Default for Memtable {
     fn default() -> Self {
-        Memtable { shards: (0..SHARDS).map(|_| RwLock::new(FxHashMap::default())).collect() }
+        Memtable::with_options(None, None)
     }
 }
 
@@ -56,39 +118,239 @@ impl Memtable {
         Memtable::default()
     }
 
-    fn shard(&self, key: &[u8]) -> &RwLock<FxHashMap<Box<[u8]>, Entry>> {
+    /// A memtable holding at most about `keys_max` evictable keys (`None`: unbounded), and,
+    /// with `journal_updates_max`, a journal of every update applied (CapsuleDB's feed; applying
+    /// blocks while the journal is full).
+    pub fn with_options(keys_max: Option<usize>, journal_updates_max: Option<usize>) -> Memtable {
+        Memtable {
+            shards: (0..SHARDS).map(|_| RwLock::new(Shard::default())).collect(),
+            shard_keys_max: keys_max.map_or(usize::MAX, |k| k.div_ceil(SHARDS).max(1)),
+            floor: RwLock::new(Arc::new(FxHashMap::default())),
+            floor_seq: AtomicU64::new(0),
+            journal: journal_updates_max.map(|cap| Journal {
+                q: Mutex::new(VecDeque::new()),
+                space: Condvar::new(),
+                cap: cap.max(1),
+                closed: AtomicBool::new(false),
+            }),
+            evicted: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether the memtable has a bound (and so may have evicted keys).
+    pub fn is_bounded(&self) -> bool {
+        self.shard_keys_max != usize::MAX
+    }
+
+    fn shard(&self, key: &[u8]) -> &RwLock<Shard> {
         &self.shards[key_shard(key, SHARDS)]
     }
 
-    /// The live value of `key` (none if absent or deleted).
+    /// The live value of `key` (none if absent, deleted, or unsure).
     pub fn get(&self, key: &[u8]) -> Option<Arc<[u8]>> {
-        self.shard(key).read().get(key).and_then(|e| e.value.clone())
+        match self.lookup(key) {
+            Lookup::Value(v) => Some(v),
+            _ => None,
+        }
     }
 
-    /// The entry of `key`, tombstones included.
+    /// What this node can say about `key` on its own; marks the entry recently used.
+    pub fn lookup(&self, key: &[u8]) -> Lookup {
+        let s = self.shard(key).read();
+        match s.map.get(key) {
+            Some(slot) if !slot.unsure => {
+                if !slot.hot.load(Ordering::Relaxed) {
+                    slot.hot.store(true, Ordering::Relaxed);
+                }
+                match &slot.entry.value {
+                    Some(v) => Lookup::Value(v.clone()),
+                    None => Lookup::Deleted,
+                }
+            }
+            _ => Lookup::Unknown,
+        }
+    }
+
+    /// The entry of `key`, tombstones (and unsure entries) included.
     pub fn entry(&self, key: &[u8]) -> Option<Entry> {
-        self.shard(key).read().get(key).cloned()
+        self.shard(key).read().map.get(key).map(|s| s.entry.clone())
     }
 
     /// Applies an update if `version` is newer than what the key holds. Returns whether it did.
+    /// With a journal, every update is journaled first (applied or not: CapsuleDB orders
+    /// versions itself).
     pub fn apply(&self, key: &[u8], version: Version, value: Option<Arc<[u8]>>) -> bool {
-        let mut s = self.shard(key).write();
-        match s.get_mut(key) {
-            Some(e) if e.version >= version => false,
-            Some(e) => {
-                *e = Entry { version, value };
+        if let Some(j) = &self.journal {
+            j.push((key.into(), version, value.clone()));
+        }
+        let mut guard = self.shard(key).write();
+        let s = &mut *guard;
+        let unsure = s.evicted_max.is_some_and(|m| version <= m);
+        match s.map.get_mut(key) {
+            Some(slot) if slot.entry.version >= version => false,
+            Some(slot) => {
+                slot.entry = Entry { version, value };
+                slot.unsure = slot.unsure && unsure;
+                slot.hot.store(true, Ordering::Relaxed);
                 true
             }
             None => {
-                s.insert(key.into(), Entry { version, value });
+                // Not hot: second chances are for keys read (or rewritten) since the last scan.
+                s.map.insert(key.into(), Slot { entry: Entry { version, value }, hot: AtomicBool::new(false), unsure });
+                if s.map.len() > self.shard_keys_max {
+                    self.evict(s, Some(key));
+                }
                 true
             }
         }
     }
 
+    /// What CapsuleDB answered for `key` (its newest version with the value, or `None` for
+    /// "never written") as of its index `seq`, in answer to this node's own request. If `seq`
+    /// is at least the floor sequence under which this shard last evicted, CapsuleDB's answer
+    /// covers anything this node evicted for the key, so it settles an unsure entry and is
+    /// applied like any update otherwise (only if newer): returns `Some(changed)`. An older
+    /// answer (delayed, produced before CapsuleDB stored what was evicted) returns `None` and
+    /// changes nothing: ask again.
+    pub fn learn(&self, key: &[u8], answer: Option<(Version, Option<Arc<[u8]>>)>, seq: u64) -> Option<bool> {
+        let mut guard = self.shard(key).write();
+        let s = &mut *guard;
+        if seq < s.evict_seq {
+            return None;
+        }
+        Some(match (s.map.get_mut(key), answer) {
+            (Some(slot), Some((version, value))) if version > slot.entry.version => {
+                slot.entry = Entry { version, value };
+                slot.unsure = false;
+                true
+            }
+            (Some(slot), _) => std::mem::replace(&mut slot.unsure, false),
+            (None, Some((version, value))) => {
+                s.map.insert(
+                    key.into(),
+                    Slot { entry: Entry { version, value }, hot: AtomicBool::new(true), unsure: false },
+                );
+                if s.map.len() > self.shard_keys_max {
+                    self.evict(s, Some(key));
+                }
+                true
+            }
+            (None, None) => false,
+        })
+    }
+
+    /// Raises the eviction floor: CapsuleDB holds every write of `writer` up to `lamport` in a
+    /// stored block, as of its index `seq`. Floors only go up. Then evicts what the bound
+    /// calls for.
+    pub fn raise_floor(&self, frontier: &[(u32, u64)], seq: u64) {
+        {
+            let mut f = self.floor.write();
+            let mut next = (**f).clone();
+            let mut changed = false;
+            for &(w, l) in frontier {
+                let e = next.entry(w).or_insert(0);
+                if l > *e {
+                    *e = l;
+                    changed = true;
+                }
+            }
+            if !changed {
+                return;
+            }
+            // Under the floor's lock, so that no eviction under the new floor records an older seq.
+            self.floor_seq.fetch_max(seq, Ordering::AcqRel);
+            *f = Arc::new(next);
+        }
+        if self.is_bounded() {
+            for sh in &self.shards {
+                let mut s = sh.write();
+                if s.map.len() > self.shard_keys_max {
+                    self.evict(&mut s, None);
+                }
+            }
+        }
+    }
+
+    /// The floor of `writer` (0 if none).
+    pub fn floor(&self, writer: u32) -> u64 {
+        self.floor.read().get(&writer).copied().unwrap_or(0)
+    }
+
+    /// Evicts cold, evictable entries until the shard is an eighth under its share (never
+    /// `keep`, the key just inserted).
+    fn evict(&self, s: &mut Shard, keep: Option<&[u8]>) {
+        let (floor, seq) = {
+            let f = self.floor.read();
+            (f.clone(), self.floor_seq.load(Ordering::Acquire))
+        };
+        if floor.is_empty() {
+            return;
+        }
+        let target = self.shard_keys_max - self.shard_keys_max / 8;
+        let mut excess = s.map.len().saturating_sub(target);
+        let mut max = s.evicted_max;
+        let before = s.map.len();
+        // One pass: entries used since the last pass lose their second chance and stay; the
+        // bound is soft (the next insert into the shard scans again).
+        {
+            s.map.retain(|k, slot| {
+                if excess == 0 || keep == Some(&**k) {
+                    return true;
+                }
+                let v = slot.entry.version;
+                if floor.get(&v.writer).is_none_or(|l| v.lamport > *l) {
+                    return true;
+                }
+                if slot.hot.swap(false, Ordering::Relaxed) {
+                    return true;
+                }
+                excess -= 1;
+                max = max.max(Some(v));
+                false
+            });
+        }
+        if s.map.len() < before {
+            s.evict_seq = s.evict_seq.max(seq);
+        }
+        s.evicted_max = max;
+        self.evicted.fetch_add((before - s.map.len()) as u64, Ordering::Relaxed);
+    }
+
+    /// Keys evicted so far.
+    pub fn evicted(&self) -> u64 {
+        self.evicted.load(Ordering::Relaxed)
+    }
+
+    /// Entries held (tombstones and unsure entries included): what the bound limits.
+    pub fn held(&self) -> usize {
+        self.shards.iter().map(|s| s.read().map.len()).sum()
+    }
+
+    /// Takes up to `max` journaled updates, waiting up to `timeout` for the first.
+    pub fn drain_journal(&self, max: usize, timeout: Duration) -> Vec<Update> {
+        let Some(j) = &self.journal else { return Vec::new() };
+        let mut q = j.q.lock();
+        if q.is_empty() {
+            j.space.wait_for(&mut q, timeout);
+        }
+        let n = q.len().min(max);
+        let out: Vec<Update> = q.drain(..n).collect();
+        drop(q);
+        j.space.notify_all();
+        out
+    }
+
+    /// Stops journaling (the consumer is gone): appliers never block on it again.
+    pub fn close_journal(&self) {
+        if let Some(j) = &self.journal {
+            j.closed.store(true, Ordering::Release);
+            j.space.notify_all();
+        }
+    }
+
     /// Keys with a live value.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.read().values().filter(|e| e.value.is_some()).count()).sum()
+        self.shards.iter().map(|s| s.read().map.values().filter(|e| e.entry.value.is_some() && !e.unsure).count()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -99,8 +361,8 @@ impl Memtable {
     pub fn snapshot(&self) -> BTreeMap<Vec<u8>, Entry> {
         let mut out = BTreeMap::new();
         for s in &self.shards {
-            for (k, e) in s.read().iter() {
-                out.insert(k.to_vec(), e.clone());
+            for (k, e) in s.read().map.iter() {
+                out.insert(k.to_vec(), e.entry.clone());
             }
         }
         out
@@ -127,8 +389,25 @@ impl Memtable {
     /// Forgets everything (RESET). The maps are dropped, not merely emptied.
     pub fn clear(&self) {
         for s in &self.shards {
-            *s.write() = FxHashMap::default();
+            *s.write() = Shard::default();
         }
+        *self.floor.write() = Arc::new(FxHashMap::default());
+        self.floor_seq.store(0, Ordering::Release);
+    }
+}
+
+impl Journal {
+    fn push(&self, u: Update) {
+        let mut q = self.q.lock();
+        while q.len() >= self.cap && !self.closed.load(Ordering::Acquire) {
+            self.space.wait_for(&mut q, Duration::from_millis(100));
+        }
+        if self.closed.load(Ordering::Acquire) {
+            return;
+        }
+        q.push_back(u);
+        drop(q);
+        self.space.notify_all();
     }
 }
 
@@ -136,6 +415,8 @@ impl Memtable {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    type Cell = (Version, Option<Arc<[u8]>>);
 
     fn v(l: u64, w: u32) -> Version {
         Version { lamport: l, writer: w }
@@ -153,6 +434,52 @@ mod tests {
         assert!(!m.apply(b"k", v(2, 5), Some(b"zombie"[..].into())));
         assert_eq!(m.get(b"k"), None);
         assert_eq!(m.len(), 0);
+    }
+
+    #[test]
+    fn bounded_evicts_only_below_the_floor_and_older_updates_stay_unsure() {
+        let m = Memtable::with_options(Some(64), None);
+        for i in 0..1000u64 {
+            m.apply(format!("k{i}").as_bytes(), v(i + 1, 7), Some(Arc::from(vec![1u8])));
+        }
+        assert_eq!(m.evicted(), 0, "nothing is evictable before CapsuleDB's floor covers it");
+        m.raise_floor(&[(7, 500)], 1);
+        assert!(m.evicted() > 0);
+        for i in 500..1000u64 {
+            assert!(m.entry(format!("k{i}").as_bytes()).is_some(), "k{i} is above the floor: pinned");
+        }
+        let gone = (0..500u64).find(|i| m.entry(format!("k{i}").as_bytes()).is_none()).expect("one evicted");
+        let key = format!("k{gone}");
+        assert_eq!(m.lookup(key.as_bytes()), Lookup::Unknown);
+        // An older update arrives late: kept, but not served (it may be older than the evicted one).
+        assert!(m.apply(key.as_bytes(), v(0, 1), Some(Arc::from(&b"stale"[..]))));
+        assert_eq!(m.lookup(key.as_bytes()), Lookup::Unknown);
+        assert_eq!(m.get(key.as_bytes()), None);
+        // An answer from before the floor that allowed the eviction is refused.
+        assert_eq!(m.learn(key.as_bytes(), None, 0), None);
+        assert_eq!(m.lookup(key.as_bytes()), Lookup::Unknown);
+        // CapsuleDB's answer (the evicted version) replaces it.
+        assert_eq!(m.learn(key.as_bytes(), Some((v(gone + 1, 7), Some(Arc::from(vec![1u8])))), 1), Some(true));
+        assert_eq!(m.lookup(key.as_bytes()), Lookup::Value(Arc::from(vec![1u8])));
+        // A newer update than anything evicted is served at once.
+        assert!(m.apply(b"fresh", v(5000, 1), None));
+        assert_eq!(m.lookup(b"fresh"), Lookup::Deleted);
+    }
+
+    #[test]
+    fn journal_sees_every_update_and_blocks_when_full() {
+        let m = Arc::new(Memtable::with_options(None, Some(4)));
+        for i in 0..4u64 {
+            m.apply(b"k", v(10 - i, 1), None);
+        }
+        let m2 = m.clone();
+        let t = std::thread::spawn(move || m2.apply(b"k", v(1, 2), None));
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!t.is_finished(), "the fifth update waits for room");
+        let got = m.drain_journal(10, Duration::from_millis(10));
+        assert_eq!(got.len(), 4, "older (not applied) updates are journaled too");
+        t.join().unwrap();
+        assert_eq!(m.drain_journal(10, Duration::from_millis(10)).len(), 1);
     }
 
     proptest! {
@@ -179,6 +506,53 @@ mod tests {
             if ops.iter().all(|(k, l, w, _)| seen.insert((*k, *l, *w))) {
                 prop_assert_eq!(a.snapshot(), b.snapshot());
                 prop_assert_eq!(a.digest(), b.digest());
+            }
+        }
+
+        /// A bounded memtable fed by updates in any order, with CapsuleDB (a full LWW map of
+        /// every update) answering its unknowns: every resolved read is CapsuleDB's newest
+        /// version, so no read ever goes back in time after an eviction.
+        #[test]
+        fn bounded_reads_never_go_back(ops in proptest::collection::vec((0u8..40, 1u64..200, 0u32..3, 0u8..4), 1..400)) {
+            let m = Memtable::with_options(Some(64), None);
+            let mut db: std::collections::HashMap<Vec<u8>, Cell> = Default::default();
+            let mut frontier: std::collections::HashMap<u32, u64> = Default::default();
+            for (k, l, w, what) in ops {
+                let key = vec![k];
+                match what {
+                    0 | 1 => {
+                        let ver = v(l, w);
+                        // The same version always carries the same write.
+                        let val = (!(l + w as u64).is_multiple_of(3)).then(|| Arc::from(vec![k, l as u8, w as u8]));
+                        m.apply(&key, ver, val.clone());
+                        let e = db.entry(key.clone()).or_insert((ver, val.clone()));
+                        if ver > e.0 { *e = (ver, val); }
+                        let f = frontier.entry(w).or_insert(0);
+                        *f = (*f).max(l);
+                    }
+                    2 => {
+                        // CapsuleDB stored everything it saw (per writer, in any order here, so
+                        // the floor may only cover what every writer's updates reached).
+                        let fl: Vec<(u32, u64)> = frontier.iter().map(|(w, l)| (*w, *l)).collect();
+                        m.raise_floor(&fl, 1);
+                    }
+                    _ => {
+                        let want = db.get(&key).cloned();
+                        let got = match m.lookup(&key) {
+                            Lookup::Unknown => {
+                                m.learn(&key, want.clone(), 1);
+                                m.lookup(&key)
+                            }
+                            x => x,
+                        };
+                        let expect = match want.and_then(|(_, v)| v) {
+                            Some(v) => Lookup::Value(v),
+                            None if db.contains_key(&key) => Lookup::Deleted,
+                            None => Lookup::Unknown,
+                        };
+                        prop_assert_eq!(got, expect, "key {}", k);
+                    }
+                }
             }
         }
     }

@@ -9,12 +9,14 @@
 //!   (`psl router` comes from psl-fabric).
 //! - `run`: `psl run JOB.js`: a job of sandboxed lambdas on the embedded FaaS deployment.
 //! - `memcached`: `psl memcached`: the SecureCached front end.
+//! - `capsuledb`: `psl capsuledb`: the CapsuleDB role, `snapshots` and `get --at`.
 //! - `kv`: the client of a node's control interface (`psl kv put|get|del|sync|stats|dump`).
 //! - `sim`: the seeded simulator over many seeds (`psl sim`).
 //! - `util`: file helpers shared by the commands (atomic writes, key loading).
 
 mod bench;
 mod capsule;
+mod capsuledb;
 mod demo;
 mod keys;
 mod kv;
@@ -70,6 +72,9 @@ enum Cmd {
     CapsuleServer(roles::CapsuleServerArgs),
     /// Serve the memcached protocol on the secure store (SecureCached).
     Memcached(memcached::MemcachedArgs),
+    /// Run CapsuleDB (the LSM tree of DataCapsule records behind bounded memtables), or list
+    /// its snapshots / read a key as of one.
+    Capsuledb(capsuledb::CapsuleDbArgs),
 }
 
 fn main() {
@@ -105,5 +110,6 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Run(a) => run::run(a),
         Cmd::CapsuleServer(a) => roles::run_capsule_server(a),
         Cmd::Memcached(a) => memcached::run(a),
+        Cmd::Capsuledb(a) => capsuledb::run(a),
     }
 }

@@ -63,6 +63,13 @@ pub struct NodeArgs {
     /// an incarnation above any the servers have seen, and serves clients only after that.
     #[arg(long, value_delimiter = ',')]
     pub recover_from: Vec<SocketAddr>,
+    /// CapsuleDB's writer index (printed by `psl capsuledb`): gets the memtable cannot answer
+    /// are read from CapsuleDB.
+    #[arg(long)]
+    pub capsuledb: Option<u32>,
+    /// Bound on the memtable's keys (cold keys CapsuleDB holds are evicted); needs --capsuledb.
+    #[arg(long, requires = "capsuledb")]
+    pub memtable_keys_max: Option<usize>,
 }
 
 #[derive(Args, Debug)]
@@ -83,7 +90,7 @@ pub struct CoordinatorArgs {
     pub control: SocketAddr,
 }
 
-fn load(common: &CommonArgs) -> Result<(psl_capsule::SignedMetadata, psl_crypto::AppKey)> {
+pub(crate) fn load(common: &CommonArgs) -> Result<(psl_capsule::SignedMetadata, psl_crypto::AppKey)> {
     let bytes = std::fs::read(&common.capsule).with_context(|| format!("reading {}", common.capsule.display()))?;
     let f = CapsuleFile::parse(&bytes).with_context(|| format!("{}", common.capsule.display()))?;
     let owner = read_owner_key(&common.owner)?;
@@ -111,7 +118,7 @@ fn next_incarnation(dir: &Path) -> Result<u32> {
     Ok(next)
 }
 
-fn serve(node: Node, control: SocketAddr, what: &str) -> Result<i32> {
+pub(crate) fn serve(node: Node, control: SocketAddr, what: &str) -> Result<i32> {
     let listener =
         std::net::TcpListener::bind(control).with_context(|| format!("binding the control address {control}"))?;
     let addr = listener.local_addr()?;
@@ -126,7 +133,7 @@ fn serve(node: Node, control: SocketAddr, what: &str) -> Result<i32> {
     Ok(0)
 }
 
-fn fabric(router: SocketAddr) -> Result<Arc<dyn psl_fabric::Fabric>> {
+pub(crate) fn fabric(router: SocketAddr) -> Result<Arc<dyn psl_fabric::Fabric>> {
     let ep = psl_fabric::TcpEndpoint::connect(router, psl_fabric::TcpConfig::default())
         .with_context(|| format!("connecting to router {router}"))?;
     Ok(Arc::new(ep))
@@ -172,6 +179,8 @@ pub fn run_node(a: NodeArgs) -> Result<i32> {
         batch_ops_max: a.batch_ops_max,
         flush_delay: Duration::from_micros(a.flush_us),
         core: psl_scl::NodeConfig { servers: a.servers, ..psl_scl::NodeConfig::default() },
+        capsuledb: a.capsuledb,
+        memtable_keys_max: a.memtable_keys_max,
         ..NodeOptions::default()
     };
     let keys = NodeKeys::derive(&meta, &app, &opts)?;

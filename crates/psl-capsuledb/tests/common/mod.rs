@@ -34,7 +34,14 @@ pub fn stores(v: &[&Arc<MemStore>]) -> Vec<Arc<dyn BlockStore>> {
 }
 
 pub fn tiny() -> Config {
-    Config { memtable_entries_max: 3, l0_blocks_max: 2, fanout: 2, block_entries_max: 3, cache_blocks_max: 4 }
+    Config {
+        memtable_entries_max: 3,
+        l0_blocks_max: 2,
+        fanout: 2,
+        block_entries_max: 3,
+        cache_blocks_max: 4,
+        drop_tombstones: true,
+    }
 }
 
 pub fn create(config: Config, s: &[&Arc<MemStore>]) -> CapsuleDb {

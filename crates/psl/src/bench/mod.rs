@@ -3,6 +3,7 @@
 //! reproduces.
 
 mod capsule;
+mod capsuledb;
 mod launch;
 mod memcached;
 mod replication;
@@ -14,7 +15,7 @@ use clap::Args;
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// Which benchmark: `capsule`, `scl`, `replication`, `memcached`, `launch`.
+    /// Which benchmark: `capsule`, `scl`, `replication`, `memcached`, `launch`, `capsuledb`.
     pub name: String,
     /// Print one JSON object instead of a table.
     #[arg(long)]
@@ -25,6 +26,9 @@ pub struct BenchArgs {
     /// Run only these cases (comma-separated; `scl`: w1,w2,w4,w8,ablation,gets,ring). Default: all.
     #[arg(long, value_delimiter = ',')]
     pub cases: Vec<String>,
+    /// Keys in the data set (`capsuledb`).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub keys: u64,
 }
 
 pub fn run(a: BenchArgs) -> Result<i32> {
@@ -34,7 +38,10 @@ pub fn run(a: BenchArgs) -> Result<i32> {
         "memcached" => memcached::run(a.seconds, !a.json)?,
         "replication" => replication::run(a.seconds * 2.0, !a.json)?,
         "launch" => launch::run((a.seconds * 20.0) as usize, !a.json)?,
-        other => bail!("unknown benchmark {other:?}; available: capsule, scl, replication, launch"),
+        "capsuledb" => capsuledb::run(a.seconds, a.keys, !a.json)?,
+        other => {
+            bail!("unknown benchmark {other:?}; available: capsule, scl, replication, memcached, launch, capsuledb")
+        }
     };
     if a.json {
         println!("{out}");

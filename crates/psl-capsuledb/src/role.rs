@@ -1,0 +1,297 @@
+//! The CapsuleDB role: a receive-only SCL node (it joins the fabric and applies every verified
+//! write like any worker) whose memtable journals each update into a [`CapsuleDb`]; the tree
+//! freezes and compacts into signed, encrypted block and index records; the role answers
+//! workers' read requests and publishes its frontier (what workers may evict).
+//!
+//! Threads:
+//! - *apply*: drains the node's update journal into the tree; when the index changes (a freeze,
+//!   maybe compactions) it records the newest index and multicasts a signed frontier (`heads`)
+//!   naming that index; it also freezes an idle memtable after `idle_flush` so that workers'
+//!   pinned keys become evictable, and re-sends the frontier every `heads_every`.
+//! - *answer*: takes read requests, groups them by key, reads each key once (memtable, L0
+//!   newest first, one block per level) and multicasts one signed, sealed answer per key with
+//!   the original `(lamport, writer)` version and every request id it answers.
+
+use crate::db::CapsuleDb;
+use crate::store::DirStore;
+use crate::{Error, Version};
+use psl_crypto::{DataKey, SigningKey};
+use psl_node::Node;
+use psl_scl::dbwire::{AnswerBody, DbAnswer, DbHeads, DbMsg, ANSWER_KEYS_MAX, ANSWER_REQS_MAX, DB_HEADS_MAX};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Timers and limits of the role.
+#[derive(Debug, Clone, Copy)]
+pub struct RoleOptions {
+    /// Freeze a non-empty memtable that has not changed the index for this long.
+    pub idle_flush: Duration,
+    /// Re-send the frontier at least this often.
+    pub heads_every: Duration,
+    /// Most journaled updates applied per lock hold.
+    pub apply_batch_max: usize,
+}
+
+impl Default for RoleOptions {
+    fn default() -> Self {
+        RoleOptions {
+            idle_flush: Duration::from_millis(500),
+            heads_every: Duration::from_millis(250),
+            apply_batch_max: 4096,
+        }
+    }
+}
+
+/// Counters of the role.
+#[derive(Debug, Default)]
+pub struct RoleStats {
+    pub applied: AtomicU64,
+    pub requests: AtomicU64,
+    pub answers: AtomicU64,
+    pub misses: AtomicU64,
+    pub errors: AtomicU64,
+    pub heads_sent: AtomicU64,
+}
+
+/// What signs answers and heads: CapsuleDB's writer index and key, and the data key that
+/// seals answers and opens requests.
+pub struct RoleKeys {
+    pub writer: u32,
+    pub signing: SigningKey,
+    pub data_key: DataKey,
+}
+
+pub struct Role {
+    db: Arc<parking_lot::Mutex<CapsuleDb>>,
+    node: Arc<Node>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+    stats: Arc<RoleStats>,
+}
+
+impl std::fmt::Debug for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Role({:?})", self.node)
+    }
+}
+
+struct Shared {
+    db: Arc<parking_lot::Mutex<CapsuleDb>>,
+    node: Arc<Node>,
+    keys: RoleKeys,
+    pointers: Vec<Arc<DirStore>>,
+    stats: Arc<RoleStats>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Shared {
+    fn heads(&self, db: &CapsuleDb) -> Vec<u8> {
+        let frontier: Vec<(u32, u64)> = db.frontier().iter().map(|(w, l)| (*w, *l)).take(DB_HEADS_MAX).collect();
+        let seq = db.index_seq();
+        // The role's own (bounded) memtable may drop what the tree holds, too.
+        self.node.memtable().raise_floor(&frontier, seq);
+        DbMsg::Heads(DbHeads::sign(self.node.capsule(), self.keys.writer, seq, frontier, &self.keys.signing)).encode()
+    }
+
+    /// After the index changed: record it as the newest, then tell the workers.
+    fn index_changed(&self, db: &CapsuleDb) -> Result<(), Error> {
+        for p in &self.pointers {
+            p.set_newest(&db.newest_index()).map_err(|e| Error::Store(e.to_string()))?;
+        }
+        let h = self.heads(db);
+        if self.node.publish(h).is_ok() {
+            self.stats.heads_sent.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    fn apply_loop(&self, opts: RoleOptions) {
+        let mut last_change = Instant::now();
+        let mut last_heads = Instant::now();
+        while !self.stop.load(Ordering::Acquire) {
+            let batch = self.node.memtable().drain_journal(opts.apply_batch_max, Duration::from_millis(20));
+            let mut db = self.db.lock();
+            let before = db.index_seq();
+            for (key, version, value) in batch {
+                let v = Version { lamport: version.lamport, writer: version.writer };
+                if let Err(e) = db.apply(&key, v, value.map(|v| v.to_vec())) {
+                    tracing::error!("capsuledb: applying a write failed: {e}");
+                    self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                }
+                self.stats.applied.fetch_add(1, Ordering::Relaxed);
+            }
+            if db.index_seq() == before && db.memtable_len() > 0 && last_change.elapsed() >= opts.idle_flush {
+                if let Err(e) = db.flush() {
+                    tracing::error!("capsuledb: freezing the memtable failed: {e}");
+                    self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            if db.index_seq() != before {
+                last_change = Instant::now();
+                last_heads = Instant::now();
+                if let Err(e) = self.index_changed(&db) {
+                    tracing::error!("capsuledb: recording the newest index failed: {e}");
+                    self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                }
+            } else if last_heads.elapsed() >= opts.heads_every {
+                last_heads = Instant::now();
+                let h = self.heads(&db);
+                drop(db);
+                if self.node.publish(h).is_ok() {
+                    self.stats.heads_sent.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    fn answer_loop(&self) {
+        let Some(rx) = self.node.db_requests().cloned() else { return };
+        while !self.stop.load(Ordering::Acquire) {
+            let Ok(first) = rx.recv_timeout(Duration::from_millis(50)) else { continue };
+            // Group what is queued by key: one read and one answer per key.
+            let mut by_key: BTreeMap<Vec<u8>, Vec<u64>> = BTreeMap::new();
+            for g in std::iter::once(first).chain(rx.try_iter().take(4096)) {
+                self.stats.requests.fetch_add(1, Ordering::Relaxed);
+                match g.open(&self.keys.data_key) {
+                    Ok(k) => by_key.entry(k).or_default().push(g.req_id),
+                    Err(e) => {
+                        tracing::debug!("capsuledb: request refused: {e}");
+                        self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            let mut out = Vec::with_capacity(by_key.len());
+            {
+                let mut db = self.db.lock();
+                let seq = db.index_seq();
+                for (key, reqs) in by_key {
+                    match db.get_cell(&key) {
+                        Ok(found) => out.push((key, reqs, seq, found)),
+                        Err(e) => {
+                            // Unreadable from every store: no answer (the worker's get times out
+                            // with a clear error rather than read a wrong value).
+                            tracing::error!("capsuledb: read failed: {e}");
+                            self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }
+            // One signed answer per batch of keys (the requests queued together).
+            for batch in out.chunks(ANSWER_KEYS_MAX) {
+                let mut reqs: Vec<u64> = Vec::new();
+                let mut entries = Vec::with_capacity(batch.len());
+                let seq = batch[0].2;
+                for (key, rs, _, found) in batch {
+                    if found.is_none() {
+                        self.stats.misses.fetch_add(1, Ordering::Relaxed);
+                    }
+                    reqs.extend(rs.iter().take(ANSWER_REQS_MAX));
+                    entries.push((
+                        key.clone(),
+                        found.clone().map(|(v, val)| (psl_scl::Version { lamport: v.lamport, writer: v.writer }, val)),
+                    ));
+                }
+                let body = AnswerBody { entries };
+                for chunk in reqs.chunks(ANSWER_REQS_MAX) {
+                    let a = DbAnswer::seal(
+                        self.node.capsule(),
+                        self.keys.writer,
+                        seq,
+                        chunk.to_vec(),
+                        &body,
+                        &self.keys.data_key,
+                        rand::random(),
+                        &self.keys.signing,
+                    );
+                    if self.node.publish(DbMsg::Answer(a).encode()).is_ok() {
+                        self.stats.answers.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Role {
+    /// Runs the role on `node` (started with `NodeOptions::capsuledb_role`) over `db`.
+    /// Every store in `pointers` records the newest index after every change (for restarts).
+    pub fn start(
+        node: Node,
+        db: CapsuleDb,
+        keys: RoleKeys,
+        pointers: Vec<Arc<DirStore>>,
+        opts: RoleOptions,
+    ) -> Result<Role, Error> {
+        if node.db_requests().is_none() {
+            return Err(Error::Invalid("the node was not started with NodeOptions::capsuledb_role"));
+        }
+        let db = Arc::new(parking_lot::Mutex::new(db));
+        let node = Arc::new(node);
+        let stop = Arc::new(AtomicBool::new(false));
+        let stats = Arc::new(RoleStats::default());
+        let shared = Arc::new(Shared {
+            db: db.clone(),
+            node: node.clone(),
+            keys,
+            pointers,
+            stats: stats.clone(),
+            stop: stop.clone(),
+        });
+        {
+            let d = db.lock();
+            shared.index_changed(&d)?;
+        }
+        let mut threads = Vec::new();
+        let s = shared.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name("capsuledb-apply".into())
+                .spawn(move || s.apply_loop(opts))
+                .map_err(|e| Error::Store(format!("spawning a thread: {e}")))?,
+        );
+        let s = shared;
+        threads.push(
+            std::thread::Builder::new()
+                .name("capsuledb-answer".into())
+                .spawn(move || s.answer_loop())
+                .map_err(|e| Error::Store(format!("spawning a thread: {e}")))?,
+        );
+        Ok(Role { db, node, stop, threads, stats })
+    }
+
+    pub fn db(&self) -> &Arc<parking_lot::Mutex<CapsuleDb>> {
+        &self.db
+    }
+
+    pub fn node(&self) -> &Arc<Node> {
+        &self.node
+    }
+
+    pub fn stats(&self) -> &RoleStats {
+        &self.stats
+    }
+
+    /// Stops the threads; the node stops when the last reference to it goes.
+    pub fn shutdown(mut self) {
+        self.stop_threads();
+    }
+
+    fn stop_threads(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        self.node.memtable().close_journal();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Role {
+    fn drop(&mut self) {
+        if !self.threads.is_empty() {
+            self.stop_threads();
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! The worker side of CapsuleDB reads: a get that the memtable cannot answer (the key was
+//! evicted, or never seen) sends a sealed request over the fabric and waits for CapsuleDB's
+//! signed answer; the dispatcher verifies answers and frontiers and feeds the memtable.
+//!
+//! Pending requests are kept by request id (random 64 bits) with their key: an answer is
+//! applied only for a request of this node still pending for that exact key, so an old
+//! answer replayed by the fabric changes nothing. Every waiter for a key is woken by the
+//! first good answer, whichever request it names (the answer is then fresh for all of them).
+
+use parking_lot::{Condvar, Mutex};
+use psl_capsule::CapsuleName;
+use psl_crypto::{DataKey, VerifyingKey};
+use psl_scl::dbwire::{DbAnswer, DbGet, DbHeads, DbMsg};
+use psl_scl::Memtable;
+use rustc_hash::FxHashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Counters of the miss path.
+#[derive(Debug, Default)]
+pub struct DbClientStats {
+    pub requests: AtomicU64,
+    pub answers: AtomicU64,
+    pub rejected: AtomicU64,
+    pub timeouts: AtomicU64,
+    pub heads: AtomicU64,
+}
+
+pub(crate) struct DbClient {
+    pub capsule: CapsuleName,
+    pub signer: u32,
+    pub key: VerifyingKey,
+    pub data_key: DataKey,
+    pub memtable: Arc<Memtable>,
+    /// Request id -> key, for requests still waiting.
+    pending: Mutex<FxHashMap<u64, Arc<[u8]>>>,
+    /// Request id -> the live value answered (`None`: deleted or never written), until the
+    /// waiter takes it.
+    done: Mutex<FxHashMap<u64, Option<Arc<[u8]>>>>,
+    /// Bumped (and waiters woken) whenever an answer settles some key.
+    settled: Mutex<u64>,
+    wake: Condvar,
+    pub stats: DbClientStats,
+}
+
+impl DbClient {
+    pub fn new(
+        capsule: CapsuleName,
+        signer: u32,
+        key: VerifyingKey,
+        data_key: DataKey,
+        memtable: Arc<Memtable>,
+    ) -> DbClient {
+        DbClient {
+            capsule,
+            signer,
+            key,
+            data_key,
+            memtable,
+            pending: Mutex::new(FxHashMap::default()),
+            done: Mutex::new(FxHashMap::default()),
+            settled: Mutex::new(0),
+            wake: Condvar::new(),
+            stats: DbClientStats::default(),
+        }
+    }
+
+    /// Registers a request for `key` and returns its wire bytes.
+    pub fn request(&self, key: &[u8]) -> (u64, Vec<u8>) {
+        let req_id: u64 = rand::random();
+        self.pending.lock().insert(req_id, key.into());
+        self.stats.requests.fetch_add(1, Ordering::Relaxed);
+        let g = DbGet::seal(self.capsule, req_id, key, &self.data_key, rand::random());
+        (req_id, DbMsg::Get(g).encode())
+    }
+
+    pub fn forget(&self, req_id: u64) {
+        self.pending.lock().remove(&req_id);
+        self.done.lock().remove(&req_id);
+    }
+
+    /// Whether request `req_id` is still waiting.
+    pub fn is_pending(&self, req_id: u64) -> bool {
+        self.pending.lock().contains_key(&req_id)
+    }
+
+    /// The answer to `req_id`, once it came (taken once).
+    pub fn take_answer(&self, req_id: u64) -> Option<Option<Arc<[u8]>>> {
+        self.done.lock().remove(&req_id)
+    }
+
+    /// Waits until something settles or `until`; returns false on timeout.
+    pub fn wait(&self, seen: u64, until: std::time::Instant) -> bool {
+        let mut s = self.settled.lock();
+        while *s == seen {
+            if self.wake.wait_until(&mut s, until).timed_out() {
+                return *s != seen;
+            }
+        }
+        true
+    }
+
+    pub fn settled(&self) -> u64 {
+        *self.settled.lock()
+    }
+
+    /// Handles a CapsuleDB message from the fabric (dispatcher thread). Gets are not ours to
+    /// answer: returned for a CapsuleDB role to take.
+    pub fn on_message(&self, m: DbMsg) -> Option<DbGet> {
+        match m {
+            DbMsg::Get(g) => return Some(g),
+            DbMsg::Answer(a) => self.on_answer(a),
+            DbMsg::Heads(h) => self.on_heads(h),
+        }
+        None
+    }
+
+    fn on_answer(&self, a: DbAnswer) {
+        if a.capsule != self.capsule || a.signer != self.signer {
+            self.stats.rejected.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        // Cheap filter before the signature check: is any of its requests ours?
+        if !a.req_ids.iter().any(|r| self.is_pending(*r)) {
+            return;
+        }
+        let body = match a.verify_open(&self.key, &self.data_key) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::debug!("CapsuleDB answer rejected: {e}");
+                self.stats.rejected.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        };
+        let mut any = false;
+        for (key, found) in body.entries {
+            let mine = {
+                let p = self.pending.lock();
+                a.req_ids.iter().any(|r| p.get(r).is_some_and(|k| **k == *key))
+            };
+            if !mine {
+                continue;
+            }
+            let found = found.map(|(v, val)| (v, val.map(Arc::<[u8]>::from)));
+            let value = found.as_ref().and_then(|(_, v)| v.clone());
+            if self.memtable.learn(&key, found, a.index_seq).is_none() {
+                // Older than the frontier this node evicted under: the waiters ask again.
+                self.stats.rejected.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            any = true;
+            self.stats.answers.fetch_add(1, Ordering::Relaxed);
+            // Every request of ours for this key is answered by it: `learn` checked that it
+            // knows everything this node evicted, which is all a fresh answer promises.
+            let mut p = self.pending.lock();
+            let mut d = self.done.lock();
+            p.retain(|r, k| {
+                if **k == *key {
+                    d.insert(*r, value.clone());
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        if !any {
+            return;
+        }
+        *self.settled.lock() += 1;
+        self.wake.notify_all();
+    }
+
+    fn on_heads(&self, h: DbHeads) {
+        if h.capsule != self.capsule || h.signer != self.signer || h.verify(&self.key).is_err() {
+            self.stats.rejected.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.stats.heads.fetch_add(1, Ordering::Relaxed);
+        self.memtable.raise_floor(&h.frontier, h.seq);
+    }
+}

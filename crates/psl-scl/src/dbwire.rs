@@ -1,0 +1,487 @@
+//! CapsuleDB's messages on the fabric: a worker's read request for a key its memtable cannot
+//! answer, CapsuleDB's answer, and CapsuleDB's frontier (what workers may evict). They share
+//! the prefix of [`crate::wire`] (`u8 version | u8 type | [32] capsule`) with types 5 to 7,
+//! which [`crate::Msg::decode`] refuses as unknown types; [`is_db_msg`] tells them apart.
+//!
+//! ```text
+//!   type 5, get:     u64 req_id | [16] salt | u32 len | sealed key
+//!   type 6, answer:  u32 signer | u64 index_seq | u16 n | n × u64 req_id | [16] salt | u32 len
+//!                    | sealed body | [64] sig
+//!   type 7, heads:   u32 signer | u64 seq | u16 n | n × (u32 writer | u64 lamport) | [64] sig
+//!   answer body (plaintext): u16 n (1..=256) | n × (u16 klen | key | u8 tag (0 miss,
+//!                            1 tombstone, 2 value) | tag > 0: u64 lamport | u32 writer
+//!                            | tag 2: u32 vlen | value)
+//! ```
+//!
+//! Keys and values are secret: the key of a get and the body of an answer are sealed with the
+//! application's data key (AES-256-GCM under a key derived from a random salt, as records are;
+//! the bytes before the salt are the associated data). The fabric is untrusted, so answers and
+//! heads are also signed with CapsuleDB's writer key (ECDSA over SHA-256 of a domain tag and
+//! every byte before the signature): a worker holding the data key cannot forge an answer, and
+//! nobody can forge a frontier that would make workers evict what CapsuleDB does not hold.
+//! A get is unsigned: it is a request, like a repair request, and costs CapsuleDB one lookup.
+//! An answer names the request ids it answers; a worker applies it only for a request of its
+//! own that is still pending for that key, so replaying an old answer achieves nothing. The
+//! answer also names the index CapsuleDB had when it answered (`index_seq`); heads carry the
+//! index their frontier is stored in (`seq`). A worker refuses an answer older than the heads
+//! under which it last evicted from the key's shard: such an answer (delayed in the network)
+//! may not know the version the worker evicted (see `Memtable::learn`).
+
+use crate::memtable::Version;
+use psl_capsule::CapsuleName;
+use psl_crypto::{sha256, DataKey, Hash256, Signature, SigningKey, VerifyingKey, SALT_LEN};
+
+const TYPE_GET: u8 = 5;
+const TYPE_ANSWER: u8 = 6;
+const TYPE_HEADS: u8 = 7;
+const PREFIX_LEN: usize = 34;
+/// Most request ids one answer names.
+pub const ANSWER_REQS_MAX: usize = 256;
+/// Most writers in one heads message.
+pub const DB_HEADS_MAX: usize = 4096;
+/// Most bytes of a sealed key or answer body (a 1 MiB value, a key, the framing, the tag).
+pub const SEALED_BYTES_MAX: usize = (1 << 20) + 1024;
+const KEY_BYTES_MAX: usize = 1024;
+const GET_CONTEXT: &[u8] = b"psl/db-get/v1";
+const ANSWER_CONTEXT: &[u8] = b"psl/db-answer/v1";
+const ANSWER_DOMAIN: &[u8] = b"psl-db-answer-v1";
+const HEADS_DOMAIN: &[u8] = b"psl-db-heads-v1";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DbGet {
+    pub capsule: CapsuleName,
+    pub req_id: u64,
+    pub salt: [u8; SALT_LEN],
+    pub sealed: Vec<u8>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DbAnswer {
+    pub capsule: CapsuleName,
+    /// CapsuleDB's writer index (whose key signs).
+    pub signer: u32,
+    /// CapsuleDB's index sequence number when it answered.
+    pub index_seq: u64,
+    pub req_ids: Vec<u64>,
+    pub salt: [u8; SALT_LEN],
+    pub sealed: Vec<u8>,
+    pub signature: Signature,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DbHeads {
+    pub capsule: CapsuleName,
+    pub signer: u32,
+    /// The index sequence number whose blocks hold the frontier.
+    pub seq: u64,
+    /// Per writer: every write up to this Lamport time is in CapsuleDB's stored blocks.
+    pub frontier: Vec<(u32, u64)>,
+    pub signature: Signature,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DbMsg {
+    Get(DbGet),
+    Answer(DbAnswer),
+    Heads(DbHeads),
+}
+
+/// What an answer says about its key: `None` = CapsuleDB holds nothing for it; otherwise the
+/// newest version with its value (`None` = a tombstone).
+pub type Found = Option<(Version, Option<Vec<u8>>)>;
+
+/// One answer carries several keys (the requests CapsuleDB had queued), so that one signature
+/// covers them all.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnswerBody {
+    pub entries: Vec<(Vec<u8>, Found)>,
+}
+
+/// Most keys in one answer.
+pub const ANSWER_KEYS_MAX: usize = 256;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DbWireError {
+    #[error("message of {0} bytes is too short")]
+    Short(usize),
+    #[error("not a CapsuleDB message (version {0}, type {1})")]
+    NotDb(u8, u8),
+    #[error("{0}")]
+    Malformed(&'static str),
+    #[error("signature does not verify with CapsuleDB's key")]
+    Signature,
+    #[error("sealed part does not open with the data key (altered, or another capsule's)")]
+    Decryption,
+}
+
+/// Whether `b` has the prefix of a CapsuleDB message (types 5 to 7).
+pub fn is_db_msg(b: &[u8]) -> bool {
+    b.len() >= 2 && b[0] == crate::wire::WIRE_VERSION && (TYPE_GET..=TYPE_HEADS).contains(&b[1])
+}
+
+fn prefix(t: u8, capsule: &CapsuleName) -> Vec<u8> {
+    let mut b = Vec::with_capacity(128);
+    b.push(crate::wire::WIRE_VERSION);
+    b.push(t);
+    b.extend_from_slice(&capsule.0 .0);
+    b
+}
+
+impl DbGet {
+    /// A request for `key`, sealed under the data key with a fresh random `salt`.
+    pub fn seal(capsule: CapsuleName, req_id: u64, key: &[u8], data_key: &DataKey, salt: [u8; SALT_LEN]) -> DbGet {
+        let aad = get_aad(&capsule, req_id);
+        DbGet { capsule, req_id, salt, sealed: data_key.seal(&salt, GET_CONTEXT, &aad, key) }
+    }
+
+    /// The requested key.
+    pub fn open(&self, data_key: &DataKey) -> Result<Vec<u8>, DbWireError> {
+        let key = data_key
+            .open(&self.salt, GET_CONTEXT, &get_aad(&self.capsule, self.req_id), &self.sealed)
+            .map_err(|_| DbWireError::Decryption)?;
+        if key.is_empty() || key.len() > KEY_BYTES_MAX {
+            return Err(DbWireError::Malformed("requested key length"));
+        }
+        Ok(key.to_vec())
+    }
+}
+
+fn get_aad(capsule: &CapsuleName, req_id: u64) -> Vec<u8> {
+    let mut b = prefix(TYPE_GET, capsule);
+    b.extend_from_slice(&req_id.to_le_bytes());
+    b
+}
+
+fn answer_head(capsule: &CapsuleName, signer: u32, index_seq: u64, req_ids: &[u64]) -> Vec<u8> {
+    let mut b = prefix(TYPE_ANSWER, capsule);
+    b.extend_from_slice(&signer.to_le_bytes());
+    b.extend_from_slice(&index_seq.to_le_bytes());
+    b.extend_from_slice(&(req_ids.len() as u16).to_le_bytes());
+    for r in req_ids {
+        b.extend_from_slice(&r.to_le_bytes());
+    }
+    b
+}
+
+impl AnswerBody {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(64);
+        b.extend_from_slice(&(self.entries.len() as u16).to_le_bytes());
+        for (key, found) in &self.entries {
+            b.extend_from_slice(&(key.len() as u16).to_le_bytes());
+            b.extend_from_slice(key);
+            match found {
+                None => b.push(0),
+                Some((v, val)) => {
+                    b.push(if val.is_some() { 2 } else { 1 });
+                    b.extend_from_slice(&v.lamport.to_le_bytes());
+                    b.extend_from_slice(&v.writer.to_le_bytes());
+                    if let Some(val) = val {
+                        b.extend_from_slice(&(val.len() as u32).to_le_bytes());
+                        b.extend_from_slice(val);
+                    }
+                }
+            }
+        }
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<AnswerBody, DbWireError> {
+        let mut r = Reader(b);
+        let n = r.u16()? as usize;
+        if n == 0 || n > ANSWER_KEYS_MAX {
+            return Err(DbWireError::Malformed("answer key count"));
+        }
+        let mut entries = Vec::with_capacity(n);
+        for _ in 0..n {
+            let klen = r.u16()? as usize;
+            if klen == 0 || klen > KEY_BYTES_MAX {
+                return Err(DbWireError::Malformed("answer key length"));
+            }
+            let key = r.take(klen)?.to_vec();
+            let found = match r.u8()? {
+                0 => None,
+                t @ (1 | 2) => {
+                    let lamport = r.u64()?;
+                    let writer = r.u32()?;
+                    let val = if t == 2 {
+                        let n = r.u32()? as usize;
+                        Some(r.take(n)?.to_vec())
+                    } else {
+                        None
+                    };
+                    Some((Version { lamport, writer }, val))
+                }
+                _ => return Err(DbWireError::Malformed("answer tag")),
+            };
+            entries.push((key, found));
+        }
+        if !r.0.is_empty() {
+            return Err(DbWireError::Malformed("trailing bytes in answer body"));
+        }
+        Ok(AnswerBody { entries })
+    }
+}
+
+impl DbAnswer {
+    /// Seals `body` for `req_ids` and signs the message with CapsuleDB's key.
+    #[allow(clippy::too_many_arguments)]
+    pub fn seal(
+        capsule: CapsuleName,
+        signer: u32,
+        index_seq: u64,
+        req_ids: Vec<u64>,
+        body: &AnswerBody,
+        data_key: &DataKey,
+        salt: [u8; SALT_LEN],
+        key: &SigningKey,
+    ) -> DbAnswer {
+        assert!(req_ids.len() <= ANSWER_REQS_MAX, "callers split answers");
+        let aad = answer_head(&capsule, signer, index_seq, &req_ids);
+        let sealed = data_key.seal(&salt, ANSWER_CONTEXT, &aad, &body.encode());
+        let mut a = DbAnswer { capsule, signer, index_seq, req_ids, salt, sealed, signature: Signature([0; 64]) };
+        a.signature = key.sign(&a.digest());
+        a
+    }
+
+    fn digest(&self) -> Hash256 {
+        let mut b = answer_head(&self.capsule, self.signer, self.index_seq, &self.req_ids);
+        b.extend_from_slice(&self.salt);
+        b.extend_from_slice(&(self.sealed.len() as u32).to_le_bytes());
+        b.extend_from_slice(&self.sealed);
+        sha256(&[ANSWER_DOMAIN, &b])
+    }
+
+    /// Checks the signature with CapsuleDB's public key, then opens the body.
+    pub fn verify_open(&self, key: &VerifyingKey, data_key: &DataKey) -> Result<AnswerBody, DbWireError> {
+        key.verify(&self.digest(), &self.signature).map_err(|_| DbWireError::Signature)?;
+        let aad = answer_head(&self.capsule, self.signer, self.index_seq, &self.req_ids);
+        let plain =
+            data_key.open(&self.salt, ANSWER_CONTEXT, &aad, &self.sealed).map_err(|_| DbWireError::Decryption)?;
+        AnswerBody::decode(&plain)
+    }
+}
+
+impl DbHeads {
+    pub fn sign(capsule: CapsuleName, signer: u32, seq: u64, frontier: Vec<(u32, u64)>, key: &SigningKey) -> DbHeads {
+        assert!(frontier.len() <= DB_HEADS_MAX, "callers cap the frontier");
+        let mut h = DbHeads { capsule, signer, seq, frontier, signature: Signature([0; 64]) };
+        h.signature = key.sign(&h.digest());
+        h
+    }
+
+    fn body(&self) -> Vec<u8> {
+        let mut b = prefix(TYPE_HEADS, &self.capsule);
+        b.extend_from_slice(&self.signer.to_le_bytes());
+        b.extend_from_slice(&self.seq.to_le_bytes());
+        b.extend_from_slice(&(self.frontier.len() as u16).to_le_bytes());
+        for (w, l) in &self.frontier {
+            b.extend_from_slice(&w.to_le_bytes());
+            b.extend_from_slice(&l.to_le_bytes());
+        }
+        b
+    }
+
+    fn digest(&self) -> Hash256 {
+        sha256(&[HEADS_DOMAIN, &self.body()])
+    }
+
+    pub fn verify(&self, key: &VerifyingKey) -> Result<(), DbWireError> {
+        key.verify(&self.digest(), &self.signature).map_err(|_| DbWireError::Signature)
+    }
+}
+
+impl DbMsg {
+    pub fn capsule(&self) -> CapsuleName {
+        match self {
+            DbMsg::Get(g) => g.capsule,
+            DbMsg::Answer(a) => a.capsule,
+            DbMsg::Heads(h) => h.capsule,
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        match self {
+            DbMsg::Get(g) => {
+                let mut b = get_aad(&g.capsule, g.req_id);
+                b.extend_from_slice(&g.salt);
+                b.extend_from_slice(&(g.sealed.len() as u32).to_le_bytes());
+                b.extend_from_slice(&g.sealed);
+                b
+            }
+            DbMsg::Answer(a) => {
+                let mut b = answer_head(&a.capsule, a.signer, a.index_seq, &a.req_ids);
+                b.extend_from_slice(&a.salt);
+                b.extend_from_slice(&(a.sealed.len() as u32).to_le_bytes());
+                b.extend_from_slice(&a.sealed);
+                b.extend_from_slice(&a.signature.0);
+                b
+            }
+            DbMsg::Heads(h) => {
+                let mut b = h.body();
+                b.extend_from_slice(&h.signature.0);
+                b
+            }
+        }
+    }
+
+    /// Decodes the framing (bounded, total); signatures and sealed parts are checked by
+    /// [`DbAnswer::verify_open`], [`DbHeads::verify`] and [`DbGet::open`].
+    pub fn decode(b: &[u8]) -> Result<DbMsg, DbWireError> {
+        if b.len() < PREFIX_LEN {
+            return Err(DbWireError::Short(b.len()));
+        }
+        if !is_db_msg(b) {
+            return Err(DbWireError::NotDb(b[0], b[1]));
+        }
+        let mut name = [0u8; 32];
+        name.copy_from_slice(&b[2..34]);
+        let capsule = CapsuleName(Hash256(name));
+        let mut r = Reader(&b[PREFIX_LEN..]);
+        let m = match b[1] {
+            TYPE_GET => {
+                let req_id = r.u64()?;
+                let salt = r.salt()?;
+                let sealed = r.sealed()?;
+                DbMsg::Get(DbGet { capsule, req_id, salt, sealed })
+            }
+            TYPE_ANSWER => {
+                let signer = r.u32()?;
+                let index_seq = r.u64()?;
+                let n = r.u16()? as usize;
+                if n == 0 || n > ANSWER_REQS_MAX {
+                    return Err(DbWireError::Malformed("answer request count"));
+                }
+                let mut req_ids = Vec::with_capacity(n);
+                for _ in 0..n {
+                    req_ids.push(r.u64()?);
+                }
+                let salt = r.salt()?;
+                let sealed = r.sealed()?;
+                let signature = r.signature()?;
+                DbMsg::Answer(DbAnswer { capsule, signer, index_seq, req_ids, salt, sealed, signature })
+            }
+            _ => {
+                let signer = r.u32()?;
+                let seq = r.u64()?;
+                let n = r.u16()? as usize;
+                if n > DB_HEADS_MAX {
+                    return Err(DbWireError::Malformed("heads count"));
+                }
+                let mut frontier = Vec::with_capacity(n);
+                for _ in 0..n {
+                    frontier.push((r.u32()?, r.u64()?));
+                }
+                let signature = r.signature()?;
+                DbMsg::Heads(DbHeads { capsule, signer, seq, frontier, signature })
+            }
+        };
+        if !r.0.is_empty() {
+            return Err(DbWireError::Malformed("trailing bytes"));
+        }
+        Ok(m)
+    }
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DbWireError> {
+        if self.0.len() < n {
+            return Err(DbWireError::Malformed("truncated"));
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Ok(a)
+    }
+    fn u8(&mut self) -> Result<u8, DbWireError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16, DbWireError> {
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
+    }
+    fn u32(&mut self) -> Result<u32, DbWireError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+    }
+    fn u64(&mut self) -> Result<u64, DbWireError> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+    }
+    fn salt(&mut self) -> Result<[u8; SALT_LEN], DbWireError> {
+        Ok(self.take(SALT_LEN)?.try_into().expect("salt length"))
+    }
+    fn sealed(&mut self) -> Result<Vec<u8>, DbWireError> {
+        let n = self.u32()? as usize;
+        if n > SEALED_BYTES_MAX {
+            return Err(DbWireError::Malformed("sealed part over the limit"));
+        }
+        Ok(self.take(n)?.to_vec())
+    }
+    fn signature(&mut self) -> Result<Signature, DbWireError> {
+        Ok(Signature(self.take(64)?.try_into().expect("64 bytes")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn keys() -> (DataKey, SigningKey, VerifyingKey, VerifyingKey) {
+        let owner = psl_crypto::OwnerKey::from_seed(&[3; 32]).unwrap();
+        let app = owner.app(1).unwrap();
+        let sk = app.writer(70).unwrap();
+        (app.data_key(), sk, app.public().writer(70).unwrap(), app.public().writer(71).unwrap())
+    }
+
+    #[test]
+    fn get_and_answer_round_trip_and_bind_everything() {
+        let (dk, sk, pk, other) = keys();
+        let capsule = CapsuleName(Hash256([9; 32]));
+        let g = DbGet::seal(capsule, 77, b"hello", &dk, [1; 16]);
+        let DbMsg::Get(back) = DbMsg::decode(&DbMsg::Get(g.clone()).encode()).unwrap() else { panic!("a get") };
+        assert_eq!(back.open(&dk).unwrap(), b"hello");
+        assert!(DbGet { req_id: 78, ..g.clone() }.open(&dk).is_err(), "the request id is bound");
+        assert!(!g.sealed.windows(5).any(|w| w == b"hello"), "the key is not in the clear");
+
+        let body = AnswerBody {
+            entries: vec![
+                (b"hello".to_vec(), Some((Version { lamport: 5, writer: 9 }, Some(vec![1, 2])))),
+                (b"x".to_vec(), None),
+            ],
+        };
+        let a = DbAnswer::seal(capsule, 70, 4, vec![77, 80], &body, &dk, [2; 16], &sk);
+        let DbMsg::Answer(back) = DbMsg::decode(&DbMsg::Answer(a.clone()).encode()).unwrap() else { panic!("answer") };
+        assert_eq!(back.verify_open(&pk, &dk).unwrap(), body);
+        assert_eq!(a.verify_open(&other, &dk), Err(DbWireError::Signature));
+        assert!(DbAnswer { req_ids: vec![77, 81], ..a.clone() }.verify_open(&pk, &dk).is_err());
+        assert!(DbAnswer { index_seq: 5, ..a.clone() }.verify_open(&pk, &dk).is_err());
+        let mut s = a.clone();
+        s.sealed[0] ^= 1;
+        assert!(s.verify_open(&pk, &dk).is_err());
+
+        let h = DbHeads::sign(capsule, 70, 3, vec![(1, 10), (2, 20)], &sk);
+        let DbMsg::Heads(back) = DbMsg::decode(&DbMsg::Heads(h.clone()).encode()).unwrap() else { panic!("heads") };
+        back.verify(&pk).unwrap();
+        assert!(DbHeads { frontier: vec![(1, 11), (2, 20)], ..h.clone() }.verify(&pk).is_err());
+        assert!(h.verify(&other).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn answer_body_round_trip(key in proptest::collection::vec(any::<u8>(), 1..50), l in any::<u64>(), w in any::<u32>(), tag in 0u8..3, val in proptest::collection::vec(any::<u8>(), 0..80)) {
+            let found = match tag { 0 => None, 1 => Some((Version { lamport: l, writer: w }, None)), _ => Some((Version { lamport: l, writer: w }, Some(val))) };
+            let b = AnswerBody { entries: vec![(key.clone(), found), (key, None)] };
+            prop_assert_eq!(AnswerBody::decode(&b.encode()).unwrap(), b);
+        }
+
+        #[test]
+        fn decode_never_panics(t in 5u8..8, bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let mut b = vec![1u8, t];
+            b.extend_from_slice(&[0; 32]);
+            b.extend_from_slice(&bytes);
+            let _ = DbMsg::decode(&b);
+            let _ = DbMsg::decode(&bytes);
+            let _ = AnswerBody::decode(&bytes);
+        }
+    }
+}

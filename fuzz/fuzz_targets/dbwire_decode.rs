@@ -1,0 +1,15 @@
+//! CapsuleDB's fabric messages (sealed get, signed sealed answer, signed heads) and the answer
+//! body: decoding never panics, and whatever decodes re-encodes to the same bytes.
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+use psl_scl::dbwire::{AnswerBody, DbMsg};
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(m) = DbMsg::decode(data) {
+        assert_eq!(m.encode(), data, "decode then encode is the identity");
+    }
+    if let Ok(b) = AnswerBody::decode(data) {
+        assert_eq!(b.encode(), data, "answer body round trip");
+        assert!(!b.entries.is_empty() && b.entries.len() <= psl_scl::dbwire::ANSWER_KEYS_MAX);
+    }
+});
