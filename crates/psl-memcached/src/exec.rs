@@ -109,6 +109,7 @@ impl FrontEnd {
                         Stats::inc(&self.stats.get_hits);
                         (value, cas)
                     }
+                    o @ Outcome::Unavailable(_) => return line(out, simple_reply(&o, "")),
                     _ => {
                         Stats::inc(&self.stats.get_misses);
                         return;
@@ -390,6 +391,7 @@ fn simple_reply(o: &Outcome, ok: &'static str) -> &'static str {
         Outcome::NonNumeric => proto::NON_NUMERIC,
         Outcome::TooLarge => proto::TOO_LARGE,
         Outcome::Failed(_) => "SERVER_ERROR out of memory storing object",
+        Outcome::Unavailable(_) => "SERVER_ERROR home front end of this key unavailable",
         Outcome::Number { .. } | Outcome::Item { .. } => ok,
     }
 }

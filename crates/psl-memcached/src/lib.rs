@@ -60,6 +60,7 @@ pub mod deploy;
 pub mod exec;
 pub mod item;
 mod lru;
+pub mod peer;
 pub mod proto;
 pub mod server;
 pub mod stats;

@@ -7,11 +7,13 @@
 
 use crate::item::{self, absolute_expiry, cas_of};
 use crate::lru::{key_hash, Lru};
+use crate::peer::{PeerClient, PeerConfig, PeerKey};
 use crate::proto::{parse_counter, Limits, StoreMode};
 use crate::stats::Stats;
 use parking_lot::{Mutex, RwLock};
 use psl_node::{Node, NodeError};
 use psl_scl::Version;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -93,6 +95,8 @@ pub enum Outcome {
     NonNumeric,
     TooLarge,
     Failed(String),
+    /// The key's home front end (another process) could not be reached in time.
+    Unavailable(String),
 }
 
 /// A read's result.
@@ -151,8 +155,21 @@ pub struct FrontEnd {
 
 #[derive(Default)]
 struct Group {
-    members: Vec<Weak<FrontEnd>>,
+    members: Vec<Member>,
     me: usize,
+}
+
+/// A member of a front-end group: in this process, or behind a peer address.
+enum Member {
+    Local(Weak<FrontEnd>),
+    Remote(Arc<PeerClient>),
+}
+
+/// Where a read-modify-write command runs.
+enum Home {
+    Here,
+    Local(Arc<FrontEnd>),
+    Remote(Arc<PeerClient>),
 }
 
 pub fn unix_now() -> i64 {
@@ -197,23 +214,45 @@ impl FrontEnd {
     pub fn join_group(members: &[Arc<FrontEnd>]) {
         for (i, m) in members.iter().enumerate() {
             let mut g = m.group.write();
-            g.members = members.iter().map(Arc::downgrade).collect();
+            g.members = members.iter().map(|m| Member::Local(Arc::downgrade(m))).collect();
             g.me = i;
         }
     }
 
-    /// The home of `key` if it is another front end.
-    fn home(&self, key: &[u8]) -> Option<Arc<FrontEnd>> {
+    /// Makes this front end member `me` of a group of front ends in several processes, named
+    /// by their peer addresses (`peers[me]` is this one's, served by a
+    /// [`crate::peer::PeerServer`]). The list must be the same, in the same order, on every
+    /// member: each key's read-modify-write commands run at `peers[hash(key) % peers.len()]`.
+    pub fn join_remote_group(self: &Arc<Self>, peers: &[SocketAddr], me: usize, key: PeerKey, cfg: PeerConfig) {
+        let mut g = self.group.write();
+        g.members = peers
+            .iter()
+            .enumerate()
+            .map(|(i, a)| {
+                if i == me {
+                    Member::Local(Arc::downgrade(self))
+                } else {
+                    Member::Remote(Arc::new(PeerClient::new(*a, key.clone(), cfg)))
+                }
+            })
+            .collect();
+        g.me = me;
+    }
+
+    /// Where `key`'s read-modify-write commands run.
+    fn home(&self, key: &[u8]) -> Home {
         let g = self.group.read();
         let n = g.members.len();
         if n <= 1 {
-            return None;
+            return Home::Here;
         }
         let h = (key_hash(key) % n as u64) as usize;
         if h == g.me {
-            None
-        } else {
-            g.members[h].upgrade()
+            return Home::Here;
+        }
+        match &g.members[h] {
+            Member::Local(w) => w.upgrade().map_or(Home::Here, Home::Local),
+            Member::Remote(c) => Home::Remote(c.clone()),
         }
     }
 
@@ -294,11 +333,19 @@ impl FrontEnd {
     /// Runs `op` at the key's home front end.
     pub fn rmw(&self, key: &[u8], op: Rmw<'_>) -> Outcome {
         match self.home(key) {
-            Some(home) => {
+            Home::Local(home) => {
                 Stats::inc(&self.stats.forwarded);
                 home.rmw_local(key, op)
             }
-            None => self.rmw_local(key, op),
+            Home::Remote(peer) => {
+                Stats::inc(&self.stats.forwarded);
+                let o = peer.call(key, &op);
+                if matches!(o, Outcome::Unavailable(_)) {
+                    Stats::inc(&self.stats.forward_failures);
+                }
+                o
+            }
+            Home::Here => self.rmw_local(key, op),
         }
     }
 
