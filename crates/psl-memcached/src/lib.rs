@@ -24,8 +24,9 @@
 //! **CAS uniques** are a 64-bit mix of the record version `(lamport, writer)` of the item
 //! ([`item::cas_of`]), so every front end that holds the same version reports the same unique;
 //! two versions of one key collide with probability 2^-63 (uniques stay below 2^63, which
-//! libmemcached and Java clients need). Any write (touch included) makes a
-//! new version, so unlike memcached `touch`/`gat` change the unique.
+//! libmemcached and Java clients need). As in memcached 1.6, `touch`, `gat`, `gats` and `mg`
+//! with `T` keep the unique: the touch's new version carries the old unique in the item
+//! ([`item::encode_keeping`]); every data-changing write gets a new one.
 //!
 //! **Read-modify-write commands** (`cas`, `add`, `replace`, `append`, `prepend`, `incr`,
 //! `decr`, `touch`, `gat`, `gats`, `ms` with a mode or `C`, `md` with `C`, `ma`, `mg` with `T`

@@ -296,7 +296,7 @@ impl FrontEnd {
             self.lru.remove(key);
             return None;
         }
-        let cas = cas_of(e.version.lamport, e.version.writer);
+        let cas = it.cas(e.version.lamport, e.version.writer);
         Some((v, cas))
     }
 
@@ -436,7 +436,8 @@ impl FrontEnd {
                 let Some(t) = exptime else { return Outcome::Item { value: old, cas: have, won: false } };
                 Stats::inc(&st.touch_hits);
                 let Some(o) = item::decode(&old) else { return Outcome::NotFound };
-                let v = item::encode(o.flags, absolute_expiry(t, now), self.stamp(), &[o.data]);
+                // memcached keeps the unique through a touch: the new version carries it.
+                let v = item::encode_keeping(o.flags, absolute_expiry(t, now), self.stamp(), have, &[o.data]);
                 match self.write(key, v.clone(), true) {
                     Outcome::Stored { cas } => Outcome::Item { value: v.into(), cas, won: false },
                     other => other,
@@ -482,7 +483,13 @@ impl FrontEnd {
         let victims = self.lru.put(key, size);
         self.evict(victims);
         let cas = if want_cas {
-            self.node.entry(key).map(|e| cas_of(e.version.lamport, e.version.writer)).unwrap_or(0)
+            self.node
+                .entry(key)
+                .map(|e| match e.value.as_deref().and_then(item::decode) {
+                    Some(it) => it.cas(e.version.lamport, e.version.writer),
+                    None => cas_of(e.version.lamport, e.version.writer),
+                })
+                .unwrap_or(0)
         } else {
             0
         };
