@@ -81,7 +81,8 @@ impl Embedded {
                 ..CoordinatorConfig::default()
             }),
             ..NodeOptions::default()
-        };
+        }
+        .shared_cores();
         let coordinator = Node::start(NodeKeys::derive(&meta, &app, &copts)?, ep("coordinator"), copts)?;
         let mut front_ends = Vec::new();
         for i in 0..o.front_ends.max(1) {
@@ -91,7 +92,8 @@ impl Embedded {
                 verifiers: o.verifiers.max(1),
                 flush_delay: o.flush_delay,
                 ..NodeOptions::default()
-            };
+            }
+            .shared_cores();
             let node = Node::start(NodeKeys::derive(&meta, &app, &opts)?, ep(&format!("memcached-{i}")), opts)?;
             front_ends.push(FrontEnd::new(Arc::new(node), o.config.clone()));
         }
@@ -103,7 +105,8 @@ impl Embedded {
                 writers: 0,
                 verifiers: o.verifiers.max(1),
                 ..NodeOptions::default()
-            };
+            }
+            .shared_cores();
             replicas.push(Arc::new(Node::start(
                 NodeKeys::derive(&meta, &app, &opts)?,
                 ep(&format!("replica-{i}")),

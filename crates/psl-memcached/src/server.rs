@@ -197,6 +197,9 @@ pub async fn connection<S: AsyncRead + AsyncWrite + Unpin>(fe: &FrontEnd, mut s:
     let mut inbuf = BytesMut::with_capacity(16 * 1024);
     let mut out: Vec<u8> = Vec::with_capacity(16 * 1024);
     let mut swallow = 0usize;
+    let mut last_read = tokio::time::Instant::now();
+    let idle = tokio::time::sleep(cfg.idle_timeout.unwrap_or(Duration::from_secs(86_400)));
+    tokio::pin!(idle);
     loop {
         // Answer everything complete in the buffer, in order.
         loop {
@@ -263,17 +266,27 @@ pub async fn connection<S: AsyncRead + AsyncWrite + Unpin>(fe: &FrontEnd, mut s:
         if inbuf.capacity() - inbuf.len() < 8 * 1024 {
             inbuf.reserve(16 * 1024);
         }
-        let read = s.read_buf(&mut inbuf);
+        // The idle timer is one pinned sleep per connection, re-armed only when it fires
+        // (not a new timer per read): it closes the connection once nothing was read for
+        // `idle_timeout`.
         let n = match cfg.idle_timeout {
-            Some(t) => match tokio::time::timeout(t, read).await {
-                Ok(r) => r,
-                Err(_) => {
-                    Stats::inc(&fe.stats.idle_kicks);
-                    return;
+            Some(t) => loop {
+                tokio::select! {
+                    biased;
+                    r = s.read_buf(&mut inbuf) => break r,
+                    _ = &mut idle => {
+                        let due = last_read + t;
+                        if tokio::time::Instant::now() >= due {
+                            Stats::inc(&fe.stats.idle_kicks);
+                            return;
+                        }
+                        idle.as_mut().reset(due);
+                    }
                 }
             },
-            None => read.await,
+            None => s.read_buf(&mut inbuf).await,
         };
+        last_read = tokio::time::Instant::now();
         match n {
             Ok(0) | Err(_) => return,
             Ok(n) => Stats::add(&fe.stats.bytes_read, n as u64),

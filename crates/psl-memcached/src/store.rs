@@ -24,6 +24,9 @@ pub const FLUSH_KEY: &[u8] = b" psl-memcached flush_all";
 
 const LOCK_STRIPES: usize = 1024;
 
+/// How long a front end trusts its cached copy of the flush_all state.
+const FLUSH_CACHE_US: u64 = 1000;
+
 /// Front end settings.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -151,6 +154,8 @@ pub struct FrontEnd {
     started: Instant,
     last_stamp: AtomicU64,
     group: RwLock<Group>,
+    /// Cached flush_all state: floor, pending, and when it was read (µs since start + 1; 0 = never).
+    flush_cache: [AtomicU64; 3],
 }
 
 #[derive(Default)]
@@ -194,6 +199,7 @@ impl FrontEnd {
             started: Instant::now(),
             last_stamp: AtomicU64::new(0),
             group: RwLock::new(Group::default()),
+            flush_cache: Default::default(),
         })
     }
 
@@ -269,8 +275,33 @@ impl FrontEnd {
         }
     }
 
-    fn flush_state(&self) -> Flush {
+    /// The replicated flush_all state as this node holds it now.
+    fn flush_state_exact(&self) -> Flush {
         self.node.get(FLUSH_KEY).map(|v| Flush::decode(&v)).unwrap_or_default()
+    }
+
+    /// The flush_all state, re-read from the memtable at most every [`FLUSH_CACHE_US`]: every
+    /// command needs it, and a memtable lookup per command is measurable. A local flush_all
+    /// updates the cache at once; one that arrives by replication (already seconds-scale
+    /// asynchronous) is seen up to a millisecond later.
+    fn flush_state(&self) -> Flush {
+        let now = self.started.elapsed().as_micros() as u64 + 1;
+        let at = self.flush_cache[2].load(Ordering::Acquire);
+        if at != 0 && now.saturating_sub(at) < FLUSH_CACHE_US {
+            return Flush {
+                floor: self.flush_cache[0].load(Ordering::Relaxed),
+                pending: self.flush_cache[1].load(Ordering::Relaxed),
+            };
+        }
+        let f = self.flush_state_exact();
+        self.cache_flush(f, now);
+        f
+    }
+
+    fn cache_flush(&self, f: Flush, now: u64) {
+        self.flush_cache[0].store(f.floor, Ordering::Relaxed);
+        self.flush_cache[1].store(f.pending, Ordering::Relaxed);
+        self.flush_cache[2].store(now, Ordering::Release);
     }
 
     fn lock(&self, key: &[u8]) -> parking_lot::MutexGuard<'_, ()> {
@@ -523,7 +554,7 @@ impl FrontEnd {
         Stats::inc(&self.stats.cmd_flush);
         let _g = self.lock(FLUSH_KEY);
         let now_us = self.stamp();
-        let mut f = self.flush_state();
+        let mut f = self.flush_state_exact();
         if f.pending != 0 && f.pending <= now_us {
             f.floor = f.floor.max(f.pending);
         }
@@ -536,7 +567,10 @@ impl FrontEnd {
             f.pending = (at.max(0) as u64).saturating_mul(1_000_000);
         }
         match self.node.put(FLUSH_KEY, &f.encode()) {
-            Ok(()) => Outcome::Stored { cas: 0 },
+            Ok(()) => {
+                self.cache_flush(f, self.started.elapsed().as_micros() as u64 + 1);
+                Outcome::Stored { cas: 0 }
+            }
             Err(e) => Outcome::Failed(e.to_string()),
         }
     }

@@ -138,7 +138,9 @@ pub fn run(seconds: f64, show_progress: bool) -> Result<Value> {
     }
 
     // psl memcached: front end node + a receive-only node that verifies and applies every write.
-    let d = Embedded::start(&EmbeddedOptions { replicas: 1, epoch_ms: 100, ..EmbeddedOptions::default() })?;
+    // The same item memory as memcached's `-m 1024`, so that neither evicts.
+    let config = psl_memcached::Config { memory_limit: 1024 << 20, ..psl_memcached::Config::default() };
+    let d = Embedded::start(&EmbeddedOptions { replicas: 1, epoch_ms: 100, config, ..EmbeddedOptions::default() })?;
     let fe = d.front_ends[0].clone();
     let replica = d.replicas[0].clone();
     let server =
