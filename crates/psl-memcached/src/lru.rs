@@ -203,7 +203,7 @@ mod tests {
         assert_eq!(lru.put(&keys[2], 300), victim(1));
         std::thread::sleep(std::time::Duration::from_millis(3));
         assert!(lru.touch(&keys[0], 300).is_empty()); // within a second: only stamped
-        // keys[0] is at the back but was read since it was moved: keys[2] goes instead.
+                                                      // keys[0] is at the back but was read since it was moved: keys[2] goes instead.
         assert_eq!(lru.put(&keys[3], 300), victim(2));
         assert_eq!(lru.put(&keys[4], 300), victim(3));
         // Unread since its second chance, keys[0] goes next.

@@ -68,15 +68,15 @@ pub struct MemcachedArgs {
     /// With --cluster: state directory keeping the incarnation counter (as `psl node --state`).
     #[arg(long)]
     pub state: Option<PathBuf>,
-    /// Verify actors of the front end's node.
-    #[arg(long, default_value_t = 2)]
-    pub verifiers: usize,
+    /// Verify actors of each node (default: 1 embedded, 2 with --cluster).
+    #[arg(long)]
+    pub verifiers: Option<usize>,
     /// Most ops per record.
     #[arg(long, default_value_t = 512)]
     pub batch_ops_max: usize,
-    /// Microseconds a writer waits for a batch to fill.
-    #[arg(long, default_value_t = 500)]
-    pub flush_us: u64,
+    /// Microseconds a writer waits for a batch to fill (default: 2000 embedded, 500 with --cluster).
+    #[arg(long)]
+    pub flush_us: Option<u64>,
     /// With --cluster: where this front end serves read-modify-write commands forwarded by the
     /// other front ends of its group (sealed under a key derived from the capsule's data key).
     #[arg(long, requires = "peers")]
@@ -122,6 +122,8 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
             let d = Embedded::start(&EmbeddedOptions {
                 replicas: a.replicas,
                 writers: a.writers,
+                verifiers: a.verifiers.unwrap_or(1),
+                flush_delay: Duration::from_micros(a.flush_us.unwrap_or(2000)),
                 config,
                 ..EmbeddedOptions::default()
             })?;
@@ -146,9 +148,9 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
                 node_id: id,
                 incarnation,
                 writers: a.writers,
-                verifiers: a.verifiers,
+                verifiers: a.verifiers.unwrap_or(2),
                 batch_ops_max: a.batch_ops_max,
-                flush_delay: Duration::from_micros(a.flush_us),
+                flush_delay: Duration::from_micros(a.flush_us.unwrap_or(500)),
                 ..NodeOptions::default()
             };
             let keys = NodeKeys::derive(&f.metadata, &app, &opts)?;
