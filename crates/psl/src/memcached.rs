@@ -97,6 +97,10 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
     if a.peer_listen.is_some() && a.cluster.is_none() {
         bail!("--peer-listen and --peers form a group of --cluster front ends; the embedded default has one");
     }
+    let mut seen = std::collections::HashSet::new();
+    if let Some(dup) = a.peers.iter().find(|p| !seen.insert(**p)) {
+        bail!("--peers names {dup} twice; each front end of the group needs its own peer address");
+    }
     if a.item_size_max == 0 {
         bail!("--item-size-max must be above 0");
     }
