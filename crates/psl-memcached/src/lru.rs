@@ -14,7 +14,7 @@
 use lru::LruCache;
 use parking_lot::Mutex;
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 const SHARDS: usize = 32;
@@ -25,31 +25,26 @@ pub const ITEM_OVERHEAD: u64 = 64;
 /// Slots of the read-time array (a power of two).
 const READ_SLOTS: usize = 1 << 16;
 /// A read moves its key to the front at most this often.
-const BUMP_MS: u32 = 1000;
+const BUMP_US: u64 = 1_000_000;
 
 pub struct Lru {
     shards: Vec<Mutex<Shard>>,
     shard_limit: u64,
-    /// Last read of a key of each slot, in ms since `start` (wrapping), 0 = never.
-    read_ms: Box<[AtomicU32]>,
+    /// Last read of a key of each slot, in µs since `start`, 0 = never.
+    read_us: Box<[AtomicU64]>,
     start: Instant,
 }
 
-/// An accounted key: its bytes, and when it was last moved to the front (ms since start).
+/// An accounted key: its bytes, and when it was last moved to the front (µs since start).
 #[derive(Clone, Copy)]
 struct Slot {
     size: u64,
-    moved_ms: u32,
+    moved_us: u64,
 }
 
 struct Shard {
     map: LruCache<Box<[u8]>, Slot>,
     bytes: u64,
-}
-
-/// `a` is after `b` on the wrapping millisecond clock.
-fn after(a: u32, b: u32) -> bool {
-    (a.wrapping_sub(b) as i32) > 0
 }
 
 pub fn key_hash(key: &[u8]) -> u64 {
@@ -63,18 +58,18 @@ impl Lru {
         Lru {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard { map: LruCache::unbounded(), bytes: 0 })).collect(),
             shard_limit: (limit / SHARDS as u64).max(1),
-            read_ms: (0..READ_SLOTS).map(|_| AtomicU32::new(0)).collect(),
+            read_us: (0..READ_SLOTS).map(|_| AtomicU64::new(0)).collect(),
             start: Instant::now(),
         }
     }
 
-    /// Milliseconds since start, never 0.
-    fn now_ms(&self) -> u32 {
-        (self.start.elapsed().as_millis() as u32).max(1)
+    /// Microseconds since start, never 0.
+    fn now_us(&self) -> u64 {
+        self.start.elapsed().as_micros() as u64 + 1
     }
 
-    fn read_slot(&self, key: &[u8]) -> &AtomicU32 {
-        &self.read_ms[key_hash(key) as usize & (READ_SLOTS - 1)]
+    fn read_slot(&self, key: &[u8]) -> &AtomicU64 {
+        &self.read_us[key_hash(key) as usize & (READ_SLOTS - 1)]
     }
 
     fn shard(&self, key: &[u8]) -> &Mutex<Shard> {
@@ -85,32 +80,32 @@ impl Lru {
     /// Returns the keys evicted to stay under the limit (never `key` itself unless it alone is
     /// over the shard's share).
     pub fn put(&self, key: &[u8], size: u64) -> Vec<Box<[u8]>> {
-        self.put_at(key, size, self.now_ms())
+        self.put_at(key, size, self.now_us())
     }
 
-    fn put_at(&self, key: &[u8], size: u64, now: u32) -> Vec<Box<[u8]>> {
+    fn put_at(&self, key: &[u8], size: u64, now: u64) -> Vec<Box<[u8]>> {
         let size = size + ITEM_OVERHEAD + key.len() as u64;
         let mut s = self.shard(key).lock();
         match s.map.get_mut(key) {
             Some(old) => {
-                let prev = std::mem::replace(old, Slot { size, moved_ms: now });
+                let prev = std::mem::replace(old, Slot { size, moved_us: now });
                 s.bytes = s.bytes - prev.size + size;
             }
             None => {
-                s.map.put(key.into(), Slot { size, moved_ms: now });
+                s.map.put(key.into(), Slot { size, moved_us: now });
                 s.bytes += size;
             }
         }
         let mut victims = Vec::new();
-        // Each key gets at most one second chance per pass (its `moved_ms` becomes its last
+        // Each key gets at most one second chance per pass (its `moved_us` becomes its last
         // read), so the loop ends; the bound is a second guard.
         let mut budget = 2 * s.map.len() + 1;
         while s.bytes > self.shard_limit && s.map.len() > 1 && budget > 0 {
             budget -= 1;
             let Some((k, slot)) = s.map.pop_lru() else { break };
             let read = self.read_slot(&k).load(Ordering::Relaxed);
-            if read != 0 && after(read, slot.moved_ms) && k[..] != *key {
-                s.map.put(k, Slot { size: slot.size, moved_ms: read });
+            if read > slot.moved_us && k[..] != *key {
+                s.map.put(k, Slot { size: slot.size, moved_us: read });
                 continue;
             }
             s.bytes -= slot.size;
@@ -123,17 +118,17 @@ impl Lru {
     /// or starts accounting for it (an item written through another front end and received
     /// by replication).
     pub fn touch(&self, key: &[u8], size: u64) -> Vec<Box<[u8]>> {
-        let now = self.now_ms();
+        let now = self.now_us();
         let slot = self.read_slot(key);
         let last = slot.load(Ordering::Relaxed);
         slot.store(now, Ordering::Relaxed);
-        if last != 0 && now.wrapping_sub(last) < BUMP_MS {
+        if last != 0 && now.saturating_sub(last) < BUMP_US {
             return Vec::new();
         }
         {
             let mut s = self.shard(key).lock();
             if let Some(v) = s.map.get_mut(key) {
-                v.moved_ms = now;
+                v.moved_us = now;
                 s.map.promote(key);
                 return Vec::new();
             }

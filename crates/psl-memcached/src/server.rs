@@ -219,13 +219,19 @@ pub async fn connection<S: AsyncRead + AsyncWrite + Unpin>(fe: &FrontEnd, mut s:
                 Parsed::Cmd { cmd, used } => {
                     let flow = match &cmd {
                         Command::Get { keys, cas, touch } => {
+                            let mut complete = true;
                             for k in keys.iter() {
-                                fe.get_key(k, *cas, *touch, &mut out);
+                                if !fe.get_key(k, *cas, *touch, &mut out) {
+                                    complete = false;
+                                    break;
+                                }
                                 if out.len() >= OUT_FLUSH && write_out(fe, &mut s, &mut out).await.is_err() {
                                     return;
                                 }
                             }
-                            out.extend_from_slice(b"END\r\n");
+                            if complete {
+                                out.extend_from_slice(b"END\r\n");
+                            }
                             Flow::Continue
                         }
                         other => fe.execute(other, &mut out),
