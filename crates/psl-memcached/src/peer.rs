@@ -235,12 +235,13 @@ pub fn encode_request(key: &[u8], op: &Rmw<'_>, o: &mut Vec<u8>) {
     }
 }
 
-/// Decodes a request. The key must be a memcached key (1 to 250 bytes, no spaces or controls).
+/// Decodes a request. The key must be one the parser accepts (1 to 250 bytes, no space or
+/// newline).
 pub fn decode_request(b: &[u8]) -> Result<(&[u8], Rmw<'_>), PeerError> {
     let mut r = Rd { b, pos: 0 };
     let klen = r.u8()? as usize;
     let key = r.take(klen)?;
-    if key.is_empty() || key.len() > 250 || key.iter().any(|c| *c <= b' ' || *c == 0x7f) {
+    if !crate::proto::valid_key(key, &crate::proto::Limits::default()) {
         return Err(PeerError::Bad { what: "key length or byte", value: klen as u64 });
     }
     let op = match r.u8()? {
@@ -381,7 +382,15 @@ impl PeerServer {
                 if st.load(Ordering::Acquire) {
                     return;
                 }
-                let Ok(s) = s else { continue };
+                let s = match s {
+                    Ok(s) => s,
+                    Err(e) => {
+                        // Out of descriptors and the like: do not spin.
+                        tracing::warn!("peer accept: {e}");
+                        std::thread::sleep(Duration::from_millis(20));
+                        continue;
+                    }
+                };
                 if conns.load(Ordering::Acquire) >= SERVER_CONNS_MAX {
                     tracing::warn!("peer connections at the limit ({SERVER_CONNS_MAX}); refusing one");
                     continue;
@@ -586,6 +595,10 @@ mod tests {
         let mut b = Vec::new();
         encode_request(b"bad key", &Rmw::Delete { cas: None }, &mut b);
         assert!(decode_request(&b).is_err());
+        // Every key the parser accepts travels (a tab is a key byte in memcached's protocol).
+        let mut b = Vec::new();
+        encode_request(b"tab\tkey", &Rmw::Delete { cas: None }, &mut b);
+        assert_eq!(decode_request(&b).unwrap().0, b"tab\tkey");
     }
 
     #[test]
