@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! offset size field
-//! 0      1    format tag 0xC1
+//! 0      1    format tag 0xC2 (0xC1 was the layout without the kept unique; it reads as missing)
 //! 1      4    client flags (u32 LE)
 //! 5      8    expiry: absolute Unix time in seconds (i64 LE); 0 = never; in the past = expired
 //! 13     8    stored at: Unix time in microseconds (u64 LE), for `flush_all`
@@ -18,7 +18,7 @@
 //! A value that does not start with the tag or is shorter than the header is not an item of
 //! this front end (another application wrote the key): it reads as missing.
 
-pub const TAG: u8 = 0xC1;
+pub const TAG: u8 = 0xC2;
 pub const HEADER: usize = 29;
 
 /// The 30-day boundary of memcached expiry times: above it a time is absolute.
