@@ -2,8 +2,11 @@
 //! that breaks the limits, and a stream parsed in one piece gives the same results as the
 //! same stream whose tail arrives later (Incomplete never hides a decision).
 //! Input: 1 byte of line limit (×64, at least 64), 1 byte of item limit (×16), then the stream.
+//! The same bytes also feed the decoders of forwarded commands between front ends
+//! (`psl_memcached::peer`): they never panic, and what they accept re-encodes to itself.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
+use psl_memcached::peer::{decode_outcome, decode_request, encode_outcome, encode_request};
 use psl_memcached::proto::{parse, valid_key, Command, Limits, Parsed};
 
 fn run(stream: &[u8], limits: &Limits) -> Vec<String> {
@@ -65,7 +68,21 @@ fn check(cmd: &Command<'_>, l: &Limits) {
     }
 }
 
+fn peer_codecs(data: &[u8]) {
+    if let Ok((key, op)) = decode_request(data) {
+        let mut again = Vec::new();
+        encode_request(key, &op, &mut again);
+        assert_eq!(again, data);
+    }
+    if let Ok(o) = decode_outcome(data) {
+        let mut again = Vec::new();
+        encode_outcome(&o, &mut again);
+        assert_eq!(decode_outcome(&again).as_ref(), Ok(&o));
+    }
+}
+
 fuzz_target!(|data: &[u8]| {
+    peer_codecs(data);
     if data.len() < 2 {
         return;
     }

@@ -1,6 +1,6 @@
-//! Deployments inside one process: the embedded default of `psl memcached` (one node, an
-//! in-process hub, an in-process coordinator so that `sync` works), and groups of several
-//! front ends on several nodes for tests and benchmarks.
+//! Deployments inside one process: the embedded default of `psl memcached` (one node that
+//! also runs the coordinator, so that `sync` works, on an in-process hub), and groups of
+//! several front ends on several nodes for tests and benchmarks.
 
 use crate::store::{Config, FrontEnd};
 use psl_capsule::{new_capsule, Limits, SignedMetadata};
@@ -55,14 +55,14 @@ pub struct Embedded {
     pub meta: SignedMetadata,
     pub front_ends: Vec<Arc<FrontEnd>>,
     pub replicas: Vec<Arc<Node>>,
-    pub coordinator: Node,
     _app: AppKey,
 }
 
 impl Embedded {
-    /// Starts a coordinator, `front_ends` nodes with a front end each (joined in one group so
-    /// that read-modify-write commands are arbitrated by each key's home), and `replicas`
-    /// receive-only nodes, all on one in-process hub, under a fresh owner key and capsule.
+    /// Starts `front_ends` nodes with a front end each (the first also runs the coordinator;
+    /// joined in one group so that read-modify-write commands are arbitrated by each key's
+    /// home), and `replicas` receive-only nodes, all on one in-process hub, under a fresh owner
+    /// key and capsule.
     pub fn start(o: &EmbeddedOptions) -> Result<Embedded, DeployError> {
         let owner = OwnerKey::generate();
         let app = owner.app(1).map_err(|e| DeployError::Other(e.to_string()))?;
@@ -71,18 +71,10 @@ impl Embedded {
         let hub = InProcHub::new(FabricConfig { queue_msgs_max: 1 << 16, ..FabricConfig::default() })
             .map_err(|e| DeployError::Other(e.to_string()))?;
         let ep = |name: &str| -> Arc<dyn Fabric> { Arc::new(hub.endpoint(name)) };
-        let copts = NodeOptions {
-            node_id: 0x7000,
-            writers: 0,
-            verifiers: 1,
-            coordinator: Some(CoordinatorConfig {
-                epoch_ms: o.epoch_ms,
-                eoe_timeout_ms: 3 * o.epoch_ms,
-                ..CoordinatorConfig::default()
-            }),
-            ..NodeOptions::default()
-        };
-        let coordinator = Node::start(NodeKeys::derive(&meta, &app, &copts)?, ep("coordinator"), copts)?;
+        // The coordinator runs inside the first front end's node (a node may host one): a
+        // separate coordinator node would verify and apply every write a second time.
+        let coordinator =
+            CoordinatorConfig { epoch_ms: o.epoch_ms, eoe_timeout_ms: 3 * o.epoch_ms, ..CoordinatorConfig::default() };
         let mut front_ends = Vec::new();
         for i in 0..o.front_ends.max(1) {
             let opts = NodeOptions {
@@ -90,8 +82,10 @@ impl Embedded {
                 writers: o.writers.max(1),
                 verifiers: o.verifiers.max(1),
                 flush_delay: o.flush_delay,
+                coordinator: (i == 0).then_some(coordinator),
                 ..NodeOptions::default()
-            };
+            }
+            .shared_cores();
             let node = Node::start(NodeKeys::derive(&meta, &app, &opts)?, ep(&format!("memcached-{i}")), opts)?;
             front_ends.push(FrontEnd::new(Arc::new(node), o.config.clone()));
         }
@@ -103,13 +97,14 @@ impl Embedded {
                 writers: 0,
                 verifiers: o.verifiers.max(1),
                 ..NodeOptions::default()
-            };
+            }
+            .shared_cores();
             replicas.push(Arc::new(Node::start(
                 NodeKeys::derive(&meta, &app, &opts)?,
                 ep(&format!("replica-{i}")),
                 opts,
             )?));
         }
-        Ok(Embedded { hub, meta, front_ends, replicas, coordinator, _app: app })
+        Ok(Embedded { hub, meta, front_ends, replicas, _app: app })
     }
 }

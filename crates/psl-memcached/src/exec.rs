@@ -28,10 +28,9 @@ impl FrontEnd {
     pub fn execute(&self, cmd: &Command<'_>, out: &mut Vec<u8>) -> Flow {
         match cmd {
             Command::Get { keys, cas, touch } => {
-                for k in keys.iter() {
-                    self.get_key(k, *cas, *touch, out);
+                if keys.iter().all(|k| self.get_key(k, *cas, *touch, out)) {
+                    out.extend_from_slice(b"END\r\n");
                 }
-                out.extend_from_slice(b"END\r\n");
             }
             Command::Store { mode, key, flags, exptime, cas, data, noreply } => {
                 Stats::inc(&self.stats.cmd_set);
@@ -94,12 +93,14 @@ impl FrontEnd {
         Flow::Continue
     }
 
-    /// One key of get/gets/gat/gats: its `VALUE` block if it is live.
-    pub fn get_key(&self, key: &[u8], cas: bool, touch: Option<i64>, out: &mut Vec<u8>) {
+    /// One key of get/gets/gat/gats: its `VALUE` block if it is live. Returns false after
+    /// writing a `SERVER_ERROR` (a `gat` whose key's home front end is unavailable, or whose
+    /// write failed): as in memcached, the command ends there, without `END`.
+    pub fn get_key(&self, key: &[u8], cas: bool, touch: Option<i64>, out: &mut Vec<u8>) -> bool {
         let (value, unique) = match touch {
             None => match self.lookup(key) {
                 Lookup::Hit { value, cas } => (value, cas),
-                Lookup::Miss => return,
+                Lookup::Miss => return true,
             },
             Some(t) => {
                 Stats::inc(&self.stats.cmd_touch);
@@ -109,14 +110,18 @@ impl FrontEnd {
                         Stats::inc(&self.stats.get_hits);
                         (value, cas)
                     }
+                    o @ (Outcome::Unavailable(_) | Outcome::Failed(_)) => {
+                        line(out, simple_reply(&o, ""));
+                        return false;
+                    }
                     _ => {
                         Stats::inc(&self.stats.get_misses);
-                        return;
+                        return true;
                     }
                 }
             }
         };
-        let Some(it) = item::decode(&value) else { return };
+        let Some(it) = item::decode(&value) else { return true };
         out.extend_from_slice(b"VALUE ");
         out.extend_from_slice(key);
         let _ = if cas {
@@ -126,6 +131,7 @@ impl FrontEnd {
         };
         out.extend_from_slice(it.data);
         out.extend_from_slice(b"\r\n");
+        true
     }
 
     fn stats_reply(&self, arg: &[u8], out: &mut Vec<u8>) {
@@ -390,6 +396,7 @@ fn simple_reply(o: &Outcome, ok: &'static str) -> &'static str {
         Outcome::NonNumeric => proto::NON_NUMERIC,
         Outcome::TooLarge => proto::TOO_LARGE,
         Outcome::Failed(_) => "SERVER_ERROR out of memory storing object",
+        Outcome::Unavailable(_) => "SERVER_ERROR home front end of this key unavailable",
         Outcome::Number { .. } | Outcome::Item { .. } => ok,
     }
 }

@@ -2,17 +2,24 @@
 //!
 //! ```text
 //! offset size field
-//! 0      1    format tag 0xC1
+//! 0      1    format tag 0xC2 (0xC1 was the layout without the kept unique; it reads as missing)
 //! 1      4    client flags (u32 LE)
 //! 5      8    expiry: absolute Unix time in seconds (i64 LE); 0 = never; in the past = expired
 //! 13     8    stored at: Unix time in microseconds (u64 LE), for `flush_all`
-//! 21     …    the payload (the client's data block)
+//! 21     8    kept CAS unique (u64 LE): 0 = the unique of the record version ([`cas_of`]);
+//!             else the unique this item keeps because the write only touched it
+//! 29     …    the payload (the client's data block)
 //! ```
+//! memcached 1.6 keeps an item's CAS unique across `touch`, `gat`, `gats` and `mg` with `T`
+//! (they change the expiry only), while every command that changes the data (`set`, `cas`,
+//! `append`, `prepend`, `incr`, `decr`, …) gives it a new one. A touch here is still a new
+//! record version (sealed, signed, replicated like any write), so it carries the old unique in
+//! the item: every front end that holds that version reports the same, unchanged unique.
 //! A value that does not start with the tag or is shorter than the header is not an item of
 //! this front end (another application wrote the key): it reads as missing.
 
-pub const TAG: u8 = 0xC1;
-pub const HEADER: usize = 21;
+pub const TAG: u8 = 0xC2;
+pub const HEADER: usize = 29;
 
 /// The 30-day boundary of memcached expiry times: above it a time is absolute.
 pub const REL_MAX: i64 = 60 * 60 * 24 * 30;
@@ -23,16 +30,25 @@ pub struct ItemRef<'a> {
     pub flags: u32,
     pub expiry: i64,
     pub stored_us: u64,
+    /// 0, or the unique kept through a touch.
+    pub kept_cas: u64,
     pub data: &'a [u8],
 }
 
+/// An item with a new CAS unique (that of the record version it is written in).
 pub fn encode(flags: u32, expiry: i64, stored_us: u64, parts: &[&[u8]]) -> Vec<u8> {
+    encode_keeping(flags, expiry, stored_us, 0, parts)
+}
+
+/// An item that keeps the CAS unique `kept_cas` (a touch of an item whose unique it is).
+pub fn encode_keeping(flags: u32, expiry: i64, stored_us: u64, kept_cas: u64, parts: &[&[u8]]) -> Vec<u8> {
     let len: usize = parts.iter().map(|p| p.len()).sum();
     let mut v = Vec::with_capacity(HEADER + len);
     v.push(TAG);
     v.extend_from_slice(&flags.to_le_bytes());
     v.extend_from_slice(&expiry.to_le_bytes());
     v.extend_from_slice(&stored_us.to_le_bytes());
+    v.extend_from_slice(&kept_cas.to_le_bytes());
     for p in parts {
         v.extend_from_slice(p);
     }
@@ -46,7 +62,8 @@ pub fn decode(v: &[u8]) -> Option<ItemRef<'_>> {
     let flags = u32::from_le_bytes(v[1..5].try_into().ok()?);
     let expiry = i64::from_le_bytes(v[5..13].try_into().ok()?);
     let stored_us = u64::from_le_bytes(v[13..21].try_into().ok()?);
-    Some(ItemRef { flags, expiry, stored_us, data: &v[HEADER..] })
+    let kept_cas = u64::from_le_bytes(v[21..29].try_into().ok()?);
+    Some(ItemRef { flags, expiry, stored_us, kept_cas, data: &v[HEADER..] })
 }
 
 /// The absolute expiry for a client's `exptime` at `now` (Unix seconds): 0 = never; negative
@@ -64,6 +81,15 @@ pub fn absolute_expiry(exptime: i64, now: i64) -> i64 {
 }
 
 impl ItemRef<'_> {
+    /// The item's CAS unique when it is held at record version `(lamport, writer)`.
+    pub fn cas(&self, lamport: u64, writer: u32) -> u64 {
+        if self.kept_cas != 0 {
+            self.kept_cas
+        } else {
+            cas_of(lamport, writer)
+        }
+    }
+
     /// Expired at `now` (Unix seconds)?
     pub fn expired(&self, now: i64) -> bool {
         self.expiry != 0 && self.expiry <= now
@@ -99,7 +125,10 @@ mod tests {
     fn roundtrip_and_expiry() {
         let v = encode(7, 100, 5, &[b"he", b"llo"]);
         let it = decode(&v).unwrap();
-        assert_eq!((it.flags, it.expiry, it.stored_us, it.data), (7, 100, 5, &b"hello"[..]));
+        assert_eq!((it.flags, it.expiry, it.stored_us, it.kept_cas, it.data), (7, 100, 5, 0, &b"hello"[..]));
+        assert_eq!(it.cas(3, 4), cas_of(3, 4));
+        let kept = encode_keeping(7, 100, 5, 99, &[b"x"]);
+        assert_eq!(decode(&kept).unwrap().cas(3, 4), 99);
         assert!(decode(b"short").is_none());
         assert!(decode(&[0u8; 30]).is_none());
         assert_eq!(absolute_expiry(0, 1000), 0);

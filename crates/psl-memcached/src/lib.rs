@@ -17,6 +17,8 @@
 //! - [`server`]: the tokio server: pipelining, bounded buffers, idle timeout, connection
 //!   limit, optional TLS (rustls with aws-lc-rs).
 //! - `lru`: sharded LRU memory accounting. [`stats`]: the `stats` counters.
+//! - [`peer`]: forwarding conditional commands to a key's home front end in another process:
+//!   sealed frames over TCP, their codec (fuzzed with the parser), bounded timeouts.
 //! - [`deploy`]: in-process deployments (the embedded default, test and bench groups).
 //!
 //! # Semantics and their cost
@@ -24,27 +26,30 @@
 //! **CAS uniques** are a 64-bit mix of the record version `(lamport, writer)` of the item
 //! ([`item::cas_of`]), so every front end that holds the same version reports the same unique;
 //! two versions of one key collide with probability 2^-63 (uniques stay below 2^63, which
-//! libmemcached and Java clients need). Any write (touch included) makes a
-//! new version, so unlike memcached `touch`/`gat` change the unique.
+//! libmemcached and Java clients need). As in memcached 1.6, `touch`, `gat`, `gats` and `mg`
+//! with `T` keep the unique: the touch's new version carries the old unique in the item
+//! ([`item::encode_keeping`]); every data-changing write gets a new one.
 //!
 //! **Read-modify-write commands** (`cas`, `add`, `replace`, `append`, `prepend`, `incr`,
 //! `decr`, `touch`, `gat`, `gats`, `ms` with a mode or `C`, `md` with `C`, `ma`, `mg` with `T`
 //! or `N`) run under a striped lock (1024 stripes) of the key's *home* front end:
 //! `hash(key) mod group size` ([`FrontEnd::join_group`]). Two of them on one key are therefore
 //! serialized wherever they arrive: of two `cas` with one unique exactly one is `STORED`.
-//! Cost: a command whose home is another front end is forwarded (in one process: a direct call
-//! into the home, about a microsecond; the home's own node does the write), and the home
-//! compares against *its* memtable, so a `cas` whose unique the home has not applied yet
-//! fails with `EXISTS` (safe; the client retries after the replication delay, one `sync` at
-//! most). Plain `set` and `delete` are last-writer-wins and run where they arrive: a `set` on
+//! Cost: a command whose home is another front end is forwarded: in one process a direct call
+//! into the home (about a microsecond); between processes one sealed request/reply round trip
+//! on a pooled TCP connection to the home's peer address ([`peer`]). The home's own node does
+//! the write, and the home compares against *its* memtable, so a `cas` whose unique the home
+//! has not applied yet fails with `EXISTS` (safe; the client retries after the replication
+//! delay, one `sync` at most). Plain `get`, `set` and `delete` are never forwarded: a `set` on
 //! another front end racing a `cas` is ordered by record version, as if it came before or after.
-//! Forwarding between processes (over TCP) is not built yet: a `--cluster` front end is its
-//! own home for every key, so `cas` is atomic per front end only.
+//! A home that cannot be reached within the peer timeout makes the command fail with
+//! `SERVER_ERROR` (never a hang, never a local decision). See `docs/protocol/memcached.md`.
 //!
 //! **Expiry**: relative seconds up to 30 days, absolute Unix time above, negative = expired
 //! at once; stored as an absolute time in the item, checked on every read.
 //! **flush_all [delay]** writes a replicated state key ([`store::FLUSH_KEY`]): items stored
-//! before the flush time read as missing on every front end once that time has come.
+//! before the flush time read as missing on every front end once that time has come. Each
+//! front end re-reads that key at most every millisecond (a local flush updates it at once).
 //!
 //! **Memory limit**: each front end accounts the items it wrote or read (key + value +
 //! overhead) in a sharded LRU; past the limit it evicts the least recently used, counted in
@@ -60,6 +65,7 @@ pub mod deploy;
 pub mod exec;
 pub mod item;
 mod lru;
+pub mod peer;
 pub mod proto;
 pub mod server;
 pub mod stats;

@@ -197,6 +197,9 @@ pub async fn connection<S: AsyncRead + AsyncWrite + Unpin>(fe: &FrontEnd, mut s:
     let mut inbuf = BytesMut::with_capacity(16 * 1024);
     let mut out: Vec<u8> = Vec::with_capacity(16 * 1024);
     let mut swallow = 0usize;
+    let mut last_read = tokio::time::Instant::now();
+    let idle = tokio::time::sleep(cfg.idle_timeout.unwrap_or(Duration::from_secs(86_400)));
+    tokio::pin!(idle);
     loop {
         // Answer everything complete in the buffer, in order.
         loop {
@@ -216,13 +219,19 @@ pub async fn connection<S: AsyncRead + AsyncWrite + Unpin>(fe: &FrontEnd, mut s:
                 Parsed::Cmd { cmd, used } => {
                     let flow = match &cmd {
                         Command::Get { keys, cas, touch } => {
+                            let mut complete = true;
                             for k in keys.iter() {
-                                fe.get_key(k, *cas, *touch, &mut out);
+                                if !fe.get_key(k, *cas, *touch, &mut out) {
+                                    complete = false;
+                                    break;
+                                }
                                 if out.len() >= OUT_FLUSH && write_out(fe, &mut s, &mut out).await.is_err() {
                                     return;
                                 }
                             }
-                            out.extend_from_slice(b"END\r\n");
+                            if complete {
+                                out.extend_from_slice(b"END\r\n");
+                            }
                             Flow::Continue
                         }
                         other => fe.execute(other, &mut out),
@@ -263,17 +272,27 @@ pub async fn connection<S: AsyncRead + AsyncWrite + Unpin>(fe: &FrontEnd, mut s:
         if inbuf.capacity() - inbuf.len() < 8 * 1024 {
             inbuf.reserve(16 * 1024);
         }
-        let read = s.read_buf(&mut inbuf);
+        // The idle timer is one pinned sleep per connection, re-armed only when it fires
+        // (not a new timer per read): it closes the connection once nothing was read for
+        // `idle_timeout`.
         let n = match cfg.idle_timeout {
-            Some(t) => match tokio::time::timeout(t, read).await {
-                Ok(r) => r,
-                Err(_) => {
-                    Stats::inc(&fe.stats.idle_kicks);
-                    return;
+            Some(t) => loop {
+                tokio::select! {
+                    biased;
+                    r = s.read_buf(&mut inbuf) => break r,
+                    _ = &mut idle => {
+                        let due = last_read + t;
+                        if tokio::time::Instant::now() >= due {
+                            Stats::inc(&fe.stats.idle_kicks);
+                            return;
+                        }
+                        idle.as_mut().reset(due);
+                    }
                 }
             },
-            None => read.await,
+            None => s.read_buf(&mut inbuf).await,
         };
+        last_read = tokio::time::Instant::now();
         match n {
             Ok(0) | Err(_) => return,
             Ok(n) => Stats::add(&fe.stats.bytes_read, n as u64),

@@ -56,6 +56,7 @@ counters!(
     evictions,
     idle_kicks,
     forwarded,
+    forward_failures,
 );
 
 impl Stats {

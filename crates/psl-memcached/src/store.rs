@@ -7,11 +7,13 @@
 
 use crate::item::{self, absolute_expiry, cas_of};
 use crate::lru::{key_hash, Lru};
+use crate::peer::{PeerClient, PeerConfig, PeerKey};
 use crate::proto::{parse_counter, Limits, StoreMode};
 use crate::stats::Stats;
 use parking_lot::{Mutex, RwLock};
 use psl_node::{Node, NodeError};
 use psl_scl::Version;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -21,6 +23,9 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 pub const FLUSH_KEY: &[u8] = b" psl-memcached flush_all";
 
 const LOCK_STRIPES: usize = 1024;
+
+/// How long a front end trusts its cached copy of the flush_all state.
+const FLUSH_CACHE_US: u64 = 1000;
 
 /// Front end settings.
 #[derive(Debug, Clone)]
@@ -93,6 +98,8 @@ pub enum Outcome {
     NonNumeric,
     TooLarge,
     Failed(String),
+    /// The key's home front end (another process) could not be reached in time.
+    Unavailable(String),
 }
 
 /// A read's result.
@@ -147,12 +154,27 @@ pub struct FrontEnd {
     started: Instant,
     last_stamp: AtomicU64,
     group: RwLock<Group>,
+    /// Cached flush_all state: floor, pending, and when it was read (µs since start + 1; 0 = never).
+    flush_cache: [AtomicU64; 3],
 }
 
 #[derive(Default)]
 struct Group {
-    members: Vec<Weak<FrontEnd>>,
+    members: Vec<Member>,
     me: usize,
+}
+
+/// A member of a front-end group: in this process, or behind a peer address.
+enum Member {
+    Local(Weak<FrontEnd>),
+    Remote(Arc<PeerClient>),
+}
+
+/// Where a read-modify-write command runs.
+enum Home {
+    Here,
+    Local(Arc<FrontEnd>),
+    Remote(Arc<PeerClient>),
 }
 
 pub fn unix_now() -> i64 {
@@ -177,6 +199,7 @@ impl FrontEnd {
             started: Instant::now(),
             last_stamp: AtomicU64::new(0),
             group: RwLock::new(Group::default()),
+            flush_cache: Default::default(),
         })
     }
 
@@ -197,23 +220,45 @@ impl FrontEnd {
     pub fn join_group(members: &[Arc<FrontEnd>]) {
         for (i, m) in members.iter().enumerate() {
             let mut g = m.group.write();
-            g.members = members.iter().map(Arc::downgrade).collect();
+            g.members = members.iter().map(|m| Member::Local(Arc::downgrade(m))).collect();
             g.me = i;
         }
     }
 
-    /// The home of `key` if it is another front end.
-    fn home(&self, key: &[u8]) -> Option<Arc<FrontEnd>> {
+    /// Makes this front end member `me` of a group of front ends in several processes, named
+    /// by their peer addresses (`peers[me]` is this one's, served by a
+    /// [`crate::peer::PeerServer`]). The list must be the same, in the same order, on every
+    /// member: each key's read-modify-write commands run at `peers[hash(key) % peers.len()]`.
+    pub fn join_remote_group(self: &Arc<Self>, peers: &[SocketAddr], me: usize, key: PeerKey, cfg: PeerConfig) {
+        let mut g = self.group.write();
+        g.members = peers
+            .iter()
+            .enumerate()
+            .map(|(i, a)| {
+                if i == me {
+                    Member::Local(Arc::downgrade(self))
+                } else {
+                    Member::Remote(Arc::new(PeerClient::new(*a, key.clone(), cfg)))
+                }
+            })
+            .collect();
+        g.me = me;
+    }
+
+    /// Where `key`'s read-modify-write commands run.
+    fn home(&self, key: &[u8]) -> Home {
         let g = self.group.read();
         let n = g.members.len();
         if n <= 1 {
-            return None;
+            return Home::Here;
         }
         let h = (key_hash(key) % n as u64) as usize;
         if h == g.me {
-            None
-        } else {
-            g.members[h].upgrade()
+            return Home::Here;
+        }
+        match &g.members[h] {
+            Member::Local(w) => w.upgrade().map_or(Home::Here, Home::Local),
+            Member::Remote(c) => Home::Remote(c.clone()),
         }
     }
 
@@ -230,8 +275,33 @@ impl FrontEnd {
         }
     }
 
-    fn flush_state(&self) -> Flush {
+    /// The replicated flush_all state as this node holds it now.
+    fn flush_state_exact(&self) -> Flush {
         self.node.get(FLUSH_KEY).map(|v| Flush::decode(&v)).unwrap_or_default()
+    }
+
+    /// The flush_all state, re-read from the memtable at most every [`FLUSH_CACHE_US`]: every
+    /// command needs it, and a memtable lookup per command is measurable. A local flush_all
+    /// updates the cache at once; one that arrives by replication (already seconds-scale
+    /// asynchronous) is seen up to a millisecond later.
+    fn flush_state(&self) -> Flush {
+        let now = self.started.elapsed().as_micros() as u64 + 1;
+        let at = self.flush_cache[2].load(Ordering::Acquire);
+        if at != 0 && now.saturating_sub(at) < FLUSH_CACHE_US {
+            return Flush {
+                floor: self.flush_cache[0].load(Ordering::Relaxed),
+                pending: self.flush_cache[1].load(Ordering::Relaxed),
+            };
+        }
+        let f = self.flush_state_exact();
+        self.cache_flush(f, now);
+        f
+    }
+
+    fn cache_flush(&self, f: Flush, now: u64) {
+        self.flush_cache[0].store(f.floor, Ordering::Relaxed);
+        self.flush_cache[1].store(f.pending, Ordering::Relaxed);
+        self.flush_cache[2].store(now, Ordering::Release);
     }
 
     fn lock(&self, key: &[u8]) -> parking_lot::MutexGuard<'_, ()> {
@@ -257,7 +327,7 @@ impl FrontEnd {
             self.lru.remove(key);
             return None;
         }
-        let cas = cas_of(e.version.lamport, e.version.writer);
+        let cas = it.cas(e.version.lamport, e.version.writer);
         Some((v, cas))
     }
 
@@ -294,11 +364,19 @@ impl FrontEnd {
     /// Runs `op` at the key's home front end.
     pub fn rmw(&self, key: &[u8], op: Rmw<'_>) -> Outcome {
         match self.home(key) {
-            Some(home) => {
+            Home::Local(home) => {
                 Stats::inc(&self.stats.forwarded);
                 home.rmw_local(key, op)
             }
-            None => self.rmw_local(key, op),
+            Home::Remote(peer) => {
+                Stats::inc(&self.stats.forwarded);
+                let o = peer.call(key, &op);
+                if matches!(o, Outcome::Unavailable(_)) {
+                    Stats::inc(&self.stats.forward_failures);
+                }
+                o
+            }
+            Home::Here => self.rmw_local(key, op),
         }
     }
 
@@ -389,7 +467,8 @@ impl FrontEnd {
                 let Some(t) = exptime else { return Outcome::Item { value: old, cas: have, won: false } };
                 Stats::inc(&st.touch_hits);
                 let Some(o) = item::decode(&old) else { return Outcome::NotFound };
-                let v = item::encode(o.flags, absolute_expiry(t, now), self.stamp(), &[o.data]);
+                // memcached keeps the unique through a touch: the new version carries it.
+                let v = item::encode_keeping(o.flags, absolute_expiry(t, now), self.stamp(), have, &[o.data]);
                 match self.write(key, v.clone(), true) {
                     Outcome::Stored { cas } => Outcome::Item { value: v.into(), cas, won: false },
                     other => other,
@@ -435,7 +514,13 @@ impl FrontEnd {
         let victims = self.lru.put(key, size);
         self.evict(victims);
         let cas = if want_cas {
-            self.node.entry(key).map(|e| cas_of(e.version.lamport, e.version.writer)).unwrap_or(0)
+            self.node
+                .entry(key)
+                .map(|e| match e.value.as_deref().and_then(item::decode) {
+                    Some(it) => it.cas(e.version.lamport, e.version.writer),
+                    None => cas_of(e.version.lamport, e.version.writer),
+                })
+                .unwrap_or(0)
         } else {
             0
         };
@@ -469,7 +554,7 @@ impl FrontEnd {
         Stats::inc(&self.stats.cmd_flush);
         let _g = self.lock(FLUSH_KEY);
         let now_us = self.stamp();
-        let mut f = self.flush_state();
+        let mut f = self.flush_state_exact();
         if f.pending != 0 && f.pending <= now_us {
             f.floor = f.floor.max(f.pending);
         }
@@ -482,7 +567,10 @@ impl FrontEnd {
             f.pending = (at.max(0) as u64).saturating_mul(1_000_000);
         }
         match self.node.put(FLUSH_KEY, &f.encode()) {
-            Ok(()) => Outcome::Stored { cas: 0 },
+            Ok(()) => {
+                self.cache_flush(f, self.started.elapsed().as_micros() as u64 + 1);
+                Outcome::Stored { cas: 0 }
+            }
             Err(e) => Outcome::Failed(e.to_string()),
         }
     }

@@ -102,7 +102,7 @@ pub(crate) fn load(common: &CommonArgs) -> Result<(psl_capsule::SignedMetadata, 
 }
 
 /// Reads, increments and durably stores the incarnation counter.
-fn next_incarnation(dir: &Path) -> Result<u32> {
+pub(crate) fn next_incarnation(dir: &Path) -> Result<u32> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let p = dir.join("incarnation");
     let cur: u32 = match std::fs::read_to_string(&p) {

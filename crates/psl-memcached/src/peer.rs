@@ -1,0 +1,617 @@
+//! Forwarding read-modify-write commands to a key's home front end in another process.
+//!
+//! Front ends of one group (`psl memcached --cluster … --peer-listen A --peers A,B,…`) each
+//! listen on a *peer address*. A conditional command whose key's home is another front end
+//! ([`crate::store::Rmw`]) is sent there as one request frame and answered by one reply frame
+//! ([`crate::store::Outcome`]): one extra loopback/LAN round trip, paid only by `cas`, `add`,
+//! `replace`, `append`, `prepend`, `incr`, `decr`, `touch`, `gat(s)` and their meta forms on
+//! non-home keys. Plain `get`/`set`/`delete` never leave the front end.
+//!
+//! The channel is untrusted like the fabric, so every frame is sealed (AES-256-GCM, a fresh
+//! 16-byte salt per frame) under the *peer key*, derived one-way from the capsule's data key
+//! ([`PeerKey::derive`]): only holders of the data key can send or read forwarded commands.
+//! Replays and reordering are refused: the server opens each connection with a random 16-byte
+//! nonce, and frame `seq` of the connection binds `direction || nonce || seq` as AAD.
+//!
+//! ```text
+//! connection: server → client   nonce (16 bytes, plain)
+//! frame:      len u32 LE (of what follows, ≤ FRAME_MAX) || salt (16) || sealed plaintext + tag (16)
+//! request:    key_len u8 || key || op
+//!   op 1 Store:  mode u8 (0 set 1 add 2 replace 3 append 4 prepend) flags u32 exptime i64 cas? data_len u32 data
+//!   op 2 Delete: cas?
+//!   op 3 Arith:  incr u8 delta u64 create? (initial u64 exptime i64) ttl? i64 cas?
+//!   op 4 Touch:  exptime? i64 vivify? i64
+//!   (x? = presence byte 0/1, then x if 1; integers little-endian)
+//! reply:      tag u8: 1 Stored cas u64 | 2 NotStored | 3 Exists | 4 NotFound | 5 Deleted
+//!             | 6 Number value u64 cas u64 ttl i64 | 7 Item len u32 value cas u64 won u8
+//!             | 8 NonNumeric | 9 TooLarge | 10 Failed len u32 message
+//! ```
+//!
+//! A home that cannot be reached within [`PeerConfig::timeout`] (connect, send, reply) makes
+//! the command fail with `SERVER_ERROR` (never a hang, never a local guess, which could break
+//! CAS atomicity). The decoders are fuzzed by `fuzz/fuzz_targets/memcached_parser.rs`.
+
+use crate::proto::StoreMode;
+use crate::store::{FrontEnd, Outcome, Rmw};
+use parking_lot::Mutex;
+use psl_crypto::{sha256, DataKey};
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+/// Largest frame body: a 1 MiB item plus headers, with room.
+pub const FRAME_MAX: usize = (1 << 20) + 4096;
+const SALT: usize = 16;
+const NONCE: usize = 16;
+const CONTEXT: &[u8] = b"psl-memcached/peer/v1";
+/// Most simultaneous peer connections a home serves.
+const SERVER_CONNS_MAX: usize = 256;
+/// Idle pooled connections kept per peer.
+const POOL_MAX: usize = 16;
+/// A served peer connection idle this long is closed.
+const SERVER_IDLE: Duration = Duration::from_secs(600);
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PeerError {
+    #[error("peer frame truncated at byte {0}")]
+    Truncated(usize),
+    #[error("peer frame: bad {what} {value}")]
+    Bad { what: &'static str, value: u64 },
+    #[error("peer frame: {0} trailing bytes")]
+    Trailing(usize),
+    #[error("peer frame does not open under the peer key (wrong capsule, tampered or replayed)")]
+    Seal,
+}
+
+/// The key that seals forwarded commands: `SHA-256("psl-memcached/peer-key/v1" || data key)`.
+#[derive(Clone)]
+pub struct PeerKey(DataKey);
+
+impl PeerKey {
+    pub fn derive(data_key: &DataKey) -> PeerKey {
+        PeerKey(DataKey::from_bytes(sha256(&[b"psl-memcached/peer-key/v1", &data_key.expose_bytes()[..]]).0))
+    }
+
+    fn aad(dir: u8, nonce: &[u8; NONCE], seq: u64) -> [u8; 1 + NONCE + 8] {
+        let mut a = [0u8; 1 + NONCE + 8];
+        a[0] = dir;
+        a[1..1 + NONCE].copy_from_slice(nonce);
+        a[1 + NONCE..].copy_from_slice(&seq.to_le_bytes());
+        a
+    }
+
+    fn seal(&self, dir: u8, nonce: &[u8; NONCE], seq: u64, plain: &[u8]) -> Vec<u8> {
+        let salt: [u8; SALT] = rand::random();
+        let body = self.0.seal(&salt, CONTEXT, &Self::aad(dir, nonce, seq), plain);
+        let mut f = Vec::with_capacity(4 + SALT + body.len());
+        f.extend_from_slice(&((SALT + body.len()) as u32).to_le_bytes());
+        f.extend_from_slice(&salt);
+        f.extend_from_slice(&body);
+        f
+    }
+
+    fn open(&self, dir: u8, nonce: &[u8; NONCE], seq: u64, frame: &[u8]) -> Result<Vec<u8>, PeerError> {
+        if frame.len() < SALT {
+            return Err(PeerError::Truncated(frame.len()));
+        }
+        let mut salt = [0u8; SALT];
+        salt.copy_from_slice(&frame[..SALT]);
+        self.0
+            .open(&salt, CONTEXT, &Self::aad(dir, nonce, seq), &frame[SALT..])
+            .map(|z| z.to_vec())
+            .map_err(|_| PeerError::Seal)
+    }
+}
+
+impl std::fmt::Debug for PeerKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PeerKey(..)")
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Codec
+
+fn put_opt_u64(o: &mut Vec<u8>, v: Option<u64>) {
+    match v {
+        Some(v) => {
+            o.push(1);
+            o.extend_from_slice(&v.to_le_bytes());
+        }
+        None => o.push(0),
+    }
+}
+
+fn put_opt_i64(o: &mut Vec<u8>, v: Option<i64>) {
+    put_opt_u64(o, v.map(|v| v as u64));
+}
+
+fn put_bytes(o: &mut Vec<u8>, b: &[u8]) {
+    o.extend_from_slice(&(b.len() as u32).to_le_bytes());
+    o.extend_from_slice(b);
+}
+
+struct Rd<'a> {
+    b: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Rd<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], PeerError> {
+        let end = self.pos.checked_add(n).filter(|e| *e <= self.b.len()).ok_or(PeerError::Truncated(self.pos))?;
+        let s = &self.b[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+    fn u8(&mut self) -> Result<u8, PeerError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> Result<u32, PeerError> {
+        let mut a = [0u8; 4];
+        a.copy_from_slice(self.take(4)?);
+        Ok(u32::from_le_bytes(a))
+    }
+    fn u64(&mut self) -> Result<u64, PeerError> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(a))
+    }
+    fn i64(&mut self) -> Result<i64, PeerError> {
+        Ok(self.u64()? as i64)
+    }
+    fn flag(&mut self) -> Result<bool, PeerError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            v => Err(PeerError::Bad { what: "presence byte", value: v.into() }),
+        }
+    }
+    fn opt_u64(&mut self) -> Result<Option<u64>, PeerError> {
+        Ok(if self.flag()? { Some(self.u64()?) } else { None })
+    }
+    fn opt_i64(&mut self) -> Result<Option<i64>, PeerError> {
+        Ok(self.opt_u64()?.map(|v| v as i64))
+    }
+    fn bytes(&mut self) -> Result<&'a [u8], PeerError> {
+        let n = self.u32()? as usize;
+        if n > FRAME_MAX {
+            return Err(PeerError::Bad { what: "length", value: n as u64 });
+        }
+        self.take(n)
+    }
+    fn end(&self) -> Result<(), PeerError> {
+        match self.b.len() - self.pos {
+            0 => Ok(()),
+            n => Err(PeerError::Trailing(n)),
+        }
+    }
+}
+
+/// Appends the request `(key, op)` to `o`.
+pub fn encode_request(key: &[u8], op: &Rmw<'_>, o: &mut Vec<u8>) {
+    o.push(key.len().min(255) as u8);
+    o.extend_from_slice(&key[..key.len().min(255)]);
+    match *op {
+        Rmw::Store { mode, flags, exptime, cas, data } => {
+            o.push(1);
+            o.push(match mode {
+                StoreMode::Set | StoreMode::Cas => 0,
+                StoreMode::Add => 1,
+                StoreMode::Replace => 2,
+                StoreMode::Append => 3,
+                StoreMode::Prepend => 4,
+            });
+            o.extend_from_slice(&flags.to_le_bytes());
+            o.extend_from_slice(&exptime.to_le_bytes());
+            put_opt_u64(o, cas);
+            put_bytes(o, data);
+        }
+        Rmw::Delete { cas } => {
+            o.push(2);
+            put_opt_u64(o, cas);
+        }
+        Rmw::Arith { incr, delta, create, ttl, cas } => {
+            o.push(3);
+            o.push(u8::from(incr));
+            o.extend_from_slice(&delta.to_le_bytes());
+            match create {
+                Some((initial, exptime)) => {
+                    o.push(1);
+                    o.extend_from_slice(&initial.to_le_bytes());
+                    o.extend_from_slice(&exptime.to_le_bytes());
+                }
+                None => o.push(0),
+            }
+            put_opt_i64(o, ttl);
+            put_opt_u64(o, cas);
+        }
+        Rmw::Touch { exptime, vivify } => {
+            o.push(4);
+            put_opt_i64(o, exptime);
+            put_opt_i64(o, vivify);
+        }
+    }
+}
+
+/// Decodes a request. The key must be one the parser accepts (1 to 250 bytes, no space or
+/// newline).
+pub fn decode_request(b: &[u8]) -> Result<(&[u8], Rmw<'_>), PeerError> {
+    let mut r = Rd { b, pos: 0 };
+    let klen = r.u8()? as usize;
+    let key = r.take(klen)?;
+    if !crate::proto::valid_key(key, &crate::proto::Limits::default()) {
+        return Err(PeerError::Bad { what: "key length or byte", value: klen as u64 });
+    }
+    let op = match r.u8()? {
+        1 => {
+            let mode = match r.u8()? {
+                0 => StoreMode::Set,
+                1 => StoreMode::Add,
+                2 => StoreMode::Replace,
+                3 => StoreMode::Append,
+                4 => StoreMode::Prepend,
+                v => return Err(PeerError::Bad { what: "store mode", value: v.into() }),
+            };
+            let flags = r.u32()?;
+            let exptime = r.i64()?;
+            let cas = r.opt_u64()?;
+            let data = r.bytes()?;
+            Rmw::Store { mode, flags, exptime, cas, data }
+        }
+        2 => Rmw::Delete { cas: r.opt_u64()? },
+        3 => {
+            let incr = r.flag()?;
+            let delta = r.u64()?;
+            let create = if r.flag()? { Some((r.u64()?, r.i64()?)) } else { None };
+            let ttl = r.opt_i64()?;
+            let cas = r.opt_u64()?;
+            Rmw::Arith { incr, delta, create, ttl, cas }
+        }
+        4 => Rmw::Touch { exptime: r.opt_i64()?, vivify: r.opt_i64()? },
+        v => return Err(PeerError::Bad { what: "op", value: v.into() }),
+    };
+    r.end()?;
+    Ok((key, op))
+}
+
+/// Appends the reply `o` to `out`. [`Outcome::Unavailable`] travels as `Failed`.
+pub fn encode_outcome(o: &Outcome, out: &mut Vec<u8>) {
+    match o {
+        Outcome::Stored { cas } => {
+            out.push(1);
+            out.extend_from_slice(&cas.to_le_bytes());
+        }
+        Outcome::NotStored => out.push(2),
+        Outcome::Exists => out.push(3),
+        Outcome::NotFound => out.push(4),
+        Outcome::Deleted => out.push(5),
+        Outcome::Number { value, cas, ttl } => {
+            out.push(6);
+            out.extend_from_slice(&value.to_le_bytes());
+            out.extend_from_slice(&cas.to_le_bytes());
+            out.extend_from_slice(&ttl.to_le_bytes());
+        }
+        Outcome::Item { value, cas, won } => {
+            out.push(7);
+            put_bytes(out, value);
+            out.extend_from_slice(&cas.to_le_bytes());
+            out.push(u8::from(*won));
+        }
+        Outcome::NonNumeric => out.push(8),
+        Outcome::TooLarge => out.push(9),
+        Outcome::Failed(m) | Outcome::Unavailable(m) => {
+            out.push(10);
+            put_bytes(out, m.as_bytes());
+        }
+    }
+}
+
+pub fn decode_outcome(b: &[u8]) -> Result<Outcome, PeerError> {
+    let mut r = Rd { b, pos: 0 };
+    let o = match r.u8()? {
+        1 => Outcome::Stored { cas: r.u64()? },
+        2 => Outcome::NotStored,
+        3 => Outcome::Exists,
+        4 => Outcome::NotFound,
+        5 => Outcome::Deleted,
+        6 => Outcome::Number { value: r.u64()?, cas: r.u64()?, ttl: r.i64()? },
+        7 => {
+            let value: Arc<[u8]> = r.bytes()?.into();
+            Outcome::Item { value, cas: r.u64()?, won: r.flag()? }
+        }
+        8 => Outcome::NonNumeric,
+        9 => Outcome::TooLarge,
+        10 => Outcome::Failed(String::from_utf8_lossy(r.bytes()?).into_owned()),
+        v => return Err(PeerError::Bad { what: "outcome", value: v.into() }),
+    };
+    r.end()?;
+    Ok(o)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Transport
+
+fn read_frame(s: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<()> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len)?;
+    let n = u32::from_le_bytes(len) as usize;
+    if !(SALT + 16..=FRAME_MAX + SALT + 16).contains(&n) {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("peer frame of {n} bytes")));
+    }
+    buf.resize(n, 0);
+    s.read_exact(buf)
+}
+
+fn invalid(e: PeerError) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string())
+}
+
+/// Settings of forwarding.
+#[derive(Debug, Clone, Copy)]
+pub struct PeerConfig {
+    /// Bound on connecting to a home, and on each send and reply.
+    pub timeout: Duration,
+}
+
+impl Default for PeerConfig {
+    fn default() -> Self {
+        PeerConfig { timeout: Duration::from_secs(2) }
+    }
+}
+
+/// The home side: serves forwarded commands with [`FrontEnd::rmw_local`], one thread per
+/// peer connection (at most 256). Dropping it stops accepting; open connections end when
+/// their peer closes them or idles out.
+pub struct PeerServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl PeerServer {
+    pub fn start(fe: &Arc<FrontEnd>, listener: TcpListener, key: PeerKey) -> std::io::Result<PeerServer> {
+        let addr = listener.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let fe = Arc::downgrade(fe);
+        let st = stop.clone();
+        let thread = std::thread::Builder::new().name("memcached-peer".into()).spawn(move || {
+            let conns = Arc::new(AtomicUsize::new(0));
+            for s in listener.incoming() {
+                if st.load(Ordering::Acquire) {
+                    return;
+                }
+                let s = match s {
+                    Ok(s) => s,
+                    Err(e) => {
+                        // Out of descriptors and the like: do not spin.
+                        tracing::warn!("peer accept: {e}");
+                        std::thread::sleep(Duration::from_millis(20));
+                        continue;
+                    }
+                };
+                if conns.load(Ordering::Acquire) >= SERVER_CONNS_MAX {
+                    tracing::warn!("peer connections at the limit ({SERVER_CONNS_MAX}); refusing one");
+                    continue;
+                }
+                conns.fetch_add(1, Ordering::AcqRel);
+                let (fe, key, conns) = (fe.clone(), key.clone(), conns.clone());
+                let spawned = std::thread::Builder::new().name("memcached-peer-conn".into()).spawn(move || {
+                    if let Err(e) = serve_peer(&fe, s, &key) {
+                        tracing::debug!("peer connection: {e}");
+                    }
+                    conns.fetch_sub(1, Ordering::AcqRel);
+                });
+                if spawned.is_err() {
+                    tracing::warn!("could not spawn a peer connection thread");
+                }
+            }
+        })?;
+        Ok(PeerServer { addr, stop, thread: Some(thread) })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for PeerServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        // Wake the accept loop.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn serve_peer(fe: &Weak<FrontEnd>, mut s: TcpStream, key: &PeerKey) -> std::io::Result<()> {
+    s.set_nodelay(true)?;
+    s.set_read_timeout(Some(SERVER_IDLE))?;
+    s.set_write_timeout(Some(Duration::from_secs(10)))?;
+    let nonce: [u8; NONCE] = rand::random();
+    s.write_all(&nonce)?;
+    let (mut buf, mut out) = (Vec::new(), Vec::new());
+    for seq in 0u64.. {
+        match read_frame(&mut s, &mut buf) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        let plain = key.open(b'q', &nonce, seq, &buf).map_err(invalid)?;
+        let (k, op) = decode_request(&plain).map_err(invalid)?;
+        let Some(fe) = fe.upgrade() else { return Ok(()) };
+        let o = fe.rmw_local(k, op);
+        out.clear();
+        encode_outcome(&o, &mut out);
+        s.write_all(&key.seal(b'r', &nonce, seq, &out))?;
+    }
+    Ok(())
+}
+
+struct Conn {
+    s: TcpStream,
+    nonce: [u8; NONCE],
+    seq: u64,
+}
+
+/// The forwarding side: a pool of connections to one home front end.
+pub struct PeerClient {
+    addr: SocketAddr,
+    key: PeerKey,
+    cfg: PeerConfig,
+    pool: Mutex<Vec<Conn>>,
+}
+
+impl PeerClient {
+    pub fn new(addr: SocketAddr, key: PeerKey, cfg: PeerConfig) -> PeerClient {
+        PeerClient { addr, key, cfg, pool: Mutex::new(Vec::new()) }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    fn connect(&self) -> std::io::Result<Conn> {
+        let mut s = TcpStream::connect_timeout(&self.addr, self.cfg.timeout)?;
+        s.set_nodelay(true)?;
+        s.set_read_timeout(Some(self.cfg.timeout))?;
+        s.set_write_timeout(Some(self.cfg.timeout))?;
+        let mut nonce = [0u8; NONCE];
+        s.read_exact(&mut nonce)?;
+        Ok(Conn { s, nonce, seq: 0 })
+    }
+
+    /// A pooled connection that the home has not closed, or a new one.
+    fn take(&self) -> std::io::Result<Conn> {
+        while let Some(c) = self.pool.lock().pop() {
+            // A closed connection reads as EOF at once; a live idle one would block.
+            if c.s.set_nonblocking(true).is_err() {
+                continue;
+            }
+            let alive = matches!(c.s.peek(&mut [0u8; 1]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+            if alive && c.s.set_nonblocking(false).is_ok() {
+                return Ok(c);
+            }
+        }
+        self.connect()
+    }
+
+    fn exchange(&self, c: &mut Conn, req: &[u8]) -> std::io::Result<Outcome> {
+        c.s.write_all(&self.key.seal(b'q', &c.nonce, c.seq, req))?;
+        let mut buf = Vec::new();
+        read_frame(&mut c.s, &mut buf)?;
+        let plain = self.key.open(b'r', &c.nonce, c.seq, &buf).map_err(invalid)?;
+        c.seq += 1;
+        decode_outcome(&plain).map_err(invalid)
+    }
+
+    /// Runs `op` at this home. Blocks for at most about three times the timeout; fails with
+    /// [`Outcome::Unavailable`] when the home cannot be reached or answers garbage.
+    pub fn call(&self, key: &[u8], op: &Rmw<'_>) -> Outcome {
+        let mut req = Vec::with_capacity(64);
+        encode_request(key, op, &mut req);
+        let run = || -> std::io::Result<Outcome> {
+            let mut c = self.take()?;
+            let o = self.exchange(&mut c, &req)?;
+            let mut pool = self.pool.lock();
+            if pool.len() < POOL_MAX {
+                pool.push(c);
+            } else {
+                let _ = c.s.shutdown(Shutdown::Both);
+            }
+            Ok(o)
+        };
+        match blocking(run) {
+            Ok(o) => o,
+            Err(e) => {
+                tracing::warn!(home = %self.addr, "forwarding to the key's home front end failed: {e}");
+                Outcome::Unavailable(format!("home front end {} unreachable: {e}", self.addr))
+            }
+        }
+    }
+}
+
+/// Runs blocking `f` so that a multi-thread tokio runtime moves its other tasks elsewhere.
+fn blocking<R>(f: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ops() -> Vec<Rmw<'static>> {
+        vec![
+            Rmw::Store { mode: StoreMode::Append, flags: 7, exptime: -1, cas: Some(9), data: b"abc" },
+            Rmw::Store { mode: StoreMode::Set, flags: 0, exptime: 100, cas: None, data: b"" },
+            Rmw::Delete { cas: None },
+            Rmw::Delete { cas: Some(u64::MAX) },
+            Rmw::Arith { incr: true, delta: 5, create: Some((1, 2)), ttl: Some(-3), cas: None },
+            Rmw::Arith { incr: false, delta: 0, create: None, ttl: None, cas: Some(4) },
+            Rmw::Touch { exptime: Some(10), vivify: None },
+            Rmw::Touch { exptime: None, vivify: Some(0) },
+        ]
+    }
+
+    #[test]
+    fn requests_and_outcomes_round_trip_and_truncations_fail() {
+        for op in ops() {
+            let mut b = Vec::new();
+            encode_request(b"k1", &op, &mut b);
+            let (k, back) = decode_request(&b).unwrap();
+            assert_eq!(k, b"k1");
+            assert_eq!(format!("{op:?}"), format!("{back:?}"));
+            for cut in 0..b.len() {
+                assert!(decode_request(&b[..cut]).is_err());
+            }
+            b.push(0);
+            assert_eq!(decode_request(&b).unwrap_err(), PeerError::Trailing(1));
+        }
+        for o in [
+            Outcome::Stored { cas: 3 },
+            Outcome::NotStored,
+            Outcome::Exists,
+            Outcome::NotFound,
+            Outcome::Deleted,
+            Outcome::Number { value: 1, cas: 2, ttl: -1 },
+            Outcome::Item { value: Arc::from(&b"xyz"[..]), cas: 8, won: true },
+            Outcome::NonNumeric,
+            Outcome::TooLarge,
+            Outcome::Failed("disk".into()),
+        ] {
+            let mut b = Vec::new();
+            encode_outcome(&o, &mut b);
+            assert_eq!(decode_outcome(&b).unwrap(), o);
+            for cut in 0..b.len() {
+                assert!(decode_outcome(&b[..cut]).is_err());
+            }
+        }
+        let mut b = Vec::new();
+        encode_request(b"bad key", &Rmw::Delete { cas: None }, &mut b);
+        assert!(decode_request(&b).is_err());
+        // Every key the parser accepts travels (a tab is a key byte in memcached's protocol).
+        let mut b = Vec::new();
+        encode_request(b"tab\tkey", &Rmw::Delete { cas: None }, &mut b);
+        assert_eq!(decode_request(&b).unwrap().0, b"tab\tkey");
+    }
+
+    #[test]
+    fn frames_bind_key_direction_connection_and_sequence() {
+        let k = PeerKey::derive(&DataKey::from_bytes([3; 32]));
+        let n = [1u8; NONCE];
+        let f = k.seal(b'q', &n, 5, b"hello");
+        let body = &f[4..];
+        assert_eq!(k.open(b'q', &n, 5, body).unwrap(), b"hello");
+        assert_eq!(k.open(b'r', &n, 5, body), Err(PeerError::Seal));
+        assert_eq!(k.open(b'q', &n, 6, body), Err(PeerError::Seal));
+        assert_eq!(k.open(b'q', &[2; NONCE], 5, body), Err(PeerError::Seal));
+        let other = PeerKey::derive(&DataKey::from_bytes([4; 32]));
+        assert_eq!(other.open(b'q', &n, 5, body), Err(PeerError::Seal));
+    }
+}
