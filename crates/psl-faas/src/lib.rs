@@ -24,8 +24,10 @@ pub mod deploy;
 pub mod error;
 pub mod kv;
 pub mod leader;
+pub mod net;
 pub mod program;
 pub mod scheduler;
+pub mod tls;
 pub mod worker;
 
 pub use attest::{
