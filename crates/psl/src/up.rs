@@ -50,6 +50,7 @@ extern "C" fn on_signal(_: libc::c_int) {
 struct Kid {
     name: String,
     child: Child,
+    gone: bool,
 }
 
 /// Spawns `psl ARGS`; the child gets SIGTERM if this process dies (even by SIGKILL).
@@ -76,7 +77,7 @@ fn spawn(name: &str, args: &[String]) -> Result<(Kid, std::sync::mpsc::Receiver<
             let _ = tx.send(line);
         }
     });
-    Ok((Kid { name: name.into(), child }, rx))
+    Ok((Kid { name: name.into(), child, gone: false }, rx))
 }
 
 fn wait_line(kid: &str, rx: &std::sync::mpsc::Receiver<String>, prefix: &str, deadline: Instant) -> Result<String> {
@@ -94,14 +95,14 @@ fn wait_line(kid: &str, rx: &std::sync::mpsc::Receiver<String>, prefix: &str, de
 }
 
 fn stop_all(kids: &mut [Kid]) {
-    for k in kids.iter() {
+    for k in kids.iter().filter(|k| !k.gone) {
         // SAFETY: kill(2) with a pid of our own child (not yet reaped, so not reused).
         unsafe {
             libc::kill(k.child.id() as libc::pid_t, libc::SIGTERM);
         }
     }
     let deadline = Instant::now() + Duration::from_secs(3);
-    for k in kids.iter_mut() {
+    for k in kids.iter_mut().filter(|k| !k.gone) {
         loop {
             match k.child.try_wait() {
                 Ok(Some(_)) => break,
@@ -228,11 +229,17 @@ pub fn run(a: UpArgs) -> Result<i32> {
     let mut code = 0;
     while !STOP.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(50));
-        for k in kids.iter_mut() {
+        for k in kids.iter_mut().filter(|k| !k.gone) {
             if let Ok(Some(st)) = k.child.try_wait() {
-                eprintln!("error: {} exited ({st}); stopping the deployment", k.name);
-                code = 1;
-                STOP.store(true, Ordering::SeqCst);
+                k.gone = true;
+                if k.name.starts_with("worker") {
+                    // The scheduler drops it from the registry; the others carry on.
+                    eprintln!("warning: {} exited ({st}); the deployment carries on without it", k.name);
+                } else {
+                    eprintln!("error: {} exited ({st}); stopping the deployment", k.name);
+                    code = 1;
+                    STOP.store(true, Ordering::SeqCst);
+                }
             }
         }
     }
