@@ -330,6 +330,13 @@ impl Deployment {
     }
 }
 
+impl Drop for Recorder {
+    /// A recorder dropped without `finish` (a failed job) stops its thread too.
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+    }
+}
+
 /// The per-lambda reports of one worker's run.
 pub fn lambda_reports(r: &WorkerRun) -> Vec<LambdaReport> {
     r.outcomes

@@ -1,5 +1,6 @@
 //! The PSL FaaS runtime: sealed programs, attestation, key delivery, and the leader, scheduler
-//! and worker roles, wired together in process as the embedded deployment.
+//! and worker roles, wired together in process as the embedded deployment, or run as separate
+//! processes over the network.
 //!
 //! Module map:
 //! - [`program`]: [`SealedProgram`]: a job's program (and input) sealed with AES-256-GCM under a
@@ -7,12 +8,16 @@
 //! - [`attest`]: the [`Attester`] / [`AttestVerifier`] traits, [`AttestPolicy`], and the `sim`
 //!   backend (**insecure, for development only**: a simulated platform key signs the report).
 //! - [`channel`]: key delivery sealed to the worker's X25519 channel key bound in its report.
+//! - [`tls`]: TLS 1.3 channels whose certificate key is the one bound into the report
+//!   (self-signed Ed25519 certificates; the peer's key hash checked against the report).
 //! - [`leader`]: the trusted leader: attests workers, derives keys, runs the job's coordinator,
 //!   RESETs workers.
 //! - [`scheduler`]: the untrusted scheduler: a registry of workers; forwards sealed programs.
 //! - [`worker`]: a worker: attests, receives its keys, runs lambda slots on a `psl_node::Node`.
 //! - [`kv`]: [`NodeKv`], the sandbox's [`psl_sandbox::KvHost`] over a `psl_node::Node`.
 //! - [`deploy`]: [`Deployment`]: every role in one process over an `InProcHub`; `run_job`.
+//! - [`net`]: the roles as processes over TCP (`psl leader`, `psl scheduler`, `psl worker`),
+//!   the client of `psl run --cluster`, the wire frames and the cluster file.
 //! - [`error`] holds [`FaasError`].
 //!
 //! Trust: the leader and the workers are trusted (they would run in TEEs); the scheduler, the

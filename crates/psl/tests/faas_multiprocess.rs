@@ -119,7 +119,8 @@ fn faas_multiprocess_wordcount_capsule_reset_and_clean_stop() {
     let counts: serde_json::Value = serde_json::from_str(v["lambdas"][0]["emitted"][1].as_str().unwrap()).unwrap();
     assert_eq!(counts, serde_json::json!({"a": 3, "b": 2, "c": 1, "d": 1}));
     // Four workers took part, one lambda each.
-    let mut workers: Vec<u64> = v["lambdas"].as_array().unwrap().iter().map(|l| l["worker"].as_u64().unwrap()).collect();
+    let mut workers: Vec<u64> =
+        v["lambdas"].as_array().unwrap().iter().map(|l| l["worker"].as_u64().unwrap()).collect();
     workers.sort();
     assert_eq!(workers, vec![1, 2, 3, 4]);
     for k in ["leader_attest_ms", "client_to_scheduler_ms", "attestation_ms", "key_delivery_ms", "launch_ms"] {

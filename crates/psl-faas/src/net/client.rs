@@ -127,7 +127,9 @@ pub fn run_remote(c: &ClusterInfo, req: RemoteJob) -> Result<JobReport, FaasErro
     };
     // 1. Attest the leader on this very TLS connection, then hand it the owner key.
     let me = TlsIdentity::generate("psl-client")?;
+    tracing::debug!("client: capsule and sealing {:.1} ms", ms_us(t0, unix_us()));
     let (mut lead, leader_spki) = tls::connect(c.leader, &me)?;
+    tracing::debug!("client: TLS to the leader {:.1} ms", ms_us(t0, unix_us()));
     lead.sock.set_read_timeout(Some(Duration::from_secs(120)))?;
     let nonce: [u8; 32] = rand::random();
     write_msg(&mut lead, &Msg::ClientHello { nonce: hex::encode(nonce) })?;
@@ -148,6 +150,7 @@ pub fn run_remote(c: &ClusterInfo, req: RemoteJob) -> Result<JobReport, FaasErro
         },
     )?;
     drop(owner);
+    tracing::debug!("client: leader attested {:.1} ms", ms_us(t0, unix_us()));
     expect_ok(read_msg(&mut lead)?, "leader: begin job")?;
     let t_leader = unix_us();
     // 2. Submit to the scheduler.

@@ -170,6 +170,7 @@ fn begin(
     lambdas: u32,
     min_workers: usize,
 ) -> Result<JobId, FaasError> {
+    let t = Instant::now();
     let job = JobId(unhex_n::<16>("job", job)?);
     let owner = OwnerKey::from_file_string(owner).map_err(|e| FaasError::Config(format!("owner key: {e}")))?;
     let meta = SignedMetadata::decode(&unhex("meta", meta)?).map_err(|e| FaasError::Capsule(e.to_string()))?;
@@ -182,7 +183,9 @@ fn begin(
         psl_fabric::TcpConfig { name: format!("coordinator-{job}"), ..psl_fabric::TcpConfig::default() },
     )
     .map_err(|e| FaasError::Net(format!("leader: connecting to the router: {e}")))?;
+    tracing::debug!("leader: keys decoded, router connected in {:?}", t.elapsed());
     sh.leader.begin_job(job, owner, meta, Arc::new(ep))?;
+    tracing::debug!("leader: coordinator started in {:?}", t.elapsed());
     *st = JobState { job: Some(job), lambdas, min_workers, ..JobState::default() };
     tracing::info!(%job, lambdas, "leader: job begun");
     Ok(job)
