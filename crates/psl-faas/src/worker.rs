@@ -91,8 +91,10 @@ impl Worker {
             why: "no channel key: not attested for this job".into(),
         })?;
         let bundle = channel.open(&grant.sealed_keys, &grant_aad(job.job, self.id, &grant.lambdas))?;
+        let t = Instant::now();
         let (meta, data_key, writers) = parse_bundle(&bundle, job.job, grant)?;
         drop(bundle);
+        tracing::debug!("worker {}: key bundle checked in {:?}", self.id, t.elapsed());
         self.inner.lock().attested = true;
         // Integrity first: nothing runs unless the program (and input) open under the job's key.
         let program = job.program.open(&data_key, job.job, Payload::Program, self.limits.program_bytes_max)?;
@@ -115,7 +117,9 @@ impl Worker {
             ..NodeOptions::default()
         };
         let keys = NodeKeys { meta, data_key: data_key.clone(), writers, coordinator: None };
+        let t = Instant::now();
         let node = Arc::new(Node::start(keys, ep, opts)?);
+        tracing::debug!("worker {}: node started in {:?}", self.id, t.elapsed());
         {
             let mut g = self.inner.lock();
             g.node = Some(node.clone());

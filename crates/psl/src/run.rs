@@ -54,6 +54,13 @@ pub struct RunArgs {
 
 /// Reads a cluster file (or `DIR/cluster.json`).
 pub fn read_cluster(p: &std::path::Path) -> Result<psl_faas::net::ClusterInfo> {
+    if !p.exists() && p.to_str().is_some_and(|s| s.parse::<std::net::SocketAddr>().is_ok()) {
+        bail!(
+            "--cluster {}: give the cluster file that `psl up` wrote (DIR or DIR/cluster.json); it holds the leader's \
+             address and the attestation policy, which an address alone cannot vouch for",
+            p.display()
+        );
+    }
     let file = if p.is_dir() { p.join("cluster.json") } else { p.to_path_buf() };
     let text = std::fs::read_to_string(&file)
         .with_context(|| format!("reading the cluster file {} (is `psl up` running?)", file.display()))?;

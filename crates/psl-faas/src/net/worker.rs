@@ -225,6 +225,11 @@ impl Agent {
                 psl_fabric::TcpConfig { name: format!("worker-{}", self.cfg.id), ..psl_fabric::TcpConfig::default() },
             )
             .map_err(|e| FaasError::Net(format!("connecting to the router: {e}")))?;
+            tracing::debug!(
+                "worker {}: router connected {:.1} ms after the grant",
+                self.cfg.id,
+                (unix_us() - times.granted_us) as f64 / 1e3
+            );
             let run = self.worker.run(&sealed, &grant, Arc::new(ep))?;
             times.keys_ready_us = instant_us(run.keys_ready);
             times.started_us = instant_us(run.lambdas_started);
