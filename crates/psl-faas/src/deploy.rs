@@ -99,6 +99,8 @@ pub struct JobReport {
     pub capsule_records: usize,
     /// What each worker held right after its RESET.
     pub resets: Vec<(u32, WorkerDebug)>,
+    /// Over the network: records each capsule host (server id) stored for the job.
+    pub stored_records: Vec<(u32, u64)>,
 }
 
 pub struct Deployment {
@@ -264,6 +266,7 @@ impl Deployment {
             capsule_file: capsule_file.map(|(f, _)| f),
             capsule_records,
             resets,
+            stored_records: Vec::new(),
         })
     }
 

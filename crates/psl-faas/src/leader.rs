@@ -184,6 +184,15 @@ impl Leader {
         Ok((grants, refused))
     }
 
+    /// Capsule server `id`'s ack-signing key for the current job (the application key's child
+    /// `server_writer(id)`), for the host that stores the job's capsule.
+    pub fn server_key(&self, id: u32) -> Result<psl_crypto::SigningKey, FaasError> {
+        let guard = self.job.lock();
+        let job = guard.as_ref().ok_or_else(|| FaasError::Config("no job in progress".into()))?;
+        let w = psl_scl::server_writer(id).ok_or_else(|| FaasError::Config(format!("server id {id} out of range")))?;
+        job.app.writer(w).map_err(|e| FaasError::Config(e.to_string()))
+    }
+
     pub fn meta(&self) -> Option<SignedMetadata> {
         self.job.lock().as_ref().map(|j| j.meta.clone())
     }

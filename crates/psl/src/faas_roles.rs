@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use psl_faas::attest::{binary_hash, measure, AttestPolicy, Measurement, SimPlatform};
 use psl_faas::deploy::runtime_config;
-use psl_faas::net::{leader, scheduler, worker};
+use psl_faas::net::{host, leader, scheduler, worker};
 use psl_sandbox::SandboxLimits;
 use std::io::Write;
 use std::net::SocketAddr;
@@ -85,6 +85,10 @@ pub struct LeaderArgs {
     /// Milliseconds to wait for the offers of every worker the scheduler forwarded a job to.
     #[arg(long, default_value_t = 3000)]
     pub admit_wait_ms: u64,
+    /// A capsule host (`psl capsule-host`); repeat for each, in server id order (0, 1, ...).
+    /// Every job's capsule is opened on all of them.
+    #[arg(long = "capsule-host")]
+    pub capsule_hosts: Vec<SocketAddr>,
 }
 
 pub fn run_leader(a: LeaderArgs) -> Result<i32> {
@@ -99,6 +103,7 @@ pub fn run_leader(a: LeaderArgs) -> Result<i32> {
         policy: parse_measurements(&a.allow, m)?,
         admit_wait: Duration::from_millis(a.admit_wait_ms),
         connections_max: 1024,
+        capsule_hosts: a.capsule_hosts,
     };
     let mut res = Ok(());
     leader::serve_leader(cfg, |addr| res = ready_line(&format!("leader {addr}")))?;
@@ -193,5 +198,27 @@ pub fn run_worker(a: WorkerArgs) -> Result<i32> {
     let id = a.id;
     let mut res = Ok(());
     worker::serve_worker(cfg, |r| res = ready_line(&format!("worker {id} control {}", r.control)))?;
+    res.map(|()| 0)
+}
+
+#[derive(Args, Debug)]
+pub struct CapsuleHostArgs {
+    /// Server id (0 ..= 32767); the leader sends this server's key for each job.
+    #[arg(long)]
+    pub id: u32,
+    /// Directory for the stores (one per job capsule).
+    #[arg(long)]
+    pub dir: PathBuf,
+    #[arg(long)]
+    pub router: SocketAddr,
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: SocketAddr,
+}
+
+pub fn run_capsule_host(a: CapsuleHostArgs) -> Result<i32> {
+    let cfg = host::HostConfig { id: a.id, dir: a.dir, listen: a.listen, router: a.router };
+    let id = a.id;
+    let mut res = Ok(());
+    host::serve_host(cfg, |addr| res = ready_line(&format!("capsule-host {id} {addr}")))?;
     res.map(|()| 0)
 }

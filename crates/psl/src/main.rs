@@ -9,7 +9,7 @@
 //!   (`psl router` comes from psl-fabric).
 //! - `run`: `psl run JOB.js`: a job of sandboxed lambdas on a running deployment (`--cluster`)
 //!   or on the embedded FaaS deployment.
-//! - `faas_roles`: `psl leader`, `psl scheduler`, `psl worker` as processes.
+//! - `faas_roles`: `psl leader`, `psl scheduler`, `psl worker`, `psl capsule-host` as processes.
 //! - `up`: `psl up`: the default deployment as child processes on loopback.
 //! - `memcached`: `psl memcached`: the SecureCached front end.
 //! - `kv`: the client of a node's control interface (`psl kv put|get|del|sync|stats|dump`).
@@ -72,6 +72,8 @@ enum Cmd {
     Scheduler(faas_roles::SchedulerArgs),
     /// Run a FaaS worker: attests to the leader, runs lambdas on SCL (sim attestation: INSECURE).
     Worker(faas_roles::WorkerArgs),
+    /// Run a capsule server for FaaS jobs: the leader opens each job's capsule on it.
+    CapsuleHost(faas_roles::CapsuleHostArgs),
     /// Run a DataCapsule server (verified durable storage, signed acks), or check its storage.
     CapsuleServer(roles::CapsuleServerArgs),
     /// Serve the memcached protocol on the secure store (SecureCached).
@@ -113,6 +115,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Leader(a) => faas_roles::run_leader(a),
         Cmd::Scheduler(a) => faas_roles::run_scheduler(a),
         Cmd::Worker(a) => faas_roles::run_worker(a),
+        Cmd::CapsuleHost(a) => faas_roles::run_capsule_host(a),
         Cmd::CapsuleServer(a) => roles::run_capsule_server(a),
         Cmd::Memcached(a) => memcached::run(a),
     }

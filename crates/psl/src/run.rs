@@ -162,6 +162,9 @@ pub fn run(a: RunArgs) -> Result<i32> {
         println!("  {:<22} {:>8.2}", "all lambdas running", b.launch_ms);
         println!("  {:<22} {:>8.2}  (after the last lambda started)", "first op", b.first_op_ms);
         println!("  {:<22} {:>8.2}", "job total", b.total_ms);
+        for (id, n) in &r.stored_records {
+            println!("capsule host {id}: {n} records stored");
+        }
         if let Some(p) = &a.capsule_out {
             println!(
                 "capsule: {} records -> {} (check: psl capsule verify {})",

@@ -1,5 +1,6 @@
 //! `psl up`: the embedded default deployment on one machine, as child processes on loopback:
-//! a router, the scheduler, the leader (which runs each job's coordinator) and N workers. It
+//! a router, three capsule hosts (capsule servers for each job's capsule, f = 1), the
+//! scheduler, the leader (which runs each job's coordinator) and N workers. It
 //! writes `DIR/cluster.json` (what `psl run --cluster` reads), prints the addresses, and runs
 //! until Ctrl-C or SIGTERM, then stops the children.
 //!
@@ -24,6 +25,10 @@ pub struct UpArgs {
     /// Worker processes.
     #[arg(long, default_value_t = 4)]
     pub workers: u32,
+    /// Capsule hosts (`psl capsule-host`, server ids 0 ..): every job's capsule is stored on
+    /// each (2f + 1 for f faults; 0 for none).
+    #[arg(long, default_value_t = 3)]
+    pub servers: u32,
     /// Directory for the cluster file and the sim platform key (created if missing).
     #[arg(long, default_value = "psl-up")]
     pub dir: PathBuf,
@@ -123,6 +128,9 @@ pub fn run(a: UpArgs) -> Result<i32> {
     if a.workers == 0 || a.workers > 255 {
         bail!("--workers must be 1 ..= 255");
     }
+    if a.servers > 64 {
+        bail!("--servers must be 0 ..= 64");
+    }
     // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
     unsafe {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
@@ -158,7 +166,32 @@ pub fn run(a: UpArgs) -> Result<i32> {
         }
         let (k, srx) = spawn("scheduler", &sargs)?;
         kids.push(k);
+        let mut hrx = Vec::new();
+        for id in 0..a.servers {
+            let hdir = a.dir.join(format!("server{id}"));
+            let args = [
+                "capsule-host".to_string(),
+                "--id".into(),
+                id.to_string(),
+                "--dir".into(),
+                hdir.display().to_string(),
+                "--router".into(),
+                router.to_string(),
+            ];
+            let (k, rx) = spawn(&format!("capsule host {id}"), &args)?;
+            kids.push(k);
+            hrx.push((id, hdir, rx));
+        }
+        let mut hosts = Vec::new();
+        for (id, hdir, rx) in hrx {
+            let addr: SocketAddr =
+                wait_line(&format!("capsule host {id}"), &rx, &format!("capsule-host {id} "), deadline)?.parse()?;
+            hosts.push((id, addr, hdir));
+        }
         let mut largs = vec!["leader".to_string(), "--router".into(), router.to_string()];
+        for (_, addr, _) in &hosts {
+            largs.extend(["--capsule-host".into(), addr.to_string()]);
+        }
         sim(&mut largs);
         let (k, lrx) = spawn("leader", &largs)?;
         kids.push(k);
@@ -201,6 +234,7 @@ pub fn run(a: UpArgs) -> Result<i32> {
             sim_platform_public: hex::encode(platform.public().to_bytes()),
             measurements: vec![hex::encode(measurement.0)],
             workers,
+            capsule_hosts: hosts,
             pids: kids.iter().map(|k| (k.name.clone(), k.child.id())).collect(),
         })
     })();
@@ -217,6 +251,9 @@ pub fn run(a: UpArgs) -> Result<i32> {
     println!("router    {}", info.router);
     println!("scheduler {}", info.scheduler);
     println!("leader    {}", info.leader);
+    for (id, addr, dir) in &info.capsule_hosts {
+        println!("capsule host {id} {addr} (stores in {})", dir.display());
+    }
     for w in &info.workers {
         println!("worker {} control {}", w.id, w.control);
     }

@@ -1,6 +1,7 @@
-//! The FaaS deployment as processes on loopback (`psl up`: router, scheduler, leader, workers)
-//! and `psl run --cluster`: a word count end to end with its capsule verified and every worker
-//! wiped by RESET; a worker outside the policy gets no key; a scheduler that flips a program
+//! The FaaS deployment as processes on loopback (`psl up`: router, capsule hosts, scheduler,
+//! leader, workers)
+//! and `psl run --cluster`: a word count end to end with its capsule verified, stored by three
+//! capsule hosts, and every worker wiped by RESET; a worker outside the policy gets no key; a scheduler that flips a program
 //! byte is caught; a worker whose heartbeats stop is dropped from the registry.
 
 use psl_faas::net::wire::{read_msg, write_msg, Msg};
@@ -129,6 +130,19 @@ fn faas_multiprocess_wordcount_capsule_reset_and_clean_stop() {
     let st = Command::new(psl()).args(["capsule", "verify"]).arg(&cap).output().unwrap();
     assert!(st.status.success(), "capsule verify: {}", String::from_utf8_lossy(&st.stdout));
     assert!(v["capsule_records"].as_u64().unwrap() > 4);
+    // Each of the three capsule hosts stored the job's capsule; each store checks clean.
+    let stored = v["stored_records"].as_array().unwrap();
+    assert_eq!(stored.len(), 3, "{v}");
+    for (id, addr, dir) in &u.info.capsule_hosts {
+        let _ = addr;
+        let n = stored.iter().find(|s| s[0] == *id).unwrap()[1].as_u64().unwrap();
+        assert!(n > 4, "host {id} stored {n} records");
+        let store = dir.join(v["capsule"].as_str().unwrap());
+        let o = Command::new(psl()).args(["capsule-server", "check", "--json", "--dir"]).arg(&store).output().unwrap();
+        assert!(o.status.success(), "host {id}: {}", String::from_utf8_lossy(&o.stdout));
+        let c: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(c["records"].as_u64().unwrap(), n, "{c}");
+    }
     // RESET: the leader's report of each worker, and each worker's own control interface.
     let resets = v["resets"].as_array().unwrap();
     assert_eq!(resets.len(), 4, "{v}");
@@ -145,7 +159,7 @@ fn faas_multiprocess_wordcount_capsule_reset_and_clean_stop() {
     assert_eq!(v["ok"], true, "{v}");
     // SIGTERM stops every child and `psl up` itself, cleanly.
     let pids: Vec<u32> = u.info.pids.iter().map(|(_, p)| *p).collect();
-    assert_eq!(pids.len(), 3 + 4);
+    assert_eq!(pids.len(), 3 + 3 + 4);
     assert!(Command::new("kill").args(["-TERM", &u.child.id().to_string()]).status().unwrap().success());
     let deadline = Instant::now() + Duration::from_secs(10);
     let st = loop {

@@ -43,6 +43,9 @@ pub struct ClusterInfo {
     /// Measurements (hex) of the leader and workers this deployment runs.
     pub measurements: Vec<String>,
     pub workers: Vec<WorkerInfo>,
+    /// Capsule hosts: server id, address, store directory (one store per job capsule in it).
+    #[serde(default)]
+    pub capsule_hosts: Vec<(u32, SocketAddr, std::path::PathBuf)>,
     /// Process ids of the roles, for operators.
     #[serde(default)]
     pub pids: Vec<(String, u32)>,
@@ -188,8 +191,8 @@ pub fn run_remote(c: &ClusterInfo, req: RemoteJob) -> Result<JobReport, FaasErro
         Ok((received_us, granted, refused, outcomes))
     })();
     // 5. End the job whatever happened: the leader erases its keys and RESETs the workers.
-    let resets = match write_msg(&mut lead, &Msg::EndJob).and_then(|()| read_msg(&mut lead)) {
-        Ok(Msg::Ended { resets }) => resets,
+    let (resets, stored) = match write_msg(&mut lead, &Msg::EndJob).and_then(|()| read_msg(&mut lead)) {
+        Ok(Msg::Ended { resets, stored }) => (resets, stored),
         Ok(m) => return Err(FaasError::Net(format!("leader: expected Ended, got {}", m.name()))),
         Err(e) => return Err(e),
     };
@@ -254,5 +257,6 @@ pub fn run_remote(c: &ClusterInfo, req: RemoteJob) -> Result<JobReport, FaasErro
         capsule_records: capsule_file.as_ref().map(|(_, n)| *n).unwrap_or(0),
         capsule_file: capsule_file.map(|(f, _)| f),
         resets,
+        stored_records: stored,
     })
 }

@@ -23,6 +23,7 @@ use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use zeroize::Zeroizing;
 
 pub struct LeaderConfig {
     pub listen: SocketAddr,
@@ -36,7 +37,13 @@ pub struct LeaderConfig {
     pub admit_wait: Duration,
     /// Most connections served at once.
     pub connections_max: usize,
+    /// Capsule hosts (`psl capsule-host`), server ids 0, 1, ...: each job's capsule is opened
+    /// on every one of them.
+    pub capsule_hosts: Vec<SocketAddr>,
 }
+
+/// Each RESET worker and what it held after the RESET.
+type Resets = Vec<(u32, WorkerDebug)>;
 
 enum WorkerCmd {
     Grant(crate::leader::Grant),
@@ -52,6 +59,7 @@ struct JobState {
     offers: Vec<Offer>,
     waiting: HashMap<u32, Sender<WorkerCmd>>,
     granted: Vec<(u32, Sender<WorkerCmd>)>,
+    hosts: Vec<(u32, tls::ClientStream)>,
 }
 
 struct Shared {
@@ -148,9 +156,9 @@ fn client(sh: &Arc<Shared>, mut s: ServerStream) -> Result<(), FaasError> {
                     Err(e) => reply_err(&mut s, &e)?,
                 },
                 Msg::EndJob if mine.is_some() => {
-                    let resets = end(sh);
+                    let (resets, stored) = end(sh);
                     mine = None;
-                    write_msg(&mut s, &Msg::Ended { resets })?
+                    write_msg(&mut s, &Msg::Ended { resets, stored })?
                 }
                 m => reply_err(&mut s, &FaasError::Net(format!("leader: unexpected {} from a client", m.name())))?,
             }
@@ -184,11 +192,51 @@ fn begin(
     )
     .map_err(|e| FaasError::Net(format!("leader: connecting to the router: {e}")))?;
     tracing::debug!("leader: keys decoded, router connected in {:?}", t.elapsed());
-    sh.leader.begin_job(job, owner, meta, Arc::new(ep))?;
+    sh.leader.begin_job(job, owner, meta.clone(), Arc::new(ep))?;
     tracing::debug!("leader: coordinator started in {:?}", t.elapsed());
-    *st = JobState { job: Some(job), lambdas, min_workers, ..JobState::default() };
+    let hosts = match open_hosts(sh, &meta) {
+        Ok(h) => h,
+        Err(e) => {
+            sh.leader.end_job();
+            return Err(e);
+        }
+    };
+    tracing::debug!("leader: capsule hosts opened in {:?}", t.elapsed());
+    *st = JobState { job: Some(job), lambdas, min_workers, hosts, ..JobState::default() };
     tracing::info!(%job, lambdas, "leader: job begun");
     Ok(job)
+}
+
+/// Opens the job's capsule on every capsule host (server id = its position).
+fn open_hosts(sh: &Arc<Shared>, meta: &SignedMetadata) -> Result<Vec<(u32, tls::ClientStream)>, FaasError> {
+    let mut out = Vec::new();
+    for (i, addr) in sh.cfg.capsule_hosts.iter().enumerate() {
+        let id = i as u32;
+        let key = sh.leader.server_key(id)?;
+        let secret = Zeroizing::new(hex::encode(&key.expose_secret_bytes()[..]));
+        let (mut s, _) = tls::connect(*addr, &sh.identity)?;
+        s.sock.set_read_timeout(Some(Duration::from_secs(10)))?;
+        write_msg(&mut s, &Msg::HostOpen { id, meta: hex::encode(meta.encode()), key: secret.to_string() })?;
+        match read_msg(&mut s)? {
+            Msg::Ok => out.push((id, s)),
+            Msg::Error { why } => return Err(FaasError::Net(format!("capsule host {id} ({addr}): {why}"))),
+            m => return Err(FaasError::Net(format!("capsule host {id}: unexpected {}", m.name()))),
+        }
+    }
+    Ok(out)
+}
+
+/// Closes the job's capsule on every host; returns the records each stored.
+fn close_hosts(hosts: Vec<(u32, tls::ClientStream)>) -> Vec<(u32, u64)> {
+    let mut out = Vec::new();
+    for (id, mut s) in hosts {
+        match write_msg(&mut s, &Msg::EndJob).and_then(|()| read_msg(&mut s)) {
+            Ok(Msg::HostClosed { records }) => out.push((id, records)),
+            Ok(m) => tracing::warn!("capsule host {id}: closing: unexpected {}", m.name()),
+            Err(e) => tracing::warn!("capsule host {id}: closing: {e}"),
+        }
+    }
+    out
 }
 
 /// Waits (bounded) for an offer from each of `workers`, then admits those in.
@@ -238,16 +286,18 @@ fn admit(sh: &Arc<Shared>, workers: &[u32]) -> Result<Msg, FaasError> {
     }
 }
 
-/// Ends the job: keys erased, coordinator stopped, every granted worker RESET.
-fn end(sh: &Arc<Shared>) -> Vec<(u32, WorkerDebug)> {
-    let granted = {
+/// Ends the job: keys erased, coordinator stopped, every granted worker RESET, the capsule
+/// closed on every host.
+fn end(sh: &Arc<Shared>) -> (Resets, Vec<(u32, u64)>) {
+    let (granted, hosts) = {
         let mut st = sh.st.lock();
         for (_, tx) in st.waiting.drain() {
             let _ = tx.send(WorkerCmd::Refused("the job ended".into()));
         }
         let g = std::mem::take(&mut st.granted);
+        let h = std::mem::take(&mut st.hosts);
         *st = JobState::default();
-        g
+        (g, h)
     };
     sh.leader.end_job();
     let (tx, rx) = bounded(granted.len().max(1));
@@ -264,7 +314,7 @@ fn end(sh: &Arc<Shared>) -> Vec<(u32, WorkerDebug)> {
         }
     }
     out.sort_by_key(|(w, _)| *w);
-    out
+    (out, close_hosts(hosts))
 }
 
 fn worker_conn(

@@ -7,9 +7,12 @@
 //!   sealed jobs, relays sealed results. Plain TCP: it only ever sees sealed bytes.
 //! - [`worker`]: `psl worker`: registers and heartbeats, attests to the leader over TLS, runs
 //!   its slots on a `psl_node::Node` attached to the router, seals its results for the client.
+//! - [`host`]: `psl capsule-host`: a capsule server per job (durable copies of the job's
+//!   records), opened and closed by the leader.
 //! - [`client`]: what `psl run --cluster` does, and the cluster file ([`ClusterInfo`]).
 
 pub mod client;
+pub mod host;
 pub mod leader;
 pub mod scheduler;
 pub mod wire;

@@ -96,8 +96,20 @@ pub enum Msg {
         refused: Vec<(u32, String)>,
     },
     EndJob,
+    /// `stored`: records each capsule host holds for the job when it closed it.
     Ended {
         resets: Vec<(u32, WorkerDebug)>,
+        #[serde(default)]
+        stored: Vec<(u32, u64)>,
+    },
+    // leader <-> capsule host (TLS)
+    HostOpen {
+        id: u32,
+        meta: String,
+        key: String,
+    },
+    HostClosed {
+        records: u64,
     },
     // worker <-> leader (TLS, both sides attested)
     WorkerHello {
@@ -169,6 +181,8 @@ impl Msg {
             Msg::Refused { .. } => "Refused",
             Msg::Reset => "Reset",
             Msg::ResetDone { .. } => "ResetDone",
+            Msg::HostOpen { .. } => "HostOpen",
+            Msg::HostClosed { .. } => "HostClosed",
             Msg::Ok => "Ok",
             Msg::Error { .. } => "Error",
         }
