@@ -142,16 +142,18 @@ pub fn run_remote(c: &ClusterInfo, req: RemoteJob) -> Result<JobReport, FaasErro
     c.verifier()?
         .verify(&super::wire::evidence(&backend, &evidence)?, &nonce, &bind_channel_key(&leader_spki), &c.policy()?)
         .map_err(|e| FaasError::Attestation { who: "leader".into(), why: e.to_string() })?;
-    write_msg(
-        &mut lead,
-        &Msg::BeginJob {
-            job: hex::encode(job.0),
-            owner: owner.to_file_string().to_string(),
-            meta: hex::encode(meta.encode()),
-            lambdas: req.lambdas,
-            min_workers: req.min_workers,
-        },
-    )?;
+    let mut begin = Msg::BeginJob {
+        job: hex::encode(job.0),
+        owner: owner.to_file_string().to_string(),
+        meta: hex::encode(meta.encode()),
+        lambdas: req.lambdas,
+        min_workers: req.min_workers,
+    };
+    let sent = write_msg(&mut lead, &begin);
+    if let Msg::BeginJob { owner, .. } = &mut begin {
+        zeroize::Zeroize::zeroize(owner);
+    }
+    sent?;
     drop(owner);
     tracing::debug!("client: leader attested {:.1} ms", ms_us(t0, unix_us()));
     expect_ok(read_msg(&mut lead)?, "leader: begin job")?;

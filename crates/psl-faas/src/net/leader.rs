@@ -143,6 +143,7 @@ fn client(sh: &Arc<Shared>, mut s: ServerStream) -> Result<(), FaasError> {
         loop {
             match read_msg(&mut s)? {
                 Msg::BeginJob { job, owner, meta, lambdas, min_workers } => {
+                    let owner = Zeroizing::new(owner);
                     match begin(sh, &job, &owner, &meta, lambdas, min_workers) {
                         Ok(j) => {
                             mine = Some(j);
@@ -209,34 +210,63 @@ fn begin(
 
 /// Opens the job's capsule on every capsule host (server id = its position).
 fn open_hosts(sh: &Arc<Shared>, meta: &SignedMetadata) -> Result<Vec<(u32, tls::ClientStream)>, FaasError> {
-    let mut out = Vec::new();
-    for (i, addr) in sh.cfg.capsule_hosts.iter().enumerate() {
-        let id = i as u32;
+    let meta_hex = hex::encode(meta.encode());
+    let open = |id: u32, addr: SocketAddr| -> Result<(u32, tls::ClientStream), FaasError> {
         let key = sh.leader.server_key(id)?;
-        let secret = Zeroizing::new(hex::encode(&key.expose_secret_bytes()[..]));
-        let (mut s, _) = tls::connect(*addr, &sh.identity)?;
+        let (mut s, _) = tls::connect(addr, &sh.identity)?;
         s.sock.set_read_timeout(Some(Duration::from_secs(10)))?;
-        write_msg(&mut s, &Msg::HostOpen { id, meta: hex::encode(meta.encode()), key: secret.to_string() })?;
-        match read_msg(&mut s)? {
-            Msg::Ok => out.push((id, s)),
-            Msg::Error { why } => return Err(FaasError::Net(format!("capsule host {id} ({addr}): {why}"))),
-            m => return Err(FaasError::Net(format!("capsule host {id}: unexpected {}", m.name()))),
+        let mut m = Msg::HostOpen { id, meta: meta_hex.clone(), key: hex::encode(&key.expose_secret_bytes()[..]) };
+        let sent = write_msg(&mut s, &m);
+        if let Msg::HostOpen { key, .. } = &mut m {
+            zeroize::Zeroize::zeroize(key);
         }
-    }
-    Ok(out)
+        sent?;
+        match read_msg(&mut s)? {
+            Msg::Ok => Ok((id, s)),
+            Msg::Error { why } => Err(FaasError::Net(format!("capsule host {id} ({addr}): {why}"))),
+            m => Err(FaasError::Net(format!("capsule host {id}: unexpected {}", m.name()))),
+        }
+    };
+    // In parallel: each host opens (and fsyncs) a new store.
+    std::thread::scope(|sc| {
+        let hs: Vec<_> = sh
+            .cfg
+            .capsule_hosts
+            .iter()
+            .enumerate()
+            .map(|(i, addr)| {
+                let open = &open;
+                sc.spawn(move || open(i as u32, *addr))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(FaasError::Net("capsule host thread panicked".into()))))
+            .collect()
+    })
 }
 
 /// Closes the job's capsule on every host; returns the records each stored.
 fn close_hosts(hosts: Vec<(u32, tls::ClientStream)>) -> Vec<(u32, u64)> {
-    let mut out = Vec::new();
-    for (id, mut s) in hosts {
-        match write_msg(&mut s, &Msg::EndJob).and_then(|()| read_msg(&mut s)) {
-            Ok(Msg::HostClosed { records }) => out.push((id, records)),
-            Ok(m) => tracing::warn!("capsule host {id}: closing: unexpected {}", m.name()),
-            Err(e) => tracing::warn!("capsule host {id}: closing: {e}"),
-        }
-    }
-    out
+    // In parallel: each host waits for records still in flight before it closes.
+    std::thread::scope(|sc| {
+        let hs: Vec<_> = hosts
+            .into_iter()
+            .map(|(id, mut s)| {
+                sc.spawn(move || match write_msg(&mut s, &Msg::EndJob).and_then(|()| read_msg(&mut s)) {
+                    Ok(Msg::HostClosed { records }) => Some((id, records)),
+                    Ok(m) => {
+                        tracing::warn!("capsule host {id}: closing: unexpected {}", m.name());
+                        None
+                    }
+                    Err(e) => {
+                        tracing::warn!("capsule host {id}: closing: {e}");
+                        None
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter().filter_map(|h| h.join().ok().flatten()).collect()
+    })
 }
 
 /// Waits (bounded) for an offer from each of `workers`, then admits those in.

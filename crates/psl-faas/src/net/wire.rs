@@ -24,7 +24,8 @@ pub struct WorkerTimes {
     pub first_op_us: u64,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+/// `Debug` shows only the message's name: some carry key material.
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(tag = "t")]
 pub enum Msg {
     // worker -> scheduler
@@ -153,6 +154,12 @@ pub struct WorkerStatus {
     pub since_heartbeat_ms: u64,
 }
 
+impl std::fmt::Debug for Msg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Msg::{}", self.name())
+    }
+}
+
 impl Msg {
     pub fn name(&self) -> &'static str {
         match self {
@@ -194,11 +201,12 @@ fn net(what: &str, e: impl std::fmt::Display) -> FaasError {
 }
 
 pub fn write_msg<W: Write>(w: &mut W, m: &Msg) -> Result<(), FaasError> {
-    let body = serde_json::to_vec(m).map_err(|e| net("encoding a message", e))?;
+    // Frame buffers are wiped when dropped: some messages carry key material (over TLS).
+    let body = zeroize::Zeroizing::new(serde_json::to_vec(m).map_err(|e| net("encoding a message", e))?);
     if body.len() > FRAME_BYTES_MAX {
         return Err(net("sending", format!("{} message of {} bytes is over the frame limit", m.name(), body.len())));
     }
-    let mut f = Vec::with_capacity(4 + body.len());
+    let mut f = zeroize::Zeroizing::new(Vec::with_capacity(4 + body.len()));
     f.extend_from_slice(&(body.len() as u32).to_le_bytes());
     f.extend_from_slice(&body);
     w.write_all(&f).map_err(|e| net(&format!("sending {}", m.name()), e))?;
@@ -212,7 +220,7 @@ pub fn read_msg<R: Read>(r: &mut R) -> Result<Msg, FaasError> {
     if n > FRAME_BYTES_MAX {
         return Err(net("reading", format!("frame of {n} bytes is over the limit of {FRAME_BYTES_MAX}")));
     }
-    let mut body = vec![0u8; n];
+    let mut body = zeroize::Zeroizing::new(vec![0u8; n]);
     r.read_exact(&mut body).map_err(|e| net("reading a frame", e))?;
     serde_json::from_slice(&body).map_err(|e| net("decoding a message", e))
 }
