@@ -64,7 +64,7 @@ enum Cmd {
     Sim(sim::SimArgs),
     /// Run a JavaScript job on N lambdas (embedded deployment, or --cluster; sim attestation is INSECURE).
     Run(run::RunArgs),
-    /// Start the default deployment on this machine (router, scheduler, leader, workers) until Ctrl-C.
+    /// Start the default deployment on this machine (router, capsule hosts, scheduler, leader, workers; sim attestation: INSECURE) until Ctrl-C.
     Up(up::UpArgs),
     /// Run the FaaS leader (trusted): attests workers, hands out keys, RESETs (sim attestation: INSECURE).
     Leader(faas_roles::LeaderArgs),

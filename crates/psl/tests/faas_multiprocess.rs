@@ -188,6 +188,25 @@ fn faas_multiprocess_worker_outside_policy_gets_no_key() {
     assert!(v["lambdas"].as_array().unwrap().iter().all(|l| l["worker"] != 2));
     let d = u.debug(1);
     assert_wiped(&d);
+    // A client whose policy does not hold the leader's measurement refuses the leader before
+    // it hands over the owner key; no worker is ever forwarded the job.
+    let mut info = u.info.clone();
+    info.measurements = vec!["00".repeat(32)];
+    let other = u.dir.path().join("other.json");
+    std::fs::write(&other, serde_json::to_string(&info).unwrap()).unwrap();
+    let o = Command::new(psl())
+        .arg("run")
+        .arg(example("montecarlo.js"))
+        .args(["--lambdas", "1", "--cluster"])
+        .arg(&other)
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("attestation of leader refused") && err.contains("not in the policy"), "{err}");
+    for w in 0..3 {
+        assert_eq!(u.debug(w)["jobs"], 1, "worker {w} saw a job it should not have");
+    }
     // Only rogue workers: the job fails, clearly.
     let u = up(&["--workers", "1", "--test-rogue-workers", "1"]);
     let o = u.run("montecarlo.js", 2, &[]);
