@@ -83,7 +83,7 @@ pub struct LeaderArgs {
     #[arg(long = "allow")]
     pub allow: Vec<String>,
     /// Milliseconds to wait for the offers of every worker the scheduler forwarded a job to.
-    #[arg(long, default_value_t = 3000)]
+    #[arg(long, default_value_t = 5000)]
     pub admit_wait_ms: u64,
     /// A capsule host (`psl capsule-host`); repeat for each, in server id order (0, 1, ...).
     /// Every job's capsule is opened on all of them.

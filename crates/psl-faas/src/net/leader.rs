@@ -42,6 +42,9 @@ pub struct LeaderConfig {
     pub capsule_hosts: Vec<SocketAddr>,
 }
 
+/// How long a job waits for the one before it to end.
+const JOB_QUEUE_WAIT: Duration = Duration::from_secs(120);
+
 /// Each RESET worker and what it held after the RESET.
 type Resets = Vec<(u32, WorkerDebug)>;
 
@@ -184,8 +187,15 @@ fn begin(
     let owner = OwnerKey::from_file_string(owner).map_err(|e| FaasError::Config(format!("owner key: {e}")))?;
     let meta = SignedMetadata::decode(&unhex("meta", meta)?).map_err(|e| FaasError::Capsule(e.to_string()))?;
     let mut st = sh.st.lock();
-    if st.job.is_some() {
-        return Err(FaasError::Config("the leader is running another job; try again when it ends".into()));
+    // One job at a time: a second client waits (bounded) for the running job to end.
+    let deadline = Instant::now() + JOB_QUEUE_WAIT;
+    while st.job.is_some() {
+        if sh.cv.wait_until(&mut st, deadline).timed_out() {
+            return Err(FaasError::Config(format!(
+                "the leader has been running another job for over {} s; try again later",
+                JOB_QUEUE_WAIT.as_secs()
+            )));
+        }
     }
     let ep = psl_fabric::TcpEndpoint::connect(
         sh.cfg.router,
@@ -326,10 +336,12 @@ fn end(sh: &Arc<Shared>) -> (Resets, Vec<(u32, u64)>) {
         }
         let g = std::mem::take(&mut st.granted);
         let h = std::mem::take(&mut st.hosts);
+        // Keys dropped and coordinator stopped before the next job may begin.
+        sh.leader.end_job();
         *st = JobState::default();
+        sh.cv.notify_all();
         (g, h)
     };
-    sh.leader.end_job();
     let (tx, rx) = bounded(granted.len().max(1));
     let n = granted.len();
     for (_, w) in granted {

@@ -30,6 +30,9 @@ pub struct SchedulerConfig {
     pub test_flip_program_byte: Option<usize>,
 }
 
+/// How long a submitted job waits for a first idle worker.
+const IDLE_WAIT: Duration = Duration::from_secs(2);
+
 struct Entry {
     tx: Arc<Mutex<TcpStream>>,
     conn: u64,
@@ -184,6 +187,15 @@ fn submit(
 ) -> Result<(), FaasError> {
     let received_us = unix_us();
     let (tx, rx) = unbounded();
+    // Workers of the job before may still be finishing their RESET: wait (bounded) for one.
+    let idle_deadline = Instant::now() + IDLE_WAIT;
+    loop {
+        let any = sh.st.lock().workers.values().any(|e| e.idle);
+        if any || Instant::now() >= idle_deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let picked: Vec<(u32, Arc<Mutex<TcpStream>>)> = {
         let mut st = sh.st.lock();
         if st.jobs.contains_key(&job) {
