@@ -265,4 +265,29 @@ mod tests {
         junk.extend_from_slice(b"{{{");
         assert!(read_msg(&mut &junk[..]).is_err());
     }
+
+    proptest::proptest! {
+        /// Arbitrary bytes never panic the decoder; what decodes re-encodes to a frame that
+        /// decodes to the same message.
+        #[test]
+        fn arbitrary_frames_never_panic(len in 0u32..4096, body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
+            let mut b = len.to_le_bytes().to_vec();
+            b.extend_from_slice(&body);
+            if let Ok(m) = read_msg(&mut &b[..]) {
+                let mut again = Vec::new();
+                write_msg(&mut again, &m).unwrap();
+                let back = read_msg(&mut &again[..]).unwrap();
+                proptest::prop_assert_eq!(serde_json::to_string(&back).unwrap(), serde_json::to_string(&m).unwrap());
+            }
+        }
+
+        /// JSON-shaped frames (the likely way to reach the message decoder) never panic it.
+        #[test]
+        fn json_frames_never_panic(t in "(Forward|Grant|Offer|Ended|HostOpen|Submit|Ok)", junk in ".{0,64}") {
+            let body = format!("{{\"t\":\"{t}\",{junk}}}");
+            let mut b = (body.len() as u32).to_le_bytes().to_vec();
+            b.extend_from_slice(body.as_bytes());
+            let _ = read_msg(&mut &b[..]);
+        }
+    }
 }
