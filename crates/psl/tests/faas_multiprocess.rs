@@ -2,7 +2,8 @@
 //! leader, workers)
 //! and `psl run --cluster`: a word count end to end with its capsule verified, stored by three
 //! capsule hosts, and every worker wiped by RESET; a worker outside the policy gets no key; a scheduler that flips a program
-//! byte is caught; a worker whose heartbeats stop is dropped from the registry.
+//! byte is caught; a worker whose heartbeats stop is dropped from the registry, and one that
+//! stalls and resumes registers again.
 
 use psl_faas::net::wire::{read_msg, write_msg, Msg};
 use psl_faas::net::ClusterInfo;
@@ -244,6 +245,21 @@ fn faas_multiprocess_worker_without_heartbeats_is_dropped() {
     let deadline = Instant::now() + Duration::from_secs(15);
     while u.registered() != vec![1] {
         assert!(Instant::now() < deadline, "worker 2 is still registered: {:?}", u.registered());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Worker 1 stalls (SIGSTOP) past the timeout: dropped; it resumes (SIGCONT): it notices
+    // and registers again.
+    let pid = u.info.pids.iter().find(|(n, _)| n == "worker 1").unwrap().1.to_string();
+    assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !u.registered().is_empty() {
+        assert!(Instant::now() < deadline, "stopped worker 1 is still registered");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while u.registered() != vec![1] {
+        assert!(Instant::now() < deadline, "worker 1 did not register again: {:?}", u.registered());
         std::thread::sleep(Duration::from_millis(50));
     }
     let v = json(&u.run("montecarlo.js", 2, &[]));

@@ -112,7 +112,7 @@ fn handle(sh: &Arc<Shared>, mut tcp: TcpStream) -> Result<(), FaasError> {
     tcp.set_nodelay(true).ok();
     tcp.set_read_timeout(Some(Duration::from_secs(30)))?;
     match read_msg(&mut tcp)? {
-        Msg::Register { worker, control: _ } => {
+        Msg::Register { worker, control: _, busy } => {
             let conn = sh.next_conn.fetch_add(1, Ordering::Relaxed);
             let tx = Arc::new(Mutex::new(tcp.try_clone()?));
             {
@@ -122,7 +122,7 @@ fn handle(sh: &Arc<Shared>, mut tcp: TcpStream) -> Result<(), FaasError> {
                     return write_msg(&mut tcp, &Msg::Error { why: "the registry is full".into() });
                 }
                 drop_worker(&mut st, worker, None);
-                st.workers.insert(worker, Entry { tx: tx.clone(), conn, last: Instant::now(), idle: true, job: None });
+                st.workers.insert(worker, Entry { tx: tx.clone(), conn, last: Instant::now(), idle: !busy, job: None });
             }
             write_msg(&mut *tx.lock(), &Msg::Registered)?;
             tracing::info!("scheduler: worker {worker} registered");

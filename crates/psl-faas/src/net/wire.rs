@@ -32,6 +32,9 @@ pub enum Msg {
     Register {
         worker: u32,
         control: String,
+        /// A job is still running on the worker (it registers again after losing the link).
+        #[serde(default)]
+        busy: bool,
     },
     Heartbeat {
         worker: u32,

@@ -62,17 +62,7 @@ pub fn serve_worker(cfg: WorkerConfig, ready: impl FnOnce(WorkerReady)) -> Resul
     let control =
         TcpListener::bind(cfg.control).map_err(|e| FaasError::Net(format!("binding {}: {e}", cfg.control)))?;
     let control_addr = control.local_addr()?;
-    let mut sched = TcpStream::connect_timeout(&cfg.scheduler, Duration::from_secs(5))
-        .map_err(|e| FaasError::Net(format!("connecting to the scheduler {}: {e}", cfg.scheduler)))?;
-    sched.set_nodelay(true).ok();
-    write_msg(&mut sched, &Msg::Register { worker: cfg.id, control: control_addr.to_string() })?;
-    sched.set_read_timeout(Some(Duration::from_secs(10)))?;
-    match read_msg(&mut sched)? {
-        Msg::Registered => {}
-        Msg::Error { why } => return Err(FaasError::Net(format!("the scheduler refused registration: {why}"))),
-        m => return Err(FaasError::Net(format!("registration: unexpected {}", m.name()))),
-    }
-    sched.set_read_timeout(None)?;
+    let mut sched = register(&cfg, control_addr, false)?;
     let worker = Worker::new(cfg.id, Box::new(SimAttester::new(cfg.platform.clone(), cfg.measurement)), cfg.limits);
     let agent = Arc::new(Agent {
         to_scheduler: Mutex::new(sched.try_clone()?),
@@ -97,14 +87,37 @@ pub fn serve_worker(cfg: WorkerConfig, ready: impl FnOnce(WorkerReady)) -> Resul
                 tracing::warn!("worker {}: TEST FAULT: heartbeats stopped", a.cfg.id);
                 return;
             }
-            if write_msg(&mut *a.to_scheduler.lock(), &Msg::Heartbeat { worker: a.cfg.id }).is_err() {
-                return;
-            }
+            // A failed write means the scheduler link is down; the main loop registers again.
+            let _ = write_msg(&mut *a.to_scheduler.lock(), &Msg::Heartbeat { worker: a.cfg.id });
         }
     })?;
     ready(WorkerReady { control: control_addr });
     loop {
-        match read_msg(&mut sched)? {
+        let m = match read_msg(&mut sched) {
+            Ok(m) => m,
+            Err(e) => {
+                if agent.cfg.test_stop_heartbeats_after.is_some() {
+                    return Err(e); // TEST FAULT: a hung worker stays gone
+                }
+                // Dropped by the scheduler (say, heartbeats late on a loaded machine) or the
+                // link broke: register again, saying whether a job is still running here.
+                tracing::warn!("worker {}: lost the scheduler ({e}); registering again", agent.cfg.id);
+                let deadline = std::time::Instant::now() + Duration::from_secs(30);
+                sched = loop {
+                    std::thread::sleep(Duration::from_millis(100));
+                    match register(&agent.cfg, control_addr, agent.busy.load(Ordering::Acquire)) {
+                        Ok(s) => break s,
+                        Err(e) if std::time::Instant::now() < deadline => {
+                            tracing::warn!("worker {}: registering again: {e}", agent.cfg.id)
+                        }
+                        Err(e) => return Err(e),
+                    }
+                };
+                *agent.to_scheduler.lock() = sched.try_clone()?;
+                continue;
+            }
+        };
+        match m {
             Msg::Forward { job, program, input, lambdas } => {
                 if agent.busy.swap(true, Ordering::AcqRel) {
                     let d = Msg::WorkerDone {
@@ -128,6 +141,22 @@ pub fn serve_worker(cfg: WorkerConfig, ready: impl FnOnce(WorkerReady)) -> Resul
             m => tracing::warn!("worker: unexpected {} from the scheduler", m.name()),
         }
     }
+}
+
+/// Connects to the scheduler and registers (`busy`: a job is still running here).
+fn register(cfg: &WorkerConfig, control: SocketAddr, busy: bool) -> Result<TcpStream, FaasError> {
+    let mut sched = TcpStream::connect_timeout(&cfg.scheduler, Duration::from_secs(5))
+        .map_err(|e| FaasError::Net(format!("connecting to the scheduler {}: {e}", cfg.scheduler)))?;
+    sched.set_nodelay(true).ok();
+    write_msg(&mut sched, &Msg::Register { worker: cfg.id, control: control.to_string(), busy })?;
+    sched.set_read_timeout(Some(Duration::from_secs(10)))?;
+    match read_msg(&mut sched)? {
+        Msg::Registered => {}
+        Msg::Error { why } => return Err(FaasError::Net(format!("the scheduler refused registration: {why}"))),
+        m => return Err(FaasError::Net(format!("registration: unexpected {}", m.name()))),
+    }
+    sched.set_read_timeout(None)?;
+    Ok(sched)
 }
 
 fn control_conn(a: &Agent, c: TcpStream) {
