@@ -86,6 +86,15 @@ pub fn bind_channel_key(channel_public: &[u8]) -> [u8; 32] {
     sha256(&[b"psl/report-data/v1", channel_public]).0
 }
 
+/// The report data of a worker's offer: its key-delivery channel key and, over the network, the
+/// hash of its TLS certificate's public key (see [`crate::tls`]).
+pub fn bind_offer(channel_public: &[u8; 32], tls_spki: Option<&[u8; 32]>) -> [u8; 32] {
+    match tls_spki {
+        None => bind_channel_key(channel_public),
+        Some(t) => bind_channel_key(&[&channel_public[..], &t[..]].concat()),
+    }
+}
+
 /// SHA-256 of the running binary (`std::env::current_exe`), read once per process.
 pub fn binary_hash() -> Hash256 {
     static H: OnceLock<Hash256> = OnceLock::new();
@@ -123,6 +132,15 @@ impl SimPlatform {
                 return Arc::new(SimPlatform { key });
             }
         }
+    }
+
+    /// The simulated platform from a 32-byte secret shared by the processes of one deployment
+    /// (`psl up` writes it to a file only they read). INSECURE like everything in this backend.
+    pub fn from_secret(secret: &[u8; 32]) -> Result<Arc<SimPlatform>, AttestError> {
+        tracing::warn!("attestation backend 'sim' in use: INSECURE, reports can be forged by anyone holding the simulated platform key; never use in production");
+        let key = SigningKey::from_bytes(secret)
+            .map_err(|_| AttestError::Malformed("the sim platform secret is not a valid key".into()))?;
+        Ok(Arc::new(SimPlatform { key }))
     }
 
     pub fn public(&self) -> VerifyingKey {

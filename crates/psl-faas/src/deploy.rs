@@ -58,14 +58,14 @@ pub struct JobRequest {
 /// Most lambdas in one job.
 pub const LAMBDAS_MAX: u32 = 256;
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct LambdaReport {
     pub lambda: u32,
     pub worker: u32,
     pub emitted: Vec<String>,
     pub logs: Vec<String>,
     pub error: Option<String>,
-    pub error_kind: Option<&'static str>,
+    pub error_kind: Option<String>,
     pub cpu_ms: f64,
     pub wall_ms: f64,
 }
@@ -73,6 +73,8 @@ pub struct LambdaReport {
 /// The launch path in milliseconds (each phase the slowest worker's).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct LaunchBreakdown {
+    /// Over the network: the client attests the leader and hands it the owner key (TLS).
+    pub leader_attest_ms: f64,
     pub client_to_scheduler_ms: f64,
     pub scheduler_to_workers_ms: f64,
     pub attestation_ms: f64,
@@ -97,6 +99,8 @@ pub struct JobReport {
     pub capsule_records: usize,
     /// What each worker held right after its RESET.
     pub resets: Vec<(u32, WorkerDebug)>,
+    /// Over the network: records each capsule host (server id) stored for the job.
+    pub stored_records: Vec<(u32, u64)>,
 }
 
 pub struct Deployment {
@@ -110,7 +114,8 @@ pub struct Deployment {
     policy: AttestPolicy,
 }
 
-fn runtime_config(limits: &SandboxLimits) -> Vec<u8> {
+/// The runtime configuration a worker's measurement covers (with the binary's hash).
+pub fn runtime_config(limits: &SandboxLimits) -> Vec<u8> {
     format!("psl-faas {} sandbox {:?}", env!("CARGO_PKG_VERSION"), limits).into_bytes()
 }
 
@@ -202,8 +207,12 @@ impl Deployment {
         };
         drop(data_key);
         drop(app);
-        let recorder = if self.config.record_capsule { Some(Recorder::start(&self.hub, meta.clone())?) } else { None };
-        self.leader.begin_job(job, owner, meta.clone(), &self.hub)?;
+        let recorder = if self.config.record_capsule {
+            Some(Recorder::start(Arc::new(self.hub.endpoint("capsule-recorder")), meta.clone(), Duration::ZERO)?)
+        } else {
+            None
+        };
+        self.leader.begin_job(job, owner, meta.clone(), Arc::new(self.hub.endpoint(format!("coordinator-{job}"))))?;
         let sealed = SealedJob { job, program, input, lambdas: req.lambdas };
         let t_sched = Instant::now();
         let result = self.launch(&sealed, t0, t_sched);
@@ -239,17 +248,8 @@ impl Deployment {
                     last_first_op = last_first_op.max(f);
                 }
                 ok &= o.result.is_ok();
-                lambdas.push(LambdaReport {
-                    lambda: o.id,
-                    worker: r.worker,
-                    emitted: o.emitted.clone(),
-                    logs: o.logs.clone(),
-                    error: o.result.as_ref().err().map(|e| e.to_string()),
-                    error_kind: o.result.as_ref().err().map(|e| e.reason.kind()),
-                    cpu_ms: ms(o.cpu),
-                    wall_ms: ms(o.finished_at - o.started_at),
-                });
             }
+            lambdas.extend(lambda_reports(r));
         }
         lambdas.sort_by_key(|l| l.lambda);
         b.launch_ms = ms(last_start - t0);
@@ -266,6 +266,7 @@ impl Deployment {
             capsule_file: capsule_file.map(|(f, _)| f),
             capsule_records,
             resets,
+            stored_records: Vec::new(),
         })
     }
 
@@ -318,7 +319,7 @@ impl Deployment {
                     let worker = self.worker(g.worker).cloned();
                     let hub = &self.hub;
                     s.spawn(move || match (worker, job) {
-                        (Some(wk), Some(job)) => wk.run(job, g, hub),
+                        (Some(wk), Some(job)) => wk.run(job, g, Arc::new(hub.endpoint(format!("worker-{}", g.worker)))),
                         _ => Err(FaasError::Worker { worker: g.worker, why: "not forwarded".into() }),
                     })
                 })
@@ -332,16 +333,41 @@ impl Deployment {
     }
 }
 
+impl Drop for Recorder {
+    /// A recorder dropped without `finish` (a failed job) stops its thread too.
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+    }
+}
+
+/// The per-lambda reports of one worker's run.
+pub fn lambda_reports(r: &WorkerRun) -> Vec<LambdaReport> {
+    r.outcomes
+        .iter()
+        .map(|o| LambdaReport {
+            lambda: o.id,
+            worker: r.worker,
+            emitted: o.emitted.clone(),
+            logs: o.logs.clone(),
+            error: o.result.as_ref().err().map(|e| e.to_string()),
+            error_kind: o.result.as_ref().err().map(|e| e.reason.kind().to_string()),
+            cpu_ms: ms(o.cpu),
+            wall_ms: ms(o.finished_at - o.started_at),
+        })
+        .collect()
+}
+
 /// An untrusted observer on the fabric keeping every record of the job (for the `.capsule`).
-struct Recorder {
+pub struct Recorder {
     stop: Arc<AtomicBool>,
     records: Arc<Mutex<(Vec<Record>, HashSet<Hash256>)>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Recorder {
-    fn start(hub: &InProcHub, meta: SignedMetadata) -> Result<Recorder, FaasError> {
-        let ep = hub.endpoint("capsule-recorder");
+    /// Starts keeping every record of `meta`'s capsule seen on `ep`; at `finish` it keeps
+    /// reading until `drain` passes with nothing new (records still in flight over TCP).
+    pub fn start(ep: Arc<dyn Fabric>, meta: SignedMetadata, drain: Duration) -> Result<Recorder, FaasError> {
         let stop = Arc::new(AtomicBool::new(false));
         let records = Arc::new(Mutex::new((Vec::new(), HashSet::new())));
         let (st, rec) = (stop.clone(), records.clone());
@@ -368,11 +394,17 @@ impl Recorder {
             while let Ok(Some(m)) = ep.try_recv() {
                 take(m);
             }
+            if !drain.is_zero() {
+                while let Ok(Some(m)) = ep.recv_timeout(drain) {
+                    take(m);
+                }
+            }
         })?;
         Ok(Recorder { stop, records, thread: Some(thread) })
     }
 
-    fn finish(mut self, meta: &SignedMetadata) -> (Vec<u8>, usize) {
+    /// Stops and returns the `.capsule` file of everything kept, and the record count.
+    pub fn finish(mut self, meta: &SignedMetadata) -> (Vec<u8>, usize) {
         self.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
             let _ = t.join();

@@ -22,6 +22,8 @@ pub enum FaasError {
     Capsule(String),
     #[error("worker {worker}: {why}")]
     Worker { worker: u32, why: String },
+    #[error("network: {0}")]
+    Net(String),
     #[error("starting a thread: {0}")]
     Spawn(#[from] std::io::Error),
 }

@@ -2,14 +2,14 @@
 //! writer key per lambda slot, attests each worker before handing it exactly its own keys, runs
 //! the job's coordinator, and forgets everything at the end of the job.
 
-use crate::attest::{bind_channel_key, AttestPolicy, AttestVerifier, Attester, Evidence};
+use crate::attest::{bind_offer, AttestPolicy, AttestVerifier, Attester, Evidence};
 use crate::channel::seal_to;
 use crate::error::FaasError;
 use crate::program::JobId;
 use parking_lot::Mutex;
 use psl_capsule::SignedMetadata;
 use psl_crypto::{AppKey, OwnerKey};
-use psl_fabric::{Fabric, InProcHub};
+use psl_fabric::Fabric;
 use psl_node::{Node, NodeKeys, NodeOptions};
 use psl_scl::CoordinatorConfig;
 use std::collections::HashMap;
@@ -21,6 +21,10 @@ pub struct Offer {
     pub worker: u32,
     pub channel_public: [u8; 32],
     pub evidence: Evidence,
+    /// Over TLS: the hash of the public key of the certificate the worker presented on the
+    /// connection the offer came in on (filled in by the leader from the session, never taken
+    /// from the worker's message). The report must bind it.
+    pub tls_spki: Option<[u8; 32]>,
 }
 
 /// What the leader sends one admitted worker.
@@ -72,13 +76,13 @@ impl Leader {
     }
 
     /// Takes the owner key for one job (in process, the move stands for the attested channel),
-    /// derives the application key, and starts the job's coordinator on `hub`.
+    /// derives the application key, and starts the job's coordinator on the fabric endpoint `ep`.
     pub fn begin_job(
         &self,
         job: JobId,
         owner: OwnerKey,
         meta: SignedMetadata,
-        hub: &InProcHub,
+        ep: Arc<dyn Fabric>,
     ) -> Result<(), FaasError> {
         let app = owner.app(meta.meta.app_index).map_err(|e| FaasError::Config(e.to_string()))?;
         if app.public() != meta.meta.app {
@@ -91,8 +95,10 @@ impl Leader {
             coordinator: Some(self.coordinator),
             ..NodeOptions::default()
         };
+        if self.job.lock().is_some() {
+            return Err(FaasError::Config("the leader is already running a job".into()));
+        }
         let keys = NodeKeys::derive(&meta, &app, &opts)?;
-        let ep: Arc<dyn Fabric> = Arc::new(hub.endpoint(format!("coordinator-{job}")));
         let coordinator = Node::start(keys, ep, opts)?;
         *self.job.lock() = Some(LeaderJob { job, _owner: owner, app, meta, coordinator: Some(coordinator) });
         Ok(())
@@ -124,7 +130,12 @@ impl Leader {
                 refused.push((o.worker, "no challenge was issued to this worker".to_string()));
                 continue;
             };
-            match self.verifier.verify(&o.evidence, &nonce, &bind_channel_key(&o.channel_public), &self.policy) {
+            match self.verifier.verify(
+                &o.evidence,
+                &nonce,
+                &bind_offer(&o.channel_public, o.tls_spki.as_ref()),
+                &self.policy,
+            ) {
                 Ok(_) => passed.push(o),
                 Err(e) => {
                     tracing::warn!("worker {} refused: {e}", o.worker);
@@ -171,6 +182,15 @@ impl Leader {
             grants.push(Grant { worker: o.worker, node_id, lambdas, sealed_keys });
         }
         Ok((grants, refused))
+    }
+
+    /// Capsule server `id`'s ack-signing key for the current job (the application key's child
+    /// `server_writer(id)`), for the host that stores the job's capsule.
+    pub fn server_key(&self, id: u32) -> Result<psl_crypto::SigningKey, FaasError> {
+        let guard = self.job.lock();
+        let job = guard.as_ref().ok_or_else(|| FaasError::Config("no job in progress".into()))?;
+        let w = psl_scl::server_writer(id).ok_or_else(|| FaasError::Config(format!("server id {id} out of range")))?;
+        job.app.writer(w).map_err(|e| FaasError::Config(e.to_string()))
     }
 
     pub fn meta(&self) -> Option<SignedMetadata> {

@@ -1,5 +1,6 @@
 //! The PSL FaaS runtime: sealed programs, attestation, key delivery, and the leader, scheduler
-//! and worker roles, wired together in process as the embedded deployment.
+//! and worker roles, wired together in process as the embedded deployment, or run as separate
+//! processes over the network.
 //!
 //! Module map:
 //! - [`program`]: [`SealedProgram`]: a job's program (and input) sealed with AES-256-GCM under a
@@ -10,6 +11,8 @@
 //!   `dcap-qvl` against collateral at a given time, a TCB status policy, measurements and the
 //!   report data binding.
 //! - [`channel`]: key delivery sealed to the worker's X25519 channel key bound in its report.
+//! - [`tls`]: TLS 1.3 channels whose certificate key is the one bound into the report
+//!   (self-signed Ed25519 certificates; the peer's key hash checked against the report).
 //! - [`leader`]: the trusted leader: attests workers, derives keys, runs the job's coordinator,
 //!   RESETs workers.
 //! - [`rotation`]: leader side of application key rotation: derives the next hardened
@@ -18,6 +21,8 @@
 //! - [`worker`]: a worker: attests, receives its keys, runs lambda slots on a `psl_node::Node`.
 //! - [`kv`]: [`NodeKv`], the sandbox's [`psl_sandbox::KvHost`] over a `psl_node::Node`.
 //! - [`deploy`]: [`Deployment`]: every role in one process over an `InProcHub`; `run_job`.
+//! - [`net`]: the roles as processes over TCP (`psl leader`, `psl scheduler`, `psl worker`),
+//!   the client of `psl run --cluster`, the wire frames and the cluster file.
 //! - [`error`] holds [`FaasError`].
 //!
 //! Trust: the leader and the workers are trusted (they would run in TEEs); the scheduler, the
@@ -30,9 +35,11 @@ pub mod deploy;
 pub mod error;
 pub mod kv;
 pub mod leader;
+pub mod net;
 pub mod program;
 pub mod rotation;
 pub mod scheduler;
+pub mod tls;
 pub mod worker;
 
 pub use attest::{

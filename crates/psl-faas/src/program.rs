@@ -40,6 +40,8 @@ impl fmt::Debug for JobId {
 pub enum Payload {
     Program = 1,
     Input = 2,
+    /// A worker's results, sealed for the client.
+    Result = 3,
 }
 
 impl Payload {
@@ -47,6 +49,7 @@ impl Payload {
         match self {
             Payload::Program => "program",
             Payload::Input => "input",
+            Payload::Result => "result",
         }
     }
 }

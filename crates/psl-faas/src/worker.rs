@@ -2,21 +2,24 @@
 //! that key, starts a node, opens the sealed program (integrity check), runs its lambda slots
 //! in the sandbox, and on RESET wipes its memtable and drops every key.
 
-use crate::attest::{bind_channel_key, Attester};
+use crate::attest::{bind_offer, Attester};
 use crate::channel::ChannelKey;
 use crate::error::FaasError;
 use crate::kv::NodeKv;
 use crate::leader::{grant_aad, Grant, Leader, Offer};
-use crate::program::{JobId, Payload};
+use crate::program::{JobId, Payload, SealedProgram};
 use crate::scheduler::SealedJob;
 use parking_lot::Mutex;
 use psl_capsule::SignedMetadata;
 use psl_crypto::{DataKey, SigningKey};
-use psl_fabric::{Fabric, InProcHub};
+use psl_fabric::Fabric;
 use psl_node::{Node, NodeKeys, NodeOptions};
 use psl_sandbox::{spawn_lambda, LambdaOutcome, LambdaSpec, SandboxLimits};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// Largest sealed result one worker reports.
+pub const RESULT_BYTES_MAX: usize = 8 << 20;
 
 struct Inner {
     channel: Option<ChannelKey>,
@@ -43,7 +46,7 @@ pub struct WorkerRun {
 }
 
 /// What a worker holds, for tests and debug dumps (no secret is shown, only its presence).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct WorkerDebug {
     pub holds_keys: bool,
     pub node_running: bool,
@@ -64,26 +67,34 @@ impl Worker {
 
     /// Answers a forwarded job: a fresh channel key, a report binding it, under the leader's nonce.
     pub fn offer(&self, leader: &Leader) -> Result<Offer, FaasError> {
+        self.offer_for(&leader.challenge(self.id), None)
+    }
+
+    /// An offer under `nonce`; over TLS, `tls_spki` is the hash of this worker's certificate
+    /// key, bound into the report too.
+    pub fn offer_for(&self, nonce: &[u8; 32], tls_spki: Option<[u8; 32]>) -> Result<Offer, FaasError> {
         let channel = ChannelKey::generate()?;
-        let nonce = leader.challenge(self.id);
         let evidence = self
             .attester
-            .attest(&nonce, &bind_channel_key(&channel.public()))
+            .attest(nonce, &bind_offer(&channel.public(), tls_spki.as_ref()))
             .map_err(|e| FaasError::Attestation { who: format!("worker {}", self.id), why: e.to_string() })?;
         let channel_public = channel.public();
         self.inner.lock().channel = Some(channel);
-        Ok(Offer { worker: self.id, channel_public, evidence })
+        Ok(Offer { worker: self.id, channel_public, evidence, tls_spki })
     }
 
     /// Opens the grant, starts the node, opens the program, runs the slots, waits for them.
-    pub fn run(&self, job: &SealedJob, grant: &Grant, hub: &InProcHub) -> Result<WorkerRun, FaasError> {
+    /// `ep` is this worker's endpoint on the deployment's fabric.
+    pub fn run(&self, job: &SealedJob, grant: &Grant, ep: Arc<dyn Fabric>) -> Result<WorkerRun, FaasError> {
         let channel = self.inner.lock().channel.take().ok_or_else(|| FaasError::Worker {
             worker: self.id,
             why: "no channel key: not attested for this job".into(),
         })?;
         let bundle = channel.open(&grant.sealed_keys, &grant_aad(job.job, self.id, &grant.lambdas))?;
+        let t = Instant::now();
         let (meta, data_key, writers) = parse_bundle(&bundle, job.job, grant)?;
         drop(bundle);
+        tracing::debug!("worker {}: key bundle checked in {:?}", self.id, t.elapsed());
         self.inner.lock().attested = true;
         // Integrity first: nothing runs unless the program (and input) open under the job's key.
         let program = job.program.open(&data_key, job.job, Payload::Program, self.limits.program_bytes_max)?;
@@ -106,8 +117,9 @@ impl Worker {
             ..NodeOptions::default()
         };
         let keys = NodeKeys { meta, data_key: data_key.clone(), writers, coordinator: None };
-        let ep: Arc<dyn Fabric> = Arc::new(hub.endpoint(format!("worker-{}", self.id)));
+        let t = Instant::now();
         let node = Arc::new(Node::start(keys, ep, opts)?);
+        tracing::debug!("worker {}: node started in {:?}", self.id, t.elapsed());
         {
             let mut g = self.inner.lock();
             g.node = Some(node.clone());
@@ -125,6 +137,17 @@ impl Worker {
         // Seal and publish every write, covered by a SYNC, before reporting.
         let final_sync = node.sync(self.sync_timeout).map_err(|e| e.to_string());
         Ok(WorkerRun { worker: self.id, keys_ready, lambdas_started, outcomes, final_sync })
+    }
+
+    /// Seals `plaintext` (this worker's results) for the client under the job's data key, so
+    /// that the untrusted scheduler can relay it without reading it.
+    pub fn seal_result(&self, job: JobId, plaintext: &[u8]) -> Result<SealedProgram, FaasError> {
+        let g = self.inner.lock();
+        let key = g
+            .data_key
+            .as_ref()
+            .ok_or_else(|| FaasError::Worker { worker: self.id, why: "no data key to seal results with".into() })?;
+        SealedProgram::seal(key, job, Payload::Result, plaintext, RESULT_BYTES_MAX)
     }
 
     /// RESET: wipes the memtable, stops the node (its writer keys go with it), drops the data

@@ -18,7 +18,7 @@ fn faas_misbehaving_lambdas_are_stopped_others_complete() {
     let d = common::deployment(7, vec![]);
     let r = common::run(&d, PROGRAM, 7, None);
     assert!(!r.ok);
-    let kind = |i: usize| r.lambdas[i].error_kind;
+    let kind = |i: usize| r.lambdas[i].error_kind.as_deref();
     assert_eq!(kind(0), Some("cpu-time"));
     assert_eq!(kind(1), Some("memory"));
     for i in 2..=4 {

@@ -7,7 +7,10 @@
 //! - `demo`: the embedded end-to-end demonstration (`psl demo`).
 //! - `roles`: long-running roles: `psl node`, `psl coordinator`, `psl capsule-server`
 //!   (`psl router` comes from psl-fabric).
-//! - `run`: `psl run JOB.js`: a job of sandboxed lambdas on the embedded FaaS deployment.
+//! - `run`: `psl run JOB.js`: a job of sandboxed lambdas on a running deployment (`--cluster`)
+//!   or on the embedded FaaS deployment.
+//! - `faas_roles`: `psl leader`, `psl scheduler`, `psl worker`, `psl capsule-host` as processes.
+//! - `up`: `psl up`: the default deployment as child processes on loopback.
 //! - `memcached`: `psl memcached`: the SecureCached front end.
 //! - `capsuledb`: `psl capsuledb`: the CapsuleDB role, `snapshots` and `get --at`.
 //! - `kv`: the client of a node's control interface (`psl kv put|get|del|sync|stats|dump`).
@@ -18,12 +21,14 @@ mod bench;
 mod capsule;
 mod capsuledb;
 mod demo;
+mod faas_roles;
 mod keys;
 mod kv;
 mod memcached;
 mod roles;
 mod run;
 mod sim;
+mod up;
 mod util;
 
 use clap::{Parser, Subcommand};
@@ -66,8 +71,18 @@ enum Cmd {
     Kv(kv::KvCmd),
     /// Run the seeded simulator; exit 0 only if every seed holds every invariant.
     Sim(sim::SimArgs),
-    /// Run a JavaScript job on N lambdas (embedded deployment; sim attestation is INSECURE).
+    /// Run a JavaScript job on N lambdas (embedded deployment, or --cluster; sim attestation is INSECURE).
     Run(run::RunArgs),
+    /// Start the default deployment on this machine (router, capsule hosts, scheduler, leader, workers; sim attestation: INSECURE) until Ctrl-C.
+    Up(up::UpArgs),
+    /// Run the FaaS leader (trusted): attests workers, hands out keys, RESETs (sim attestation: INSECURE).
+    Leader(faas_roles::LeaderArgs),
+    /// Run the FaaS scheduler (untrusted): worker registry, forwards sealed programs.
+    Scheduler(faas_roles::SchedulerArgs),
+    /// Run a FaaS worker: attests to the leader, runs lambdas on SCL (sim attestation: INSECURE).
+    Worker(faas_roles::WorkerArgs),
+    /// Run a capsule server for FaaS jobs: the leader opens each job's capsule on it.
+    CapsuleHost(faas_roles::CapsuleHostArgs),
     /// Run a DataCapsule server (verified durable storage, signed acks), or check its storage.
     CapsuleServer(roles::CapsuleServerArgs),
     /// Serve the memcached protocol on the secure store (SecureCached).
@@ -108,6 +123,11 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Kv(c) => kv::run(c),
         Cmd::Sim(a) => sim::run(a),
         Cmd::Run(a) => run::run(a),
+        Cmd::Up(a) => up::run(a),
+        Cmd::Leader(a) => faas_roles::run_leader(a),
+        Cmd::Scheduler(a) => faas_roles::run_scheduler(a),
+        Cmd::Worker(a) => faas_roles::run_worker(a),
+        Cmd::CapsuleHost(a) => faas_roles::run_capsule_host(a),
         Cmd::CapsuleServer(a) => roles::run_capsule_server(a),
         Cmd::Memcached(a) => memcached::run(a),
         Cmd::Capsuledb(a) => capsuledb::run(a),

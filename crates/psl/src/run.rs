@@ -1,6 +1,7 @@
-//! `psl run JOB.js --lambdas N`: starts the embedded deployment (leader, scheduler, workers,
-//! coordinator, in-process fabric) on the fly, runs the job, prints each lambda's results and
-//! the launch breakdown, and can export the job's capsule.
+//! `psl run JOB.js --lambdas N`: runs the job on a running deployment (`--cluster`, see
+//! `psl up`), or on the embedded deployment (leader, scheduler, workers, coordinator,
+//! in-process fabric) started on the fly; prints each lambda's results and the launch
+//! breakdown, and can export the job's capsule.
 //!
 //! Attestation uses the `sim` backend: INSECURE, for development only (see `psl_faas::attest`).
 
@@ -45,6 +46,25 @@ pub struct RunArgs {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Run on a running deployment: its cluster file (`psl up` writes DIR/cluster.json), or
+    /// the directory holding it. Without it an embedded deployment is started on the fly.
+    #[arg(long)]
+    pub cluster: Option<PathBuf>,
+}
+
+/// Reads a cluster file (or `DIR/cluster.json`).
+pub fn read_cluster(p: &std::path::Path) -> Result<psl_faas::net::ClusterInfo> {
+    if !p.exists() && p.to_str().is_some_and(|s| s.parse::<std::net::SocketAddr>().is_ok()) {
+        bail!(
+            "--cluster {}: give the cluster file that `psl up` wrote (DIR or DIR/cluster.json); it holds the leader's \
+             address and the attestation policy, which an address alone cannot vouch for",
+            p.display()
+        );
+    }
+    let file = if p.is_dir() { p.join("cluster.json") } else { p.to_path_buf() };
+    let text = std::fs::read_to_string(&file)
+        .with_context(|| format!("reading the cluster file {} (is `psl up` running?)", file.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{} is not a cluster file", file.display()))
 }
 
 pub fn run(a: RunArgs) -> Result<i32> {
@@ -66,25 +86,46 @@ pub fn run(a: RunArgs) -> Result<i32> {
         wall_time: Duration::from_millis(a.wall_ms),
         ..SandboxLimits::default()
     };
-    let workers = a.workers.unwrap_or((a.lambdas as usize).min(64));
-    let t0 = std::time::Instant::now();
-    let d = Deployment::start(DeploymentConfig {
-        workers,
-        limits,
-        record_capsule: a.capsule_out.is_some(),
-        ..DeploymentConfig::default()
-    })?;
-    let cold_ms = t0.elapsed().as_secs_f64() * 1e3;
     if !a.json {
         eprintln!("warning: attestation backend 'sim' is INSECURE (development only)");
     }
-    let r = d.run_job(JobRequest { program, lambdas: a.lambdas, input, owner })?;
+    let (r, workers, cold_ms) = if let Some(c) = &a.cluster {
+        if a.workers.is_some() || a.memory_mib != 64 || a.cpu_ms != 10_000 || a.wall_ms != 60_000 {
+            bail!("--workers and the limits are the deployment's with --cluster (set them on `psl up`)");
+        }
+        let info = read_cluster(c)?;
+        let req = psl_faas::net::RemoteJob {
+            program,
+            lambdas: a.lambdas,
+            input,
+            owner,
+            min_workers: 1,
+            record_capsule: a.capsule_out.is_some(),
+        };
+        let r = psl_faas::net::run_remote(&info, req)?;
+        let n = info.workers.len();
+        (r, n, None)
+    } else {
+        let workers = a.workers.unwrap_or((a.lambdas as usize).min(64));
+        let t0 = std::time::Instant::now();
+        let d = Deployment::start(DeploymentConfig {
+            workers,
+            limits,
+            record_capsule: a.capsule_out.is_some(),
+            ..DeploymentConfig::default()
+        })?;
+        let cold_ms = t0.elapsed().as_secs_f64() * 1e3;
+        (d.run_job(JobRequest { program, lambdas: a.lambdas, input, owner })?, workers, Some(cold_ms))
+    };
     if let (Some(path), Some(bytes)) = (&a.capsule_out, &r.capsule_file) {
         crate::util::write_atomic(path, bytes, 0o644)?;
     }
     if a.json {
         let mut v = serde_json::to_value(&r)?;
-        v["deployment_start_ms"] = serde_json::json!(cold_ms);
+        if let Some(c) = cold_ms {
+            v["deployment_start_ms"] = serde_json::json!(c);
+        }
+        v["deployment"] = serde_json::json!(if a.cluster.is_some() { "cluster" } else { "embedded" });
         v["attestation_backend"] = serde_json::json!("sim-INSECURE");
         println!("{}", serde_json::to_string(&v)?);
     } else {
@@ -108,6 +149,7 @@ pub fn run(a: RunArgs) -> Result<i32> {
         println!("launch breakdown (ms):");
         let total = b.launch_ms.max(1e-9);
         for (name, v) in [
+            ("attest leader, key", b.leader_attest_ms),
             ("client -> scheduler", b.client_to_scheduler_ms),
             ("scheduler -> workers", b.scheduler_to_workers_ms),
             ("attestation", b.attestation_ms),
@@ -120,6 +162,9 @@ pub fn run(a: RunArgs) -> Result<i32> {
         println!("  {:<22} {:>8.2}", "all lambdas running", b.launch_ms);
         println!("  {:<22} {:>8.2}  (after the last lambda started)", "first op", b.first_op_ms);
         println!("  {:<22} {:>8.2}", "job total", b.total_ms);
+        for (id, n) in &r.stored_records {
+            println!("capsule host {id}: {n} records stored");
+        }
         if let Some(p) = &a.capsule_out {
             println!(
                 "capsule: {} records -> {} (check: psl capsule verify {})",

@@ -1,0 +1,264 @@
+//! The client side of a job on a running deployment (`psl run --cluster`), and the cluster file
+//! `psl up` writes.
+//!
+//! Steps: a capsule for a fresh application key; the leader attested over TLS (its report must
+//! bind the certificate key of the very connection) before it gets the owner key; the program
+//! and input sealed under the application data key; the job submitted to the scheduler; the
+//! leader told which workers the scheduler forwarded to; the workers' sealed results opened;
+//! the job ended (the leader RESETs the workers). An untrusted observer on the router keeps
+//! every record of the capsule for the `.capsule` file.
+
+use super::unix_us;
+use super::wire::{read_msg, unhex, write_msg, Msg, WorkerTimes};
+use crate::attest::{bind_channel_key, AttestPolicy, AttestVerifier, Measurement, SimVerifier, SIM_BACKEND};
+use crate::deploy::{JobReport, LambdaReport, LaunchBreakdown, Recorder, LAMBDAS_MAX};
+use crate::error::FaasError;
+use crate::program::{JobId, Payload, SealedProgram};
+use crate::tls::{self, TlsIdentity};
+use crate::worker::RESULT_BYTES_MAX;
+use psl_capsule::{new_capsule, Limits};
+use psl_crypto::{Hash256, OwnerKey, VerifyingKey};
+use psl_sandbox::SandboxLimits;
+use serde::{Deserialize, Serialize};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct WorkerInfo {
+    pub id: u32,
+    pub control: SocketAddr,
+}
+
+/// The cluster file (`cluster.json`) of a running deployment.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ClusterInfo {
+    pub scheduler: SocketAddr,
+    pub leader: SocketAddr,
+    pub router: SocketAddr,
+    /// `"sim-INSECURE"`.
+    pub attestation_backend: String,
+    /// The simulated platform's public key (hex), to check sim reports with.
+    pub sim_platform_public: String,
+    /// Measurements (hex) of the leader and workers this deployment runs.
+    pub measurements: Vec<String>,
+    pub workers: Vec<WorkerInfo>,
+    /// Capsule hosts: server id, address, store directory (one store per job capsule in it).
+    #[serde(default)]
+    pub capsule_hosts: Vec<(u32, SocketAddr, std::path::PathBuf)>,
+    /// Process ids of the roles, for operators.
+    #[serde(default)]
+    pub pids: Vec<(String, u32)>,
+}
+
+impl ClusterInfo {
+    pub fn policy(&self) -> Result<AttestPolicy, FaasError> {
+        let mut allowed = std::collections::BTreeSet::new();
+        for m in &self.measurements {
+            let b: [u8; 32] = unhex("measurement", m)?
+                .try_into()
+                .map_err(|_| FaasError::Config("a measurement is not 32 bytes".into()))?;
+            allowed.insert(Hash256(b) as Measurement);
+        }
+        Ok(AttestPolicy { allowed })
+    }
+
+    pub fn verifier(&self) -> Result<SimVerifier, FaasError> {
+        if self.attestation_backend != SIM_BACKEND {
+            return Err(FaasError::Config(format!(
+                "attestation backend {:?} is not supported",
+                self.attestation_backend
+            )));
+        }
+        let pk = VerifyingKey::from_bytes(&unhex("sim_platform_public", &self.sim_platform_public)?)
+            .map_err(|e| FaasError::Config(format!("sim platform key: {e}")))?;
+        Ok(SimVerifier::new(pk))
+    }
+}
+
+pub struct RemoteJob {
+    pub program: String,
+    pub lambdas: u32,
+    pub input: Option<String>,
+    pub owner: Option<OwnerKey>,
+    pub min_workers: usize,
+    /// Keep every record of the job (an observer on the router) for the `.capsule` file.
+    pub record_capsule: bool,
+}
+
+fn ms_us(a: u64, b: u64) -> f64 {
+    b.saturating_sub(a) as f64 / 1e3
+}
+
+fn expect_ok(m: Msg, what: &str) -> Result<Msg, FaasError> {
+    match m {
+        Msg::Error { why } => Err(FaasError::Net(format!("{what}: {why}"))),
+        m => Ok(m),
+    }
+}
+
+/// Runs one job on the deployment `c` from submit to RESET.
+pub fn run_remote(c: &ClusterInfo, req: RemoteJob) -> Result<JobReport, FaasError> {
+    if req.lambdas == 0 || req.lambdas > LAMBDAS_MAX {
+        return Err(FaasError::Config(format!("lambdas must be 1 ..= {LAMBDAS_MAX}, got {}", req.lambdas)));
+    }
+    let t0 = unix_us();
+    let limits = SandboxLimits::default();
+    let job = JobId::random();
+    let owner = req.owner.unwrap_or_else(OwnerKey::generate);
+    let app_index = rand::random::<u32>() >> 1;
+    let meta = new_capsule(&owner, app_index, &format!("job-{job}"), t0 / 1000, Limits::default())
+        .map_err(|e| FaasError::Capsule(e.to_string()))?;
+    let app = owner.app(app_index).map_err(|e| FaasError::Config(e.to_string()))?;
+    let data_key = app.data_key();
+    drop(app);
+    let program =
+        SealedProgram::seal(&data_key, job, Payload::Program, req.program.as_bytes(), limits.program_bytes_max)?;
+    let input = match &req.input {
+        Some(i) => Some(SealedProgram::seal(&data_key, job, Payload::Input, i.as_bytes(), limits.input_bytes_max)?),
+        None => None,
+    };
+    let recorder = if req.record_capsule {
+        let ep = psl_fabric::TcpEndpoint::connect(
+            c.router,
+            psl_fabric::TcpConfig { name: "capsule-recorder".into(), ..psl_fabric::TcpConfig::default() },
+        )
+        .map_err(|e| FaasError::Net(format!("connecting to the router: {e}")))?;
+        Some(Recorder::start(Arc::new(ep), meta.clone(), Duration::from_millis(100))?)
+    } else {
+        None
+    };
+    // 1. Attest the leader on this very TLS connection, then hand it the owner key.
+    let me = TlsIdentity::generate("psl-client")?;
+    tracing::debug!("client: capsule and sealing {:.1} ms", ms_us(t0, unix_us()));
+    let (mut lead, leader_spki) = tls::connect(c.leader, &me)?;
+    tracing::debug!("client: TLS to the leader {:.1} ms", ms_us(t0, unix_us()));
+    lead.sock.set_read_timeout(Some(Duration::from_secs(120)))?;
+    let nonce: [u8; 32] = rand::random();
+    write_msg(&mut lead, &Msg::ClientHello { nonce: hex::encode(nonce) })?;
+    let Msg::LeaderReport { backend, evidence } = expect_ok(read_msg(&mut lead)?, "leader")? else {
+        return Err(FaasError::Net("expected the leader's report".into()));
+    };
+    c.verifier()?
+        .verify(&super::wire::evidence(&backend, &evidence)?, &nonce, &bind_channel_key(&leader_spki), &c.policy()?)
+        .map_err(|e| FaasError::Attestation { who: "leader".into(), why: e.to_string() })?;
+    let mut begin = Msg::BeginJob {
+        job: hex::encode(job.0),
+        owner: owner.to_file_string().to_string(),
+        meta: hex::encode(meta.encode()),
+        lambdas: req.lambdas,
+        min_workers: req.min_workers,
+    };
+    let sent = write_msg(&mut lead, &begin);
+    if let Msg::BeginJob { owner, .. } = &mut begin {
+        zeroize::Zeroize::zeroize(owner);
+    }
+    sent?;
+    drop(owner);
+    tracing::debug!("client: leader attested {:.1} ms", ms_us(t0, unix_us()));
+    expect_ok(read_msg(&mut lead)?, "leader: begin job")?;
+    let t_leader = unix_us();
+    // 2. Submit to the scheduler.
+    let mut sched = TcpStream::connect_timeout(&c.scheduler, Duration::from_secs(5))
+        .map_err(|e| FaasError::Net(format!("connecting to the scheduler {}: {e}", c.scheduler)))?;
+    sched.set_nodelay(true).ok();
+    sched.set_read_timeout(Some(Duration::from_secs(600)))?;
+    let t_submit = unix_us();
+    write_msg(
+        &mut sched,
+        &Msg::Submit {
+            job: hex::encode(job.0),
+            program: hex::encode(&program.bytes),
+            input: input.as_ref().map(|i| hex::encode(&i.bytes)),
+            lambdas: req.lambdas,
+        },
+    )?;
+    let result = (|| {
+        let Msg::Dispatched { workers, received_us } = expect_ok(read_msg(&mut sched)?, "scheduler")? else {
+            return Err(FaasError::Net("expected Dispatched from the scheduler".into()));
+        };
+        // 3. The leader admits (attests) the workers the scheduler forwarded to.
+        write_msg(&mut lead, &Msg::Expect { workers: workers.clone() })?;
+        let Msg::Admitted { granted, refused } = expect_ok(read_msg(&mut lead)?, "leader: admission")? else {
+            return Err(FaasError::Net("expected Admitted from the leader".into()));
+        };
+        // 4. Every forwarded worker's outcome, relayed (sealed) by the scheduler.
+        let mut outcomes = Vec::new();
+        for _ in 0..workers.len() {
+            match read_msg(&mut sched)? {
+                Msg::WorkerResult { done } => outcomes.push(*done),
+                m => return Err(FaasError::Net(format!("scheduler: unexpected {}", m.name()))),
+            }
+        }
+        Ok((received_us, granted, refused, outcomes))
+    })();
+    // 5. End the job whatever happened: the leader erases its keys and RESETs the workers.
+    let (resets, stored) = match write_msg(&mut lead, &Msg::EndJob).and_then(|()| read_msg(&mut lead)) {
+        Ok(Msg::Ended { resets, stored }) => (resets, stored),
+        Ok(m) => return Err(FaasError::Net(format!("leader: expected Ended, got {}", m.name()))),
+        Err(e) => return Err(e),
+    };
+    let (received_us, granted, refused, outcomes) = result?;
+    let mut b = LaunchBreakdown {
+        leader_attest_ms: ms_us(t0, t_leader),
+        client_to_scheduler_ms: ms_us(t_submit, received_us),
+        ..Default::default()
+    };
+    let mut lambdas: Vec<LambdaReport> = Vec::new();
+    let mut errors = Vec::new();
+    let (mut last_start, mut last_first_op) = (0u64, 0u64);
+    for o in outcomes {
+        let Msg::WorkerDone { worker, sealed_result, error, times, .. } = o else { continue };
+        let was_granted = granted.iter().any(|(w, _)| *w == worker);
+        if let Some(e) = error {
+            if was_granted {
+                errors.push(format!("worker {worker}: {e}"));
+            }
+            continue;
+        }
+        let Some(sealed) = sealed_result else { continue };
+        let body = SealedProgram { bytes: unhex("sealed_result", &sealed)? }.open(
+            &data_key,
+            job,
+            Payload::Result,
+            RESULT_BYTES_MAX,
+        )?;
+        let mut mine: Vec<LambdaReport> =
+            serde_json::from_slice(&body).map_err(|e| FaasError::Malformed { what: "result", why: e.to_string() })?;
+        let WorkerTimes { forwarded_us, granted_us, keys_ready_us, started_us, first_op_us } = times;
+        b.scheduler_to_workers_ms = b.scheduler_to_workers_ms.max(ms_us(received_us, forwarded_us));
+        b.attestation_ms = b.attestation_ms.max(ms_us(forwarded_us, granted_us));
+        b.key_delivery_ms = b.key_delivery_ms.max(ms_us(granted_us, keys_ready_us));
+        b.program_load_ms = b.program_load_ms.max(ms_us(keys_ready_us, started_us));
+        last_start = last_start.max(started_us);
+        last_first_op = last_first_op.max(first_op_us);
+        for l in &mut mine {
+            l.worker = worker;
+        }
+        lambdas.extend(mine);
+    }
+    if !errors.is_empty() && lambdas.is_empty() {
+        return Err(FaasError::Net(format!("job {job} failed: {}", errors.join("; "))));
+    }
+    lambdas.sort_by_key(|l| l.lambda);
+    let ok = errors.is_empty() && lambdas.len() == req.lambdas as usize && lambdas.iter().all(|l| l.error.is_none());
+    for e in &errors {
+        tracing::warn!("{e}");
+    }
+    b.launch_ms = ms_us(t0, last_start);
+    b.first_op_ms = ms_us(last_start, last_first_op);
+    b.total_ms = ms_us(t0, unix_us());
+    let capsule_file = recorder.map(|r| r.finish(&meta));
+    Ok(JobReport {
+        job: job.to_string(),
+        capsule: meta.name().to_string(),
+        lambdas,
+        refused_workers: refused,
+        launch: b,
+        ok,
+        capsule_records: capsule_file.as_ref().map(|(_, n)| *n).unwrap_or(0),
+        capsule_file: capsule_file.map(|(f, _)| f),
+        resets,
+        stored_records: stored,
+    })
+}

@@ -1,0 +1,98 @@
+//! `psl capsule-host`: a DataCapsule server (`psl_server::Server`) per job, for the FaaS
+//! deployment. Every job is a new capsule under a new application key, so a long-running
+//! host cannot be configured with one capsule at start (as `psl capsule-server` is): the
+//! leader opens the job's capsule on each host when the job begins (`HostOpen{id, meta, key}`:
+//! the signed metadata and this server's ack-signing key, the application key's child
+//! `server_writer(id)`), and closes it when the job ends (`EndJob` → `HostClosed{records}`).
+//! The store stays on disk in `DIR/<capsule name>/` (check it with `psl capsule-server check`).
+//!
+//! The host is untrusted storage: it verifies with public keys and never sees the data key.
+//! The link from the leader is TLS, but the host is not attested (no TEE is assumed for
+//! storage): its key only signs acks for that one job's capsule.
+
+use super::wire::{read_msg, unhex, unhex_n, write_msg, Msg};
+use crate::error::FaasError;
+use crate::tls::{self, ServerStream, TlsIdentity};
+use psl_capsule::SignedMetadata;
+use psl_crypto::SigningKey;
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub struct HostConfig {
+    pub id: u32,
+    pub dir: PathBuf,
+    pub listen: SocketAddr,
+    pub router: SocketAddr,
+}
+
+pub fn serve_host(cfg: HostConfig, ready: impl FnOnce(SocketAddr)) -> Result<(), FaasError> {
+    std::fs::create_dir_all(&cfg.dir)?;
+    let listener = TcpListener::bind(cfg.listen).map_err(|e| FaasError::Net(format!("binding {}: {e}", cfg.listen)))?;
+    let addr = listener.local_addr()?;
+    let me = TlsIdentity::generate("psl-capsule-host")?;
+    let tls = me.server_config(false)?;
+    let cfg = Arc::new(cfg);
+    ready(addr);
+    for conn in listener.incoming() {
+        let Ok(tcp) = conn else { continue };
+        let (cfg, tls) = (cfg.clone(), tls.clone());
+        std::thread::Builder::new().name("capsule-host-conn".into()).spawn(move || {
+            if let Err(e) = tls::accept(tcp, tls).and_then(|(s, _)| job(&cfg, s)) {
+                tracing::warn!("capsule host {}: {e}", cfg.id);
+            }
+        })?;
+    }
+    Ok(())
+}
+
+fn job(cfg: &HostConfig, mut s: ServerStream) -> Result<(), FaasError> {
+    s.sock.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let Msg::HostOpen { id, meta, key } = read_msg(&mut s)? else {
+        return Err(FaasError::Net("expected HostOpen".into()));
+    };
+    if id != cfg.id {
+        return write_msg(&mut s, &Msg::Error { why: format!("this host is server {}, not {id}", cfg.id) });
+    }
+    let meta = SignedMetadata::decode(&unhex("meta", &meta)?).map_err(|e| FaasError::Capsule(e.to_string()))?;
+    let secret = zeroize::Zeroizing::new(unhex_n::<32>("key", &key)?);
+    let key = SigningKey::from_bytes(&secret).map_err(|_| FaasError::Config("server key is not a valid key".into()))?;
+    let dir = cfg.dir.join(meta.name().to_string());
+    let ep = psl_fabric::TcpEndpoint::connect(
+        cfg.router,
+        psl_fabric::TcpConfig { name: format!("capsule-host-{id}"), ..psl_fabric::TcpConfig::default() },
+    )
+    .map_err(|e| FaasError::Net(format!("connecting to the router: {e}")))?;
+    let opts = psl_server::ServerOptions { id, ..psl_server::ServerOptions::default() };
+    let server = match psl_server::Server::start(&dir, meta, key, Arc::new(ep), opts) {
+        Ok(x) => x,
+        Err(e) => return write_msg(&mut s, &Msg::Error { why: format!("starting the capsule server: {e}") }),
+    };
+    write_msg(&mut s, &Msg::Ok)?;
+    tracing::info!("capsule host {id}: serving capsule in {}", dir.display());
+    s.sock.set_read_timeout(Some(Duration::from_secs(24 * 3600)))?;
+    let end = read_msg(&mut s);
+    // Records still in flight: wait until the count holds still for 100 ms (at most 2 s).
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut last = (server.len(), Instant::now());
+    while Instant::now() < deadline && last.1.elapsed() < Duration::from_millis(100) {
+        std::thread::sleep(Duration::from_millis(10));
+        let n = server.len();
+        if n != last.0 {
+            last = (n, Instant::now());
+        }
+    }
+    let records = server.len() as u64;
+    let failed = server.failed();
+    server.shutdown();
+    tracing::info!("capsule host {id}: closed with {records} records");
+    match end {
+        Ok(Msg::EndJob) => match failed {
+            None => write_msg(&mut s, &Msg::HostClosed { records }),
+            Some(e) => write_msg(&mut s, &Msg::Error { why: format!("the capsule server failed: {e}") }),
+        },
+        Ok(m) => Err(FaasError::Net(format!("expected EndJob, got {}", m.name()))),
+        Err(e) => Err(e),
+    }
+}

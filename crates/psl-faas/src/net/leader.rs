@@ -1,0 +1,430 @@
+//! `psl leader` (trusted): one TLS listener for clients and workers. Its certificate key is
+//! fresh per process and bound into every report it gives (report data =
+//! `bind_channel_key(SHA-256 of the certificate's public key)`).
+//!
+//! Client connection: `ClientHello{nonce}` → `LeaderReport`; `BeginJob` (owner key) → `Ok`;
+//! `Expect{workers}` (the workers the scheduler says it forwarded to) → `Admitted`; `EndJob` →
+//! `Ended{resets}`. Worker connection: `WorkerHello{nonce}` → `LeaderChallenge` (the leader's
+//! report over the worker's nonce, and a nonce for the worker); `Offer` → `Grant` or `Refused`;
+//! later `Reset` → `ResetDone`.
+
+use super::wire::{evidence, read_msg, unhex, unhex_n, write_msg, Msg};
+use crate::attest::{bind_channel_key, AttestPolicy, Measurement, SimAttester, SimPlatform, SimVerifier};
+use crate::error::FaasError;
+use crate::leader::{Leader, Offer};
+use crate::program::JobId;
+use crate::tls::{self, ServerStream, TlsIdentity};
+use crate::worker::WorkerDebug;
+use crossbeam_channel::{bounded, Receiver, Sender};
+use parking_lot::{Condvar, Mutex};
+use psl_capsule::SignedMetadata;
+use psl_crypto::OwnerKey;
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use zeroize::Zeroizing;
+
+pub struct LeaderConfig {
+    pub listen: SocketAddr,
+    pub router: SocketAddr,
+    pub platform: Arc<SimPlatform>,
+    /// The leader's own measurement (what clients and workers check).
+    pub measurement: Measurement,
+    /// Worker measurements the leader grants keys to.
+    pub policy: AttestPolicy,
+    /// How long the leader waits for every expected worker's offer before admitting those in.
+    pub admit_wait: Duration,
+    /// Most connections served at once.
+    pub connections_max: usize,
+    /// Capsule hosts (`psl capsule-host`), server ids 0, 1, ...: each job's capsule is opened
+    /// on every one of them.
+    pub capsule_hosts: Vec<SocketAddr>,
+}
+
+/// How long a job waits for the one before it to end.
+const JOB_QUEUE_WAIT: Duration = Duration::from_secs(120);
+
+/// Each RESET worker and what it held after the RESET.
+type Resets = Vec<(u32, WorkerDebug)>;
+
+enum WorkerCmd {
+    Grant(crate::leader::Grant),
+    Refused(String),
+    Reset(Sender<(u32, WorkerDebug)>),
+}
+
+#[derive(Default)]
+struct JobState {
+    job: Option<JobId>,
+    lambdas: u32,
+    min_workers: usize,
+    offers: Vec<Offer>,
+    waiting: HashMap<u32, Sender<WorkerCmd>>,
+    granted: Vec<(u32, Sender<WorkerCmd>)>,
+    hosts: Vec<(u32, tls::ClientStream)>,
+}
+
+struct Shared {
+    cfg: LeaderConfig,
+    leader: Leader,
+    identity: TlsIdentity,
+    tls: Arc<tokio_rustls::rustls::ServerConfig>,
+    st: Mutex<JobState>,
+    cv: Condvar,
+    conns: std::sync::atomic::AtomicUsize,
+}
+
+/// Binds, calls `ready` with the bound address, and serves until the process ends.
+pub fn serve_leader(cfg: LeaderConfig, ready: impl FnOnce(SocketAddr)) -> Result<(), FaasError> {
+    let listener = TcpListener::bind(cfg.listen).map_err(|e| FaasError::Net(format!("binding {}: {e}", cfg.listen)))?;
+    let addr = listener.local_addr()?;
+    let identity = TlsIdentity::generate("psl-leader")?;
+    let tls = identity.server_config(true)?;
+    let leader = Leader::new(
+        Box::new(SimAttester::new(cfg.platform.clone(), cfg.measurement)),
+        Box::new(SimVerifier::new(cfg.platform.public())),
+        cfg.policy.clone(),
+    );
+    let sh = Arc::new(Shared {
+        cfg,
+        leader,
+        identity,
+        tls,
+        st: Mutex::new(JobState::default()),
+        cv: Condvar::new(),
+        conns: Default::default(),
+    });
+    ready(addr);
+    for conn in listener.incoming() {
+        let Ok(tcp) = conn else { continue };
+        use std::sync::atomic::Ordering::SeqCst;
+        if sh.conns.fetch_add(1, SeqCst) >= sh.cfg.connections_max {
+            sh.conns.fetch_sub(1, SeqCst);
+            tracing::warn!("leader: too many connections; refusing one");
+            continue;
+        }
+        let sh = sh.clone();
+        std::thread::Builder::new().name("leader-conn".into()).spawn(move || {
+            let r = tls::accept(tcp, sh.tls.clone()).and_then(|(s, peer)| handle(&sh, s, peer));
+            if let Err(e) = r {
+                tracing::info!("leader: connection ended: {e}");
+            }
+            sh.conns.fetch_sub(1, SeqCst);
+        })?;
+    }
+    Ok(())
+}
+
+fn handle(sh: &Arc<Shared>, mut s: ServerStream, peer: Option<[u8; 32]>) -> Result<(), FaasError> {
+    s.sock.set_read_timeout(Some(Duration::from_secs(30)))?;
+    match read_msg(&mut s)? {
+        Msg::ClientHello { nonce } => {
+            let nonce = unhex_n::<32>("nonce", &nonce)?;
+            let ev = sh.leader.attest(&nonce, &bind_channel_key(&sh.identity.spki_hash()))?;
+            write_msg(&mut s, &Msg::LeaderReport { backend: ev.backend.into(), evidence: hex::encode(&ev.bytes) })?;
+            client(sh, s)
+        }
+        Msg::WorkerHello { worker, job, nonce } => {
+            let peer = peer.ok_or_else(|| FaasError::Net("a worker must present its certificate".into()))?;
+            worker_conn(sh, s, peer, worker, &job, &nonce)
+        }
+        m => Err(FaasError::Net(format!("leader: unexpected first message {}", m.name()))),
+    }
+}
+
+fn reply_err(s: &mut ServerStream, e: &FaasError) -> Result<(), FaasError> {
+    write_msg(s, &Msg::Error { why: e.to_string() })
+}
+
+/// A client's connection: at most one job at a time in the leader. A client that goes away
+/// mid-job ends its job (keys erased, workers RESET).
+fn client(sh: &Arc<Shared>, mut s: ServerStream) -> Result<(), FaasError> {
+    s.sock.set_read_timeout(Some(Duration::from_secs(600)))?;
+    let mut mine: Option<JobId> = None;
+    let r = (|| -> Result<(), FaasError> {
+        loop {
+            match read_msg(&mut s)? {
+                Msg::BeginJob { job, owner, meta, lambdas, min_workers } => {
+                    let owner = Zeroizing::new(owner);
+                    match begin(sh, &job, &owner, &meta, lambdas, min_workers) {
+                        Ok(j) => {
+                            mine = Some(j);
+                            write_msg(&mut s, &Msg::Ok)?
+                        }
+                        Err(e) => reply_err(&mut s, &e)?,
+                    }
+                }
+                Msg::Expect { workers } if mine.is_some() => match admit(sh, &workers) {
+                    Ok(m) => write_msg(&mut s, &m)?,
+                    Err(e) => reply_err(&mut s, &e)?,
+                },
+                Msg::EndJob if mine.is_some() => {
+                    let (resets, stored) = end(sh);
+                    mine = None;
+                    write_msg(&mut s, &Msg::Ended { resets, stored })?
+                }
+                m => reply_err(&mut s, &FaasError::Net(format!("leader: unexpected {} from a client", m.name())))?,
+            }
+        }
+    })();
+    if mine.is_some() {
+        end(sh);
+    }
+    r
+}
+
+fn begin(
+    sh: &Arc<Shared>,
+    job: &str,
+    owner: &str,
+    meta: &str,
+    lambdas: u32,
+    min_workers: usize,
+) -> Result<JobId, FaasError> {
+    let t = Instant::now();
+    let job = JobId(unhex_n::<16>("job", job)?);
+    let owner = OwnerKey::from_file_string(owner).map_err(|e| FaasError::Config(format!("owner key: {e}")))?;
+    let meta = SignedMetadata::decode(&unhex("meta", meta)?).map_err(|e| FaasError::Capsule(e.to_string()))?;
+    let mut st = sh.st.lock();
+    // One job at a time: a second client waits (bounded) for the running job to end.
+    let deadline = Instant::now() + JOB_QUEUE_WAIT;
+    while st.job.is_some() {
+        if sh.cv.wait_until(&mut st, deadline).timed_out() {
+            return Err(FaasError::Config(format!(
+                "the leader has been running another job for over {} s; try again later",
+                JOB_QUEUE_WAIT.as_secs()
+            )));
+        }
+    }
+    let ep = psl_fabric::TcpEndpoint::connect(
+        sh.cfg.router,
+        psl_fabric::TcpConfig { name: format!("coordinator-{job}"), ..psl_fabric::TcpConfig::default() },
+    )
+    .map_err(|e| FaasError::Net(format!("leader: connecting to the router: {e}")))?;
+    tracing::debug!("leader: keys decoded, router connected in {:?}", t.elapsed());
+    sh.leader.begin_job(job, owner, meta.clone(), Arc::new(ep))?;
+    tracing::debug!("leader: coordinator started in {:?}", t.elapsed());
+    let hosts = match open_hosts(sh, &meta) {
+        Ok(h) => h,
+        Err(e) => {
+            sh.leader.end_job();
+            return Err(e);
+        }
+    };
+    tracing::debug!("leader: capsule hosts opened in {:?}", t.elapsed());
+    *st = JobState { job: Some(job), lambdas, min_workers, hosts, ..JobState::default() };
+    tracing::info!(%job, lambdas, "leader: job begun");
+    Ok(job)
+}
+
+/// Opens the job's capsule on every capsule host (server id = its position).
+fn open_hosts(sh: &Arc<Shared>, meta: &SignedMetadata) -> Result<Vec<(u32, tls::ClientStream)>, FaasError> {
+    let meta_hex = hex::encode(meta.encode());
+    let open = |id: u32, addr: SocketAddr| -> Result<(u32, tls::ClientStream), FaasError> {
+        let key = sh.leader.server_key(id)?;
+        let (mut s, _) = tls::connect(addr, &sh.identity)?;
+        s.sock.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let mut m = Msg::HostOpen { id, meta: meta_hex.clone(), key: hex::encode(&key.expose_secret_bytes()[..]) };
+        let sent = write_msg(&mut s, &m);
+        if let Msg::HostOpen { key, .. } = &mut m {
+            zeroize::Zeroize::zeroize(key);
+        }
+        sent?;
+        match read_msg(&mut s)? {
+            Msg::Ok => Ok((id, s)),
+            Msg::Error { why } => Err(FaasError::Net(format!("capsule host {id} ({addr}): {why}"))),
+            m => Err(FaasError::Net(format!("capsule host {id}: unexpected {}", m.name()))),
+        }
+    };
+    // In parallel: each host opens (and fsyncs) a new store.
+    std::thread::scope(|sc| {
+        let hs: Vec<_> = sh
+            .cfg
+            .capsule_hosts
+            .iter()
+            .enumerate()
+            .map(|(i, addr)| {
+                let open = &open;
+                sc.spawn(move || open(i as u32, *addr))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(FaasError::Net("capsule host thread panicked".into()))))
+            .collect()
+    })
+}
+
+/// Closes the job's capsule on every host; returns the records each stored.
+fn close_hosts(hosts: Vec<(u32, tls::ClientStream)>) -> Vec<(u32, u64)> {
+    // In parallel: each host waits for records still in flight before it closes.
+    std::thread::scope(|sc| {
+        let hs: Vec<_> = hosts
+            .into_iter()
+            .map(|(id, mut s)| {
+                sc.spawn(move || match write_msg(&mut s, &Msg::EndJob).and_then(|()| read_msg(&mut s)) {
+                    Ok(Msg::HostClosed { records }) => Some((id, records)),
+                    Ok(m) => {
+                        tracing::warn!("capsule host {id}: closing: unexpected {}", m.name());
+                        None
+                    }
+                    Err(e) => {
+                        tracing::warn!("capsule host {id}: closing: {e}");
+                        None
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter().filter_map(|h| h.join().ok().flatten()).collect()
+    })
+}
+
+/// Waits (bounded) for an offer from each of `workers`, then admits those in.
+fn admit(sh: &Arc<Shared>, workers: &[u32]) -> Result<Msg, FaasError> {
+    let deadline = Instant::now() + sh.cfg.admit_wait;
+    let mut st = sh.st.lock();
+    while !workers.iter().all(|w| st.offers.iter().any(|o| o.worker == *w)) {
+        if sh.cv.wait_until(&mut st, deadline).timed_out() {
+            break;
+        }
+    }
+    let offers = std::mem::take(&mut st.offers);
+    let mut waiting = std::mem::take(&mut st.waiting);
+    let mut missing: Vec<(u32, String)> = workers
+        .iter()
+        .filter(|w| !offers.iter().any(|o| o.worker == **w))
+        .map(|w| (*w, format!("no offer within {} ms", sh.cfg.admit_wait.as_millis())))
+        .collect();
+    match sh.leader.admit(offers, st.lambdas, st.min_workers) {
+        Ok((grants, mut refused)) => {
+            let mut granted = Vec::new();
+            for g in grants {
+                if let Some(tx) = waiting.remove(&g.worker) {
+                    granted.push((g.worker, g.lambdas.clone()));
+                    let _ = tx.send(WorkerCmd::Grant(g));
+                    st.granted.push((granted.last().expect("pushed").0, tx));
+                }
+            }
+            for (w, why) in &refused {
+                if let Some(tx) = waiting.remove(w) {
+                    let _ = tx.send(WorkerCmd::Refused(why.clone()));
+                }
+            }
+            for (w, tx) in waiting {
+                let _ = tx.send(WorkerCmd::Refused("not needed for this job".into()));
+                refused.push((w, "not needed for this job".into()));
+            }
+            refused.append(&mut missing);
+            Ok(Msg::Admitted { granted, refused })
+        }
+        Err(e) => {
+            for (_, tx) in waiting {
+                let _ = tx.send(WorkerCmd::Refused(e.to_string()));
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Ends the job: keys erased, coordinator stopped, every granted worker RESET, the capsule
+/// closed on every host.
+fn end(sh: &Arc<Shared>) -> (Resets, Vec<(u32, u64)>) {
+    let (granted, hosts) = {
+        let mut st = sh.st.lock();
+        for (_, tx) in st.waiting.drain() {
+            let _ = tx.send(WorkerCmd::Refused("the job ended".into()));
+        }
+        let g = std::mem::take(&mut st.granted);
+        let h = std::mem::take(&mut st.hosts);
+        // Keys dropped and coordinator stopped before the next job may begin.
+        sh.leader.end_job();
+        *st = JobState::default();
+        sh.cv.notify_all();
+        (g, h)
+    };
+    let (tx, rx) = bounded(granted.len().max(1));
+    let n = granted.len();
+    for (_, w) in granted {
+        let _ = w.send(WorkerCmd::Reset(tx.clone()));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut out = Vec::new();
+    while out.len() < n {
+        match rx.recv_deadline(deadline) {
+            Ok(d) => out.push(d),
+            Err(_) => break,
+        }
+    }
+    out.sort_by_key(|(w, _)| *w);
+    (out, close_hosts(hosts))
+}
+
+fn worker_conn(
+    sh: &Arc<Shared>,
+    mut s: ServerStream,
+    peer: [u8; 32],
+    worker: u32,
+    job: &str,
+    nonce: &str,
+) -> Result<(), FaasError> {
+    // The worker checks the leader first: the leader's report over the worker's nonce.
+    let worker_nonce = unhex_n::<32>("nonce", nonce)?;
+    let ev = sh.leader.attest(&worker_nonce, &bind_channel_key(&sh.identity.spki_hash()))?;
+    let challenge = sh.leader.challenge(worker);
+    write_msg(
+        &mut s,
+        &Msg::LeaderChallenge {
+            backend: ev.backend.into(),
+            evidence: hex::encode(&ev.bytes),
+            nonce: hex::encode(challenge),
+        },
+    )?;
+    let Msg::Offer { channel_public, backend, evidence: ev } = read_msg(&mut s)? else {
+        return Err(FaasError::Net(format!("worker {worker}: expected an Offer")));
+    };
+    let offer = Offer {
+        worker,
+        channel_public: unhex_n::<32>("channel_public", &channel_public)?,
+        evidence: evidence(&backend, &ev)?,
+        tls_spki: Some(peer),
+    };
+    let job = JobId(unhex_n::<16>("job", job)?);
+    let (tx, rx): (Sender<WorkerCmd>, Receiver<WorkerCmd>) = bounded(4);
+    {
+        let mut st = sh.st.lock();
+        if st.job != Some(job) {
+            drop(st);
+            return write_msg(&mut s, &Msg::Refused { why: format!("the leader is not running job {job}") });
+        }
+        st.offers.retain(|o| o.worker != worker);
+        st.offers.push(offer);
+        st.waiting.insert(worker, tx);
+        sh.cv.notify_all();
+    }
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(WorkerCmd::Grant(g)) => write_msg(
+            &mut s,
+            &Msg::Grant { node_id: g.node_id, lambdas: g.lambdas, sealed_keys: hex::encode(&g.sealed_keys) },
+        )?,
+        Ok(WorkerCmd::Refused(why)) => return write_msg(&mut s, &Msg::Refused { why }),
+        Ok(WorkerCmd::Reset(_)) | Err(_) => {
+            return write_msg(&mut s, &Msg::Refused { why: "no admission decision".into() });
+        }
+    }
+    // Granted: the connection stays open until the job ends with a RESET.
+    loop {
+        match rx.recv() {
+            Ok(WorkerCmd::Reset(done)) => {
+                write_msg(&mut s, &Msg::Reset)?;
+                s.sock.set_read_timeout(Some(Duration::from_secs(10)))?;
+                let Msg::ResetDone { debug } = read_msg(&mut s)? else {
+                    return Err(FaasError::Net(format!("worker {worker}: expected ResetDone")));
+                };
+                let _ = done.send((worker, debug));
+                return Ok(());
+            }
+            Ok(_) => continue,
+            Err(_) => return Ok(()),
+        }
+    }
+}

@@ -1,0 +1,296 @@
+//! Frames: `u32 LE length ‖ JSON message`, at most [`FRAME_BYTES_MAX`] bytes. Byte strings are
+//! hex in the JSON. Every message of the roles is one variant of [`Msg`].
+
+use crate::error::FaasError;
+use crate::worker::WorkerDebug;
+use serde::{Deserialize, Serialize};
+use std::io::{Read, Write};
+
+/// Largest frame (a sealed program, input or result fits well under it).
+pub const FRAME_BYTES_MAX: usize = 32 << 20;
+
+/// Unix-microsecond times a worker took along the launch path.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct WorkerTimes {
+    /// The scheduler's forward arrived.
+    pub forwarded_us: u64,
+    /// The leader's grant arrived (after attestation both ways).
+    pub granted_us: u64,
+    /// Keys opened and the node started.
+    pub keys_ready_us: u64,
+    /// Program opened and every slot's lambda started.
+    pub started_us: u64,
+    /// Latest first host operation of its lambdas.
+    pub first_op_us: u64,
+}
+
+/// `Debug` shows only the message's name: some carry key material.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(tag = "t")]
+pub enum Msg {
+    // worker -> scheduler
+    Register {
+        worker: u32,
+        control: String,
+        /// A job is still running on the worker (it registers again after losing the link).
+        #[serde(default)]
+        busy: bool,
+    },
+    Heartbeat {
+        worker: u32,
+    },
+    Idle {
+        worker: u32,
+    },
+    /// A worker's outcome for a job: sealed results (for the client) or an error.
+    WorkerDone {
+        worker: u32,
+        job: String,
+        sealed_result: Option<String>,
+        error: Option<String>,
+        times: WorkerTimes,
+    },
+    // scheduler -> worker
+    Registered,
+    Forward {
+        job: String,
+        program: String,
+        input: Option<String>,
+        lambdas: u32,
+    },
+    // client -> scheduler
+    Submit {
+        job: String,
+        program: String,
+        input: Option<String>,
+        lambdas: u32,
+    },
+    Status,
+    // scheduler -> client
+    Dispatched {
+        workers: Vec<u32>,
+        received_us: u64,
+    },
+    WorkerResult {
+        done: Box<Msg>,
+    },
+    StatusReply {
+        workers: Vec<WorkerStatus>,
+    },
+    // client <-> leader (TLS)
+    ClientHello {
+        nonce: String,
+    },
+    LeaderReport {
+        backend: String,
+        evidence: String,
+    },
+    BeginJob {
+        job: String,
+        owner: String,
+        meta: String,
+        lambdas: u32,
+        min_workers: usize,
+    },
+    Expect {
+        workers: Vec<u32>,
+    },
+    Admitted {
+        granted: Vec<(u32, Vec<u32>)>,
+        refused: Vec<(u32, String)>,
+    },
+    EndJob,
+    /// `stored`: records each capsule host holds for the job when it closed it.
+    Ended {
+        resets: Vec<(u32, WorkerDebug)>,
+        #[serde(default)]
+        stored: Vec<(u32, u64)>,
+    },
+    // leader <-> capsule host (TLS)
+    HostOpen {
+        id: u32,
+        meta: String,
+        key: String,
+    },
+    HostClosed {
+        records: u64,
+    },
+    // worker <-> leader (TLS, both sides attested)
+    WorkerHello {
+        worker: u32,
+        job: String,
+        nonce: String,
+    },
+    LeaderChallenge {
+        backend: String,
+        evidence: String,
+        nonce: String,
+    },
+    Offer {
+        channel_public: String,
+        backend: String,
+        evidence: String,
+    },
+    Grant {
+        node_id: u32,
+        lambdas: Vec<u32>,
+        sealed_keys: String,
+    },
+    Refused {
+        why: String,
+    },
+    Reset,
+    ResetDone {
+        debug: WorkerDebug,
+    },
+    // any
+    Ok,
+    Error {
+        why: String,
+    },
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct WorkerStatus {
+    pub worker: u32,
+    pub idle: bool,
+    pub since_heartbeat_ms: u64,
+}
+
+impl std::fmt::Debug for Msg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Msg::{}", self.name())
+    }
+}
+
+impl Msg {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Msg::Register { .. } => "Register",
+            Msg::Heartbeat { .. } => "Heartbeat",
+            Msg::Idle { .. } => "Idle",
+            Msg::WorkerDone { .. } => "WorkerDone",
+            Msg::Registered => "Registered",
+            Msg::Forward { .. } => "Forward",
+            Msg::Submit { .. } => "Submit",
+            Msg::Status => "Status",
+            Msg::Dispatched { .. } => "Dispatched",
+            Msg::WorkerResult { .. } => "WorkerResult",
+            Msg::StatusReply { .. } => "StatusReply",
+            Msg::ClientHello { .. } => "ClientHello",
+            Msg::LeaderReport { .. } => "LeaderReport",
+            Msg::BeginJob { .. } => "BeginJob",
+            Msg::Expect { .. } => "Expect",
+            Msg::Admitted { .. } => "Admitted",
+            Msg::EndJob => "EndJob",
+            Msg::Ended { .. } => "Ended",
+            Msg::WorkerHello { .. } => "WorkerHello",
+            Msg::LeaderChallenge { .. } => "LeaderChallenge",
+            Msg::Offer { .. } => "Offer",
+            Msg::Grant { .. } => "Grant",
+            Msg::Refused { .. } => "Refused",
+            Msg::Reset => "Reset",
+            Msg::ResetDone { .. } => "ResetDone",
+            Msg::HostOpen { .. } => "HostOpen",
+            Msg::HostClosed { .. } => "HostClosed",
+            Msg::Ok => "Ok",
+            Msg::Error { .. } => "Error",
+        }
+    }
+}
+
+fn net(what: &str, e: impl std::fmt::Display) -> FaasError {
+    FaasError::Net(format!("{what}: {e}"))
+}
+
+pub fn write_msg<W: Write>(w: &mut W, m: &Msg) -> Result<(), FaasError> {
+    // Frame buffers are wiped when dropped: some messages carry key material (over TLS).
+    let body = zeroize::Zeroizing::new(serde_json::to_vec(m).map_err(|e| net("encoding a message", e))?);
+    if body.len() > FRAME_BYTES_MAX {
+        return Err(net("sending", format!("{} message of {} bytes is over the frame limit", m.name(), body.len())));
+    }
+    let mut f = zeroize::Zeroizing::new(Vec::with_capacity(4 + body.len()));
+    f.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    f.extend_from_slice(&body);
+    w.write_all(&f).map_err(|e| net(&format!("sending {}", m.name()), e))?;
+    w.flush().map_err(|e| net(&format!("sending {}", m.name()), e))
+}
+
+pub fn read_msg<R: Read>(r: &mut R) -> Result<Msg, FaasError> {
+    let mut len = [0u8; 4];
+    r.read_exact(&mut len).map_err(|e| net("reading a frame header", e))?;
+    let n = u32::from_le_bytes(len) as usize;
+    if n > FRAME_BYTES_MAX {
+        return Err(net("reading", format!("frame of {n} bytes is over the limit of {FRAME_BYTES_MAX}")));
+    }
+    let mut body = zeroize::Zeroizing::new(vec![0u8; n]);
+    r.read_exact(&mut body).map_err(|e| net("reading a frame", e))?;
+    serde_json::from_slice(&body).map_err(|e| net("decoding a message", e))
+}
+
+/// Hex text to bytes, naming the field on error.
+pub fn unhex(field: &str, s: &str) -> Result<Vec<u8>, FaasError> {
+    hex::decode(s).map_err(|e| FaasError::Net(format!("field {field} is not hex: {e}")))
+}
+
+/// Hex text to exactly `N` bytes.
+pub fn unhex_n<const N: usize>(field: &str, s: &str) -> Result<[u8; N], FaasError> {
+    unhex(field, s)?.try_into().map_err(|_| FaasError::Net(format!("field {field} is not {N} bytes")))
+}
+
+/// Evidence from its wire form. Only backends this build knows are accepted.
+pub fn evidence(backend: &str, hex_bytes: &str) -> Result<crate::attest::Evidence, FaasError> {
+    let backend = match backend {
+        crate::attest::SIM_BACKEND => crate::attest::SIM_BACKEND,
+        other => return Err(FaasError::Net(format!("unknown attestation backend {other:?}"))),
+    };
+    Ok(crate::attest::Evidence { backend, bytes: unhex("evidence", hex_bytes)? })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_and_bad_frames_are_errors() {
+        let m = Msg::Forward { job: "00".into(), program: "ab".into(), input: None, lambdas: 3 };
+        let mut b = Vec::new();
+        write_msg(&mut b, &m).unwrap();
+        let back = read_msg(&mut &b[..]).unwrap();
+        assert!(matches!(back, Msg::Forward { lambdas: 3, .. }));
+        for n in 0..b.len() {
+            assert!(read_msg(&mut &b[..n]).is_err());
+        }
+        let mut huge = ((FRAME_BYTES_MAX + 1) as u32).to_le_bytes().to_vec();
+        huge.extend_from_slice(b"{}");
+        assert!(read_msg(&mut &huge[..]).is_err());
+        let mut junk = 3u32.to_le_bytes().to_vec();
+        junk.extend_from_slice(b"{{{");
+        assert!(read_msg(&mut &junk[..]).is_err());
+    }
+
+    proptest::proptest! {
+        /// Arbitrary bytes never panic the decoder; what decodes re-encodes to a frame that
+        /// decodes to the same message.
+        #[test]
+        fn arbitrary_frames_never_panic(len in 0u32..4096, body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
+            let mut b = len.to_le_bytes().to_vec();
+            b.extend_from_slice(&body);
+            if let Ok(m) = read_msg(&mut &b[..]) {
+                let mut again = Vec::new();
+                write_msg(&mut again, &m).unwrap();
+                let back = read_msg(&mut &again[..]).unwrap();
+                proptest::prop_assert_eq!(serde_json::to_string(&back).unwrap(), serde_json::to_string(&m).unwrap());
+            }
+        }
+
+        /// JSON-shaped frames (the likely way to reach the message decoder) never panic it.
+        #[test]
+        fn json_frames_never_panic(t in "(Forward|Grant|Offer|Ended|HostOpen|Submit|Ok)", junk in ".{0,64}") {
+            let body = format!("{{\"t\":\"{t}\",{junk}}}");
+            let mut b = (body.len() as u32).to_le_bytes().to_vec();
+            b.extend_from_slice(body.as_bytes());
+            let _ = read_msg(&mut &b[..]);
+        }
+    }
+}

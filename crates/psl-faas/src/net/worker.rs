@@ -1,0 +1,294 @@
+//! `psl worker`: registers with the scheduler and heartbeats; for each forwarded job it makes a
+//! fresh TLS identity, attests the leader (the leader's report must bind the leader's TLS
+//! certificate key and be in the policy), attests itself (its report binds its key-delivery
+//! channel key and its TLS certificate key), receives its grant, runs its slots on a node
+//! attached to the router, seals its results for the client, and on RESET wipes everything.
+//!
+//! Control interface (line protocol on `--control`): `DEBUG` answers one JSON line with what
+//! the worker holds (`holds_keys`, `node_running`, `memtable_entries`, `attested`) and
+//! `busy`, `jobs`.
+
+use super::wire::{evidence, read_msg, unhex, unhex_n, write_msg, Msg, WorkerTimes};
+use super::{instant_us, unix_us};
+use crate::attest::{
+    bind_channel_key, AttestPolicy, AttestVerifier, Measurement, SimAttester, SimPlatform, SimVerifier,
+};
+use crate::deploy::lambda_reports;
+use crate::error::FaasError;
+use crate::leader::Grant;
+use crate::program::{JobId, SealedProgram};
+use crate::scheduler::SealedJob;
+use crate::tls::{self, ClientStream, TlsIdentity};
+use crate::worker::Worker;
+use parking_lot::Mutex;
+use psl_sandbox::SandboxLimits;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub struct WorkerConfig {
+    pub id: u32,
+    pub scheduler: SocketAddr,
+    pub leader: SocketAddr,
+    pub router: SocketAddr,
+    pub platform: Arc<SimPlatform>,
+    /// What this worker's reports claim (the sim backend takes it as given).
+    pub measurement: Measurement,
+    /// Leader measurements this worker accepts.
+    pub leader_policy: AttestPolicy,
+    pub limits: SandboxLimits,
+    pub heartbeat: Duration,
+    pub control: SocketAddr,
+    /// TEST ONLY: stop heartbeating after this long (a hung worker).
+    pub test_stop_heartbeats_after: Option<Duration>,
+}
+
+/// Addresses the worker bound, for whoever started it.
+pub struct WorkerReady {
+    pub control: SocketAddr,
+}
+
+struct Agent {
+    cfg: WorkerConfig,
+    worker: Worker,
+    to_scheduler: Mutex<TcpStream>,
+    busy: AtomicBool,
+    jobs: AtomicU64,
+}
+
+pub fn serve_worker(cfg: WorkerConfig, ready: impl FnOnce(WorkerReady)) -> Result<(), FaasError> {
+    let control =
+        TcpListener::bind(cfg.control).map_err(|e| FaasError::Net(format!("binding {}: {e}", cfg.control)))?;
+    let control_addr = control.local_addr()?;
+    let mut sched = register(&cfg, control_addr, false)?;
+    let worker = Worker::new(cfg.id, Box::new(SimAttester::new(cfg.platform.clone(), cfg.measurement)), cfg.limits);
+    let agent = Arc::new(Agent {
+        to_scheduler: Mutex::new(sched.try_clone()?),
+        worker,
+        cfg,
+        busy: AtomicBool::new(false),
+        jobs: AtomicU64::new(0),
+    });
+    let a = agent.clone();
+    std::thread::Builder::new().name("worker-control".into()).spawn(move || {
+        for c in control.incoming().flatten() {
+            let a = a.clone();
+            let _ = std::thread::Builder::new().name("worker-control-conn".into()).spawn(move || control_conn(&a, c));
+        }
+    })?;
+    let a = agent.clone();
+    std::thread::Builder::new().name("worker-heartbeat".into()).spawn(move || {
+        let t0 = std::time::Instant::now();
+        loop {
+            std::thread::sleep(a.cfg.heartbeat);
+            if a.cfg.test_stop_heartbeats_after.is_some_and(|d| t0.elapsed() > d) {
+                tracing::warn!("worker {}: TEST FAULT: heartbeats stopped", a.cfg.id);
+                return;
+            }
+            // A failed write means the scheduler link is down; the main loop registers again.
+            let _ = write_msg(&mut *a.to_scheduler.lock(), &Msg::Heartbeat { worker: a.cfg.id });
+        }
+    })?;
+    ready(WorkerReady { control: control_addr });
+    loop {
+        let m = match read_msg(&mut sched) {
+            Ok(m) => m,
+            Err(e) => {
+                if agent.cfg.test_stop_heartbeats_after.is_some() {
+                    return Err(e); // TEST FAULT: a hung worker stays gone
+                }
+                // Dropped by the scheduler (say, heartbeats late on a loaded machine) or the
+                // link broke: register again, saying whether a job is still running here.
+                tracing::warn!("worker {}: lost the scheduler ({e}); registering again", agent.cfg.id);
+                let deadline = std::time::Instant::now() + Duration::from_secs(30);
+                sched = loop {
+                    std::thread::sleep(Duration::from_millis(100));
+                    match register(&agent.cfg, control_addr, agent.busy.load(Ordering::Acquire)) {
+                        Ok(s) => break s,
+                        Err(e) if std::time::Instant::now() < deadline => {
+                            tracing::warn!("worker {}: registering again: {e}", agent.cfg.id)
+                        }
+                        Err(e) => return Err(e),
+                    }
+                };
+                *agent.to_scheduler.lock() = sched.try_clone()?;
+                continue;
+            }
+        };
+        match m {
+            Msg::Forward { job, program, input, lambdas } => {
+                if agent.busy.swap(true, Ordering::AcqRel) {
+                    let d = Msg::WorkerDone {
+                        worker: agent.cfg.id,
+                        job,
+                        sealed_result: None,
+                        error: Some("busy with another job".into()),
+                        times: WorkerTimes::default(),
+                    };
+                    write_msg(&mut *agent.to_scheduler.lock(), &d)?;
+                    continue;
+                }
+                let a = agent.clone();
+                std::thread::Builder::new().name("worker-job".into()).spawn(move || {
+                    a.job(&job, &program, input.as_deref(), lambdas);
+                    a.jobs.fetch_add(1, Ordering::Relaxed);
+                    a.busy.store(false, Ordering::Release);
+                    let _ = write_msg(&mut *a.to_scheduler.lock(), &Msg::Idle { worker: a.cfg.id });
+                })?;
+            }
+            m => tracing::warn!("worker: unexpected {} from the scheduler", m.name()),
+        }
+    }
+}
+
+/// Connects to the scheduler and registers (`busy`: a job is still running here).
+fn register(cfg: &WorkerConfig, control: SocketAddr, busy: bool) -> Result<TcpStream, FaasError> {
+    let mut sched = TcpStream::connect_timeout(&cfg.scheduler, Duration::from_secs(5))
+        .map_err(|e| FaasError::Net(format!("connecting to the scheduler {}: {e}", cfg.scheduler)))?;
+    sched.set_nodelay(true).ok();
+    write_msg(&mut sched, &Msg::Register { worker: cfg.id, control: control.to_string(), busy })?;
+    sched.set_read_timeout(Some(Duration::from_secs(10)))?;
+    match read_msg(&mut sched)? {
+        Msg::Registered => {}
+        Msg::Error { why } => return Err(FaasError::Net(format!("the scheduler refused registration: {why}"))),
+        m => return Err(FaasError::Net(format!("registration: unexpected {}", m.name()))),
+    }
+    sched.set_read_timeout(None)?;
+    Ok(sched)
+}
+
+fn control_conn(a: &Agent, c: TcpStream) {
+    let Ok(mut w) = c.try_clone() else { return };
+    for line in BufReader::new(c).lines().map_while(Result::ok) {
+        let reply = match line.trim() {
+            "DEBUG" => {
+                let mut v = serde_json::to_value(a.worker.debug()).unwrap_or_default();
+                v["busy"] = a.busy.load(Ordering::Acquire).into();
+                v["jobs"] = a.jobs.load(Ordering::Relaxed).into();
+                v["worker"] = a.cfg.id.into();
+                v.to_string()
+            }
+            other => format!("ERR unknown command {other:?} (DEBUG)"),
+        };
+        if writeln!(w, "{reply}").is_err() {
+            return;
+        }
+    }
+}
+
+impl Agent {
+    fn report(&self, job: &str, sealed: Option<SealedProgram>, error: Option<String>, times: WorkerTimes) {
+        let d = Msg::WorkerDone {
+            worker: self.cfg.id,
+            job: job.into(),
+            sealed_result: sealed.map(|s| hex::encode(s.bytes)),
+            error,
+            times,
+        };
+        if let Err(e) = write_msg(&mut *self.to_scheduler.lock(), &d) {
+            tracing::warn!("worker {}: reporting to the scheduler: {e}", self.cfg.id);
+        }
+    }
+
+    /// Attests both ways; returns the open channel and the grant.
+    fn attest(&self, job: &str) -> Result<(ClientStream, Grant), FaasError> {
+        let me = TlsIdentity::generate("psl-worker")?;
+        let (mut s, leader_spki) = tls::connect(self.cfg.leader, &me)?;
+        s.sock.set_read_timeout(Some(Duration::from_secs(60)))?;
+        let my_nonce: [u8; 32] = rand::random();
+        write_msg(&mut s, &Msg::WorkerHello { worker: self.cfg.id, job: job.into(), nonce: hex::encode(my_nonce) })?;
+        let Msg::LeaderChallenge { backend, evidence: ev, nonce } = read_msg(&mut s)? else {
+            return Err(FaasError::Net("expected the leader's challenge".into()));
+        };
+        SimVerifier::new(self.cfg.platform.public())
+            .verify(&evidence(&backend, &ev)?, &my_nonce, &bind_channel_key(&leader_spki), &self.cfg.leader_policy)
+            .map_err(|e| FaasError::Attestation { who: "leader".into(), why: e.to_string() })?;
+        let offer = self.worker.offer_for(&unhex_n::<32>("nonce", &nonce)?, Some(me.spki_hash()))?;
+        write_msg(
+            &mut s,
+            &Msg::Offer {
+                channel_public: hex::encode(offer.channel_public),
+                backend: offer.evidence.backend.into(),
+                evidence: hex::encode(&offer.evidence.bytes),
+            },
+        )?;
+        match read_msg(&mut s)? {
+            Msg::Grant { node_id, lambdas, sealed_keys } => {
+                let grant =
+                    Grant { worker: self.cfg.id, node_id, lambdas, sealed_keys: unhex("sealed_keys", &sealed_keys)? };
+                Ok((s, grant))
+            }
+            Msg::Refused { why } => Err(FaasError::Attestation { who: format!("worker {}", self.cfg.id), why }),
+            m => Err(FaasError::Net(format!("expected a grant, got {}", m.name()))),
+        }
+    }
+
+    fn job(&self, job_hex: &str, program: &str, input: Option<&str>, lambdas: u32) {
+        let mut times = WorkerTimes { forwarded_us: unix_us(), ..WorkerTimes::default() };
+        let job = match unhex_n::<16>("job", job_hex) {
+            Ok(j) => JobId(j),
+            Err(e) => return self.report(job_hex, None, Some(e.to_string()), times),
+        };
+        let (mut chan, grant) = match self.attest(job_hex) {
+            Ok(x) => x,
+            Err(e) => {
+                self.worker.reset();
+                return self.report(job_hex, None, Some(e.to_string()), times);
+            }
+        };
+        times.granted_us = unix_us();
+        let outcome = (|| -> Result<SealedProgram, FaasError> {
+            let sealed = SealedJob {
+                job,
+                program: SealedProgram { bytes: unhex("program", program)? },
+                input: match input {
+                    Some(i) => Some(SealedProgram { bytes: unhex("input", i)? }),
+                    None => None,
+                },
+                lambdas,
+            };
+            let ep = psl_fabric::TcpEndpoint::connect(
+                self.cfg.router,
+                psl_fabric::TcpConfig { name: format!("worker-{}", self.cfg.id), ..psl_fabric::TcpConfig::default() },
+            )
+            .map_err(|e| FaasError::Net(format!("connecting to the router: {e}")))?;
+            tracing::debug!(
+                "worker {}: router connected {:.1} ms after the grant",
+                self.cfg.id,
+                (unix_us() - times.granted_us) as f64 / 1e3
+            );
+            let run = self.worker.run(&sealed, &grant, Arc::new(ep))?;
+            times.keys_ready_us = instant_us(run.keys_ready);
+            times.started_us = instant_us(run.lambdas_started);
+            times.first_op_us = run.outcomes.iter().filter_map(|o| o.first_op_at).map(instant_us).max().unwrap_or(0);
+            if let Err(e) = &run.final_sync {
+                tracing::warn!("worker {}: final sync: {e}", self.cfg.id);
+            }
+            let body = serde_json::to_vec(&lambda_reports(&run)).map_err(|e| FaasError::Net(e.to_string()))?;
+            self.worker.seal_result(job, &body)
+        })();
+        match outcome {
+            Ok(s) => self.report(job_hex, Some(s), None, times),
+            Err(e) => self.report(job_hex, None, Some(e.to_string()), times),
+        }
+        // Granted: wait for the leader's RESET on the attested channel.
+        let _ = chan.sock.set_read_timeout(Some(Duration::from_secs(600)));
+        match read_msg(&mut chan) {
+            Ok(Msg::Reset) => {
+                let left = self.worker.reset();
+                tracing::info!("worker {}: RESET done: {left:?}", self.cfg.id);
+                let _ = write_msg(&mut chan, &Msg::ResetDone { debug: left });
+            }
+            other => {
+                tracing::warn!(
+                    "worker {}: the leader's channel ended without RESET ({:?}); wiping anyway",
+                    self.cfg.id,
+                    other.map(|m| m.name())
+                );
+                self.worker.reset();
+            }
+        }
+    }
+}

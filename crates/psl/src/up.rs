@@ -1,0 +1,287 @@
+//! `psl up`: the embedded default deployment on one machine, as child processes on loopback:
+//! a router, three capsule hosts (capsule servers for each job's capsule, f = 1), the
+//! scheduler, the leader (which runs each job's coordinator) and N workers. It
+//! writes `DIR/cluster.json` (what `psl run --cluster` reads), prints the addresses, and runs
+//! until Ctrl-C or SIGTERM, then stops the children.
+//!
+//! Attestation uses the `sim` backend: INSECURE. `psl up` draws the simulated platform key
+//! and writes it to `DIR/sim-platform.key` (mode 0600) for its children.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use psl_faas::net::{ClusterInfo, WorkerInfo};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+#[derive(Args, Debug)]
+#[command(
+    after_help = "WARNING: attestation uses the simulated backend 'sim', which is INSECURE (anyone holding DIR/sim-platform.key can forge reports); never use it in production."
+)]
+pub struct UpArgs {
+    /// Worker processes.
+    #[arg(long, default_value_t = 4)]
+    pub workers: u32,
+    /// Capsule hosts (`psl capsule-host`, server ids 0 ..): every job's capsule is stored on
+    /// each (2f + 1 for f faults; 0 for none).
+    #[arg(long, default_value_t = 3)]
+    pub servers: u32,
+    /// Directory for the cluster file and the sim platform key (created if missing).
+    #[arg(long, default_value = "psl-up")]
+    pub dir: PathBuf,
+    /// A worker whose heartbeats stop for this long is dropped by the scheduler.
+    #[arg(long, default_value_t = 1000)]
+    pub heartbeat_timeout_ms: u64,
+    /// TEST ONLY: these workers (ids, 1-based) claim a measurement the policy does not allow.
+    #[arg(long, value_delimiter = ',')]
+    pub test_rogue_workers: Vec<u32>,
+    /// TEST ONLY: the scheduler flips this byte of every sealed program it forwards.
+    #[arg(long)]
+    pub test_scheduler_flip_byte: Option<usize>,
+    /// TEST ONLY: these workers stop heartbeating after 500 ms.
+    #[arg(long, value_delimiter = ',')]
+    pub test_hung_workers: Vec<u32>,
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+struct Kid {
+    name: String,
+    child: Child,
+    gone: bool,
+}
+
+/// Spawns `psl ARGS`; the child gets SIGTERM if this process dies (even by SIGKILL).
+fn spawn(name: &str, args: &[String]) -> Result<(Kid, std::sync::mpsc::Receiver<String>)> {
+    use std::os::unix::process::CommandExt;
+    let exe = std::env::current_exe().context("finding the psl binary")?;
+    let mut cmd = Command::new(exe);
+    cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+    // SAFETY: the closure runs in the forked child before exec and only calls prctl(2), which
+    // is async-signal-safe; it touches no memory of the parent and allocates nothing.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().with_context(|| format!("starting {name}"))?;
+    let out = child.stdout.take().context("child stdout")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    Ok((Kid { name: name.into(), child, gone: false }, rx))
+}
+
+fn wait_line(kid: &str, rx: &std::sync::mpsc::Receiver<String>, prefix: &str, deadline: Instant) -> Result<String> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(l) => {
+                if let Some(rest) = l.strip_prefix(prefix) {
+                    return Ok(rest.trim().to_string());
+                }
+            }
+            Err(_) => bail!("{kid} did not report ready (line '{prefix}...') in time"),
+        }
+    }
+}
+
+fn stop_all(kids: &mut [Kid]) {
+    for k in kids.iter().filter(|k| !k.gone) {
+        // SAFETY: kill(2) with a pid of our own child (not yet reaped, so not reused).
+        unsafe {
+            libc::kill(k.child.id() as libc::pid_t, libc::SIGTERM);
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(3);
+    for k in kids.iter_mut().filter(|k| !k.gone) {
+        loop {
+            match k.child.try_wait() {
+                Ok(Some(_)) => break,
+                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+                _ => {
+                    tracing::warn!("{} did not stop on SIGTERM; killing it", k.name);
+                    let _ = k.child.kill();
+                    let _ = k.child.wait();
+                    break;
+                }
+            }
+        }
+    }
+}
+
+pub fn run(a: UpArgs) -> Result<i32> {
+    let t0 = Instant::now();
+    if a.workers == 0 || a.workers > 255 {
+        bail!("--workers must be 1 ..= 255");
+    }
+    if a.servers > 64 {
+        bail!("--servers must be 0 ..= 64");
+    }
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
+    eprintln!("WARNING: attestation backend 'sim' is INSECURE (development only)");
+    std::fs::create_dir_all(&a.dir).with_context(|| format!("creating {}", a.dir.display()))?;
+    let key_path = a.dir.join("sim-platform.key");
+    let secret = loop {
+        let s: [u8; 32] = rand::random();
+        if psl_crypto::SigningKey::from_bytes(&s).is_ok() {
+            break zeroize::Zeroizing::new(s);
+        }
+    };
+    crate::util::write_atomic(&key_path, hex::encode(&secret[..]).as_bytes(), 0o600)?;
+    let platform = psl_faas::SimPlatform::from_secret(&secret)?;
+    let bin = hex::encode(psl_faas::attest::binary_hash().0);
+    let measurement = crate::faas_roles::measurement(Some(&bin))?;
+    let key = key_path.display().to_string();
+    let sim = |v: &mut Vec<String>| {
+        v.extend(["--sim-platform-key".into(), key.clone(), "--sim-binary-hash".into(), bin.clone()]);
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut kids = Vec::new();
+    let result = (|| -> Result<ClusterInfo> {
+        let (k, rx) = spawn("router", &["router".into(), "--listen".into(), "127.0.0.1:0".into()])?;
+        kids.push(k);
+        let router: SocketAddr = wait_line("router", &rx, "listening ", deadline)?.parse()?;
+        let mut sargs =
+            vec!["scheduler".to_string(), "--heartbeat-timeout-ms".into(), a.heartbeat_timeout_ms.to_string()];
+        if let Some(b) = a.test_scheduler_flip_byte {
+            sargs.extend(["--test-flip-program-byte".into(), b.to_string()]);
+        }
+        let (k, srx) = spawn("scheduler", &sargs)?;
+        kids.push(k);
+        let mut hrx = Vec::new();
+        for id in 0..a.servers {
+            let hdir = a.dir.join(format!("server{id}"));
+            let args = [
+                "capsule-host".to_string(),
+                "--id".into(),
+                id.to_string(),
+                "--dir".into(),
+                hdir.display().to_string(),
+                "--router".into(),
+                router.to_string(),
+            ];
+            let (k, rx) = spawn(&format!("capsule host {id}"), &args)?;
+            kids.push(k);
+            hrx.push((id, hdir, rx));
+        }
+        let mut hosts = Vec::new();
+        for (id, hdir, rx) in hrx {
+            let addr: SocketAddr =
+                wait_line(&format!("capsule host {id}"), &rx, &format!("capsule-host {id} "), deadline)?.parse()?;
+            hosts.push((id, addr, hdir));
+        }
+        let mut largs = vec!["leader".to_string(), "--router".into(), router.to_string()];
+        for (_, addr, _) in &hosts {
+            largs.extend(["--capsule-host".into(), addr.to_string()]);
+        }
+        sim(&mut largs);
+        let (k, lrx) = spawn("leader", &largs)?;
+        kids.push(k);
+        let scheduler: SocketAddr = wait_line("scheduler", &srx, "scheduler ", deadline)?.parse()?;
+        let leader: SocketAddr = wait_line("leader", &lrx, "leader ", deadline)?.parse()?;
+        let mut wrx = Vec::new();
+        for id in 1..=a.workers {
+            let mut w = vec![
+                "worker".to_string(),
+                "--id".into(),
+                id.to_string(),
+                "--scheduler".into(),
+                scheduler.to_string(),
+                "--leader".into(),
+                leader.to_string(),
+                "--router".into(),
+                router.to_string(),
+            ];
+            sim(&mut w);
+            if a.test_rogue_workers.contains(&id) {
+                w.push("--test-rogue-measurement".into());
+            }
+            if a.test_hung_workers.contains(&id) {
+                w.extend(["--test-stop-heartbeats-after-ms".into(), "500".into()]);
+            }
+            let (k, rx) = spawn(&format!("worker {id}"), &w)?;
+            kids.push(k);
+            wrx.push((id, rx));
+        }
+        let mut workers = Vec::new();
+        for (id, rx) in wrx {
+            let line = wait_line(&format!("worker {id}"), &rx, &format!("worker {id} control "), deadline)?;
+            workers.push(WorkerInfo { id, control: line.parse()? });
+        }
+        Ok(ClusterInfo {
+            scheduler,
+            leader,
+            router,
+            attestation_backend: psl_faas::attest::SIM_BACKEND.into(),
+            sim_platform_public: hex::encode(platform.public().to_bytes()),
+            measurements: vec![hex::encode(measurement.0)],
+            workers,
+            capsule_hosts: hosts,
+            pids: kids.iter().map(|k| (k.name.clone(), k.child.id())).collect(),
+        })
+    })();
+    let info = match result {
+        Ok(i) => i,
+        Err(e) => {
+            stop_all(&mut kids);
+            return Err(e);
+        }
+    };
+    let cluster_path = a.dir.join("cluster.json");
+    crate::util::write_atomic(&cluster_path, serde_json::to_string_pretty(&info)?.as_bytes(), 0o644)?;
+    let cold_ms = t0.elapsed().as_secs_f64() * 1e3;
+    println!("router    {}", info.router);
+    println!("scheduler {}", info.scheduler);
+    println!("leader    {}", info.leader);
+    for (id, addr, dir) in &info.capsule_hosts {
+        println!("capsule host {id} {addr} (stores in {})", dir.display());
+    }
+    for w in &info.workers {
+        println!("worker {} control {}", w.id, w.control);
+    }
+    println!("cluster file {}", cluster_path.display());
+    println!("try: psl run examples/wordcount.js --lambdas 4 --cluster {}", cluster_path.display());
+    // Tests and benchmarks read this line.
+    println!("up {cold_ms:.1} ms");
+    use std::io::Write;
+    std::io::stdout().flush()?;
+    let mut code = 0;
+    while !STOP.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(50));
+        for k in kids.iter_mut().filter(|k| !k.gone) {
+            if let Ok(Some(st)) = k.child.try_wait() {
+                k.gone = true;
+                if k.name.starts_with("worker") {
+                    // The scheduler drops it from the registry; the others carry on.
+                    eprintln!("warning: {} exited ({st}); the deployment carries on without it", k.name);
+                } else {
+                    eprintln!("error: {} exited ({st}); stopping the deployment", k.name);
+                    code = 1;
+                    STOP.store(true, Ordering::SeqCst);
+                }
+            }
+        }
+    }
+    eprintln!("stopping {} processes", kids.len());
+    stop_all(&mut kids);
+    let _ = std::fs::remove_file(&cluster_path);
+    Ok(code)
+}

@@ -1,0 +1,268 @@
+//! The FaaS deployment as processes on loopback (`psl up`: router, capsule hosts, scheduler,
+//! leader, workers)
+//! and `psl run --cluster`: a word count end to end with its capsule verified, stored by three
+//! capsule hosts, and every worker wiped by RESET; a worker outside the policy gets no key; a scheduler that flips a program
+//! byte is caught; a worker whose heartbeats stop is dropped from the registry, and one that
+//! stalls and resumes registers again.
+
+use psl_faas::net::wire::{read_msg, write_msg, Msg};
+use psl_faas::net::ClusterInfo;
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+struct Up {
+    child: Child,
+    dir: tempfile::TempDir,
+    info: ClusterInfo,
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn psl() -> &'static str {
+    env!("CARGO_BIN_EXE_psl")
+}
+
+fn example(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples").join(name)
+}
+
+/// Starts `psl up ARGS` and waits (bounded) for it to report ready.
+fn up(args: &[&str]) -> Up {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(psl())
+        .arg("up")
+        .args(args)
+        .arg("--dir")
+        .arg(dir.path().join("c"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if line.starts_with("up ") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(30)).expect("psl up reports ready");
+    let text = std::fs::read_to_string(dir.path().join("c/cluster.json")).unwrap();
+    let info: ClusterInfo = serde_json::from_str(&text).unwrap();
+    Up { child, dir, info }
+}
+
+impl Up {
+    fn run(&self, program: &str, lambdas: u32, extra: &[&str]) -> Output {
+        let mut c = Command::new(psl());
+        c.arg("run").arg(example(program)).args(["--lambdas", &lambdas.to_string(), "--json", "--cluster"]);
+        c.arg(self.dir.path().join("c/cluster.json")).args(extra);
+        let mut child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while child.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < deadline, "psl run did not finish in 60 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        child.wait_with_output().unwrap()
+    }
+
+    fn debug(&self, worker: usize) -> serde_json::Value {
+        let mut s = TcpStream::connect(self.info.workers[worker].control).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(b"DEBUG\n").unwrap();
+        let mut line = String::new();
+        BufReader::new(s).read_line(&mut line).unwrap();
+        serde_json::from_str(&line).unwrap()
+    }
+
+    /// The worker ids in the scheduler's registry.
+    fn registered(&self) -> Vec<u32> {
+        let mut s = TcpStream::connect(self.info.scheduler).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        write_msg(&mut s, &Msg::Status).unwrap();
+        match read_msg(&mut s).unwrap() {
+            Msg::StatusReply { workers } => workers.into_iter().map(|w| w.worker).collect(),
+            m => panic!("unexpected {}", m.name()),
+        }
+    }
+}
+
+fn json(o: &Output) -> serde_json::Value {
+    assert!(o.status.success(), "psl run failed: {}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+fn assert_wiped(d: &serde_json::Value) {
+    assert_eq!(d["holds_keys"], false, "{d}");
+    assert_eq!(d["node_running"], false, "{d}");
+    assert_eq!(d["memtable_entries"], 0, "{d}");
+    assert_eq!(d["attested"], false, "{d}");
+}
+
+#[test]
+fn faas_multiprocess_wordcount_capsule_reset_and_clean_stop() {
+    let mut u = up(&["--workers", "4"]);
+    let input = u.dir.path().join("in.txt");
+    std::fs::write(&input, "a b a\nc a b\nd\n").unwrap();
+    let cap = u.dir.path().join("job.capsule");
+    let (i, c) = (input.display().to_string(), cap.display().to_string());
+    let v = json(&u.run("wordcount.js", 4, &["--input", &i, "--capsule-out", &c]));
+    assert_eq!(v["ok"], true, "{v}");
+    assert_eq!(v["deployment"], "cluster");
+    let counts: serde_json::Value = serde_json::from_str(v["lambdas"][0]["emitted"][1].as_str().unwrap()).unwrap();
+    assert_eq!(counts, serde_json::json!({"a": 3, "b": 2, "c": 1, "d": 1}));
+    // Four workers took part, one lambda each.
+    let mut workers: Vec<u64> =
+        v["lambdas"].as_array().unwrap().iter().map(|l| l["worker"].as_u64().unwrap()).collect();
+    workers.sort();
+    assert_eq!(workers, vec![1, 2, 3, 4]);
+    for k in ["leader_attest_ms", "client_to_scheduler_ms", "attestation_ms", "key_delivery_ms", "launch_ms"] {
+        assert!(v["launch"][k].as_f64().unwrap() > 0.0, "{k}: {v}");
+    }
+    let st = Command::new(psl()).args(["capsule", "verify"]).arg(&cap).output().unwrap();
+    assert!(st.status.success(), "capsule verify: {}", String::from_utf8_lossy(&st.stdout));
+    assert!(v["capsule_records"].as_u64().unwrap() > 4);
+    // Each of the three capsule hosts stored the job's capsule; each store checks clean.
+    let stored = v["stored_records"].as_array().unwrap();
+    assert_eq!(stored.len(), 3, "{v}");
+    for (id, addr, dir) in &u.info.capsule_hosts {
+        let _ = addr;
+        let n = stored.iter().find(|s| s[0] == *id).unwrap()[1].as_u64().unwrap();
+        assert!(n > 4, "host {id} stored {n} records");
+        let store = dir.join(v["capsule"].as_str().unwrap());
+        let o = Command::new(psl()).args(["capsule-server", "check", "--json", "--dir"]).arg(&store).output().unwrap();
+        assert!(o.status.success(), "host {id}: {}", String::from_utf8_lossy(&o.stdout));
+        let c: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(c["records"].as_u64().unwrap(), n, "{c}");
+    }
+    // RESET: the leader's report of each worker, and each worker's own control interface.
+    let resets = v["resets"].as_array().unwrap();
+    assert_eq!(resets.len(), 4, "{v}");
+    for r in resets {
+        assert_wiped(&r[1]);
+    }
+    for w in 0..4 {
+        let d = u.debug(w);
+        assert_wiped(&d);
+        assert_eq!(d["jobs"], 1);
+    }
+    // Reset workers are attested again for the next jobs; two clients at once both complete
+    // (the leader runs one job at a time, the second waits for the first).
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| u.run("wordcount.js", 2, &[]));
+        let b = s.spawn(|| u.run("montecarlo.js", 3, &[]));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert_eq!(json(&a)["ok"], true);
+    assert_eq!(json(&b)["ok"], true);
+    // SIGTERM stops every child and `psl up` itself, cleanly.
+    let pids: Vec<u32> = u.info.pids.iter().map(|(_, p)| *p).collect();
+    assert_eq!(pids.len(), 3 + 3 + 4);
+    assert!(Command::new("kill").args(["-TERM", &u.child.id().to_string()]).status().unwrap().success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let st = loop {
+        if let Some(st) = u.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "psl up did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(st.success());
+    for p in pids {
+        assert!(!Path::new(&format!("/proc/{p}")).exists(), "child {p} still runs");
+    }
+}
+
+#[test]
+fn faas_multiprocess_worker_outside_policy_gets_no_key() {
+    let u = up(&["--workers", "3", "--test-rogue-workers", "2"]);
+    let v = json(&u.run("montecarlo.js", 3, &[]));
+    assert_eq!(v["ok"], true, "{v}");
+    let refused = v["refused_workers"].as_array().unwrap();
+    assert_eq!(refused.len(), 1, "{v}");
+    assert_eq!(refused[0][0], 2);
+    assert!(refused[0][1].as_str().unwrap().contains("not in the policy"), "{v}");
+    assert_eq!(v["lambdas"].as_array().unwrap().len(), 3);
+    assert!(v["lambdas"].as_array().unwrap().iter().all(|l| l["worker"] != 2));
+    let d = u.debug(1);
+    assert_wiped(&d);
+    // A client whose policy does not hold the leader's measurement refuses the leader before
+    // it hands over the owner key; no worker is ever forwarded the job.
+    let mut info = u.info.clone();
+    info.measurements = vec!["00".repeat(32)];
+    let other = u.dir.path().join("other.json");
+    std::fs::write(&other, serde_json::to_string(&info).unwrap()).unwrap();
+    let o = Command::new(psl())
+        .arg("run")
+        .arg(example("montecarlo.js"))
+        .args(["--lambdas", "1", "--cluster"])
+        .arg(&other)
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("attestation of leader refused") && err.contains("not in the policy"), "{err}");
+    for w in 0..3 {
+        assert_eq!(u.debug(w)["jobs"], 1, "worker {w} saw a job it should not have");
+    }
+    // Only rogue workers: the job fails, clearly.
+    let u = up(&["--workers", "1", "--test-rogue-workers", "1"]);
+    let o = u.run("montecarlo.js", 2, &[]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("attested worker") && err.contains("not in the policy"), "{err}");
+    assert_wiped(&u.debug(0));
+}
+
+#[test]
+fn faas_multiprocess_scheduler_flipping_a_program_byte_is_caught() {
+    let u = up(&["--workers", "2", "--test-scheduler-flip-byte", "70"]);
+    let o = u.run("wordcount.js", 2, &[]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("integrity check failed") && err.contains("no lambda ran it"), "{err}");
+    for w in 0..2 {
+        let d = u.debug(w);
+        assert_wiped(&d);
+        assert_eq!(d["jobs"], 1, "{d}");
+    }
+}
+
+#[test]
+fn faas_multiprocess_worker_without_heartbeats_is_dropped() {
+    // Worker 2 stops heartbeating 500 ms after it starts; worker 1 beats every 200 ms, well
+    // inside the 2 s timeout even on a loaded machine.
+    let u = up(&["--workers", "2", "--heartbeat-timeout-ms", "2000", "--test-hung-workers", "2"]);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while u.registered() != vec![1] {
+        assert!(Instant::now() < deadline, "worker 2 is still registered: {:?}", u.registered());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Worker 1 stalls (SIGSTOP) past the timeout: dropped; it resumes (SIGCONT): it notices
+    // and registers again.
+    let pid = u.info.pids.iter().find(|(n, _)| n == "worker 1").unwrap().1.to_string();
+    assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !u.registered().is_empty() {
+        assert!(Instant::now() < deadline, "stopped worker 1 is still registered");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while u.registered() != vec![1] {
+        assert!(Instant::now() < deadline, "worker 1 did not register again: {:?}", u.registered());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let v = json(&u.run("montecarlo.js", 2, &[]));
+    assert_eq!(v["ok"], true, "{v}");
+    assert!(v["lambdas"].as_array().unwrap().iter().all(|l| l["worker"] == 1), "{v}");
+}
