@@ -30,14 +30,29 @@ passed=$(grep -E '^test result:' "$results" | sed -E 's/.* ([0-9]+) passed.*/\1/
 failed=$(grep -E '^test result:' "$results" | sed -E 's/.* ([0-9]+) failed.*/\1/' | paste -sd+ - | bc)
 
 log "fuzz smoke: ${FUZZ_SECONDS}s per target"
+fuzz_failed=()
 for target in $(cargo +nightly fuzz list --fuzz-dir fuzz); do
   corpus=$(mktemp -d)
   seeds=fuzz/seeds/$target
   [ -d "$seeds" ] || seeds=
-  cargo +nightly fuzz run --fuzz-dir fuzz "$target" "$corpus" $seeds -- \
-    -max_total_time="$FUZZ_SECONDS" -max_len=65536 -rss_limit_mb=2048 -print_final_stats=0 2>&1 | grep -E "^Done|ERROR|panicked|SUMMARY" || true
-  rm -rf "$corpus"
+  fuzz_log=$(mktemp)
+  if cargo +nightly fuzz run --fuzz-dir fuzz "$target" "$corpus" $seeds -- \
+    -max_total_time="$FUZZ_SECONDS" -max_len=65536 -rss_limit_mb=2048 -print_final_stats=0 >"$fuzz_log" 2>&1; then
+    grep -E "^Done" "$fuzz_log" | tail -n 1 || echo "$target: done"
+  else
+    # A crash, a leak or a build failure: show it and fail the run (the input is kept under
+    # fuzz/artifacts/$target/ for `cargo +nightly fuzz run $target ARTIFACT`).
+    grep -E "ERROR|panicked|SUMMARY|error(\[|:)" "$fuzz_log" | head -n 40 || tail -n 40 "$fuzz_log"
+    fuzz_failed+=("$target")
+  fi
+  rm -rf "$corpus" "$fuzz_log"
 done
+
+if [ ${#fuzz_failed[@]} -gt 0 ]; then
+  echo "fuzz smoke failed for: ${fuzz_failed[*]}" >&2
+  failed=$((failed + ${#fuzz_failed[@]}))
+fi
 
 echo
 echo "tests: ${passed} passed, ${failed} failed"
+[ "$failed" -eq 0 ]
