@@ -336,6 +336,27 @@ impl NodeCore {
         out
     }
 
+    /// An own record sealed outside the writer actors (CapsuleDB's db-block and db-index
+    /// records): its writer becomes one of this node's own (so servers' acks for it are counted
+    /// by [`NodeCore::on_ack`] and durability barriers can wait for it), its chain advances, and
+    /// it is published. It is not cached: its writer keeps it until it is durable and
+    /// publishes it again if needed. A record that does not extend the writer's chain as this
+    /// node knows it is refused (logged; nothing is published).
+    pub fn on_own_record(&mut self, rec: &Record, now: u64) -> Vec<Output> {
+        self.check_own_key(rec);
+        let h = rec.header();
+        let extends = h.seq == self.orderer.next_seq(h.writer)
+            && (h.seq == 0 || self.orderer.applied_hash(h.writer, h.seq - 1) == Some(h.prev));
+        if !extends {
+            tracing::error!(writer = h.writer, seq = h.seq, "own record does not extend its chain: not published");
+            return Vec::new();
+        }
+        self.local.insert(h.writer);
+        self.orderer.advance_own(rec, now);
+        Metrics::add(&self.metrics.records_written, 1);
+        vec![Output::Publish(Msg::Record { capsule: self.verifier.name(), bytes: rec.shared_bytes() }.encode())]
+    }
+
     /// Like [`NodeCore::on_local_record`] for a data record of `ops` ops, without its body
     /// (the writer thread keeps the plaintext; the core needs only the count).
     pub fn on_local_data(&mut self, rec: Record, ops: usize, now: u64) -> Vec<Output> {
@@ -702,9 +723,13 @@ impl NodeCore {
     }
 
     fn apply(&mut self, r: &Verified<Opened>, now: u64, out: &mut Vec<Output>) {
-        // Only applied records are cached: a repair answer never sends a conflicting copy.
-        self.cache.insert(&r.record);
         let h = r.record.header();
+        // Only applied records are cached: a repair answer never sends a conflicting copy.
+        // CapsuleDB's blocks and indexes are not: they are large, no node reads them, and the
+        // capsule servers (and CapsuleDB itself, until they are durable) answer repairs for them.
+        if !is_db_kind(h.kind) {
+            self.cache.insert(&r.record);
+        }
         self.clock.observe(h.lamport);
         Metrics::add(&self.metrics.records_applied, 1);
         if let Body::Data(ops) = &r.body {
@@ -726,7 +751,9 @@ impl NodeCore {
         let h = rec.header();
         let policy = self.verifier.metadata().meta.policy;
         let is_coord = policy.is_coordinator(h.writer);
-        if !is_coord {
+        // CapsuleDB's block writer never answers an RTS: the coordinator must not wait for its
+        // EOE (nor link its chain in SYNCs).
+        if !is_coord && !is_db_kind(h.kind) {
             if let Some(c) = &mut self.coordinator {
                 c.observe_writer(h.writer);
             }
@@ -820,6 +847,11 @@ impl NodeCore {
             c.reset(now);
         }
     }
+}
+
+/// CapsuleDB's records (`db-block`, `db-index`): ordered like any chain, never applied as ops.
+fn is_db_kind(k: Kind) -> bool {
+    matches!(k, Kind::DbBlock | Kind::DbIndex)
 }
 
 /// The epoch number an RTS or EOE carries (8 bytes, little-endian).
