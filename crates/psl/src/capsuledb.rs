@@ -56,6 +56,9 @@ pub struct CapsuleDbArgs {
     /// Decoded blocks cached.
     #[arg(long, default_value_t = 1024)]
     pub cache_blocks: usize,
+    /// Freeze a non-empty memtable that has not changed the index for this long.
+    #[arg(long, default_value_t = 500)]
+    pub idle_flush_ms: u64,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -299,7 +302,9 @@ fn run_role(a: CapsuleDbArgs, config: Config, writer: u32) -> Result<i32> {
     let keyed = Verifier::new(meta.clone(), Some(app.data_key()));
     drop(app);
     let replaying = stores.survey.is_some();
-    let role = Role::start_shared(node, db, role_keys, stores.dirs.clone(), RoleOptions::default(), !replaying)?;
+    let role_opts = RoleOptions { idle_flush: Duration::from_millis(a.idle_flush_ms.max(1)), ..RoleOptions::default() };
+    let role = Role::start_shared(node, db, role_keys, stores.dirs.clone(), role_opts, !replaying)?;
+    let mut replayed_ops = None;
     if let Some(survey) = &stores.survey {
         // Before answering reads: every write the servers hold above the index's frontier.
         let public = Verifier::new(meta.clone(), None);
@@ -315,10 +320,14 @@ fn run_role(a: CapsuleDbArgs, config: Config, writer: u32) -> Result<i32> {
             from.join(","),
             r.skipped.len()
         );
+        replayed_ops = Some(r.ops);
         role.serve();
     }
     // Tests and scripts read this line.
-    println!("ready writer={writer} index={start_seq}");
+    match replayed_ops {
+        Some(n) => println!("ready writer={writer} index={start_seq} replayed_ops={n}"),
+        None => println!("ready writer={writer} index={start_seq}"),
+    }
     use std::io::Write;
     std::io::stdout().flush()?;
     loop {
