@@ -107,7 +107,11 @@ impl Publisher {
             .map_err(|e| io_err(format!("capsuledb: an own record does not decode: {e}")))?;
         let seq = rec.header().seq;
         if rec.header().writer != self.writer {
-            return Err(io_err(format!("capsuledb: record of writer {} handed to writer {}", rec.header().writer, self.writer)));
+            return Err(io_err(format!(
+                "capsuledb: record of writer {} handed to writer {}",
+                rec.header().writer,
+                self.writer
+            )));
         }
         let shared = rec.shared_bytes();
         node.publish_own(rec).map_err(|e| io_err(format!("capsuledb: publishing a record: {e}")))?;
@@ -560,7 +564,8 @@ fn apply_tail(
                 continue;
             }
             let writer = h.writer;
-            let Body::Data(ops) = keyed.open(&rec).map_err(|e| Error::Store(format!("replay: opening a record: {e}")))?
+            let Body::Data(ops) =
+                keyed.open(&rec).map_err(|e| Error::Store(format!("replay: opening a record: {e}")))?
             else {
                 continue;
             };

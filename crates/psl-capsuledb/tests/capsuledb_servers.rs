@@ -77,10 +77,8 @@ impl World {
         assert_eq!(survey.reached.len(), 3, "{:?}", survey.skipped);
         let inc = survey.next_incarnation(ROLE_ID).unwrap();
         let publisher = Publisher::new(servers::block_writer(ROLE_ID, inc).unwrap(), Duration::from_secs(20));
-        let stores: Vec<Arc<dyn BlockStore>> = ServerStore::for_servers(&self.reads, &publisher)
-            .into_iter()
-            .map(|s| s as Arc<dyn BlockStore>)
-            .collect();
+        let stores: Vec<Arc<dyn BlockStore>> =
+            ServerStore::for_servers(&self.reads, &publisher).into_iter().map(|s| s as Arc<dyn BlockStore>).collect();
         let node = Arc::new(self.node(ROLE_ID, |o| {
             o.writers = 0;
             o.memtable_keys_max = Some(1024);
@@ -94,10 +92,10 @@ impl World {
         };
         let frontier = db.frontier().clone();
         let answer = psl_scl::writer_index(ROLE_ID, 0, 15).unwrap();
-        let keys = RoleKeys { writer: answer, signing: self.app.writer(answer).unwrap(), data_key: self.app.data_key() };
+        let keys =
+            RoleKeys { writer: answer, signing: self.app.writer(answer).unwrap(), data_key: self.app.data_key() };
         let role = Role::start_shared(node, db, keys, Vec::new(), opts, false).unwrap();
-        let report =
-            servers::replay(role.db(), &survey, &frontier, &self.public(), &self.keyed(), ROLE_ID, 2).unwrap();
+        let report = servers::replay(role.db(), &survey, &frontier, &self.public(), &self.keyed(), ROLE_ID, 2).unwrap();
         role.serve();
         (role, publisher, report)
     }

@@ -944,4 +944,51 @@ mod tests {
         assert_eq!(metrics.rejected(RejectReason::Body), 1);
         assert_eq!(c.verifier.key_gen_newest(), 1);
     }
+
+    /// Records published as record messages among `out`, as (writer, seq).
+    fn published_records(out: &[Output], limits: &Limits) -> Vec<(u32, u64)> {
+        out.iter()
+            .filter_map(|o| match o {
+                Output::Publish(b) => match Msg::decode(b) {
+                    Ok(Msg::Record { bytes, .. }) => {
+                        Record::decode(&bytes, limits).ok().map(|r| (r.header().writer, r.header().seq))
+                    }
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn db_records_are_ordered_but_not_cached_and_own_ones_extend_their_chain() {
+        let owner = OwnerKey::from_seed(&[10; 32]).unwrap();
+        let (mut c, _, memtable, meta) = core(&owner);
+        let app = owner.app(1).unwrap();
+        let limits = meta.meta.policy.limits;
+        let v = Verifier::new(meta.clone(), Some(app.data_key()));
+        // Another node's CapsuleDB block and a worker's data record.
+        let mut db = Author::new(&meta, &app, 0x20000).unwrap();
+        let mut wr = Author::new(&meta, &app, 0x30000).unwrap();
+        c.on_verified(v.verify_open(db.write_body(Body::DbBlock(vec![1, 2, 3])).unwrap()).unwrap(), 0);
+        c.on_verified(v.verify_open(wr.write_ops([(b"k".to_vec(), Some(b"v".to_vec()))]).unwrap()).unwrap(), 0);
+        assert_eq!(c.orderer().next_seq(0x20000), 1, "the block is ordered");
+        assert_eq!(memtable.len(), 1, "only the data op is applied");
+        // A repair request for both: only the data record is served (blocks are not cached).
+        c.on_repair(0x20000, 0, 0);
+        c.on_repair(0x30000, 0, 0);
+        let out = c.on_tick(1);
+        assert_eq!(published_records(&out, &limits), vec![(0x30000, 0)]);
+        // Own db records: published, the writer becomes local (acks count); one that skips a
+        // seq is refused.
+        let mut own = Author::new(&meta, &app, 0x40000).unwrap();
+        let r0 = own.write_body(Body::DbIndex(vec![9])).unwrap();
+        let r1 = own.write_body(Body::DbBlock(vec![8])).unwrap();
+        let r2 = own.write_body(Body::DbIndex(vec![7])).unwrap();
+        assert_eq!(published_records(&c.on_own_record(&r0, 2), &limits), vec![(0x40000, 0)]);
+        assert!(c.local_writers().contains(&0x40000));
+        assert!(c.on_own_record(&r2, 3).is_empty(), "seq 2 does not extend seq 0");
+        assert_eq!(published_records(&c.on_own_record(&r1, 4), &limits), vec![(0x40000, 1)]);
+        assert_eq!(c.orderer().next_seq(0x40000), 2);
+    }
 }

@@ -111,7 +111,8 @@ fn capsuledb_on_servers_restarts_from_newest_index_and_replays() {
     let db = role(d, router.addr(), &reads, "600000");
     let writer = field(&db.line, "writer").to_string();
     assert_eq!(field(&db.line, "replayed_ops"), 0, "{}", db.line);
-    let node = start_node(d, router.addr(), 1, &["--servers", "3", "--capsuledb", &writer, "--memtable-keys-max", "64"]);
+    let node =
+        start_node(d, router.addr(), 1, &["--servers", "3", "--capsuledb", &writer, "--memtable-keys-max", "64"]);
     let mut c = client(&node);
     let mut model: Vec<(String, String)> = (0..450).map(|i| (format!("k{i:04}"), format!("first-{i}"))).collect();
     put_all(&mut c, &model);
