@@ -56,13 +56,16 @@ fn io_err(msg: String) -> std::io::Error {
     std::io::Error::other(msg)
 }
 
+/// A published record not yet acked by a majority: (seq, hash, bytes).
+type Pending = (u64, RecordHash, Arc<[u8]>);
+
 /// Publishes the role's records through its node and waits for the servers' acks.
 pub struct Publisher {
     node: OnceLock<Arc<Node>>,
     writer: u32,
     /// Published and not yet acked by a majority: (seq, hash, bytes), in chain order. Bounded
     /// by what one index change writes (a freeze, or a compaction's output blocks).
-    pending: Mutex<Vec<(u64, RecordHash, Arc<[u8]>)>>,
+    pending: Mutex<Vec<Pending>>,
     durable_timeout: Duration,
     retry_every: Duration,
     pub republished: AtomicU64,
@@ -341,7 +344,7 @@ impl Survey {
     /// few milliseconds behind the newest SYNC is not refused for it.
     pub fn target(&self, need: usize) -> Option<(u64, Vec<Link>)> {
         let mut syncs: Vec<&(u64, Vec<Link>)> = self.reached.iter().filter_map(|r| r.sync.as_ref()).collect();
-        syncs.sort_by(|a, b| b.0.cmp(&a.0));
+        syncs.sort_by_key(|s| std::cmp::Reverse(s.0));
         syncs.get(need.max(1) - 1).map(|s| (*s).clone())
     }
 
@@ -377,7 +380,7 @@ impl Survey {
         }
         let mut last_err = None;
         for (_, (w, mut holders)) in chains.into_iter().rev() {
-            holders.sort_by(|a, b| b.0.cmp(&a.0));
+            holders.sort_by_key(|h| std::cmp::Reverse(h.0));
             for (head, addr) in holders {
                 match last_index_on_chain(addr, public, w, head) {
                     Ok(Some(h)) => return Ok(Some(h)),
@@ -477,7 +480,7 @@ pub fn replay(
         if policy.is_coordinator(w) || psl_scl::server_id(w).is_some() || block_incarnation(id, w).is_some() {
             continue;
         }
-        holders.sort_by(|a, b| b.0.cmp(&a.0));
+        holders.sort_by_key(|h| std::cmp::Reverse(h.0));
         let floor = frontier.get(&w).copied();
         let mut done = false;
         for (head, addr) in holders {
