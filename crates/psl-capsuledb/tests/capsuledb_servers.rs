@@ -3,7 +3,8 @@
 //! fabric and the index only after a majority acked its blocks; after a crash of the role (its
 //! memtable lost), a database opened from the servers' newest index plus the replay of the
 //! writes above its frontier holds every key; a restarted role takes a new block-writer
-//! incarnation; a server that lies about a block is caught, counted, and another server read.
+//! incarnation; a server that lies about a block is caught, counted, and another server read;
+//! a server cut off from the fabric (stale) is skipped by the replay.
 
 use psl_capsule::{new_capsule, Author, Limits, SignedMetadata, Verifier};
 use psl_capsuledb::role::{Role, RoleKeys, RoleOptions};
@@ -14,12 +15,41 @@ use psl_fabric::{Fabric, FabricConfig, InProcHub};
 use psl_node::{Node, NodeKeys, NodeOptions};
 use psl_scl::CoordinatorConfig;
 use psl_server::{server_key, Server, ServerOptions};
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const ROLE_ID: u32 = 30_000;
+
+/// An endpoint whose link can be cut (both directions drop).
+struct Switch {
+    inner: psl_fabric::InProcEndpoint,
+    up: Arc<AtomicBool>,
+}
+
+impl Fabric for Switch {
+    fn publish(&self, msg: psl_fabric::Message) -> Result<(), psl_fabric::FabricError> {
+        if self.up.load(Ordering::Acquire) {
+            self.inner.publish(msg)
+        } else {
+            Ok(())
+        }
+    }
+    fn recv_timeout(&self, timeout: Duration) -> Result<Option<psl_fabric::Message>, psl_fabric::FabricError> {
+        let m = self.inner.recv_timeout(timeout)?;
+        Ok(m.filter(|_| self.up.load(Ordering::Acquire)))
+    }
+    fn try_recv(&self) -> Result<Option<psl_fabric::Message>, psl_fabric::FabricError> {
+        let m = self.inner.try_recv()?;
+        Ok(m.filter(|_| self.up.load(Ordering::Acquire)))
+    }
+    fn stats(&self) -> psl_fabric::FabricStats {
+        self.inner.stats()
+    }
+}
 
 struct World {
     _t: tempfile::TempDir,
@@ -28,6 +58,7 @@ struct World {
     app: AppKey,
     servers: Vec<Server>,
     reads: Vec<SocketAddr>,
+    ups: Vec<Arc<AtomicBool>>,
 }
 
 impl World {
@@ -37,17 +68,18 @@ impl World {
         let app = owner.app(1).unwrap();
         let meta = new_capsule(&owner, 1, "capsuledb-servers", 0, Limits::default()).unwrap();
         let hub = InProcHub::new(FabricConfig { queue_msgs_max: 1 << 15, ..FabricConfig::default() }).unwrap();
+        let ups: Vec<Arc<AtomicBool>> = (0..3).map(|_| Arc::new(AtomicBool::new(true))).collect();
         let servers: Vec<Server> = (0..3)
             .map(|id| {
                 let opts =
                     ServerOptions { id, read_listen: Some("127.0.0.1:0".parse().unwrap()), ..Default::default() };
-                let ep = Arc::new(hub.endpoint(format!("server{id}")));
+                let ep = Arc::new(Switch { inner: hub.endpoint(format!("server{id}")), up: ups[id as usize].clone() });
                 Server::start(&t.path().join(format!("s{id}")), meta.clone(), server_key(&app, id).unwrap(), ep, opts)
                     .unwrap()
             })
             .collect();
         let reads = servers.iter().map(|s| s.read_addr().unwrap()).collect();
-        World { _t: t, hub, meta, app, servers, reads }
+        World { _t: t, hub, meta, app, servers, reads, ups }
     }
 
     fn node(&self, id: u32, f: impl FnOnce(&mut NodeOptions)) -> Node {
@@ -293,4 +325,45 @@ fn capsuledb_altered_block_from_one_server_is_counted_and_read_from_another() {
         ServerStore::for_servers(&liars, &publisher).into_iter().map(|s| s as Arc<dyn BlockStore>).collect();
     let author = Author::new(&w.meta, &w.app, publisher.writer()).unwrap();
     assert!(CapsuleDb::open(World::config(), stores, w.keyed(), author, honest.newest_index()).is_err());
+}
+
+#[test]
+fn capsuledb_replay_skips_a_stale_server() {
+    let w = World::new();
+    let _coord = w.node(0x7000, |o| {
+        o.writers = 0;
+        o.coordinator = Some(CoordinatorConfig { epoch_ms: 50, eoe_timeout_ms: 200, ..CoordinatorConfig::default() });
+    });
+    let no_idle = RoleOptions { idle_flush: Duration::from_secs(3600), ..RoleOptions::default() };
+    let (role, publisher, _) = w.role(no_idle);
+    let worker = w.node(1, |_| {});
+    for i in 0..40 {
+        worker.put(format!("x{i:03}").as_bytes(), &val("x", i)).unwrap();
+    }
+    worker.sync_durable(Duration::from_secs(20)).unwrap();
+    // Server 2 is cut off; writes and SYNCs go on without it.
+    w.ups[2].store(false, Ordering::Release);
+    for i in 0..40 {
+        worker.put(format!("y{i:03}").as_bytes(), &val("y", i)).unwrap();
+    }
+    worker.sync_durable(Duration::from_secs(20)).unwrap();
+    worker.sync(Duration::from_secs(20)).unwrap();
+    role.shutdown();
+    drop(publisher);
+    let stale = w.reads[2];
+    wait("server 2 behind the SYNC the others hold", Duration::from_secs(20), || {
+        let s = servers::survey(&w.reads, &w.public());
+        s.reached.len() == 3 && s.fresh(2).len() == 2 && s.fresh(2).iter().all(|r| r.addr != stale)
+    });
+    let (db, survey) = w.open_readonly(&w.reads);
+    assert!(db.frontier().is_empty(), "nothing was frozen");
+    let db = parking_lot::Mutex::new(db);
+    let r = servers::replay(&db, &survey, &BTreeMap::new(), &w.public(), &w.keyed(), ROLE_ID, 2).unwrap();
+    assert!(r.skipped.iter().any(|(a, why)| *a == stale && why.contains("stale")), "{r:?}");
+    assert!(!r.servers.contains(&stale), "{r:?}");
+    let mut db = db.lock();
+    for i in 0..40 {
+        assert_eq!(db.get(format!("x{i:03}").as_bytes()).unwrap(), Some(val("x", i)));
+        assert_eq!(db.get(format!("y{i:03}").as_bytes()).unwrap(), Some(val("y", i)));
+    }
 }
