@@ -13,6 +13,7 @@
 //!   the original `(lamport, writer)` version and every request id it answers.
 
 use crate::db::CapsuleDb;
+use crate::servers::Publisher;
 use crate::store::DirStore;
 use crate::{Error, Version};
 use psl_crypto::{DataKey, SigningKey};
@@ -88,6 +89,8 @@ struct Shared {
     stop: Arc<AtomicBool>,
     /// Whether read requests are answered (held, not answered, until a restart's replay is done).
     serving: Arc<AtomicBool>,
+    /// With the capsule servers: where journaled updates wait while the tree waits for acks.
+    publisher: Option<Arc<Publisher>>,
 }
 
 impl Shared {
@@ -115,7 +118,12 @@ impl Shared {
         let mut last_change = Instant::now();
         let mut last_heads = Instant::now();
         while !self.stop.load(Ordering::Acquire) {
-            let batch = self.node.memtable().drain_journal(opts.apply_batch_max, Duration::from_millis(20));
+            // With servers, what was spilled while the tree waited for acks comes first.
+            let wait = Duration::from_millis(20);
+            let batch = match &self.publisher {
+                Some(p) => p.next_updates(&self.node, opts.apply_batch_max, wait),
+                None => self.node.memtable().drain_journal(opts.apply_batch_max, wait),
+            };
             let mut db = self.db.lock();
             let before = db.index_seq();
             for (key, version, value) in batch {
@@ -233,12 +241,14 @@ impl Role {
         pointers: Vec<Arc<DirStore>>,
         opts: RoleOptions,
     ) -> Result<Role, Error> {
-        Self::start_shared(Arc::new(node), db, keys, pointers, opts, true)
+        Self::start_shared(Arc::new(node), db, keys, pointers, opts, true, None)
     }
 
     /// Like [`Role::start`] on a node shared with others (CapsuleDB's records go out through
-    /// it: [`crate::servers::Publisher`]). With `serving` false, read requests are held until
-    /// [`Role::serve`] (after a restart's replay); the tree takes live writes meanwhile.
+    /// it: `publisher`, whose spilled journal updates the apply thread takes first). With
+    /// `serving` false, read requests are held until [`Role::serve`] (after a restart's
+    /// replay); the tree takes live writes meanwhile.
+    #[allow(clippy::too_many_arguments)]
     pub fn start_shared(
         node: Arc<Node>,
         db: CapsuleDb,
@@ -246,6 +256,7 @@ impl Role {
         pointers: Vec<Arc<DirStore>>,
         opts: RoleOptions,
         serving: bool,
+        publisher: Option<Arc<Publisher>>,
     ) -> Result<Role, Error> {
         if node.db_requests().is_none() {
             return Err(Error::Invalid("the node was not started with NodeOptions::capsuledb_role"));
@@ -262,6 +273,7 @@ impl Role {
             stats: stats.clone(),
             stop: stop.clone(),
             serving: serving.clone(),
+            publisher,
         });
         {
             let d = db.lock();

@@ -68,6 +68,12 @@ pub struct Publisher {
     pending: Mutex<Vec<Pending>>,
     durable_timeout: Duration,
     retry_every: Duration,
+    /// Journaled updates taken out of the node's journal while waiting for acks (see
+    /// [`Publisher::take_spill`]).
+    spill: Mutex<Vec<psl_scl::memtable::Update>>,
+    /// Held by whoever takes updates out of the journal (the role's apply thread, or the
+    /// helper of a waiting `sync`), so that the spill always precedes what is still journaled.
+    draining: Mutex<()>,
     pub republished: AtomicU64,
 }
 
@@ -86,6 +92,8 @@ impl Publisher {
             pending: Mutex::new(Vec::new()),
             durable_timeout,
             retry_every: Duration::from_millis(500),
+            spill: Mutex::new(Vec::new()),
+            draining: Mutex::new(()),
             republished: AtomicU64::new(0),
         })
     }
@@ -130,10 +138,49 @@ impl Publisher {
         lock(&self.pending).is_empty()
     }
 
+    /// The next journaled updates for the tree, in journal order: first what was spilled while
+    /// [`BlockStore::sync`] waited for acks, else up to `max` from `node`'s journal (waiting up
+    /// to `timeout` for the first).
+    pub fn next_updates(&self, node: &Node, max: usize, timeout: Duration) -> Vec<psl_scl::memtable::Update> {
+        let _g = lock(&self.draining);
+        let spilled = std::mem::take(&mut *lock(&self.spill));
+        if !spilled.is_empty() {
+            return spilled;
+        }
+        node.memtable().drain_journal(max, timeout)
+    }
+
     /// Waits until a majority of the servers acked every record published so far.
+    ///
+    /// The caller holds the database (the role's apply thread, or the replay), so nobody
+    /// drains the node's journal meanwhile; a full journal would block the node's core, which
+    /// must keep processing the servers' acks. So while it waits, a helper moves the journal
+    /// into the spill (memory bounded by what the node takes in during at most
+    /// `durable_timeout`).
     fn sync(&self) -> std::io::Result<()> {
-        let Some(next) = lock(&self.pending).last().map(|p| p.0 + 1) else { return Ok(()) };
+        if lock(&self.pending).is_empty() {
+            return Ok(());
+        }
         let node = self.node()?;
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                while !done.load(Ordering::Acquire) {
+                    let _g = lock(&self.draining);
+                    let batch = node.memtable().drain_journal(4096, Duration::from_millis(10));
+                    if !batch.is_empty() {
+                        lock(&self.spill).extend(batch);
+                    }
+                }
+            });
+            let r = self.wait_acked(node);
+            done.store(true, Ordering::Release);
+            r
+        })
+    }
+
+    fn wait_acked(&self, node: &Arc<Node>) -> std::io::Result<()> {
+        let Some(next) = lock(&self.pending).last().map(|p| p.0 + 1) else { return Ok(()) };
         let deadline = Instant::now() + self.durable_timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());

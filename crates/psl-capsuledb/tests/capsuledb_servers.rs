@@ -105,16 +105,25 @@ impl World {
     /// The role as `psl capsuledb --servers` starts it: survey, new block-writer incarnation,
     /// node, open the newest index (or create), start with answers held, replay, serve.
     fn role(&self, opts: RoleOptions) -> (Role, Arc<Publisher>, servers::ReplayReport) {
+        self.role_with(opts, 65_536, Duration::from_secs(20))
+    }
+
+    fn role_with(
+        &self,
+        opts: RoleOptions,
+        journal: usize,
+        durable_timeout: Duration,
+    ) -> (Role, Arc<Publisher>, servers::ReplayReport) {
         let survey = servers::survey_fresh(&self.reads, &self.public(), 2, Duration::from_secs(10));
         assert_eq!(survey.reached.len(), 3, "{:?}", survey.skipped);
         let inc = survey.next_incarnation(ROLE_ID).unwrap();
-        let publisher = Publisher::new(servers::block_writer(ROLE_ID, inc).unwrap(), Duration::from_secs(20));
+        let publisher = Publisher::new(servers::block_writer(ROLE_ID, inc).unwrap(), durable_timeout);
         let stores: Vec<Arc<dyn BlockStore>> =
             ServerStore::for_servers(&self.reads, &publisher).into_iter().map(|s| s as Arc<dyn BlockStore>).collect();
         let node = Arc::new(self.node(ROLE_ID, |o| {
             o.writers = 0;
             o.memtable_keys_max = Some(1024);
-            o.capsuledb_role = Some(65_536);
+            o.capsuledb_role = Some(journal);
         }));
         publisher.attach(node.clone());
         let author = Author::new(&self.meta, &self.app, publisher.writer()).unwrap();
@@ -126,7 +135,7 @@ impl World {
         let answer = psl_scl::writer_index(ROLE_ID, 0, 15).unwrap();
         let keys =
             RoleKeys { writer: answer, signing: self.app.writer(answer).unwrap(), data_key: self.app.data_key() };
-        let role = Role::start_shared(node, db, keys, Vec::new(), opts, false).unwrap();
+        let role = Role::start_shared(node, db, keys, Vec::new(), opts, false, Some(publisher.clone())).unwrap();
         let report = servers::replay(role.db(), &survey, &frontier, &self.public(), &self.keyed(), ROLE_ID, 2).unwrap();
         role.serve();
         (role, publisher, report)
@@ -366,4 +375,28 @@ fn capsuledb_replay_skips_a_stale_server() {
         assert_eq!(db.get(format!("x{i:03}").as_bytes()).unwrap(), Some(val("x", i)));
         assert_eq!(db.get(format!("y{i:03}").as_bytes()).unwrap(), Some(val("y", i)));
     }
+}
+
+/// The role's journal holds 32 updates: while the tree waits for the servers' acks (holding
+/// the database), the node's core must not block on the full journal, or no ack is processed
+/// and every index waits for its timeout. A writer filling 40 memtables shows no such wait.
+#[test]
+fn capsuledb_waiting_for_acks_does_not_block_the_node_on_a_full_journal() {
+    let w = World::new();
+    // A wait that timed out would fail the index write: 3 s is far above an ack's latency.
+    let (role, publisher, _) = w.role_with(RoleOptions::default(), 32, Duration::from_secs(3));
+    let worker = w.node(1, |_| {});
+    for i in 0..4000 {
+        worker.put(format!("z{i:05}").as_bytes(), &val("z", i)).unwrap();
+    }
+    worker.sync_durable(Duration::from_secs(20)).unwrap();
+    wait("every write applied and frozen", Duration::from_secs(60), || {
+        role.stats().applied.load(std::sync::atomic::Ordering::Relaxed) >= 4000 && role.db().lock().memtable_len() == 0
+    });
+    assert_eq!(role.stats().errors.load(std::sync::atomic::Ordering::Relaxed), 0, "no index write failed");
+    assert!(role.db().lock().index_seq() >= 40);
+    for i in (0..4000).step_by(97) {
+        assert_eq!(role.db().lock().get(format!("z{i:05}").as_bytes()).unwrap(), Some(val("z", i)));
+    }
+    drop(publisher);
 }

@@ -303,7 +303,8 @@ fn run_role(a: CapsuleDbArgs, config: Config, writer: u32) -> Result<i32> {
     drop(app);
     let replaying = stores.survey.is_some();
     let role_opts = RoleOptions { idle_flush: Duration::from_millis(a.idle_flush_ms.max(1)), ..RoleOptions::default() };
-    let role = Role::start_shared(node, db, role_keys, stores.dirs.clone(), role_opts, !replaying)?;
+    let role =
+        Role::start_shared(node, db, role_keys, stores.dirs.clone(), role_opts, !replaying, stores.publisher.clone())?;
     let mut replayed_ops = None;
     if let Some(survey) = &stores.survey {
         // Before answering reads: every write the servers hold above the index's frontier.
