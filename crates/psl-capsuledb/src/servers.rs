@@ -375,9 +375,27 @@ pub fn survey(addrs: &[SocketAddr], public: &Verifier) -> Survey {
 
 impl Survey {
     /// The incarnation for role `id`'s block writer: above every one any reached server holds.
-    pub fn next_incarnation(&self, id: u32) -> Result<u32, Error> {
-        let seen = self.reached.iter().flat_map(|r| r.heads.keys()).filter_map(|w| block_incarnation(id, *w)).max();
-        let next = seen.map_or(0, |i| i + 1);
+    /// Heads are unverified claims, so the highest claimed incarnation counts only once one of
+    /// its records verifies (a lying server cannot use up the 4096 incarnations); a claim that
+    /// does not is passed over for the next highest.
+    pub fn next_incarnation(&self, id: u32, public: &Verifier) -> Result<u32, Error> {
+        let mut claims: Vec<(u32, u32, u64, SocketAddr)> = self
+            .reached
+            .iter()
+            .flat_map(|r| r.heads.iter().map(move |(w, (seq, _))| (*w, *seq, r.addr)))
+            .filter_map(|(w, seq, addr)| block_incarnation(id, w).map(|inc| (inc, w, seq, addr)))
+            .collect();
+        claims.sort_by_key(|c| std::cmp::Reverse(c.0));
+        let proven = claims.into_iter().find(|(_, w, seq, addr)| {
+            let ok = ReadClient::connect(*addr)
+                .and_then(|mut c| c.range(public, *w, *seq, *seq))
+                .is_ok_and(|r| r.len() == 1);
+            if !ok {
+                tracing::warn!(server = %addr, writer = w, seq, "capsuledb: a claimed block-writer head does not verify");
+            }
+            ok
+        });
+        let next = proven.map_or(0, |c| c.0 + 1);
         if next >= 1 << 12 {
             return Err(Error::Invalid("CapsuleDB's block writer used every incarnation (4096)"));
         }
@@ -631,4 +649,51 @@ fn apply_tail(
         }
     }
     Ok((records, ops_applied))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reached(port: u16, sync_epoch: Option<u64>) -> Reached {
+        Reached {
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            heads: BTreeMap::new(),
+            sync: sync_epoch.map(|e| (e, Vec::new())),
+        }
+    }
+
+    #[test]
+    fn block_writers_name_their_incarnation() {
+        for inc in [0, 1, 77, 4095] {
+            let w = block_writer(30_000, inc).unwrap();
+            assert_eq!(block_incarnation(30_000, w), Some(inc));
+            assert_eq!(block_incarnation(30_001, w), None);
+        }
+        assert_eq!(block_writer(30_000, 4096), None);
+        // The answer writer (slot 15) and workers' writers are not block writers.
+        assert_eq!(block_incarnation(30_000, psl_scl::writer_index(30_000, 0, 15).unwrap()), None);
+        assert_eq!(block_incarnation(30_000, psl_scl::writer_index(30_000, 3, 1).unwrap()), None);
+    }
+
+    #[test]
+    fn freshness_target_is_the_newest_sync_a_quorum_holds() {
+        let s = Survey {
+            reached: vec![reached(1, Some(9)), reached(2, Some(7)), reached(3, Some(4)), reached(4, None)],
+            ..Survey::default()
+        };
+        assert_eq!(s.target(1).map(|t| t.0), Some(9));
+        assert_eq!(s.target(2).map(|t| t.0), Some(7));
+        assert_eq!(s.target(3).map(|t| t.0), Some(4));
+        assert_eq!(s.target(4), None);
+        // Fresh against epoch 7: the servers holding 9 and 7, not 4 nor none.
+        let fresh: Vec<u16> = s.fresh(2).iter().map(|r| r.addr.port()).collect();
+        assert_eq!(fresh, vec![1, 2]);
+        assert_eq!(s.next_incarnation(30_000, &Verifier::new(test_meta(), None)).unwrap(), 0);
+    }
+
+    fn test_meta() -> psl_capsule::SignedMetadata {
+        let owner = psl_crypto::OwnerKey::from_seed(&[3; 32]).unwrap();
+        psl_capsule::new_capsule(&owner, 1, "servers-unit", 0, psl_capsule::Limits::default()).unwrap()
+    }
 }

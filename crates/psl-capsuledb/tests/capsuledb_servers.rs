@@ -116,7 +116,7 @@ impl World {
     ) -> (Role, Arc<Publisher>, servers::ReplayReport) {
         let survey = servers::survey_fresh(&self.reads, &self.public(), 2, Duration::from_secs(10));
         assert_eq!(survey.reached.len(), 3, "{:?}", survey.skipped);
-        let inc = survey.next_incarnation(ROLE_ID).unwrap();
+        let inc = survey.next_incarnation(ROLE_ID, &self.public()).unwrap();
         let publisher = Publisher::new(servers::block_writer(ROLE_ID, inc).unwrap(), durable_timeout);
         let stores: Vec<Arc<dyn BlockStore>> =
             ServerStore::for_servers(&self.reads, &publisher).into_iter().map(|s| s as Arc<dyn BlockStore>).collect();

@@ -147,7 +147,7 @@ impl Stores {
                 why.join("; ")
             );
         }
-        let inc = survey.next_incarnation(id)?;
+        let inc = survey.next_incarnation(id, &public)?;
         let w = servers::block_writer(id, inc).with_context(|| format!("CapsuleDB id {id}: no block writer"))?;
         let publisher = Publisher::new(w, Duration::from_secs(30));
         let servers = ServerStore::for_servers(&o.servers, &publisher);
