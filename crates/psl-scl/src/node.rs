@@ -991,4 +991,38 @@ mod tests {
         assert_eq!(published_records(&c.on_own_record(&r1, 4), &limits), vec![(0x40000, 1)]);
         assert_eq!(c.orderer().next_seq(0x40000), 2);
     }
+
+    #[test]
+    fn coordinator_neither_waits_for_nor_links_a_db_writer() {
+        let owner = OwnerKey::from_seed(&[11; 32]).unwrap();
+        let meta = new_capsule(&owner, 1, "node-db-coord", 0, Limits::default()).unwrap();
+        let app = owner.app(1).unwrap();
+        let v = Verifier::new(meta.clone(), Some(app.data_key()));
+        let cw = meta.meta.policy.coordinator_at(0).unwrap();
+        let cfg = crate::CoordinatorConfig { epoch_ms: 10, eoe_timeout_ms: 5, ..crate::CoordinatorConfig::default() };
+        let mut c = NodeCore::new(
+            Arc::new(Verifier::new(meta.clone(), Some(app.data_key()))),
+            Arc::new(Memtable::new()),
+            Arc::new(LamportClock::new(0)),
+            Arc::new(Metrics::default()),
+            [],
+            Some((cw, CoordinatorSm::new(cfg, 0))),
+            NodeConfig::default(),
+        );
+        let mut db = Author::new(&meta, &app, 0x20000).unwrap();
+        let mut wr = Author::new(&meta, &app, 0x30000).unwrap();
+        c.on_verified(v.verify_open(db.write_body(Body::DbBlock(vec![1])).unwrap()).unwrap(), 0);
+        c.on_verified(v.verify_open(wr.write_ops([(b"k".to_vec(), Some(b"v".to_vec()))]).unwrap()).unwrap(), 0);
+        // RTS, then (no EOE arrives) the SYNC at the EOE deadline: it links the data writer only.
+        let mut sync = None;
+        for now in (0..200).step_by(5) {
+            for o in c.on_tick(now) {
+                if let Output::WriteSync { heads, .. } = o {
+                    sync.get_or_insert(heads);
+                }
+            }
+        }
+        let heads = sync.expect("a SYNC was due");
+        assert_eq!(heads.iter().map(|l| l.writer).collect::<Vec<_>>(), vec![0x30000]);
+    }
 }
