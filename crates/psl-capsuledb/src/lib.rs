@@ -5,6 +5,11 @@
 //! - [`lsm`]: the pure LSM core (memtable, L0, sorted levels, compaction); no I/O.
 //! - [`db`]: [`CapsuleDb`], the core on top of [`BlockStore`]s holding sealed, signed records.
 //! - [`store`]: [`DirStore`], a directory of record files plus the pointer to the newest index.
+//! - [`servers`]: CapsuleDB on the capsule servers: [`servers::ServerStore`] (reads a record by
+//!   hash from one server), [`servers::Publisher`] (the role's records go out on the fabric and
+//!   `sync` waits for a majority of the servers' acks), [`servers::Survey`] (the newest index
+//!   and the next block-writer incarnation after a restart), [`servers::replay`] (the writes
+//!   above the loaded index's frontier, fetched from fresh servers and applied).
 //! - [`role`]: [`role::Role`], the `psl capsuledb` role: a receive-only SCL node feeding the
 //!   tree, answering workers' read requests, publishing the frontier workers may evict below.
 
@@ -13,12 +18,14 @@ pub mod codec;
 pub mod db;
 pub mod lsm;
 pub mod role;
+pub mod servers;
 pub mod store;
 
 pub use bloom::Bloom;
 pub use codec::{Block, BlockRef, CodecError, Index};
 pub use db::{BlockStore, CapsuleDb, MemStore, Stats};
 pub use lsm::{Blocks, Config, Tree};
+pub use servers::{Publisher, ServerStore};
 pub use store::DirStore;
 
 /// The version of a write, ordered as in SCL's memtable: Lamport time, then writer index.

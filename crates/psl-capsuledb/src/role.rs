@@ -13,6 +13,7 @@
 //!   the original `(lamport, writer)` version and every request id it answers.
 
 use crate::db::CapsuleDb;
+use crate::servers::Publisher;
 use crate::store::DirStore;
 use crate::{Error, Version};
 use psl_crypto::{DataKey, SigningKey};
@@ -70,6 +71,7 @@ pub struct Role {
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
     stats: Arc<RoleStats>,
+    serving: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Role {
@@ -85,6 +87,10 @@ struct Shared {
     pointers: Vec<Arc<DirStore>>,
     stats: Arc<RoleStats>,
     stop: Arc<AtomicBool>,
+    /// Whether read requests are answered (held, not answered, until a restart's replay is done).
+    serving: Arc<AtomicBool>,
+    /// With the capsule servers: where journaled updates wait while the tree waits for acks.
+    publisher: Option<Arc<Publisher>>,
 }
 
 impl Shared {
@@ -112,7 +118,12 @@ impl Shared {
         let mut last_change = Instant::now();
         let mut last_heads = Instant::now();
         while !self.stop.load(Ordering::Acquire) {
-            let batch = self.node.memtable().drain_journal(opts.apply_batch_max, Duration::from_millis(20));
+            // With servers, what was spilled while the tree waited for acks comes first.
+            let wait = Duration::from_millis(20);
+            let batch = match &self.publisher {
+                Some(p) => p.next_updates(&self.node, opts.apply_batch_max, wait),
+                None => self.node.memtable().drain_journal(opts.apply_batch_max, wait),
+            };
             let mut db = self.db.lock();
             let before = db.index_seq();
             for (key, version, value) in batch {
@@ -150,6 +161,11 @@ impl Shared {
     fn answer_loop(&self) {
         let Some(rx) = self.node.db_requests().cloned() else { return };
         while !self.stop.load(Ordering::Acquire) {
+            if !self.serving.load(Ordering::Acquire) {
+                // Requests wait in the bounded queue (requesters re-send what is dropped).
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
             let Ok(first) = rx.recv_timeout(Duration::from_millis(50)) else { continue };
             // Group what is queued by key: one read and one answer per key.
             let mut by_key: BTreeMap<Vec<u8>, Vec<u64>> = BTreeMap::new();
@@ -225,12 +241,29 @@ impl Role {
         pointers: Vec<Arc<DirStore>>,
         opts: RoleOptions,
     ) -> Result<Role, Error> {
+        Self::start_shared(Arc::new(node), db, keys, pointers, opts, true, None)
+    }
+
+    /// Like [`Role::start`] on a node shared with others (CapsuleDB's records go out through
+    /// it: `publisher`, whose spilled journal updates the apply thread takes first). With
+    /// `serving` false, read requests are held until [`Role::serve`] (after a restart's
+    /// replay); the tree takes live writes meanwhile.
+    #[allow(clippy::too_many_arguments)]
+    pub fn start_shared(
+        node: Arc<Node>,
+        db: CapsuleDb,
+        keys: RoleKeys,
+        pointers: Vec<Arc<DirStore>>,
+        opts: RoleOptions,
+        serving: bool,
+        publisher: Option<Arc<Publisher>>,
+    ) -> Result<Role, Error> {
         if node.db_requests().is_none() {
             return Err(Error::Invalid("the node was not started with NodeOptions::capsuledb_role"));
         }
         let db = Arc::new(parking_lot::Mutex::new(db));
-        let node = Arc::new(node);
         let stop = Arc::new(AtomicBool::new(false));
+        let serving = Arc::new(AtomicBool::new(serving));
         let stats = Arc::new(RoleStats::default());
         let shared = Arc::new(Shared {
             db: db.clone(),
@@ -239,6 +272,8 @@ impl Role {
             pointers,
             stats: stats.clone(),
             stop: stop.clone(),
+            serving: serving.clone(),
+            publisher,
         });
         {
             let d = db.lock();
@@ -259,7 +294,12 @@ impl Role {
                 .spawn(move || s.answer_loop())
                 .map_err(|e| Error::Store(format!("spawning a thread: {e}")))?,
         );
-        Ok(Role { db, node, stop, threads, stats })
+        Ok(Role { db, node, stop, threads, stats, serving })
+    }
+
+    /// Starts answering read requests (see [`Role::start_shared`]).
+    pub fn serve(&self) {
+        self.serving.store(true, Ordering::Release);
     }
 
     pub fn db(&self) -> &Arc<parking_lot::Mutex<CapsuleDb>> {

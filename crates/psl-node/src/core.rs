@@ -44,6 +44,8 @@ pub(crate) enum CoreMsg {
     Reset(Sender<()>),
     /// Bytes to multicast as they are (CapsuleDB requests, answers and frontiers).
     Publish(Vec<u8>),
+    /// An own record sealed outside the writer actors (CapsuleDB's blocks and indexes).
+    Own(Record),
     Stop,
 }
 
@@ -160,6 +162,10 @@ impl Core {
                     let _ = reply.send(());
                 }
                 CoreMsg::Publish(bytes) => self.ring.push(bytes, &self.metrics),
+                CoreMsg::Own(rec) => {
+                    let out = self.core.on_own_record(&rec, now);
+                    self.outputs(out);
+                }
                 CoreMsg::Stop => return,
             }
             // Barriers complete when SYNCs apply; answer the callers whose barrier is done, and

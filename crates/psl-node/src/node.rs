@@ -308,6 +308,14 @@ impl Node {
         self.api.send_timeout(CoreMsg::Publish(bytes), Duration::from_secs(5)).map_err(|_| NodeError::Stopped)
     }
 
+    /// Publishes an own record sealed outside the writer actors (CapsuleDB's db-block and
+    /// db-index records): its writer becomes one of this node's own, so the servers' acks for
+    /// it are counted and [`Node::wait_durable`] can wait for them. Records of one writer must
+    /// be handed over in chain order; one that does not extend the chain is logged and dropped.
+    pub fn publish_own(&self, rec: Record) -> Result<(), NodeError> {
+        self.api.send_timeout(CoreMsg::Own(rec), Duration::from_secs(5)).map_err(|_| NodeError::Stopped)
+    }
+
     /// Counters of the CapsuleDB miss path (none without `NodeOptions::capsuledb`).
     pub fn db_stats(&self) -> Option<&crate::DbClientStats> {
         self.db.as_ref().map(|d| &d.stats)
@@ -494,6 +502,29 @@ impl Node {
         }
         let deadline = Instant::now() + timeout;
         let next_seqs = self.flush_writers(deadline, timeout)?;
+        self.durable_barrier(next_seqs, deadline, timeout)
+    }
+
+    /// Returns once, for every writer in `next_seqs` (own writers: actors', or those of records
+    /// handed to [`Node::publish_own`]), a majority of the capsule servers acked every record
+    /// below its next seq; fails like [`Node::sync_durable`] otherwise.
+    pub fn wait_durable(
+        &self,
+        next_seqs: std::collections::BTreeMap<u32, u64>,
+        timeout: Duration,
+    ) -> Result<(), NodeError> {
+        if self.servers == 0 {
+            return Err(NodeError::NoServers);
+        }
+        self.durable_barrier(next_seqs, Instant::now() + timeout, timeout)
+    }
+
+    fn durable_barrier(
+        &self,
+        next_seqs: std::collections::BTreeMap<u32, u64>,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<(), NodeError> {
         let (rtx, rrx) = bounded(1);
         self.api
             .send_deadline(CoreMsg::SyncDurable { next_seqs, reply: rtx, deadline }, deadline)

@@ -336,6 +336,27 @@ impl NodeCore {
         out
     }
 
+    /// An own record sealed outside the writer actors (CapsuleDB's db-block and db-index
+    /// records): its writer becomes one of this node's own (so servers' acks for it are counted
+    /// by [`NodeCore::on_ack`] and durability barriers can wait for it), its chain advances, and
+    /// it is published. It is not cached: its writer keeps it until it is durable and
+    /// publishes it again if needed. A record that does not extend the writer's chain as this
+    /// node knows it is refused (logged; nothing is published).
+    pub fn on_own_record(&mut self, rec: &Record, now: u64) -> Vec<Output> {
+        self.check_own_key(rec);
+        let h = rec.header();
+        let extends = h.seq == self.orderer.next_seq(h.writer)
+            && (h.seq == 0 || self.orderer.applied_hash(h.writer, h.seq - 1) == Some(h.prev));
+        if !extends {
+            tracing::error!(writer = h.writer, seq = h.seq, "own record does not extend its chain: not published");
+            return Vec::new();
+        }
+        self.local.insert(h.writer);
+        self.orderer.advance_own(rec, now);
+        Metrics::add(&self.metrics.records_written, 1);
+        vec![Output::Publish(Msg::Record { capsule: self.verifier.name(), bytes: rec.shared_bytes() }.encode())]
+    }
+
     /// Like [`NodeCore::on_local_record`] for a data record of `ops` ops, without its body
     /// (the writer thread keeps the plaintext; the core needs only the count).
     pub fn on_local_data(&mut self, rec: Record, ops: usize, now: u64) -> Vec<Output> {
@@ -702,9 +723,13 @@ impl NodeCore {
     }
 
     fn apply(&mut self, r: &Verified<Opened>, now: u64, out: &mut Vec<Output>) {
-        // Only applied records are cached: a repair answer never sends a conflicting copy.
-        self.cache.insert(&r.record);
         let h = r.record.header();
+        // Only applied records are cached: a repair answer never sends a conflicting copy.
+        // CapsuleDB's blocks and indexes are not: they are large, no node reads them, and the
+        // capsule servers (and CapsuleDB itself, until they are durable) answer repairs for them.
+        if !is_db_kind(h.kind) {
+            self.cache.insert(&r.record);
+        }
         self.clock.observe(h.lamport);
         Metrics::add(&self.metrics.records_applied, 1);
         if let Body::Data(ops) = &r.body {
@@ -726,7 +751,9 @@ impl NodeCore {
         let h = rec.header();
         let policy = self.verifier.metadata().meta.policy;
         let is_coord = policy.is_coordinator(h.writer);
-        if !is_coord {
+        // CapsuleDB's block writer never answers an RTS: the coordinator must not wait for its
+        // EOE (nor link its chain in SYNCs).
+        if !is_coord && !is_db_kind(h.kind) {
             if let Some(c) = &mut self.coordinator {
                 c.observe_writer(h.writer);
             }
@@ -822,6 +849,11 @@ impl NodeCore {
     }
 }
 
+/// CapsuleDB's records (`db-block`, `db-index`): ordered like any chain, never applied as ops.
+fn is_db_kind(k: Kind) -> bool {
+    matches!(k, Kind::DbBlock | Kind::DbIndex)
+}
+
 /// The epoch number an RTS or EOE carries (8 bytes, little-endian).
 pub fn payload_epoch(p: &[u8]) -> Option<u64> {
     p.try_into().ok().map(u64::from_le_bytes)
@@ -911,5 +943,86 @@ mod tests {
         c.on_verified(v.verify_open(rec).unwrap(), 0);
         assert_eq!(metrics.rejected(RejectReason::Body), 1);
         assert_eq!(c.verifier.key_gen_newest(), 1);
+    }
+
+    /// Records published as record messages among `out`, as (writer, seq).
+    fn published_records(out: &[Output], limits: &Limits) -> Vec<(u32, u64)> {
+        out.iter()
+            .filter_map(|o| match o {
+                Output::Publish(b) => match Msg::decode(b) {
+                    Ok(Msg::Record { bytes, .. }) => {
+                        Record::decode(&bytes, limits).ok().map(|r| (r.header().writer, r.header().seq))
+                    }
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn db_records_are_ordered_but_not_cached_and_own_ones_extend_their_chain() {
+        let owner = OwnerKey::from_seed(&[10; 32]).unwrap();
+        let (mut c, _, memtable, meta) = core(&owner);
+        let app = owner.app(1).unwrap();
+        let limits = meta.meta.policy.limits;
+        let v = Verifier::new(meta.clone(), Some(app.data_key()));
+        // Another node's CapsuleDB block and a worker's data record.
+        let mut db = Author::new(&meta, &app, 0x20000).unwrap();
+        let mut wr = Author::new(&meta, &app, 0x30000).unwrap();
+        c.on_verified(v.verify_open(db.write_body(Body::DbBlock(vec![1, 2, 3])).unwrap()).unwrap(), 0);
+        c.on_verified(v.verify_open(wr.write_ops([(b"k".to_vec(), Some(b"v".to_vec()))]).unwrap()).unwrap(), 0);
+        assert_eq!(c.orderer().next_seq(0x20000), 1, "the block is ordered");
+        assert_eq!(memtable.len(), 1, "only the data op is applied");
+        // A repair request for both: only the data record is served (blocks are not cached).
+        c.on_repair(0x20000, 0, 0);
+        c.on_repair(0x30000, 0, 0);
+        let out = c.on_tick(1);
+        assert_eq!(published_records(&out, &limits), vec![(0x30000, 0)]);
+        // Own db records: published, the writer becomes local (acks count); one that skips a
+        // seq is refused.
+        let mut own = Author::new(&meta, &app, 0x40000).unwrap();
+        let r0 = own.write_body(Body::DbIndex(vec![9])).unwrap();
+        let r1 = own.write_body(Body::DbBlock(vec![8])).unwrap();
+        let r2 = own.write_body(Body::DbIndex(vec![7])).unwrap();
+        assert_eq!(published_records(&c.on_own_record(&r0, 2), &limits), vec![(0x40000, 0)]);
+        assert!(c.local_writers().contains(&0x40000));
+        assert!(c.on_own_record(&r2, 3).is_empty(), "seq 2 does not extend seq 0");
+        assert_eq!(published_records(&c.on_own_record(&r1, 4), &limits), vec![(0x40000, 1)]);
+        assert_eq!(c.orderer().next_seq(0x40000), 2);
+    }
+
+    #[test]
+    fn coordinator_neither_waits_for_nor_links_a_db_writer() {
+        let owner = OwnerKey::from_seed(&[11; 32]).unwrap();
+        let meta = new_capsule(&owner, 1, "node-db-coord", 0, Limits::default()).unwrap();
+        let app = owner.app(1).unwrap();
+        let v = Verifier::new(meta.clone(), Some(app.data_key()));
+        let cw = meta.meta.policy.coordinator_at(0).unwrap();
+        let cfg = crate::CoordinatorConfig { epoch_ms: 10, eoe_timeout_ms: 5, ..crate::CoordinatorConfig::default() };
+        let mut c = NodeCore::new(
+            Arc::new(Verifier::new(meta.clone(), Some(app.data_key()))),
+            Arc::new(Memtable::new()),
+            Arc::new(LamportClock::new(0)),
+            Arc::new(Metrics::default()),
+            [],
+            Some((cw, CoordinatorSm::new(cfg, 0))),
+            NodeConfig::default(),
+        );
+        let mut db = Author::new(&meta, &app, 0x20000).unwrap();
+        let mut wr = Author::new(&meta, &app, 0x30000).unwrap();
+        c.on_verified(v.verify_open(db.write_body(Body::DbBlock(vec![1])).unwrap()).unwrap(), 0);
+        c.on_verified(v.verify_open(wr.write_ops([(b"k".to_vec(), Some(b"v".to_vec()))]).unwrap()).unwrap(), 0);
+        // RTS, then (no EOE arrives) the SYNC at the EOE deadline: it links the data writer only.
+        let mut sync = None;
+        for now in (0..200).step_by(5) {
+            for o in c.on_tick(now) {
+                if let Output::WriteSync { heads, .. } = o {
+                    sync.get_or_insert(heads);
+                }
+            }
+        }
+        let heads = sync.expect("a SYNC was due");
+        assert_eq!(heads.iter().map(|l| l.writer).collect::<Vec<_>>(), vec![0x30000]);
     }
 }

@@ -321,6 +321,13 @@ impl ReadClient {
         Ok(r)
     }
 
+    /// A record by hash as the server holds it, NOT verified: for a caller that runs its own,
+    /// stricter checks on the bytes (CapsuleDB verifies, decrypts and compares every block
+    /// with its index entry, and counts a copy that fails as altered).
+    pub fn get_unverified(&mut self, hash: &Hash256) -> Result<Option<Vec<u8>>, ReadError> {
+        Ok(self.ask(&format!("GET {}", hash.to_hex()))?.into_iter().next())
+    }
+
     /// Writer `writer`'s records `from ..= to`, verified, in chain order (several requests if
     /// needed). Stops early where the server holds no more.
     pub fn range(&mut self, v: &Verifier, writer: u32, from: u64, to: u64) -> Result<Vec<Verified<Record>>, ReadError> {

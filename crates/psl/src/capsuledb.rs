@@ -1,12 +1,17 @@
 //! `psl capsuledb`: run the CapsuleDB role, or read its history.
 //!
-//! - `psl capsuledb --capsule F --owner K --router ADDR --store DIR [--store DIR2 ...]`: joins the
-//!   fabric as a receive-only node, applies every write to the LSM tree, stores blocks and
-//!   indexes as signed, encrypted records in every `--store` directory (reads verify and fall
-//!   back to the next directory), answers workers' reads and publishes its frontier. Restarts
-//!   from the newest index recorded in the stores. Prints `ready writer=W index=N`; workers
-//!   pass `--capsuledb W` (and `--memtable-keys-max`) to `psl node`.
-//! - `psl capsuledb snapshots --capsule F --owner K --store DIR`: lists every kept index.
+//! - `psl capsuledb --capsule F --owner K --router ADDR [--store DIR ...] [--servers A,B,C]`:
+//!   joins the fabric as a receive-only node, applies every write to the LSM tree, stores
+//!   blocks and indexes as signed, encrypted records in every `--store` directory and, with
+//!   `--servers` (the capsule servers' read addresses), on the capsule servers (published on
+//!   the fabric; an index only after a majority acked its blocks). Reads verify and fall back
+//!   to the next directory or server. Answers workers' reads and publishes its frontier.
+//!   Restarts from the newest index recorded in the directories or on the servers, and with
+//!   `--servers` replays the writes above that index's frontier from them before it answers
+//!   reads. Prints `ready writer=W index=N`; workers pass `--capsuledb W` (and
+//!   `--memtable-keys-max`) to `psl node`.
+//! - `psl capsuledb snapshots --capsule F --owner K (--store DIR | --servers A,B,C)`: lists
+//!   every kept index.
 //! - `psl capsuledb get KEY --at N ...`: reads KEY as index N had it (newest without `--at`).
 
 use crate::util::{read_owner_key, show_bytes};
@@ -14,7 +19,8 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use psl_capsule::{Author, CapsuleFile, SignedMetadata, Verifier};
 use psl_capsuledb::role::{Role, RoleKeys, RoleOptions};
-use psl_capsuledb::{BlockStore, CapsuleDb, Config, DirStore};
+use psl_capsuledb::servers::{self, Survey};
+use psl_capsuledb::{BlockStore, CapsuleDb, Config, DirStore, Publisher, RecordHash, ServerStore};
 use psl_crypto::AppKey;
 use psl_node::{Node, NodeKeys, NodeOptions};
 use std::net::SocketAddr;
@@ -50,6 +56,9 @@ pub struct CapsuleDbArgs {
     /// Decoded blocks cached.
     #[arg(long, default_value_t = 1024)]
     pub cache_blocks: usize,
+    /// Freeze a non-empty memtable that has not changed the index for this long.
+    #[arg(long, default_value_t = 500)]
+    pub idle_flush_ms: u64,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -63,6 +72,11 @@ pub struct OpenArgs {
     /// Store directory of block and index records (repeat for copies).
     #[arg(long, global = true)]
     pub store: Vec<PathBuf>,
+    /// Read addresses of the capsule servers (`psl capsule-server --read`), comma-separated:
+    /// blocks and indexes are stored on them, read back from them, and replayed from after a
+    /// restart. List all n (the durability quorum is a majority of them).
+    #[arg(long, global = true, value_delimiter = ',')]
+    pub servers: Vec<SocketAddr>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -89,8 +103,8 @@ fn load(o: &OpenArgs) -> Result<(SignedMetadata, AppKey, Vec<Arc<DirStore>>)> {
     let (Some(capsule), Some(owner)) = (&o.capsule, &o.owner) else {
         bail!("psl capsuledb needs --capsule and --owner");
     };
-    if o.store.is_empty() {
-        bail!("psl capsuledb needs at least one --store directory");
+    if o.store.is_empty() && o.servers.is_empty() {
+        bail!("psl capsuledb needs at least one --store directory or --servers");
     }
     let bytes = std::fs::read(capsule).with_context(|| format!("reading {}", capsule.display()))?;
     let f = CapsuleFile::parse(&bytes).with_context(|| format!("{}", capsule.display()))?;
@@ -106,20 +120,80 @@ fn load(o: &OpenArgs) -> Result<(SignedMetadata, AppKey, Vec<Arc<DirStore>>)> {
     Ok((f.metadata, app, stores))
 }
 
-/// Opens the database from the newest index any store records (the highest index that
-/// verifies), or `None` if no store records one.
+/// Where CapsuleDB's records are: directories first (local), then the servers.
+struct Stores {
+    dirs: Vec<Arc<DirStore>>,
+    servers: Vec<Arc<ServerStore>>,
+    /// Present with `--servers`: what the servers hold, and the role's block writer's
+    /// publisher (a new incarnation).
+    survey: Option<Survey>,
+    publisher: Option<Arc<Publisher>>,
+}
+
+impl Stores {
+    fn open(o: &OpenArgs, meta: &SignedMetadata, dirs: Vec<Arc<DirStore>>, id: u32) -> Result<Stores> {
+        if o.servers.is_empty() {
+            return Ok(Stores { dirs, servers: Vec::new(), survey: None, publisher: None });
+        }
+        let public = Verifier::new(meta.clone(), None);
+        let quorum = o.servers.len() / 2 + 1;
+        let survey = servers::survey_fresh(&o.servers, &public, quorum, Duration::from_secs(10));
+        if survey.reached.len() < quorum {
+            let why: Vec<String> = survey.skipped.iter().map(|(a, e)| format!("{a}: {e}")).collect();
+            bail!(
+                "psl capsuledb reached {} of the {} capsule servers; {quorum} are needed: {}",
+                survey.reached.len(),
+                o.servers.len(),
+                why.join("; ")
+            );
+        }
+        let inc = survey.next_incarnation(id, &public)?;
+        let w = servers::block_writer(id, inc).with_context(|| format!("CapsuleDB id {id}: no block writer"))?;
+        let publisher = Publisher::new(w, Duration::from_secs(30));
+        let servers = ServerStore::for_servers(&o.servers, &publisher);
+        Ok(Stores { dirs, servers, survey: Some(survey), publisher: Some(publisher) })
+    }
+
+    fn all(&self) -> Vec<Arc<dyn BlockStore>> {
+        let d = self.dirs.iter().map(|s| s.clone() as Arc<dyn BlockStore>);
+        d.chain(self.servers.iter().map(|s| s.clone() as Arc<dyn BlockStore>)).collect()
+    }
+
+    /// The writer of new records: the new incarnation's block writer with servers, else the
+    /// role's own writer (resumed after the newest index, as the records stay local).
+    fn writer(&self, role_writer: u32) -> u32 {
+        self.publisher.as_ref().map_or(role_writer, |p| p.writer())
+    }
+
+    /// Newest index hashes the directories and the servers record.
+    fn candidates(&self, meta: &SignedMetadata, id: u32) -> Result<Vec<RecordHash>> {
+        let mut out = Vec::new();
+        for s in &self.dirs {
+            out.extend(s.newest()?);
+        }
+        if let Some(sv) = &self.survey {
+            let public = Verifier::new(meta.clone(), None);
+            out.extend(sv.newest_index(id, &public)?);
+        }
+        Ok(out)
+    }
+}
+
+/// Opens the database from the newest recorded index (the highest index that verifies), or
+/// `None` if none is recorded.
 fn open_newest(
     config: Config,
     meta: &SignedMetadata,
     app: &AppKey,
     writer: u32,
-    stores: &[Arc<DirStore>],
+    stores: &Stores,
+    id: u32,
 ) -> Result<Option<CapsuleDb>> {
-    let dyn_stores: Vec<Arc<dyn BlockStore>> = stores.iter().map(|s| s.clone() as Arc<dyn BlockStore>).collect();
+    let dyn_stores = stores.all();
+    let writer = stores.writer(writer);
     let mut best: Option<CapsuleDb> = None;
     let mut last_err = None;
-    for s in stores {
-        let Some(h) = s.newest()? else { continue };
+    for h in stores.candidates(meta, id)? {
         let author = Author::new(meta, app, writer)?.with_salt_seed(rand::random());
         let verifier = Verifier::new(meta.clone(), Some(app.data_key()));
         match CapsuleDb::open(config, dyn_stores.clone(), verifier, author, h) {
@@ -147,8 +221,9 @@ pub fn run(a: CapsuleDbArgs) -> Result<i32> {
     let writer = db_writer(a.id)?;
     match a.cmd {
         Some(CapsuleDbCmd::Snapshots { json }) => {
-            let (meta, app, stores) = load(&a.open)?;
-            let Some(mut db) = open_newest(config, &meta, &app, writer, &stores)? else {
+            let (meta, app, dirs) = load(&a.open)?;
+            let stores = Stores::open(&a.open, &meta, dirs, a.id)?;
+            let Some(mut db) = open_newest(config, &meta, &app, writer, &stores, a.id)? else {
                 bail!("no index recorded in the store(s): has `psl capsuledb` run on them?");
             };
             let snaps = db.snapshots()?;
@@ -162,12 +237,20 @@ pub fn run(a: CapsuleDbArgs) -> Result<i32> {
             Ok(0)
         }
         Some(CapsuleDbCmd::Get { key, at }) => {
-            let (meta, app, stores) = load(&a.open)?;
-            let Some(mut db) = open_newest(config, &meta, &app, writer, &stores)? else {
+            let (meta, app, dirs) = load(&a.open)?;
+            let stores = Stores::open(&a.open, &meta, dirs, a.id)?;
+            let Some(mut db) = open_newest(config, &meta, &app, writer, &stores, a.id)? else {
                 bail!("no index recorded in the store(s): has `psl capsuledb` run on them?");
             };
             let seq = at.unwrap_or(db.index_seq());
-            match db.get_cell_at(seq, key.as_bytes())? {
+            let found = db.get_cell_at(seq, key.as_bytes());
+            let st = db.stats();
+            // Tests and operators see here which copies were refused.
+            eprintln!(
+                "read: block_fetches={} rejected_copies={} missing_copies={}",
+                st.block_fetches, st.rejected_copies, st.missing_copies
+            );
+            match found? {
                 Some((v, Some(val))) => {
                     println!("{} (lamport {}, writer {})", show_bytes(&val), v.lamport, v.writer);
                     Ok(0)
@@ -188,19 +271,10 @@ pub fn run(a: CapsuleDbArgs) -> Result<i32> {
 
 fn run_role(a: CapsuleDbArgs, config: Config, writer: u32) -> Result<i32> {
     let Some(router) = a.router else { bail!("psl capsuledb needs --router (or a subcommand)") };
-    let (meta, app, stores) = load(&a.open)?;
-    let db = match open_newest(config, &meta, &app, writer, &stores)? {
-        Some(db) => db,
-        None => {
-            let author = Author::new(&meta, &app, writer)?.with_salt_seed(rand::random());
-            let verifier = Verifier::new(meta.clone(), Some(app.data_key()));
-            let dyn_stores: Vec<Arc<dyn BlockStore>> =
-                stores.iter().map(|s| s.clone() as Arc<dyn BlockStore>).collect();
-            CapsuleDb::create(config, dyn_stores, verifier, author)?
-        }
-    };
-    let start_seq = db.index_seq();
-    let opts = NodeOptions {
+    let (meta, app, dirs) = load(&a.open)?;
+    let stores = Stores::open(&a.open, &meta, dirs, a.id)?;
+    // The node runs first: with servers, records go out through it (and it counts their acks).
+    let mut opts = NodeOptions {
         node_id: a.id,
         incarnation: rand::random::<u32>() % (1 << 12),
         writers: 0,
@@ -208,13 +282,53 @@ fn run_role(a: CapsuleDbArgs, config: Config, writer: u32) -> Result<i32> {
         capsuledb_role: Some(65_536),
         ..NodeOptions::default()
     };
+    opts.core.servers = a.open.servers.len() as u32;
     let keys = NodeKeys::derive(&meta, &app, &opts)?;
-    let node = Node::start(keys, crate::roles::fabric(router)?, opts)?;
+    let node = Arc::new(Node::start(keys, crate::roles::fabric(router)?, opts)?);
+    if let Some(p) = &stores.publisher {
+        p.attach(node.clone());
+    }
+    let db = match open_newest(config, &meta, &app, writer, &stores, a.id)? {
+        Some(db) => db,
+        None => {
+            let author = Author::new(&meta, &app, stores.writer(writer))?.with_salt_seed(rand::random());
+            let verifier = Verifier::new(meta.clone(), Some(app.data_key()));
+            CapsuleDb::create(config, stores.all(), verifier, author)?
+        }
+    };
+    let start_seq = db.index_seq();
+    let frontier = db.frontier().clone();
     let role_keys = RoleKeys { writer, signing: app.writer(writer)?, data_key: app.data_key() };
+    let keyed = Verifier::new(meta.clone(), Some(app.data_key()));
     drop(app);
-    let role = Role::start(node, db, role_keys, stores, RoleOptions::default())?;
+    let replaying = stores.survey.is_some();
+    let role_opts = RoleOptions { idle_flush: Duration::from_millis(a.idle_flush_ms.max(1)), ..RoleOptions::default() };
+    let role =
+        Role::start_shared(node, db, role_keys, stores.dirs.clone(), role_opts, !replaying, stores.publisher.clone())?;
+    let mut replayed_ops = None;
+    if let Some(survey) = &stores.survey {
+        // Before answering reads: every write the servers hold above the index's frontier.
+        let public = Verifier::new(meta.clone(), None);
+        let quorum = a.open.servers.len() / 2 + 1;
+        let r = servers::replay(role.db(), survey, &frontier, &public, &keyed, a.id, quorum)
+            .context("replaying the writes above the newest index from the capsule servers")?;
+        let from: Vec<String> = r.servers.iter().map(|s| s.to_string()).collect();
+        println!(
+            "replayed records={} ops={} writers={} from {} skipped={}",
+            r.records,
+            r.ops,
+            r.writers,
+            from.join(","),
+            r.skipped.len()
+        );
+        replayed_ops = Some(r.ops);
+        role.serve();
+    }
     // Tests and scripts read this line.
-    println!("ready writer={writer} index={start_seq}");
+    match replayed_ops {
+        Some(n) => println!("ready writer={writer} index={start_seq} replayed_ops={n}"),
+        None => println!("ready writer={writer} index={start_seq}"),
+    }
     use std::io::Write;
     std::io::stdout().flush()?;
     loop {
@@ -225,6 +339,8 @@ fn run_role(a: CapsuleDbArgs, config: Config, writer: u32) -> Result<i32> {
             answers = s.answers.load(std::sync::atomic::Ordering::Relaxed),
             errors = s.errors.load(std::sync::atomic::Ordering::Relaxed),
             index = role.db().lock().index_seq(),
+            rejected_copies = role.db().lock().stats().rejected_copies,
+            missing_copies = role.db().lock().stats().missing_copies,
             "capsuledb"
         );
     }
