@@ -55,6 +55,12 @@ impl Rotation {
         &self.app
     }
 
+    /// The new application key, for the leader to keep in place of the retired one (the
+    /// writer keys derived for the workers are erased).
+    pub fn into_app(self) -> AppKey {
+        self.app
+    }
+
     /// The new data key.
     pub fn data_key(&self) -> DataKey {
         self.app.data_key()

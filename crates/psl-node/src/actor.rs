@@ -116,9 +116,10 @@ impl Actor {
                         }
                     }
                     ActorCtl::Rotate { cert, key, data_key, reply } => {
-                        let r = self.author.schedule_rotation(&cert, key, data_key).map_err(|e| {
-                            format!("writer {}: key generation {}: {e}", self.queue.writer, cert.key_gen)
-                        });
+                        let r = self
+                            .author
+                            .schedule_rotation(&cert, key, data_key)
+                            .map_err(|e| format!("writer {}: key generation {}: {e}", self.queue.writer, cert.key_gen));
                         let _ = reply.send(r);
                     }
                     ActorCtl::Flush(reply) => {

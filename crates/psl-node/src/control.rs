@@ -154,12 +154,10 @@ fn command(node: &Node, line: &[u8]) -> Reply {
             Reply::Line(serde_json::Value::Object(m).to_string())
         }
         b"STATS" => Reply::Line(stats_json(node).to_string()),
-        b"KEYGEN" => Reply::Line(
-            match node.rotation_state(std::time::Instant::now() + Duration::from_secs(5)) {
-                Ok(st) => st.to_json().to_string(),
-                Err(e) => format!("ERROR {e}"),
-            },
-        ),
+        b"KEYGEN" => Reply::Line(match node.rotation_state(std::time::Instant::now() + Duration::from_secs(5)) {
+            Ok(st) => st.to_json().to_string(),
+            Err(e) => format!("ERROR {e}"),
+        }),
         b"METRICS" => Reply::Line(format!("{}END", node.render_metrics())),
         b"QUIT" => Reply::Quit,
         _ => Reply::Line(format!("ERROR unknown command {:?}", String::from_utf8_lossy(cmd))),

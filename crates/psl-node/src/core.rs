@@ -258,8 +258,7 @@ impl Core {
     /// control record.
     fn rotate(&mut self, r: CoreRotation, now: u64) -> Result<RotationState, String> {
         let cert = r.cert;
-        if r.refuse_if_begun && cert.from_epoch <= self.core.epoch() && self.verifier.key_gen_newest() < cert.key_gen
-        {
+        if r.refuse_if_begun && cert.from_epoch <= self.core.epoch() && self.verifier.key_gen_newest() < cert.key_gen {
             return Err(format!(
                 "rotation epoch {} has already begun here (epoch {})",
                 cert.from_epoch,

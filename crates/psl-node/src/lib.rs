@@ -39,7 +39,7 @@ pub mod options;
 pub mod recovery;
 mod ring;
 
-pub use dbclient::DbClientStats;
 pub use core::RotationState;
+pub use dbclient::DbClientStats;
 pub use node::{Node, NodeError, NodeKeys, NodeRotation};
 pub use options::NodeOptions;

@@ -124,7 +124,10 @@ fn rotation_mid_load_converges_and_retires_the_old_key() {
     let wrong = NodeRotation {
         cert: cert.clone(),
         data_key: Some(new_app.data_key()),
-        writers: vec![(psl_scl::writer_index(2, 0, 0).unwrap(), new_app.writer(psl_scl::writer_index(2, 0, 0).unwrap()).unwrap())],
+        writers: vec![(
+            psl_scl::writer_index(2, 0, 0).unwrap(),
+            new_app.writer(psl_scl::writer_index(2, 0, 0).unwrap()).unwrap(),
+        )],
         coordinator: None,
         refuse_if_begun: false,
     };
@@ -179,14 +182,19 @@ fn rotation_mid_load_converges_and_retires_the_old_key() {
     }
     for (i, k) in written.iter().enumerate() {
         for j in [0, k / 2, k - 1] {
-            assert_eq!(nodes[(i + 1) % 3].get(format!("n{i}-{j}").as_bytes()).as_deref(), Some(format!("v{j}").as_bytes()));
+            assert_eq!(
+                nodes[(i + 1) % 3].get(format!("n{i}-{j}").as_bytes()).as_deref(),
+                Some(format!("v{j}").as_bytes())
+            );
         }
     }
     for n in nodes.iter().map(|n| n.as_ref()).chain([&coordinator]) {
         let st = n.rotation_state(Instant::now() + t).unwrap();
         assert_eq!((st.key_gen_newest, st.key_gen_in_force), (1, 1), "{st:?}");
         let m = n.metrics();
-        for r in [RejectReason::RetiredKey, RejectReason::Signature, RejectReason::KeyGeneration, RejectReason::Equivocation] {
+        for r in
+            [RejectReason::RetiredKey, RejectReason::Signature, RejectReason::KeyGeneration, RejectReason::Equivocation]
+        {
             assert_eq!(m.rejected(r), 0, "{} on a node before any forgery", r.name());
         }
         assert_eq!(Metrics::get(&m.key_gen), 1);

@@ -249,6 +249,7 @@ pub fn run_remote(c: &ClusterInfo, req: RemoteJob) -> Result<JobReport, FaasErro
     b.first_op_ms = ms_us(last_start, last_first_op);
     b.total_ms = ms_us(t0, unix_us());
     let capsule_file = recorder.map(|r| r.finish(&meta));
+    let key_rotations: Vec<crate::deploy::KeyRotationReport> = Vec::new();
     Ok(JobReport {
         job: job.to_string(),
         capsule: meta.name().to_string(),
@@ -260,5 +261,6 @@ pub fn run_remote(c: &ClusterInfo, req: RemoteJob) -> Result<JobReport, FaasErro
         capsule_file: capsule_file.map(|(f, _)| f),
         resets,
         stored_records: stored,
+        key_rotations,
     })
 }
