@@ -2,7 +2,7 @@
 
 use crate::error::StoreError;
 use crate::frame::{encode_frame, scan, Event, FrameFault, LogReader, FRAME_HEADER_LEN};
-use crate::fsutil::{read_exact_at, sync_dir, write_all_at, write_new_atomic};
+use crate::fsutil::{read_exact_at, replace_atomic, sync_dir, write_all_at, write_new_atomic};
 use crate::index::{Index, Loc, Orphan, Placement};
 use crate::report::{AppendOutcome, CheckReport, LostRecord, OpenReport, RepairReport};
 use psl_capsule::meta::META_BYTES_MAX;
@@ -15,6 +15,30 @@ use std::path::{Path, PathBuf};
 
 /// The signed metadata, written once at creation.
 pub const METADATA_FILE: &str = "metadata.bin";
+/// The capsule's application key rotation certificates (generations 1.., each
+/// `psl_capsule::ROTATION_CERT_LEN` bytes, in order), so that records of a rotated key verify
+/// again when the store is opened. Absent: never rotated.
+pub const ROTATIONS_FILE: &str = "rotations.bin";
+const ROTATIONS_TMP: &str = "rotations.bin.tmp";
+
+/// Installs the certificates of `dir`'s rotations file (if any) in `verifier`.
+fn load_rotations(dir: &Path, verifier: &Verifier) -> Result<(), StoreError> {
+    let path = dir.join(ROTATIONS_FILE);
+    let bytes = match fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(StoreError::io(&path, "reading", None, e)),
+    };
+    let bad = |why: String| StoreError::Rotation { path: path.clone(), why };
+    if bytes.len() % psl_capsule::ROTATION_CERT_LEN != 0 {
+        return Err(bad(format!("{} bytes is not a whole number of certificates", bytes.len())));
+    }
+    for c in bytes.chunks(psl_capsule::ROTATION_CERT_LEN) {
+        let cert = psl_capsule::RotationCert::decode(c).map_err(|e| bad(e.to_string()))?;
+        verifier.install_rotation(&cert, None).map_err(|e| bad(format!("generation {}: {e}", cert.key_gen)))?;
+    }
+    Ok(())
+}
 /// The append-only record log.
 pub const LOG_FILE: &str = "records.log";
 const METADATA_TMP: &str = "metadata.bin.tmp";
@@ -152,6 +176,7 @@ impl DiskStore {
         let meta = read_metadata(dir)?;
         check_data_key(dir, &meta, data_key.as_ref())?;
         let verifier = Verifier::new(meta, data_key);
+        load_rotations(dir, &verifier)?;
         let lock = if read_only { None } else { Some(lock_dir(dir)?) };
         let log_path = dir.join(LOG_FILE);
         let file = OpenOptions::new()
@@ -216,6 +241,27 @@ impl DiskStore {
     /// The verifier every record is checked with, on open and on every read.
     pub fn verifier(&self) -> &Verifier {
         &self.verifier
+    }
+
+    /// An application key rotation: installs the owner-signed certificate in the store's
+    /// verifier (public part only) and makes it durable in `rotations.bin` before returning,
+    /// so that the new generation's records verify now and after a restart. `Ok(false)`: the
+    /// store already had it.
+    pub fn install_rotation(&mut self, cert: &psl_capsule::RotationCert) -> Result<bool, StoreError> {
+        let path = self.dir.join(ROTATIONS_FILE);
+        if self.read_only {
+            return Err(StoreError::ReadOnly { path });
+        }
+        let fresh = self
+            .verifier
+            .install_rotation(cert, None)
+            .map_err(|e| StoreError::Rotation { path: path.clone(), why: e.to_string() })?;
+        if fresh {
+            let bytes: Vec<u8> = self.verifier.rotation_certs().iter().flat_map(|c| c.encode()).collect();
+            replace_atomic(&self.dir, &path, &self.dir.join(ROTATIONS_TMP), &bytes)
+                .map_err(|e| StoreError::io(&path, "writing (temp file, fsync, rename, directory fsync)", None, e))?;
+        }
+        Ok(fresh)
     }
 
     /// Records loaded (each extends its writer's chain).

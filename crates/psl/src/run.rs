@@ -105,6 +105,7 @@ pub fn run(a: RunArgs) -> Result<i32> {
             owner,
             min_workers: 1,
             record_capsule: a.capsule_out.is_some(),
+            rotate_after_ms: a.rotate_after_ms,
         };
         let r = psl_faas::net::run_remote(&info, req)?;
         let n = info.workers.len();

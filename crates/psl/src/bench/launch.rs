@@ -182,6 +182,7 @@ fn multi_process(out: &mut Map<String, Value>, launches: usize, pb: &indicatif::
                 owner: None,
                 min_workers: 1,
                 record_capsule: false,
+                rotate_after_ms: None,
             },
         )
     };
