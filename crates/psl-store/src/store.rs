@@ -728,3 +728,49 @@ fn lock_dir(dir: &Path) -> Result<File, StoreError> {
         Err(std::fs::TryLockError::Error(e)) => Err(StoreError::io(&path, "locking", None, e)),
     }
 }
+
+#[cfg(test)]
+mod rotation_tests {
+    use super::*;
+    use psl_capsule::{new_capsule, Author, Limits, Link, RotationCert};
+    use psl_crypto::OwnerKey;
+
+    #[test]
+    fn a_rotated_store_keeps_its_certificate_and_reopens_clean() {
+        let dir = tempfile::tempdir().unwrap();
+        let owner = OwnerKey::from_seed(&[5; 32]).unwrap();
+        let meta = new_capsule(&owner, 1, "rot-store", 0, Limits::default()).unwrap();
+        let cert = RotationCert::issue(&owner, &meta, 1, 2, 3).unwrap();
+        let new_app = owner.app(2).unwrap();
+        let mut a = Author::new(&meta, &owner.app(1).unwrap(), 5).unwrap();
+        a.schedule_rotation(&cert, new_app.writer(5).unwrap(), new_app.data_key()).unwrap();
+        let old = a.write_ops([("a", Some("0"))]).unwrap();
+        a.enter_epoch(Link { writer: psl_capsule::DEFAULT_COORDINATOR, seq: 0, hash: Hash256::ZERO }, 3);
+        let new = a.write_ops([("b", Some("1"))]).unwrap();
+        assert_eq!(new.header().key_gen, 1);
+
+        let mut s = DiskStore::create(dir.path(), meta.clone(), None).unwrap();
+        let v_old = s.verifier().verify(old.clone()).unwrap();
+        assert!(s.verifier().verify(new.clone()).is_err(), "generation 1 unknown before the certificate");
+        assert!(s.install_rotation(&cert).unwrap());
+        assert!(!s.install_rotation(&cert).unwrap(), "idempotent");
+        let v_new = s.verifier().verify(new.clone()).unwrap();
+        s.append(&[v_old, v_new]).unwrap();
+        drop(s);
+
+        // Reopened from disk: the certificate comes back, both records verify.
+        let (s, rep) = DiskStore::open(dir.path(), None).unwrap();
+        assert!(!rep.is_damaged(), "{rep}");
+        assert_eq!(s.len(), 2);
+        assert_eq!(s.verifier().key_gen_newest(), 1);
+        drop(s);
+        // Without the certificate the new generation's record does not verify: the file matters.
+        fs::remove_file(dir.path().join(ROTATIONS_FILE)).unwrap();
+        let (_s, rep) = DiskStore::open_readonly(dir.path(), None).unwrap();
+        assert!(rep.is_damaged(), "the generation-1 record must not verify without its certificate");
+        // A damaged rotations file is an error naming it, never a panic.
+        fs::write(dir.path().join(ROTATIONS_FILE), b"junk").unwrap();
+        let e = DiskStore::open_readonly(dir.path(), None).err().unwrap();
+        assert!(e.to_string().contains(ROTATIONS_FILE), "{e}");
+    }
+}
