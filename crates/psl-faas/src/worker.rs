@@ -315,3 +315,62 @@ fn parse_rotation(b: &[u8], job: JobId, node_id: u32) -> Result<NodeRotation, Fa
     }
     Ok(NodeRotation { cert, data_key: Some(data_key), writers, coordinator: None, refuse_if_begun: false })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::channel::{seal_to, ChannelKey};
+    use psl_capsule::{new_capsule, Limits};
+    use psl_crypto::OwnerKey;
+
+    fn bundle(job: JobId, node_id: u32, cert: &RotationCert, dk: &DataKey, keys: &[(u32, SigningKey)]) -> Vec<u8> {
+        let mut b = job.0.to_vec();
+        b.extend_from_slice(&node_id.to_le_bytes());
+        b.extend_from_slice(&cert.encode());
+        b.extend_from_slice(dk.expose_bytes());
+        b.extend_from_slice(&(keys.len() as u16).to_le_bytes());
+        for (w, k) in keys {
+            b.extend_from_slice(&w.to_le_bytes());
+            b.extend_from_slice(&k.expose_secret_bytes()[..]);
+        }
+        b
+    }
+
+    #[test]
+    fn rotation_bundles_are_checked_and_open_only_for_their_worker() {
+        let owner = OwnerKey::from_seed(&[3; 32]).unwrap();
+        let meta = new_capsule(&owner, 1, "rot", 0, Limits::default()).unwrap();
+        let cert = RotationCert::issue(&owner, &meta, 1, 2, 9).unwrap();
+        let app = owner.app(2).unwrap();
+        let (job, w1, w2) =
+            (JobId([7; 16]), psl_scl::writer_index(1, 0, 0).unwrap(), psl_scl::writer_index(2, 0, 0).unwrap());
+        let good = bundle(job, 1, &cert, &app.data_key(), &[(w1, app.writer(w1).unwrap())]);
+        let r = parse_rotation(&good, job, 1).unwrap();
+        assert_eq!(r.writers.len(), 1);
+        assert_eq!(r.writers[0].0, w1);
+        // Another job, another node, a truncated bundle, a data key or writer key not the
+        // certificate's: all refused.
+        assert!(parse_rotation(&good, JobId([8; 16]), 1).is_err());
+        assert!(parse_rotation(&good, job, 2).is_err());
+        assert!(parse_rotation(&good[..good.len() - 1], job, 1).is_err());
+        let old = owner.app(1).unwrap();
+        assert!(
+            parse_rotation(&bundle(job, 1, &cert, &old.data_key(), &[(w1, app.writer(w1).unwrap())]), job, 1).is_err()
+        );
+        assert!(
+            parse_rotation(&bundle(job, 1, &cert, &app.data_key(), &[(w1, old.writer(w1).unwrap())]), job, 1).is_err()
+        );
+        assert!(
+            parse_rotation(&bundle(job, 1, &cert, &app.data_key(), &[(w1, app.writer(w2).unwrap())]), job, 1).is_err()
+        );
+        // Sealed to worker 1's channel key under its associated data: worker 2 cannot open it,
+        // nor can it be replayed as another worker's or another generation's.
+        let (k1, k2) = (ChannelKey::generate().unwrap(), ChannelKey::generate().unwrap());
+        let sealed = seal_to(&k1.public(), &rotation_aad(job, 1, 1), &good).unwrap();
+        assert!(k1.open(&sealed, &rotation_aad(job, 1, 1)).is_ok());
+        assert!(k1.open(&sealed, &rotation_aad(job, 1, 1)).is_ok(), "the channel key serves the whole job");
+        assert!(k2.open(&sealed, &rotation_aad(job, 1, 1)).is_err());
+        assert!(k1.open(&sealed, &rotation_aad(job, 2, 1)).is_err());
+        assert!(k1.open(&sealed, &rotation_aad(job, 1, 2)).is_err());
+    }
+}

@@ -86,7 +86,7 @@ fn rotation_mid_load_converges_and_retires_the_old_key() {
                 while !stop.load(Ordering::Acquire) {
                     n.put(format!("n{i}-{k}").as_bytes(), format!("v{k}").as_bytes()).unwrap();
                     k += 1;
-                    if k % 50 == 0 {
+                    if k.is_multiple_of(50) {
                         std::thread::sleep(Duration::from_millis(2));
                     }
                 }

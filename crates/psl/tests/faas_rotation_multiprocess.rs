@@ -131,7 +131,13 @@ fn faas_multiprocess_key_rotation_mid_job() {
     assert_eq!(k["key_gen"], 1);
     assert_eq!(k["workers"].as_array().unwrap().len(), 3, "{k}");
     assert_eq!(k["hosts"].as_array().unwrap().len(), 3, "{k}");
-    for (_, e) in k["workers"].as_array().unwrap().iter().chain(k["hosts"].as_array().unwrap()).map(|x| (x[0].clone(), x[1].clone())) {
+    for (_, e) in k["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(k["hosts"].as_array().unwrap())
+        .map(|x| (x[0].clone(), x[1].clone()))
+    {
         assert!(e.is_null(), "{k}");
     }
     let cert = RotationCert::decode(&hex::decode(k["cert"].as_str().unwrap()).unwrap()).unwrap();

@@ -82,11 +82,11 @@ fn job(cfg: &HostConfig, mut s: ServerStream) -> Result<(), FaasError> {
                 let r = unhex("cert", &cert).and_then(|b| {
                     psl_capsule::RotationCert::decode(&b).map_err(|e| FaasError::Capsule(format!("certificate: {e}")))
                 });
-                let reply = match r.and_then(|c| server.install_rotation(&c).map_err(|e| FaasError::Capsule(e.to_string())))
-                {
-                    Ok(_) => Msg::Ok,
-                    Err(e) => Msg::Error { why: format!("capsule host {id}: key rotation: {e}") },
-                };
+                let reply =
+                    match r.and_then(|c| server.install_rotation(&c).map_err(|e| FaasError::Capsule(e.to_string()))) {
+                        Ok(_) => Msg::Ok,
+                        Err(e) => Msg::Error { why: format!("capsule host {id}: key rotation: {e}") },
+                    };
                 write_msg(&mut s, &reply)?;
             }
             other => break other,
