@@ -247,6 +247,16 @@ impl Leader {
         writers.push(coordinator_writer);
         let app_index = fresh_app_index(&job.app_indices);
         let t = std::time::Duration::from_secs(5);
+        // One generation pending at a time: writers hold the next keys only until they switch.
+        if let Some(last) = job.certs.last() {
+            let now = coordinator.rotation_state(std::time::Instant::now() + t)?;
+            if now.epoch < last.from_epoch {
+                return Err(FaasError::Config(format!(
+                    "the previous key rotation takes effect at epoch {}, the job is at epoch {}: try again then",
+                    last.from_epoch, now.epoch
+                )));
+            }
+        }
         // The coordinator may open an epoch between reading it and installing: try again then.
         let mut tries = 0;
         let rot = loop {
