@@ -261,7 +261,8 @@ impl Leader {
         let mut tries = 0;
         let rot = loop {
             let now = coordinator.rotation_state(std::time::Instant::now() + t)?;
-            let from_epoch = rotation_epoch(now.epoch, margin_epochs);
+            // At least 2: the RTS of the next epoch may already be out, under the old key.
+            let from_epoch = rotation_epoch(now.epoch, margin_epochs.max(2));
             let rot = rotate(&job.owner, &job.meta, key_gen, app_index, from_epoch, &writers)?;
             let install = NodeRotation {
                 cert: rot.cert.clone(),

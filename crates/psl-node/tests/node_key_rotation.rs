@@ -200,6 +200,27 @@ fn rotation_mid_load_converges_and_retires_the_old_key() {
         assert_eq!(Metrics::get(&m.key_gen), 1);
     }
 
+    // The control interface's KEYGEN line shows the generation in force.
+    {
+        use std::io::{BufRead, BufReader, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop_ctl = Arc::new(AtomicBool::new(false));
+        let (n, st) = (nodes[1].clone(), stop_ctl.clone());
+        let ctl = std::thread::spawn(move || psl_node::control::serve(n, listener, st));
+        let mut c = std::net::TcpStream::connect(addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        c.write_all(b"KEYGEN\n").unwrap();
+        let mut line = String::new();
+        BufReader::new(c.try_clone().unwrap()).read_line(&mut line).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!((v["key_gen_in_force"].as_u64(), v["from_epoch"].as_u64()), (Some(1), Some(from_epoch)), "{v}");
+        c.write_all(b"QUIT\n").unwrap();
+        drop(c);
+        stop_ctl.store(true, Ordering::Release);
+        ctl.join().unwrap().unwrap();
+    }
+
     // Records of both generations were written, and all of them verify with the certificate.
     let records = seen.lock().clone();
     let v = Verifier::new(meta.clone(), Some(app.data_key()));

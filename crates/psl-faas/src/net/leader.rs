@@ -341,7 +341,7 @@ const ROTATE_WAIT: Duration = Duration::from_secs(10);
 /// waits (bounded) for their answers; then the coordinator gets its key and the epoch clock
 /// runs on into the new generation. Workers or hosts that failed are listed in the report.
 fn rotate(sh: &Arc<Shared>, margin_epochs: u64) -> Result<crate::deploy::KeyRotationReport, FaasError> {
-    let margin = margin_epochs.clamp(1, 1000);
+    let margin = margin_epochs.clamp(2, 1000);
     let (cert, grants) = sh.leader.prepare_rotation(margin)?;
     let (senders, mut hosts) = {
         let mut st = sh.st.lock();
