@@ -30,10 +30,10 @@ impl Drop for Up {
 
 fn up(dir: &Path, workers: u32) -> (Up, ClusterInfo) {
     let mut child = Command::new(psl())
-        .args(["up", "--workers", &workers.to_string(), "--dir"])
+        .args(["up", "--workers", &workers.to_string(), "--heartbeat-timeout-ms", "5000", "--dir"])
         .arg(dir.join("c"))
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("up.log")).unwrap())
         .spawn()
         .unwrap();
     let out = child.stdout.take().unwrap();
@@ -117,7 +117,15 @@ fn faas_multiprocess_key_rotation_mid_job() {
         "--cluster",
         dir.path().join("c").to_str().unwrap(),
     ]);
-    assert!(o.status.success(), "psl run: {}", String::from_utf8_lossy(&o.stderr));
+    if !o.status.success() {
+        let log = std::fs::read_to_string(dir.path().join("up.log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(40).collect();
+        panic!(
+            "psl run: {}\n--- psl up log (last lines, newest first):\n{}",
+            String::from_utf8_lossy(&o.stderr),
+            tail.join("\n")
+        );
+    }
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["ok"], true, "{v}");
     let out: serde_json::Value = serde_json::from_str(v["lambdas"][0]["emitted"][0].as_str().unwrap()).unwrap();
