@@ -1,23 +1,26 @@
 //! Key delivery: the leader seals a worker's keys to the X25519 channel key the worker bound
 //! into its attestation report, so only the attested party can open them. (In the multi-process
 //! deployment this becomes a TLS channel whose certificate key is the bound key.)
+//!
+//! The worker keeps its channel key for the whole job (RESET drops it): a key rotation later
+//! in the job is sealed to the same key, under its own associated data.
 
 use crate::error::FaasError;
-use aws_lc_rs::agreement::{self, EphemeralPrivateKey, UnparsedPublicKey, X25519};
+use aws_lc_rs::agreement::{self, EphemeralPrivateKey, PrivateKey, UnparsedPublicKey, X25519};
 use psl_crypto::{sha256, DataKey, SALT_LEN};
 use zeroize::Zeroizing;
 
-/// A worker's one-job channel key. Used once: opening consumes it.
+/// A worker's one-job channel key: it opens the key bundle of the grant and of each key
+/// rotation of that job. Erased on drop (RESET).
 pub struct ChannelKey {
-    private: EphemeralPrivateKey,
+    private: PrivateKey,
     public: [u8; 32],
 }
 
 impl ChannelKey {
     pub fn generate() -> Result<ChannelKey, FaasError> {
-        let rng = aws_lc_rs::rand::SystemRandom::new();
-        let private = EphemeralPrivateKey::generate(&X25519, &rng)
-            .map_err(|_| FaasError::Channel("X25519 key generation failed".into()))?;
+        let private =
+            PrivateKey::generate(&X25519).map_err(|_| FaasError::Channel("X25519 key generation failed".into()))?;
         let pk = private.compute_public_key().map_err(|_| FaasError::Channel("X25519 public key".into()))?;
         let public: [u8; 32] =
             pk.as_ref().try_into().map_err(|_| FaasError::Channel("X25519 public key length".into()))?;
@@ -29,13 +32,18 @@ impl ChannelKey {
     }
 
     /// Opens what [`seal_to`] sealed to this key.
-    pub fn open(self, sealed: &[u8], aad: &[u8]) -> Result<Zeroizing<Vec<u8>>, FaasError> {
+    pub fn open(&self, sealed: &[u8], aad: &[u8]) -> Result<Zeroizing<Vec<u8>>, FaasError> {
         if sealed.len() < 32 + SALT_LEN + psl_crypto::TAG_LEN {
             return Err(FaasError::Channel("sealed key bundle too short".into()));
         }
         let eph: [u8; 32] = sealed[..32].try_into().expect("32");
         let salt: [u8; SALT_LEN] = sealed[32..32 + SALT_LEN].try_into().expect("salt");
-        let key = agree(self.private, &eph, &eph, &self.public)?;
+        let key = agreement::agree(
+            &self.private,
+            UnparsedPublicKey::new(&X25519, &eph),
+            FaasError::Channel("X25519 agreement failed".into()),
+            |shared| Ok(kdf(shared, &eph, &self.public)),
+        )?;
         key.open(&salt, b"psl/keychan/v1", aad, &sealed[32 + SALT_LEN..])
             .map_err(|_| FaasError::Channel("key bundle does not open (altered, or sealed to another key)".into()))
     }
@@ -51,11 +59,13 @@ fn agree(
         private,
         UnparsedPublicKey::new(&X25519, peer),
         FaasError::Channel("X25519 agreement failed".into()),
-        |shared| {
-            let h = sha256(&[b"psl/keychan-key/v1", shared, eph, recipient]);
-            Ok(DataKey::from_bytes(h.0))
-        },
+        |shared| Ok(kdf(shared, eph, recipient)),
     )
+}
+
+fn kdf(shared: &[u8], eph: &[u8; 32], recipient: &[u8; 32]) -> DataKey {
+    let h = sha256(&[b"psl/keychan-key/v1", shared, eph, recipient]);
+    DataKey::from_bytes(h.0)
 }
 
 /// Seals `plaintext` to `recipient` (an X25519 public key): `ephemeral public ‖ salt ‖ AES-GCM`.

@@ -53,6 +53,9 @@ pub struct JobRequest {
     pub input: Option<String>,
     /// The owner key; a fresh one if `None`.
     pub owner: Option<OwnerKey>,
+    /// Rotate the job's application key this long after the workers were admitted (while the
+    /// lambdas run); `None`: no rotation.
+    pub rotate_after_ms: Option<u64>,
 }
 
 /// Most lambdas in one job.
@@ -101,6 +104,33 @@ pub struct JobReport {
     pub resets: Vec<(u32, WorkerDebug)>,
     /// Over the network: records each capsule host (server id) stored for the job.
     pub stored_records: Vec<(u32, u64)>,
+    /// Application key rotations done during the job.
+    #[serde(default)]
+    pub key_rotations: Vec<KeyRotationReport>,
+}
+
+/// One application key rotation of a job.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct KeyRotationReport {
+    pub key_gen: u32,
+    pub from_epoch: u64,
+    /// The owner-signed certificate (hex; public): the capsule's auditors need it, and with the
+    /// owner key it gives the new data key (its application index).
+    pub cert: String,
+    /// Each granted worker and the error if it did not install its keys.
+    pub workers: Vec<(u32, Option<String>)>,
+    /// Capsule hosts (over the network) and the error if one did not take the certificate.
+    #[serde(default)]
+    pub hosts: Vec<(u32, Option<String>)>,
+}
+
+impl KeyRotationReport {
+    pub fn certificate(&self) -> Result<psl_capsule::RotationCert, FaasError> {
+        let b = hex::decode(&self.cert)
+            .map_err(|e| FaasError::Malformed { what: "rotation certificate", why: e.to_string() })?;
+        psl_capsule::RotationCert::decode(&b)
+            .map_err(|e| FaasError::Malformed { what: "rotation certificate", why: e.to_string() })
+    }
 }
 
 pub struct Deployment {
@@ -215,7 +245,7 @@ impl Deployment {
         self.leader.begin_job(job, owner, meta.clone(), Arc::new(self.hub.endpoint(format!("coordinator-{job}"))))?;
         let sealed = SealedJob { job, program, input, lambdas: req.lambdas };
         let t_sched = Instant::now();
-        let result = self.launch(&sealed, t0, t_sched);
+        let result = self.launch(&sealed, t0, t_sched, req.rotate_after_ms.map(Duration::from_millis));
         // RESET every worker that took part, whatever happened; the leader forgets the job.
         self.leader.end_job();
         let mut resets = Vec::new();
@@ -227,7 +257,7 @@ impl Deployment {
             }
             self.scheduler.release(w.id);
         }
-        let (runs, refused, t_sent, t_admitted) = result?;
+        let (runs, refused, t_sent, t_admitted, key_rotations) = result?;
         let capsule_file = recorder.map(|r| r.finish(&meta));
         let mut lambdas = Vec::new();
         let mut b = LaunchBreakdown { client_to_scheduler_ms: ms(t_sched - t0), ..Default::default() };
@@ -267,6 +297,7 @@ impl Deployment {
             capsule_records,
             resets,
             stored_records: Vec::new(),
+            key_rotations,
         })
     }
 
@@ -276,7 +307,8 @@ impl Deployment {
         sealed: &SealedJob,
         _t0: Instant,
         _t_sched: Instant,
-    ) -> Result<(Vec<WorkerRun>, Vec<(u32, String)>, Instant, Instant), FaasError> {
+        rotate_after: Option<Duration>,
+    ) -> Result<(Vec<WorkerRun>, Vec<(u32, String)>, Instant, Instant, Vec<KeyRotationReport>), FaasError> {
         // Scheduler: forwards the sealed job to idle workers (one lambda each, at most).
         let forwarded = self.scheduler.dispatch(sealed, sealed.lambdas as usize);
         if forwarded.is_empty() {
@@ -310,8 +342,16 @@ impl Deployment {
         let (grants, mut refused2) = self.leader.admit(good, sealed.lambdas, self.config.min_workers)?;
         refused.append(&mut refused2);
         let t_admitted = Instant::now();
-        // Admitted workers open their keys and the program, and run their slots (in parallel).
+        // Admitted workers open their keys and the program, and run their slots (in parallel);
+        // the leader rotates the application key meanwhile if asked to.
+        let mut rotations = Vec::new();
         let runs: Vec<Result<WorkerRun, FaasError>> = std::thread::scope(|s| {
+            let rot = rotate_after.map(|d| {
+                s.spawn(move || {
+                    std::thread::sleep(d);
+                    self.rotate_keys()
+                })
+            });
             let hs: Vec<_> = grants
                 .iter()
                 .map(|g: &Grant| {
@@ -324,12 +364,59 @@ impl Deployment {
                     })
                 })
                 .collect();
-            hs.into_iter()
+            let runs = hs
+                .into_iter()
                 .map(|h| h.join().unwrap_or_else(|_| Err(FaasError::Config("worker thread panicked".into()))))
-                .collect()
+                .collect();
+            if let Some(r) = rot {
+                match r.join() {
+                    Ok(Ok(rep)) => rotations.push(rep),
+                    Ok(Err(e)) => tracing::error!("key rotation failed: {e}"),
+                    Err(_) => tracing::error!("key rotation thread panicked"),
+                }
+            }
+            runs
         });
         let runs = runs.into_iter().collect::<Result<Vec<_>, _>>()?;
-        Ok((runs, refused, t_sent, t_admitted))
+        Ok((runs, refused, t_sent, t_admitted, rotations))
+    }
+
+    /// Rotates the running job's application key (docs/protocol/faas.md, "Key rotation"): the
+    /// leader prepares the new generation (its coordinator holds below the rotation epoch),
+    /// every granted worker installs its sealed bundle, then the coordinator gets its key.
+    pub fn rotate_keys(&self) -> Result<KeyRotationReport, FaasError> {
+        let (cert, grants) = self.leader.prepare_rotation(crate::rotation::ROTATION_MARGIN_EPOCHS)?;
+        let workers: Vec<(u32, Option<String>)> = std::thread::scope(|s| {
+            let hs: Vec<_> = grants
+                .iter()
+                .map(|g| {
+                    let w = self.worker(g.worker).cloned();
+                    s.spawn(move || match w {
+                        Some(w) => w.rotate(g).err().map(|e| e.to_string()),
+                        None => Some("unknown worker".to_string()),
+                    })
+                })
+                .collect();
+            grants
+                .iter()
+                .zip(hs)
+                .map(|(g, h)| (g.worker, h.join().unwrap_or_else(|_| Some("rotation thread panicked".into()))))
+                .collect()
+        });
+        for (w, e) in &workers {
+            if let Some(e) = e {
+                tracing::warn!("worker {w}: {e}");
+            }
+        }
+        let cert2 = self.leader.finish_rotation()?;
+        debug_assert_eq!(cert, cert2);
+        Ok(KeyRotationReport {
+            key_gen: cert.key_gen,
+            from_epoch: cert.from_epoch,
+            cert: hex::encode(cert.encode()),
+            workers,
+            hosts: Vec::new(),
+        })
     }
 }
 

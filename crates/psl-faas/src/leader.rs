@@ -6,11 +6,12 @@ use crate::attest::{bind_offer, AttestPolicy, AttestVerifier, Attester, Evidence
 use crate::channel::seal_to;
 use crate::error::FaasError;
 use crate::program::JobId;
+use crate::rotation::{fresh_app_index, rotate, rotation_epoch, Rotation};
 use parking_lot::Mutex;
-use psl_capsule::SignedMetadata;
+use psl_capsule::{RotationCert, SignedMetadata};
 use psl_crypto::{AppKey, OwnerKey};
 use psl_fabric::Fabric;
-use psl_node::{Node, NodeKeys, NodeOptions};
+use psl_node::{Node, NodeKeys, NodeOptions, NodeRotation};
 use psl_scl::CoordinatorConfig;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -36,12 +37,36 @@ pub struct Grant {
     pub sealed_keys: Vec<u8>,
 }
 
+/// What the leader sends one granted worker when it rotates the job's application key.
+pub struct RotationGrant {
+    pub worker: u32,
+    pub key_gen: u32,
+    /// The rotation bundle sealed to the worker's channel key.
+    pub sealed_keys: Vec<u8>,
+}
+
+/// A granted worker, as the leader remembers it for key rotations.
+struct Granted {
+    worker: u32,
+    node_id: u32,
+    channel_public: [u8; 32],
+    writers: Vec<u32>,
+}
+
 struct LeaderJob {
     job: JobId,
-    _owner: OwnerKey,
+    owner: OwnerKey,
     app: AppKey,
     meta: SignedMetadata,
     coordinator: Option<Node>,
+    granted: Vec<Granted>,
+    /// Application indices this capsule has used (generation 0 first).
+    app_indices: Vec<u32>,
+    /// Certificates of generations 1.. in force or pending.
+    certs: Vec<RotationCert>,
+    /// A rotation prepared (certificate installed in the coordinator, bundles sealed) whose
+    /// coordinator key is not yet handed over.
+    pending: Option<Rotation>,
 }
 
 pub struct Leader {
@@ -100,7 +125,18 @@ impl Leader {
         }
         let keys = NodeKeys::derive(&meta, &app, &opts)?;
         let coordinator = Node::start(keys, ep, opts)?;
-        *self.job.lock() = Some(LeaderJob { job, _owner: owner, app, meta, coordinator: Some(coordinator) });
+        let app_indices = vec![meta.meta.app_index];
+        *self.job.lock() = Some(LeaderJob {
+            job,
+            owner,
+            app,
+            meta,
+            coordinator: Some(coordinator),
+            granted: Vec::new(),
+            app_indices,
+            certs: Vec::new(),
+            pending: None,
+        });
         Ok(())
     }
 
@@ -120,8 +156,8 @@ impl Leader {
         lambdas: u32,
         min_workers: usize,
     ) -> Result<(Vec<Grant>, Vec<(u32, String)>), FaasError> {
-        let guard = self.job.lock();
-        let job = guard.as_ref().ok_or_else(|| FaasError::Config("no job in progress".into()))?;
+        let mut guard = self.job.lock();
+        let job = guard.as_mut().ok_or_else(|| FaasError::Config("no job in progress".into()))?;
         let mut passed = Vec::new();
         let mut refused = Vec::new();
         for o in offers {
@@ -179,9 +215,130 @@ impl Leader {
             bundle.extend_from_slice(&meta_bytes);
             let aad = grant_aad(job.job, o.worker, &lambdas);
             let sealed_keys = seal_to(&o.channel_public, &aad, &bundle)?;
+            let writers = (0..lambdas.len() as u32).filter_map(|a| psl_scl::writer_index(node_id, 0, a)).collect();
+            job.granted.push(Granted { worker: o.worker, node_id, channel_public: o.channel_public, writers });
             grants.push(Grant { worker: o.worker, node_id, lambdas, sealed_keys });
         }
         Ok((grants, refused))
+    }
+
+    /// First half of a key rotation of the running job: derives the next generation (a new
+    /// hardened application key, its data key, every writer's key) with a rotation epoch
+    /// `margin_epochs` past the coordinator's current epoch, installs the certificate in the
+    /// job's coordinator node (which from then on holds the epoch clock below the rotation
+    /// epoch: it has no new key yet), and seals for each granted worker the certificate, the
+    /// new data key and only its own writer keys, to the channel key its grant was sealed to.
+    /// Deliver them, then call [`Leader::finish_rotation`].
+    pub fn prepare_rotation(&self, margin_epochs: u64) -> Result<(RotationCert, Vec<RotationGrant>), FaasError> {
+        let mut guard = self.job.lock();
+        let job = guard.as_mut().ok_or_else(|| FaasError::Config("no job in progress".into()))?;
+        if job.pending.is_some() {
+            return Err(FaasError::Config("a key rotation is already in progress".into()));
+        }
+        let coordinator = job.coordinator.as_ref().ok_or_else(|| FaasError::Config("no coordinator".into()))?;
+        let key_gen = job.certs.len() as u32 + 1;
+        let coordinator_writer = job
+            .meta
+            .meta
+            .policy
+            .coordinator_at(self.coordinator.rank)
+            .ok_or_else(|| FaasError::Config("the capsule allows no coordinator of this rank".into()))?;
+        let mut writers: Vec<u32> = job.granted.iter().flat_map(|g| g.writers.iter().copied()).collect();
+        writers.push(coordinator_writer);
+        let app_index = fresh_app_index(&job.app_indices);
+        let t = std::time::Duration::from_secs(5);
+        // One generation pending at a time: writers hold the next keys only until they switch.
+        if let Some(last) = job.certs.last() {
+            let now = coordinator.rotation_state(std::time::Instant::now() + t)?;
+            if now.epoch < last.from_epoch {
+                return Err(FaasError::Config(format!(
+                    "the previous key rotation takes effect at epoch {}, the job is at epoch {}: try again then",
+                    last.from_epoch, now.epoch
+                )));
+            }
+        }
+        // The coordinator may open an epoch between reading it and installing: try again then.
+        let mut tries = 0;
+        let rot = loop {
+            let now = coordinator.rotation_state(std::time::Instant::now() + t)?;
+            // At least 2: the RTS of the next epoch may already be out, under the old key.
+            let from_epoch = rotation_epoch(now.epoch, margin_epochs.max(2));
+            let rot = rotate(&job.owner, &job.meta, key_gen, app_index, from_epoch, &writers)?;
+            let install = NodeRotation {
+                cert: rot.cert.clone(),
+                data_key: Some(rot.data_key()),
+                writers: Vec::new(),
+                coordinator: None,
+                refuse_if_begun: true,
+            };
+            match coordinator.install_rotation(install, t) {
+                Ok(_) => break rot,
+                Err(e) if tries < 3 => {
+                    tries += 1;
+                    tracing::warn!("key rotation: {e}; choosing a later epoch");
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        let data_key = rot.data_key();
+        let cert_bytes = rot.cert.encode();
+        let mut out = Vec::new();
+        for g in &job.granted {
+            let mut bundle = Zeroizing::new(Vec::with_capacity(16 + 4 + cert_bytes.len() + 34 + 36 * g.writers.len()));
+            bundle.extend_from_slice(&job.job.0);
+            bundle.extend_from_slice(&g.node_id.to_le_bytes());
+            bundle.extend_from_slice(&cert_bytes);
+            bundle.extend_from_slice(data_key.expose_bytes());
+            bundle.extend_from_slice(&(g.writers.len() as u16).to_le_bytes());
+            for w in &g.writers {
+                let key = rot.writer_key(*w).ok_or_else(|| FaasError::Config(format!("no key for writer {w}")))?;
+                bundle.extend_from_slice(&w.to_le_bytes());
+                bundle.extend_from_slice(&key.expose_secret_bytes()[..]);
+            }
+            let sealed_keys = seal_to(&g.channel_public, &rotation_aad(job.job, g.worker, key_gen), &bundle)?;
+            out.push(RotationGrant { worker: g.worker, key_gen, sealed_keys });
+        }
+        let cert = rot.cert.clone();
+        job.app_indices.push(app_index);
+        job.pending = Some(rot);
+        Ok((cert, out))
+    }
+
+    /// Second half of a key rotation: hands the coordinator its key under the new generation
+    /// (it then writes the certificate into the log as a `Rotate` record and lets the epoch
+    /// clock reach the rotation epoch), and replaces the retired application key with the new
+    /// one (the retired one is erased). Call it once the workers have their keys, or have
+    /// failed to take them in time (their records from the rotation epoch on are refused).
+    pub fn finish_rotation(&self) -> Result<RotationCert, FaasError> {
+        let mut guard = self.job.lock();
+        let job = guard.as_mut().ok_or_else(|| FaasError::Config("no job in progress".into()))?;
+        let rot = job.pending.take().ok_or_else(|| FaasError::Config("no key rotation in progress".into()))?;
+        let coordinator = job.coordinator.as_ref().ok_or_else(|| FaasError::Config("no coordinator".into()))?;
+        let w = job
+            .meta
+            .meta
+            .policy
+            .coordinator_at(self.coordinator.rank)
+            .ok_or_else(|| FaasError::Config("the capsule allows no coordinator of this rank".into()))?;
+        let key = rot.app().writer(w).map_err(|e| FaasError::Config(e.to_string()))?;
+        let install = NodeRotation {
+            cert: rot.cert.clone(),
+            data_key: Some(rot.data_key()),
+            writers: Vec::new(),
+            coordinator: Some(key),
+            refuse_if_begun: false,
+        };
+        coordinator.install_rotation(install, std::time::Duration::from_secs(5))?;
+        let cert = rot.cert.clone();
+        job.certs.push(cert.clone());
+        job.app = rot.into_app();
+        tracing::info!(key_gen = cert.key_gen, from_epoch = cert.from_epoch, "leader: key rotation handed over");
+        Ok(cert)
+    }
+
+    /// The rotation certificates of the running job (generations 1..).
+    pub fn rotation_certs(&self) -> Vec<RotationCert> {
+        self.job.lock().as_ref().map(|j| j.certs.clone()).unwrap_or_default()
     }
 
     /// Capsule server `id`'s ack-signing key for the current job (the application key's child
@@ -211,6 +368,15 @@ impl Leader {
     pub fn holds_keys(&self) -> bool {
         self.job.lock().is_some()
     }
+}
+
+/// Associated data of a rotation bundle: the job, the worker and the key generation.
+pub fn rotation_aad(job: JobId, worker: u32, key_gen: u32) -> Vec<u8> {
+    let mut a = b"psl/rotate/v1".to_vec();
+    a.extend_from_slice(&job.0);
+    a.extend_from_slice(&worker.to_le_bytes());
+    a.extend_from_slice(&key_gen.to_le_bytes());
+    a
 }
 
 /// Associated data of a key bundle: the job, the worker and its lambda slots.

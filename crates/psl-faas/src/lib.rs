@@ -14,13 +14,17 @@
 //! - [`tls`]: TLS 1.3 channels whose certificate key is the one bound into the report
 //!   (self-signed Ed25519 certificates; the peer's key hash checked against the report).
 //! - [`leader`]: the trusted leader: attests workers, derives keys, runs the job's coordinator,
-//!   RESETs workers.
+//!   rotates the job's application key (`prepare_rotation` / `finish_rotation`: per-worker
+//!   bundles sealed to each channel key, the coordinator held below the rotation epoch until
+//!   the workers have their keys), RESETs workers.
 //! - [`rotation`]: leader side of application key rotation: derives the next hardened
 //!   application key, its data key and writer keys, and the owner-signed certificate.
 //! - [`scheduler`]: the untrusted scheduler: a registry of workers; forwards sealed programs.
-//! - [`worker`]: a worker: attests, receives its keys, runs lambda slots on a `psl_node::Node`.
+//! - [`worker`]: a worker: attests, receives its keys, runs lambda slots on a `psl_node::Node`,
+//!   installs key rotations in that node.
 //! - [`kv`]: [`NodeKv`], the sandbox's [`psl_sandbox::KvHost`] over a `psl_node::Node`.
-//! - [`deploy`]: [`Deployment`]: every role in one process over an `InProcHub`; `run_job`.
+//! - [`deploy`]: [`Deployment`]: every role in one process over an `InProcHub`; `run_job`
+//!   (with an optional key rotation mid-job, `rotate_keys`).
 //! - [`net`]: the roles as processes over TCP (`psl leader`, `psl scheduler`, `psl worker`),
 //!   the client of `psl run --cluster`, the wire frames and the cluster file.
 //! - [`error`] holds [`FaasError`].

@@ -6,16 +6,18 @@
 //! (non-hardened grandchildren `m/app_index'/w`). It signs a [`RotationCert`] with the owner key
 //! naming the new key's fingerprint and the rotation epoch.
 //!
-//! What the leader does with a [`Rotation`] (the multi-process leader's hook):
-//! 1. pick the rotation epoch with [`rotation_epoch`] a few epochs ahead of the newest SYNC;
+//! What the leader does with a [`Rotation`] (`Leader::prepare_rotation` and
+//! `Leader::finish_rotation`; docs/protocol/faas.md §9):
+//! 1. pick the rotation epoch with [`rotation_epoch`] a few epochs ahead of the coordinator's,
+//!    and install the certificate (not yet the coordinator's key) in its coordinator node, which
+//!    then holds its epoch clock below the rotation epoch;
 //! 2. send each attested worker, sealed to its channel key, the certificate, the new data key
-//!    ([`Rotation::data_key_bytes`]) and only its own writer keys ([`Rotation::writer_key`]);
-//!    the worker calls `NodeCore::install_rotation(cert, Some(data_key))` and
-//!    `Author::schedule_rotation` for each of its writers (and the coordinator's node also
-//!    `NodeCore::set_coordinator_key_gen`);
-//! 3. publish the certificate in the log as a `Rotate` control record ([`Rotation::control_body`])
-//!    so that capsule servers, late joiners and auditors learn it from the log itself;
-//! 4. erase the retired application key.
+//!    and only its own writer keys ([`Rotation::writer_key`]); the worker installs them in its
+//!    node (`psl_node::Node::install_rotation`); capsule hosts get the certificate;
+//! 3. hand the coordinator its new key: it publishes the certificate in the log as a `Rotate`
+//!    control record (the body of [`Rotation::control_body`]) and runs on into the new
+//!    generation;
+//! 4. keep the new application key in place of the retired one, which is erased.
 //!
 //! From the rotation epoch on, every node refuses records signed under the retired generation
 //! (`retired-key`), while records of earlier epochs stay verifiable with the old public key.
@@ -53,6 +55,12 @@ impl Rotation {
     /// The new generation's application key (the leader keeps it for the job).
     pub fn app(&self) -> &AppKey {
         &self.app
+    }
+
+    /// The new application key, for the leader to keep in place of the retired one (the
+    /// writer keys derived for the workers are erased).
+    pub fn into_app(self) -> AppKey {
+        self.app
     }
 
     /// The new data key.

@@ -6,14 +6,14 @@ use crate::attest::{bind_offer, Attester};
 use crate::channel::ChannelKey;
 use crate::error::FaasError;
 use crate::kv::NodeKv;
-use crate::leader::{grant_aad, Grant, Leader, Offer};
+use crate::leader::{grant_aad, rotation_aad, Grant, Leader, Offer, RotationGrant};
 use crate::program::{JobId, Payload, SealedProgram};
 use crate::scheduler::SealedJob;
 use parking_lot::Mutex;
-use psl_capsule::SignedMetadata;
+use psl_capsule::{RotationCert, SignedMetadata};
 use psl_crypto::{DataKey, SigningKey};
 use psl_fabric::Fabric;
-use psl_node::{Node, NodeKeys, NodeOptions};
+use psl_node::{Node, NodeKeys, NodeOptions, NodeRotation};
 use psl_sandbox::{spawn_lambda, LambdaOutcome, LambdaSpec, SandboxLimits};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,6 +23,8 @@ pub const RESULT_BYTES_MAX: usize = 8 << 20;
 
 struct Inner {
     channel: Option<ChannelKey>,
+    /// The job and the node id of the grant (for key rotations).
+    granted: Option<(JobId, u32)>,
     node: Option<Arc<Node>>,
     data_key: Option<DataKey>,
     attested: bool,
@@ -61,7 +63,7 @@ impl Worker {
             attester,
             limits,
             sync_timeout: Duration::from_secs(10),
-            inner: Mutex::new(Inner { channel: None, node: None, data_key: None, attested: false }),
+            inner: Mutex::new(Inner { channel: None, granted: None, node: None, data_key: None, attested: false }),
         }
     }
 
@@ -86,16 +88,24 @@ impl Worker {
     /// Opens the grant, starts the node, opens the program, runs the slots, waits for them.
     /// `ep` is this worker's endpoint on the deployment's fabric.
     pub fn run(&self, job: &SealedJob, grant: &Grant, ep: Arc<dyn Fabric>) -> Result<WorkerRun, FaasError> {
-        let channel = self.inner.lock().channel.take().ok_or_else(|| FaasError::Worker {
-            worker: self.id,
-            why: "no channel key: not attested for this job".into(),
-        })?;
-        let bundle = channel.open(&grant.sealed_keys, &grant_aad(job.job, self.id, &grant.lambdas))?;
+        // The channel key stays for key rotations during the job (RESET drops it).
+        let bundle = {
+            let g = self.inner.lock();
+            let channel = g.channel.as_ref().ok_or_else(|| FaasError::Worker {
+                worker: self.id,
+                why: "no channel key: not attested for this job".into(),
+            })?;
+            channel.open(&grant.sealed_keys, &grant_aad(job.job, self.id, &grant.lambdas))?
+        };
         let t = Instant::now();
         let (meta, data_key, writers) = parse_bundle(&bundle, job.job, grant)?;
         drop(bundle);
         tracing::debug!("worker {}: key bundle checked in {:?}", self.id, t.elapsed());
-        self.inner.lock().attested = true;
+        {
+            let mut g = self.inner.lock();
+            g.attested = true;
+            g.granted = Some((job.job, grant.node_id));
+        }
         // Integrity first: nothing runs unless the program (and input) open under the job's key.
         let program = job.program.open(&data_key, job.job, Payload::Program, self.limits.program_bytes_max)?;
         let program: Arc<str> = Arc::from(
@@ -139,6 +149,43 @@ impl Worker {
         Ok(WorkerRun { worker: self.id, keys_ready, lambdas_started, outcomes, final_sync })
     }
 
+    /// A key rotation from the leader: opens the bundle with this job's channel key, checks it
+    /// (job, node id, the data key and every writer key against the certificate, one key for
+    /// each of this node's writers), and installs it in the running node, which checks the
+    /// owner's signature on the certificate. Waits (up to 10 s) for the node if the rotation
+    /// arrives before it started. Returns the node's newest key generation.
+    pub fn rotate(&self, g: &RotationGrant) -> Result<u32, FaasError> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let fail = |why: String| FaasError::Worker { worker: self.id, why: format!("key rotation: {why}") };
+        let (job, node_id, node, bundle) = loop {
+            {
+                let inner = self.inner.lock();
+                let channel = inner.channel.as_ref().ok_or_else(|| fail("no channel key (not granted)".into()))?;
+                if let (Some((job, node_id)), Some(node)) = (inner.granted, inner.node.clone()) {
+                    let bundle = channel.open(&g.sealed_keys, &rotation_aad(job, self.id, g.key_gen))?;
+                    break (job, node_id, node, bundle);
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(fail("the node did not start within 10 s".into()));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let rot = parse_rotation(&bundle, job, node_id)?;
+        drop(bundle);
+        if rot.cert.key_gen != g.key_gen {
+            return Err(fail("key generation does not match the message".into()));
+        }
+        let st = node.install_rotation(rot, Duration::from_secs(10))?;
+        tracing::info!(
+            worker = self.id,
+            key_gen = st.key_gen_newest,
+            from_epoch = st.from_epoch,
+            "worker: key rotation installed"
+        );
+        Ok(st.key_gen_newest)
+    }
+
     /// Seals `plaintext` (this worker's results) for the client under the job's data key, so
     /// that the untrusted scheduler can relay it without reading it.
     pub fn seal_result(&self, job: JobId, plaintext: &[u8]) -> Result<SealedProgram, FaasError> {
@@ -156,6 +203,7 @@ impl Worker {
         let (node, data_key, channel) = {
             let mut g = self.inner.lock();
             g.attested = false;
+            g.granted = None;
             (g.node.take(), g.data_key.take(), g.channel.take())
         };
         drop(data_key);
@@ -228,4 +276,101 @@ fn parse_bundle(
         }
     }
     Ok((meta, data_key, writers))
+}
+
+/// A rotation bundle: `job id (16) ‖ node id u32 ‖ certificate (214) ‖ data key (32) ‖ n u16 ‖
+/// n × (writer u32 ‖ writer secret 32)`. Checks everything but the owner's signature (the
+/// node's verifier checks that when it installs the certificate).
+fn parse_rotation(b: &[u8], job: JobId, node_id: u32) -> Result<NodeRotation, FaasError> {
+    let bad = |why: &str| FaasError::Malformed { what: "rotation bundle", why: why.into() };
+    const CERT: usize = psl_capsule::ROTATION_CERT_LEN;
+    let head = 16 + 4 + CERT + 32 + 2;
+    if b.len() < head || b[..16] != job.0 {
+        return Err(bad("wrong job or too short"));
+    }
+    if u32::from_le_bytes(b[16..20].try_into().expect("4")) != node_id {
+        return Err(bad("node id does not match the grant"));
+    }
+    let cert = RotationCert::decode(&b[20..20 + CERT]).map_err(|e| bad(&format!("certificate: {e}")))?;
+    let o = 20 + CERT;
+    let data_key = DataKey::from_bytes(b[o..o + 32].try_into().expect("32"));
+    if data_key.fingerprint() != cert.data_key_fp {
+        return Err(bad("data key does not match the certificate"));
+    }
+    let n = u16::from_le_bytes(b[o + 32..o + 34].try_into().expect("2")) as usize;
+    if n > crate::leader::SLOTS_PER_WORKER_MAX || b.len() != head + 36 * n {
+        return Err(bad("writer count or length"));
+    }
+    let mut writers = Vec::with_capacity(n);
+    for i in 0..n {
+        let p = head + 36 * i;
+        let w = u32::from_le_bytes(b[p..p + 4].try_into().expect("4"));
+        let mut sk = zeroize::Zeroizing::new([0u8; 32]);
+        sk.copy_from_slice(&b[p + 4..p + 36]);
+        let k = SigningKey::from_bytes(&sk).map_err(|_| bad("writer key"))?;
+        if cert.app.writer(w).ok() != Some(k.verifying_key()) {
+            return Err(bad("writer key is not the new application key's"));
+        }
+        writers.push((w, k));
+    }
+    Ok(NodeRotation { cert, data_key: Some(data_key), writers, coordinator: None, refuse_if_begun: false })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::channel::{seal_to, ChannelKey};
+    use psl_capsule::{new_capsule, Limits};
+    use psl_crypto::OwnerKey;
+
+    fn bundle(job: JobId, node_id: u32, cert: &RotationCert, dk: &DataKey, keys: &[(u32, SigningKey)]) -> Vec<u8> {
+        let mut b = job.0.to_vec();
+        b.extend_from_slice(&node_id.to_le_bytes());
+        b.extend_from_slice(&cert.encode());
+        b.extend_from_slice(dk.expose_bytes());
+        b.extend_from_slice(&(keys.len() as u16).to_le_bytes());
+        for (w, k) in keys {
+            b.extend_from_slice(&w.to_le_bytes());
+            b.extend_from_slice(&k.expose_secret_bytes()[..]);
+        }
+        b
+    }
+
+    #[test]
+    fn rotation_bundles_are_checked_and_open_only_for_their_worker() {
+        let owner = OwnerKey::from_seed(&[3; 32]).unwrap();
+        let meta = new_capsule(&owner, 1, "rot", 0, Limits::default()).unwrap();
+        let cert = RotationCert::issue(&owner, &meta, 1, 2, 9).unwrap();
+        let app = owner.app(2).unwrap();
+        let (job, w1, w2) =
+            (JobId([7; 16]), psl_scl::writer_index(1, 0, 0).unwrap(), psl_scl::writer_index(2, 0, 0).unwrap());
+        let good = bundle(job, 1, &cert, &app.data_key(), &[(w1, app.writer(w1).unwrap())]);
+        let r = parse_rotation(&good, job, 1).unwrap();
+        assert_eq!(r.writers.len(), 1);
+        assert_eq!(r.writers[0].0, w1);
+        // Another job, another node, a truncated bundle, a data key or writer key not the
+        // certificate's: all refused.
+        assert!(parse_rotation(&good, JobId([8; 16]), 1).is_err());
+        assert!(parse_rotation(&good, job, 2).is_err());
+        assert!(parse_rotation(&good[..good.len() - 1], job, 1).is_err());
+        let old = owner.app(1).unwrap();
+        assert!(
+            parse_rotation(&bundle(job, 1, &cert, &old.data_key(), &[(w1, app.writer(w1).unwrap())]), job, 1).is_err()
+        );
+        assert!(
+            parse_rotation(&bundle(job, 1, &cert, &app.data_key(), &[(w1, old.writer(w1).unwrap())]), job, 1).is_err()
+        );
+        assert!(
+            parse_rotation(&bundle(job, 1, &cert, &app.data_key(), &[(w1, app.writer(w2).unwrap())]), job, 1).is_err()
+        );
+        // Sealed to worker 1's channel key under its associated data: worker 2 cannot open it,
+        // nor can it be replayed as another worker's or another generation's.
+        let (k1, k2) = (ChannelKey::generate().unwrap(), ChannelKey::generate().unwrap());
+        let sealed = seal_to(&k1.public(), &rotation_aad(job, 1, 1), &good).unwrap();
+        assert!(k1.open(&sealed, &rotation_aad(job, 1, 1)).is_ok());
+        assert!(k1.open(&sealed, &rotation_aad(job, 1, 1)).is_ok(), "the channel key serves the whole job");
+        assert!(k2.open(&sealed, &rotation_aad(job, 1, 1)).is_err());
+        assert!(k1.open(&sealed, &rotation_aad(job, 2, 1)).is_err());
+        assert!(k1.open(&sealed, &rotation_aad(job, 1, 2)).is_err());
+    }
 }

@@ -23,5 +23,12 @@ pub fn deployment(workers: usize, rogue: Vec<u32>) -> Deployment {
 }
 
 pub fn run(d: &Deployment, program: &str, lambdas: u32, input: Option<&str>) -> JobReport {
-    d.run_job(JobRequest { program: program.into(), lambdas, input: input.map(String::from), owner: None }).unwrap()
+    d.run_job(JobRequest {
+        program: program.into(),
+        lambdas,
+        input: input.map(String::from),
+        owner: None,
+        rotate_after_ms: None,
+    })
+    .unwrap()
 }

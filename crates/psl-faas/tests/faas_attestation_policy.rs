@@ -21,7 +21,9 @@ fn faas_unmeasured_worker_gets_no_key_and_job_completes_on_others() {
 #[test]
 fn faas_job_fails_clearly_when_no_worker_attests() {
     let d = common::deployment(2, vec![1, 2]);
-    let e = d.run_job(JobRequest { program: "emit(1)".into(), lambdas: 2, input: None, owner: None }).unwrap_err();
+    let e = d
+        .run_job(JobRequest { program: "emit(1)".into(), lambdas: 2, input: None, owner: None, rotate_after_ms: None })
+        .unwrap_err();
     assert!(matches!(e, FaasError::TooFewWorkers { attested: 0, .. }), "{e}");
     assert!(e.to_string().contains("measurement"), "{e}");
     for w in &d.workers {

@@ -17,6 +17,7 @@ fn faas_flipped_program_byte_is_an_integrity_error_and_nothing_runs() {
                 lambdas: 2,
                 input: None,
                 owner: None,
+                rotate_after_ms: None,
             })
             .unwrap_err();
         assert!(matches!(e, FaasError::Integrity { .. }), "byte {pos}: {e}");

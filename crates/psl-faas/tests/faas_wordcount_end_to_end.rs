@@ -25,6 +25,7 @@ fn faas_wordcount_four_lambdas_exact_and_capsule_verifies() {
             lambdas: 4,
             input: Some(text),
             owner: Some(OwnerKey::from_seed(&seed).unwrap()),
+            rotate_after_ms: None,
         })
         .unwrap();
     assert!(r.ok, "{:?}", r.lambdas);

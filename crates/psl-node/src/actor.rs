@@ -7,7 +7,8 @@
 use crate::core::CoreMsg;
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
-use psl_capsule::{Author, Body, ControlCode, Link, Op};
+use psl_capsule::{Author, Body, ControlCode, Link, Op, RotationCert};
+use psl_crypto::{DataKey, SigningKey};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -22,6 +23,15 @@ pub(crate) enum ActorCtl {
     },
     /// Seal everything queued, then answer with the writer's next seq.
     Flush(Sender<u64>),
+    /// An application key rotation: the writer's key and the data key of the next generation,
+    /// used from the certificate's epoch on (`Author::schedule_rotation`). Answers with the
+    /// outcome.
+    Rotate {
+        cert: Box<RotationCert>,
+        key: SigningKey,
+        data_key: DataKey,
+        reply: Sender<Result<(), String>>,
+    },
     Stop,
 }
 
@@ -104,6 +114,13 @@ impl Actor {
                             }
                             Err(e) => tracing::error!(writer = self.queue.writer, "cannot seal EOE: {e}"),
                         }
+                    }
+                    ActorCtl::Rotate { cert, key, data_key, reply } => {
+                        let r = self
+                            .author
+                            .schedule_rotation(&cert, key, data_key)
+                            .map_err(|e| format!("writer {}: key generation {}: {e}", self.queue.writer, cert.key_gen));
+                        let _ = reply.send(r);
                     }
                     ActorCtl::Flush(reply) => {
                         self.drain_all();

@@ -10,6 +10,8 @@
 //! DIGEST                   -> DIGEST <hex>            (memtable digest)
 //! DUMP                     -> one line of JSON: {key: [value, lamport, writer]}
 //! STATS                    -> one line of JSON: counters and rejections by reason
+//! KEYGEN                   -> one line of JSON: epoch, application key generations in force
+//!                             and newest, the newest one's rotation epoch
 //! METRICS                  -> Prometheus text, then a line "END"
 //! QUIT
 //! ```
@@ -152,6 +154,10 @@ fn command(node: &Node, line: &[u8]) -> Reply {
             Reply::Line(serde_json::Value::Object(m).to_string())
         }
         b"STATS" => Reply::Line(stats_json(node).to_string()),
+        b"KEYGEN" => Reply::Line(match node.rotation_state(std::time::Instant::now() + Duration::from_secs(5)) {
+            Ok(st) => st.to_json().to_string(),
+            Err(e) => format!("ERROR {e}"),
+        }),
         b"METRICS" => Reply::Line(format!("{}END", node.render_metrics())),
         b"QUIT" => Reply::Quit,
         _ => Reply::Line(format!("ERROR unknown command {:?}", String::from_utf8_lossy(cmd))),

@@ -8,7 +8,8 @@
 use crate::actor::{ActorCtl, ActorQueue};
 use crate::ring::CoreRing;
 use crossbeam_channel::{Receiver, Select, Sender};
-use psl_capsule::{Author, Body, ControlCode, Opened, Record, Verified};
+use psl_capsule::{Author, Body, ControlCode, Opened, Record, RotationCert, Verified, Verifier};
+use psl_crypto::{DataKey, SigningKey};
 use psl_scl::{DurableStatus, DurableTicket, Metrics, Msg, NodeCore, Output, RejectReason, SyncTicket};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -46,7 +47,52 @@ pub(crate) enum CoreMsg {
     Publish(Vec<u8>),
     /// An own record sealed outside the writer actors (CapsuleDB's blocks and indexes).
     Own(Record),
+    /// An application key rotation for the core: the certificate (and the new data key) into
+    /// the verifier, and, on a node running a coordinator, that writer's new key.
+    Rotate(Box<CoreRotation>, Sender<Result<RotationState, String>>),
+    /// The rotation state (epoch, key generations), for debug lines and the leader.
+    RotationState(Sender<RotationState>),
     Stop,
+}
+
+/// What the core thread is asked to install for a rotation.
+pub(crate) struct CoreRotation {
+    pub cert: RotationCert,
+    pub data_key: Option<DataKey>,
+    /// The coordinator writer's key under the new generation (a node running a coordinator).
+    pub coordinator: Option<SigningKey>,
+    /// Refuse (install nothing) if the rotation epoch has already begun here: the leader's
+    /// coordinator must learn a rotation before its epoch, or some record of that epoch could
+    /// already be under the old key.
+    pub refuse_if_begun: bool,
+}
+
+/// A node's view of application key rotation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RotationState {
+    /// The epoch this node is in.
+    pub epoch: u64,
+    /// Newest application key generation the node's verifier knows (0: never rotated).
+    pub key_gen_newest: u32,
+    /// The generation in force at `epoch`.
+    pub key_gen_in_force: u32,
+    /// The epoch the newest generation takes effect at (0 for generation 0).
+    pub from_epoch: u64,
+    /// The generation the node's coordinator writer holds keys for (none: no coordinator).
+    pub coordinator_key_gen: Option<u32>,
+}
+
+impl RotationState {
+    /// One line of JSON (the control interface's `KEYGEN`).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "epoch": self.epoch,
+            "key_gen_newest": self.key_gen_newest,
+            "key_gen_in_force": self.key_gen_in_force,
+            "from_epoch": self.from_epoch,
+            "coordinator_key_gen": self.coordinator_key_gen,
+        })
+    }
 }
 
 /// A `sync_durable()` caller: its barrier, where to answer, and when it gives up.
@@ -54,7 +100,11 @@ type DurableWaiter = (DurableTicket, Sender<Result<(), DurableStatus>>, Instant)
 
 pub(crate) struct Core {
     pub core: NodeCore,
+    pub verifier: Arc<Verifier>,
     pub coordinator: Option<Author>,
+    /// The generation the coordinator writer has been given keys for (it switches to them only
+    /// at the rotation epoch; `Author::key_gen` is the one it signs with now).
+    pub coordinator_next_gen: u32,
     pub actors: Vec<(Arc<ActorQueue>, Sender<ActorCtl>)>,
     pub local_rx: Receiver<CoreMsg>,
     pub results_rx: Receiver<CoreMsg>,
@@ -166,6 +216,13 @@ impl Core {
                     let out = self.core.on_own_record(&rec, now);
                     self.outputs(out);
                 }
+                CoreMsg::Rotate(r, reply) => {
+                    let res = self.rotate(*r, now);
+                    let _ = reply.send(res);
+                }
+                CoreMsg::RotationState(reply) => {
+                    let _ = reply.send(self.rotation_state());
+                }
                 CoreMsg::Stop => return,
             }
             // Barriers complete when SYNCs apply; answer the callers whose barrier is done, and
@@ -183,6 +240,59 @@ impl Core {
                 }
             });
         }
+    }
+
+    fn rotation_state(&self) -> RotationState {
+        let v = &self.verifier;
+        let epoch = self.core.epoch();
+        let newest = v.key_gen_newest();
+        let from_epoch = match newest {
+            0 => 0,
+            g => v.rotation_certs().get(g as usize - 1).map(|c| c.from_epoch).unwrap_or(0),
+        };
+        RotationState {
+            epoch,
+            key_gen_newest: newest,
+            key_gen_in_force: v.key_gen_at(epoch),
+            from_epoch,
+            coordinator_key_gen: self.coordinator.as_ref().map(|c| c.key_gen().max(self.coordinator_next_gen)),
+        }
+    }
+
+    /// Installs a rotation (see [`CoreRotation`]): the certificate in the verifier, then the
+    /// coordinator's key, whose writer then carries the certificate into the log as a `Rotate`
+    /// control record.
+    fn rotate(&mut self, r: CoreRotation, now: u64) -> Result<RotationState, String> {
+        let cert = r.cert;
+        if r.refuse_if_begun && cert.from_epoch <= self.core.epoch() && self.verifier.key_gen_newest() < cert.key_gen {
+            return Err(format!(
+                "rotation epoch {} has already begun here (epoch {})",
+                cert.from_epoch,
+                self.core.epoch()
+            ));
+        }
+        self.core.install_rotation(&cert, r.data_key.clone()).map_err(|e| format!("certificate refused: {e}"))?;
+        if let Some(key) = r.coordinator {
+            let c = self.coordinator.as_mut().ok_or("this node runs no coordinator")?;
+            if c.key_gen() < cert.key_gen && self.coordinator_next_gen < cert.key_gen {
+                let dk = r.data_key.ok_or("the coordinator's rotation needs the new data key")?;
+                c.schedule_rotation(&cert, key, dk).map_err(|e| format!("coordinator key: {e}"))?;
+                self.coordinator_next_gen = cert.key_gen;
+                self.core.set_coordinator_key_gen(cert.key_gen);
+                // The certificate in the log, for nodes the leader did not reach and auditors.
+                let body = Body::Control { code: ControlCode::Rotate, payload: cert.encode() };
+                c.observe(self.core.clock().tick());
+                match c.write_control(body.clone(), Vec::new()) {
+                    Ok(rec) => {
+                        self.core.clock().observe(rec.header().lamport);
+                        let out = self.core.on_local_record(rec, &body, now);
+                        self.outputs(out);
+                    }
+                    Err(e) => tracing::error!("cannot seal the Rotate record: {e}"),
+                }
+            }
+        }
+        Ok(self.rotation_state())
     }
 
     fn outputs(&mut self, out: Vec<Output>) {
@@ -232,7 +342,9 @@ impl Core {
                         match c.write_sync_epoch(epoch, heads) {
                             Ok(rec) => {
                                 self.core.clock().observe(rec.header().lamport);
-                                let body = Body::Sync { app_key_fp: Default::default() };
+                                let body = Body::Sync {
+                                    app_key_fp: self.verifier.app_key_fp(rec.header().key_gen).unwrap_or_default(),
+                                };
                                 let now = self.start.elapsed().as_millis() as u64;
                                 work.extend(self.core.on_local_record(rec, &body, now));
                             }

@@ -13,7 +13,8 @@
 //! ```
 //!
 //! Module map:
-//! - [`node`]: [`Node`]: start, `put`/`delete`/`get`/`sync`, metrics, shutdown.
+//! - [`node`]: [`Node`]: start, `put`/`delete`/`get`/`sync`, metrics, shutdown; installing an
+//!   application key rotation ([`NodeRotation`]) through the core's and writers' channels.
 //! - [`options`]: [`NodeOptions`] and the limits of every queue.
 //! - `actor`: writer actors (one [`psl_capsule::Author`] each) and their bounded op queues.
 //! - `core`: the core thread that owns the [`psl_scl::NodeCore`].
@@ -38,6 +39,7 @@ pub mod options;
 pub mod recovery;
 mod ring;
 
+pub use core::RotationState;
 pub use dbclient::DbClientStats;
-pub use node::{Node, NodeError, NodeKeys};
+pub use node::{Node, NodeError, NodeKeys, NodeRotation};
 pub use options::NodeOptions;

@@ -1,11 +1,11 @@
 //! [`Node`]: starts the threads, offers the KV API.
 
 use crate::actor::{Actor, ActorCtl, ActorQueue};
-use crate::core::{Core, CoreMsg};
+use crate::core::{Core, CoreMsg, CoreRotation, RotationState};
 use crate::host::HostStats;
 use crate::options::NodeOptions;
 use crossbeam_channel::{bounded, Sender};
-use psl_capsule::{Action, Author, Limits, Op, Record, SignedMetadata, Verifier};
+use psl_capsule::{Action, Author, Limits, Op, Record, RotationCert, SignedMetadata, Verifier};
 use psl_crypto::{AppKey, DataKey, Hash256, SigningKey};
 use psl_fabric::Fabric;
 use psl_scl::memtable::key_shard;
@@ -39,6 +39,8 @@ pub enum NodeError {
     CapsuleDbTimeout(Duration),
     #[error("keys: {0}")]
     Keys(String),
+    #[error("key rotation: {0}")]
+    Rotation(String),
     #[error("starting a thread: {0}")]
     Spawn(#[from] std::io::Error),
 }
@@ -78,6 +80,25 @@ impl NodeKeys {
         };
         Ok(NodeKeys { meta: meta.clone(), data_key: app.data_key(), writers, coordinator })
     }
+}
+
+/// An application key rotation for a running node: what the leader hands it, on the attested
+/// channel (see `docs/protocol/scl.md` §7a and `docs/protocol/faas.md`).
+pub struct NodeRotation {
+    /// The owner-signed certificate of the new generation.
+    pub cert: RotationCert,
+    /// The new generation's data key (`None`: the node learns only the public part).
+    pub data_key: Option<DataKey>,
+    /// Each writer actor's key under the new generation. Empty, or one for every writer of
+    /// the node (a writer left without its key would sign records every peer refuses from
+    /// the rotation epoch on).
+    pub writers: Vec<(u32, SigningKey)>,
+    /// The coordinator writer's key under the new generation (a node running a coordinator).
+    /// Until it has it, the coordinator opens no epoch at or after the rotation epoch.
+    pub coordinator: Option<SigningKey>,
+    /// Install nothing if the rotation epoch has already begun on this node (the leader's
+    /// coordinator node: it must learn a rotation before its epoch).
+    pub refuse_if_begun: bool,
 }
 
 pub struct Node {
@@ -262,6 +283,8 @@ impl Node {
         );
         let core = Core {
             core,
+            verifier: verifier.clone(),
+            coordinator_next_gen: 0,
             coordinator: coordinator.map(|(_, _, a)| a),
             actors: actors.clone(),
             local_rx,
@@ -547,6 +570,58 @@ impl Node {
     pub fn put_durable(&self, key: &[u8], value: &[u8], timeout: Duration) -> Result<(), NodeError> {
         self.put(key, value)?;
         self.sync_durable(timeout)
+    }
+
+    /// Installs an application key rotation, through the node's own channels (no I/O in the
+    /// core): the certificate and data key into the core thread's verifier (and, on a node
+    /// running a coordinator, the coordinator writer's new key, after which it writes the
+    /// certificate into the log as a `Rotate` record), then each writer actor's new key. Each
+    /// hop waits at most until `timeout`. Returns the node's rotation state afterwards.
+    pub fn install_rotation(&self, r: NodeRotation, timeout: Duration) -> Result<RotationState, NodeError> {
+        let deadline = Instant::now() + timeout;
+        let gone = || NodeError::Rotation(format!("the node did not answer within {timeout:?}"));
+        let NodeRotation { cert, data_key, writers, coordinator, refuse_if_begun } = r;
+        if let Some(dk) = &data_key {
+            if dk.fingerprint() != cert.data_key_fp {
+                return Err(NodeError::Rotation("the data key is not the certificate's".into()));
+            }
+        }
+        let mine = self.writers();
+        if !writers.is_empty() {
+            if let Some((w, _)) = writers.iter().find(|(w, _)| !mine.contains(w)) {
+                return Err(NodeError::Rotation(format!("writer {w} is not one of this node's")));
+            }
+            if let Some(w) = mine.iter().find(|w| !writers.iter().any(|(x, _)| x == *w)) {
+                return Err(NodeError::Rotation(format!("no key for this node's writer {w}")));
+            }
+            if data_key.is_none() {
+                return Err(NodeError::Rotation("writer keys need the new data key".into()));
+            }
+        }
+        if self.stop.load(Ordering::Acquire) {
+            return Err(NodeError::Stopped);
+        }
+        let (rtx, rrx) = bounded(1);
+        let msg = CoreRotation { cert: cert.clone(), data_key: data_key.clone(), coordinator, refuse_if_begun };
+        self.api.send_deadline(CoreMsg::Rotate(Box::new(msg), rtx), deadline).map_err(|_| gone())?;
+        rrx.recv_deadline(deadline).map_err(|_| gone())?.map_err(NodeError::Rotation)?;
+        for (w, key) in writers {
+            let Some((q, tx)) = self.actors.iter().find(|(q, _)| q.writer == w) else { continue };
+            let dk = data_key.clone().expect("checked above");
+            let (rtx, rrx) = bounded(1);
+            let m = crate::actor::ActorCtl::Rotate { cert: Box::new(cert.clone()), key, data_key: dk, reply: rtx };
+            tx.send_deadline(m, deadline).map_err(|_| gone())?;
+            q.poke();
+            rrx.recv_deadline(deadline).map_err(|_| gone())?.map_err(NodeError::Rotation)?;
+        }
+        self.rotation_state(deadline)
+    }
+
+    /// The node's epoch and application key generations (the control interface's `KEYGEN`).
+    pub fn rotation_state(&self, deadline: Instant) -> Result<RotationState, NodeError> {
+        let (rtx, rrx) = bounded(1);
+        self.api.send_deadline(CoreMsg::RotationState(rtx), deadline).map_err(|_| NodeError::Stopped)?;
+        rrx.recv_deadline(deadline).map_err(|_| NodeError::Stopped)
     }
 
     /// How many capsule servers the node counts acks from (0: durability off).

@@ -331,6 +331,21 @@ impl Server {
         *self.stats.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// An application key rotation, from the leader (capsule servers verify with public keys and
+    /// cannot open the `Rotate` record that carries the certificate in the log): the
+    /// owner-signed certificate goes into the store (durable in `rotations.bin` before this
+    /// returns, so records of the new generation verify after a restart too), then into the
+    /// verifier the server checks incoming records with. From its epoch on, records under the
+    /// retired key are refused. `Ok(false)`: already installed.
+    pub fn install_rotation(&self, cert: &psl_capsule::RotationCert) -> Result<bool, ServerError> {
+        let fresh = self.store().install_rotation(cert)?;
+        let v = self.verifier.install_rotation(cert, None).map_err(|e| {
+            ServerError::Store(StoreError::Rotation { path: self.store().dir().to_path_buf(), why: e.to_string() })
+        })?;
+        tracing::info!(key_gen = cert.key_gen, from_epoch = cert.from_epoch, "capsule server: key rotation installed");
+        Ok(fresh || v)
+    }
+
     /// Set when a group commit failed (the server no longer acks; restart it).
     pub fn failed(&self) -> Option<String> {
         self.failed.lock().unwrap_or_else(|p| p.into_inner()).clone()

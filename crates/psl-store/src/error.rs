@@ -31,6 +31,9 @@ pub enum StoreError {
     #[error("{}: no store here (metadata.bin is missing)", path.display())]
     NotAStore { path: PathBuf },
 
+    #[error("{}: key rotation certificate refused: {why}", path.display())]
+    Rotation { path: PathBuf, why: String },
+
     #[error("{}: metadata rejected: {source}", path.display())]
     Metadata {
         path: PathBuf,

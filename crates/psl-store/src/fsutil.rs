@@ -37,3 +37,14 @@ pub(crate) fn write_new_atomic(dir: &Path, path: &Path, tmp: &Path, bytes: &[u8]
     fs::rename(tmp, path)?;
     sync_dir(dir)
 }
+
+/// Writes `bytes` to `path` through `tmp` (write, fsync, rename over any old file, directory
+/// fsync): after a crash `path` holds either the old or the new bytes.
+pub(crate) fn replace_atomic(dir: &Path, path: &Path, tmp: &Path, bytes: &[u8]) -> io::Result<()> {
+    let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    drop(f);
+    fs::rename(tmp, path)?;
+    sync_dir(dir)
+}

@@ -16,6 +16,9 @@
 //! - `metadata.bin`: the capsule's signed metadata, written once at creation (temp file, fsync,
 //!   rename, directory fsync). Its owner signature is checked on every open.
 //! - `records.log`: an append-only log of frames `u32 LE len ‖ u32 LE crc32(record) ‖ record`.
+//! - `rotations.bin` (only once the application key was rotated): the owner-signed rotation
+//!   certificates, replaced atomically by `DiskStore::install_rotation` and installed in the
+//!   verifier on every open, so that records of later key generations verify again.
 //!
 //! # The chain-order rule, and why a crash cannot break a replica
 //!
@@ -81,4 +84,4 @@ pub use exchange::import_into;
 pub use frame::{DamagedFrame, FrameFault, TornTail, Unreadable, FRAME_HEADER_LEN, MIN_RECORD_LEN};
 pub use index::{Orphan, OrphanCause};
 pub use report::{AppendOutcome, CheckReport, LostRecord, OpenReport, RepairReport};
-pub use store::{read_metadata, DiskStore, LOCK_FILE, LOG_FILE, METADATA_FILE};
+pub use store::{read_metadata, DiskStore, LOCK_FILE, LOG_FILE, METADATA_FILE, ROTATIONS_FILE};

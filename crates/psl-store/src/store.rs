@@ -2,7 +2,7 @@
 
 use crate::error::StoreError;
 use crate::frame::{encode_frame, scan, Event, FrameFault, LogReader, FRAME_HEADER_LEN};
-use crate::fsutil::{read_exact_at, sync_dir, write_all_at, write_new_atomic};
+use crate::fsutil::{read_exact_at, replace_atomic, sync_dir, write_all_at, write_new_atomic};
 use crate::index::{Index, Loc, Orphan, Placement};
 use crate::report::{AppendOutcome, CheckReport, LostRecord, OpenReport, RepairReport};
 use psl_capsule::meta::META_BYTES_MAX;
@@ -15,6 +15,30 @@ use std::path::{Path, PathBuf};
 
 /// The signed metadata, written once at creation.
 pub const METADATA_FILE: &str = "metadata.bin";
+/// The capsule's application key rotation certificates (generations 1.., each
+/// `psl_capsule::ROTATION_CERT_LEN` bytes, in order), so that records of a rotated key verify
+/// again when the store is opened. Absent: never rotated.
+pub const ROTATIONS_FILE: &str = "rotations.bin";
+const ROTATIONS_TMP: &str = "rotations.bin.tmp";
+
+/// Installs the certificates of `dir`'s rotations file (if any) in `verifier`.
+fn load_rotations(dir: &Path, verifier: &Verifier) -> Result<(), StoreError> {
+    let path = dir.join(ROTATIONS_FILE);
+    let bytes = match fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(StoreError::io(&path, "reading", None, e)),
+    };
+    let bad = |why: String| StoreError::Rotation { path: path.clone(), why };
+    if bytes.len() % psl_capsule::ROTATION_CERT_LEN != 0 {
+        return Err(bad(format!("{} bytes is not a whole number of certificates", bytes.len())));
+    }
+    for c in bytes.chunks(psl_capsule::ROTATION_CERT_LEN) {
+        let cert = psl_capsule::RotationCert::decode(c).map_err(|e| bad(e.to_string()))?;
+        verifier.install_rotation(&cert, None).map_err(|e| bad(format!("generation {}: {e}", cert.key_gen)))?;
+    }
+    Ok(())
+}
 /// The append-only record log.
 pub const LOG_FILE: &str = "records.log";
 const METADATA_TMP: &str = "metadata.bin.tmp";
@@ -152,6 +176,7 @@ impl DiskStore {
         let meta = read_metadata(dir)?;
         check_data_key(dir, &meta, data_key.as_ref())?;
         let verifier = Verifier::new(meta, data_key);
+        load_rotations(dir, &verifier)?;
         let lock = if read_only { None } else { Some(lock_dir(dir)?) };
         let log_path = dir.join(LOG_FILE);
         let file = OpenOptions::new()
@@ -216,6 +241,27 @@ impl DiskStore {
     /// The verifier every record is checked with, on open and on every read.
     pub fn verifier(&self) -> &Verifier {
         &self.verifier
+    }
+
+    /// An application key rotation: installs the owner-signed certificate in the store's
+    /// verifier (public part only) and makes it durable in `rotations.bin` before returning,
+    /// so that the new generation's records verify now and after a restart. `Ok(false)`: the
+    /// store already had it.
+    pub fn install_rotation(&mut self, cert: &psl_capsule::RotationCert) -> Result<bool, StoreError> {
+        let path = self.dir.join(ROTATIONS_FILE);
+        if self.read_only {
+            return Err(StoreError::ReadOnly { path });
+        }
+        let fresh = self
+            .verifier
+            .install_rotation(cert, None)
+            .map_err(|e| StoreError::Rotation { path: path.clone(), why: e.to_string() })?;
+        if fresh {
+            let bytes: Vec<u8> = self.verifier.rotation_certs().iter().flat_map(|c| c.encode()).collect();
+            replace_atomic(&self.dir, &path, &self.dir.join(ROTATIONS_TMP), &bytes)
+                .map_err(|e| StoreError::io(&path, "writing (temp file, fsync, rename, directory fsync)", None, e))?;
+        }
+        Ok(fresh)
     }
 
     /// Records loaded (each extends its writer's chain).
@@ -680,5 +726,51 @@ fn lock_dir(dir: &Path) -> Result<File, StoreError> {
         Ok(()) => Ok(f),
         Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Locked { path }),
         Err(std::fs::TryLockError::Error(e)) => Err(StoreError::io(&path, "locking", None, e)),
+    }
+}
+
+#[cfg(test)]
+mod rotation_tests {
+    use super::*;
+    use psl_capsule::{new_capsule, Author, Limits, Link, RotationCert};
+    use psl_crypto::OwnerKey;
+
+    #[test]
+    fn a_rotated_store_keeps_its_certificate_and_reopens_clean() {
+        let dir = tempfile::tempdir().unwrap();
+        let owner = OwnerKey::from_seed(&[5; 32]).unwrap();
+        let meta = new_capsule(&owner, 1, "rot-store", 0, Limits::default()).unwrap();
+        let cert = RotationCert::issue(&owner, &meta, 1, 2, 3).unwrap();
+        let new_app = owner.app(2).unwrap();
+        let mut a = Author::new(&meta, &owner.app(1).unwrap(), 5).unwrap();
+        a.schedule_rotation(&cert, new_app.writer(5).unwrap(), new_app.data_key()).unwrap();
+        let old = a.write_ops([("a", Some("0"))]).unwrap();
+        a.enter_epoch(Link { writer: psl_capsule::DEFAULT_COORDINATOR, seq: 0, hash: Hash256::ZERO }, 3);
+        let new = a.write_ops([("b", Some("1"))]).unwrap();
+        assert_eq!(new.header().key_gen, 1);
+
+        let mut s = DiskStore::create(dir.path(), meta.clone(), None).unwrap();
+        let v_old = s.verifier().verify(old.clone()).unwrap();
+        assert!(s.verifier().verify(new.clone()).is_err(), "generation 1 unknown before the certificate");
+        assert!(s.install_rotation(&cert).unwrap());
+        assert!(!s.install_rotation(&cert).unwrap(), "idempotent");
+        let v_new = s.verifier().verify(new.clone()).unwrap();
+        s.append(&[v_old, v_new]).unwrap();
+        drop(s);
+
+        // Reopened from disk: the certificate comes back, both records verify.
+        let (s, rep) = DiskStore::open(dir.path(), None).unwrap();
+        assert!(!rep.is_damaged(), "{rep}");
+        assert_eq!(s.len(), 2);
+        assert_eq!(s.verifier().key_gen_newest(), 1);
+        drop(s);
+        // Without the certificate the new generation's record does not verify: the file matters.
+        fs::remove_file(dir.path().join(ROTATIONS_FILE)).unwrap();
+        let (_s, rep) = DiskStore::open_readonly(dir.path(), None).unwrap();
+        assert!(rep.is_damaged(), "the generation-1 record must not verify without its certificate");
+        // A damaged rotations file is an error naming it, never a panic.
+        fs::write(dir.path().join(ROTATIONS_FILE), b"junk").unwrap();
+        let e = DiskStore::open_readonly(dir.path(), None).err().unwrap();
+        assert!(e.to_string().contains(ROTATIONS_FILE), "{e}");
     }
 }

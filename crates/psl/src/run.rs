@@ -46,6 +46,10 @@ pub struct RunArgs {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Rotate the job's application key this many milliseconds after the workers are admitted
+    /// (a new hardened key; records under the retired one are refused after the rotation epoch).
+    #[arg(long)]
+    pub rotate_after_ms: Option<u64>,
     /// Run on a running deployment: its cluster file (`psl up` writes DIR/cluster.json), or
     /// the directory holding it. Without it an embedded deployment is started on the fly.
     #[arg(long)]
@@ -101,6 +105,7 @@ pub fn run(a: RunArgs) -> Result<i32> {
             owner,
             min_workers: 1,
             record_capsule: a.capsule_out.is_some(),
+            rotate_after_ms: a.rotate_after_ms,
         };
         let r = psl_faas::net::run_remote(&info, req)?;
         let n = info.workers.len();
@@ -115,7 +120,11 @@ pub fn run(a: RunArgs) -> Result<i32> {
             ..DeploymentConfig::default()
         })?;
         let cold_ms = t0.elapsed().as_secs_f64() * 1e3;
-        (d.run_job(JobRequest { program, lambdas: a.lambdas, input, owner })?, workers, Some(cold_ms))
+        (
+            d.run_job(JobRequest { program, lambdas: a.lambdas, input, owner, rotate_after_ms: a.rotate_after_ms })?,
+            workers,
+            Some(cold_ms),
+        )
     };
     if let (Some(path), Some(bytes)) = (&a.capsule_out, &r.capsule_file) {
         crate::util::write_atomic(path, bytes, 0o644)?;
@@ -164,6 +173,16 @@ pub fn run(a: RunArgs) -> Result<i32> {
         println!("  {:<22} {:>8.2}", "job total", b.total_ms);
         for (id, n) in &r.stored_records {
             println!("capsule host {id}: {n} records stored");
+        }
+        for k in &r.key_rotations {
+            let failed = k.workers.iter().chain(&k.hosts).filter(|(_, e)| e.is_some()).count();
+            println!(
+                "application key rotated: generation {} from epoch {} ({} workers, {} hosts, {failed} failed)",
+                k.key_gen,
+                k.from_epoch,
+                k.workers.len(),
+                k.hosts.len()
+            );
         }
         if let Some(p) = &a.capsule_out {
             println!(

@@ -84,6 +84,8 @@ pub struct RemoteJob {
     pub min_workers: usize,
     /// Keep every record of the job (an observer on the router) for the `.capsule` file.
     pub record_capsule: bool,
+    /// Ask the leader to rotate the job's application key this long after admission.
+    pub rotate_after_ms: Option<u64>,
 }
 
 fn ms_us(a: u64, b: u64) -> f64 {
@@ -182,6 +184,17 @@ pub fn run_remote(c: &ClusterInfo, req: RemoteJob) -> Result<JobReport, FaasErro
         let Msg::Admitted { granted, refused } = expect_ok(read_msg(&mut lead)?, "leader: admission")? else {
             return Err(FaasError::Net("expected Admitted from the leader".into()));
         };
+        // 3b. A key rotation while the lambdas run, if asked for (outcomes queue meanwhile).
+        let mut rotations = Vec::new();
+        if let Some(ms) = req.rotate_after_ms {
+            std::thread::sleep(Duration::from_millis(ms));
+            write_msg(&mut lead, &Msg::RotateKey { margin_epochs: crate::rotation::ROTATION_MARGIN_EPOCHS })?;
+            match expect_ok(read_msg(&mut lead)?, "leader: key rotation") {
+                Ok(Msg::Rotated { report }) => rotations.push(report),
+                Ok(m) => return Err(FaasError::Net(format!("leader: expected Rotated, got {}", m.name()))),
+                Err(e) => tracing::error!("{e}"),
+            }
+        }
         // 4. Every forwarded worker's outcome, relayed (sealed) by the scheduler.
         let mut outcomes = Vec::new();
         for _ in 0..workers.len() {
@@ -190,7 +203,7 @@ pub fn run_remote(c: &ClusterInfo, req: RemoteJob) -> Result<JobReport, FaasErro
                 m => return Err(FaasError::Net(format!("scheduler: unexpected {}", m.name()))),
             }
         }
-        Ok((received_us, granted, refused, outcomes))
+        Ok((received_us, granted, refused, outcomes, rotations))
     })();
     // 5. End the job whatever happened: the leader erases its keys and RESETs the workers.
     let (resets, stored) = match write_msg(&mut lead, &Msg::EndJob).and_then(|()| read_msg(&mut lead)) {
@@ -198,7 +211,7 @@ pub fn run_remote(c: &ClusterInfo, req: RemoteJob) -> Result<JobReport, FaasErro
         Ok(m) => return Err(FaasError::Net(format!("leader: expected Ended, got {}", m.name()))),
         Err(e) => return Err(e),
     };
-    let (received_us, granted, refused, outcomes) = result?;
+    let (received_us, granted, refused, outcomes, key_rotations) = result?;
     let mut b = LaunchBreakdown {
         leader_attest_ms: ms_us(t0, t_leader),
         client_to_scheduler_ms: ms_us(t_submit, received_us),
@@ -260,5 +273,6 @@ pub fn run_remote(c: &ClusterInfo, req: RemoteJob) -> Result<JobReport, FaasErro
         capsule_file: capsule_file.map(|(f, _)| f),
         resets,
         stored_records: stored,
+        key_rotations,
     })
 }

@@ -5,6 +5,9 @@
 //! the signed metadata and this server's ack-signing key, the application key's child
 //! `server_writer(id)`), and closes it when the job ends (`EndJob` → `HostClosed{records}`).
 //! The store stays on disk in `DIR/<capsule name>/` (check it with `psl capsule-server check`).
+//! When the leader rotates the job's application key it sends the owner-signed certificate
+//! (`HostRotate{cert}` → `Ok`): the server installs it durably (`rotations.bin`) and accepts the
+//! new generation's records from the rotation epoch on.
 //!
 //! The host is untrusted storage: it verifies with public keys and never sees the data key.
 //! The link from the leader is TLS, but the host is not attested (no TEE is assumed for
@@ -72,7 +75,23 @@ fn job(cfg: &HostConfig, mut s: ServerStream) -> Result<(), FaasError> {
     write_msg(&mut s, &Msg::Ok)?;
     tracing::info!("capsule host {id}: serving capsule in {}", dir.display());
     s.sock.set_read_timeout(Some(Duration::from_secs(24 * 3600)))?;
-    let end = read_msg(&mut s);
+    // Key rotations (certificates: the host verifies with public keys) until the job ends.
+    let end = loop {
+        match read_msg(&mut s) {
+            Ok(Msg::HostRotate { cert }) => {
+                let r = unhex("cert", &cert).and_then(|b| {
+                    psl_capsule::RotationCert::decode(&b).map_err(|e| FaasError::Capsule(format!("certificate: {e}")))
+                });
+                let reply =
+                    match r.and_then(|c| server.install_rotation(&c).map_err(|e| FaasError::Capsule(e.to_string()))) {
+                        Ok(_) => Msg::Ok,
+                        Err(e) => Msg::Error { why: format!("capsule host {id}: key rotation: {e}") },
+                    };
+                write_msg(&mut s, &reply)?;
+            }
+            other => break other,
+        }
+    };
     // Records still in flight: wait until the count holds still for 100 ms (at most 2 s).
     let deadline = Instant::now() + Duration::from_secs(2);
     let mut last = (server.len(), Instant::now());

@@ -51,6 +51,8 @@ type Resets = Vec<(u32, WorkerDebug)>;
 enum WorkerCmd {
     Grant(crate::leader::Grant),
     Refused(String),
+    /// A key rotation bundle; answered with the worker's error, if any.
+    Rotate(crate::leader::RotationGrant, Sender<(u32, Option<String>)>),
     Reset(Sender<(u32, WorkerDebug)>),
 }
 
@@ -157,6 +159,10 @@ fn client(sh: &Arc<Shared>, mut s: ServerStream) -> Result<(), FaasError> {
                 }
                 Msg::Expect { workers } if mine.is_some() => match admit(sh, &workers) {
                     Ok(m) => write_msg(&mut s, &m)?,
+                    Err(e) => reply_err(&mut s, &e)?,
+                },
+                Msg::RotateKey { margin_epochs } if mine.is_some() => match rotate(sh, margin_epochs) {
+                    Ok(report) => write_msg(&mut s, &Msg::Rotated { report })?,
                     Err(e) => reply_err(&mut s, &e)?,
                 },
                 Msg::EndJob if mine.is_some() => {
@@ -326,6 +332,85 @@ fn admit(sh: &Arc<Shared>, workers: &[u32]) -> Result<Msg, FaasError> {
     }
 }
 
+/// How long the leader waits for each worker and host to take a key rotation.
+const ROTATE_WAIT: Duration = Duration::from_secs(10);
+
+/// Rotates the running job's application key: the leader prepares the new generation (its
+/// coordinator then holds the epoch clock below the rotation epoch), sends each granted worker
+/// its sealed bundle on its attested TLS connection and each capsule host the certificate, and
+/// waits (bounded) for their answers; then the coordinator gets its key and the epoch clock
+/// runs on into the new generation. Workers or hosts that failed are listed in the report.
+fn rotate(sh: &Arc<Shared>, margin_epochs: u64) -> Result<crate::deploy::KeyRotationReport, FaasError> {
+    let margin = margin_epochs.clamp(2, 1000);
+    let (cert, grants) = sh.leader.prepare_rotation(margin)?;
+    let (senders, mut hosts) = {
+        let mut st = sh.st.lock();
+        (st.granted.clone(), std::mem::take(&mut st.hosts))
+    };
+    let (tx, rx) = bounded(grants.len().max(1));
+    let mut workers = Vec::new();
+    let mut asked = 0;
+    for g in grants {
+        let w = g.worker;
+        match senders.iter().find(|(x, _)| *x == w) {
+            Some((_, cmd)) if cmd.send(WorkerCmd::Rotate(g, tx.clone())).is_ok() => asked += 1,
+            _ => workers.push((w, Some("the worker's connection is gone".to_string()))),
+        }
+    }
+    // The hosts meanwhile (they only need the public certificate).
+    let cert_hex = hex::encode(cert.encode());
+    let host_results: Vec<(u32, Option<String>)> = hosts
+        .iter_mut()
+        .map(|(id, s)| {
+            let r = write_msg(s, &Msg::HostRotate { cert: cert_hex.clone() }).and_then(|()| {
+                s.sock.set_read_timeout(Some(ROTATE_WAIT))?;
+                read_msg(s)
+            });
+            let e = match r {
+                Ok(Msg::Ok) => None,
+                Ok(Msg::Error { why }) => Some(why),
+                Ok(m) => Some(format!("unexpected {}", m.name())),
+                Err(e) => Some(e.to_string()),
+            };
+            if let Some(e) = &e {
+                tracing::warn!("capsule host {id}: key rotation: {e}");
+            }
+            (*id, e)
+        })
+        .collect();
+    {
+        let mut st = sh.st.lock();
+        if st.job.is_some() {
+            st.hosts = hosts;
+        }
+    }
+    let deadline = Instant::now() + ROTATE_WAIT;
+    let mut answered = 0;
+    while answered < asked {
+        match rx.recv_deadline(deadline) {
+            Ok(r) => {
+                workers.push(r);
+                answered += 1;
+            }
+            Err(_) => break,
+        }
+    }
+    for (w, _) in &senders {
+        if !workers.iter().any(|(x, _)| x == w) {
+            workers.push((*w, Some(format!("no answer within {} s", ROTATE_WAIT.as_secs()))));
+        }
+    }
+    workers.sort_by_key(|(w, _)| *w);
+    let cert = sh.leader.finish_rotation()?;
+    Ok(crate::deploy::KeyRotationReport {
+        key_gen: cert.key_gen,
+        from_epoch: cert.from_epoch,
+        cert: cert_hex,
+        workers,
+        hosts: host_results,
+    })
+}
+
 /// Ends the job: keys erased, coordinator stopped, every granted worker RESET, the capsule
 /// closed on every host.
 fn end(sh: &Arc<Shared>) -> (Resets, Vec<(u32, u64)>) {
@@ -407,13 +492,24 @@ fn worker_conn(
             &Msg::Grant { node_id: g.node_id, lambdas: g.lambdas, sealed_keys: hex::encode(&g.sealed_keys) },
         )?,
         Ok(WorkerCmd::Refused(why)) => return write_msg(&mut s, &Msg::Refused { why }),
-        Ok(WorkerCmd::Reset(_)) | Err(_) => {
+        Ok(WorkerCmd::Reset(_)) | Ok(WorkerCmd::Rotate(..)) | Err(_) => {
             return write_msg(&mut s, &Msg::Refused { why: "no admission decision".into() });
         }
     }
-    // Granted: the connection stays open until the job ends with a RESET.
+    // Granted: the connection stays open until the job ends with a RESET; key rotations travel
+    // on it meanwhile.
     loop {
         match rx.recv() {
+            Ok(WorkerCmd::Rotate(g, done)) => {
+                write_msg(&mut s, &Msg::Rotate { key_gen: g.key_gen, sealed_keys: hex::encode(&g.sealed_keys) })?;
+                s.sock.set_read_timeout(Some(ROTATE_WAIT))?;
+                let e = match read_msg(&mut s)? {
+                    Msg::RotateDone { key_gen } if key_gen == g.key_gen => None,
+                    Msg::Error { why } => Some(why),
+                    m => Some(format!("unexpected {}", m.name())),
+                };
+                let _ = done.send((worker, e));
+            }
             Ok(WorkerCmd::Reset(done)) => {
                 write_msg(&mut s, &Msg::Reset)?;
                 s.sock.set_read_timeout(Some(Duration::from_secs(10)))?;

@@ -100,6 +100,14 @@ pub enum Msg {
         refused: Vec<(u32, String)>,
     },
     EndJob,
+    /// Rotate the running job's application key, the rotation epoch `margin_epochs` ahead.
+    RotateKey {
+        margin_epochs: u64,
+    },
+    /// The rotation done: the certificate and who installed it.
+    Rotated {
+        report: crate::deploy::KeyRotationReport,
+    },
     /// `stored`: records each capsule host holds for the job when it closed it.
     Ended {
         resets: Vec<(u32, WorkerDebug)>,
@@ -114,6 +122,10 @@ pub enum Msg {
     },
     HostClosed {
         records: u64,
+    },
+    /// A rotation certificate for the job's capsule (hex; public).
+    HostRotate {
+        cert: String,
     },
     // worker <-> leader (TLS, both sides attested)
     WorkerHello {
@@ -138,6 +150,15 @@ pub enum Msg {
     },
     Refused {
         why: String,
+    },
+    /// A key rotation: the certificate, the new data key and this worker's new writer keys,
+    /// sealed to its channel key (hex).
+    Rotate {
+        key_gen: u32,
+        sealed_keys: String,
+    },
+    RotateDone {
+        key_gen: u32,
     },
     Reset,
     ResetDone {
@@ -183,6 +204,11 @@ impl Msg {
             Msg::Expect { .. } => "Expect",
             Msg::Admitted { .. } => "Admitted",
             Msg::EndJob => "EndJob",
+            Msg::RotateKey { .. } => "RotateKey",
+            Msg::Rotated { .. } => "Rotated",
+            Msg::HostRotate { .. } => "HostRotate",
+            Msg::Rotate { .. } => "Rotate",
+            Msg::RotateDone { .. } => "RotateDone",
             Msg::Ended { .. } => "Ended",
             Msg::WorkerHello { .. } => "WorkerHello",
             Msg::LeaderChallenge { .. } => "LeaderChallenge",

@@ -15,7 +15,7 @@ use crate::attest::{
 };
 use crate::deploy::lambda_reports;
 use crate::error::FaasError;
-use crate::leader::Grant;
+use crate::leader::{Grant, RotationGrant};
 use crate::program::{JobId, SealedProgram};
 use crate::scheduler::SealedJob;
 use crate::tls::{self, ClientStream, TlsIdentity};
@@ -239,56 +239,110 @@ impl Agent {
             }
         };
         times.granted_us = unix_us();
-        let outcome = (|| -> Result<SealedProgram, FaasError> {
-            let sealed = SealedJob {
-                job,
-                program: SealedProgram { bytes: unhex("program", program)? },
-                input: match input {
-                    Some(i) => Some(SealedProgram { bytes: unhex("input", i)? }),
-                    None => None,
-                },
-                lambdas,
-            };
-            let ep = psl_fabric::TcpEndpoint::connect(
-                self.cfg.router,
-                psl_fabric::TcpConfig { name: format!("worker-{}", self.cfg.id), ..psl_fabric::TcpConfig::default() },
-            )
-            .map_err(|e| FaasError::Net(format!("connecting to the router: {e}")))?;
-            tracing::debug!(
-                "worker {}: router connected {:.1} ms after the grant",
-                self.cfg.id,
-                (unix_us() - times.granted_us) as f64 / 1e3
-            );
-            let run = self.worker.run(&sealed, &grant, Arc::new(ep))?;
-            times.keys_ready_us = instant_us(run.keys_ready);
-            times.started_us = instant_us(run.lambdas_started);
-            times.first_op_us = run.outcomes.iter().filter_map(|o| o.first_op_at).map(instant_us).max().unwrap_or(0);
-            if let Err(e) = &run.final_sync {
-                tracing::warn!("worker {}: final sync: {e}", self.cfg.id);
-            }
-            let body = serde_json::to_vec(&lambda_reports(&run)).map_err(|e| FaasError::Net(e.to_string()))?;
-            self.worker.seal_result(job, &body)
-        })();
-        match outcome {
-            Ok(s) => self.report(job_hex, Some(s), None, times),
-            Err(e) => self.report(job_hex, None, Some(e.to_string()), times),
+        // The attested channel to the leader stays open for the whole job: key rotations
+        // arrive on it (answered at once, while the lambdas run), then the RESET.
+        enum FromLeader {
+            Reset,
+            Ended(String),
         }
-        // Granted: wait for the leader's RESET on the attested channel.
-        let _ = chan.sock.set_read_timeout(Some(Duration::from_secs(600)));
-        match read_msg(&mut chan) {
-            Ok(Msg::Reset) => {
-                let left = self.worker.reset();
-                tracing::info!("worker {}: RESET done: {left:?}", self.cfg.id);
-                let _ = write_msg(&mut chan, &Msg::ResetDone { debug: left });
-            }
-            other => {
-                tracing::warn!(
-                    "worker {}: the leader's channel ended without RESET ({:?}); wiping anyway",
+        let (ev_tx, ev_rx) = crossbeam_channel::bounded::<FromLeader>(1);
+        let (left_tx, left_rx) = crossbeam_channel::bounded::<crate::worker::WorkerDebug>(1);
+        std::thread::scope(|sc| {
+            sc.spawn(move || {
+                let _ = chan.sock.set_read_timeout(Some(Duration::from_secs(600)));
+                loop {
+                    match read_msg(&mut chan) {
+                        Ok(Msg::Rotate { key_gen, sealed_keys }) => {
+                            let r = unhex("sealed_keys", &sealed_keys).and_then(|b| {
+                                self.worker.rotate(&RotationGrant { worker: self.cfg.id, key_gen, sealed_keys: b })
+                            });
+                            let reply = match r {
+                                Ok(_) => Msg::RotateDone { key_gen },
+                                Err(e) => {
+                                    tracing::warn!("worker {}: key rotation refused: {e}", self.cfg.id);
+                                    Msg::Error { why: e.to_string() }
+                                }
+                            };
+                            if let Err(e) = write_msg(&mut chan, &reply) {
+                                let _ = ev_tx.send(FromLeader::Ended(e.to_string()));
+                                return;
+                            }
+                        }
+                        Ok(Msg::Reset) => {
+                            let _ = ev_tx.send(FromLeader::Reset);
+                            if let Ok(left) = left_rx.recv() {
+                                let _ = write_msg(&mut chan, &Msg::ResetDone { debug: left });
+                            }
+                            return;
+                        }
+                        Ok(m) => {
+                            let _ = ev_tx.send(FromLeader::Ended(format!("unexpected {}", m.name())));
+                            return;
+                        }
+                        Err(e) => {
+                            let _ = ev_tx.send(FromLeader::Ended(e.to_string()));
+                            return;
+                        }
+                    }
+                }
+            });
+            let outcome = (|| -> Result<SealedProgram, FaasError> {
+                let sealed = SealedJob {
+                    job,
+                    program: SealedProgram { bytes: unhex("program", program)? },
+                    input: match input {
+                        Some(i) => Some(SealedProgram { bytes: unhex("input", i)? }),
+                        None => None,
+                    },
+                    lambdas,
+                };
+                let ep = psl_fabric::TcpEndpoint::connect(
+                    self.cfg.router,
+                    psl_fabric::TcpConfig {
+                        name: format!("worker-{}", self.cfg.id),
+                        ..psl_fabric::TcpConfig::default()
+                    },
+                )
+                .map_err(|e| FaasError::Net(format!("connecting to the router: {e}")))?;
+                tracing::debug!(
+                    "worker {}: router connected {:.1} ms after the grant",
                     self.cfg.id,
-                    other.map(|m| m.name())
+                    (unix_us() - times.granted_us) as f64 / 1e3
                 );
-                self.worker.reset();
+                let run = self.worker.run(&sealed, &grant, Arc::new(ep))?;
+                times.keys_ready_us = instant_us(run.keys_ready);
+                times.started_us = instant_us(run.lambdas_started);
+                times.first_op_us =
+                    run.outcomes.iter().filter_map(|o| o.first_op_at).map(instant_us).max().unwrap_or(0);
+                if let Err(e) = &run.final_sync {
+                    tracing::warn!("worker {}: final sync: {e}", self.cfg.id);
+                }
+                let body = serde_json::to_vec(&lambda_reports(&run)).map_err(|e| FaasError::Net(e.to_string()))?;
+                self.worker.seal_result(job, &body)
+            })();
+            match outcome {
+                Ok(s) => self.report(job_hex, Some(s), None, times.clone()),
+                Err(e) => self.report(job_hex, None, Some(e.to_string()), times.clone()),
             }
-        }
+            // Granted: wait for the leader's RESET on the attested channel.
+            match ev_rx.recv() {
+                Ok(FromLeader::Reset) => {
+                    let left = self.worker.reset();
+                    tracing::info!("worker {}: RESET done: {left:?}", self.cfg.id);
+                    let _ = left_tx.send(left);
+                }
+                other => {
+                    let why = match other {
+                        Ok(FromLeader::Ended(e)) => e,
+                        _ => "gone".into(),
+                    };
+                    tracing::warn!(
+                        "worker {}: the leader's channel ended without RESET ({why}); wiping anyway",
+                        self.cfg.id
+                    );
+                    self.worker.reset();
+                }
+            }
+        });
     }
 }

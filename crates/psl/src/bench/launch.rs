@@ -40,7 +40,13 @@ pub fn run(launches: usize, show_progress: bool) -> Result<Value> {
         let t = Instant::now();
         let d = Deployment::start(DeploymentConfig { workers: 8, ..DeploymentConfig::default() })?;
         let started = t.elapsed().as_secs_f64() * 1e3;
-        let r = d.run_job(JobRequest { program: PROGRAM.into(), lambdas: 8, input: None, owner: None })?;
+        let r = d.run_job(JobRequest {
+            program: PROGRAM.into(),
+            lambdas: 8,
+            input: None,
+            owner: None,
+            rotate_after_ms: None,
+        })?;
         cold.push(started + r.launch.launch_ms);
         drop(d);
         pb.inc(1);
@@ -51,7 +57,13 @@ pub fn run(launches: usize, show_progress: bool) -> Result<Value> {
     for l in [1u32, 4, 8] {
         let (mut launch, mut att, mut keys, mut load, mut sched) = (vec![], vec![], vec![], vec![], vec![]);
         for _ in 0..launches {
-            let r = d.run_job(JobRequest { program: PROGRAM.into(), lambdas: l, input: None, owner: None })?;
+            let r = d.run_job(JobRequest {
+                program: PROGRAM.into(),
+                lambdas: l,
+                input: None,
+                owner: None,
+                rotate_after_ms: None,
+            })?;
             if !r.ok {
                 bail!("a benchmark job failed: {:?}", r.lambdas.iter().find_map(|x| x.error.clone()));
             }
@@ -170,6 +182,7 @@ fn multi_process(out: &mut Map<String, Value>, launches: usize, pb: &indicatif::
                 owner: None,
                 min_workers: 1,
                 record_capsule: false,
+                rotate_after_ms: None,
             },
         )
     };
