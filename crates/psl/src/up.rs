@@ -93,6 +93,8 @@ fn start_kv(
 ) -> Result<crate::memcached::KvInfo> {
     let dir = a.dir.join("kv");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    // Absolute: a joining front end may run from another directory.
+    let dir = std::fs::canonicalize(&dir).with_context(|| format!("resolving {}", dir.display()))?;
     let owner = dir.join("owner.key");
     let capsule = dir.join("kv.capsule");
     let s = |p: &std::path::Path| p.display().to_string();
