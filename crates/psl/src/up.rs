@@ -121,8 +121,6 @@ fn start_kv(
     let common = |role: &str| -> Vec<String> {
         vec![role.into(), "--capsule".into(), s(&capsule), "--owner".into(), s(&owner), "--router".into(), router.to_string()]
     };
-    let (k, crx) = spawn("kv coordinator", &common("coordinator"))?;
-    kids.push(k);
     let mut srx = Vec::new();
     let mut servers = Vec::new();
     for id in 0..a.kv_servers {
@@ -138,10 +136,14 @@ fn start_kv(
     dargs.extend(["--store".into(), s(&dir.join("capsuledb"))]);
     let (k, drx) = spawn("kv capsuledb", &dargs)?;
     kids.push(k);
-    wait_line("kv coordinator", &crx, "control ", deadline)?;
     for (id, rx) in srx {
         wait_line(&format!("kv capsule server {id}"), &rx, "ready ", deadline)?;
     }
+    // After the servers are up: a restarted coordinator (its writer index has no incarnation)
+    // learns its own chain back from them during its rejoin period, so it never re-uses a seq.
+    let (k, crx) = spawn("kv coordinator", &common("coordinator"))?;
+    kids.push(k);
+    wait_line("kv coordinator", &crx, "control ", deadline)?;
     let ready = wait_line("kv capsuledb", &drx, "ready ", deadline)?;
     let writer: u32 = ready
         .split_whitespace()
