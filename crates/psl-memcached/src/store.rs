@@ -114,7 +114,10 @@ pub enum Outcome {
 /// A read's result.
 #[derive(Debug, Clone)]
 pub enum Lookup {
-    Hit { value: Arc<[u8]>, cas: u64 },
+    Hit {
+        value: Arc<[u8]>,
+        cas: u64,
+    },
     Miss,
     /// Evicted here and CapsuleDB did not answer in time (never a silent miss).
     Unreadable(String),
@@ -358,7 +361,7 @@ impl FrontEnd {
     }
 
     /// The live item of `key` (not expired, not flushed), with its CAS.
-    fn live(&self, key: &[u8], now: i64, flush: Flush, count: bool) -> Result<Option<(Arc<[u8]>, u64)>, String> {
+    fn live(&self, key: &[u8], now: i64, flush: Flush, count: bool) -> Result<Option<LiveItem>, String> {
         Ok(self.current(key)?.and_then(|e| self.live_of(key, e, now, flush, count)))
     }
 
@@ -721,6 +724,9 @@ impl FrontEnd {
         (i + self.pinned_len.load(Ordering::Relaxed), b + self.pinned_bytes.load(Ordering::Relaxed))
     }
 }
+
+/// A live item (encoded) and its CAS unique.
+type LiveItem = (Arc<[u8]>, u64);
 
 fn ttl_of(expiry: i64, now: i64) -> i64 {
     if expiry == 0 {

@@ -219,33 +219,35 @@ fn start_capsuledb_in_process(
 pub fn run(a: MemcachedArgs) -> Result<i32> {
     let join = match &a.cluster {
         None => None,
-        Some(c) => Some(match c.parse::<SocketAddr>() {
-            Ok(router) => {
-                let (Some(capsule), Some(owner), Some(id)) = (&a.capsule, &a.owner, a.id) else {
-                    bail!("--cluster ROUTER needs --capsule, --owner and --id (or give --cluster DIR of `psl up --kv`)");
-                };
-                if a.capsuledb {
-                    bail!("with --cluster ROUTER, give CapsuleDB's writer index: --capsuledb-writer W");
+        Some(c) => {
+            Some(match c.parse::<SocketAddr>() {
+                Ok(router) => {
+                    let (Some(capsule), Some(owner), Some(id)) = (&a.capsule, &a.owner, a.id) else {
+                        bail!("--cluster ROUTER needs --capsule, --owner and --id (or give --cluster DIR of `psl up --kv`)");
+                    };
+                    if a.capsuledb {
+                        bail!("with --cluster ROUTER, give CapsuleDB's writer index: --capsuledb-writer W");
+                    }
+                    Join::Router {
+                        router,
+                        capsule: capsule.clone(),
+                        owner: owner.clone(),
+                        id,
+                        state: a.state.clone(),
+                        db: a.capsuledb_writer,
+                    }
                 }
-                Join::Router {
-                    router,
-                    capsule: capsule.clone(),
-                    owner: owner.clone(),
-                    id,
-                    state: a.state.clone(),
-                    db: a.capsuledb_writer,
+                Err(_) => {
+                    if a.capsule.is_some() || a.owner.is_some() || a.id.is_some() || a.state.is_some() {
+                        bail!("--cluster DIR takes the capsule, owner key and node id from DIR/cluster.json; drop --capsule, --owner, --id and --state");
+                    }
+                    if a.peer_listen.is_some() || a.capsuledb_writer.is_some() {
+                        bail!("--cluster DIR joins the deployment's front-end group and CapsuleDB as recorded in DIR/cluster.json; drop --peer-listen/--peers and --capsuledb-writer");
+                    }
+                    Join::Dir(read_kv(std::path::Path::new(c))?)
                 }
-            }
-            Err(_) => {
-                if a.capsule.is_some() || a.owner.is_some() || a.id.is_some() || a.state.is_some() {
-                    bail!("--cluster DIR takes the capsule, owner key and node id from DIR/cluster.json; drop --capsule, --owner, --id and --state");
-                }
-                if a.peer_listen.is_some() || a.capsuledb_writer.is_some() {
-                    bail!("--cluster DIR joins the deployment's front-end group and CapsuleDB as recorded in DIR/cluster.json; drop --peer-listen/--peers and --capsuledb-writer");
-                }
-                Join::Dir(read_kv(std::path::Path::new(c))?)
-            }
-        }),
+            })
+        }
     };
     if join.is_none() && (a.capsule.is_some() || a.owner.is_some() || a.id.is_some() || a.capsuledb_writer.is_some()) {
         bail!("--capsule, --owner, --id and --capsuledb-writer go with --cluster ROUTER");
@@ -299,8 +301,12 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
             })?;
             let role = match &db_dir {
                 Some(dir) => {
-                    let (role, writer) =
-                        start_capsuledb_in_process(&d.meta, d.app(), Arc::new(d.hub.endpoint("capsuledb")), dir.path())?;
+                    let (role, writer) = start_capsuledb_in_process(
+                        &d.meta,
+                        d.app(),
+                        Arc::new(d.hub.endpoint("capsuledb")),
+                        dir.path(),
+                    )?;
                     debug_assert_eq!(Some(writer), db_writer);
                     tracing::info!(writer, dir = %dir.path().display(), "in-process CapsuleDB started");
                     Some(role)

@@ -70,7 +70,8 @@ pub struct UpArgs {
 /// Runs `psl ARGS` to completion (a setup step: key and capsule creation).
 fn psl_once(args: &[String]) -> Result<()> {
     let exe = std::env::current_exe().context("finding the psl binary")?;
-    let o = Command::new(exe).args(args).stdin(Stdio::null()).output().with_context(|| format!("running psl {args:?}"))?;
+    let o =
+        Command::new(exe).args(args).stdin(Stdio::null()).output().with_context(|| format!("running psl {args:?}"))?;
     if !o.status.success() {
         bail!("psl {}: {}", args.join(" "), String::from_utf8_lossy(&o.stderr).trim());
     }
@@ -102,7 +103,12 @@ fn start_kv(
     // stores are for this capsule).
     if !owner.exists() {
         if capsule.exists() {
-            bail!("{} exists without its owner key {}: remove {} to start a new KV store", s(&capsule), s(&owner), s(&dir));
+            bail!(
+                "{} exists without its owner key {}: remove {} to start a new KV store",
+                s(&capsule),
+                s(&owner),
+                s(&dir)
+            );
         }
         psl_once(&["keys".into(), "new".into(), "--out".into(), s(&owner)])?;
     }
@@ -119,7 +125,15 @@ fn start_kv(
         ])?;
     }
     let common = |role: &str| -> Vec<String> {
-        vec![role.into(), "--capsule".into(), s(&capsule), "--owner".into(), s(&owner), "--router".into(), router.to_string()]
+        vec![
+            role.into(),
+            "--capsule".into(),
+            s(&capsule),
+            "--owner".into(),
+            s(&owner),
+            "--router".into(),
+            router.to_string(),
+        ]
     };
     let mut srx = Vec::new();
     let mut servers = Vec::new();
@@ -289,7 +303,7 @@ pub fn run(a: UpArgs) -> Result<i32> {
     if kv_front_ends.is_some_and(|n| n > 255) {
         bail!("--memcached must be 0 ..= 255");
     }
-    if kv_front_ends.is_some() && (a.kv_servers > 63 || (a.kv_servers != 0 && a.kv_servers % 2 == 0)) {
+    if kv_front_ends.is_some() && (a.kv_servers > 63 || (a.kv_servers != 0 && a.kv_servers.is_multiple_of(2))) {
         bail!("--kv-servers must be 0 or an odd number (2f + 1) up to 63");
     }
     // SAFETY: the handler only stores to an atomic, which is async-signal-safe.

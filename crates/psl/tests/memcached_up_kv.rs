@@ -152,7 +152,8 @@ fn front_ends_joining_psl_up_kv_by_its_dir_share_items_and_cas_arbitration() {
 
     // Two front ends join by the deployment's directory alone, each with a fresh node id.
     let join = |extra: &[&str]| {
-        let mut args = vec!["memcached", "--listen", "127.0.0.1:0", "--cluster", "up", "--writers", "1", "--verifiers", "1"];
+        let mut args =
+            vec!["memcached", "--listen", "127.0.0.1:0", "--cluster", "up", "--writers", "1", "--verifiers", "1"];
         args.extend_from_slice(extra);
         start(d, &args, "listening")
     };
