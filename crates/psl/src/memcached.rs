@@ -100,7 +100,7 @@ pub struct MemcachedArgs {
     /// Back the memory limit with CapsuleDB: an evicted item is read back through CapsuleDB
     /// (same value, flags and CAS unique) instead of being lost. Embedded: runs a CapsuleDB
     /// role in this process (its records in a temporary directory, removed on exit).
-    /// `--cluster DIR`: uses the deployment's CapsuleDB.
+    /// `--cluster DIR` always reads through the deployment's CapsuleDB (implied).
     #[arg(long)]
     pub capsuledb: bool,
     /// With `--cluster ROUTER`: CapsuleDB's writer index (printed by `psl capsuledb`); backs
@@ -324,7 +324,10 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
                 Join::Dir(kv) => {
                     let id = draw_node_id(&kv.state)?;
                     let state = kv.state.join("nodes").join(id.to_string());
-                    let db = a.capsuledb.then_some(kv.capsuledb_writer);
+                    // Always through the deployment's CapsuleDB: this node's memtable starts empty
+                    // and SCL does not replay history to a new node, so only CapsuleDB can serve
+                    // what was written before it joined (and what its memory limit evicts).
+                    let db = Some(kv.capsuledb_writer);
                     (kv.router, kv.capsule.clone(), kv.owner.clone(), id, Some(state), db)
                 }
             };

@@ -446,7 +446,7 @@ pub fn run(a: UpArgs) -> Result<i32> {
         for (i, m) in kv.front_ends.iter().enumerate() {
             println!("memcached {} {m}", i + 1);
         }
-        println!("try: psl memcached --listen 127.0.0.1:11311 --cluster {} --capsuledb", a.dir.display());
+        println!("try: psl memcached --listen 127.0.0.1:11311 --cluster {}", a.dir.display());
     }
     println!("cluster file {}", cluster_path.display());
     println!("try: psl run examples/wordcount.js --lambdas 4 --cluster {}", cluster_path.display());

@@ -4,7 +4,8 @@
 //!   in one peer group); two more front ends join with `psl memcached --cluster DIR` alone
 //!   (fresh node ids drawn from DIR): sets through one are read through another, and two
 //!   concurrent `cas` with one unique, through a joined front end and a group member, give
-//!   exactly one STORED (the joined one forwards to the key's home).
+//!   exactly one STORED (the joined one forwards to the key's home); an item written before
+//!   they joined reads through CapsuleDB with its unique.
 //! - A front end with a 1 MiB memory limit and CapsuleDB (embedded `--capsuledb`, and a joined
 //!   one in the cluster) writes several times more than fits and reads every item back with its
 //!   value, flags and CAS unique, while `stats evictions` counts the local evictions; without
@@ -150,6 +151,11 @@ fn front_ends_joining_psl_up_kv_by_its_dir_share_items_and_cas_arbitration() {
     let owner = kv["owner"].as_str().unwrap();
     assert_eq!(std::fs::metadata(owner).unwrap().permissions().mode() & 0o777, 0o600);
 
+    // Written before anyone joins: a joined node never received it, CapsuleDB did.
+    let mut g0 = Client::connect(group[0]);
+    assert_eq!(g0.set("early", 7, b"before"), "STORED");
+    let early = g0.gets("early").unwrap();
+
     // Two front ends join by the deployment's directory alone, each with a fresh node id.
     let join = |extra: &[&str]| {
         let mut args =
@@ -157,12 +163,12 @@ fn front_ends_joining_psl_up_kv_by_its_dir_share_items_and_cas_arbitration() {
         args.extend_from_slice(extra);
         start(d, &args, "listening")
     };
-    let j1 = join(&["--capsuledb", "--memory-mb", "1"]);
+    let j1 = join(&["--memory-mb", "1"]);
     let j2 = join(&[]);
     let next_id = std::fs::read_to_string(d.join("up/kv/joined/next-id")).unwrap();
     assert_eq!(next_id.trim(), "1002", "two joins drew ids 1000 and 1001");
     let (mut c1, mut c2) = (Client::connect(j1.addr()), Client::connect(j2.addr()));
-    let mut g0 = Client::connect(group[0]);
+    assert_eq!(c2.gets("early"), Some(early), "an item older than the join reads through CapsuleDB, same unique");
 
     // Set through one joined front end, read through the other and through the group.
     assert_eq!(c1.set("shared", 42, b"hello"), "STORED");
