@@ -163,6 +163,9 @@ impl FrontEnd {
                 w("accepting_conns", &1);
                 w("item_size_max", &self.config().limits.item_size_max);
                 w("psl_node_lamport", &self.node().lamport());
+                // Entries this front end's node holds (tombstones included): what the memory
+                // limit bounds in the end, beyond its accounting.
+                w("psl_memtable_entries", &self.node().memtable().held());
                 line(out, "END");
             }
             b"settings" => {

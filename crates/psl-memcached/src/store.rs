@@ -353,11 +353,20 @@ impl FrontEnd {
     /// The key's entry: from the memtable, or, with CapsuleDB, read back through it when
     /// this node cannot vouch for one (evicted, or never seen here).
     fn current(&self, key: &[u8]) -> Result<Option<Entry>, String> {
-        if self.backed {
-            self.node.try_entry(key).map_err(|e| e.to_string())
-        } else {
-            Ok(self.node.entry(key))
+        if !self.backed {
+            return Ok(self.node.entry(key));
         }
+        if let Some(e) = self.node.memtable().lookup_entry(key) {
+            return Ok(Some(e));
+        }
+        let e = self.node.try_entry(key).map_err(|e| e.to_string())?;
+        if let Some(v) = e.as_ref().and_then(|e| e.value.as_ref()) {
+            // Back in the memtable (learned from CapsuleDB): account for it again at once (a
+            // read hit only re-stamps a key read within the last second, see `lru`).
+            let victims = self.lru.put(key, v.len() as u64);
+            self.evict(victims);
+        }
+        Ok(e)
     }
 
     /// The live item of `key` (not expired, not flushed), with its CAS.

@@ -225,6 +225,18 @@ fn a_front_end_with_capsuledb_over_its_memory_limit_reads_every_item_back() {
     );
     let mut c = Client::connect(backed.addr());
     assert_eq!(write_many_then_read_back(&mut c, "k", n), 0, "every item reads back through CapsuleDB");
+    // Read everything again at once (each key re-read within a second of its last read): the
+    // copies fetched back from CapsuleDB are accounted again and evicted again, so the node's
+    // memtable holds what the limit accounts for (about 950 items, plus as many pinned at most).
+    for i in 0..n {
+        assert_eq!(c.gets(&format!("k{i}")).map(|x| x.1), Some(i as u32));
+    }
+    let (held, items) = (c.stat("psl_memtable_entries"), c.stat("curr_items"));
+    assert!(items < 2000, "{items} items accounted: about the limit's 950 plus as many pinned at most");
+    assert!(
+        held <= items + 16,
+        "the node holds {held} entries but accounts for {items}: fetched copies escaped the limit"
+    );
     let evictions = c.stat("evictions");
     assert!(evictions >= (n as u64) / 2, "evictions {evictions}: the limit holds about a third of the items");
     let bytes = c.stat("bytes");
