@@ -158,14 +158,6 @@ impl Lru {
             (i + s.map.len() as u64, b + s.bytes)
         })
     }
-
-    pub fn clear(&self) {
-        for s in &self.shards {
-            let mut s = s.lock();
-            s.map.clear();
-            s.bytes = 0;
-        }
-    }
 }
 
 #[cfg(test)]

@@ -371,24 +371,25 @@ impl FrontEnd {
 
     /// The live item of `key` (not expired, not flushed), with its CAS.
     fn live(&self, key: &[u8], now: i64, flush: Flush, count: bool) -> Result<Option<LiveItem>, String> {
-        Ok(self.current(key)?.and_then(|e| self.live_of(key, e, now, flush, count)))
+        Ok(self.current(key)?.and_then(|e| self.live_of(e, now, flush, count)))
     }
 
-    fn live_of(&self, key: &[u8], e: Entry, now: i64, flush: Flush, count: bool) -> Option<(Arc<[u8]>, u64)> {
+    /// The live item of entry `e`. An expired or flushed item stays accounted in the LRU until
+    /// it is evicted (memcached reclaims them lazily too): its value is still in the memtable,
+    /// and dropping only the accounting would let such entries pile up beyond the limit.
+    fn live_of(&self, e: Entry, now: i64, flush: Flush, count: bool) -> Option<LiveItem> {
         let v = e.value?;
         let it = item::decode(&v)?;
         if it.expired(now) {
             if count {
                 Stats::inc(&self.stats.get_expired);
             }
-            self.lru.remove(key);
             return None;
         }
         if flush.hides(it.stored_us, unix_us()) {
             if count {
                 Stats::inc(&self.stats.get_flushed);
             }
-            self.lru.remove(key);
             return None;
         }
         let cas = it.cas(e.version.lamport, e.version.writer);
@@ -712,7 +713,7 @@ impl FrontEnd {
         if delay <= 0 {
             f.floor = f.floor.max(now_us);
             f.pending = 0;
-            self.lru.clear();
+            // The flushed items stay accounted until the LRU evicts them (see `live_of`).
         } else {
             let at = absolute_expiry(delay, unix_now());
             f.pending = (at.max(0) as u64).saturating_mul(1_000_000);
