@@ -25,6 +25,9 @@ pub struct EmbeddedOptions {
     /// signatures (sealing and verifying) per op, at the cost of replication delay.
     pub flush_delay: std::time::Duration,
     pub config: Config,
+    /// CapsuleDB's writer index: front-end nodes read what they evicted back from it
+    /// (`NodeOptions::capsuledb`). The caller runs the CapsuleDB role on [`Embedded::hub`].
+    pub capsuledb: Option<u32>,
 }
 
 impl Default for EmbeddedOptions {
@@ -37,6 +40,7 @@ impl Default for EmbeddedOptions {
             epoch_ms: 100,
             flush_delay: std::time::Duration::from_millis(2),
             config: Config::default(),
+            capsuledb: None,
         }
     }
 }
@@ -83,6 +87,7 @@ impl Embedded {
                 verifiers: o.verifiers.max(1),
                 flush_delay: o.flush_delay,
                 coordinator: (i == 0).then_some(coordinator),
+                capsuledb: o.capsuledb,
                 ..NodeOptions::default()
             }
             .shared_cores();
@@ -106,5 +111,10 @@ impl Embedded {
             )?));
         }
         Ok(Embedded { hub, meta, front_ends, replicas, _app: app })
+    }
+
+    /// The deployment's application key (to start more roles, e.g. CapsuleDB, on its hub).
+    pub fn app(&self) -> &AppKey {
+        &self._app
     }
 }

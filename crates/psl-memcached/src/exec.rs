@@ -101,6 +101,10 @@ impl FrontEnd {
             None => match self.lookup(key) {
                 Lookup::Hit { value, cas } => (value, cas),
                 Lookup::Miss => return true,
+                Lookup::Unreadable(_) => {
+                    line(out, UNREADABLE);
+                    return false;
+                }
             },
             Some(t) => {
                 Stats::inc(&self.stats.cmd_touch);
@@ -110,7 +114,7 @@ impl FrontEnd {
                         Stats::inc(&self.stats.get_hits);
                         (value, cas)
                     }
-                    o @ (Outcome::Unavailable(_) | Outcome::Failed(_)) => {
+                    o @ (Outcome::Unavailable(_) | Outcome::Failed(_) | Outcome::Unreadable(_)) => {
                         line(out, simple_reply(&o, ""));
                         return false;
                     }
@@ -159,6 +163,9 @@ impl FrontEnd {
                 w("accepting_conns", &1);
                 w("item_size_max", &self.config().limits.item_size_max);
                 w("psl_node_lamport", &self.node().lamport());
+                // Entries this front end's node holds (tombstones included): what the memory
+                // limit bounds in the end, beyond its accounting.
+                w("psl_memtable_entries", &self.node().memtable().held());
                 line(out, "END");
             }
             b"settings" => {
@@ -200,6 +207,7 @@ impl FrontEnd {
             match self.lookup(key) {
                 Lookup::Hit { value, cas } => (value, cas, false),
                 Lookup::Miss => return miss(key, f, out, "EN"),
+                Lookup::Unreadable(_) => return line(out, UNREADABLE),
             }
         };
         let Some(it) = item::decode(&value) else { return miss(key, f, out, "EN") };
@@ -386,6 +394,9 @@ fn store_reply(o: &Outcome) -> &'static str {
     }
 }
 
+/// The reply when a key evicted from this front end could not be read back from CapsuleDB.
+const UNREADABLE: &str = "SERVER_ERROR CapsuleDB did not answer for this key";
+
 /// Replies shared by every command; `ok` is the success word of the caller.
 fn simple_reply(o: &Outcome, ok: &'static str) -> &'static str {
     match o {
@@ -397,6 +408,7 @@ fn simple_reply(o: &Outcome, ok: &'static str) -> &'static str {
         Outcome::TooLarge => proto::TOO_LARGE,
         Outcome::Failed(_) => "SERVER_ERROR out of memory storing object",
         Outcome::Unavailable(_) => "SERVER_ERROR home front end of this key unavailable",
+        Outcome::Unreadable(_) => UNREADABLE,
         Outcome::Number { .. } | Outcome::Item { .. } => ok,
     }
 }

@@ -19,7 +19,8 @@
 //! - `lru`: sharded LRU memory accounting. [`stats`]: the `stats` counters.
 //! - [`peer`]: forwarding conditional commands to a key's home front end in another process:
 //!   sealed frames over TCP, their codec (fuzzed with the parser), bounded timeouts.
-//! - [`deploy`]: in-process deployments (the embedded default, test and bench groups).
+//! - [`deploy`]: in-process deployments (the embedded default, test and bench groups; the
+//!   caller may add a CapsuleDB role on their hub).
 //!
 //! # Semantics and their cost
 //!
@@ -53,10 +54,13 @@
 //!
 //! **Memory limit**: each front end accounts the items it wrote or read (key + value +
 //! overhead) in a sharded LRU; past the limit it evicts the least recently used, counted in
-//! `evictions`. Eviction drops the local copy only: a tombstone just above the item's version
-//! is applied to this node's memtable (never sealed or sent), which frees the value; any newer
-//! write replaces it. Other nodes keep their copies. Until CapsuleDB exists an evicted key is
-//! gone from this front end's view (reads miss) until it is written again.
+//! `evictions`. Eviction drops the local copy only. Without CapsuleDB a tombstone just above the
+//! item's version is applied to this node's memtable (never sealed or sent), which frees the
+//! value; any newer write replaces it; other nodes keep their copies, and the key reads as
+//! missing here until it is written again. With CapsuleDB (`NodeOptions::capsuledb`) the entry
+//! leaves the memtable only once CapsuleDB holds its version (`Memtable::evict_key`; until then
+//! it is *pinned*, still counted), and a later read gets it back from CapsuleDB with its
+//! original version: same value, flags and CAS unique (`docs/protocol/memcached.md` §7).
 //!
 //! **Durability** is SCL's: a write is in the local memtable and queued for sealing when the
 //! reply is sent; see `docs/protocol/scl.md`.

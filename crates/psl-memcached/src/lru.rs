@@ -47,6 +47,9 @@ struct Shard {
     bytes: u64,
 }
 
+/// A key evicted from the accounting, with the bytes it was accounted for.
+pub type Victim = (Box<[u8]>, u64);
+
 pub fn key_hash(key: &[u8]) -> u64 {
     let mut h = rustc_hash::FxHasher::default();
     key.hash(&mut h);
@@ -79,11 +82,11 @@ impl Lru {
     /// Records that `key` now holds an item of `size` bytes and is the most recently used.
     /// Returns the keys evicted to stay under the limit (never `key` itself unless it alone is
     /// over the shard's share).
-    pub fn put(&self, key: &[u8], size: u64) -> Vec<Box<[u8]>> {
+    pub fn put(&self, key: &[u8], size: u64) -> Vec<Victim> {
         self.put_at(key, size, self.now_us())
     }
 
-    fn put_at(&self, key: &[u8], size: u64, now: u64) -> Vec<Box<[u8]>> {
+    fn put_at(&self, key: &[u8], size: u64, now: u64) -> Vec<Victim> {
         let size = size + ITEM_OVERHEAD + key.len() as u64;
         let mut s = self.shard(key).lock();
         match s.map.get_mut(key) {
@@ -109,7 +112,7 @@ impl Lru {
                 continue;
             }
             s.bytes -= slot.size;
-            victims.push(k);
+            victims.push((k, slot.size));
         }
         victims
     }
@@ -117,7 +120,7 @@ impl Lru {
     /// A read hit: marks `key` recently used (moving it to the front at most once a second),
     /// or starts accounting for it (an item written through another front end and received
     /// by replication).
-    pub fn touch(&self, key: &[u8], size: u64) -> Vec<Box<[u8]>> {
+    pub fn touch(&self, key: &[u8], size: u64) -> Vec<Victim> {
         let now = self.now_us();
         let slot = self.read_slot(key);
         let last = slot.load(Ordering::Relaxed);
@@ -136,6 +139,11 @@ impl Lru {
         self.put_at(key, size, now)
     }
 
+    /// Whether `key` is accounted (not evicted since it was last written or read).
+    pub fn contains(&self, key: &[u8]) -> bool {
+        self.shard(key).lock().map.contains(key)
+    }
+
     pub fn remove(&self, key: &[u8]) {
         let mut s = self.shard(key).lock();
         if let Some(v) = s.map.pop(key) {
@@ -149,14 +157,6 @@ impl Lru {
             let s = s.lock();
             (i + s.map.len() as u64, b + s.bytes)
         })
-    }
-
-    pub fn clear(&self) {
-        for s in &self.shards {
-            let mut s = s.lock();
-            s.map.clear();
-            s.bytes = 0;
-        }
     }
 }
 
@@ -177,7 +177,9 @@ mod tests {
         assert!(lru.put(&keys[1], 300).is_empty());
         assert!(lru.touch(&keys[0], 300).is_empty());
         let v = lru.put(&keys[2], 300);
-        assert_eq!(v, vec![keys[1].clone().into_boxed_slice()]);
+        let size = 300 + ITEM_OVERHEAD + keys[1].len() as u64;
+        assert_eq!(v, vec![(keys[1].clone().into_boxed_slice(), size)]);
+        assert!(!lru.contains(&keys[1]) && lru.contains(&keys[2]));
         assert_eq!(lru.totals().0, 2);
         lru.remove(&keys[0]);
         assert_eq!(lru.totals().0, 1);
@@ -191,7 +193,7 @@ mod tests {
             .filter(|k| ((key_hash(k) >> 7) as usize).is_multiple_of(SHARDS))
             .take(6)
             .collect();
-        let victim = |i: usize| vec![keys[i].clone().into_boxed_slice()];
+        let victim = |i: usize| vec![(keys[i].clone().into_boxed_slice(), 300 + ITEM_OVERHEAD + keys[i].len() as u64)];
         lru.put(&keys[0], 300);
         lru.put(&keys[1], 300);
         assert!(lru.touch(&keys[0], 300).is_empty()); // moved to the front

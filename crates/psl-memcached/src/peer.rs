@@ -24,7 +24,7 @@
 //!   (x? = presence byte 0/1, then x if 1; integers little-endian)
 //! reply:      tag u8: 1 Stored cas u64 | 2 NotStored | 3 Exists | 4 NotFound | 5 Deleted
 //!             | 6 Number value u64 cas u64 ttl i64 | 7 Item len u32 value cas u64 won u8
-//!             | 8 NonNumeric | 9 TooLarge | 10 Failed len u32 message
+//!             | 8 NonNumeric | 9 TooLarge | 10 Failed len u32 message | 11 Unreadable len u32 message
 //! ```
 //!
 //! A home that cannot be reached within [`PeerConfig::timeout`] (connect, send, reply) makes
@@ -305,6 +305,10 @@ pub fn encode_outcome(o: &Outcome, out: &mut Vec<u8>) {
             out.push(10);
             put_bytes(out, m.as_bytes());
         }
+        Outcome::Unreadable(m) => {
+            out.push(11);
+            put_bytes(out, m.as_bytes());
+        }
     }
 }
 
@@ -324,6 +328,7 @@ pub fn decode_outcome(b: &[u8]) -> Result<Outcome, PeerError> {
         8 => Outcome::NonNumeric,
         9 => Outcome::TooLarge,
         10 => Outcome::Failed(String::from_utf8_lossy(r.bytes()?).into_owned()),
+        11 => Outcome::Unreadable(String::from_utf8_lossy(r.bytes()?).into_owned()),
         v => return Err(PeerError::Bad { what: "outcome", value: v.into() }),
     };
     r.end()?;
@@ -584,6 +589,7 @@ mod tests {
             Outcome::NonNumeric,
             Outcome::TooLarge,
             Outcome::Failed("disk".into()),
+            Outcome::Unreadable("CapsuleDB did not answer".into()),
         ] {
             let mut b = Vec::new();
             encode_outcome(&o, &mut b);

@@ -6,13 +6,14 @@
 //! front end (see the crate docs), so they are atomic among all front ends of a group.
 
 use crate::item::{self, absolute_expiry, cas_of};
-use crate::lru::{key_hash, Lru};
+use crate::lru::{key_hash, Lru, Victim};
 use crate::peer::{PeerClient, PeerConfig, PeerKey};
 use crate::proto::{parse_counter, Limits, StoreMode};
 use crate::stats::Stats;
 use parking_lot::{Mutex, RwLock};
 use psl_node::{Node, NodeError};
-use psl_scl::Version;
+use psl_scl::{Entry, EvictKey, Version};
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -26,6 +27,12 @@ const LOCK_STRIPES: usize = 1024;
 
 /// How long a front end trusts its cached copy of the flush_all state.
 const FLUSH_CACHE_US: u64 = 1000;
+
+/// With CapsuleDB: pinned victims re-checked per write (see [`FrontEnd::drain_pinned`]).
+const PINNED_CHECK_MAX: usize = 64;
+/// With CapsuleDB: how long a write waits for pinned copies to become evictable when they
+/// take more than the memory limit, before failing with `SERVER_ERROR out of memory`.
+const PINNED_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Front end settings.
 #[derive(Debug, Clone)]
@@ -100,13 +107,20 @@ pub enum Outcome {
     Failed(String),
     /// The key's home front end (another process) could not be reached in time.
     Unavailable(String),
+    /// The key is not in this node's memtable (evicted) and CapsuleDB did not answer in time.
+    Unreadable(String),
 }
 
 /// A read's result.
 #[derive(Debug, Clone)]
 pub enum Lookup {
-    Hit { value: Arc<[u8]>, cas: u64 },
+    Hit {
+        value: Arc<[u8]>,
+        cas: u64,
+    },
     Miss,
+    /// Evicted here and CapsuleDB did not answer in time (never a silent miss).
+    Unreadable(String),
 }
 
 /// The flush_all state: items stored before `floor` are gone; items stored before `pending`
@@ -156,6 +170,13 @@ pub struct FrontEnd {
     group: RwLock<Group>,
     /// Cached flush_all state: floor, pending, and when it was read (µs since start + 1; 0 = never).
     flush_cache: [AtomicU64; 3],
+    /// The node reads through CapsuleDB (`NodeOptions::capsuledb`): evictions must not lose data.
+    backed: bool,
+    /// With CapsuleDB: LRU victims whose version CapsuleDB does not hold yet (above its
+    /// frontier), oldest first, with their accounted bytes; evicted once it does.
+    pinned: Mutex<VecDeque<Victim>>,
+    pinned_bytes: AtomicU64,
+    pinned_len: AtomicU64,
 }
 
 #[derive(Default)]
@@ -191,7 +212,6 @@ impl FrontEnd {
         let value_max = (cfg.limits.item_size_max.saturating_add(item::HEADER)).min(node_max);
         Arc::new(FrontEnd {
             lru: Lru::new(cfg.memory_limit),
-            node,
             cfg,
             value_max,
             locks: (0..LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
@@ -200,7 +220,17 @@ impl FrontEnd {
             last_stamp: AtomicU64::new(0),
             group: RwLock::new(Group::default()),
             flush_cache: Default::default(),
+            backed: node.db_stats().is_some(),
+            pinned: Mutex::new(VecDeque::new()),
+            pinned_bytes: AtomicU64::new(0),
+            pinned_len: AtomicU64::new(0),
+            node,
         })
+    }
+
+    /// Whether evictions are backed by CapsuleDB (an evicted item is read back from it).
+    pub fn is_backed(&self) -> bool {
+        self.backed
     }
 
     pub fn node(&self) -> &Arc<Node> {
@@ -245,11 +275,21 @@ impl FrontEnd {
         g.me = me;
     }
 
+    /// Makes this front end a forwarding-only client of a group of front ends in other
+    /// processes (`peers`, the group's list): every read-modify-write command runs at its
+    /// key's home `peers[hash(key) % peers.len()]`, never here, so a front end that joins a
+    /// running deployment keeps the group's atomicity without changing its membership.
+    pub fn join_remote_group_as_client(self: &Arc<Self>, peers: &[SocketAddr], key: PeerKey, cfg: PeerConfig) {
+        let mut g = self.group.write();
+        g.members = peers.iter().map(|a| Member::Remote(Arc::new(PeerClient::new(*a, key.clone(), cfg)))).collect();
+        g.me = usize::MAX;
+    }
+
     /// Where `key`'s read-modify-write commands run.
     fn home(&self, key: &[u8]) -> Home {
         let g = self.group.read();
         let n = g.members.len();
-        if n <= 1 {
+        if n == 0 || (n == 1 && g.me == 0) {
             return Home::Here;
         }
         let h = (key_hash(key) % n as u64) as usize;
@@ -275,9 +315,11 @@ impl FrontEnd {
         }
     }
 
-    /// The replicated flush_all state as this node holds it now.
+    /// The replicated flush_all state as this node holds it now. Read from the memtable only
+    /// (never from CapsuleDB): the front end never evicts it, and its memtable is unbounded.
+    /// An entry marked unsure is still the newest this node has (nothing evicted it).
     fn flush_state_exact(&self) -> Flush {
-        self.node.get(FLUSH_KEY).map(|v| Flush::decode(&v)).unwrap_or_default()
+        self.node.entry(FLUSH_KEY).and_then(|e| e.value).map(|v| Flush::decode(&v)).unwrap_or_default()
     }
 
     /// The flush_all state, re-read from the memtable at most every [`FLUSH_CACHE_US`]: every
@@ -308,23 +350,46 @@ impl FrontEnd {
         self.locks[(key_hash(key) % LOCK_STRIPES as u64) as usize].lock()
     }
 
+    /// The key's entry: from the memtable, or, with CapsuleDB, read back through it when
+    /// this node cannot vouch for one (evicted, or never seen here).
+    fn current(&self, key: &[u8]) -> Result<Option<Entry>, String> {
+        if !self.backed {
+            return Ok(self.node.entry(key));
+        }
+        if let Some(e) = self.node.memtable().lookup_entry(key) {
+            return Ok(Some(e));
+        }
+        let e = self.node.try_entry(key).map_err(|e| e.to_string())?;
+        if let Some(v) = e.as_ref().and_then(|e| e.value.as_ref()) {
+            // Back in the memtable (learned from CapsuleDB): account for it again at once (a
+            // read hit only re-stamps a key read within the last second, see `lru`).
+            let victims = self.lru.put(key, v.len() as u64);
+            self.evict(victims);
+        }
+        Ok(e)
+    }
+
     /// The live item of `key` (not expired, not flushed), with its CAS.
-    fn live(&self, key: &[u8], now: i64, flush: Flush, count: bool) -> Option<(Arc<[u8]>, u64)> {
-        let e = self.node.entry(key)?;
+    fn live(&self, key: &[u8], now: i64, flush: Flush, count: bool) -> Result<Option<LiveItem>, String> {
+        Ok(self.current(key)?.and_then(|e| self.live_of(e, now, flush, count)))
+    }
+
+    /// The live item of entry `e`. An expired or flushed item stays accounted in the LRU until
+    /// it is evicted (memcached reclaims them lazily too): its value is still in the memtable,
+    /// and dropping only the accounting would let such entries pile up beyond the limit.
+    fn live_of(&self, e: Entry, now: i64, flush: Flush, count: bool) -> Option<LiveItem> {
         let v = e.value?;
         let it = item::decode(&v)?;
         if it.expired(now) {
             if count {
                 Stats::inc(&self.stats.get_expired);
             }
-            self.lru.remove(key);
             return None;
         }
         if flush.hides(it.stored_us, unix_us()) {
             if count {
                 Stats::inc(&self.stats.get_flushed);
             }
-            self.lru.remove(key);
             return None;
         }
         let cas = it.cas(e.version.lamport, e.version.writer);
@@ -335,15 +400,19 @@ impl FrontEnd {
     pub fn lookup(&self, key: &[u8]) -> Lookup {
         Stats::inc(&self.stats.cmd_get);
         match self.live(key, unix_now(), self.flush_state(), true) {
-            Some((value, cas)) => {
+            Ok(Some((value, cas))) => {
                 Stats::inc(&self.stats.get_hits);
                 let victims = self.lru.touch(key, value.len() as u64);
                 self.evict(victims);
                 Lookup::Hit { value, cas }
             }
-            None => {
+            Ok(None) => {
                 Stats::inc(&self.stats.get_misses);
                 Lookup::Miss
+            }
+            Err(e) => {
+                Stats::inc(&self.stats.get_misses);
+                Lookup::Unreadable(e)
             }
         }
     }
@@ -388,7 +457,10 @@ impl FrontEnd {
         let st = &self.stats;
         match op {
             Rmw::Store { mode, flags, exptime, cas, data } => {
-                let cur = self.live(key, now, flush, false);
+                let cur = match self.live(key, now, flush, false) {
+                    Ok(c) => c,
+                    Err(e) => return Outcome::Unreadable(e),
+                };
                 if let Some(c) = cas {
                     match &cur {
                         None => {
@@ -421,7 +493,11 @@ impl FrontEnd {
             Rmw::Arith { incr, delta, create, ttl, cas } => {
                 let (hits, misses) =
                     if incr { (&st.incr_hits, &st.incr_misses) } else { (&st.decr_hits, &st.decr_misses) };
-                let Some((old, have)) = self.live(key, now, flush, false) else {
+                let cur = match self.live(key, now, flush, false) {
+                    Ok(c) => c,
+                    Err(e) => return Outcome::Unreadable(e),
+                };
+                let Some((old, have)) = cur else {
                     if let Some((initial, exptime)) = create {
                         Stats::inc(misses);
                         let expiry = absolute_expiry(exptime, now);
@@ -451,7 +527,11 @@ impl FrontEnd {
                 }
             }
             Rmw::Touch { exptime, vivify } => {
-                let Some((old, have)) = self.live(key, now, flush, false) else {
+                let cur = match self.live(key, now, flush, false) {
+                    Ok(c) => c,
+                    Err(e) => return Outcome::Unreadable(e),
+                };
+                let Some((old, have)) = cur else {
                     if let Some(t) = vivify {
                         let v = item::encode(0, absolute_expiry(t, now), self.stamp(), &[]);
                         return match self.write(key, v.clone(), true) {
@@ -478,7 +558,11 @@ impl FrontEnd {
     }
 
     fn delete_locked(&self, key: &[u8], cas: Option<u64>, now: i64, flush: Flush) -> Outcome {
-        let Some((_, have)) = self.live(key, now, flush, false) else {
+        let cur = match self.live(key, now, flush, false) {
+            Ok(c) => c,
+            Err(e) => return Outcome::Unreadable(e),
+        };
+        let Some((_, have)) = cur else {
             Stats::inc(&self.stats.delete_misses);
             return Outcome::NotFound;
         };
@@ -502,6 +586,10 @@ impl FrontEnd {
             return Outcome::TooLarge;
         }
         let size = value.len() as u64;
+        if self.backed && !self.room_for_pinned() {
+            Stats::inc(&self.stats.store_no_memory);
+            return Outcome::Failed("local copies not yet held by CapsuleDB fill the memory limit".into());
+        }
         match self.node.put(key, &value) {
             Ok(()) => {}
             Err(NodeError::ValueTooLarge { .. }) => return Outcome::TooLarge,
@@ -527,12 +615,35 @@ impl FrontEnd {
         Outcome::Stored { cas }
     }
 
-    /// Drops this front end's local copy of each victim: a local tombstone just above the
-    /// entry's version, applied to this node's memtable only (never sealed or sent). Any newer
-    /// write of the key, from any node, still replaces it; until one comes the key reads as
-    /// missing here, while other nodes keep their copies.
-    fn evict(&self, victims: Vec<Box<[u8]>>) {
-        for k in victims {
+    /// Drops this front end's local copy of each victim.
+    ///
+    /// Without CapsuleDB: a local tombstone just above the entry's version, applied to this
+    /// node's memtable only (never sealed or sent). Any newer write of the key, from any node,
+    /// still replaces it; until one comes the key reads as missing here, while other nodes
+    /// keep their copies.
+    ///
+    /// With CapsuleDB: the entry leaves the memtable only if CapsuleDB holds its version
+    /// (`Memtable::evict_key`), so a later read asks CapsuleDB and gets the same version, hence
+    /// the same value, flags and CAS unique. A victim CapsuleDB does not hold yet (written
+    /// since its last frontier) is *pinned*: queued, still counted as memory, and evicted by
+    /// a later write once CapsuleDB's frontier covers it ([`FrontEnd::drain_pinned`]).
+    fn evict(&self, victims: Vec<Victim>) {
+        if self.backed {
+            self.drain_pinned();
+            for (k, size) in victims {
+                match self.node.memtable().evict_key(&k) {
+                    EvictKey::Evicted => Stats::inc(&self.stats.evictions),
+                    EvictKey::Absent => {}
+                    EvictKey::Pinned => {
+                        self.pinned.lock().push_back((k, size));
+                        self.pinned_bytes.fetch_add(size, Ordering::Relaxed);
+                        self.pinned_len.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            return;
+        }
+        for (k, _) in victims {
             let Some(e) = self.node.entry(&k) else { continue };
             if e.value.is_none() {
                 continue;
@@ -545,6 +656,47 @@ impl FrontEnd {
             if self.node.memtable().apply(&k, above, None) {
                 Stats::inc(&self.stats.evictions);
             }
+        }
+    }
+
+    /// With CapsuleDB: evicts pinned victims from the oldest on, up to [`PINNED_CHECK_MAX`],
+    /// stopping at the first one CapsuleDB still does not hold. A victim accounted again since
+    /// (written or read: the LRU owns it) or gone (deleted) just leaves the queue.
+    fn drain_pinned(&self) {
+        if self.pinned_len.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut q = self.pinned.lock();
+        for _ in 0..PINNED_CHECK_MAX {
+            let Some((k, size)) = q.front() else { break };
+            let size = *size;
+            if !self.lru.contains(k) {
+                match self.node.memtable().evict_key(k) {
+                    EvictKey::Pinned => break,
+                    EvictKey::Evicted => Stats::inc(&self.stats.evictions),
+                    EvictKey::Absent => {}
+                }
+            }
+            q.pop_front();
+            self.pinned_bytes.fetch_sub(size, Ordering::Relaxed);
+            self.pinned_len.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// With CapsuleDB: whether a write may go ahead. Pinned copies may take up to the memory
+    /// limit on top of it (so at most twice the limit in all); past that the write waits,
+    /// bounded by [`PINNED_WAIT`], for CapsuleDB's frontier to catch up.
+    fn room_for_pinned(&self) -> bool {
+        let deadline = Instant::now() + PINNED_WAIT;
+        loop {
+            self.drain_pinned();
+            if self.pinned_bytes.load(Ordering::Relaxed) <= self.cfg.memory_limit {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
         }
     }
 
@@ -561,7 +713,7 @@ impl FrontEnd {
         if delay <= 0 {
             f.floor = f.floor.max(now_us);
             f.pending = 0;
-            self.lru.clear();
+            // The flushed items stay accounted until the LRU evicts them (see `live_of`).
         } else {
             let at = absolute_expiry(delay, unix_now());
             f.pending = (at.max(0) as u64).saturating_mul(1_000_000);
@@ -575,11 +727,16 @@ impl FrontEnd {
         }
     }
 
-    /// (items, bytes) this front end accounts for (`curr_items`, `bytes`).
+    /// (items, bytes) this front end accounts for (`curr_items`, `bytes`): the LRU's, plus
+    /// pinned copies waiting for CapsuleDB.
     pub fn totals(&self) -> (u64, u64) {
-        self.lru.totals()
+        let (i, b) = self.lru.totals();
+        (i + self.pinned_len.load(Ordering::Relaxed), b + self.pinned_bytes.load(Ordering::Relaxed))
     }
 }
+
+/// A live item (encoded) and its CAS unique.
+type LiveItem = (Arc<[u8]>, u64);
 
 fn ttl_of(expiry: i64, now: i64) -> i64 {
     if expiry == 0 {

@@ -26,6 +26,9 @@ pub struct DbClientStats {
     pub heads: AtomicU64,
 }
 
+/// CapsuleDB's answer for one key: its newest version and value (`None`: deleted), or `None`.
+pub(crate) type Answered = Option<(psl_scl::Version, Option<Arc<[u8]>>)>;
+
 pub(crate) struct DbClient {
     pub capsule: CapsuleName,
     pub signer: u32,
@@ -34,9 +37,9 @@ pub(crate) struct DbClient {
     pub memtable: Arc<Memtable>,
     /// Request id -> key, for requests still waiting.
     pending: Mutex<FxHashMap<u64, Arc<[u8]>>>,
-    /// Request id -> the live value answered (`None`: deleted or never written), until the
-    /// waiter takes it.
-    done: Mutex<FxHashMap<u64, Option<Arc<[u8]>>>>,
+    /// Request id -> what CapsuleDB answered: the newest version with its value (`None`: a
+    /// tombstone), or `None` for never written; until the waiter takes it.
+    done: Mutex<FxHashMap<u64, Answered>>,
     /// Bumped (and waiters woken) whenever an answer settles some key.
     settled: Mutex<u64>,
     wake: Condvar,
@@ -85,7 +88,7 @@ impl DbClient {
     }
 
     /// The answer to `req_id`, once it came (taken once).
-    pub fn take_answer(&self, req_id: u64) -> Option<Option<Arc<[u8]>>> {
+    pub fn take_answer(&self, req_id: u64) -> Option<Answered> {
         self.done.lock().remove(&req_id)
     }
 
@@ -142,8 +145,7 @@ impl DbClient {
                 continue;
             }
             let found = found.map(|(v, val)| (v, val.map(Arc::<[u8]>::from)));
-            let value = found.as_ref().and_then(|(_, v)| v.clone());
-            if self.memtable.learn(&key, found, a.index_seq).is_none() {
+            if self.memtable.learn(&key, found.clone(), a.index_seq).is_none() {
                 // Older than the frontier this node evicted under: the waiters ask again.
                 self.stats.rejected.fetch_add(1, Ordering::Relaxed);
                 continue;
@@ -156,7 +158,7 @@ impl DbClient {
             let mut d = self.done.lock();
             p.retain(|r, k| {
                 if **k == *key {
-                    d.insert(*r, value.clone());
+                    d.insert(*r, found.clone());
                     false
                 } else {
                     true

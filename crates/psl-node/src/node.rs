@@ -431,10 +431,21 @@ impl Node {
     /// `db_get_retry`, and the call blocks until the signed answer arrives (the memtable
     /// learns it, with its original version) or `db_get_timeout` passes.
     pub fn try_get(&self, key: &[u8]) -> Result<Option<Arc<[u8]>>, NodeError> {
-        let db = match (self.memtable.lookup(key), &self.db) {
-            (psl_scl::Lookup::Value(v), _) => return Ok(Some(v)),
-            (psl_scl::Lookup::Deleted, _) | (psl_scl::Lookup::Unknown, None) => return Ok(None),
-            (psl_scl::Lookup::Unknown, Some(db)) => db.clone(),
+        if let psl_scl::Lookup::Value(v) = self.memtable.lookup(key) {
+            return Ok(Some(v));
+        }
+        Ok(self.try_entry(key)?.and_then(|e| e.value))
+    }
+
+    /// Like [`Node::try_get`], but returns the entry with its version `(lamport, writer)`
+    /// (a tombstone has no value): the version CapsuleDB answered with is the original one, so
+    /// anything derived from it (SecureCached's CAS uniques) is the same before and after an
+    /// eviction. `None`: never written (as far as this node and CapsuleDB know).
+    pub fn try_entry(&self, key: &[u8]) -> Result<Option<psl_scl::Entry>, NodeError> {
+        let db = match (self.memtable.lookup_entry(key), &self.db) {
+            (Some(e), _) => return Ok(Some(e)),
+            (None, None) => return Ok(None),
+            (None, Some(db)) => db.clone(),
         };
         if key.is_empty() || key.len() > self.limits.key_bytes_max as usize {
             return Ok(None);
@@ -446,13 +457,12 @@ impl Node {
             let resend = (Instant::now() + self.db_get_retry).min(deadline);
             loop {
                 let seen = db.settled();
-                if let Some(v) = db.take_answer(req) {
+                if let Some(a) = db.take_answer(req) {
                     // The memtable has learned the answer (or something newer): prefer it.
-                    return Ok(match self.memtable.lookup(key) {
-                        psl_scl::Lookup::Value(x) => Some(x),
-                        psl_scl::Lookup::Deleted => None,
-                        psl_scl::Lookup::Unknown => v,
-                    });
+                    return Ok(self
+                        .memtable
+                        .lookup_entry(key)
+                        .or_else(|| a.map(|(version, value)| psl_scl::Entry { version, value })));
                 }
                 if !db.is_pending(req) {
                     // Answered under another request id of ours, or refused as stale: look again.
@@ -469,10 +479,8 @@ impl Node {
                 }
             }
             db.forget(req);
-            match self.memtable.lookup(key) {
-                psl_scl::Lookup::Value(v) => return Ok(Some(v)),
-                psl_scl::Lookup::Deleted => return Ok(None),
-                psl_scl::Lookup::Unknown => {}
+            if let Some(e) = self.memtable.lookup_entry(key) {
+                return Ok(Some(e));
             }
             if Instant::now() >= deadline {
                 db.stats.timeouts.fetch_add(1, Ordering::Relaxed);

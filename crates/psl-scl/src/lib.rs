@@ -33,7 +33,7 @@ pub mod wire;
 
 pub use clock::LamportClock;
 pub use coordinator::{CoordinatorConfig, CoordinatorSm};
-pub use memtable::{Entry, Lookup, Memtable, Version};
+pub use memtable::{Entry, EvictKey, Lookup, Memtable, Version};
 pub use metrics::{Metrics, RejectReason};
 pub use node::{DurableStatus, DurableTicket, NodeConfig, NodeCore, Output, SyncTicket};
 pub use orderer::{Chained, Orderer, OrdererAction, OrdererConfig, TickWork};

@@ -44,6 +44,17 @@ pub enum Lookup {
     Unknown,
 }
 
+/// What [`Memtable::evict_key`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EvictKey {
+    /// The entry is gone: CapsuleDB can serve it back.
+    Evicted,
+    /// The entry's version is above CapsuleDB's frontier for its writer: kept.
+    Pinned,
+    /// The key had no entry.
+    Absent,
+}
+
 /// One applied update, as the journal hands it to CapsuleDB.
 pub type Update = (Box<[u8]>, Version, Option<Arc<[u8]>>);
 
@@ -168,6 +179,21 @@ impl Memtable {
                 }
             }
             _ => Lookup::Unknown,
+        }
+    }
+
+    /// The entry of `key` (a tombstone has no value) if this node can vouch for it, i.e. it
+    /// is present and not unsure; marks it recently used. `None` is [`Lookup::Unknown`].
+    pub fn lookup_entry(&self, key: &[u8]) -> Option<Entry> {
+        let s = self.shard(key).read();
+        match s.map.get(key) {
+            Some(slot) if !slot.unsure => {
+                if !slot.hot.load(Ordering::Relaxed) {
+                    slot.hot.store(true, Ordering::Relaxed);
+                }
+                Some(slot.entry.clone())
+            }
+            _ => None,
         }
     }
 
@@ -316,6 +342,32 @@ impl Memtable {
         self.evicted.fetch_add((before - s.map.len()) as u64, Ordering::Relaxed);
     }
 
+    /// Evicts `key` now if CapsuleDB can serve it back (its version at or below CapsuleDB's
+    /// frontier for its writer, as the bound's own scan requires), whether or not the memtable
+    /// is bounded: a front end with its own memory limit (SecureCached) drops its coldest items
+    /// this way. The eviction is recorded like the scan's (the shard's highest evicted version
+    /// and floor sequence), so an older update arriving later is unsure and a CapsuleDB answer
+    /// from before the eviction is refused: a later read of the key asks CapsuleDB and gets
+    /// the evicted version (or a newer one) back, with its original `(lamport, writer)`.
+    pub fn evict_key(&self, key: &[u8]) -> EvictKey {
+        let (floor, seq) = {
+            let f = self.floor.read();
+            (f.clone(), self.floor_seq.load(Ordering::Acquire))
+        };
+        let mut guard = self.shard(key).write();
+        let s = &mut *guard;
+        let Some(slot) = s.map.get(key) else { return EvictKey::Absent };
+        let v = slot.entry.version;
+        if floor.get(&v.writer).is_none_or(|l| v.lamport > *l) {
+            return EvictKey::Pinned;
+        }
+        s.map.remove(key);
+        s.evicted_max = s.evicted_max.max(Some(v));
+        s.evict_seq = s.evict_seq.max(seq);
+        self.evicted.fetch_add(1, Ordering::Relaxed);
+        EvictKey::Evicted
+    }
+
     /// Keys evicted so far.
     pub fn evicted(&self) -> u64 {
         self.evicted.load(Ordering::Relaxed)
@@ -422,6 +474,10 @@ mod tests {
         Version { lamport: l, writer: w }
     }
 
+    fn val(b: &[u8]) -> Arc<[u8]> {
+        b.into()
+    }
+
     #[test]
     fn newer_wins_and_tombstones_stick() {
         let m = Memtable::new();
@@ -434,6 +490,29 @@ mod tests {
         assert!(!m.apply(b"k", v(2, 5), Some(b"zombie"[..].into())));
         assert_eq!(m.get(b"k"), None);
         assert_eq!(m.len(), 0);
+    }
+
+    #[test]
+    fn evict_key_drops_only_what_capsuledb_holds_and_older_updates_stay_unsure() {
+        let m = Memtable::new();
+        m.apply(b"a", Version { lamport: 10, writer: 7 }, Some(val(b"1")));
+        m.apply(b"b", Version { lamport: 20, writer: 7 }, Some(val(b"2")));
+        assert_eq!(m.evict_key(b"a"), EvictKey::Pinned, "no floor yet: CapsuleDB holds nothing");
+        m.raise_floor(&[(7, 15)], 3);
+        assert_eq!(m.evict_key(b"b"), EvictKey::Pinned, "above the floor");
+        assert_eq!(m.evict_key(b"a"), EvictKey::Evicted);
+        assert_eq!(m.evict_key(b"a"), EvictKey::Absent);
+        assert_eq!(m.lookup(b"a"), Lookup::Unknown);
+        assert_eq!(m.lookup_entry(b"b").map(|e| e.version.lamport), Some(20));
+        // An update of the same key at or below the evicted version may be older: unsure.
+        m.apply(b"a", Version { lamport: 9, writer: 8 }, Some(val(b"old")));
+        assert_eq!(m.lookup(b"a"), Lookup::Unknown);
+        assert_eq!(m.lookup_entry(b"a"), None);
+        // An answer from before the eviction's floor is refused; a fresh one settles the key.
+        assert_eq!(m.learn(b"a", Some((Version { lamport: 10, writer: 7 }, Some(val(b"1")))), 2), None);
+        assert_eq!(m.learn(b"a", Some((Version { lamport: 10, writer: 7 }, Some(val(b"1")))), 3), Some(true));
+        let e = m.lookup_entry(b"a").expect("settled");
+        assert_eq!((e.version, e.value), (Version { lamport: 10, writer: 7 }, Some(val(b"1"))));
     }
 
     #[test]

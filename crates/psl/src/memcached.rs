@@ -1,10 +1,14 @@
 //! `psl memcached`: SecureCached, the memcached-compatible front end (crate `psl-memcached`).
 //!
 //! Alone (`psl memcached --listen ADDR`) it runs the embedded default: one node with a front
-//! end, an in-process coordinator, on an in-process hub. With `--cluster ROUTER --capsule FILE
-//! --owner KEY --id N` its node joins a running deployment through a router, like `psl node`;
-//! with `--peer-listen A --peers A,B,…` it is one front end of a group whose members forward
-//! each key's conditional commands to the key's home (see `psl_memcached::peer`).
+//! end, an in-process coordinator, on an in-process hub (`--capsuledb` adds an in-process
+//! CapsuleDB role, so that the memory limit evicts without losing data). With `--cluster DIR`
+//! it joins the KV deployment `psl up --kv` runs (everything it needs is in DIR/cluster.json;
+//! it takes a fresh node id and forwards conditional commands to the group's homes). With
+//! `--cluster ROUTER --capsule FILE --owner KEY --id N` its node joins a running deployment
+//! through a router, like `psl node`; with `--peer-listen A --peers A,B,…` it is one front
+//! end of a group whose members forward each key's conditional commands to the key's home
+//! (see `psl_memcached::peer`).
 
 use crate::util::read_owner_key;
 use anyhow::{bail, Context, Result};
@@ -53,9 +57,11 @@ pub struct MemcachedArgs {
     /// Writer actors of the front end's node.
     #[arg(long, default_value_t = 2)]
     pub writers: usize,
-    /// Join a running deployment through this router instead of running the embedded default.
-    #[arg(long, requires_all = ["capsule", "owner", "id"])]
-    pub cluster: Option<SocketAddr>,
+    /// Join a running deployment instead of running the embedded default: DIR (or
+    /// DIR/cluster.json) of `psl up --kv`, or a router address (then with --capsule, --owner
+    /// and --id).
+    #[arg(long)]
+    pub cluster: Option<String>,
     /// With --cluster: the capsule file that names the capsule.
     #[arg(long)]
     pub capsule: Option<PathBuf>,
@@ -91,10 +97,162 @@ pub struct MemcachedArgs {
     /// with SERVER_ERROR.
     #[arg(long, default_value_t = 2000)]
     pub peer_timeout_ms: u64,
+    /// Back the memory limit with CapsuleDB: an evicted item is read back through CapsuleDB
+    /// (same value, flags and CAS unique) instead of being lost. Embedded: runs a CapsuleDB
+    /// role in this process (its records in a temporary directory, removed on exit).
+    /// `--cluster DIR` always reads through the deployment's CapsuleDB (implied).
+    #[arg(long)]
+    pub capsuledb: bool,
+    /// With `--cluster ROUTER`: CapsuleDB's writer index (printed by `psl capsuledb`); backs
+    /// the memory limit with it, as --capsuledb.
+    #[arg(long)]
+    pub capsuledb_writer: Option<u32>,
+}
+
+/// What a front end needs to join the KV deployment of `psl up --kv` (the `kv` object of
+/// DIR/cluster.json).
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone)]
+pub struct KvInfo {
+    pub router: SocketAddr,
+    /// The KV capsule file and its owner key file (mode 0600; see docs/protocol/memcached.md).
+    pub capsule: PathBuf,
+    pub owner: PathBuf,
+    /// CapsuleDB's writer index.
+    pub capsuledb_writer: u32,
+    /// The front-end group's peer addresses (each key's home is `peers[hash % n]`).
+    pub peers: Vec<SocketAddr>,
+    /// The memcached addresses of the group's front ends.
+    pub front_ends: Vec<SocketAddr>,
+    /// Capsule servers' ids and store directories.
+    pub servers: Vec<(u32, PathBuf)>,
+    /// Where a joining front end draws its node id (a counter file, locked while drawn) and
+    /// keeps its incarnation counter (`nodes/<id>`).
+    pub state: PathBuf,
+}
+
+/// Node ids drawn by joining front ends: the group's own front ends use 1 ..= 255.
+const JOIN_ID_FIRST: u32 = 1000;
+const JOIN_ID_LAST: u32 = 32_767;
+
+/// Reads the `kv` object of a cluster file (`DIR` or `DIR/cluster.json`).
+pub fn read_kv(p: &std::path::Path) -> Result<KvInfo> {
+    let file = if p.is_dir() { p.join("cluster.json") } else { p.to_path_buf() };
+    let text = std::fs::read_to_string(&file)
+        .with_context(|| format!("reading the cluster file {} (is `psl up --kv` running?)", file.display()))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not a cluster file", file.display()))?;
+    let kv = v.get("kv").cloned().with_context(|| {
+        format!("{} has no KV deployment: start it with `psl up --kv` (or `--memcached N`)", file.display())
+    })?;
+    serde_json::from_value(kv).with_context(|| format!("the kv object of {}", file.display()))
+}
+
+/// Draws a node id no other front end joining this deployment has drawn: a counter file under
+/// an exclusive lock (flock), so that concurrent joins on this machine get distinct ids.
+fn draw_node_id(state: &std::path::Path) -> Result<u32> {
+    use std::os::unix::io::AsRawFd;
+    std::fs::create_dir_all(state).with_context(|| format!("creating {}", state.display()))?;
+    let lock_path = state.join("ids.lock");
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .with_context(|| format!("opening {}", lock_path.display()))?;
+    // SAFETY: flock(2) on a file descriptor this function owns (open until `lock` drops, which
+    // releases the lock); no memory is shared with the kernel.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        bail!("locking {}: {}", lock_path.display(), std::io::Error::last_os_error());
+    }
+    let p = state.join("next-id");
+    let next: u32 = match std::fs::read_to_string(&p) {
+        Ok(s) => s.trim().parse().with_context(|| format!("{} is not a number", p.display()))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => JOIN_ID_FIRST,
+        Err(e) => return Err(e).with_context(|| format!("reading {}", p.display())),
+    };
+    if !(JOIN_ID_FIRST..=JOIN_ID_LAST).contains(&next) {
+        bail!("{}: every node id for joining front ends ({JOIN_ID_FIRST} ..= {JOIN_ID_LAST}) is used", p.display());
+    }
+    crate::util::write_atomic(&p, (next + 1).to_string().as_bytes(), 0o644)?;
+    drop(lock);
+    Ok(next)
+}
+
+/// Where the front end's node joins.
+enum Join {
+    Router { router: SocketAddr, capsule: PathBuf, owner: PathBuf, id: u32, state: Option<PathBuf>, db: Option<u32> },
+    Dir(KvInfo),
+}
+
+/// Runs a CapsuleDB role in this process on `fabric` (the embedded deployment's), with its
+/// records in a directory store at `dir`. Returns the role and its writer index.
+fn start_capsuledb_in_process(
+    meta: &psl_capsule::SignedMetadata,
+    app: &psl_crypto::AppKey,
+    fabric: Arc<dyn psl_fabric::Fabric>,
+    dir: &std::path::Path,
+) -> Result<(psl_capsuledb::role::Role, u32)> {
+    use psl_capsuledb::role::{Role, RoleKeys, RoleOptions};
+    use psl_capsuledb::{BlockStore, CapsuleDb, DirStore};
+    let id = 30_000;
+    let writer = psl_scl::writer_index(id, 0, 15).context("CapsuleDB's writer index")?;
+    let store = DirStore::open(dir).with_context(|| format!("opening the CapsuleDB store {}", dir.display()))?;
+    let config = psl_capsuledb::Config::default();
+    let author = psl_capsule::Author::new(meta, app, writer)?.with_salt_seed(rand::random());
+    let verifier = psl_capsule::Verifier::new(meta.clone(), Some(app.data_key()));
+    let db = CapsuleDb::create(config, vec![store.clone() as Arc<dyn BlockStore>], verifier, author)?;
+    let opts = NodeOptions {
+        node_id: id,
+        writers: 0,
+        verifiers: 1,
+        memtable_keys_max: Some(config.memtable_entries_max.max(1024)),
+        capsuledb_role: Some(65_536),
+        ..NodeOptions::default()
+    }
+    .shared_cores();
+    let node = Node::start(NodeKeys::derive(meta, app, &opts)?, fabric, opts)?;
+    let keys = RoleKeys { writer, signing: app.writer(writer)?, data_key: app.data_key() };
+    let role = Role::start(node, db, keys, vec![store], RoleOptions::default())?;
+    Ok((role, writer))
 }
 
 pub fn run(a: MemcachedArgs) -> Result<i32> {
-    if a.peer_listen.is_some() && a.cluster.is_none() {
+    let join = match &a.cluster {
+        None => None,
+        Some(c) => {
+            Some(match c.parse::<SocketAddr>() {
+                Ok(router) => {
+                    let (Some(capsule), Some(owner), Some(id)) = (&a.capsule, &a.owner, a.id) else {
+                        bail!("--cluster ROUTER needs --capsule, --owner and --id (or give --cluster DIR of `psl up --kv`)");
+                    };
+                    if a.capsuledb {
+                        bail!("with --cluster ROUTER, give CapsuleDB's writer index: --capsuledb-writer W");
+                    }
+                    Join::Router {
+                        router,
+                        capsule: capsule.clone(),
+                        owner: owner.clone(),
+                        id,
+                        state: a.state.clone(),
+                        db: a.capsuledb_writer,
+                    }
+                }
+                Err(_) => {
+                    if a.capsule.is_some() || a.owner.is_some() || a.id.is_some() || a.state.is_some() {
+                        bail!("--cluster DIR takes the capsule, owner key and node id from DIR/cluster.json; drop --capsule, --owner, --id and --state");
+                    }
+                    if a.peer_listen.is_some() || a.capsuledb_writer.is_some() {
+                        bail!("--cluster DIR joins the deployment's front-end group and CapsuleDB as recorded in DIR/cluster.json; drop --peer-listen/--peers and --capsuledb-writer");
+                    }
+                    Join::Dir(read_kv(std::path::Path::new(c))?)
+                }
+            })
+        }
+    };
+    if join.is_none() && (a.capsule.is_some() || a.owner.is_some() || a.id.is_some() || a.capsuledb_writer.is_some()) {
+        bail!("--capsule, --owner, --id and --capsuledb-writer go with --cluster ROUTER");
+    }
+    if a.peer_listen.is_some() && join.is_none() {
         bail!("--peer-listen and --peers form a group of --cluster front ends; the embedded default has one");
     }
     let mut seen = std::collections::HashSet::new();
@@ -121,30 +279,67 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
         tls,
     };
     // Keep the deployment alive as long as the server runs.
-    let (fe, _deployment): (Arc<FrontEnd>, Box<dyn std::any::Any>) = match a.cluster {
+    let (fe, _deployment): (Arc<FrontEnd>, Box<dyn std::any::Any>) = match join {
         None => {
+            let db_dir = if a.capsuledb {
+                Some(tempfile::Builder::new().prefix("psl-memcached-capsuledb").tempdir()?)
+            } else {
+                None
+            };
+            let db_writer = match &db_dir {
+                Some(_) => Some(psl_scl::writer_index(30_000, 0, 15).context("CapsuleDB's writer index")?),
+                None => None,
+            };
             let d = Embedded::start(&EmbeddedOptions {
                 replicas: a.replicas,
                 writers: a.writers,
                 verifiers: a.verifiers.unwrap_or(1),
                 flush_delay: Duration::from_micros(a.flush_us.unwrap_or(2000)),
                 config,
+                capsuledb: db_writer,
                 ..EmbeddedOptions::default()
             })?;
-            (d.front_ends[0].clone(), Box::new(d))
-        }
-        Some(router) => {
-            let (Some(capsule), Some(owner), Some(id)) = (&a.capsule, &a.owner, a.id) else {
-                bail!("--cluster needs --capsule, --owner and --id");
+            let role = match &db_dir {
+                Some(dir) => {
+                    let (role, writer) = start_capsuledb_in_process(
+                        &d.meta,
+                        d.app(),
+                        Arc::new(d.hub.endpoint("capsuledb")),
+                        dir.path(),
+                    )?;
+                    debug_assert_eq!(Some(writer), db_writer);
+                    tracing::info!(writer, dir = %dir.path().display(), "in-process CapsuleDB started");
+                    Some(role)
+                }
+                None => None,
             };
-            let bytes = std::fs::read(capsule).with_context(|| format!("reading {}", capsule.display()))?;
+            // Tuple fields drop in order: the role, then the deployment, the directory last.
+            (d.front_ends[0].clone(), Box::new((role, d, db_dir)))
+        }
+        Some(join) => {
+            let (router, capsule, owner, id, state, db) = match &join {
+                Join::Router { router, capsule, owner, id, state, db } => {
+                    (*router, capsule.clone(), owner.clone(), *id, state.clone(), *db)
+                }
+                Join::Dir(kv) => {
+                    let id = draw_node_id(&kv.state)?;
+                    let state = kv.state.join("nodes").join(id.to_string());
+                    // Always through the deployment's CapsuleDB: this node's memtable starts empty
+                    // and SCL does not replay history to a new node, so only CapsuleDB can serve
+                    // what was written before it joined (and what its memory limit evicts).
+                    let db = Some(kv.capsuledb_writer);
+                    (kv.router, kv.capsule.clone(), kv.owner.clone(), id, Some(state), db)
+                }
+            };
+            let bytes = std::fs::read(&capsule).with_context(|| format!("reading {}", capsule.display()))?;
             let f = CapsuleFile::parse(&bytes).with_context(|| format!("{}", capsule.display()))?;
-            let ok = read_owner_key(owner)?;
+            let ok = read_owner_key(&owner)?;
             if ok.public() != f.metadata.meta.owner {
                 bail!("{} is not the owner key of capsule {}", owner.display(), f.metadata.name());
             }
             let app = ok.app(f.metadata.meta.app_index)?;
-            let incarnation = match &a.state {
+            drop(ok);
+            let incarnation = match &state {
                 Some(d) => crate::roles::next_incarnation(d)?,
                 None => rand::random::<u32>() % (1 << 12),
             };
@@ -155,25 +350,34 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
                 verifiers: a.verifiers.unwrap_or(2),
                 batch_ops_max: a.batch_ops_max,
                 flush_delay: Duration::from_micros(a.flush_us.unwrap_or(500)),
+                capsuledb: db,
                 ..NodeOptions::default()
             };
             let keys = NodeKeys::derive(&f.metadata, &app, &opts)?;
             let ep = psl_fabric::TcpEndpoint::connect(router, psl_fabric::TcpConfig::default())
                 .with_context(|| format!("connecting to router {router}"))?;
             let node = Node::start(keys, Arc::new(ep), opts)?;
+            tracing::info!(id, incarnation, capsuledb = ?db, "front-end node joined");
             let fe = FrontEnd::new(Arc::new(node), config);
-            let peer_server = match a.peer_listen {
-                None => None,
-                Some(listen) => {
+            let cfg = PeerConfig { timeout: Duration::from_millis(a.peer_timeout_ms.max(1)) };
+            let key = PeerKey::derive(&app.data_key());
+            let peer_server = match (&join, a.peer_listen) {
+                (Join::Dir(kv), _) => {
+                    if !kv.peers.is_empty() {
+                        fe.join_remote_group_as_client(&kv.peers, key, cfg);
+                        tracing::info!(peers = ?kv.peers, "forwarding conditional commands to the group's homes");
+                    }
+                    None
+                }
+                (Join::Router { .. }, None) => None,
+                (Join::Router { .. }, Some(listen)) => {
                     let me = a
                         .peers
                         .iter()
                         .position(|p| *p == listen)
                         .with_context(|| format!("--peer-listen {listen} must be one of --peers {:?}", a.peers))?;
-                    let key = PeerKey::derive(&app.data_key());
                     let l = std::net::TcpListener::bind(listen)
                         .with_context(|| format!("binding the peer address {listen}"))?;
-                    let cfg = PeerConfig { timeout: Duration::from_millis(a.peer_timeout_ms.max(1)) };
                     fe.join_remote_group(&a.peers, me, key.clone(), cfg);
                     tracing::info!(peers = ?a.peers, me, "front-end group joined");
                     Some(PeerServer::start(&fe, l, key).context("starting the peer server")?)

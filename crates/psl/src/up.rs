@@ -6,6 +6,14 @@
 //!
 //! Attestation uses the `sim` backend: INSECURE. `psl up` draws the simulated platform key
 //! and writes it to `DIR/sim-platform.key` (mode 0600) for its children.
+//!
+//! With `--kv` (or `--memcached N`) it also runs a long-lived KV deployment for SecureCached
+//! on the same router: the KV capsule and its owner key, created once in `DIR/kv/` and kept
+//! across restarts; its coordinator; capsule servers for it (`--kv-servers`, f = 1 with 3);
+//! a CapsuleDB role (directory store `DIR/kv/capsuledb/`); and N `psl memcached` front ends
+//! forming one peer group. `DIR/cluster.json` then has a `kv` object, from which
+//! `psl memcached --cluster DIR` joins with a fresh node id. The KV owner key sits in DIR
+//! (mode 0600): see docs/protocol/memcached.md for what that trusts.
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -44,6 +52,162 @@ pub struct UpArgs {
     /// TEST ONLY: these workers stop heartbeating after 500 ms.
     #[arg(long, value_delimiter = ',')]
     pub test_hung_workers: Vec<u32>,
+    /// Also run the KV deployment for SecureCached (capsule kept in DIR/kv, its coordinator,
+    /// capsule servers, CapsuleDB, and `--memcached` front ends; 1 unless given).
+    #[arg(long)]
+    pub kv: bool,
+    /// `psl memcached` front ends of the KV deployment, one peer group (implies --kv).
+    #[arg(long)]
+    pub memcached: Option<u32>,
+    /// Capsule servers of the KV capsule (2f + 1; 0 for none).
+    #[arg(long, default_value_t = 3)]
+    pub kv_servers: u32,
+    /// Memory limit of each front end, MiB (evictions are read back through CapsuleDB).
+    #[arg(long, default_value_t = 64)]
+    pub kv_memory_mb: u64,
+}
+
+/// Runs `psl ARGS` to completion (a setup step: key and capsule creation).
+fn psl_once(args: &[String]) -> Result<()> {
+    let exe = std::env::current_exe().context("finding the psl binary")?;
+    let o =
+        Command::new(exe).args(args).stdin(Stdio::null()).output().with_context(|| format!("running psl {args:?}"))?;
+    if !o.status.success() {
+        bail!("psl {}: {}", args.join(" "), String::from_utf8_lossy(&o.stderr).trim());
+    }
+    Ok(())
+}
+
+/// A free loopback port (bound, then released: the front end binds it a moment later).
+fn free_loopback() -> Result<SocketAddr> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+/// Starts the KV deployment's processes on `router` (see the module docs); returns what a
+/// front end needs to join (the `kv` object of the cluster file).
+fn start_kv(
+    a: &UpArgs,
+    front_ends: u32,
+    router: SocketAddr,
+    kids: &mut Vec<Kid>,
+    deadline: Instant,
+) -> Result<crate::memcached::KvInfo> {
+    let dir = a.dir.join("kv");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    // Absolute: a joining front end may run from another directory.
+    let dir = std::fs::canonicalize(&dir).with_context(|| format!("resolving {}", dir.display()))?;
+    let owner = dir.join("owner.key");
+    let capsule = dir.join("kv.capsule");
+    let s = |p: &std::path::Path| p.display().to_string();
+    // Created once: the KV store outlives restarts of `psl up` (the servers' and CapsuleDB's
+    // stores are for this capsule).
+    if !owner.exists() {
+        if capsule.exists() {
+            bail!(
+                "{} exists without its owner key {}: remove {} to start a new KV store",
+                s(&capsule),
+                s(&owner),
+                s(&dir)
+            );
+        }
+        psl_once(&["keys".into(), "new".into(), "--out".into(), s(&owner)])?;
+    }
+    if !capsule.exists() {
+        psl_once(&[
+            "capsule".into(),
+            "new".into(),
+            "--owner".into(),
+            s(&owner),
+            "--label".into(),
+            "psl-up-kv".into(),
+            "--out".into(),
+            s(&capsule),
+        ])?;
+    }
+    let common = |role: &str| -> Vec<String> {
+        vec![
+            role.into(),
+            "--capsule".into(),
+            s(&capsule),
+            "--owner".into(),
+            s(&owner),
+            "--router".into(),
+            router.to_string(),
+        ]
+    };
+    let mut srx = Vec::new();
+    let mut servers = Vec::new();
+    for id in 0..a.kv_servers {
+        let sdir = dir.join(format!("server{id}"));
+        let mut args = common("capsule-server");
+        args.extend(["--dir".into(), s(&sdir), "--id".into(), id.to_string(), "--n".into(), a.kv_servers.to_string()]);
+        let (k, rx) = spawn(&format!("kv capsule server {id}"), &args)?;
+        kids.push(k);
+        srx.push((id, rx));
+        servers.push((id, sdir));
+    }
+    let mut dargs = common("capsuledb");
+    dargs.extend(["--store".into(), s(&dir.join("capsuledb"))]);
+    let (k, drx) = spawn("kv capsuledb", &dargs)?;
+    kids.push(k);
+    for (id, rx) in srx {
+        wait_line(&format!("kv capsule server {id}"), &rx, "ready ", deadline)?;
+    }
+    // After the servers are up: a restarted coordinator (its writer index has no incarnation)
+    // learns its own chain back from them during its rejoin period, so it never re-uses a seq.
+    let (k, crx) = spawn("kv coordinator", &common("coordinator"))?;
+    kids.push(k);
+    wait_line("kv coordinator", &crx, "control ", deadline)?;
+    let ready = wait_line("kv capsuledb", &drx, "ready ", deadline)?;
+    let writer: u32 = ready
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("writer="))
+        .and_then(|w| w.parse().ok())
+        .with_context(|| format!("psl capsuledb printed 'ready {ready}' without writer=W"))?;
+    let peers = (0..front_ends).map(|_| free_loopback()).collect::<Result<Vec<_>>>()?;
+    let list = peers.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(",");
+    let mut frx = Vec::new();
+    for (i, peer) in peers.iter().enumerate() {
+        let id = i as u32 + 1;
+        let mut args = vec![
+            "memcached".to_string(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--cluster".into(),
+            router.to_string(),
+            "--capsule".into(),
+            s(&capsule),
+            "--owner".into(),
+            s(&owner),
+            "--id".into(),
+            id.to_string(),
+            "--state".into(),
+            s(&dir.join(format!("memcached{id}"))),
+            "--capsuledb-writer".into(),
+            writer.to_string(),
+            "--memory-mb".into(),
+            a.kv_memory_mb.to_string(),
+        ];
+        // Even a group of one serves its peer address: joining front ends forward to it.
+        args.extend(["--peer-listen".into(), peer.to_string(), "--peers".into(), list.clone()]);
+        let (k, rx) = spawn(&format!("memcached {id}"), &args)?;
+        kids.push(k);
+        frx.push((id, rx));
+    }
+    let mut listen = Vec::new();
+    for (id, rx) in frx {
+        listen.push(wait_line(&format!("memcached {id}"), &rx, "listening ", deadline)?.parse()?);
+    }
+    Ok(crate::memcached::KvInfo {
+        router,
+        capsule,
+        owner,
+        capsuledb_writer: writer,
+        peers,
+        front_ends: listen,
+        servers,
+        state: dir.join("joined"),
+    })
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -131,6 +295,17 @@ pub fn run(a: UpArgs) -> Result<i32> {
     if a.servers > 64 {
         bail!("--servers must be 0 ..= 64");
     }
+    let kv_front_ends = match (a.kv, a.memcached) {
+        (_, Some(n)) => Some(n),
+        (true, None) => Some(1),
+        (false, None) => None,
+    };
+    if kv_front_ends.is_some_and(|n| n > 255) {
+        bail!("--memcached must be 0 ..= 255");
+    }
+    if kv_front_ends.is_some() && (a.kv_servers > 63 || (a.kv_servers != 0 && a.kv_servers.is_multiple_of(2))) {
+        bail!("--kv-servers must be 0 or an odd number (2f + 1) up to 63");
+    }
     // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
     unsafe {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
@@ -155,10 +330,14 @@ pub fn run(a: UpArgs) -> Result<i32> {
     };
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut kids = Vec::new();
+    let mut kv = None;
     let result = (|| -> Result<ClusterInfo> {
         let (k, rx) = spawn("router", &["router".into(), "--listen".into(), "127.0.0.1:0".into()])?;
         kids.push(k);
         let router: SocketAddr = wait_line("router", &rx, "listening ", deadline)?.parse()?;
+        if let Some(n) = kv_front_ends {
+            kv = Some(start_kv(&a, n, router, &mut kids, deadline)?);
+        }
         let mut sargs =
             vec!["scheduler".to_string(), "--heartbeat-timeout-ms".into(), a.heartbeat_timeout_ms.to_string()];
         if let Some(b) = a.test_scheduler_flip_byte {
@@ -246,7 +425,11 @@ pub fn run(a: UpArgs) -> Result<i32> {
         }
     };
     let cluster_path = a.dir.join("cluster.json");
-    crate::util::write_atomic(&cluster_path, serde_json::to_string_pretty(&info)?.as_bytes(), 0o644)?;
+    let mut file = serde_json::to_value(&info)?;
+    if let Some(kv) = &kv {
+        file["kv"] = serde_json::to_value(kv)?;
+    }
+    crate::util::write_atomic(&cluster_path, serde_json::to_string_pretty(&file)?.as_bytes(), 0o644)?;
     let cold_ms = t0.elapsed().as_secs_f64() * 1e3;
     println!("router    {}", info.router);
     println!("scheduler {}", info.scheduler);
@@ -256,6 +439,14 @@ pub fn run(a: UpArgs) -> Result<i32> {
     }
     for w in &info.workers {
         println!("worker {} control {}", w.id, w.control);
+    }
+    if let Some(kv) = &kv {
+        println!("kv capsule {} (owner key {}, mode 0600)", kv.capsule.display(), kv.owner.display());
+        println!("kv capsuledb writer {}", kv.capsuledb_writer);
+        for (i, m) in kv.front_ends.iter().enumerate() {
+            println!("memcached {} {m}", i + 1);
+        }
+        println!("try: psl memcached --listen 127.0.0.1:11311 --cluster {}", a.dir.display());
     }
     println!("cluster file {}", cluster_path.display());
     println!("try: psl run examples/wordcount.js --lambdas 4 --cluster {}", cluster_path.display());
@@ -269,7 +460,7 @@ pub fn run(a: UpArgs) -> Result<i32> {
         for k in kids.iter_mut().filter(|k| !k.gone) {
             if let Ok(Some(st)) = k.child.try_wait() {
                 k.gone = true;
-                if k.name.starts_with("worker") {
+                if k.name.starts_with("worker") || k.name.starts_with("memcached") {
                     // The scheduler drops it from the registry; the others carry on.
                     eprintln!("warning: {} exited ({st}); the deployment carries on without it", k.name);
                 } else {
