@@ -8,6 +8,8 @@ use std::io::{Read, Write};
 
 /// Largest frame (a sealed program, input or result fits well under it).
 pub const FRAME_BYTES_MAX: usize = 32 << 20;
+/// What a frame reader reserves before the bytes arrive (the rest grows as they do).
+const FRAME_PREALLOC_BYTES: usize = 64 << 10;
 
 /// Unix-microsecond times a worker took along the launch path.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -249,8 +251,14 @@ pub fn read_msg<R: Read>(r: &mut R) -> Result<Msg, FaasError> {
     if n > FRAME_BYTES_MAX {
         return Err(net("reading", format!("frame of {n} bytes is over the limit of {FRAME_BYTES_MAX}")));
     }
-    let mut body = zeroize::Zeroizing::new(vec![0u8; n]);
-    r.read_exact(&mut body).map_err(|e| net("reading a frame", e))?;
+    // Memory grows with the bytes that actually arrive, not with what the header claims. The
+    // first 64 KiB are reserved at once, so frames that carry key material (a few KiB) are
+    // never reallocated, which would leave unwiped copies behind.
+    let mut body = zeroize::Zeroizing::new(Vec::with_capacity(n.min(FRAME_PREALLOC_BYTES)));
+    r.take(n as u64).read_to_end(&mut body).map_err(|e| net("reading a frame", e))?;
+    if body.len() != n {
+        return Err(net("reading a frame", format!("connection ended after {} of {n} bytes", body.len())));
+    }
     serde_json::from_slice(&body).map_err(|e| net("decoding a message", e))
 }
 
