@@ -4,69 +4,15 @@
 //! across processes, and a clear, bounded SERVER_ERROR when a key's home is down. Every wait
 //! is bounded; every process is killed when the test ends.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 mod common;
+use common::eventually;
+use common::mc::Client;
 use common::{ok, start, Proc};
-
-struct Client {
-    r: BufReader<TcpStream>,
-    w: TcpStream,
-}
-
-impl Client {
-    fn connect(a: SocketAddr) -> Client {
-        let s = TcpStream::connect(a).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
-        Client { r: BufReader::new(s.try_clone().unwrap()), w: s }
-    }
-
-    fn line(&mut self) -> String {
-        let mut l = String::new();
-        self.r.read_line(&mut l).expect("a reply line in time");
-        l.trim_end().to_string()
-    }
-
-    /// Sends `req` and returns the first reply line.
-    fn call(&mut self, req: &str) -> String {
-        self.w.write_all(req.as_bytes()).unwrap();
-        self.line()
-    }
-
-    /// `gets key`: Some((data, unique)) or None.
-    fn gets(&mut self, key: &str) -> Option<(String, u64)> {
-        let head = self.call(&format!("gets {key}\r\n"));
-        if head == "END" {
-            return None;
-        }
-        let p: Vec<&str> = head.split(' ').collect();
-        assert_eq!(p[0], "VALUE", "{head}");
-        let len: usize = p[3].parse().unwrap();
-        let mut data = vec![0u8; len + 2];
-        self.r.read_exact(&mut data).unwrap();
-        assert_eq!(self.line(), "END");
-        Some((String::from_utf8_lossy(&data[..len]).into_owned(), p[4].parse().unwrap()))
-    }
-
-    fn stat(&mut self, name: &str) -> u64 {
-        self.w.write_all(b"stats\r\n").unwrap();
-        let mut v = None;
-        loop {
-            let l = self.line();
-            if l == "END" {
-                break;
-            }
-            if let Some(x) = l.strip_prefix(&format!("STAT {name} ")) {
-                v = x.parse().ok();
-            }
-        }
-        v.unwrap_or_else(|| panic!("no stat {name}"))
-    }
-}
 
 fn free_addr() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
@@ -134,14 +80,6 @@ fn start_group() -> Group {
 }
 
 /// Polls `f` until it is true (bounded).
-fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting: {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn two_front_end_processes_share_data_and_arbitrate_cas_and_incr_at_each_keys_home() {
     let g = start_group();
@@ -154,14 +92,14 @@ fn two_front_end_processes_share_data_and_arbitrate_cas_and_incr_at_each_keys_ho
     assert_eq!(cb.call("get shared\r\n"), "VALUE shared 42 5");
     assert_eq!(cb.line(), "hello");
     assert_eq!(cb.line(), "END");
-    assert_eq!(ca.gets("shared").unwrap().1, cb.gets("shared").unwrap().1, "one version, one unique");
+    assert_eq!(ca.gets("shared").unwrap().2, cb.gets("shared").unwrap().2, "one version, one unique");
 
     // Two concurrent cas with one unique, one to each front end: exactly one STORED.
     for round in 0..24 {
         let key = format!("race{round}");
         assert_eq!(ca.call(&format!("set {key} 0 0 1\r\n0\r\n")), "STORED");
-        let unique = ca.gets(&key).unwrap().1;
-        eventually("B holds A's version", || cb.gets(&key).map(|x| x.1) == Some(unique));
+        let unique = ca.gets(&key).unwrap().2;
+        eventually("B holds A's version", || cb.gets(&key).map(|x| x.2) == Some(unique));
         let barrier = Arc::new(Barrier::new(2));
         let threads: Vec<_> = [(a, "A"), (b, "B")]
             .into_iter()
@@ -204,7 +142,7 @@ fn two_front_end_processes_share_data_and_arbitrate_cas_and_incr_at_each_keys_ho
     }
     for key in ["ctr0", "ctr1", "ctr2"] {
         eventually("both front ends read 40", || {
-            ca.gets(key).map(|x| x.0) == Some("40".into()) && cb.gets(key).map(|x| x.0) == Some("40".into())
+            ca.gets(key).map(|x| x.0) == Some(b"40".to_vec()) && cb.gets(key).map(|x| x.0) == Some(b"40".to_vec())
         });
     }
 }
@@ -255,6 +193,6 @@ fn a_conditional_command_whose_home_is_down_fails_with_server_error_in_bounded_t
     assert_eq!(ca.call("version\r\n"), format!("VERSION {}", psl_memcached::VERSION));
     // Plain commands stay local and keep working.
     assert_eq!(ca.call("set plain 0 0 2\r\nok\r\n"), "STORED");
-    assert_eq!(ca.gets("plain").unwrap().0, "ok");
+    assert_eq!(ca.gets("plain").unwrap().0, b"ok");
     assert_eq!(ca.call("delete k0\r\n"), "DELETED");
 }

@@ -14,85 +14,14 @@
 //! Every wait is bounded; every process is killed when the test ends (`psl up`'s children die
 //! with it).
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Barrier};
-use std::time::{Duration, Instant};
 
 mod common;
+use common::eventually;
+use common::mc::Client;
 use common::{start, Proc};
-
-struct Client {
-    r: BufReader<TcpStream>,
-    w: TcpStream,
-}
-
-impl Client {
-    fn connect(a: SocketAddr) -> Client {
-        let s = TcpStream::connect(a).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
-        Client { r: BufReader::new(s.try_clone().unwrap()), w: s }
-    }
-
-    fn line(&mut self) -> String {
-        let mut l = String::new();
-        self.r.read_line(&mut l).expect("a reply line in time");
-        l.trim_end().to_string()
-    }
-
-    fn call(&mut self, req: &str) -> String {
-        self.w.write_all(req.as_bytes()).unwrap();
-        self.line()
-    }
-
-    fn set(&mut self, key: &str, flags: u32, data: &[u8]) -> String {
-        let mut req = format!("set {key} {flags} 0 {}\r\n", data.len()).into_bytes();
-        req.extend_from_slice(data);
-        req.extend_from_slice(b"\r\n");
-        self.w.write_all(&req).unwrap();
-        self.line()
-    }
-
-    /// `gets key`: Some((data, flags, unique)) or None.
-    fn gets(&mut self, key: &str) -> Option<(Vec<u8>, u32, u64)> {
-        let head = self.call(&format!("gets {key}\r\n"));
-        if head == "END" {
-            return None;
-        }
-        let p: Vec<&str> = head.split(' ').collect();
-        assert_eq!(p[0], "VALUE", "gets {key}: {head}");
-        let len: usize = p[3].parse().unwrap();
-        let mut data = vec![0u8; len + 2];
-        self.r.read_exact(&mut data).unwrap();
-        data.truncate(len);
-        assert_eq!(self.line(), "END");
-        Some((data, p[2].parse().unwrap(), p[4].parse().unwrap()))
-    }
-
-    fn stat(&mut self, name: &str) -> u64 {
-        self.w.write_all(b"stats\r\n").unwrap();
-        let mut v = None;
-        loop {
-            let l = self.line();
-            if l == "END" {
-                break;
-            }
-            if let Some(x) = l.strip_prefix(&format!("STAT {name} ")) {
-                v = x.parse().ok();
-            }
-        }
-        v.unwrap_or_else(|| panic!("no stat {name}"))
-    }
-}
-
-fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting: {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 /// A value of `len` bytes that differs per key.
 fn value_of(i: usize, len: usize) -> Vec<u8> {

@@ -2,6 +2,8 @@
 //! prints, and kill it when the test ends.
 #![allow(dead_code)]
 
+pub mod mc;
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
@@ -67,4 +69,13 @@ pub fn start_node(dir: &Path, router: SocketAddr, id: u32, extra: &[&str]) -> Pr
         vec!["node", "--capsule", "c.capsule", "--owner", "owner.key", "--router", &r, "--id", &ids, "--state", &state];
     args.extend_from_slice(extra);
     start(dir, &args, "control")
+}
+
+/// Polls `f` every 20 ms until it holds; fails the test after 20 s, naming `what`.
+pub fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !f() {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
