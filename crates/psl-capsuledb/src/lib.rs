@@ -18,7 +18,7 @@ pub mod store;
 pub use bloom::Bloom;
 pub use codec::{Block, BlockRef, CodecError, Index};
 pub use db::{BlockStore, CapsuleDb, MemStore, Stats};
-pub use lsm::{Blocks, Config, Tree};
+pub use lsm::{Blocks, Config};
 pub use store::DirStore;
 
 /// The version of a write, ordered as in SCL's memtable: Lamport time, then writer index.
