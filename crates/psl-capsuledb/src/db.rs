@@ -684,6 +684,11 @@ impl CapsuleDb {
         }
     }
 
+    /// A background compaction is planned or running (tests: crash points).
+    pub fn compacting(&self) -> bool {
+        self.inner.w.lock().compacting
+    }
+
     /// A handle reading concurrently with this database's writes and compactions.
     pub fn reader(&self) -> Reader {
         Reader { inner: self.inner.clone() }

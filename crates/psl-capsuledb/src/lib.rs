@@ -17,7 +17,7 @@ pub mod store;
 
 pub use bloom::Bloom;
 pub use codec::{Block, BlockRef, CodecError, Index};
-pub use db::{BlockStore, CapsuleDb, MemStore, Stats};
+pub use db::{BlockStore, CapsuleDb, MemStore, Reader, Stats};
 pub use lsm::{Blocks, Config};
 pub use store::DirStore;
 
