@@ -6,7 +6,7 @@
 //! [`crate::CapsuleDb`] implements (and tests may fake). The memtable and the thread that runs
 //! compactions live in [`crate::db`].
 
-use crate::bloom::Bloom;
+use crate::bloom::{Bloom, KeyHash};
 use crate::codec::{
     entry_len, Block, BlockRef, Index, BLOCK_BYTES_MAX, BLOCK_ENTRIES_MAX, KEY_BYTES_MAX, VALUE_BYTES_MAX,
 };
@@ -265,20 +265,24 @@ pub fn newest(a: Option<Cell>, b: Option<Cell>) -> Option<Cell> {
 /// block than an earlier-delivered write of a lower version, so the first hit is not enough.
 pub fn get_in_index(index: &Index, blocks: &dyn Blocks, key: &[u8]) -> Result<Option<Cell>, Error> {
     let mut best: Option<Cell> = None;
+    let h = KeyHash::of(key);
+    let mut look = |r: &BlockRef| -> Result<(), Error> {
+        if r.overlaps_key(key) && r.bloom.may_contain_hashed(h) {
+            let b = blocks.load(r)?;
+            if let Some(c) = b.get(key) {
+                if best.as_ref().is_none_or(|x| c.0 > x.0) {
+                    best = Some(c.clone());
+                }
+            }
+        }
+        Ok(())
+    };
     for (li, level) in index.levels.iter().enumerate() {
-        let candidates: Vec<&BlockRef> = if li == 0 {
-            level.iter().filter(|r| r.overlaps_key(key)).collect()
+        if li == 0 {
+            level.iter().try_for_each(&mut look)?;
         } else {
             let i = level.partition_point(|r| r.max.as_slice() < key);
-            level.get(i).filter(|r| r.overlaps_key(key)).into_iter().collect()
-        };
-        for r in candidates {
-            if !r.bloom.may_contain(key) {
-                continue;
-            }
-            if let Some(c) = blocks.load(r)?.get(key) {
-                best = newest(best, Some(c.clone()));
-            }
+            level.get(i).into_iter().try_for_each(&mut look)?;
         }
     }
     Ok(best)
