@@ -166,6 +166,8 @@ struct Io {
     /// The record chain is one writer's: appends are serialized.
     author: PMutex<Author>,
     cache: PMutex<LruCache<RecordHash, Arc<Block>>>,
+    /// `block hash ‖ key` to that block's entry for the key, or `None` (a Bloom false positive).
+    rows: PMutex<LruCache<Vec<u8>, Option<Cell>>>,
     stats: AtomicStats,
 }
 
@@ -292,6 +294,24 @@ impl Blocks for Io {
     fn save(&self, b: &Block) -> Result<RecordHash, Error> {
         self.write(Body::DbBlock(b.encode()))
     }
+
+    fn get_entry(&self, r: &BlockRef, key: &[u8]) -> Result<Option<Cell>, Error> {
+        let mut rk = [0u8; 32 + crate::codec::KEY_BYTES_MAX];
+        let n = 32 + key.len().min(crate::codec::KEY_BYTES_MAX);
+        rk[..32].copy_from_slice(&r.hash);
+        rk[32..n].copy_from_slice(&key[..n - 32]);
+        if key.len() <= crate::codec::KEY_BYTES_MAX {
+            if let Some(c) = self.rows.lock().get(&rk[..n]) {
+                bump(&self.stats.cache_hits);
+                return Ok(c.clone());
+            }
+        }
+        let c = self.load(r)?.get(key).cloned();
+        if key.len() <= crate::codec::KEY_BYTES_MAX {
+            self.rows.lock().put(rk[..n].to_vec(), c.clone());
+        }
+        Ok(c)
+    }
 }
 
 /// What readers look at: the memtable, a memtable being frozen, and the current index.
@@ -346,9 +366,10 @@ impl Inner {
         let (mem, index) = {
             let m = self.mem.read();
             let a = m.active.get(key).cloned();
-            let f = m.frozen.as_ref().and_then(|f| {
-                f.binary_search_by(|(k, _)| k.as_slice().cmp(key)).ok().map(|i| f[i].1.clone())
-            });
+            let f = m
+                .frozen
+                .as_ref()
+                .and_then(|f| f.binary_search_by(|(k, _)| k.as_slice().cmp(key)).ok().map(|i| f[i].1.clone()));
             (newest(a, f), m.index.clone())
         };
         Ok(newest(mem, get_in_index(&index, &self.io, key)?))
@@ -571,27 +592,33 @@ impl CapsuleDb {
             return Err(Error::Invalid("at least one store"));
         }
         let limits = verifier.metadata().meta.policy.limits;
-        let cap = NonZeroUsize::new(config.cache_blocks_max.max(1)).unwrap_or(NonZeroUsize::MIN);
+        let nz = |n: usize| NonZeroUsize::new(n.max(1)).unwrap_or(NonZeroUsize::MIN);
+        let blocks = nz(config.cache_blocks_max / 8);
+        let rows = nz(config.cache_blocks_max.saturating_mul(config.block_entries_max) / 2);
         Ok(Io {
             stores,
             verifier,
             limits,
             author: PMutex::new(author),
-            cache: PMutex::new(LruCache::new(cap)),
+            cache: PMutex::new(LruCache::new(blocks)),
+            rows: PMutex::new(LruCache::new(rows)),
             stats: AtomicStats::default(),
         })
     }
 
     fn from_parts(config: Config, io: Io, index: Index, newest: Option<RecordHash>) -> CapsuleDb {
-        let history = History {
-            snapshots: newest.map(|h| vec![(index.seq, h)]).unwrap_or_default(),
-            walk_from: index.prev,
-        };
+        let history =
+            History { snapshots: newest.map(|h| vec![(index.seq, h)]).unwrap_or_default(), walk_from: index.prev };
         let inner = Inner {
             config,
             io,
             mem: RwLock::new(Mem { active: BTreeMap::new(), frozen: None, index: Arc::new(index) }),
-            w: PMutex::new(WriteSide { pending_frontier: BTreeMap::new(), newest, compacting: false, compact_error: None }),
+            w: PMutex::new(WriteSide {
+                pending_frontier: BTreeMap::new(),
+                newest,
+                compacting: false,
+                compact_error: None,
+            }),
             changed: Condvar::new(),
             history: PMutex::new(history),
             background: AtomicBool::new(false),
@@ -800,5 +827,6 @@ impl CapsuleDb {
     /// Drops every cached block (so that the next reads go to the stores).
     pub fn clear_cache(&mut self) {
         self.inner.io.cache.lock().clear();
+        self.inner.io.rows.lock().clear();
     }
 }

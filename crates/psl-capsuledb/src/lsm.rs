@@ -28,7 +28,10 @@ pub struct Config {
     /// entries; a point read fetches one such block per level. Level-0 blocks are whole
     /// memtables.
     pub block_entries_max: usize,
-    /// Decoded blocks kept in the LRU cache.
+    /// The read cache's budget, in blocks of `block_entries_max` entries: an eighth of it
+    /// (at least one) holds whole decoded blocks, and up to half its entries' worth holds
+    /// single entries (`(block, key)` to the entry or its absence, see `docs/protocol/capsuledb.md`
+    /// §3): hot keys are scattered over many blocks, and an entry costs a block's 1/256th.
     pub cache_blocks_max: usize,
     /// Drop tombstones when compacting into the last level. Only safe when every key's writes
     /// reach the tree in version order (one writer, or an ordered replay): with SCL's
@@ -85,6 +88,11 @@ pub trait Blocks {
         self.load(r)
     }
     fn save(&self, b: &Block) -> Result<RecordHash, Error>;
+    /// The entry for `key` in the block `r` names (blocks are immutable, so an implementation
+    /// may cache the answer per `(block, key)`).
+    fn get_entry(&self, r: &BlockRef, key: &[u8]) -> Result<Option<Cell>, Error> {
+        Ok(self.load(r)?.get(key).cloned())
+    }
 }
 
 /// Checks a key and value against the codec limits.
@@ -268,10 +276,9 @@ pub fn get_in_index(index: &Index, blocks: &dyn Blocks, key: &[u8]) -> Result<Op
     let h = KeyHash::of(key);
     let mut look = |r: &BlockRef| -> Result<(), Error> {
         if r.overlaps_key(key) && r.bloom.may_contain_hashed(h) {
-            let b = blocks.load(r)?;
-            if let Some(c) = b.get(key) {
+            if let Some(c) = blocks.get_entry(r, key)? {
                 if best.as_ref().is_none_or(|x| c.0 > x.0) {
-                    best = Some(c.clone());
+                    best = Some(c);
                 }
             }
         }

@@ -83,7 +83,11 @@ fn capsuledb_reads_during_background_compaction_match_model() {
                                 "key {k}: nothing read, but version {lo} was applied"
                             ),
                             Some((v, val)) => {
-                                assert!(v.lamport >= lo && v.lamport <= hi, "key {k}: read {} outside [{lo}, {hi}]", v.lamport);
+                                assert!(
+                                    v.lamport >= lo && v.lamport <= hi,
+                                    "key {k}: read {} outside [{lo}, {hi}]",
+                                    v.lamport
+                                );
                                 assert_eq!(val, write(v.lamport).1, "key {k}: value of version {}", v.lamport);
                             }
                         }

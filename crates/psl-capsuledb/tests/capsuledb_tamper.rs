@@ -52,7 +52,10 @@ fn capsuledb_tampered_block_detected_and_refetched() {
             }
             assert_eq!(only_a.stats().rejected_copies, 0);
             for h in &blocks {
-                assert!(verifier().verify_bytes(&a.raw(h).unwrap()).is_err(), "signature damage is visible to a full check");
+                assert!(
+                    verifier().verify_bytes(&a.raw(h).unwrap()).is_err(),
+                    "signature damage is visible to a full check"
+                );
             }
             continue;
         }

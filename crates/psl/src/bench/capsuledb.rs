@@ -51,6 +51,19 @@ fn lsm_config() -> Config {
     }
 }
 
+/// An estimate of the memory CapsuleDB's read cache holds when full, with this bench's keys
+/// (16 bytes) and values: an eighth of `cache_blocks_max` as decoded blocks (per entry: two
+/// `Vec` headers, the key, the version, the value) and `cache_blocks_max * block_entries_max / 2`
+/// single entries (per entry: the block hash and key as the map key, the cell, LRU links).
+/// fjall gets the same cache budget.
+fn cache_bytes(c: &Config) -> u64 {
+    let entry = (2 * 24 + 16 + 16 + VALUE_BYTES) as u64;
+    let row = (24 + 32 + 16 + 24 + 16 + VALUE_BYTES + 64) as u64;
+    let blocks = (c.cache_blocks_max / 8).max(1) as u64 * c.block_entries_max as u64 * entry;
+    let rows = (c.cache_blocks_max * c.block_entries_max / 2) as u64 * row;
+    blocks + rows
+}
+
 /// Runs `threads` readers for `seconds`; returns gets per second.
 fn read_rate(node: &Arc<Node>, keys: u64, threads: usize, seconds: f64, check: bool) -> Result<f64> {
     let stop = Instant::now() + Duration::from_secs_f64(seconds);
@@ -225,7 +238,7 @@ fn part_lsm(keys: u64, progress: bool) -> Result<Map<String, Value>> {
     }
 
     // fjall on the same data.
-    let ks = fjall::Config::new(dir.path().join("fjall")).cache_size(32 << 20).open()?;
+    let ks = fjall::Config::new(dir.path().join("fjall")).cache_size(cache_bytes(&lsm_config())).open()?;
     let part = ks.open_partition("bench", fjall::PartitionCreateOptions::default())?;
     let t = Instant::now();
     for i in 0..keys {
@@ -275,9 +288,10 @@ pub fn run(seconds: f64, keys: u64, progress: bool) -> Result<Value> {
     out.insert("value_bytes".into(), json!(VALUE_BYTES));
     out.insert("zipf_theta".into(), json!(0.99));
     out.insert("seconds_per_case".into(), json!(seconds));
+    let c = lsm_config();
     out.insert(
         "lsm_config".into(),
-        json!({"memtable_entries_max": 4096, "l0_blocks_max": 4, "fanout": 10, "block_entries_max": 256, "cache_blocks_max": 1024, "fjall_cache_bytes": 32 << 20}),
+        json!({"memtable_entries_max": c.memtable_entries_max, "l0_blocks_max": c.l0_blocks_max, "fanout": c.fanout, "block_entries_max": c.block_entries_max, "cache_blocks_max": c.cache_blocks_max, "capsuledb_cache_bytes_est": cache_bytes(&c), "fjall_cache_bytes": cache_bytes(&c)}),
     );
     out.extend(part_lsm(keys, progress)?);
     out.extend(part_fabric(keys, seconds, progress)?);
