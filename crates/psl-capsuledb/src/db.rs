@@ -314,12 +314,15 @@ impl Blocks for Io {
     }
 }
 
+/// A memtable's entries, sorted by key.
+type Run = Vec<(Vec<u8>, Cell)>;
+
 /// What readers look at: the memtable, a memtable being frozen, and the current index.
 struct Mem {
     active: BTreeMap<Vec<u8>, Cell>,
     /// A memtable being written out as a level-0 block: still read until the index holding
     /// that block is published (in the same critical section that clears this).
-    frozen: Option<Arc<Vec<(Vec<u8>, Cell)>>>,
+    frozen: Option<Arc<Run>>,
     index: Arc<Index>,
 }
 
@@ -441,7 +444,7 @@ impl Inner {
             if m.active.is_empty() {
                 return Ok(false);
             }
-            let e: Arc<Vec<(Vec<u8>, Cell)>> = Arc::new(std::mem::take(&mut m.active).into_iter().collect());
+            let e: Arc<Run> = Arc::new(std::mem::take(&mut m.active).into_iter().collect());
             m.frozen = Some(e.clone());
             e
         };
