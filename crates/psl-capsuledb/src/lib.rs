@@ -2,8 +2,11 @@
 //!
 //! - [`bloom`]: a small Bloom filter (k probes from two 64-bit hashes).
 //! - [`codec`]: the bounded, versioned block and index encodings (never panic on garbage).
-//! - [`lsm`]: the pure LSM core (memtable, L0, sorted levels, compaction); no I/O.
-//! - [`db`]: [`CapsuleDb`], the core on top of [`BlockStore`]s holding sealed, signed records.
+//! - [`lsm`]: the pure LSM core (L0, sorted levels, compaction planning, streaming merge,
+//!   installation, reads through an index snapshot); no I/O.
+//! - [`db`]: [`CapsuleDb`], the memtable and the core on top of [`BlockStore`]s holding sealed,
+//!   signed records; the background compaction thread; [`Reader`] handles that read without
+//!   waiting for compactions; the block and entry caches.
 //! - [`store`]: [`DirStore`], a directory of record files plus the pointer to the newest index.
 //! - [`role`]: [`role::Role`], the `psl capsuledb` role: a receive-only SCL node feeding the
 //!   tree, answering workers' read requests, publishing the frontier workers may evict below.
