@@ -596,8 +596,8 @@ impl CapsuleDb {
         }
         let limits = verifier.metadata().meta.policy.limits;
         let nz = |n: usize| NonZeroUsize::new(n.max(1)).unwrap_or(NonZeroUsize::MIN);
-        let blocks = nz(config.cache_blocks_max / 8);
-        let rows = nz(config.cache_blocks_max.saturating_mul(config.block_entries_max) / 2);
+        let blocks = nz(config.cache_blocks_max / 2);
+        let rows = nz(config.cache_blocks_max.saturating_mul(config.block_entries_max) / 4);
         Ok(Io {
             stores,
             verifier,

@@ -59,8 +59,8 @@ fn lsm_config() -> Config {
 fn cache_bytes(c: &Config) -> u64 {
     let entry = (2 * 24 + 16 + 16 + VALUE_BYTES) as u64;
     let row = (24 + 32 + 16 + 24 + 16 + VALUE_BYTES + 64) as u64;
-    let blocks = (c.cache_blocks_max / 8).max(1) as u64 * c.block_entries_max as u64 * entry;
-    let rows = (c.cache_blocks_max * c.block_entries_max / 2) as u64 * row;
+    let blocks = (c.cache_blocks_max / 2).max(1) as u64 * c.block_entries_max as u64 * entry;
+    let rows = (c.cache_blocks_max * c.block_entries_max / 4) as u64 * row;
     blocks + rows
 }
 
