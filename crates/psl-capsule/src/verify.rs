@@ -350,6 +350,24 @@ impl Verifier {
         Ok(Verified(Opened { record: rec, body }))
     }
 
+    /// Opens a record reached through a hash pointer that an already verified record holds
+    /// (CapsuleDB: a db-index names each block by its record hash). The record's hash must equal
+    /// `expected`; its signature is NOT checked again: the record hash commits to the header and
+    /// to the body's digest, so by SHA-256's collision resistance these bytes are the ones the
+    /// pointer's signer named, and the signature they carried was checked by whoever may
+    /// vouch for it (the writer that made the pointer). The capsule name is checked, then the
+    /// body is decrypted (the AEAD authenticates it under the data key) and checked like any body.
+    /// Returns only the body: the record is not `Verified` for any other use.
+    pub fn open_pinned(&self, rec: &Record, expected: &Hash256) -> Result<Body, Rejected> {
+        if rec.hash() != *expected {
+            return Err(reject(rec, Reason::Structure("record hash differs from the verified pointer")));
+        }
+        if rec.header().capsule != self.meta.name() {
+            return Err(reject(rec, Reason::Capsule { found: rec.header().capsule.0 }));
+        }
+        self.open_body(rec).map_err(|reason| reject(rec, reason))
+    }
+
     /// Decrypts a record that has already been verified.
     pub fn open(&self, rec: &Verified<Record>) -> Result<Body, Rejected> {
         self.open_body(rec).map_err(|reason| reject(rec, reason))

@@ -7,6 +7,16 @@ pub const PROBES: u8 = 7;
 pub const BLOOM_BYTES_MAX: usize = 1 << 20;
 pub const PROBES_MAX: u8 = 16;
 
+/// The two hashes of a key every filter's probes derive from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyHash(u64, u64);
+
+impl KeyHash {
+    pub fn of(key: &[u8]) -> KeyHash {
+        KeyHash(hash64(key, 0x5053_4c42), hash64(key, 0x626c_6f6f) | 1)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bloom {
     pub(crate) k: u8,
@@ -51,15 +61,13 @@ impl Bloom {
             .then_some(Bloom { k, bits })
     }
 
-    fn probes(&self, key: &[u8]) -> impl Iterator<Item = usize> {
+    fn probes(&self, h: KeyHash) -> impl Iterator<Item = usize> {
         let m = (self.bits.len() * 8) as u64;
-        let h1 = hash64(key, 0x5053_4c42);
-        let h2 = hash64(key, 0x626c_6f6f) | 1;
-        (0..self.k as u64).map(move |i| (h1.wrapping_add(i.wrapping_mul(h2)) % m) as usize)
+        (0..self.k as u64).map(move |i| (h.0.wrapping_add(i.wrapping_mul(h.1)) % m) as usize)
     }
 
     pub fn insert(&mut self, key: &[u8]) {
-        let idx: Vec<usize> = self.probes(key).collect();
+        let idx: Vec<usize> = self.probes(KeyHash::of(key)).collect();
         for i in idx {
             self.bits[i / 8] |= 1 << (i % 8);
         }
@@ -67,6 +75,11 @@ impl Bloom {
 
     /// `false` means the key is certainly absent.
     pub fn may_contain(&self, key: &[u8]) -> bool {
-        self.probes(key).all(|i| self.bits[i / 8] & (1 << (i % 8)) != 0)
+        self.may_contain_hashed(KeyHash::of(key))
+    }
+
+    /// [`Bloom::may_contain`] with the key's hashes computed once (a read asks many filters).
+    pub fn may_contain_hashed(&self, h: KeyHash) -> bool {
+        self.probes(h).all(|i| self.bits[i / 8] & (1 << (i % 8)) != 0)
     }
 }

@@ -1,21 +1,36 @@
 //! [`CapsuleDb`]: the LSM core with every block and every index stored as a signed, encrypted
 //! DataCapsule record (`db-block` / `db-index`) in one or more [`BlockStore`]s.
 //!
-//! A read fetches the record by hash from the first store, decodes it, runs it through the
-//! [`Verifier`] (signature, decryption), and checks that its hash is the pointer the index
-//! holds and its kind is the expected one. Any failure counts as a rejected copy and the next
-//! store is tried.
+//! Reading an index: the record is fetched by hash from the first store, decoded, run through
+//! the [`Verifier`] (signature, decryption), its hash compared with the pointer and its kind
+//! checked. Reading a block: the same, except that the signature is not checked again: the
+//! block's record hash must equal the pointer held by the verified index, which by SHA-256's
+//! collision resistance makes it the record the index's signer wrote (see
+//! `docs/protocol/capsuledb.md` §3). Any failure counts as a rejected copy and the next store
+//! is tried.
+//!
+//! Concurrency: readers ([`CapsuleDb::get_cell`], [`Reader`]) take a short read lock to look at
+//! the memtable (and a memtable being frozen) and to take the current index (an `Arc`), then
+//! read blocks without any lock. Writers (apply, freeze, and the installation of a compaction)
+//! serialize on one mutex. With [`CapsuleDb::start_compactor`], compactions run in a background
+//! thread: they read immutable input blocks and write new ones without holding any lock, then
+//! take the writers' mutex briefly to install the result in a new index. Without it, a freeze
+//! runs the compactions it makes necessary inline (deterministic: tests).
 
 use crate::codec::{Block, BlockRef, Index};
-use crate::lsm::{get_in_index, Blocks, Config, Tree};
+use crate::lsm::{self, get_in_index, newest, Blocks, Config};
 use crate::{Cell, Error, RecordHash, Version};
 use lru::LruCache;
+use parking_lot::{Condvar, Mutex as PMutex, RwLock};
 use psl_capsule::replica::Head;
 use psl_capsule::{Author, Body, Limits, Record, Verifier};
 use psl_crypto::Hash256;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 /// Somewhere sealed record bytes are kept, addressed by record hash. Stores are untrusted:
 /// whatever they return is verified.
@@ -76,6 +91,12 @@ impl MemStore {
         self.map.lock().unwrap_or_else(|e| e.into_inner()).insert(hash, bytes);
     }
 
+    /// A copy of the store as it is now (tests: what a crash at this moment leaves).
+    pub fn snapshot(&self) -> Arc<MemStore> {
+        let map = self.map.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        Arc::new(MemStore { map: Mutex::new(map) })
+    }
+
     pub fn remove(&self, hash: &RecordHash) -> bool {
         self.map.lock().unwrap_or_else(|e| e.into_inner()).remove(hash).is_some()
     }
@@ -101,25 +122,64 @@ pub struct Stats {
     pub rejected_copies: u64,
     /// Stores that did not hold a requested record.
     pub missing_copies: u64,
+    /// Compactions installed (inline or in the background).
+    pub compactions: u64,
+    /// Times a freeze waited for the background compaction (level 0 at its stall bound).
+    pub write_stalls: u64,
 }
 
+#[derive(Debug, Default)]
+struct AtomicStats {
+    records_written: AtomicU64,
+    block_fetches: AtomicU64,
+    cache_hits: AtomicU64,
+    rejected_copies: AtomicU64,
+    missing_copies: AtomicU64,
+    compactions: AtomicU64,
+    write_stalls: AtomicU64,
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+impl AtomicStats {
+    fn get(&self) -> Stats {
+        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        Stats {
+            records_written: l(&self.records_written),
+            block_fetches: l(&self.block_fetches),
+            cache_hits: l(&self.cache_hits),
+            rejected_copies: l(&self.rejected_copies),
+            missing_copies: l(&self.missing_copies),
+            compactions: l(&self.compactions),
+            write_stalls: l(&self.write_stalls),
+        }
+    }
+}
+
+/// Record I/O: shared by readers, the writer and the compaction thread.
 struct Io {
     stores: Vec<Arc<dyn BlockStore>>,
     verifier: Verifier,
     limits: Limits,
-    author: Author,
-    cache: LruCache<RecordHash, Arc<Block>>,
-    stats: Stats,
+    /// The record chain is one writer's: appends are serialized.
+    author: PMutex<Author>,
+    cache: PMutex<LruCache<RecordHash, Arc<Block>>>,
+    /// `block hash ‖ key` to that block's entry for the key, or `None` (a Bloom false positive).
+    rows: PMutex<LruCache<Vec<u8>, Option<Cell>>>,
+    stats: AtomicStats,
 }
 
+#[derive(Clone, Copy)]
 enum Want {
     Block,
     Index,
 }
 
 impl Io {
-    fn write(&mut self, body: Body) -> Result<RecordHash, Error> {
-        let rec = self.author.write_body(body).map_err(|e| Error::Seal(e.to_string()))?;
+    fn write(&self, body: Body) -> Result<RecordHash, Error> {
+        let rec = self.author.lock().write_body(body).map_err(|e| Error::Seal(e.to_string()))?;
         let hash = rec.hash().0;
         // Written to every store; it is enough that one took it (reads try them all), but a
         // record no store took is an error: the index must never point at nothing.
@@ -134,12 +194,12 @@ impl Io {
         if stored == 0 {
             return Err(Error::Store(last));
         }
-        self.stats.records_written += 1;
+        bump(&self.stats.records_written);
         Ok(hash)
     }
 
     /// Syncs every store; it is enough that one succeeds (as for writes).
-    fn sync(&mut self) -> Result<(), Error> {
+    fn sync(&self) -> Result<(), Error> {
         let mut last = String::new();
         let mut ok = 0;
         for s in &self.stores {
@@ -154,31 +214,37 @@ impl Io {
         Ok(())
     }
 
-    /// Fetches, verifies and opens the record `hash`, trying each store in order.
-    fn fetch(&mut self, hash: &RecordHash, want: Want) -> Result<(Record, Vec<u8>), Error> {
+    /// Fetches and opens the record `hash`, trying each store in order. An index is verified
+    /// in full (signature, decryption); a block is reached only through a verified index's
+    /// pointer, so its record hash equal to `hash` stands for the signature (module docs).
+    fn fetch(&self, hash: &RecordHash, want: Want) -> Result<(Record, Vec<u8>), Error> {
         let mut last = String::from("no store holds it");
         for s in &self.stores {
             let Some(bytes) = s.get(hash) else {
-                self.stats.missing_copies += 1;
+                bump(&self.stats.missing_copies);
                 continue;
             };
-            let checked = Record::decode(&bytes, &self.limits)
-                .map_err(|e| format!("decode: {e}"))
-                .and_then(|rec| self.verifier.verify_open(rec).map_err(|e| format!("verify: {e}")))
-                .and_then(|opened| {
-                    let opened = opened.into_inner();
-                    if opened.record.hash().0 != *hash {
-                        return Err("record hash differs from the pointer".to_string());
+            let checked = Record::decode(&bytes, &self.limits).map_err(|e| format!("decode: {e}")).and_then(|rec| {
+                if rec.hash().0 != *hash {
+                    return Err("record hash differs from the pointer".to_string());
+                }
+                let body = match want {
+                    Want::Block => {
+                        self.verifier.open_pinned(&rec, &Hash256(*hash)).map_err(|e| format!("open: {e}"))?
                     }
-                    match (want_kind(&want), opened.body) {
-                        (true, Body::DbBlock(b)) | (false, Body::DbIndex(b)) => Ok((opened.record, b)),
-                        _ => Err("record is not of the expected kind".to_string()),
+                    Want::Index => {
+                        self.verifier.verify_open(rec.clone()).map_err(|e| format!("verify: {e}"))?.into_inner().body
                     }
-                });
+                };
+                match (want, body) {
+                    (Want::Block, Body::DbBlock(b)) | (Want::Index, Body::DbIndex(b)) => Ok((rec, b)),
+                    _ => Err("record is not of the expected kind".to_string()),
+                }
+            });
             match checked {
                 Ok(x) => return Ok(x),
                 Err(e) => {
-                    self.stats.rejected_copies += 1;
+                    bump(&self.stats.rejected_copies);
                     last = e;
                 }
             }
@@ -186,23 +252,13 @@ impl Io {
         Err(Error::Unavailable { hash: Hash256(*hash).to_hex(), tried: self.stores.len(), last })
     }
 
-    fn load_index(&mut self, hash: &RecordHash) -> Result<(Record, Index), Error> {
+    fn load_index(&self, hash: &RecordHash) -> Result<(Record, Index), Error> {
         let (rec, body) = self.fetch(hash, Want::Index)?;
         Ok((rec, Index::decode(&body)?))
     }
-}
 
-fn want_kind(w: &Want) -> bool {
-    matches!(w, Want::Block)
-}
-
-impl Blocks for Io {
-    fn load(&mut self, r: &BlockRef) -> Result<Arc<Block>, Error> {
-        if let Some(b) = self.cache.get(&r.hash) {
-            self.stats.cache_hits += 1;
-            return Ok(b.clone());
-        }
-        self.stats.block_fetches += 1;
+    fn fetch_block(&self, r: &BlockRef) -> Result<Arc<Block>, Error> {
+        bump(&self.stats.block_fetches);
         let (_, body) = self.fetch(&r.hash, Want::Block)?;
         let b = Arc::new(Block::decode(&body)?);
         if b.entries.len() != r.entries as usize
@@ -211,42 +267,367 @@ impl Blocks for Io {
         {
             return Err(Error::Invalid("block does not match its index entry"));
         }
-        self.cache.put(r.hash, b.clone());
         Ok(b)
-    }
-
-    fn save(&mut self, b: &Block) -> Result<RecordHash, Error> {
-        let hash = self.write(Body::DbBlock(b.encode()))?;
-        self.cache.put(hash, Arc::new(b.clone()));
-        Ok(hash)
     }
 }
 
-/// The database. Single-threaded: wrap it in a lock to share it.
-pub struct CapsuleDb {
-    tree: Tree,
-    io: Io,
-    newest: RecordHash,
-    /// Known snapshots, newest first; `walk_from` is the next older index to load, if any.
+impl Blocks for Io {
+    fn load(&self, r: &BlockRef) -> Result<Arc<Block>, Error> {
+        if let Some(b) = self.cache.lock().get(&r.hash) {
+            bump(&self.stats.cache_hits);
+            return Ok(b.clone());
+        }
+        let b = self.fetch_block(r)?;
+        self.cache.lock().put(r.hash, b.clone());
+        Ok(b)
+    }
+
+    fn load_once(&self, r: &BlockRef) -> Result<Arc<Block>, Error> {
+        // Compaction inputs: from the cache if there, but not added to it (they are about to
+        // be replaced, and would push out the blocks point reads need).
+        if let Some(b) = self.cache.lock().peek(&r.hash) {
+            return Ok(b.clone());
+        }
+        self.fetch_block(r)
+    }
+
+    fn save(&self, b: &Block) -> Result<RecordHash, Error> {
+        self.write(Body::DbBlock(b.encode()))
+    }
+
+    fn get_entry(&self, r: &BlockRef, key: &[u8]) -> Result<Option<Cell>, Error> {
+        let mut rk = [0u8; 32 + crate::codec::KEY_BYTES_MAX];
+        let n = 32 + key.len().min(crate::codec::KEY_BYTES_MAX);
+        rk[..32].copy_from_slice(&r.hash);
+        rk[32..n].copy_from_slice(&key[..n - 32]);
+        if key.len() <= crate::codec::KEY_BYTES_MAX {
+            if let Some(c) = self.rows.lock().get(&rk[..n]) {
+                bump(&self.stats.cache_hits);
+                return Ok(c.clone());
+            }
+        }
+        let c = self.load(r)?.get(key).cloned();
+        if key.len() <= crate::codec::KEY_BYTES_MAX {
+            self.rows.lock().put(rk[..n].to_vec(), c.clone());
+        }
+        Ok(c)
+    }
+}
+
+/// A memtable's entries, sorted by key.
+type Run = Vec<(Vec<u8>, Cell)>;
+
+/// What readers look at: the memtable, a memtable being frozen, and the current index.
+struct Mem {
+    active: BTreeMap<Vec<u8>, Cell>,
+    /// A memtable being written out as a level-0 block: still read until the index holding
+    /// that block is published (in the same critical section that clears this).
+    frozen: Option<Arc<Run>>,
+    index: Arc<Index>,
+}
+
+/// The writers' state (apply, freeze, compaction installs), under [`Inner::w`].
+struct WriteSide {
+    /// Highest Lamport time applied per writer since the last freeze.
+    pending_frontier: BTreeMap<u32, u64>,
+    /// The newest index record (`None` before `create` wrote index 0).
+    newest: Option<RecordHash>,
+    /// A compaction job is planned or running in the background thread.
+    compacting: bool,
+    /// The background compaction's last failure (cleared by its next success).
+    compact_error: Option<String>,
+}
+
+/// Known snapshots, newest first; `walk_from` is the next older index to load, if any.
+struct History {
     snapshots: Vec<(u64, RecordHash)>,
     walk_from: Option<RecordHash>,
 }
 
+struct Inner {
+    config: Config,
+    io: Io,
+    mem: RwLock<Mem>,
+    w: PMutex<WriteSide>,
+    /// Signalled when an index is published or the compactor goes idle or fails.
+    changed: Condvar,
+    history: PMutex<History>,
+    background: AtomicBool,
+    stop: AtomicBool,
+}
+
+/// Level 0 may hold this many times `l0_blocks_max` blocks while a background compaction runs;
+/// a freeze beyond it waits (backpressure on the applier, so memory and read cost stay bounded).
+const L0_STALL_FACTOR: usize = 2;
+
+impl Inner {
+    fn index(&self) -> Arc<Index> {
+        self.mem.read().index.clone()
+    }
+
+    fn get_cell(&self, key: &[u8]) -> Result<Option<Cell>, Error> {
+        let (mem, index) = {
+            let m = self.mem.read();
+            let a = m.active.get(key).cloned();
+            let f = m
+                .frozen
+                .as_ref()
+                .and_then(|f| f.binary_search_by(|(k, _)| k.as_slice().cmp(key)).ok().map(|i| f[i].1.clone()));
+            (newest(a, f), m.index.clone())
+        };
+        Ok(newest(mem, get_in_index(&index, &self.io, key)?))
+    }
+
+    /// Writes `index` as the newest index record (blocks synced first, then the index, then
+    /// synced again) and publishes it to readers; `clear_frozen` drops the frozen memtable in
+    /// the same critical section (its block is in `index`).
+    fn write_index(&self, w: &mut WriteSide, mut index: Index, clear_frozen: bool) -> Result<(), Error> {
+        index.prev = w.newest;
+        self.io.sync()?;
+        let hash = self.io.write(Body::DbIndex(index.encode()))?;
+        self.io.sync()?;
+        w.newest = Some(hash);
+        self.history.lock().snapshots.insert(0, (index.seq, hash));
+        {
+            let mut m = self.mem.write();
+            m.index = Arc::new(index);
+            if clear_frozen {
+                m.frozen = None;
+            }
+        }
+        self.changed.notify_all();
+        Ok(())
+    }
+
+    fn apply(&self, key: &[u8], version: Version, value: Option<Vec<u8>>) -> Result<(), Error> {
+        lsm::check_kv(key, value.as_deref())?;
+        let mut w = self.w.lock();
+        let f = w.pending_frontier.entry(version.writer).or_insert(0);
+        *f = (*f).max(version.lamport);
+        let len = {
+            let mut m = self.mem.write();
+            match m.active.get(key) {
+                Some((v, _)) if *v > version => {}
+                _ => {
+                    m.active.insert(key.to_vec(), (version, value));
+                }
+            }
+            m.active.len()
+        };
+        if len > self.config.memtable_entries_max {
+            self.freeze(&mut w)?;
+        }
+        Ok(())
+    }
+
+    /// Freezes the memtable into level 0 (if non-empty) and writes a new index; without a
+    /// background compactor, first runs the compactions the freeze makes necessary. Returns
+    /// `true` when the index changed.
+    fn freeze(&self, w: &mut parking_lot::MutexGuard<'_, WriteSide>) -> Result<bool, Error> {
+        let background = self.background.load(Ordering::Acquire);
+        if background {
+            let stall = self.config.l0_blocks_max.saturating_mul(L0_STALL_FACTOR);
+            let mut stalled = false;
+            while self.index().levels.first().map_or(0, |l| l.len()) >= stall && !self.stop.load(Ordering::Acquire) {
+                if let Some(e) = &w.compact_error {
+                    return Err(Error::Store(format!("level 0 is full and compaction fails: {e}")));
+                }
+                if !stalled {
+                    stalled = true;
+                    bump(&self.io.stats.write_stalls);
+                }
+                self.changed.wait_for(w, Duration::from_millis(50));
+            }
+        }
+        let entries = {
+            let mut m = self.mem.write();
+            if m.active.is_empty() {
+                return Ok(false);
+            }
+            let e: Arc<Run> = Arc::new(std::mem::take(&mut m.active).into_iter().collect());
+            m.frozen = Some(e.clone());
+            e
+        };
+        match self.freeze_entries(w, &entries, background) {
+            Ok(()) => {
+                w.pending_frontier.clear();
+                Ok(true)
+            }
+            Err(e) => {
+                // Back into the memtable (newer versions applied meanwhile win): nothing lost.
+                let mut m = self.mem.write();
+                for (k, c) in entries.iter() {
+                    match m.active.get(k) {
+                        Some((v, _)) if *v >= c.0 => {}
+                        _ => {
+                            m.active.insert(k.clone(), c.clone());
+                        }
+                    }
+                }
+                m.frozen = None;
+                Err(e)
+            }
+        }
+    }
+
+    fn freeze_entries(&self, w: &mut WriteSide, entries: &[(Vec<u8>, Cell)], background: bool) -> Result<(), Error> {
+        let refs = lsm::freeze(&self.io, entries)?;
+        let mut index = (*self.index()).clone();
+        for (wr, l) in &w.pending_frontier {
+            let f = index.frontier.entry(*wr).or_insert(0);
+            *f = (*f).max(*l);
+        }
+        if index.levels.is_empty() {
+            index.levels.push(Vec::new());
+        }
+        for r in refs.into_iter().rev() {
+            index.levels[0].insert(0, r);
+        }
+        if !background {
+            while let Some(job) = lsm::plan(&self.config, &index) {
+                let out = lsm::merge(&self.config, &self.io, &job, &|| false)?
+                    .ok_or(Error::Invalid("an inline compaction cannot be stopped"))?;
+                lsm::install(&mut index, &job, out)?;
+                bump(&self.io.stats.compactions);
+            }
+        }
+        index.seq += 1;
+        self.write_index(w, index, true)
+    }
+
+    /// The background compaction thread: plans a job from the current index, merges without
+    /// holding a lock, installs the result under the writers' mutex in a new index.
+    fn compact_loop(&self) {
+        while !self.stop.load(Ordering::Acquire) {
+            let job = {
+                let mut w = self.w.lock();
+                match lsm::plan(&self.config, &self.index()) {
+                    Some(job) => {
+                        w.compacting = true;
+                        job
+                    }
+                    None => {
+                        w.compacting = false;
+                        self.changed.notify_all();
+                        self.changed.wait_for(&mut w, Duration::from_millis(100));
+                        continue;
+                    }
+                }
+            };
+            let res = lsm::merge(&self.config, &self.io, &job, &|| self.stop.load(Ordering::Acquire));
+            let mut w = self.w.lock();
+            let res = res.and_then(|out| {
+                let Some(out) = out else { return Ok(()) };
+                let mut index = (*self.index()).clone();
+                lsm::install(&mut index, &job, out)?;
+                index.seq += 1;
+                self.write_index(&mut w, index, false)?;
+                bump(&self.io.stats.compactions);
+                Ok(())
+            });
+            match res {
+                Ok(()) => w.compact_error = None,
+                Err(e) => {
+                    tracing::error!("capsuledb: background compaction failed: {e}");
+                    w.compact_error = Some(e.to_string());
+                    self.changed.notify_all();
+                    // Retry later (a store may come back).
+                    self.changed.wait_for(&mut w, Duration::from_millis(200));
+                }
+            }
+        }
+    }
+}
+
+/// A handle for concurrent readers (e.g. the role's answer thread): reads never wait for a
+/// compaction, only for the short critical sections that publish a new index or apply a write.
+#[derive(Clone)]
+pub struct Reader {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Reader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "capsuledb::Reader(seq={})", self.index_seq())
+    }
+}
+
+impl Reader {
+    /// The newest entry for `key` with its version: `Some((v, None))` is a tombstone.
+    pub fn get_cell(&self, key: &[u8]) -> Result<Option<Cell>, Error> {
+        self.inner.get_cell(key)
+    }
+
+    /// The sequence number of the index reads currently go through.
+    pub fn index_seq(&self) -> u64 {
+        self.inner.index().seq
+    }
+}
+
+/// The database. Writes take `&mut self` (one applier); [`CapsuleDb::reader`] gives handles
+/// that read concurrently.
+pub struct CapsuleDb {
+    inner: Arc<Inner>,
+    compactor: Option<JoinHandle<()>>,
+}
+
 impl std::fmt::Debug for CapsuleDb {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "CapsuleDb(seq={}, memtable={})", self.tree.index().seq, self.tree.memtable_len())
+        write!(f, "CapsuleDb(seq={}, memtable={})", self.index_seq(), self.memtable_len())
+    }
+}
+
+impl Drop for CapsuleDb {
+    fn drop(&mut self) {
+        self.stop_compactor();
     }
 }
 
 impl CapsuleDb {
-    fn io(config: &Config, stores: Vec<Arc<dyn BlockStore>>, verifier: Verifier, author: Author) -> Result<Io, Error> {
+    fn make_io(
+        config: &Config,
+        stores: Vec<Arc<dyn BlockStore>>,
+        verifier: Verifier,
+        author: Author,
+    ) -> Result<Io, Error> {
         config.validate()?;
         if stores.is_empty() {
             return Err(Error::Invalid("at least one store"));
         }
         let limits = verifier.metadata().meta.policy.limits;
-        let cap = NonZeroUsize::new(config.cache_blocks_max.max(1)).unwrap_or(NonZeroUsize::MIN);
-        Ok(Io { stores, verifier, limits, author, cache: LruCache::new(cap), stats: Stats::default() })
+        let nz = |n: usize| NonZeroUsize::new(n.max(1)).unwrap_or(NonZeroUsize::MIN);
+        let blocks = nz(config.cache_blocks_max / 2);
+        let rows = nz(config.cache_blocks_max.saturating_mul(config.block_entries_max) / 4);
+        Ok(Io {
+            stores,
+            verifier,
+            limits,
+            author: PMutex::new(author),
+            cache: PMutex::new(LruCache::new(blocks)),
+            rows: PMutex::new(LruCache::new(rows)),
+            stats: AtomicStats::default(),
+        })
+    }
+
+    fn from_parts(config: Config, io: Io, index: Index, newest: Option<RecordHash>) -> CapsuleDb {
+        let history =
+            History { snapshots: newest.map(|h| vec![(index.seq, h)]).unwrap_or_default(), walk_from: index.prev };
+        let inner = Inner {
+            config,
+            io,
+            mem: RwLock::new(Mem { active: BTreeMap::new(), frozen: None, index: Arc::new(index) }),
+            w: PMutex::new(WriteSide {
+                pending_frontier: BTreeMap::new(),
+                newest,
+                compacting: false,
+                compact_error: None,
+            }),
+            changed: Condvar::new(),
+            history: PMutex::new(history),
+            background: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+        };
+        CapsuleDb { inner: Arc::new(inner), compactor: None }
     }
 
     /// A new, empty database; writes index 0. `author` writes the records, `verifier` (which
@@ -257,15 +638,19 @@ impl CapsuleDb {
         verifier: Verifier,
         author: Author,
     ) -> Result<CapsuleDb, Error> {
-        let io = Self::io(&config, stores, verifier, author)?;
-        let mut db =
-            CapsuleDb { tree: Tree::new(config)?, io, newest: [0; 32], snapshots: Vec::new(), walk_from: None };
-        db.write_index()?;
+        let io = Self::make_io(&config, stores, verifier, author)?;
+        let db = Self::from_parts(config, io, Index::default(), None);
+        {
+            let mut w = db.inner.w.lock();
+            db.inner.write_index(&mut w, Index::default(), false)?;
+        }
         Ok(db)
     }
 
     /// Reopens from the newest index record; blocks are fetched lazily on reads. Writes made
-    /// after that index (the memtable) are not in it: the caller replays them.
+    /// after that index (the memtable) are not in it: the caller replays them. A compaction
+    /// that was running when the previous process stopped left only unreferenced blocks; the
+    /// index names the tree as it was before it.
     pub fn open(
         config: Config,
         stores: Vec<Arc<dyn BlockStore>>,
@@ -273,41 +658,77 @@ impl CapsuleDb {
         author: Author,
         newest: RecordHash,
     ) -> Result<CapsuleDb, Error> {
-        let mut io = Self::io(&config, stores, verifier, author)?;
+        let io = Self::make_io(&config, stores, verifier, author)?;
         let (rec, index) = io.load_index(&newest)?;
         let h = rec.header();
-        // Continue the writer's chain after the index (the last record it wrote before it).
-        if h.writer == io.author.writer() && h.seq >= io.author.next_seq() {
-            io.author.resume(&Head {
-                writer: h.writer,
-                seq: h.seq,
-                hash: rec.hash(),
-                lamport: h.lamport,
-                epoch: h.epoch,
-            });
+        {
+            // Continue the writer's chain after the index (the last record it wrote before it).
+            let mut a = io.author.lock();
+            if h.writer == a.writer() && h.seq >= a.next_seq() {
+                a.resume(&Head { writer: h.writer, seq: h.seq, hash: rec.hash(), lamport: h.lamport, epoch: h.epoch });
+            }
         }
-        let snapshots = vec![(index.seq, newest)];
-        let walk_from = index.prev;
-        Ok(CapsuleDb { tree: Tree::with_index(config, index)?, io, newest, snapshots, walk_from })
+        Ok(Self::from_parts(config, io, index, Some(newest)))
     }
 
-    fn write_index(&mut self) -> Result<(), Error> {
-        let mut index = self.tree.index().clone();
-        index.prev = self.snapshots.first().map(|s| s.1);
-        self.io.sync()?;
-        let hash = self.io.write(Body::DbIndex(index.encode()))?;
-        self.io.sync()?;
-        self.newest = hash;
-        self.snapshots.insert(0, (index.seq, hash));
+    /// Runs compactions in a background thread from now on: a freeze only writes its level-0
+    /// block and a new index, and waits only when level 0 holds `2 * l0_blocks_max` blocks
+    /// (backpressure). Reads never wait for a compaction. Idempotent.
+    pub fn start_compactor(&mut self) -> Result<(), Error> {
+        if self.compactor.is_some() {
+            return Ok(());
+        }
+        self.inner.background.store(true, Ordering::Release);
+        let inner = self.inner.clone();
+        let t = std::thread::Builder::new()
+            .name("capsuledb-compact".into())
+            .spawn(move || inner.compact_loop())
+            .map_err(|e| Error::Store(format!("spawning the compaction thread: {e}")))?;
+        self.compactor = Some(t);
         Ok(())
     }
 
-    /// Puts (`Some`) or deletes (`None`) `key` at `version`.
+    fn stop_compactor(&mut self) {
+        if let Some(t) = self.compactor.take() {
+            self.inner.stop.store(true, Ordering::Release);
+            self.inner.changed.notify_all();
+            let _ = t.join();
+        }
+    }
+
+    /// Waits until the background compactor has nothing left to do (at once without one).
+    /// Fails if its last attempt failed.
+    pub fn wait_compactions(&self) -> Result<(), Error> {
+        if self.compactor.is_none() {
+            return Ok(());
+        }
+        let mut w = self.inner.w.lock();
+        loop {
+            if let Some(e) = &w.compact_error {
+                return Err(Error::Store(format!("background compaction failed: {e}")));
+            }
+            if !w.compacting && lsm::plan(&self.inner.config, &self.inner.index()).is_none() {
+                return Ok(());
+            }
+            self.inner.changed.wait_for(&mut w, Duration::from_millis(50));
+        }
+    }
+
+    /// A background compaction is planned or running (tests: crash points).
+    pub fn compacting(&self) -> bool {
+        self.inner.w.lock().compacting
+    }
+
+    /// A handle reading concurrently with this database's writes and compactions.
+    pub fn reader(&self) -> Reader {
+        Reader { inner: self.inner.clone() }
+    }
+
+    /// Puts (`Some`) or deletes (`None`) `key` at `version`. An older version than the one the
+    /// memtable holds for the key is ignored; reads and compactions keep the highest
+    /// `(lamport, writer)` wherever it sits, so writes may arrive in any version order.
     pub fn apply(&mut self, key: &[u8], version: Version, value: Option<Vec<u8>>) -> Result<(), Error> {
-        if self.tree.apply(&mut self.io, key, version, value)? {
-            self.write_index()?;
-        }
-        Ok(())
+        self.inner.apply(key, version, value)
     }
 
     pub fn put(&mut self, key: &[u8], version: Version, value: Vec<u8>) -> Result<(), Error> {
@@ -320,15 +741,14 @@ impl CapsuleDb {
 
     /// Freezes the memtable into a block and writes a new index (if the memtable held anything).
     pub fn flush(&mut self) -> Result<(), Error> {
-        if self.tree.flush(&mut self.io)? {
-            self.write_index()?;
-        }
+        let mut w = self.inner.w.lock();
+        self.inner.freeze(&mut w)?;
         Ok(())
     }
 
     /// The newest entry for `key` with its version: `Some((v, None))` is a tombstone.
     pub fn get_cell(&mut self, key: &[u8]) -> Result<Option<Cell>, Error> {
-        self.tree.get(&mut self.io, key)
+        self.inner.get_cell(key)
     }
 
     /// The current value of `key` (`None` if absent or deleted).
@@ -344,68 +764,72 @@ impl CapsuleDb {
     /// `key` with its version as of index `seq`.
     pub fn get_cell_at(&mut self, seq: u64, key: &[u8]) -> Result<Option<Cell>, Error> {
         let hash = self.find_snapshot(seq)?;
-        let (_, index) = self.io.load_index(&hash)?;
+        let (_, index) = self.inner.io.load_index(&hash)?;
         if index.seq != seq {
             return Err(Error::Invalid("index chain is inconsistent"));
         }
-        get_in_index(&index, &mut self.io, key)
+        get_in_index(&index, &self.inner.io, key)
     }
 
-    fn find_snapshot(&mut self, seq: u64) -> Result<RecordHash, Error> {
+    fn find_snapshot(&self, seq: u64) -> Result<RecordHash, Error> {
+        let mut h = self.inner.history.lock();
         loop {
-            if let Some((_, h)) = self.snapshots.iter().find(|s| s.0 == seq) {
-                return Ok(*h);
+            if let Some((_, hash)) = h.snapshots.iter().find(|s| s.0 == seq) {
+                return Ok(*hash);
             }
-            if self.snapshots.last().is_some_and(|s| s.0 < seq) || !self.walk_one()? {
+            if h.snapshots.last().is_some_and(|s| s.0 < seq) || !self.walk_one(&mut h)? {
                 return Err(Error::UnknownSnapshot(seq));
             }
         }
     }
 
-    fn walk_one(&mut self) -> Result<bool, Error> {
-        let Some(h) = self.walk_from else { return Ok(false) };
-        let (_, index) = self.io.load_index(&h)?;
-        self.snapshots.push((index.seq, h));
-        self.walk_from = index.prev;
+    fn walk_one(&self, h: &mut History) -> Result<bool, Error> {
+        let Some(from) = h.walk_from else { return Ok(false) };
+        let (_, index) = self.inner.io.load_index(&from)?;
+        h.snapshots.push((index.seq, from));
+        h.walk_from = index.prev;
         Ok(true)
     }
 
     /// Sequence numbers of every index kept, newest first (walks the chain of old indexes).
     pub fn snapshots(&mut self) -> Result<Vec<u64>, Error> {
-        while self.walk_one()? {}
-        Ok(self.snapshots.iter().map(|s| s.0).collect())
+        let mut h = self.inner.history.lock();
+        while self.walk_one(&mut h)? {}
+        Ok(h.snapshots.iter().map(|s| s.0).collect())
     }
 
     /// Hash of the newest index record: what [`CapsuleDb::open`] restarts from.
     pub fn newest_index(&self) -> RecordHash {
-        self.newest
+        self.inner.w.lock().newest.unwrap_or_default()
     }
 
     /// Per writer, the Lamport time up to which every write is in a stored block (see
     /// [`crate::Index::frontier`]): what a worker may evict, since this database can serve it.
-    pub fn frontier(&self) -> &std::collections::BTreeMap<u32, u64> {
-        self.tree.frontier()
+    pub fn frontier(&self) -> BTreeMap<u32, u64> {
+        self.inner.index().frontier.clone()
     }
 
     /// Entries in the (unstored) memtable.
     pub fn memtable_len(&self) -> usize {
-        self.tree.memtable_len()
+        self.inner.mem.read().active.len()
     }
 
     pub fn index_seq(&self) -> u64 {
-        self.tree.index().seq
+        self.inner.index().seq
     }
 
-    pub fn index(&self) -> &Index {
-        self.tree.index()
+    /// The current index (a snapshot: later changes publish a new one).
+    pub fn index(&self) -> Arc<Index> {
+        self.inner.index()
     }
 
     pub fn stats(&self) -> Stats {
-        self.io.stats
+        self.inner.io.stats.get()
     }
 
     /// Drops every cached block (so that the next reads go to the stores).
     pub fn clear_cache(&mut self) {
-        self.io.cache.clear();
+        self.inner.io.cache.lock().clear();
+        self.inner.io.rows.lock().clear();
     }
 }

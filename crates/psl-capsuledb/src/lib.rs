@@ -2,8 +2,11 @@
 //!
 //! - [`bloom`]: a small Bloom filter (k probes from two 64-bit hashes).
 //! - [`codec`]: the bounded, versioned block and index encodings (never panic on garbage).
-//! - [`lsm`]: the pure LSM core (memtable, L0, sorted levels, compaction); no I/O.
-//! - [`db`]: [`CapsuleDb`], the core on top of [`BlockStore`]s holding sealed, signed records.
+//! - [`lsm`]: the pure LSM core (L0, sorted levels, compaction planning, streaming merge,
+//!   installation, reads through an index snapshot); no I/O.
+//! - [`db`]: [`CapsuleDb`], the memtable and the core on top of [`BlockStore`]s holding sealed,
+//!   signed records; the background compaction thread; [`Reader`] handles that read without
+//!   waiting for compactions; the block and entry caches.
 //! - [`store`]: [`DirStore`], a directory of record files plus the pointer to the newest index.
 //! - [`servers`]: CapsuleDB on the capsule servers: [`servers::ServerStore`] (reads a record by
 //!   hash from one server), [`servers::Publisher`] (the role's records go out on the fabric and
@@ -23,8 +26,8 @@ pub mod store;
 
 pub use bloom::Bloom;
 pub use codec::{Block, BlockRef, CodecError, Index};
-pub use db::{BlockStore, CapsuleDb, MemStore, Stats};
-pub use lsm::{Blocks, Config, Tree};
+pub use db::{BlockStore, CapsuleDb, MemStore, Reader, Stats};
+pub use lsm::{Blocks, Config};
 pub use servers::{Publisher, ServerStore};
 pub use store::DirStore;
 

@@ -1,13 +1,17 @@
-//! The pure LSM core: a memtable, level 0 (newest first, blocks may overlap) and sorted levels
-//! of non-overlapping blocks. It does no I/O itself: blocks are loaded and saved through
-//! [`Blocks`], which the record-backed [`crate::CapsuleDb`] implements (and tests may fake).
+//! The pure LSM core: level 0 (newest first, blocks may overlap) and sorted levels of
+//! non-overlapping blocks, as an [`Index`]; the choice of the next compaction ([`plan`]), the
+//! merge of its inputs into new blocks ([`merge`]) and its installation into a newer index
+//! ([`install`]); point reads through an index ([`get_in_index`]). It does no I/O itself:
+//! blocks are loaded and saved through [`Blocks`], which the record-backed
+//! [`crate::CapsuleDb`] implements (and tests may fake). The memtable and the thread that runs
+//! compactions live in [`crate::db`].
 
-use crate::bloom::Bloom;
+use crate::bloom::{Bloom, KeyHash};
 use crate::codec::{
     entry_len, Block, BlockRef, Index, BLOCK_BYTES_MAX, BLOCK_ENTRIES_MAX, KEY_BYTES_MAX, VALUE_BYTES_MAX,
 };
-use crate::{Cell, Error, RecordHash, Version};
-use std::collections::BTreeMap;
+use crate::{Cell, Error, RecordHash};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 /// Sizes of the tree. Level `i >= 1` holds up to `fanout^i * l0_blocks_max * memtable_entries_max`
@@ -24,7 +28,10 @@ pub struct Config {
     /// entries; a point read fetches one such block per level. Level-0 blocks are whole
     /// memtables.
     pub block_entries_max: usize,
-    /// Decoded blocks kept in the LRU cache.
+    /// The read cache's budget, in blocks of `block_entries_max` entries: an eighth of it
+    /// (at least one) holds whole decoded blocks, and up to half its entries' worth holds
+    /// single entries (`(block, key)` to the entry or its absence, see `docs/protocol/capsuledb.md`
+    /// §3): hot keys are scattered over many blocks, and an entry costs a block's 1/256th.
     pub cache_blocks_max: usize,
     /// Drop tombstones when compacting into the last level. Only safe when every key's writes
     /// reach the tree in version order (one writer, or an ordered replay): with SCL's
@@ -71,21 +78,21 @@ impl Config {
 }
 
 /// Where blocks live. `load` must return the block the reference names (verified);
-/// `save` stores a block and returns the hash of the record holding it.
+/// `save` stores a block and returns the hash of the record holding it. Shared by readers and
+/// the compaction thread, hence `&self`.
 pub trait Blocks {
-    fn load(&mut self, r: &BlockRef) -> Result<Arc<Block>, Error>;
-    fn save(&mut self, b: &Block) -> Result<RecordHash, Error>;
-}
-
-/// The mutable tree: memtable plus the current index.
-#[derive(Debug, Clone)]
-pub struct Tree {
-    config: Config,
-    memtable: BTreeMap<Vec<u8>, Cell>,
-    /// Highest Lamport time applied per writer since the last freeze (joins the index's
-    /// frontier when the memtable becomes a block).
-    pending_frontier: BTreeMap<u32, u64>,
-    index: Index,
+    fn load(&self, r: &BlockRef) -> Result<Arc<Block>, Error>;
+    /// Like `load`, for a compaction's inputs: read once, so an implementation may keep them
+    /// out of its cache of blocks for point reads.
+    fn load_once(&self, r: &BlockRef) -> Result<Arc<Block>, Error> {
+        self.load(r)
+    }
+    fn save(&self, b: &Block) -> Result<RecordHash, Error>;
+    /// The entry for `key` in the block `r` names (blocks are immutable, so an implementation
+    /// may cache the answer per `(block, key)`).
+    fn get_entry(&self, r: &BlockRef, key: &[u8]) -> Result<Option<Cell>, Error> {
+        Ok(self.load(r)?.get(key).cloned())
+    }
 }
 
 /// Checks a key and value against the codec limits.
@@ -99,143 +106,161 @@ pub fn check_kv(key: &[u8], value: Option<&[u8]>) -> Result<(), Error> {
     Ok(())
 }
 
-impl Tree {
-    pub fn new(config: Config) -> Result<Tree, Error> {
-        Self::with_index(config, Index::default())
-    }
+/// A compaction: every block of level `level` listed in `upper` merges with the whole of level
+/// `level + 1` (`lower`) into a new `level + 1`.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub level: usize,
+    pub upper: Vec<BlockRef>,
+    pub lower: Vec<BlockRef>,
+    /// Tombstones are dropped (the target is the last level and `drop_tombstones` is set).
+    pub drop_tombstones: bool,
+}
 
-    pub fn with_index(config: Config, index: Index) -> Result<Tree, Error> {
-        config.validate()?;
-        Ok(Tree { config, memtable: BTreeMap::new(), pending_frontier: BTreeMap::new(), index })
-    }
-
-    pub fn config(&self) -> &Config {
-        &self.config
-    }
-
-    pub fn index(&self) -> &Index {
-        &self.index
-    }
-
-    /// Highest Lamport time per writer whose every write (in the writer's own order) is in a
-    /// stored block: what the index covers, not counting the memtable.
-    pub fn frontier(&self) -> &BTreeMap<u32, u64> {
-        &self.index.frontier
-    }
-
-    pub fn memtable_len(&self) -> usize {
-        self.memtable.len()
-    }
-
-    /// Applies a put (`Some`) or delete (`None`) at `version`. An older version than the one
-    /// the memtable holds for the key is ignored. Writes of one key may arrive in any version
-    /// order (SCL delivers writers independently): reads and compactions both keep the
-    /// highest `(lamport, writer)` wherever it sits. Returns `true` when the index changed (a
-    /// freeze, maybe followed by compactions), so the caller must persist the new index.
-    pub fn apply(
-        &mut self,
-        blocks: &mut dyn Blocks,
-        key: &[u8],
-        version: Version,
-        value: Option<Vec<u8>>,
-    ) -> Result<bool, Error> {
-        check_kv(key, value.as_deref())?;
-        let f = self.pending_frontier.entry(version.writer).or_insert(0);
-        *f = (*f).max(version.lamport);
-        match self.memtable.get(key) {
-            Some((v, _)) if *v > version => {}
-            _ => {
-                self.memtable.insert(key.to_vec(), (version, value));
-            }
-        }
-        if self.memtable.len() > self.config.memtable_entries_max {
-            self.flush(blocks)?;
-            return Ok(true);
-        }
-        Ok(false)
-    }
-
-    /// Freezes the memtable into level 0 (if non-empty) and compacts as needed. Returns
-    /// `true` when the index changed.
-    pub fn flush(&mut self, blocks: &mut dyn Blocks) -> Result<bool, Error> {
-        if self.memtable.is_empty() {
-            return Ok(false);
-        }
-        for (w, l) in std::mem::take(&mut self.pending_frontier) {
-            let f = self.index.frontier.entry(w).or_insert(0);
-            *f = (*f).max(l);
-        }
-        let entries: Vec<(Vec<u8>, Cell)> = std::mem::take(&mut self.memtable).into_iter().collect();
-        // The whole memtable becomes one level-0 block (split only at the codec's byte bound):
-        // level 0 counts flushes. `block_entries_max` sizes the blocks compaction writes, which
-        // point reads fetch one at a time.
-        let refs = write_run(blocks, entries, BLOCK_ENTRIES_MAX)?;
-        if self.index.levels.is_empty() {
-            self.index.levels.push(Vec::new());
-        }
-        for r in refs.into_iter().rev() {
-            self.index.levels[0].insert(0, r);
-        }
-        self.compact(blocks)?;
-        self.index.seq += 1;
-        Ok(true)
-    }
-
-    fn compact(&mut self, blocks: &mut dyn Blocks) -> Result<(), Error> {
-        let mut level = 0;
-        while level < self.index.levels.len() {
-            let full = if level == 0 {
-                self.index.levels[0].len() > self.config.l0_blocks_max
-            } else {
-                let n: usize = self.index.levels[level].iter().map(|r| r.entries as usize).sum();
-                n > self.config.level_capacity(level)
-            };
-            if full {
-                self.merge_down(blocks, level)?;
-            }
-            level += 1;
-        }
-        Ok(())
-    }
-
-    /// Merges every block of `level` with `level + 1` into a new `level + 1`.
-    fn merge_down(&mut self, blocks: &mut dyn Blocks, level: usize) -> Result<(), Error> {
-        let target = level + 1;
-        if self.index.levels.len() <= target {
-            self.index.levels.push(Vec::new());
-        }
-        let last = self.config.drop_tombstones && self.index.levels[target + 1..].iter().all(|l| l.is_empty());
-        let mut merged: BTreeMap<Vec<u8>, Cell> = BTreeMap::new();
-        // Sources newest first: on equal versions the newer source wins.
-        let sources: Vec<BlockRef> =
-            self.index.levels[level].iter().chain(self.index.levels[target].iter()).cloned().collect();
-        for r in &sources {
-            let b = blocks.load(r)?;
-            for (k, cell) in &b.entries {
-                match merged.get(k) {
-                    Some((v, _)) if *v >= cell.0 => {}
-                    _ => {
-                        merged.insert(k.clone(), cell.clone());
-                    }
-                }
-            }
-        }
-        let entries: Vec<(Vec<u8>, Cell)> = merged.into_iter().filter(|(_, (_, v))| !last || v.is_some()).collect();
-        let refs = write_run(blocks, entries, self.config.block_entries_max)?;
-        self.index.levels[level].clear();
-        self.index.levels[target] = refs;
-        Ok(())
-    }
-
-    /// Reads `key`: the newest version held by the memtable or the index.
-    pub fn get(&self, blocks: &mut dyn Blocks, key: &[u8]) -> Result<Option<Cell>, Error> {
-        let mem = self.memtable.get(key).cloned();
-        Ok(newest(mem, get_in_index(&self.index, blocks, key)?))
+/// How full `level` is: above 1.0 it must be compacted (level 0 counts blocks, deeper levels
+/// entries).
+pub fn fullness(config: &Config, index: &Index, level: usize) -> f64 {
+    let Some(l) = index.levels.get(level) else { return 0.0 };
+    if level == 0 {
+        l.len() as f64 / config.l0_blocks_max as f64
+    } else {
+        let n: usize = l.iter().map(|r| r.entries as usize).sum();
+        n as f64 / config.level_capacity(level) as f64
     }
 }
 
+/// The next compaction the index needs, if any: the fullest level over its bound (ties go to
+/// the upper level). Picking by fullness (not always level 0 first) keeps a deeper level from
+/// growing without bound while new level-0 blocks keep arriving.
+pub fn plan(config: &Config, index: &Index) -> Option<Job> {
+    let mut best: Option<(usize, f64)> = None;
+    for level in 0..index.levels.len() {
+        let f = fullness(config, index, level);
+        if f > 1.0 && best.is_none_or(|(_, b)| f > b) {
+            best = Some((level, f));
+        }
+    }
+    let (level, _) = best?;
+    let lower = index.levels.get(level + 1).cloned().unwrap_or_default();
+    let last = index.levels.get(level + 2..).is_none_or(|ls| ls.iter().all(|l| l.is_empty()));
+    Some(Job { level, upper: index.levels[level].clone(), lower, drop_tombstones: config.drop_tombstones && last })
+}
+
+/// One sorted input of a merge: blocks in key order, fetched one at a time.
+struct Run<'a> {
+    refs: &'a [BlockRef],
+    next_block: usize,
+    block: Option<Arc<Block>>,
+    pos: usize,
+}
+
+impl<'a> Run<'a> {
+    fn new(refs: &'a [BlockRef]) -> Run<'a> {
+        Run { refs, next_block: 0, block: None, pos: 0 }
+    }
+
+    /// The current entry, fetching the next block when the current one is used up.
+    fn head(&mut self, blocks: &dyn Blocks) -> Result<Option<&(Vec<u8>, Cell)>, Error> {
+        loop {
+            if let Some(b) = &self.block {
+                if self.pos < b.entries.len() {
+                    break;
+                }
+            }
+            let Some(r) = self.refs.get(self.next_block) else { return Ok(None) };
+            self.block = Some(blocks.load_once(r)?);
+            self.next_block += 1;
+            self.pos = 0;
+        }
+        Ok(self.block.as_ref().and_then(|b| b.entries.get(self.pos)))
+    }
+}
+
+/// Runs `job`: a k-way merge of its inputs (each level-0 block is its own run, since they may
+/// overlap; a deeper level is one run), keeping per key the highest `(lamport, writer)`
+/// whatever run it sits in (on a tie, the newer run), written out in blocks of at most
+/// `block_entries_max` entries. Streams: holds one block per run and one output block.
+/// `stop` is polled after each output block; when it returns `true` the merge is abandoned
+/// (`Ok(None)`; the blocks written so far are unreferenced garbage).
+pub fn merge(
+    config: &Config,
+    blocks: &dyn Blocks,
+    job: &Job,
+    stop: &dyn Fn() -> bool,
+) -> Result<Option<Vec<BlockRef>>, Error> {
+    // Newest first: level-0 blocks in index order (newest first), then the lower level.
+    let mut runs: Vec<Run> = if job.level == 0 {
+        job.upper.iter().map(std::slice::from_ref).map(Run::new).collect()
+    } else {
+        vec![Run::new(&job.upper)]
+    };
+    runs.push(Run::new(&job.lower));
+    let mut out = RunWriter::new(config.block_entries_max);
+    loop {
+        // The smallest head key, and the newest cell for it.
+        let mut best: Option<(Vec<u8>, Cell)> = None;
+        for run in runs.iter_mut() {
+            let Some((k, c)) = run.head(blocks)? else { continue };
+            let replace = match &best {
+                None => true,
+                Some((bk, bc)) => k < bk || (k == bk && c.0 > bc.0),
+            };
+            if replace {
+                best = Some((k.clone(), c.clone()));
+            }
+        }
+        let Some((key, cell)) = best else { break };
+        for run in runs.iter_mut() {
+            if run.head(blocks)?.is_some_and(|(k, _)| *k == key) {
+                run.pos += 1;
+            }
+        }
+        if job.drop_tombstones && cell.1.is_none() {
+            continue;
+        }
+        if out.push(blocks, key, cell)? && stop() {
+            return Ok(None);
+        }
+    }
+    Ok(Some(out.finish(blocks)?))
+}
+
+/// Replaces `job`'s inputs in `index` by `output`: the listed blocks leave level `job.level`
+/// (level-0 blocks frozen since the job was planned stay, in front), `output` becomes level
+/// `job.level + 1`. Fails if the lower level changed since the job was planned (only one
+/// compaction runs at a time, so it cannot).
+pub fn install(index: &mut Index, job: &Job, output: Vec<BlockRef>) -> Result<(), Error> {
+    let target = job.level + 1;
+    let lower_now = index.levels.get(target).map(|l| l.as_slice()).unwrap_or(&[]);
+    if lower_now != job.lower.as_slice() {
+        return Err(Error::Invalid("compaction target changed while it ran"));
+    }
+    let gone: HashSet<RecordHash> = job.upper.iter().map(|r| r.hash).collect();
+    let level = index.levels.get_mut(job.level).ok_or(Error::Invalid("compaction level vanished"))?;
+    let before = level.len();
+    level.retain(|r| !gone.contains(&r.hash));
+    if before - level.len() != gone.len() {
+        return Err(Error::Invalid("compaction input vanished"));
+    }
+    while index.levels.len() <= target {
+        index.levels.push(Vec::new());
+    }
+    index.levels[target] = output;
+    Ok(())
+}
+
+/// Freezes sorted, unique entries into level-0 block(s) (one unless over the codec's byte
+/// bound) and returns their references in key order.
+pub fn freeze(blocks: &dyn Blocks, entries: &[(Vec<u8>, Cell)]) -> Result<Vec<BlockRef>, Error> {
+    let mut w = RunWriter::new(BLOCK_ENTRIES_MAX);
+    for (k, c) in entries {
+        w.push(blocks, k.clone(), c.clone())?;
+    }
+    w.finish(blocks)
+}
+
 /// The newer of two cells by `(lamport, writer)`; on a tie the first.
-fn newest(a: Option<Cell>, b: Option<Cell>) -> Option<Cell> {
+pub fn newest(a: Option<Cell>, b: Option<Cell>) -> Option<Cell> {
     match (a, b) {
         (Some(a), Some(b)) => Some(if b.0 > a.0 { b } else { a }),
         (a, b) => a.or(b),
@@ -246,49 +271,69 @@ fn newest(a: Option<Cell>, b: Option<Cell>) -> Option<Cell> {
 /// block per deeper level found by binary search on key ranges (the Bloom filter is asked
 /// before a fetch). Every place is looked at: a write delivered late may sit in an older
 /// block than an earlier-delivered write of a lower version, so the first hit is not enough.
-pub fn get_in_index(index: &Index, blocks: &mut dyn Blocks, key: &[u8]) -> Result<Option<Cell>, Error> {
+pub fn get_in_index(index: &Index, blocks: &dyn Blocks, key: &[u8]) -> Result<Option<Cell>, Error> {
     let mut best: Option<Cell> = None;
+    let h = KeyHash::of(key);
+    let mut look = |r: &BlockRef| -> Result<(), Error> {
+        if r.overlaps_key(key) && r.bloom.may_contain_hashed(h) {
+            if let Some(c) = blocks.get_entry(r, key)? {
+                if best.as_ref().is_none_or(|x| c.0 > x.0) {
+                    best = Some(c);
+                }
+            }
+        }
+        Ok(())
+    };
     for (li, level) in index.levels.iter().enumerate() {
-        let candidates: Vec<&BlockRef> = if li == 0 {
-            level.iter().filter(|r| r.overlaps_key(key)).collect()
+        if li == 0 {
+            level.iter().try_for_each(&mut look)?;
         } else {
             let i = level.partition_point(|r| r.max.as_slice() < key);
-            level.get(i).filter(|r| r.overlaps_key(key)).into_iter().collect()
-        };
-        for r in candidates {
-            if !r.bloom.may_contain(key) {
-                continue;
-            }
-            if let Some(c) = blocks.load(r)?.get(key) {
-                best = newest(best, Some(c.clone()));
-            }
+            level.get(i).into_iter().try_for_each(&mut look)?;
         }
     }
     Ok(best)
 }
 
-/// Splits sorted entries into blocks (by entry count and encoded size), saves them, and
-/// returns their references in key order.
-fn write_run(blocks: &mut dyn Blocks, entries: Vec<(Vec<u8>, Cell)>, per_block: usize) -> Result<Vec<BlockRef>, Error> {
-    let mut refs = Vec::new();
-    let mut cur = Block::default();
-    let mut bytes = 0;
-    for (k, c) in entries {
-        let len = entry_len(&k, &c.1);
-        if !cur.entries.is_empty() && (cur.entries.len() >= per_block || bytes + len > BLOCK_BYTES_MAX) {
-            refs.push(save(blocks, std::mem::take(&mut cur))?);
-            bytes = 0;
-        }
-        bytes += len;
-        cur.entries.push((k, c));
-    }
-    if !cur.entries.is_empty() {
-        refs.push(save(blocks, cur)?);
-    }
-    Ok(refs)
+/// Cuts a sorted stream of entries into blocks (by entry count and encoded size) and saves each
+/// as soon as it is full.
+struct RunWriter {
+    per_block: usize,
+    cur: Block,
+    bytes: usize,
+    refs: Vec<BlockRef>,
 }
 
-fn save(blocks: &mut dyn Blocks, b: Block) -> Result<BlockRef, Error> {
+impl RunWriter {
+    fn new(per_block: usize) -> RunWriter {
+        RunWriter { per_block, cur: Block::default(), bytes: 0, refs: Vec::new() }
+    }
+
+    /// Adds an entry; `true` when a block was saved.
+    fn push(&mut self, blocks: &dyn Blocks, k: Vec<u8>, c: Cell) -> Result<bool, Error> {
+        let len = entry_len(&k, &c.1);
+        let mut saved = false;
+        if !self.cur.entries.is_empty()
+            && (self.cur.entries.len() >= self.per_block || self.bytes + len > BLOCK_BYTES_MAX)
+        {
+            self.refs.push(save(blocks, std::mem::take(&mut self.cur))?);
+            self.bytes = 0;
+            saved = true;
+        }
+        self.bytes += len;
+        self.cur.entries.push((k, c));
+        Ok(saved)
+    }
+
+    fn finish(mut self, blocks: &dyn Blocks) -> Result<Vec<BlockRef>, Error> {
+        if !self.cur.entries.is_empty() {
+            self.refs.push(save(blocks, std::mem::take(&mut self.cur))?);
+        }
+        Ok(self.refs)
+    }
+}
+
+fn save(blocks: &dyn Blocks, b: Block) -> Result<BlockRef, Error> {
     let hash = blocks.save(&b)?;
     let bloom = Bloom::build(b.entries.len(), b.entries.iter().map(|(k, _)| k.as_slice()));
     let min = b.entries.first().map(|e| e.0.clone()).unwrap_or_default();

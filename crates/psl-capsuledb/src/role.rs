@@ -12,7 +12,7 @@
 //!   newest first, one block per level) and multicasts one signed, sealed answer per key with
 //!   the original `(lamport, writer)` version and every request id it answers.
 
-use crate::db::CapsuleDb;
+use crate::db::{CapsuleDb, Reader};
 use crate::servers::Publisher;
 use crate::store::DirStore;
 use crate::{Error, Version};
@@ -82,6 +82,8 @@ impl std::fmt::Debug for Role {
 
 struct Shared {
     db: Arc<parking_lot::Mutex<CapsuleDb>>,
+    /// Reads without the database lock (they never wait for a compaction).
+    reader: Reader,
     node: Arc<Node>,
     keys: RoleKeys,
     pointers: Vec<Arc<DirStore>>,
@@ -181,10 +183,10 @@ impl Shared {
             }
             let mut out = Vec::with_capacity(by_key.len());
             {
-                let mut db = self.db.lock();
-                let seq = db.index_seq();
+                // The index seq first: each read goes through that index or a newer one.
+                let seq = self.reader.index_seq();
                 for (key, reqs) in by_key {
-                    match db.get_cell(&key) {
+                    match self.reader.get_cell(&key) {
                         Ok(found) => out.push((key, reqs, seq, found)),
                         Err(e) => {
                             // Unreadable from every store: no answer (the worker's get times out
@@ -261,12 +263,16 @@ impl Role {
         if node.db_requests().is_none() {
             return Err(Error::Invalid("the node was not started with NodeOptions::capsuledb_role"));
         }
+        let mut db = db;
+        db.start_compactor()?;
+        let reader = db.reader();
         let db = Arc::new(parking_lot::Mutex::new(db));
         let stop = Arc::new(AtomicBool::new(false));
         let serving = Arc::new(AtomicBool::new(serving));
         let stats = Arc::new(RoleStats::default());
         let shared = Arc::new(Shared {
             db: db.clone(),
+            reader,
             node: node.clone(),
             keys,
             pointers,
