@@ -373,12 +373,14 @@ impl Node {
         }
         let lamport = self.clock.tick();
         let version = Version { lamport, writer: q.writer };
-        self.memtable.apply(key, version, value.map(Arc::from));
+        // One copy of the value, shared by the memtable and the batch to seal.
+        let value: Option<Arc<[u8]>> = value.map(Arc::from);
+        self.memtable.apply(key, version, value.clone());
         ops.push_back(Op {
             lamport,
             key: key.to_vec(),
             action: match value {
-                Some(v) => Action::Put(v.to_vec()),
+                Some(v) => Action::Put(v),
                 None => Action::Delete,
             },
         });

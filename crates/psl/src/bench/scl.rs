@@ -87,6 +87,7 @@ fn put_case(c: &Case, secs: f64, keys: &Arc<Vec<Vec<u8>>>) -> Result<PutResult> 
     let meta = new_capsule(&owner, 1, "bench", 0, Limits::default())?;
     let hub = InProcHub::new(FabricConfig { queue_msgs_max: 1 << 16, ..FabricConfig::default() })?;
     let mut writers = Vec::new();
+    let mut eps: Vec<Arc<dyn Fabric>> = Vec::new();
     for id in 1..=c.writers as u32 {
         let o = NodeOptions {
             node_id: id,
@@ -95,7 +96,9 @@ fn put_case(c: &Case, secs: f64, keys: &Arc<Vec<Vec<u8>>>) -> Result<PutResult> 
             batch_ops_max: c.batch_ops_max,
             ..NodeOptions::default().shared_cores()
         };
-        writers.push(Arc::new(Node::start(NodeKeys::derive(&meta, &app, &o)?, ep(&hub, &format!("w{id}")), o)?));
+        let e = ep(&hub, &format!("w{id}"));
+        eps.push(e.clone());
+        writers.push(Arc::new(Node::start(NodeKeys::derive(&meta, &app, &o)?, e, o)?));
     }
     // The receive-only node also runs the coordinator (its own writer key; it seals only RTS and
     // SYNC records), as a deployment would co-locate them: a separate coordinator node would be
@@ -108,7 +111,9 @@ fn put_case(c: &Case, secs: f64, keys: &Arc<Vec<Vec<u8>>>) -> Result<PutResult> 
         coordinator: Some(CoordinatorConfig { epoch_ms: 1000, eoe_timeout_ms: 1000, ..CoordinatorConfig::default() }),
         ..NodeOptions::default().shared_cores()
     };
-    let receiver = Node::start(NodeKeys::derive(&meta, &app, &ro)?, ep(&hub, "receiver"), ro)?;
+    let e = ep(&hub, "receiver");
+    eps.push(e.clone());
+    let receiver = Node::start(NodeKeys::derive(&meta, &app, &ro)?, e, ro)?;
 
     let stop = Arc::new(AtomicBool::new(false));
     let issued = Arc::new(AtomicU64::new(0));
@@ -131,7 +136,19 @@ fn put_case(c: &Case, secs: f64, keys: &Arc<Vec<Vec<u8>>>) -> Result<PutResult> 
             Ok(count)
         }));
     }
-    std::thread::sleep(Duration::from_secs_f64(secs));
+    if std::env::var_os("PSL_BENCH_TRACE").is_some() {
+        while start.elapsed().as_secs_f64() < secs {
+            std::thread::sleep(Duration::from_millis(250));
+            eprintln!(
+                "t={:.2} written={} recv_applied={} recv_records={}",
+                start.elapsed().as_secs_f64(),
+                writers.iter().map(|w| Metrics::get(&w.metrics().ops_written)).sum::<u64>(),
+                Metrics::get(&receiver.metrics().ops_applied),
+                Metrics::get(&receiver.metrics().records_applied)
+            );
+        }
+    }
+    std::thread::sleep(Duration::from_secs_f64((secs - start.elapsed().as_secs_f64()).max(0.0)));
     stop.store(true, Ordering::Relaxed);
     let mut total = 0u64;
     for l in loads {
@@ -149,12 +166,20 @@ fn put_case(c: &Case, secs: f64, keys: &Arc<Vec<Vec<u8>>>) -> Result<PutResult> 
             bail!("nodes did not apply every op within 120 s ({} of {total} at the receiver)", applied(&receiver));
         }
         std::thread::sleep(Duration::from_millis(2));
+        if std::env::var_os("PSL_BENCH_TRACE").is_some() && start.elapsed().as_millis() % 250 < 3 {
+            eprintln!(
+                "drain t={:.2} total={total} recv_applied={}",
+                start.elapsed().as_secs_f64(),
+                Metrics::get(&receiver.metrics().ops_applied)
+            );
+        }
     }
     let elapsed = start.elapsed().as_secs_f64();
     let cpu = super::process_cpu_seconds() - cpu0;
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as f64;
     let records = Metrics::get(&receiver.metrics().records_applied) as f64;
     let rm = receiver.metrics();
+    let all: Vec<&Node> = writers.iter().map(|w| &**w).chain([&receiver]).collect();
     Ok(PutResult {
         puts_per_s: total as f64 / elapsed,
         records_per_s: records / elapsed,
@@ -170,6 +195,13 @@ fn put_case(c: &Case, secs: f64, keys: &Arc<Vec<Vec<u8>>>) -> Result<PutResult> 
             "receiver_records_applied": records,
             "receiver_repair_requests": Metrics::get(&rm.repair_requests_sent),
             "receiver_duplicates": rm.rejected(psl_scl::RejectReason::Duplicate),
+            // Where records were lost (each loss is a gap that repair must fill), over all nodes:
+            // the fabric's receive queues, the host-to-core rings, the verify queues, hold-back.
+            "fabric_dropped_full": eps.iter().map(|e| e.stats().dropped_full).sum::<u64>(),
+            "inbound_ring_dropped": all.iter().map(|n| n.host_stats().inbound_dropped.load(Ordering::Relaxed)).sum::<u64>(),
+            "overload_rejected": all.iter().map(|n| n.metrics().rejected(psl_scl::RejectReason::Overload)).sum::<u64>(),
+            "hold_full_rejected": all.iter().map(|n| n.metrics().rejected(psl_scl::RejectReason::HoldFull)).sum::<u64>(),
+            "repair_requests": all.iter().map(|n| Metrics::get(&n.metrics().repair_requests_sent)).sum::<u64>(),
         }),
     })
 }
