@@ -194,7 +194,7 @@ impl Author {
                     lamport,
                     key: k.into(),
                     action: match v {
-                        Some(v) => Action::Put(std::sync::Arc::from(v.into())),
+                        Some(v) => Action::Put(v.into()),
                         None => Action::Delete,
                     },
                 }

@@ -6,7 +6,6 @@ use crate::codec::{DecodeError, Put, Reader};
 use crate::limits::Limits;
 use crate::record::Kind;
 use psl_crypto::Hash256;
-use std::sync::Arc;
 
 /// One key-value operation, stamped with its Lamport time.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,17 +15,15 @@ pub struct Op {
     pub action: Action,
 }
 
-/// What an op does. A put's value is shared (`Arc`): the writer's memtable, its sealed batch
-/// and a receiver's memtable hold the decoded value without copying it again.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
-    Put(Arc<[u8]>),
+    Put(Vec<u8>),
     Delete,
 }
 
 impl Op {
     pub fn put(lamport: u64, key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Op {
-        Op { lamport, key: key.into(), action: Action::Put(Arc::from(value.into())) }
+        Op { lamport, key: key.into(), action: Action::Put(value.into()) }
     }
 
     pub fn delete(lamport: u64, key: impl Into<Vec<u8>>) -> Op {
@@ -208,7 +205,7 @@ impl Body {
                     let action = match tag {
                         1 => {
                             let vlen = r.u32("value length")? as u64;
-                            Action::Put(Arc::from(r.bounded(vlen, limits.value_bytes_max as u64, "value")?))
+                            Action::Put(r.bounded(vlen, limits.value_bytes_max as u64, "value")?.to_vec())
                         }
                         2 => Action::Delete,
                         t => return Err(DecodeError::Tag { field: "op tag", value: t as u64 }),

@@ -80,7 +80,7 @@ fn nonzero_hash() -> impl Strategy<Value = Hash256> {
 
 fn action() -> impl Strategy<Value = Action> {
     prop_oneof![
-        3 => prop::collection::vec(any::<u8>(), 0..=VALUE_MAX).prop_map(|v| Action::Put(v.into())),
+        3 => prop::collection::vec(any::<u8>(), 0..=VALUE_MAX).prop_map(Action::Put),
         1 => Just(Action::Delete),
     ]
 }

@@ -639,7 +639,7 @@ fn apply_tail(
             };
             for op in ops {
                 let value = match op.action {
-                    Action::Put(v) => Some(v.to_vec()),
+                    Action::Put(v) => Some(v),
                     Action::Delete => None,
                 };
                 db.apply(&op.key, Version { lamport: op.lamport, writer }, value)?;

@@ -225,7 +225,7 @@ impl Node {
                     let m = match Msg::decode(&bytes) {
                         Err(_) => CoreMsg::Rejected(RejectReason::BadMessage),
                         Ok(Msg::Record { capsule, .. }) if capsule != name => CoreMsg::Rejected(RejectReason::Capsule),
-                        Ok(Msg::Record { bytes, .. }) => match Record::decode(&bytes, &limits) {
+                        Ok(Msg::Record { bytes, .. }) => match Record::decode_shared(bytes, &limits) {
                             Ok(r) => CoreMsg::Incoming(r),
                             Err(_) => CoreMsg::Rejected(RejectReason::Encoding),
                         },
@@ -373,14 +373,12 @@ impl Node {
         }
         let lamport = self.clock.tick();
         let version = Version { lamport, writer: q.writer };
-        // One copy of the value, shared by the memtable and the batch to seal.
-        let value: Option<Arc<[u8]>> = value.map(Arc::from);
-        self.memtable.apply(key, version, value.clone());
+        self.memtable.apply(key, version, value.map(Arc::from));
         ops.push_back(Op {
             lamport,
             key: key.to_vec(),
             action: match value {
-                Some(v) => Action::Put(v),
+                Some(v) => Action::Put(v.to_vec()),
                 None => Action::Delete,
             },
         });

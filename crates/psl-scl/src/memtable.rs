@@ -184,36 +184,7 @@ impl Memtable {
             j.push((key.into(), version, value.clone()));
         }
         let mut guard = self.shard(key).write();
-        self.apply_in(&mut guard, key, version, value)
-    }
-
-    /// Applies a batch of updates (a record's ops) as [`Memtable::apply`] would one by one, but
-    /// taking each shard's lock once for all of the batch's keys in it, and the journal's once.
-    /// Returns how many were applied.
-    pub fn apply_batch<'a, I>(&self, updates: I) -> usize
-    where
-        I: IntoIterator<Item = (&'a [u8], Version, Option<Arc<[u8]>>)>,
-    {
-        let mut by_shard: Vec<(u8, &'a [u8], Version, Option<Arc<[u8]>>)> =
-            updates.into_iter().map(|(k, v, x)| (key_shard(k, SHARDS) as u8, k, v, x)).collect();
-        if let Some(j) = &self.journal {
-            j.push_all(by_shard.iter().map(|(_, k, v, x)| ((*k).into(), *v, x.clone())));
-        }
-        // Stable: updates of one key keep their order within the batch.
-        by_shard.sort_by_key(|u| u.0);
-        let mut applied = 0;
-        let mut it = by_shard.into_iter().peekable();
-        while let Some((sh, k, v, x)) = it.next() {
-            let mut guard = self.shards[sh as usize].write();
-            applied += self.apply_in(&mut guard, k, v, x) as usize;
-            while let Some((_, k, v, x)) = it.next_if(|u| u.0 == sh) {
-                applied += self.apply_in(&mut guard, k, v, x) as usize;
-            }
-        }
-        applied
-    }
-
-    fn apply_in(&self, s: &mut Shard, key: &[u8], version: Version, value: Option<Arc<[u8]>>) -> bool {
+        let s = &mut *guard;
         let unsure = s.evicted_max.is_some_and(|m| version <= m);
         match s.map.get_mut(key) {
             Some(slot) if slot.entry.version >= version => false,
@@ -427,25 +398,14 @@ impl Memtable {
 
 impl Journal {
     fn push(&self, u: Update) {
-        self.push_all(std::iter::once(u))
-    }
-
-    /// Journals updates in order, waiting for room before each (the bound holds).
-    fn push_all(&self, us: impl Iterator<Item = Update>) {
         let mut q = self.q.lock();
-        for u in us {
-            if q.len() >= self.cap {
-                // Let the consumer in before waiting for room.
-                self.space.notify_all();
-            }
-            while q.len() >= self.cap && !self.closed.load(Ordering::Acquire) {
-                self.space.wait_for(&mut q, Duration::from_millis(100));
-            }
-            if self.closed.load(Ordering::Acquire) {
-                return;
-            }
-            q.push_back(u);
+        while q.len() >= self.cap && !self.closed.load(Ordering::Acquire) {
+            self.space.wait_for(&mut q, Duration::from_millis(100));
         }
+        if self.closed.load(Ordering::Acquire) {
+            return;
+        }
+        q.push_back(u);
         drop(q);
         self.space.notify_all();
     }
@@ -547,32 +507,6 @@ mod tests {
                 prop_assert_eq!(a.snapshot(), b.snapshot());
                 prop_assert_eq!(a.digest(), b.digest());
             }
-        }
-
-        /// Applying a record's ops as a batch (one lock per shard) leaves the same memtable,
-        /// journal and eviction state as applying them one by one.
-        #[test]
-        fn batch_equals_one_by_one(batches in proptest::collection::vec(proptest::collection::vec((0u8..200, 0u64..50, 0u32..3, proptest::option::of(0u8..255)), 0..40), 0..12)) {
-            let a = Memtable::with_options(Some(64), Some(100_000));
-            let b = Memtable::with_options(Some(64), Some(100_000));
-            for (i, batch) in batches.iter().enumerate() {
-                let keys: Vec<[u8; 2]> = batch.iter().map(|(k, ..)| [*k, k.wrapping_mul(7)]).collect();
-                let mut n = 0;
-                for ((_, l, w, x), k) in batch.iter().zip(&keys) {
-                    n += a.apply(k, v(*l, *w), x.map(|x| Arc::from(vec![x]))) as usize;
-                }
-                let m = b.apply_batch(batch.iter().zip(&keys).map(|((_, l, w, x), k)| (&k[..], v(*l, *w), x.map(|x| Arc::from(vec![x])))));
-                prop_assert_eq!(n, m);
-                if i % 3 == 2 {
-                    a.raise_floor(&[(0, 20), (1, 20), (2, 20)], i as u64);
-                    b.raise_floor(&[(0, 20), (1, 20), (2, 20)], i as u64);
-                }
-            }
-            prop_assert_eq!(a.snapshot(), b.snapshot());
-            prop_assert_eq!(a.evicted(), b.evicted());
-            let (ja, jb) = (a.drain_journal(usize::MAX, Duration::ZERO), b.drain_journal(usize::MAX, Duration::ZERO));
-            // Journaled in the batch's order, every update once.
-            prop_assert_eq!(ja, jb);
         }
 
         /// A bounded memtable fed by updates in any order, with CapsuleDB (a full LWW map of

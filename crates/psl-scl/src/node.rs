@@ -733,15 +733,14 @@ impl NodeCore {
         self.clock.observe(h.lamport);
         Metrics::add(&self.metrics.records_applied, 1);
         if let Body::Data(ops) = &r.body {
-            // One lock per memtable shard for the whole record; values are shared, not copied.
-            self.memtable.apply_batch(ops.iter().map(|op| {
+            for op in ops {
                 let v = Version { lamport: op.lamport, writer: h.writer };
                 let value = match &op.action {
-                    Action::Put(x) => Some(x.clone()),
+                    Action::Put(x) => Some(Arc::<[u8]>::from(x.as_slice())),
                     Action::Delete => None,
                 };
-                (op.key.as_slice(), v, value)
-            }));
+                self.memtable.apply(&op.key, v, value);
+            }
             Metrics::add(&self.metrics.ops_applied, ops.len() as u64);
         }
         self.after_apply(&r.record, &r.body, now, out);

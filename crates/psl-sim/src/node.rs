@@ -102,8 +102,7 @@ impl SimNode {
         let shard = key_shard(&key, self.authors.len());
         let lamport = self.clock.tick();
         let writer = self.authors[shard].writer();
-        let value: Option<Arc<[u8]>> = value.map(Arc::from);
-        self.memtable.apply(&key, Version { lamport, writer }, value.clone());
+        self.memtable.apply(&key, Version { lamport, writer }, value.as_deref().map(Arc::from));
         let action = match value {
             Some(v) => Action::Put(v),
             None => Action::Delete,
@@ -130,7 +129,7 @@ impl SimNode {
         for op in &ops {
             applied.push((op.key.clone(), Version { lamport: op.lamport, writer }));
             let v = match &op.action {
-                Action::Put(x) => Some(x.to_vec()),
+                Action::Put(x) => Some(x.clone()),
                 Action::Delete => None,
             };
             fx.push(Effect::Sealed(op.key.clone(), Version { lamport: op.lamport, writer }, v));

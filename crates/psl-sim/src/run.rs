@@ -293,7 +293,7 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SimReport, Violation> {
                     for op in pend {
                         let v = Version { lamport: op.lamport, writer: w };
                         let val = match &op.action {
-                            psl_capsule::Action::Put(x) => Some(x.to_vec()),
+                            psl_capsule::Action::Put(x) => Some(x.clone()),
                             psl_capsule::Action::Delete => None,
                         };
                         issued.entry((op.key.clone(), v)).or_insert(val);

@@ -7,6 +7,12 @@
 //! YCSB zipfian 0.99 over 100,000 keys; 100-byte values. Baseline in the same run: the same
 //! workload with one op per record (every op sealed and signed alone), the ablation the PSL
 //! paper reports.
+//!
+//! Each case's detail says where records were lost (the fabric's receive queues, the rings,
+//! the verify queues, the hold-back buffer) and how many repairs followed: a node that falls
+//! behind loses records and every holder answers its repairs, so losses, not the per-op cost,
+//! are what collapse the many-writer cases. `PSL_BENCH_TRACE=1` prints the writers' and the
+//! receiver's progress every 250 ms to stderr.
 
 use super::zipf::Zipf;
 use anyhow::{bail, Result};
@@ -150,6 +156,7 @@ fn put_case(c: &Case, secs: f64, keys: &Arc<Vec<Vec<u8>>>) -> Result<PutResult> 
     }
     std::thread::sleep(Duration::from_secs_f64((secs - start.elapsed().as_secs_f64()).max(0.0)));
     stop.store(true, Ordering::Relaxed);
+    let load_end = Instant::now();
     let mut total = 0u64;
     for l in loads {
         total += l.join().map_err(|_| anyhow::anyhow!("load thread panicked"))??;
@@ -175,6 +182,7 @@ fn put_case(c: &Case, secs: f64, keys: &Arc<Vec<Vec<u8>>>) -> Result<PutResult> 
         }
     }
     let elapsed = start.elapsed().as_secs_f64();
+    let load_secs = load_end.duration_since(start).as_secs_f64();
     let cpu = super::process_cpu_seconds() - cpu0;
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as f64;
     let records = Metrics::get(&receiver.metrics().records_applied) as f64;
@@ -188,6 +196,10 @@ fn put_case(c: &Case, secs: f64, keys: &Arc<Vec<Vec<u8>>>) -> Result<PutResult> 
             "batch_ops_max": c.batch_ops_max,
             "puts": total,
             "seconds": elapsed,
+            // How long the load ran, and how long after it every node took to apply the rest
+            // (small when the receivers keep up).
+            "load_seconds": load_secs,
+            "drain_seconds": elapsed - load_secs,
             // CPU of the whole process (writers, every receiving node, the load threads) per
             // put, and how busy the machine's cores were: at 1.0 adding writers cannot add puts.
             "cpu_ns_per_put": cpu * 1e9 / (total.max(1) as f64),
