@@ -172,6 +172,22 @@ pub struct Record {
     hash: Hash256,
 }
 
+/// A decoded record but for its bytes.
+struct Parts {
+    header: Header,
+    header_len: usize,
+    body_len: usize,
+    body_digest: Hash256,
+    hash: Hash256,
+}
+
+impl Parts {
+    fn with_raw(self, raw: Arc<[u8]>) -> Record {
+        let Parts { header, header_len, body_len, body_digest, hash } = self;
+        Record { raw, header, header_len, body_len, body_digest, hash }
+    }
+}
+
 impl std::fmt::Debug for Record {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
@@ -212,6 +228,15 @@ impl Record {
     /// Decodes exactly `bytes` as one record under `limits`. Never panics; allocates only the
     /// links vector (bounded by `links_per_record_max`) and one copy of `bytes`.
     pub fn decode(bytes: &[u8], limits: &Limits) -> Result<Record, DecodeError> {
+        Record::decode_parts(bytes, limits).map(|p| p.with_raw(bytes.into()))
+    }
+
+    /// Like [`Record::decode`], keeping `bytes` as the record's bytes (no copy).
+    pub fn decode_shared(bytes: Arc<[u8]>, limits: &Limits) -> Result<Record, DecodeError> {
+        Record::decode_parts(&bytes, limits).map(|p| p.with_raw(bytes.clone()))
+    }
+
+    fn decode_parts(bytes: &[u8], limits: &Limits) -> Result<Parts, DecodeError> {
         if bytes.len() as u64 > limits.record_bytes_max as u64 {
             return Err(DecodeError::Limit {
                 field: "record",
@@ -228,7 +253,7 @@ impl Record {
         r.finish("record")?;
         let body_digest = sha256(&[body]);
         let hash = record_hash(&bytes[..header_len], body.len() as u32, &body_digest);
-        Ok(Record { raw: bytes.into(), header, header_len, body_len: body.len(), body_digest, hash })
+        Ok(Parts { header, header_len, body_len: body.len(), body_digest, hash })
     }
 
     pub fn header(&self) -> &Header {

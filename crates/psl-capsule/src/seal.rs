@@ -74,9 +74,11 @@ impl Draft {
             return Err(SealError::Links { links: self.links.len(), max: limits.links_per_record_max });
         }
         self.body.check(limits, self.lamport)?;
-        let plain = zeroize::Zeroizing::new(self.body.encode());
-        let len = HEADER_FIXED_LEN + LINK_LEN * self.links.len() + 4 + plain.len() + TAG_LEN + SIGNATURE_LEN;
+        // Encrypted in place below: the only plaintext copy, erased here if sealing stops first.
+        let mut body = self.body.encode();
+        let len = HEADER_FIXED_LEN + LINK_LEN * self.links.len() + 4 + body.len() + TAG_LEN + SIGNATURE_LEN;
         if len > limits.record_bytes_max as usize {
+            zeroize::Zeroize::zeroize(&mut body);
             return Err(SealError::RecordSize { len, max: limits.record_bytes_max });
         }
         let header = Header {
@@ -94,8 +96,8 @@ impl Draft {
         let mut aad = Vec::with_capacity(header.encoded_len());
         header.encode_into(&mut aad);
         let ctx = Record::seal_context(&capsule, header.writer, header.seq);
-        let sealed = data_key.seal(&salt, &ctx, &aad, &plain);
-        let rec = Record::assemble(header, &sealed, |h| key.sign(h));
+        data_key.seal_in_place(&salt, &ctx, &aad, &mut body);
+        let rec = Record::assemble(header, &body, |h| key.sign(h));
         debug_assert_eq!(rec.bytes().len(), len);
         Ok(rec)
     }

@@ -703,3 +703,34 @@ fn signed_metadata_always_decodes() {
         }
     }
 }
+
+/// Decoding shared bytes gives the same record as decoding a copy, keeps those very bytes (no
+/// copy), and refuses what `Record::decode` refuses.
+#[test]
+fn decode_shared_equals_decode_without_copying() {
+    let fx = Fixture::new(45);
+    let limits = Limits::default();
+    let d = Draft {
+        writer: 1,
+        key_gen: 0,
+        seq: 0,
+        lamport: 2,
+        epoch: 0,
+        prev: Hash256::ZERO,
+        links: Vec::new(),
+        body: Body::Data(vec![Op::put(1, "k", "v"), Op::delete(2, "j")]),
+    };
+    let rec = d.seal(fx.meta.name(), &limits, &fx.app.writer(1).unwrap(), &fx.app.data_key()).unwrap();
+    let shared = rec.shared_bytes();
+    let back = Record::decode_shared(shared.clone(), &limits).unwrap();
+    assert_eq!(back, Record::decode(rec.bytes(), &limits).unwrap());
+    assert!(std::sync::Arc::ptr_eq(&back.shared_bytes(), &shared));
+    assert_eq!(fx.verifier().open(&fx.verifier().verify(back).unwrap()).unwrap(), d_body());
+    let cut: std::sync::Arc<[u8]> = rec.bytes()[..rec.bytes().len() - 1].into();
+    assert_eq!(Record::decode_shared(cut.clone(), &limits).err(), Record::decode(&cut, &limits).err());
+    assert!(Record::decode_shared(cut, &limits).is_err());
+}
+
+fn d_body() -> Body {
+    Body::Data(vec![Op::put(1, "k", "v"), Op::delete(2, "j")])
+}

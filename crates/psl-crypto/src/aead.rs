@@ -70,6 +70,17 @@ impl DataKey {
         buf
     }
 
+    /// Like [`DataKey::seal`], in place: `buf` holds the plaintext and ends up holding the
+    /// ciphertext followed by the tag. No copy of the plaintext is made, and none is left
+    /// behind: the buffer is encrypted before the tag is appended (which may move it).
+    pub fn seal_in_place(&self, salt: &[u8; SALT_LEN], context: &[u8], aad: &[u8], buf: &mut Vec<u8>) {
+        let key = self.record_key(salt, context);
+        let tag = key
+            .seal_in_place_separate_tag(aead::Nonce::assume_unique_for_key([0; 12]), aead::Aad::from(aad), &mut buf[..])
+            .expect("AES-GCM sealing cannot fail for inputs under 64 GiB");
+        buf.extend_from_slice(tag.as_ref());
+    }
+
     /// Opens what [`DataKey::seal`] produced. Any change to key, salt, context, aad or
     /// ciphertext fails with [`CryptoError::Decryption`].
     pub fn open(
@@ -118,6 +129,16 @@ mod tests {
         bad[0] ^= 1;
         assert!(k.open(&salt, b"ctx", b"aad", &bad).is_err());
         assert!(k.open(&salt, b"ctx", b"aad", &ct[..5]).is_err());
+    }
+
+    #[test]
+    fn seal_in_place_equals_seal() {
+        let k = DataKey::from_bytes([5; 32]);
+        let salt = [3u8; SALT_LEN];
+        let mut buf = b"hello world".to_vec();
+        k.seal_in_place(&salt, b"ctx", b"aad", &mut buf);
+        assert_eq!(buf, k.seal(&salt, b"ctx", b"aad", b"hello world"));
+        assert_eq!(&k.open(&salt, b"ctx", b"aad", &buf).unwrap()[..], b"hello world");
     }
 
     #[test]

@@ -246,7 +246,7 @@ impl Node {
                     let m = match Msg::decode(&bytes) {
                         Err(_) => CoreMsg::Rejected(RejectReason::BadMessage),
                         Ok(Msg::Record { capsule, .. }) if capsule != name => CoreMsg::Rejected(RejectReason::Capsule),
-                        Ok(Msg::Record { bytes, .. }) => match Record::decode(&bytes, &limits) {
+                        Ok(Msg::Record { bytes, .. }) => match Record::decode_shared(bytes, &limits) {
                             Ok(r) => CoreMsg::Incoming(r),
                             Err(_) => CoreMsg::Rejected(RejectReason::Encoding),
                         },

@@ -7,6 +7,12 @@
 //! YCSB zipfian 0.99 over 100,000 keys; 100-byte values. Baseline in the same run: the same
 //! workload with one op per record (every op sealed and signed alone), the ablation the PSL
 //! paper reports.
+//!
+//! Each case's detail says where records were lost (the fabric's receive queues, the rings,
+//! the verify queues, the hold-back buffer) and how many repairs followed: a node that falls
+//! behind loses records and every holder answers its repairs, so losses, not the per-op cost,
+//! are what collapse the many-writer cases. `PSL_BENCH_TRACE=1` prints the writers' and the
+//! receiver's progress every 250 ms to stderr.
 
 use super::zipf::Zipf;
 use anyhow::{bail, Result};
@@ -87,6 +93,7 @@ fn put_case(c: &Case, secs: f64, keys: &Arc<Vec<Vec<u8>>>) -> Result<PutResult> 
     let meta = new_capsule(&owner, 1, "bench", 0, Limits::default())?;
     let hub = InProcHub::new(FabricConfig { queue_msgs_max: 1 << 16, ..FabricConfig::default() })?;
     let mut writers = Vec::new();
+    let mut eps: Vec<Arc<dyn Fabric>> = Vec::new();
     for id in 1..=c.writers as u32 {
         let o = NodeOptions {
             node_id: id,
@@ -95,7 +102,9 @@ fn put_case(c: &Case, secs: f64, keys: &Arc<Vec<Vec<u8>>>) -> Result<PutResult> 
             batch_ops_max: c.batch_ops_max,
             ..NodeOptions::default().shared_cores()
         };
-        writers.push(Arc::new(Node::start(NodeKeys::derive(&meta, &app, &o)?, ep(&hub, &format!("w{id}")), o)?));
+        let e = ep(&hub, &format!("w{id}"));
+        eps.push(e.clone());
+        writers.push(Arc::new(Node::start(NodeKeys::derive(&meta, &app, &o)?, e, o)?));
     }
     // The receive-only node also runs the coordinator (its own writer key; it seals only RTS and
     // SYNC records), as a deployment would co-locate them: a separate coordinator node would be
@@ -108,7 +117,9 @@ fn put_case(c: &Case, secs: f64, keys: &Arc<Vec<Vec<u8>>>) -> Result<PutResult> 
         coordinator: Some(CoordinatorConfig { epoch_ms: 1000, eoe_timeout_ms: 1000, ..CoordinatorConfig::default() }),
         ..NodeOptions::default().shared_cores()
     };
-    let receiver = Node::start(NodeKeys::derive(&meta, &app, &ro)?, ep(&hub, "receiver"), ro)?;
+    let e = ep(&hub, "receiver");
+    eps.push(e.clone());
+    let receiver = Node::start(NodeKeys::derive(&meta, &app, &ro)?, e, ro)?;
 
     let stop = Arc::new(AtomicBool::new(false));
     let issued = Arc::new(AtomicU64::new(0));
@@ -131,8 +142,21 @@ fn put_case(c: &Case, secs: f64, keys: &Arc<Vec<Vec<u8>>>) -> Result<PutResult> 
             Ok(count)
         }));
     }
-    std::thread::sleep(Duration::from_secs_f64(secs));
+    if std::env::var_os("PSL_BENCH_TRACE").is_some() {
+        while start.elapsed().as_secs_f64() < secs {
+            std::thread::sleep(Duration::from_millis(250));
+            eprintln!(
+                "t={:.2} written={} recv_applied={} recv_records={}",
+                start.elapsed().as_secs_f64(),
+                writers.iter().map(|w| Metrics::get(&w.metrics().ops_written)).sum::<u64>(),
+                Metrics::get(&receiver.metrics().ops_applied),
+                Metrics::get(&receiver.metrics().records_applied)
+            );
+        }
+    }
+    std::thread::sleep(Duration::from_secs_f64((secs - start.elapsed().as_secs_f64()).max(0.0)));
     stop.store(true, Ordering::Relaxed);
+    let load_end = Instant::now();
     let mut total = 0u64;
     for l in loads {
         total += l.join().map_err(|_| anyhow::anyhow!("load thread panicked"))??;
@@ -149,12 +173,21 @@ fn put_case(c: &Case, secs: f64, keys: &Arc<Vec<Vec<u8>>>) -> Result<PutResult> 
             bail!("nodes did not apply every op within 120 s ({} of {total} at the receiver)", applied(&receiver));
         }
         std::thread::sleep(Duration::from_millis(2));
+        if std::env::var_os("PSL_BENCH_TRACE").is_some() && start.elapsed().as_millis() % 250 < 3 {
+            eprintln!(
+                "drain t={:.2} total={total} recv_applied={}",
+                start.elapsed().as_secs_f64(),
+                Metrics::get(&receiver.metrics().ops_applied)
+            );
+        }
     }
     let elapsed = start.elapsed().as_secs_f64();
+    let load_secs = load_end.duration_since(start).as_secs_f64();
     let cpu = super::process_cpu_seconds() - cpu0;
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as f64;
     let records = Metrics::get(&receiver.metrics().records_applied) as f64;
     let rm = receiver.metrics();
+    let all: Vec<&Node> = writers.iter().map(|w| &**w).chain([&receiver]).collect();
     Ok(PutResult {
         puts_per_s: total as f64 / elapsed,
         records_per_s: records / elapsed,
@@ -163,6 +196,10 @@ fn put_case(c: &Case, secs: f64, keys: &Arc<Vec<Vec<u8>>>) -> Result<PutResult> 
             "batch_ops_max": c.batch_ops_max,
             "puts": total,
             "seconds": elapsed,
+            // How long the load ran, and how long after it every node took to apply the rest
+            // (small when the receivers keep up).
+            "load_seconds": load_secs,
+            "drain_seconds": elapsed - load_secs,
             // CPU of the whole process (writers, every receiving node, the load threads) per
             // put, and how busy the machine's cores were: at 1.0 adding writers cannot add puts.
             "cpu_ns_per_put": cpu * 1e9 / (total.max(1) as f64),
@@ -170,6 +207,13 @@ fn put_case(c: &Case, secs: f64, keys: &Arc<Vec<Vec<u8>>>) -> Result<PutResult> 
             "receiver_records_applied": records,
             "receiver_repair_requests": Metrics::get(&rm.repair_requests_sent),
             "receiver_duplicates": rm.rejected(psl_scl::RejectReason::Duplicate),
+            // Where records were lost (each loss is a gap that repair must fill), over all nodes:
+            // the fabric's receive queues, the host-to-core rings, the verify queues, hold-back.
+            "fabric_dropped_full": eps.iter().map(|e| e.stats().dropped_full).sum::<u64>(),
+            "inbound_ring_dropped": all.iter().map(|n| n.host_stats().inbound_dropped.load(Ordering::Relaxed)).sum::<u64>(),
+            "overload_rejected": all.iter().map(|n| n.metrics().rejected(psl_scl::RejectReason::Overload)).sum::<u64>(),
+            "hold_full_rejected": all.iter().map(|n| n.metrics().rejected(psl_scl::RejectReason::HoldFull)).sum::<u64>(),
+            "repair_requests": all.iter().map(|n| Metrics::get(&n.metrics().repair_requests_sent)).sum::<u64>(),
         }),
     })
 }
