@@ -7,7 +7,8 @@
 //! - [`db`]: [`CapsuleDb`], the memtable and the core on top of [`BlockStore`]s holding sealed,
 //!   signed records; the background compaction thread; [`Reader`] handles that read without
 //!   waiting for compactions; the block and entry caches.
-//! - [`store`]: [`DirStore`], a directory of record files plus the pointer to the newest index.
+//! - [`store`]: [`DirStore`], a directory's append-only log of CRC-framed records plus the
+//!   pointer to the newest index.
 //! - [`servers`]: CapsuleDB on the capsule servers: [`servers::ServerStore`] (reads a record by
 //!   hash from one server), [`servers::Publisher`] (the role's records go out on the fabric and
 //!   `sync` waits for a majority of the servers' acks), [`servers::Survey`] (the newest index

@@ -407,7 +407,7 @@ mod tests {
                     seed ^= seed << 13;
                     seed ^= seed >> 7;
                     seed ^= seed << 17;
-                    if seed % 5 == 0 {
+                    if seed.is_multiple_of(5) {
                         MAGIC[(seed as usize / 5) % 4]
                     } else {
                         seed as u8
