@@ -9,37 +9,8 @@ use psl_capsule::{audit_file, audit_file_rotated, Kind};
 use psl_crypto::OwnerKey;
 use psl_faas::JobRequest;
 
-/// Each lambda writes for at least 700 ms (and 200 keys), `sync()`ing every 50 puts; lambda 0
-/// then waits for every lambda's marker and reads every key back.
-const PROGRAM: &str = r#"
-const id = lambda.id, n = lambda.count;
-let i = 0;
-const t0 = Date.now();
-while (Date.now() - t0 < 700 || i < 200) {
-  put(`k/${id}/${i}`, String(i * 7));
-  i++;
-  if (i % 50 == 0) sync();
-}
-put(`count/${id}`, String(i));
-sync();
-put(`done/${id}`, '1');
-sync();
-if (id === 0) {
-  for (let t = 0; t < 300; t++) {
-    let all = true;
-    for (let j = 0; j < n; j++) if (get(`done/${j}`) === null) all = false;
-    if (all) break;
-    sync();
-  }
-  let total = 0, bad = 0;
-  for (let j = 0; j < n; j++) {
-    const c = Number(get(`count/${j}`));
-    for (let k = 0; k < c; k++) if (get(`k/${j}/${k}`) !== String(k * 7)) bad++;
-    total += c;
-  }
-  emit(JSON.stringify({ total, bad }));
-}
-"#;
+/// Writes across the rotation, then lambda 0 reads every key back (shared with the multi-process test).
+const PROGRAM: &str = include_str!("data/write_across_rotation.js");
 
 #[test]
 fn a_rotation_mid_job_keeps_every_write_and_the_capsule_verifies_with_both_generations() {

@@ -61,37 +61,8 @@ fn run(args: &[&str]) -> Output {
     child.wait_with_output().unwrap()
 }
 
-/// Each lambda writes for at least 800 ms, `sync()`ing every 50 puts; lambda 0 reads every
-/// key back at the end.
-const PROGRAM: &str = r#"
-const id = lambda.id, n = lambda.count;
-let i = 0;
-const t0 = Date.now();
-while (Date.now() - t0 < 800 || i < 200) {
-  put(`k/${id}/${i}`, String(i * 7));
-  i++;
-  if (i % 50 == 0) sync();
-}
-put(`count/${id}`, String(i));
-sync();
-put(`done/${id}`, '1');
-sync();
-if (id === 0) {
-  for (let t = 0; t < 300; t++) {
-    let all = true;
-    for (let j = 0; j < n; j++) if (get(`done/${j}`) === null) all = false;
-    if (all) break;
-    sync();
-  }
-  let total = 0, bad = 0;
-  for (let j = 0; j < n; j++) {
-    const c = Number(get(`count/${j}`));
-    for (let k = 0; k < c; k++) if (get(`k/${j}/${k}`) !== String(k * 7)) bad++;
-    total += c;
-  }
-  emit(JSON.stringify({ total, bad }));
-}
-"#;
+/// Writes across the rotation, then lambda 0 reads every key back (shared with the embedded test).
+const PROGRAM: &str = include_str!("../../psl-faas/tests/data/write_across_rotation.js");
 
 #[test]
 fn faas_multiprocess_key_rotation_mid_job() {
