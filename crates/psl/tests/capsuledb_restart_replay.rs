@@ -16,17 +16,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{ok, start, start_node, Proc};
-
-fn server(dir: &Path, router: SocketAddr, id: u32) -> Proc {
-    let (r, ids, d) = (router.to_string(), id.to_string(), format!("s{id}"));
-    #[rustfmt::skip]
-    let args = [
-        "capsule-server", "--capsule", "c.capsule", "--owner", "owner.key", "--router", &r, "--dir", &d,
-        "--id", &ids, "--n", "3", "--f", "1", "--fsync", "group", "--read", "127.0.0.1:0",
-    ];
-    start(dir, &args, "reads")
-}
+use common::{start, start_durable_cluster, start_node, Proc};
 
 fn role(dir: &Path, router: SocketAddr, servers: &str, idle_flush_ms: &str) -> Proc {
     let r = router.to_string();
@@ -93,18 +83,7 @@ fn alter_db_records(log: &Path) -> usize {
 fn capsuledb_on_servers_restarts_from_newest_index_and_replays() {
     let t = tempfile::tempdir().unwrap();
     let d = t.path();
-    ok(d, &["keys", "new", "--out", "owner.key"]);
-    ok(d, &["capsule", "new", "--owner", "owner.key", "--label", "cdbs", "--out", "c.capsule"]);
-    let router = start(d, &["router", "--listen", "127.0.0.1:0"], "listening");
-    let r = router.addr().to_string();
-    #[rustfmt::skip]
-    let _coord = start(
-        d,
-        &["coordinator", "--capsule", "c.capsule", "--owner", "owner.key", "--router", &r, "--epoch-ms", "50",
-          "--eoe-timeout-ms", "200"],
-        "control",
-    );
-    let servers: Vec<Proc> = (0..3).map(|i| server(d, router.addr(), i)).collect();
+    let (router, _coord, servers) = start_durable_cluster(d, "cdbs");
     let reads = servers.iter().map(|s| s.line.clone()).collect::<Vec<_>>().join(",");
 
     // No idle freeze: what the size rule does not freeze stays in the role's memtable only.

@@ -15,17 +15,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{ok, start, start_node, Proc};
-
-fn server(dir: &Path, router: SocketAddr, id: u32) -> Proc {
-    let (r, ids, d) = (router.to_string(), id.to_string(), format!("s{id}"));
-    #[rustfmt::skip]
-    let args = [
-        "capsule-server", "--capsule", "c.capsule", "--owner", "owner.key", "--router", &r, "--dir", &d,
-        "--id", &ids, "--n", "3", "--f", "1", "--fsync", "group", "--read", "127.0.0.1:0",
-    ];
-    start(dir, &args, "reads")
-}
+use common::{start_durable_cluster, start_node, Proc};
 
 fn client(p: &Proc) -> ControlClient {
     ControlClient::connect(p.addr(), Duration::from_secs(5)).unwrap()
@@ -89,18 +79,7 @@ fn start_recovering(dir: &Path, router: SocketAddr, id: u32, reads: &str) -> (Pr
 fn recovery_node_restarted_empty_rebuilds_from_servers_and_converges() {
     let t = tempfile::tempdir().unwrap();
     let d = t.path();
-    ok(d, &["keys", "new", "--out", "owner.key"]);
-    ok(d, &["capsule", "new", "--owner", "owner.key", "--label", "rec", "--out", "c.capsule"]);
-    let router = start(d, &["router", "--listen", "127.0.0.1:0"], "listening");
-    let r = router.addr().to_string();
-    #[rustfmt::skip]
-    let _coord = start(
-        d,
-        &["coordinator", "--capsule", "c.capsule", "--owner", "owner.key", "--router", &r, "--epoch-ms", "50",
-          "--eoe-timeout-ms", "200"],
-        "control",
-    );
-    let servers: Vec<Proc> = (0..3).map(|i| server(d, router.addr(), i)).collect();
+    let (router, _coord, servers) = start_durable_cluster(d, "rec");
     let reads: Vec<String> = servers.iter().map(|s| s.line.clone()).collect();
     let mut n1 = start_node(d, router.addr(), 1, &["--servers", "3"]);
     let n2 = start_node(d, router.addr(), 2, &["--servers", "3"]);

@@ -79,3 +79,34 @@ pub fn eventually(what: &str, mut f: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// A `psl capsule-server` (id `id`, store `s<id>`, n = 3, f = 1, group commit) for capsule
+/// `c.capsule` on `router`, with its read API on a free port; `line` is the read address.
+pub fn start_read_server(dir: &Path, router: SocketAddr, id: u32) -> Proc {
+    let (r, ids, d) = (router.to_string(), id.to_string(), format!("s{id}"));
+    #[rustfmt::skip]
+    let args = [
+        "capsule-server", "--capsule", "c.capsule", "--owner", "owner.key", "--router", &r, "--dir", &d,
+        "--id", &ids, "--n", "3", "--f", "1", "--fsync", "group", "--read", "127.0.0.1:0",
+    ];
+    start(dir, &args, "reads")
+}
+
+/// In `dir`: an owner key `owner.key`, a capsule `c.capsule` labelled `label`, a router, a
+/// coordinator (50 ms epochs) and three read servers ([`start_read_server`]). Returns
+/// (router, coordinator, servers).
+pub fn start_durable_cluster(dir: &Path, label: &str) -> (Proc, Proc, Vec<Proc>) {
+    ok(dir, &["keys", "new", "--out", "owner.key"]);
+    ok(dir, &["capsule", "new", "--owner", "owner.key", "--label", label, "--out", "c.capsule"]);
+    let router = start(dir, &["router", "--listen", "127.0.0.1:0"], "listening");
+    let r = router.addr().to_string();
+    #[rustfmt::skip]
+    let coordinator = start(
+        dir,
+        &["coordinator", "--capsule", "c.capsule", "--owner", "owner.key", "--router", &r, "--epoch-ms", "50",
+          "--eoe-timeout-ms", "200"],
+        "control",
+    );
+    let servers = (0..3).map(|i| start_read_server(dir, router.addr(), i)).collect();
+    (router, coordinator, servers)
+}
