@@ -6,12 +6,11 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 mod common;
 use common::eventually;
-use common::mc::Client;
+use common::mc::{cas_race, Client};
 use common::{ok, start, Proc};
 
 fn free_addr() -> SocketAddr {
@@ -100,20 +99,7 @@ fn two_front_end_processes_share_data_and_arbitrate_cas_and_incr_at_each_keys_ho
         assert_eq!(ca.call(&format!("set {key} 0 0 1\r\n0\r\n")), "STORED");
         let unique = ca.gets(&key).unwrap().2;
         eventually("B holds A's version", || cb.gets(&key).map(|x| x.2) == Some(unique));
-        let barrier = Arc::new(Barrier::new(2));
-        let threads: Vec<_> = [(a, "A"), (b, "B")]
-            .into_iter()
-            .map(|(addr, v)| {
-                let (barrier, key) = (barrier.clone(), key.clone());
-                std::thread::spawn(move || {
-                    let mut c = Client::connect(addr);
-                    barrier.wait();
-                    c.call(&format!("cas {key} 0 0 1 {unique}\r\n{v}\r\n"))
-                })
-            })
-            .collect();
-        let mut replies: Vec<String> = threads.into_iter().map(|t| t.join().unwrap()).collect();
-        replies.sort();
+        let replies = cas_race([(a, "A"), (b, "B")], &key, unique);
         assert_eq!(replies, vec!["EXISTS".to_string(), "STORED".to_string()], "round {round}");
     }
     // Both homes were exercised: each front end forwarded some keys to the other.

@@ -16,11 +16,10 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::{Arc, Barrier};
 
 mod common;
 use common::eventually;
-use common::mc::Client;
+use common::mc::{cas_race, Client};
 use common::{start, Proc};
 
 /// A value of `len` bytes that differs per key.
@@ -119,20 +118,7 @@ fn front_ends_joining_psl_up_kv_by_its_dir_share_items_and_cas_arbitration() {
         eventually("the group member holds the version", || {
             Client::connect(g1).gets(&key).map(|x| x.2) == Some(unique)
         });
-        let barrier = Arc::new(Barrier::new(2));
-        let threads: Vec<_> = [(j2.addr(), "J"), (g1, "G")]
-            .into_iter()
-            .map(|(addr, v)| {
-                let (barrier, key) = (barrier.clone(), key.clone());
-                std::thread::spawn(move || {
-                    let mut c = Client::connect(addr);
-                    barrier.wait();
-                    c.call(&format!("cas {key} 0 0 1 {unique}\r\n{v}\r\n"))
-                })
-            })
-            .collect();
-        let mut replies: Vec<String> = threads.into_iter().map(|t| t.join().unwrap()).collect();
-        replies.sort();
+        let replies = cas_race([(j2.addr(), "J"), (g1, "G")], &key, unique);
         assert_eq!(replies, vec!["EXISTS".to_string(), "STORED".to_string()], "round {round}");
     }
     assert!(c2.stat("forwarded") >= 16, "a joined front end forwards every conditional command");

@@ -2,6 +2,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 pub struct Client {
@@ -65,4 +66,25 @@ impl Client {
         }
         v.unwrap_or_else(|| panic!("no stat {name}"))
     }
+}
+
+/// Two clients, released together by a barrier, each send `cas KEY 0 0 1 UNIQUE` with its own
+/// one-byte value to its front end; returns the two first reply lines, sorted (a correct
+/// group answers `["EXISTS", "STORED"]`).
+pub fn cas_race(fronts: [(SocketAddr, &'static str); 2], key: &str, unique: u64) -> Vec<String> {
+    let barrier = Arc::new(Barrier::new(2));
+    let threads: Vec<_> = fronts
+        .into_iter()
+        .map(|(addr, v)| {
+            let (barrier, key) = (barrier.clone(), key.to_string());
+            std::thread::spawn(move || {
+                let mut c = Client::connect(addr);
+                barrier.wait();
+                c.call(&format!("cas {key} 0 0 1 {unique}\r\n{v}\r\n"))
+            })
+        })
+        .collect();
+    let mut replies: Vec<String> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    replies.sort();
+    replies
 }
