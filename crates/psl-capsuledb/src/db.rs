@@ -165,7 +165,7 @@ struct Io {
     limits: Limits,
     /// The record chain is one writer's: appends are serialized.
     author: PMutex<Author>,
-    cache: PMutex<LruCache<RecordHash, Arc<Block>>>,
+    cache: PMutex<BlockCache>,
     /// `block hash ‖ key` to that block's entry for the key, or `None` (a Bloom false positive).
     rows: PMutex<LruCache<Vec<u8>, Option<Cell>>>,
     stats: AtomicStats,
@@ -314,6 +314,54 @@ impl Blocks for Io {
     }
 }
 
+/// Decoded blocks, least recently used out first, bounded by the entries they hold (not by
+/// their number: a level-0 block is a whole memtable, many times a deeper level's block, and
+/// the bound is what the memory estimate of `docs/protocol/capsuledb.md` §3 counts).
+struct BlockCache {
+    lru: LruCache<RecordHash, Arc<Block>>,
+    entries: usize,
+    entries_max: usize,
+}
+
+impl BlockCache {
+    fn new(entries_max: usize) -> BlockCache {
+        BlockCache { lru: LruCache::unbounded(), entries: 0, entries_max: entries_max.max(1) }
+    }
+
+    fn get(&mut self, h: &RecordHash) -> Option<&Arc<Block>> {
+        self.lru.get(h)
+    }
+
+    fn peek(&self, h: &RecordHash) -> Option<&Arc<Block>> {
+        self.lru.peek(h)
+    }
+
+    /// Caches `b` unless it alone is over the bound; evicts the least recently used blocks
+    /// until the bound holds again.
+    fn put(&mut self, h: RecordHash, b: Arc<Block>) {
+        let n = b.entries.len();
+        if n > self.entries_max {
+            return;
+        }
+        if let Some(old) = self.lru.put(h, b) {
+            self.entries -= old.entries.len();
+        }
+        self.entries += n;
+        while self.entries > self.entries_max {
+            match self.lru.pop_lru() {
+                Some((_, old)) => self.entries -= old.entries.len(),
+                None => break,
+            }
+        }
+        debug_assert!(self.entries <= self.entries_max);
+    }
+
+    fn clear(&mut self) {
+        self.lru.clear();
+        self.entries = 0;
+    }
+}
+
 /// A memtable's entries, sorted by key.
 type Run = Vec<(Vec<u8>, Cell)>;
 
@@ -324,6 +372,8 @@ struct Mem {
     /// that block is published (in the same critical section that clears this).
     frozen: Option<Arc<Run>>,
     index: Arc<Index>,
+    /// `index`'s level-0 runs ([`lsm::l0_run_ranges`]), found once per index.
+    l0_runs: Arc<Vec<std::ops::Range<usize>>>,
 }
 
 /// The writers' state (apply, freeze, compaction installs), under [`Inner::w`].
@@ -373,9 +423,10 @@ impl Inner {
                 .frozen
                 .as_ref()
                 .and_then(|f| f.binary_search_by(|(k, _)| k.as_slice().cmp(key)).ok().map(|i| f[i].1.clone()));
-            (newest(a, f), m.index.clone())
+            (newest(a, f), (m.index.clone(), m.l0_runs.clone()))
         };
-        Ok(newest(mem, get_in_index(&index, &self.io, key)?))
+        let (index, l0) = index;
+        Ok(newest(mem, lsm::get_in_index_with_runs(&index, &l0, &self.io, key)?))
     }
 
     /// Writes `index` as the newest index record (blocks synced first, then the index, then
@@ -390,6 +441,7 @@ impl Inner {
         self.history.lock().snapshots.insert(0, (index.seq, hash));
         {
             let mut m = self.mem.write();
+            m.l0_runs = Arc::new(index.levels.first().map(|l| lsm::l0_run_ranges(l)).unwrap_or_default());
             m.index = Arc::new(index);
             if clear_frozen {
                 m.frozen = None;
@@ -428,7 +480,9 @@ impl Inner {
         if background {
             let stall = self.config.l0_blocks_max.saturating_mul(L0_STALL_FACTOR);
             let mut stalled = false;
-            while self.index().levels.first().map_or(0, |l| l.len()) >= stall && !self.stop.load(Ordering::Acquire) {
+            while self.index().levels.first().map_or(0, |l| lsm::l0_runs(l).count()) >= stall
+                && !self.stop.load(Ordering::Acquire)
+            {
                 if let Some(e) = &w.compact_error {
                     return Err(Error::Store(format!("level 0 is full and compaction fails: {e}")));
                 }
@@ -471,7 +525,7 @@ impl Inner {
     }
 
     fn freeze_entries(&self, w: &mut WriteSide, entries: &[(Vec<u8>, Cell)], background: bool) -> Result<(), Error> {
-        let refs = lsm::freeze(&self.io, entries)?;
+        let refs = lsm::freeze(&self.config, &self.io, entries)?;
         let mut index = (*self.index()).clone();
         for (wr, l) in &w.pending_frontier {
             let f = index.frontier.entry(*wr).or_insert(0);
@@ -603,7 +657,7 @@ impl CapsuleDb {
             verifier,
             limits,
             author: PMutex::new(author),
-            cache: PMutex::new(LruCache::new(blocks)),
+            cache: PMutex::new(BlockCache::new(blocks.get().saturating_mul(config.block_entries_max))),
             rows: PMutex::new(LruCache::new(rows)),
             stats: AtomicStats::default(),
         })
@@ -615,7 +669,12 @@ impl CapsuleDb {
         let inner = Inner {
             config,
             io,
-            mem: RwLock::new(Mem { active: BTreeMap::new(), frozen: None, index: Arc::new(index) }),
+            mem: RwLock::new(Mem {
+                active: BTreeMap::new(),
+                frozen: None,
+                l0_runs: Arc::new(index.levels.first().map(|l| lsm::l0_run_ranges(l)).unwrap_or_default()),
+                index: Arc::new(index),
+            }),
             w: PMutex::new(WriteSide {
                 pending_frontier: BTreeMap::new(),
                 newest,

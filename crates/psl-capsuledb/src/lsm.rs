@@ -18,20 +18,24 @@ use std::sync::Arc;
 /// entries: each level `fanout` times the one above it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Config {
-    /// The memtable freezes into a block when it holds more entries than this.
+    /// The memtable freezes into level 0 when it holds more entries than this.
     pub memtable_entries_max: usize,
-    /// Level 0 is merged into level 1 when it holds more blocks than this.
+    /// Level 0 is merged into level 1 when it holds more runs than this (a freeze writes one
+    /// run: the memtable cut into blocks, see [`l0_runs`]) or more entries than this many full
+    /// memtables. Level 0 stays bounded in blocks too: a freeze waits while level 0 holds
+    /// `2 * l0_blocks_max` runs.
     pub l0_blocks_max: usize,
     /// Size ratio between consecutive levels.
     pub fanout: usize,
-    /// Compaction output (levels 1 and deeper) is split into blocks of at most this many
-    /// entries; a point read fetches one such block per level. Level-0 blocks are whole
-    /// memtables.
+    /// Every block (frozen memtables and compaction output alike) holds at most this many
+    /// entries; a point read fetches, verifies and decrypts one such block per level-0 run and
+    /// per deeper level, at most.
     pub block_entries_max: usize,
-    /// The read cache's budget, in blocks of `block_entries_max` entries: an eighth of it
-    /// (at least one) holds whole decoded blocks, and up to half its entries' worth holds
-    /// single entries (`(block, key)` to the entry or its absence, see `docs/protocol/capsuledb.md`
-    /// §3): hot keys are scattered over many blocks, and an entry costs a block's 1/256th.
+    /// The read cache's budget, in blocks of `block_entries_max` entries: half of it (at least
+    /// one block's worth of entries) holds whole decoded blocks, counted by their entries, and a
+    /// quarter of its entries' worth holds single entries (`(block, key)` to the entry or its
+    /// absence, see `docs/protocol/capsuledb.md` §3): hot keys are scattered over many blocks,
+    /// and an entry costs a block's 1/`block_entries_max`th.
     pub cache_blocks_max: usize,
     /// Drop tombstones when compacting into the last level. Only safe when every key's writes
     /// reach the tree in version order (one writer, or an ordered replay): with SCL's
@@ -42,12 +46,15 @@ pub struct Config {
 
 impl Default for Config {
     fn default() -> Self {
+        // Measured with `psl bench capsuledb` (docs/protocol/capsuledb.md §8): small blocks keep a
+        // point read's fetch (read, hash, decrypt, decode) short; a large memtable and level 0
+        // keep the write amplification, hence the records to seal and sign, low.
         Config {
-            memtable_entries_max: 4096,
-            l0_blocks_max: 4,
+            memtable_entries_max: 16_384,
+            l0_blocks_max: 8,
             fanout: 10,
-            block_entries_max: 256,
-            cache_blocks_max: 1024,
+            block_entries_max: 64,
+            cache_blocks_max: 4096,
             drop_tombstones: false,
         }
     }
@@ -122,7 +129,13 @@ pub struct Job {
 pub fn fullness(config: &Config, index: &Index, level: usize) -> f64 {
     let Some(l) = index.levels.get(level) else { return 0.0 };
     if level == 0 {
-        l.len() as f64 / config.l0_blocks_max as f64
+        // Runs (about one per freeze) against `l0_blocks_max`, and entries against that many
+        // full memtables: small idle-time freezes count as runs (each costs a read a lookup
+        // and a merge an input), full ones by their entries.
+        let runs = l0_runs(l).count() as f64 / config.l0_blocks_max as f64;
+        let n: usize = l.iter().map(|r| r.entries as usize).sum();
+        let entries = n as f64 / config.l0_blocks_max.saturating_mul(config.memtable_entries_max) as f64;
+        runs.max(entries)
     } else {
         let n: usize = l.iter().map(|r| r.entries as usize).sum();
         n as f64 / config.level_capacity(level) as f64
@@ -144,6 +157,41 @@ pub fn plan(config: &Config, index: &Index) -> Option<Job> {
     let lower = index.levels.get(level + 1).cloned().unwrap_or_default();
     let last = index.levels.get(level + 2..).is_none_or(|ls| ls.iter().all(|l| l.is_empty()));
     Some(Job { level, upper: index.levels[level].clone(), lower, drop_tombstones: config.drop_tombstones && last })
+}
+
+/// Level 0 as sorted runs, newest first: maximal stretches of consecutive blocks in strictly
+/// ascending, non-overlapping key order. A freeze writes its memtable as one such stretch (its
+/// blocks in key order, in front of level 0); two stretches of different freezes may happen to
+/// join into one run, which is still sorted and non-overlapping, so reads (one block per run by
+/// binary search) and merges (one input per run) stay correct either way: both compare
+/// versions, never positions.
+pub fn l0_runs(level0: &[BlockRef]) -> impl Iterator<Item = &[BlockRef]> {
+    let mut rest = level0;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut n = 1;
+        while n < rest.len() && rest[n - 1].max < rest[n].min {
+            n += 1;
+        }
+        let (run, tail) = rest.split_at(n);
+        rest = tail;
+        Some(run)
+    })
+}
+
+/// [`l0_runs`] as ranges of positions in `level0`, for readers to compute once per index (finding
+/// the runs walks every level-0 block).
+pub fn l0_run_ranges(level0: &[BlockRef]) -> Vec<std::ops::Range<usize>> {
+    let mut start = 0;
+    l0_runs(level0)
+        .map(|run| {
+            let r = start..start + run.len();
+            start = r.end;
+            r
+        })
+        .collect()
 }
 
 /// One sorted input of a merge: blocks in key order, fetched one at a time.
@@ -176,7 +224,7 @@ impl<'a> Run<'a> {
     }
 }
 
-/// Runs `job`: a k-way merge of its inputs (each level-0 block is its own run, since they may
+/// Runs `job`: a k-way merge of its inputs (each level-0 run, see [`l0_runs`], since runs may
 /// overlap; a deeper level is one run), keeping per key the highest `(lamport, writer)`
 /// whatever run it sits in (on a tie, the newer run), written out in blocks of at most
 /// `block_entries_max` entries. Streams: holds one block per run and one output block.
@@ -188,12 +236,9 @@ pub fn merge(
     job: &Job,
     stop: &dyn Fn() -> bool,
 ) -> Result<Option<Vec<BlockRef>>, Error> {
-    // Newest first: level-0 blocks in index order (newest first), then the lower level.
-    let mut runs: Vec<Run> = if job.level == 0 {
-        job.upper.iter().map(std::slice::from_ref).map(Run::new).collect()
-    } else {
-        vec![Run::new(&job.upper)]
-    };
+    // Newest first: level-0 runs in index order (newest first), then the lower level.
+    let mut runs: Vec<Run> =
+        if job.level == 0 { l0_runs(&job.upper).map(Run::new).collect() } else { vec![Run::new(&job.upper)] };
     runs.push(Run::new(&job.lower));
     let mut out = RunWriter::new(config.block_entries_max);
     loop {
@@ -249,10 +294,11 @@ pub fn install(index: &mut Index, job: &Job, output: Vec<BlockRef>) -> Result<()
     Ok(())
 }
 
-/// Freezes sorted, unique entries into level-0 block(s) (one unless over the codec's byte
-/// bound) and returns their references in key order.
-pub fn freeze(blocks: &dyn Blocks, entries: &[(Vec<u8>, Cell)]) -> Result<Vec<BlockRef>, Error> {
-    let mut w = RunWriter::new(BLOCK_ENTRIES_MAX);
+/// Freezes sorted, unique entries into a level-0 run: blocks of at most `block_entries_max`
+/// entries (and the codec's byte bound), so that a point read in level 0 fetches one block of
+/// the usual size, not a whole memtable. Returns their references in key order.
+pub fn freeze(config: &Config, blocks: &dyn Blocks, entries: &[(Vec<u8>, Cell)]) -> Result<Vec<BlockRef>, Error> {
+    let mut w = RunWriter::new(config.block_entries_max);
     for (k, c) in entries {
         w.push(blocks, k.clone(), c.clone())?;
     }
@@ -267,11 +313,22 @@ pub fn newest(a: Option<Cell>, b: Option<Cell>) -> Option<Cell> {
     }
 }
 
-/// Reads `key` as of `index`: the newest version among every overlapping L0 block and the one
-/// block per deeper level found by binary search on key ranges (the Bloom filter is asked
-/// before a fetch). Every place is looked at: a write delivered late may sit in an older
+/// Reads `key` as of `index`: the newest version among the one block per level-0 run and per
+/// deeper level found by binary search on key ranges (the Bloom filter is asked before a
+/// fetch). Every place is looked at: a write delivered late may sit in an older
 /// block than an earlier-delivered write of a lower version, so the first hit is not enough.
 pub fn get_in_index(index: &Index, blocks: &dyn Blocks, key: &[u8]) -> Result<Option<Cell>, Error> {
+    let l0 = index.levels.first().map(|l| l0_run_ranges(l)).unwrap_or_default();
+    get_in_index_with_runs(index, &l0, blocks, key)
+}
+
+/// [`get_in_index`] with level 0's runs already found ([`l0_run_ranges`] of this index).
+pub fn get_in_index_with_runs(
+    index: &Index,
+    l0: &[std::ops::Range<usize>],
+    blocks: &dyn Blocks,
+    key: &[u8],
+) -> Result<Option<Cell>, Error> {
     let mut best: Option<Cell> = None;
     let h = KeyHash::of(key);
     let mut look = |r: &BlockRef| -> Result<(), Error> {
@@ -284,12 +341,17 @@ pub fn get_in_index(index: &Index, blocks: &dyn Blocks, key: &[u8]) -> Result<Op
         }
         Ok(())
     };
+    let mut in_run = |run: &[BlockRef]| -> Result<(), Error> {
+        let i = run.partition_point(|r| r.max.as_slice() < key);
+        run.get(i).into_iter().try_for_each(&mut look)
+    };
     for (li, level) in index.levels.iter().enumerate() {
         if li == 0 {
-            level.iter().try_for_each(&mut look)?;
+            for r in l0 {
+                in_run(level.get(r.clone()).ok_or(Error::Invalid("level-0 runs do not match the index"))?)?;
+            }
         } else {
-            let i = level.partition_point(|r| r.max.as_slice() < key);
-            level.get(i).into_iter().try_for_each(&mut look)?;
+            in_run(level)?;
         }
     }
     Ok(best)

@@ -99,12 +99,15 @@ proptest! {
     }
 }
 
-/// Deterministic: many overlapping L0 blocks (the prototype's bug) with updates to the same keys.
+/// Deterministic: many overlapping L0 runs (the prototype's bug was overlapping L0 blocks),
+/// each of several blocks, with updates to the same keys.
 #[test]
 fn capsuledb_overlapping_l0_blocks_all_checked() {
     let config = Config {
         memtable_entries_max: 2,
-        l0_blocks_max: 8,
+        // Runs and entries both under the bound at the end (6 runs of 3 entries): nothing is
+        // compacted out of level 0.
+        l0_blocks_max: 16,
         fanout: 2,
         block_entries_max: 2,
         cache_blocks_max: 2,
@@ -123,7 +126,10 @@ fn capsuledb_overlapping_l0_blocks_all_checked() {
             model.insert(key, v);
         }
     }
-    assert!(db.index().levels[0].len() > 1, "L0 holds several overlapping blocks");
+    let index = db.index();
+    let runs: Vec<_> = psl_capsuledb::lsm::l0_runs(&index.levels[0]).collect();
+    assert!(runs.len() > 1, "L0 holds several overlapping runs");
+    assert!(runs.iter().all(|r| r.len() == 2), "each freeze of 3 entries is a run of 2 blocks");
     db.clear_cache();
     for (k, v) in &model {
         assert_eq!(db.get(k).unwrap().as_ref(), Some(v));

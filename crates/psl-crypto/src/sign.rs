@@ -18,6 +18,32 @@ impl fmt::Debug for Signature {
     }
 }
 
+/// Signatures a thread's signing context makes between two re-blindings.
+const REBLIND_EVERY: u32 = 64;
+
+/// A thread's libsecp256k1 signing context. libsecp256k1 blinds its fixed-base multiplication
+/// (`k * G`, the secret-dependent part of signing) with a random value held in the context,
+/// against side channels beyond timing, which its constant-time code already closes. The
+/// `secp256k1` crate's `ecdsa::sign` uses a global context that it re-blinds after *every*
+/// signature, which costs about as much as the signature itself; writers and CapsuleDB sign
+/// one record after another, so here each thread keeps its own context, blinded with fresh
+/// randomness when created and again every [`REBLIND_EVERY`] signatures.
+struct Signer {
+    ctx: secp256k1::Secp256k1<secp256k1::SignOnly>,
+    signatures: u32,
+}
+
+thread_local! {
+    static SIGNER: std::cell::RefCell<Signer> = std::cell::RefCell::new(Signer {
+        ctx: {
+            let mut ctx = secp256k1::Secp256k1::signing_only();
+            ctx.seeded_randomize(&rand::random());
+            ctx
+        },
+        signatures: 0,
+    });
+}
+
 /// A secp256k1 secret key used for signing. Erased on drop; never printed.
 pub struct SigningKey {
     sk: secp256k1::SecretKey,
@@ -39,10 +65,48 @@ impl SigningKey {
         zeroize::Zeroizing::new(self.sk.to_secret_bytes())
     }
 
-    /// Signs a 32-byte digest (RFC 6979 deterministic nonce, low-s).
+    /// Signs a 32-byte digest (RFC 6979 deterministic nonce, low-s), with this thread's own
+    /// blinded context (see [`SIGNER`]).
     pub fn sign(&self, digest: &Hash256) -> Signature {
-        let msg = secp256k1::Message::from_digest(digest.0);
-        Signature(secp256k1::ecdsa::sign(msg, &self.sk).serialize_compact())
+        use secp256k1::ffi::{self, CPtr};
+        SIGNER.with(|cell| {
+            let mut signer = cell.borrow_mut();
+            if signer.signatures >= REBLIND_EVERY {
+                signer.ctx.seeded_randomize(&rand::random());
+                signer.signatures = 0;
+            }
+            signer.signatures += 1;
+            // SAFETY: `ffi::Signature::new` is the zeroed out-value the C function writes;
+            // it is passed only as the out-pointer below. `secp256k1_ecdsa_sign` reads a
+            // context, a 32-byte message and a 32-byte secret key and writes one signature:
+            // the context pointer comes from a live `Secp256k1<SignOnly>` (a signing-capable
+            // context, owned by this thread and borrowed mutably-exclusively for the call, so
+            // no other call uses or re-randomizes it meanwhile); `digest.0` is a `[u8; 32]`;
+            // `self.sk.as_c_ptr()` points at the 32 bytes of a `SecretKey`, valid because it
+            // was checked at construction; `ret` is a live, properly aligned `ffi::Signature`;
+            // the nonce function is libsecp256k1's own RFC 6979 one with no extra data (a null
+            // pointer, which it accepts). Nothing is kept past the call.
+            let (ok, ret) = unsafe {
+                let mut ret = ffi::Signature::new();
+                let ok = ffi::secp256k1_ecdsa_sign(
+                    signer.ctx.ctx().as_ptr(),
+                    &mut ret,
+                    digest.0.as_ptr(),
+                    self.sk.as_c_ptr(),
+                    ffi::secp256k1_nonce_function_rfc6979,
+                    std::ptr::null(),
+                );
+                (ok, ret)
+            };
+            if ok == 1 {
+                Signature(secp256k1::ecdsa::Signature::from(ret).serialize_compact())
+            } else {
+                // Cannot happen for a valid secret key (RFC 6979 always finds a nonce); the
+                // library's own path then, rather than a panic.
+                let msg = secp256k1::Message::from_digest(digest.0);
+                Signature(secp256k1::ecdsa::sign(msg, &self.sk).serialize_compact())
+            }
+        })
     }
 
     pub fn verifying_key(&self) -> VerifyingKey {
@@ -119,6 +183,23 @@ mod tests {
         let other = SigningKey::from_bytes(&[8u8; 32]).unwrap().verifying_key();
         assert_eq!(other.verify(&h, &sig), Err(CryptoError::BadSignature));
         assert_eq!(VerifyingKey::from_bytes(&vk.to_bytes()).unwrap(), vk);
+    }
+
+    #[test]
+    fn signatures_stay_deterministic_and_valid_across_reblinding() {
+        // RFC 6979: the same key and digest give the same signature whatever the blinding,
+        // before and after the thread's context is re-blinded, and as the library's own path.
+        let k = SigningKey::from_bytes(&[11u8; 32]).unwrap();
+        let vk = k.verifying_key();
+        let h = sha256(&[b"record"]);
+        let first = k.sign(&h);
+        let lib = secp256k1::ecdsa::sign(secp256k1::Message::from_digest(h.0), &k.sk).serialize_compact();
+        assert_eq!(first.0, lib);
+        for i in 0..(3 * REBLIND_EVERY) {
+            let d = sha256(&[b"record", &i.to_le_bytes()]);
+            assert_eq!(vk.verify(&d, &k.sign(&d)), Ok(()));
+            assert_eq!(k.sign(&h), first);
+        }
     }
 
     #[test]

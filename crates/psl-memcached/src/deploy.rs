@@ -90,7 +90,7 @@ impl Embedded {
                 capsuledb: o.capsuledb,
                 ..NodeOptions::default()
             }
-            .shared_cores();
+            .shared_cores_relaxed();
             let node = Node::start(NodeKeys::derive(&meta, &app, &opts)?, ep(&format!("memcached-{i}")), opts)?;
             front_ends.push(FrontEnd::new(Arc::new(node), o.config.clone()));
         }
@@ -103,7 +103,7 @@ impl Embedded {
                 verifiers: o.verifiers.max(1),
                 ..NodeOptions::default()
             }
-            .shared_cores();
+            .shared_cores_relaxed();
             replicas.push(Arc::new(Node::start(
                 NodeKeys::derive(&meta, &app, &opts)?,
                 ep(&format!("replica-{i}")),

@@ -77,4 +77,5 @@ pub mod store;
 
 pub use exec::VERSION;
 pub use server::{tls_acceptor, Server, ServerConfig, ServerError};
+pub use stats::Stats;
 pub use store::{Config, FrontEnd};

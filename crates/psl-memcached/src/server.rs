@@ -90,11 +90,19 @@ pub struct Server {
 }
 
 impl Server {
-    /// Binds `addr` and serves `fe` on a new multi-thread runtime of `cfg.threads` workers.
+    /// Binds `addr` and serves `fe` on a new runtime of `cfg.threads` threads.
     pub fn start(fe: Arc<FrontEnd>, addr: SocketAddr, cfg: ServerConfig) -> Result<Server, ServerError> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(cfg.threads.max(1))
-            .thread_name("memcached")
+        // One thread: a current-thread runtime on the server's own thread, as memcached's
+        // `-t 1` (no work-stealing scheduler, no hand-off between an accepting thread and a
+        // worker). More: a multi-thread runtime of that many workers.
+        let mut builder = if cfg.threads <= 1 {
+            tokio::runtime::Builder::new_current_thread()
+        } else {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(cfg.threads).thread_name("memcached");
+            b
+        };
+        let rt = builder
             .enable_all()
             .build()
             .map_err(|source| ServerError::Io { what: "building the runtime".into(), source })?;
@@ -104,7 +112,7 @@ impl Server {
         let addr = listener.local_addr().map_err(|source| ServerError::Io { what: "local address".into(), source })?;
         let (stop, rx) = watch::channel(false);
         let thread = std::thread::Builder::new()
-            .name("memcached-main".into())
+            .name(if cfg.threads <= 1 { "memcached" } else { "memcached-main" }.into())
             .spawn(move || {
                 rt.block_on(serve(fe, listener, cfg, rx));
                 rt.shutdown_timeout(Duration::from_secs(1));

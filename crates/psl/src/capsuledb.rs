@@ -41,20 +41,20 @@ pub struct CapsuleDbArgs {
     /// Node id of the role (1 to 32766); its writer index is `id << 16 | 15`.
     #[arg(long, default_value_t = 30_000)]
     pub id: u32,
-    /// Memtable entries before a freeze into a level-0 block.
-    #[arg(long, default_value_t = 4096)]
+    /// Memtable entries before a freeze into level 0 (one run of blocks).
+    #[arg(long, default_value_t = psl_capsuledb::Config::default().memtable_entries_max)]
     pub memtable_entries: usize,
-    /// Level-0 blocks before they merge into level 1.
-    #[arg(long, default_value_t = 4)]
+    /// Level-0 runs (about one per freeze) before level 0 merges into level 1.
+    #[arg(long, default_value_t = psl_capsuledb::Config::default().l0_blocks_max)]
     pub l0_blocks: usize,
     /// Size ratio between levels.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = psl_capsuledb::Config::default().fanout)]
     pub fanout: usize,
-    /// Entries per compacted block (a point read fetches one block per level).
-    #[arg(long, default_value_t = 256)]
+    /// Entries per block (a point read fetches at most one block per level-0 run and per level).
+    #[arg(long, default_value_t = psl_capsuledb::Config::default().block_entries_max)]
     pub block_entries: usize,
-    /// Decoded blocks cached.
-    #[arg(long, default_value_t = 1024)]
+    /// The read cache, in blocks' worth of entries (see docs/protocol/capsuledb.md §3).
+    #[arg(long, default_value_t = psl_capsuledb::Config::default().cache_blocks_max)]
     pub cache_blocks: usize,
     /// Freeze a non-empty memtable that has not changed the index for this long.
     #[arg(long, default_value_t = 500)]

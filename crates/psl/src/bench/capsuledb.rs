@@ -44,20 +44,14 @@ fn value(i: u64) -> Vec<u8> {
     v
 }
 
+/// The tree's default configuration: the bench measures what a role gets.
 fn lsm_config() -> Config {
-    Config {
-        memtable_entries_max: 4096,
-        l0_blocks_max: 4,
-        fanout: 10,
-        block_entries_max: 256,
-        cache_blocks_max: 1024,
-        drop_tombstones: false,
-    }
+    Config::default()
 }
 
 /// An estimate of the memory CapsuleDB's read cache holds when full, with this bench's keys
-/// (16 bytes) and values: an eighth of `cache_blocks_max` as decoded blocks (per entry: two
-/// `Vec` headers, the key, the version, the value) and `cache_blocks_max * block_entries_max / 2`
+/// (16 bytes) and values: half of `cache_blocks_max` blocks' entries as decoded blocks (per entry:
+/// two `Vec` headers, the key, the version, the value) and `cache_blocks_max * block_entries_max / 4`
 /// single entries (per entry: the block hash and key as the map key, the cell, LRU links).
 /// fjall gets the same cache budget.
 fn cache_bytes(c: &Config) -> u64 {
