@@ -892,3 +892,43 @@ impl CapsuleDb {
         self.inner.io.rows.lock().clear();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(n: usize) -> Arc<Block> {
+        let cell = (Version { lamport: 1, writer: 1 }, Some(vec![0u8]));
+        Arc::new(Block { entries: (0..n).map(|i| ((i as u32).to_be_bytes().to_vec(), cell.clone())).collect() })
+    }
+
+    fn h(i: u8) -> RecordHash {
+        [i; 32]
+    }
+
+    #[test]
+    fn block_cache_is_bounded_by_entries_least_recently_used_out_first() {
+        let mut c = BlockCache::new(10);
+        c.put(h(1), block(4));
+        c.put(h(2), block(4));
+        assert!(c.get(&h(1)).is_some()); // 1 is now the most recently used
+        c.put(h(3), block(4)); // 12 > 10: the least recently used (2) goes
+        assert!(c.peek(&h(2)).is_none());
+        assert!(c.peek(&h(1)).is_some() && c.peek(&h(3)).is_some());
+        assert_eq!(c.entries, 8);
+        // The same block again is counted once.
+        c.put(h(3), block(4));
+        assert_eq!(c.entries, 8);
+        // A block larger than the whole bound is not cached and evicts nothing.
+        c.put(h(4), block(11));
+        assert!(c.peek(&h(4)).is_none());
+        assert_eq!(c.entries, 8);
+        // One as large as the bound pushes out everything else.
+        c.put(h(5), block(10));
+        assert_eq!(c.entries, 10);
+        assert!(c.peek(&h(1)).is_none() && c.peek(&h(3)).is_none());
+        c.clear();
+        assert_eq!(c.entries, 0);
+        assert!(c.peek(&h(5)).is_none());
+    }
+}

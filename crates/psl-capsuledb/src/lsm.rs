@@ -402,3 +402,26 @@ fn save(blocks: &dyn Blocks, b: Block) -> Result<BlockRef, Error> {
     let max = b.entries.last().map(|e| e.0.clone()).unwrap_or_default();
     Ok(BlockRef { hash, entries: b.entries.len() as u32, min, max, bloom })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(min: &[u8], max: &[u8]) -> BlockRef {
+        BlockRef { hash: [0; 32], entries: 1, min: min.to_vec(), max: max.to_vec(), bloom: Bloom::build(1, [min]) }
+    }
+
+    #[test]
+    fn level_zero_splits_into_ascending_non_overlapping_runs() {
+        // Newest run first: [a-c][d-f] from one freeze, then [b-e] (overlaps), then
+        // [a-a][c-c][x-z].
+        let l0 = vec![r(b"a", b"c"), r(b"d", b"f"), r(b"b", b"e"), r(b"a", b"a"), r(b"c", b"c"), r(b"x", b"z")];
+        let runs: Vec<usize> = l0_runs(&l0).map(|run| run.len()).collect();
+        assert_eq!(runs, vec![2, 1, 3]);
+        assert_eq!(l0_run_ranges(&l0), vec![0..2, 2..3, 3..6]);
+        // A block whose min equals the previous max starts a new run (ranges must not touch).
+        let touching = vec![r(b"a", b"c"), r(b"c", b"d")];
+        assert_eq!(l0_run_ranges(&touching), vec![0..1, 1..2]);
+        assert!(l0_runs(&[]).next().is_none());
+    }
+}
