@@ -35,10 +35,14 @@ impl Default for EmbeddedOptions {
         EmbeddedOptions {
             front_ends: 1,
             replicas: 0,
-            writers: 2,
+            // One writer sealing a record every 5 ms at most (or every `batch_ops_max` ops):
+            // on a few shared cores, fewer and fuller records mean fewer signatures to verify
+            // and fewer thread wake-ups on every node, which the server thread feels more than
+            // the replication delay (see docs/protocol/memcached.md §8).
+            writers: 1,
             verifiers: 1,
             epoch_ms: 100,
-            flush_delay: std::time::Duration::from_millis(2),
+            flush_delay: std::time::Duration::from_millis(5),
             config: Config::default(),
             capsuledb: None,
         }

@@ -54,9 +54,9 @@ pub struct MemcachedArgs {
     /// Embedded default only: receive-only replica nodes that verify and apply every write.
     #[arg(long, default_value_t = 0)]
     pub replicas: usize,
-    /// Writer actors of the front end's node.
-    #[arg(long, default_value_t = 2)]
-    pub writers: usize,
+    /// Writer actors of the front end's node (default: 1 embedded, 2 with --cluster).
+    #[arg(long)]
+    pub writers: Option<usize>,
     /// Join a running deployment instead of running the embedded default: DIR (or
     /// DIR/cluster.json) of `psl up --kv`, or a router address (then with --capsule, --owner
     /// and --id).
@@ -80,7 +80,7 @@ pub struct MemcachedArgs {
     /// Most ops per record.
     #[arg(long, default_value_t = 512)]
     pub batch_ops_max: usize,
-    /// Microseconds a writer waits for a batch to fill (default: 2000 embedded, 500 with --cluster).
+    /// Microseconds a writer waits for a batch to fill (default: 5000 embedded, 500 with --cluster).
     #[arg(long)]
     pub flush_us: Option<u64>,
     /// With --cluster: where this front end serves read-modify-write commands forwarded by the
@@ -292,9 +292,11 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
             };
             let d = Embedded::start(&EmbeddedOptions {
                 replicas: a.replicas,
-                writers: a.writers,
+                writers: a.writers.unwrap_or(psl_memcached::deploy::EmbeddedOptions::default().writers),
                 verifiers: a.verifiers.unwrap_or(1),
-                flush_delay: Duration::from_micros(a.flush_us.unwrap_or(2000)),
+                flush_delay: a
+                    .flush_us
+                    .map_or(psl_memcached::deploy::EmbeddedOptions::default().flush_delay, Duration::from_micros),
                 config,
                 capsuledb: db_writer,
                 ..EmbeddedOptions::default()
@@ -346,7 +348,7 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
             let opts = NodeOptions {
                 node_id: id,
                 incarnation,
-                writers: a.writers,
+                writers: a.writers.unwrap_or(2),
                 verifiers: a.verifiers.unwrap_or(2),
                 batch_ops_max: a.batch_ops_max,
                 flush_delay: Duration::from_micros(a.flush_us.unwrap_or(500)),

@@ -5,8 +5,9 @@
 //! reported, since other work on a shared machine moves the figures), under the same
 //! `memcaslap` load: 16 connections from one client thread, 30-byte
 //! keys, 100-byte values, a 90% get / 10% set mix and a set-only run. `psl memcached` runs as a
-//! deployment of two nodes on the in-process fabric: the front end's node (2 writer actors:
-//! every set is sealed, signed and encrypted into a record) and one receive-only node that
+//! deployment of two nodes on the in-process fabric (the embedded deployment's defaults): the
+//! front end's node (one writer actor, sealing a record every 5 ms or 512 sets: every set is
+//! signed, encrypted and replicated) and one receive-only node that
 //! verifies, decrypts and applies every record, plus the coordinator. Its throughput counts the
 //! time until that second node has applied every write: ops / (load time + catch-up time).
 //! Headline: `ratio_mix` and `ratio_set`, psl over memcached with 1 thread.
@@ -229,7 +230,7 @@ pub fn run(seconds: f64, show_progress: bool) -> Result<Value> {
                "rounds": ROUNDS, "headline": "median of the rounds; memcached (1 thread) and psl alternate",
                "key_bytes": 30, "value_bytes": 100, "mix": "90% get / 10% set", "window": "1k"}),
     );
-    out.insert("psl_deployment".into(), json!({"nodes": 2, "front_end_writers": 2, "replica": "receive-only, verifies and applies every record", "server_threads": SERVER_THREADS, "memory_limit_mb": 1024}));
+    out.insert("psl_deployment".into(), json!({"nodes": 2, "front_end_writers": EmbeddedOptions::default().writers, "flush_delay_ms": EmbeddedOptions::default().flush_delay.as_secs_f64() * 1e3, "replica": "receive-only, verifies and applies every record", "server_threads": SERVER_THREADS, "memory_limit_mb": 1024}));
     out.insert("detail".into(), Value::Object(detail));
     out.insert("machine".into(), super::machine());
     Ok(Value::Object(out))
