@@ -11,7 +11,7 @@ use psl_capsuledb::role::{Role, RoleKeys, RoleOptions};
 use psl_capsuledb::servers::{self, block_incarnation, Publisher, ServerStore};
 use psl_capsuledb::{BlockStore, CapsuleDb, Config};
 use psl_crypto::{AppKey, Hash256, OwnerKey};
-use psl_fabric::{Fabric, FabricConfig, InProcHub};
+use psl_fabric::{Fabric, FabricConfig, InProcHub, Switch};
 use psl_node::{Node, NodeKeys, NodeOptions};
 use psl_scl::CoordinatorConfig;
 use psl_server::{server_key, Server, ServerOptions};
@@ -23,33 +23,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const ROLE_ID: u32 = 30_000;
-
-/// An endpoint whose link can be cut (both directions drop).
-struct Switch {
-    inner: psl_fabric::InProcEndpoint,
-    up: Arc<AtomicBool>,
-}
-
-impl Fabric for Switch {
-    fn publish(&self, msg: psl_fabric::Message) -> Result<(), psl_fabric::FabricError> {
-        if self.up.load(Ordering::Acquire) {
-            self.inner.publish(msg)
-        } else {
-            Ok(())
-        }
-    }
-    fn recv_timeout(&self, timeout: Duration) -> Result<Option<psl_fabric::Message>, psl_fabric::FabricError> {
-        let m = self.inner.recv_timeout(timeout)?;
-        Ok(m.filter(|_| self.up.load(Ordering::Acquire)))
-    }
-    fn try_recv(&self) -> Result<Option<psl_fabric::Message>, psl_fabric::FabricError> {
-        let m = self.inner.try_recv()?;
-        Ok(m.filter(|_| self.up.load(Ordering::Acquire)))
-    }
-    fn stats(&self) -> psl_fabric::FabricStats {
-        self.inner.stats()
-    }
-}
 
 struct World {
     _t: tempfile::TempDir,
@@ -73,7 +46,7 @@ impl World {
             .map(|id| {
                 let opts =
                     ServerOptions { id, read_listen: Some("127.0.0.1:0".parse().unwrap()), ..Default::default() };
-                let ep = Arc::new(Switch { inner: hub.endpoint(format!("server{id}")), up: ups[id as usize].clone() });
+                let ep = Arc::new(Switch::new(hub.endpoint(format!("server{id}")), ups[id as usize].clone()));
                 Server::start(&t.path().join(format!("s{id}")), meta.clone(), server_key(&app, id).unwrap(), ep, opts)
                     .unwrap()
             })

@@ -20,6 +20,7 @@
 //!   reorder, delay, corrupt, replay) as a pure state machine.
 //! - [`adversary`]: [`Adversarial`]: any endpoint with the adversary on its publish and/or
 //!   receive side. (The router runs the same injector on each link's send path.)
+//! - [`switch`]: [`Switch`]: any endpoint behind an on/off switch (a cut link, both ways).
 //! - [`config`]: [`FabricConfig`] (queue and frame limits) and [`LinkTiming`] (connect,
 //!   backoff, heartbeat, idle and write timeouts).
 //! - [`stats`]: [`FabricStats`] and [`FaultStats`].
@@ -44,6 +45,7 @@ mod link;
 mod queue;
 pub mod router;
 pub mod stats;
+pub mod switch;
 pub mod tcp;
 
 pub use adversary::{Adversarial, AdversaryStats};
@@ -56,4 +58,5 @@ pub use frame::{FrameDecoder, FrameError};
 pub use inproc::{InProcEndpoint, InProcHub};
 pub use router::{LinkRole, LinkStats, LinkTotals, Router, RouterConfig, RouterHandle, RouterStats};
 pub use stats::{FabricStats, FaultStats};
+pub use switch::Switch;
 pub use tcp::{TcpConfig, TcpEndpoint};

@@ -4,7 +4,7 @@
 
 use psl_capsule::{new_capsule, Limits, SignedMetadata};
 use psl_crypto::{AppKey, OwnerKey};
-use psl_fabric::{Fabric, FabricConfig, FabricError, FabricStats, InProcEndpoint, InProcHub, Message};
+use psl_fabric::{FabricConfig, InProcHub, Switch};
 use psl_node::{Node, NodeError, NodeKeys, NodeOptions};
 use psl_scl::CoordinatorConfig;
 use psl_server::read::{fetch_fresh, fetch_quorum, ReadClient};
@@ -13,33 +13,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// An endpoint whose link can be cut (both directions drop) and restored.
-struct Switch {
-    inner: InProcEndpoint,
-    up: Arc<AtomicBool>,
-}
-
-impl Fabric for Switch {
-    fn publish(&self, msg: Message) -> Result<(), FabricError> {
-        if self.up.load(Ordering::Acquire) {
-            self.inner.publish(msg)
-        } else {
-            Ok(())
-        }
-    }
-    fn recv_timeout(&self, timeout: Duration) -> Result<Option<Message>, FabricError> {
-        let m = self.inner.recv_timeout(timeout)?;
-        Ok(m.filter(|_| self.up.load(Ordering::Acquire)))
-    }
-    fn try_recv(&self) -> Result<Option<Message>, FabricError> {
-        let m = self.inner.try_recv()?;
-        Ok(m.filter(|_| self.up.load(Ordering::Acquire)))
-    }
-    fn stats(&self) -> FabricStats {
-        self.inner.stats()
-    }
-}
 
 struct World {
     _t: tempfile::TempDir,
@@ -65,7 +38,7 @@ impl World {
     }
 
     fn server_with(&self, id: u32, up: &Arc<AtomicBool>, opts: ServerOptions) -> Server {
-        let f = Switch { inner: self.hub.endpoint(format!("server{id}")), up: up.clone() };
+        let f = Switch::new(self.hub.endpoint(format!("server{id}")), up.clone());
         let key = server_key(&self.app, id).unwrap();
         Server::start(&self.dirs[id as usize], self.meta.clone(), key, Arc::new(f), opts).unwrap()
     }
