@@ -5,37 +5,36 @@
 //! victims; the front end then drops its local copy of each (see `FrontEnd::evict`).
 //!
 //! Reads do not take a shard lock on every hit. Like memcached (which bumps a fetched item at
-//! most once per interval and marks it active otherwise), a read moves its key to the front at
-//! most once a second; in between it only stamps the key's slot in a lock-free array of read
-//! times (by key hash). Eviction gives a victim read since it was last moved a second chance
-//! (it goes back to the front). A key sharing a slot with a read key may get an undeserved
-//! second chance: recency is approximate, as in memcached.
+//! most once per interval and marks it active otherwise), a read moves its key to the front
+//! only if the key had not been read for a second; otherwise the read only leaves a stamp.
+//! The stamp lives in the key's memtable slot (`Memtable::entry_read`), which the read fetches
+//! anyway, so a hit costs no memory access beyond the lookup. It belongs to the entry's
+//! version (a newer version starts at 0), so the first read of every version takes the shard
+//! lock: it finds the key accounted (written here: moved to the front) or accounts for it
+//! (written elsewhere and received, or back after an eviction). Eviction gives a victim read
+//! since it was last moved a second chance (it goes back to the front). The caller passes the
+//! clock (microseconds since the epoch, never 0) and, on eviction, each key's read stamp.
 
 use lru::LruCache;
 use parking_lot::Mutex;
+use psl_scl::memtable::spread;
+use psl_scl::InlineKey;
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
 
 const SHARDS: usize = 32;
 
 /// Bytes accounted per item besides key and value (the memtable entry, the LRU node).
 pub const ITEM_OVERHEAD: u64 = 64;
 
-/// Slots of the read-time array (a power of two).
-const READ_SLOTS: usize = 1 << 16;
-/// A read moves its key to the front at most this often.
-const BUMP_US: u64 = 1_000_000;
+/// A read moves its key to the front only if the key was not read for this long.
+pub const BUMP_US: u64 = 1_000_000;
 
 pub struct Lru {
     shards: Vec<Mutex<Shard>>,
     shard_limit: u64,
-    /// Last read of a key of each slot, in µs since `start`, 0 = never.
-    read_us: Box<[AtomicU64]>,
-    start: Instant,
 }
 
-/// An accounted key: its bytes, and when it was last moved to the front (µs since start).
+/// An accounted key: its bytes, and when it was last moved to the front (µs).
 #[derive(Clone, Copy)]
 struct Slot {
     size: u64,
@@ -43,7 +42,7 @@ struct Slot {
 }
 
 struct Shard {
-    map: LruCache<Box<[u8]>, Slot>,
+    map: LruCache<InlineKey, Slot, rustc_hash::FxBuildHasher>,
     bytes: u64,
 }
 
@@ -59,46 +58,30 @@ pub fn key_hash(key: &[u8]) -> u64 {
 impl Lru {
     pub fn new(limit: u64) -> Lru {
         Lru {
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard { map: LruCache::unbounded(), bytes: 0 })).collect(),
+            shards: (0..SHARDS)
+                .map(|_| {
+                    Mutex::new(Shard { map: LruCache::unbounded_with_hasher(rustc_hash::FxBuildHasher), bytes: 0 })
+                })
+                .collect(),
             shard_limit: (limit / SHARDS as u64).max(1),
-            read_us: (0..READ_SLOTS).map(|_| AtomicU64::new(0)).collect(),
-            start: Instant::now(),
         }
-    }
-
-    /// Microseconds since start, never 0.
-    fn now_us(&self) -> u64 {
-        self.start.elapsed().as_micros() as u64 + 1
-    }
-
-    fn read_slot(&self, key: &[u8]) -> &AtomicU64 {
-        &self.read_us[key_hash(key) as usize & (READ_SLOTS - 1)]
     }
 
     fn shard(&self, key: &[u8]) -> &Mutex<Shard> {
-        &self.shards[(key_hash(key) >> 7) as usize % SHARDS]
+        &self.shards[spread(key_hash(key), SHARDS)]
     }
 
-    /// Records that `key` now holds an item of `size` bytes and is the most recently used.
-    /// Returns the keys evicted to stay under the limit (never `key` itself unless it alone is
-    /// over the shard's share).
-    pub fn put(&self, key: &[u8], size: u64) -> Vec<Victim> {
-        self.put_at(key, size, self.now_us())
-    }
-
-    fn put_at(&self, key: &[u8], size: u64, now: u64) -> Vec<Victim> {
+    /// Records that `key` now holds an item of `size` bytes and is the most recently used
+    /// (at `now_us`). Returns the keys evicted to stay under the limit (never `key` itself
+    /// unless it alone is over the shard's share); `read_us` gives a key's last read stamp.
+    pub fn put(&self, key: &[u8], size: u64, now_us: u64, read_us: &dyn Fn(&[u8]) -> u64) -> Vec<Victim> {
         let size = size + ITEM_OVERHEAD + key.len() as u64;
         let mut s = self.shard(key).lock();
-        match s.map.get_mut(key) {
-            Some(old) => {
-                let prev = std::mem::replace(old, Slot { size, moved_us: now });
-                s.bytes = s.bytes - prev.size + size;
-            }
-            None => {
-                s.map.put(key.into(), Slot { size, moved_us: now });
-                s.bytes += size;
-            }
+        // One probe: `put` replaces (and moves to the front) or inserts.
+        if let Some(prev) = s.map.put(key.into(), Slot { size, moved_us: now_us }) {
+            s.bytes -= prev.size;
         }
+        s.bytes += size;
         let mut victims = Vec::new();
         // Each key gets at most one second chance per pass (its `moved_us` becomes its last
         // read), so the loop ends; the bound is a second guard.
@@ -106,37 +89,40 @@ impl Lru {
         while s.bytes > self.shard_limit && s.map.len() > 1 && budget > 0 {
             budget -= 1;
             let Some((k, slot)) = s.map.pop_lru() else { break };
-            let read = self.read_slot(&k).load(Ordering::Relaxed);
-            if read > slot.moved_us && k[..] != *key {
+            let read = read_us(&k);
+            if read > slot.moved_us && *k != *key {
                 s.map.put(k, Slot { size: slot.size, moved_us: read });
                 continue;
             }
             s.bytes -= slot.size;
-            victims.push((k, slot.size));
+            victims.push((Box::from(&*k), slot.size));
         }
         victims
     }
 
-    /// A read hit: marks `key` recently used (moving it to the front at most once a second),
-    /// or starts accounting for it (an item written through another front end and received
-    /// by replication).
-    pub fn touch(&self, key: &[u8], size: u64) -> Vec<Victim> {
-        let now = self.now_us();
-        let slot = self.read_slot(key);
-        let last = slot.load(Ordering::Relaxed);
-        slot.store(now, Ordering::Relaxed);
-        if last != 0 && now.saturating_sub(last) < BUMP_US {
+    /// A read hit at `now_us` of a key last read at `prev_read_us` (0: never): moves it to
+    /// the front if that was more than [`BUMP_US`] ago, or starts accounting for it (an item
+    /// written through another front end and received by replication).
+    pub fn touch(
+        &self,
+        key: &[u8],
+        size: u64,
+        prev_read_us: u64,
+        now_us: u64,
+        read_us: &dyn Fn(&[u8]) -> u64,
+    ) -> Vec<Victim> {
+        if prev_read_us != 0 && now_us.saturating_sub(prev_read_us) < BUMP_US {
             return Vec::new();
         }
         {
             let mut s = self.shard(key).lock();
             if let Some(v) = s.map.get_mut(key) {
-                v.moved_us = now;
+                v.moved_us = now_us;
                 s.map.promote(key);
                 return Vec::new();
             }
         }
-        self.put_at(key, size, now)
+        self.put(key, size, now_us, read_us)
     }
 
     /// Whether `key` is accounted (not evicted since it was last written or read).
@@ -163,20 +149,44 @@ impl Lru {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+
+    /// Keys of one shard.
+    fn keys(n: usize) -> Vec<Vec<u8>> {
+        (0..10_000u32)
+            .map(|i| format!("k{i}").into_bytes())
+            .filter(|k| spread(key_hash(k), SHARDS) == 0)
+            .take(n)
+            .collect()
+    }
+
+    /// Read stamps as a memtable would keep them.
+    #[derive(Default)]
+    struct Reads(RefCell<HashMap<Vec<u8>, u64>>);
+
+    impl Reads {
+        /// Stamps `k` at `now`, returning the previous stamp.
+        fn read(&self, k: &[u8], now: u64) -> u64 {
+            self.0.borrow_mut().insert(k.to_vec(), now).unwrap_or(0)
+        }
+        fn of(&self, k: &[u8]) -> u64 {
+            self.0.borrow().get(k).copied().unwrap_or(0)
+        }
+    }
 
     #[test]
     fn evicts_least_recently_used() {
         let lru = Lru::new(SHARDS as u64 * 1000);
-        // Find keys in one shard.
-        let keys: Vec<Vec<u8>> = (0..10_000u32)
-            .map(|i| format!("k{i}").into_bytes())
-            .filter(|k| ((key_hash(k) >> 7) as usize).is_multiple_of(SHARDS))
-            .take(4)
-            .collect();
-        assert!(lru.put(&keys[0], 300).is_empty());
-        assert!(lru.put(&keys[1], 300).is_empty());
-        assert!(lru.touch(&keys[0], 300).is_empty());
-        let v = lru.put(&keys[2], 300);
+        let keys = keys(4);
+        let r = Reads::default();
+        let f = |k: &[u8]| r.of(k);
+        assert!(lru.put(&keys[0], 300, 1, &f).is_empty());
+        assert!(lru.put(&keys[1], 300, 2, &f).is_empty());
+        // A first read moves the key to the front.
+        let prev = r.read(&keys[0], 3);
+        assert!(lru.touch(&keys[0], 300, prev, 3, &f).is_empty());
+        let v = lru.put(&keys[2], 300, 4, &f);
         let size = 300 + ITEM_OVERHEAD + keys[1].len() as u64;
         assert_eq!(v, vec![(keys[1].clone().into_boxed_slice(), size)]);
         assert!(!lru.contains(&keys[1]) && lru.contains(&keys[2]));
@@ -188,22 +198,35 @@ mod tests {
     #[test]
     fn a_key_read_since_it_was_last_moved_gets_a_second_chance() {
         let lru = Lru::new(SHARDS as u64 * 1000);
-        let keys: Vec<Vec<u8>> = (0..10_000u32)
-            .map(|i| format!("k{i}").into_bytes())
-            .filter(|k| ((key_hash(k) >> 7) as usize).is_multiple_of(SHARDS))
-            .take(6)
-            .collect();
+        let keys = keys(6);
+        let r = Reads::default();
+        let f = |k: &[u8]| r.of(k);
         let victim = |i: usize| vec![(keys[i].clone().into_boxed_slice(), 300 + ITEM_OVERHEAD + keys[i].len() as u64)];
-        lru.put(&keys[0], 300);
-        lru.put(&keys[1], 300);
-        assert!(lru.touch(&keys[0], 300).is_empty()); // moved to the front
-        assert_eq!(lru.put(&keys[2], 300), victim(1));
-        std::thread::sleep(std::time::Duration::from_millis(3));
-        assert!(lru.touch(&keys[0], 300).is_empty()); // within a second: only stamped
-                                                      // keys[0] is at the back but was read since it was moved: keys[2] goes instead.
-        assert_eq!(lru.put(&keys[3], 300), victim(2));
-        assert_eq!(lru.put(&keys[4], 300), victim(3));
+        lru.put(&keys[0], 300, 10, &f);
+        lru.put(&keys[1], 300, 20, &f);
+        let prev = r.read(&keys[0], 30);
+        assert!(lru.touch(&keys[0], 300, prev, 30, &f).is_empty()); // moved to the front
+        assert_eq!(lru.put(&keys[2], 300, 40, &f), victim(1));
+        // Read again within BUMP_US: only stamped, not moved.
+        let prev = r.read(&keys[0], 50);
+        assert!(lru.touch(&keys[0], 300, prev, 50, &f).is_empty());
+        // keys[0] is at the back but was read since it was moved: keys[2] goes instead.
+        assert_eq!(lru.put(&keys[3], 300, 60, &f), victim(2));
+        assert_eq!(lru.put(&keys[4], 300, 70, &f), victim(3));
         // Unread since its second chance, keys[0] goes next.
-        assert_eq!(lru.put(&keys[5], 300), victim(0));
+        assert_eq!(lru.put(&keys[5], 300, 80, &f), victim(0));
+    }
+
+    #[test]
+    fn a_read_after_a_quiet_second_moves_the_key() {
+        let lru = Lru::new(SHARDS as u64 * 1000);
+        let keys = keys(3);
+        let f = |_: &[u8]| 0;
+        lru.put(&keys[0], 300, 1, &f);
+        lru.put(&keys[1], 300, 2, &f);
+        // Last read more than BUMP_US ago: moved (the eviction below needs no second chance).
+        assert!(lru.touch(&keys[0], 300, 3, 3 + BUMP_US, &f).is_empty());
+        let size = 300 + ITEM_OVERHEAD + keys[1].len() as u64;
+        assert_eq!(lru.put(&keys[2], 300, 4 + BUMP_US, &f), vec![(keys[1].clone().into_boxed_slice(), size)]);
     }
 }

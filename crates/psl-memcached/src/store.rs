@@ -168,7 +168,7 @@ pub struct FrontEnd {
     started: Instant,
     last_stamp: AtomicU64,
     group: RwLock<Group>,
-    /// Cached flush_all state: floor, pending, and when it was read (µs since start + 1; 0 = never).
+    /// Cached flush_all state: floor, pending, and when it was read (µs since the epoch; 0 = never).
     flush_cache: [AtomicU64; 3],
     /// The node reads through CapsuleDB (`NodeOptions::capsuledb`): evictions must not lose data.
     backed: bool,
@@ -204,6 +204,22 @@ pub fn unix_now() -> i64 {
 
 fn unix_us() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
+}
+
+/// One reading of the wall clock, shared by everything a command does with the time (expiry,
+/// flush_all, stamps, LRU recency): a command reads the clock once.
+#[derive(Debug, Clone, Copy)]
+struct Now {
+    /// Microseconds since the epoch, at least 1.
+    us: u64,
+    secs: i64,
+}
+
+impl Now {
+    fn read() -> Now {
+        let us = unix_us().max(1);
+        Now { us, secs: (us / 1_000_000) as i64 }
+    }
 }
 
 impl FrontEnd {
@@ -304,7 +320,11 @@ impl FrontEnd {
 
     /// A strictly increasing microsecond stamp for items and flushes.
     fn stamp(&self) -> u64 {
-        let now = unix_us();
+        self.stamp_at(unix_us())
+    }
+
+    /// [`FrontEnd::stamp`] for a command that has read the clock (`now` µs).
+    fn stamp_at(&self, now: u64) -> u64 {
         let mut cur = self.last_stamp.load(Ordering::Relaxed);
         loop {
             let next = now.max(cur + 1);
@@ -326,17 +346,17 @@ impl FrontEnd {
     /// command needs it, and a memtable lookup per command is measurable. A local flush_all
     /// updates the cache at once; one that arrives by replication (already seconds-scale
     /// asynchronous) is seen up to a millisecond later.
-    fn flush_state(&self) -> Flush {
-        let now = self.started.elapsed().as_micros() as u64 + 1;
+    fn flush_state(&self, now_us: u64) -> Flush {
         let at = self.flush_cache[2].load(Ordering::Acquire);
-        if at != 0 && now.saturating_sub(at) < FLUSH_CACHE_US {
+        // `abs_diff`: a wall clock stepped back re-reads too.
+        if at != 0 && now_us.abs_diff(at) < FLUSH_CACHE_US {
             return Flush {
                 floor: self.flush_cache[0].load(Ordering::Relaxed),
                 pending: self.flush_cache[1].load(Ordering::Relaxed),
             };
         }
         let f = self.flush_state_exact();
-        self.cache_flush(f, now);
+        self.cache_flush(f, now_us);
         f
     }
 
@@ -350,43 +370,51 @@ impl FrontEnd {
         self.locks[(key_hash(key) % LOCK_STRIPES as u64) as usize].lock()
     }
 
+    /// A key's last read stamp (µs), kept in its memtable slot: the LRU's second chance.
+    fn read_stamp(&self, key: &[u8]) -> u64 {
+        self.node.memtable().read_stamp(key)
+    }
+
     /// The key's entry: from the memtable, or, with CapsuleDB, read back through it when
-    /// this node cannot vouch for one (evicted, or never seen here).
-    fn current(&self, key: &[u8]) -> Result<Option<Entry>, String> {
+    /// this node cannot vouch for one (evicted, or never seen here). With `read`, a client's
+    /// read: stamps the key's slot with `t` and returns the stamp it had (0: none).
+    fn current(&self, key: &[u8], t: Now, read: bool) -> Result<Option<(Entry, u64)>, String> {
+        let m = self.node.memtable();
         if !self.backed {
-            return Ok(self.node.entry(key));
+            return Ok(if read { m.entry_read(key, false, t.us) } else { m.entry(key).map(|e| (e, 0)) });
         }
-        if let Some(e) = self.node.memtable().lookup_entry(key) {
-            return Ok(Some(e));
+        let found = if read { m.entry_read(key, true, t.us) } else { m.lookup_entry(key).map(|e| (e, 0)) };
+        if found.is_some() {
+            return Ok(found);
         }
         let e = self.node.try_entry(key).map_err(|e| e.to_string())?;
         if let Some(v) = e.as_ref().and_then(|e| e.value.as_ref()) {
             // Back in the memtable (learned from CapsuleDB): account for it again at once (a
             // read hit only re-stamps a key read within the last second, see `lru`).
-            let victims = self.lru.put(key, v.len() as u64);
+            let victims = self.lru.put(key, v.len() as u64, t.us, &|k| self.read_stamp(k));
             self.evict(victims);
         }
-        Ok(e)
+        Ok(e.map(|e| (e, 0)))
     }
 
     /// The live item of `key` (not expired, not flushed), with its CAS.
-    fn live(&self, key: &[u8], now: i64, flush: Flush, count: bool) -> Result<Option<LiveItem>, String> {
-        Ok(self.current(key)?.and_then(|e| self.live_of(e, now, flush, count)))
+    fn live(&self, key: &[u8], t: Now, flush: Flush, count: bool) -> Result<Option<LiveItem>, String> {
+        Ok(self.current(key, t, false)?.and_then(|(e, _)| self.live_of(e, t, flush, count)))
     }
 
     /// The live item of entry `e`. An expired or flushed item stays accounted in the LRU until
     /// it is evicted (memcached reclaims them lazily too): its value is still in the memtable,
     /// and dropping only the accounting would let such entries pile up beyond the limit.
-    fn live_of(&self, e: Entry, now: i64, flush: Flush, count: bool) -> Option<LiveItem> {
+    fn live_of(&self, e: Entry, t: Now, flush: Flush, count: bool) -> Option<LiveItem> {
         let v = e.value?;
         let it = item::decode(&v)?;
-        if it.expired(now) {
+        if it.expired(t.secs) {
             if count {
                 Stats::inc(&self.stats.get_expired);
             }
             return None;
         }
-        if flush.hides(it.stored_us, unix_us()) {
+        if flush.hides(it.stored_us, t.us) {
             if count {
                 Stats::inc(&self.stats.get_flushed);
             }
@@ -399,10 +427,14 @@ impl FrontEnd {
     /// A read of one key (get, gets, mg without T/N). Counts hits and misses.
     pub fn lookup(&self, key: &[u8]) -> Lookup {
         Stats::inc(&self.stats.cmd_get);
-        match self.live(key, unix_now(), self.flush_state(), true) {
-            Ok(Some((value, cas))) => {
+        let t = Now::read();
+        let flush = self.flush_state(t.us);
+        let found =
+            self.current(key, t, true).map(|e| e.and_then(|(e, prev)| Some((self.live_of(e, t, flush, true)?, prev))));
+        match found {
+            Ok(Some(((value, cas), prev_read))) => {
                 Stats::inc(&self.stats.get_hits);
-                let victims = self.lru.touch(key, value.len() as u64);
+                let victims = self.lru.touch(key, value.len() as u64, prev_read, t.us, &|k| self.read_stamp(k));
                 self.evict(victims);
                 Lookup::Hit { value, cas }
             }
@@ -420,14 +452,16 @@ impl FrontEnd {
     /// `set` (no condition): LWW, runs here under the local stripe lock.
     pub fn set(&self, key: &[u8], flags: u32, exptime: i64, data: &[u8], want_cas: bool) -> Outcome {
         let _g = self.lock(key);
-        let v = item::encode(flags, absolute_expiry(exptime, unix_now()), self.stamp(), &[data]);
-        self.write(key, v, want_cas)
+        let t = Now::read();
+        let v = item::encode(flags, absolute_expiry(exptime, t.secs), self.stamp_at(t.us), &[data]);
+        self.write(key, v, want_cas, t)
     }
 
     /// `delete` (no condition): runs here.
     pub fn delete(&self, key: &[u8]) -> Outcome {
         let _g = self.lock(key);
-        self.delete_locked(key, None, unix_now(), self.flush_state())
+        let t = Now::read();
+        self.delete_locked(key, None, t, self.flush_state(t.us))
     }
 
     /// Runs `op` at the key's home front end.
@@ -452,12 +486,13 @@ impl FrontEnd {
     /// Runs `op` here, under the key's stripe lock.
     pub fn rmw_local(&self, key: &[u8], op: Rmw<'_>) -> Outcome {
         let _g = self.lock(key);
-        let now = unix_now();
-        let flush = self.flush_state();
+        let t = Now::read();
+        let now = t.secs;
+        let flush = self.flush_state(t.us);
         let st = &self.stats;
         match op {
             Rmw::Store { mode, flags, exptime, cas, data } => {
-                let cur = match self.live(key, now, flush, false) {
+                let cur = match self.live(key, t, flush, false) {
                     Ok(c) => c,
                     Err(e) => return Outcome::Unreadable(e),
                 };
@@ -483,17 +518,17 @@ impl FrontEnd {
                             return Outcome::TooLarge;
                         }
                         let parts: [&[u8]; 2] = if mode == StoreMode::Append { [o.data, data] } else { [data, o.data] };
-                        item::encode(o.flags, o.expiry, self.stamp(), &parts)
+                        item::encode(o.flags, o.expiry, self.stamp_at(t.us), &parts)
                     }
-                    _ => item::encode(flags, absolute_expiry(exptime, now), self.stamp(), &[data]),
+                    _ => item::encode(flags, absolute_expiry(exptime, now), self.stamp_at(t.us), &[data]),
                 };
-                self.write(key, value, true)
+                self.write(key, value, true, t)
             }
-            Rmw::Delete { cas } => self.delete_locked(key, cas, now, flush),
+            Rmw::Delete { cas } => self.delete_locked(key, cas, t, flush),
             Rmw::Arith { incr, delta, create, ttl, cas } => {
                 let (hits, misses) =
                     if incr { (&st.incr_hits, &st.incr_misses) } else { (&st.decr_hits, &st.decr_misses) };
-                let cur = match self.live(key, now, flush, false) {
+                let cur = match self.live(key, t, flush, false) {
                     Ok(c) => c,
                     Err(e) => return Outcome::Unreadable(e),
                 };
@@ -501,8 +536,8 @@ impl FrontEnd {
                     if let Some((initial, exptime)) = create {
                         Stats::inc(misses);
                         let expiry = absolute_expiry(exptime, now);
-                        let v = item::encode(0, expiry, self.stamp(), &[initial.to_string().as_bytes()]);
-                        return match self.write(key, v, true) {
+                        let v = item::encode(0, expiry, self.stamp_at(t.us), &[initial.to_string().as_bytes()]);
+                        return match self.write(key, v, true, t) {
                             Outcome::Stored { cas } => {
                                 Outcome::Number { value: initial, cas, ttl: ttl_of(expiry, now) }
                             }
@@ -519,22 +554,22 @@ impl FrontEnd {
                 let Some(n) = parse_counter(o.data) else { return Outcome::NonNumeric };
                 let value = if incr { n.wrapping_add(delta) } else { n.saturating_sub(delta) };
                 let expiry = ttl.map_or(o.expiry, |t| absolute_expiry(t, now));
-                let v = item::encode(o.flags, expiry, self.stamp(), &[value.to_string().as_bytes()]);
+                let v = item::encode(o.flags, expiry, self.stamp_at(t.us), &[value.to_string().as_bytes()]);
                 Stats::inc(hits);
-                match self.write(key, v, true) {
+                match self.write(key, v, true, t) {
                     Outcome::Stored { cas } => Outcome::Number { value, cas, ttl: ttl_of(expiry, now) },
                     other => other,
                 }
             }
             Rmw::Touch { exptime, vivify } => {
-                let cur = match self.live(key, now, flush, false) {
+                let cur = match self.live(key, t, flush, false) {
                     Ok(c) => c,
                     Err(e) => return Outcome::Unreadable(e),
                 };
                 let Some((old, have)) = cur else {
-                    if let Some(t) = vivify {
-                        let v = item::encode(0, absolute_expiry(t, now), self.stamp(), &[]);
-                        return match self.write(key, v.clone(), true) {
+                    if let Some(ttl) = vivify {
+                        let v = item::encode(0, absolute_expiry(ttl, now), self.stamp_at(t.us), &[]);
+                        return match self.write(key, v.clone(), true, t) {
                             Outcome::Stored { cas } => Outcome::Item { value: v.into(), cas, won: true },
                             other => other,
                         };
@@ -544,12 +579,12 @@ impl FrontEnd {
                     }
                     return Outcome::NotFound;
                 };
-                let Some(t) = exptime else { return Outcome::Item { value: old, cas: have, won: false } };
+                let Some(ttl) = exptime else { return Outcome::Item { value: old, cas: have, won: false } };
                 Stats::inc(&st.touch_hits);
                 let Some(o) = item::decode(&old) else { return Outcome::NotFound };
                 // memcached keeps the unique through a touch: the new version carries it.
-                let v = item::encode_keeping(o.flags, absolute_expiry(t, now), self.stamp(), have, &[o.data]);
-                match self.write(key, v.clone(), true) {
+                let v = item::encode_keeping(o.flags, absolute_expiry(ttl, now), self.stamp_at(t.us), have, &[o.data]);
+                match self.write(key, v.clone(), true, t) {
                     Outcome::Stored { cas } => Outcome::Item { value: v.into(), cas, won: false },
                     other => other,
                 }
@@ -557,8 +592,8 @@ impl FrontEnd {
         }
     }
 
-    fn delete_locked(&self, key: &[u8], cas: Option<u64>, now: i64, flush: Flush) -> Outcome {
-        let cur = match self.live(key, now, flush, false) {
+    fn delete_locked(&self, key: &[u8], cas: Option<u64>, t: Now, flush: Flush) -> Outcome {
+        let cur = match self.live(key, t, flush, false) {
             Ok(c) => c,
             Err(e) => return Outcome::Unreadable(e),
         };
@@ -580,7 +615,7 @@ impl FrontEnd {
     }
 
     /// Stores an encoded item (caller holds the key's stripe lock).
-    fn write(&self, key: &[u8], value: Vec<u8>, want_cas: bool) -> Outcome {
+    fn write(&self, key: &[u8], value: Vec<u8>, want_cas: bool, t: Now) -> Outcome {
         if value.len() > self.value_max {
             Stats::inc(&self.stats.store_too_large);
             return Outcome::TooLarge;
@@ -599,7 +634,7 @@ impl FrontEnd {
             }
         }
         Stats::inc(&self.stats.total_items);
-        let victims = self.lru.put(key, size);
+        let victims = self.lru.put(key, size, t.us, &|k| self.read_stamp(k));
         self.evict(victims);
         let cas = if want_cas {
             self.node
@@ -720,7 +755,7 @@ impl FrontEnd {
         }
         match self.node.put(FLUSH_KEY, &f.encode()) {
             Ok(()) => {
-                self.cache_flush(f, self.started.elapsed().as_micros() as u64 + 1);
+                self.cache_flush(f, unix_us());
                 Outcome::Stored { cas: 0 }
             }
             Err(e) => Outcome::Failed(e.to_string()),

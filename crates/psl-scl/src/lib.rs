@@ -6,6 +6,7 @@
 //! Module map:
 //! - [`memtable`]: the concurrent key-value map with last-writer-wins by `(lamport, writer)`,
 //!   optionally bounded (evicts cold keys CapsuleDB holds), with an optional update journal.
+//! - [`inline_key`]: [`InlineKey`], a map key that keeps short keys in the table's slot.
 //! - [`clock`]: the node's Lamport clock.
 //! - [`wire`]: the messages nodes exchange over the untrusted fabric (records, repair requests,
 //!   heads hints).
@@ -25,6 +26,7 @@
 pub mod clock;
 pub mod coordinator;
 pub mod dbwire;
+pub mod inline_key;
 pub mod memtable;
 pub mod metrics;
 pub mod node;
@@ -33,6 +35,7 @@ pub mod wire;
 
 pub use clock::LamportClock;
 pub use coordinator::{CoordinatorConfig, CoordinatorSm};
+pub use inline_key::InlineKey;
 pub use memtable::{Entry, EvictKey, Lookup, Memtable, Version};
 pub use metrics::{Metrics, RejectReason};
 pub use node::{DurableStatus, DurableTicket, NodeConfig, NodeCore, Output, SyncTicket};

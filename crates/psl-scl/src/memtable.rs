@@ -6,9 +6,11 @@
 //! A memtable may be bounded: it then evicts cold keys that CapsuleDB can serve back (see
 //! [`Memtable`]); a lookup that finds nothing it can vouch for says [`Lookup::Unknown`].
 
+use crate::inline_key::InlineKey;
 use parking_lot::{Condvar, Mutex, RwLock};
 use psl_crypto::{sha256, Hash256};
 use rustc_hash::FxHashMap;
+use std::collections::hash_map::Entry as MapEntry;
 use std::collections::{BTreeMap, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -62,6 +64,11 @@ struct Slot {
     entry: Entry,
     /// Read or overwritten since the eviction scan last passed (second chance).
     hot: AtomicBool,
+    /// The caller's own read stamp ([`Memtable::entry_read`]), 0 = none: a cache front end
+    /// keeps its read recency here, in the slot a read fetches anyway, instead of in a
+    /// structure of its own that would cost every read another cache miss. It belongs to the
+    /// entry's version: an update to a newer version clears it.
+    read_stamp: AtomicU64,
     /// The version may be older than one evicted from this shard: not served until CapsuleDB
     /// confirms it ([`Memtable::learn`]).
     unsure: bool,
@@ -69,7 +76,9 @@ struct Slot {
 
 #[derive(Default)]
 struct Shard {
-    map: FxHashMap<Box<[u8]>, Slot>,
+    /// Keys inline in the table's slots (see [`InlineKey`]): a lookup's key comparison reads
+    /// the slot it has just fetched instead of a separate heap block.
+    map: FxHashMap<InlineKey, Slot>,
     /// The highest version ever evicted from this shard.
     evicted_max: Option<Version>,
     /// The floor's sequence number when this shard last evicted: an answer from CapsuleDB
@@ -121,7 +130,17 @@ impl std::fmt::Debug for Memtable {
 pub fn key_shard(key: &[u8], n: usize) -> usize {
     let mut h = rustc_hash::FxHasher::default();
     key.hash(&mut h);
-    (h.finish() as usize) % n.max(1)
+    spread(h.finish(), n)
+}
+
+/// Maps the hash `h` of a key to `0..n` with bits that a hash table keyed by the same hash
+/// does not use. A shard's table indexes its buckets by the hash's low bits and tags them
+/// with its top seven; a shard chosen by `h % n` would leave every key of a shard with the
+/// same low bits, so its table would crowd them into a fraction of its buckets. This remixes
+/// `h` (a multiply by an odd constant) and takes the top 32 bits' share of `n`.
+pub fn spread(h: u64, n: usize) -> usize {
+    let mixed = h.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
+    ((mixed * n.max(1) as u64) >> 32) as usize
 }
 
 impl Memtable {
@@ -202,6 +221,32 @@ impl Memtable {
         self.shard(key).read().map.get(key).map(|s| s.entry.clone())
     }
 
+    /// A read that also stamps the key's slot with the caller's `stamp` (any nonzero clock
+    /// of the caller's, e.g. microseconds) and returns the stamp it replaced (0: none). With
+    /// `vouched`, as [`Memtable::lookup_entry`] (unsure entries are `None`; marks the entry
+    /// recently used); without, as [`Memtable::entry`]. The memtable only keeps the stamp: an
+    /// update of the key to a newer version clears it (the first read of every version sees
+    /// 0), and it goes with the slot.
+    pub fn entry_read(&self, key: &[u8], vouched: bool, stamp: u64) -> Option<(Entry, u64)> {
+        let s = self.shard(key).read();
+        let slot = s.map.get(key)?;
+        if vouched {
+            if slot.unsure {
+                return None;
+            }
+            if !slot.hot.load(Ordering::Relaxed) {
+                slot.hot.store(true, Ordering::Relaxed);
+            }
+        }
+        let prev = slot.read_stamp.swap(stamp, Ordering::Relaxed);
+        Some((slot.entry.clone(), prev))
+    }
+
+    /// The read stamp of `key`'s slot ([`Memtable::entry_read`]); 0 if none or absent.
+    pub fn read_stamp(&self, key: &[u8]) -> u64 {
+        self.shard(key).read().map.get(key).map_or(0, |s| s.read_stamp.load(Ordering::Relaxed))
+    }
+
     /// Applies an update if `version` is newer than what the key holds. Returns whether it did.
     /// With a journal, every update is journaled first (applied or not: CapsuleDB orders
     /// versions itself).
@@ -212,17 +257,25 @@ impl Memtable {
         let mut guard = self.shard(key).write();
         let s = &mut *guard;
         let unsure = s.evicted_max.is_some_and(|m| version <= m);
-        match s.map.get_mut(key) {
-            Some(slot) if slot.entry.version >= version => false,
-            Some(slot) => {
+        // One probe for both cases (an inline key costs no allocation to build).
+        match s.map.entry(InlineKey::from(key)) {
+            MapEntry::Occupied(o) if o.get().entry.version >= version => false,
+            MapEntry::Occupied(mut o) => {
+                let slot = o.get_mut();
                 slot.entry = Entry { version, value };
                 slot.unsure = slot.unsure && unsure;
                 slot.hot.store(true, Ordering::Relaxed);
+                slot.read_stamp.store(0, Ordering::Relaxed);
                 true
             }
-            None => {
+            MapEntry::Vacant(v) => {
                 // Not hot: second chances are for keys read (or rewritten) since the last scan.
-                s.map.insert(key.into(), Slot { entry: Entry { version, value }, hot: AtomicBool::new(false), unsure });
+                v.insert(Slot {
+                    entry: Entry { version, value },
+                    hot: AtomicBool::new(false),
+                    read_stamp: AtomicU64::new(0),
+                    unsure,
+                });
                 if s.map.len() > self.shard_keys_max {
                     self.evict(s, Some(key));
                 }
@@ -248,13 +301,19 @@ impl Memtable {
             (Some(slot), Some((version, value))) if version > slot.entry.version => {
                 slot.entry = Entry { version, value };
                 slot.unsure = false;
+                slot.read_stamp.store(0, Ordering::Relaxed);
                 true
             }
             (Some(slot), _) => std::mem::replace(&mut slot.unsure, false),
             (None, Some((version, value))) => {
                 s.map.insert(
                     key.into(),
-                    Slot { entry: Entry { version, value }, hot: AtomicBool::new(true), unsure: false },
+                    Slot {
+                        entry: Entry { version, value },
+                        hot: AtomicBool::new(true),
+                        read_stamp: AtomicU64::new(0),
+                        unsure: false,
+                    },
                 );
                 if s.map.len() > self.shard_keys_max {
                     self.evict(s, Some(key));
@@ -490,6 +549,31 @@ mod tests {
         assert!(!m.apply(b"k", v(2, 5), Some(b"zombie"[..].into())));
         assert_eq!(m.get(b"k"), None);
         assert_eq!(m.len(), 0);
+    }
+
+    #[test]
+    fn read_stamps_belong_to_a_version() {
+        let m = Memtable::new();
+        assert_eq!(m.entry_read(b"k", false, 5), None);
+        m.apply(b"k", v(1, 1), Some(val(b"a")));
+        let (e, prev) = m.entry_read(b"k", false, 5).unwrap();
+        assert_eq!((e.version, prev), (v(1, 1), 0));
+        assert_eq!(m.entry_read(b"k", false, 9).unwrap().1, 5);
+        assert_eq!(m.read_stamp(b"k"), 9);
+        // An older update changes nothing; a newer one clears the stamp.
+        m.apply(b"k", v(0, 1), Some(val(b"old")));
+        assert_eq!(m.read_stamp(b"k"), 9);
+        m.apply(b"k", v(2, 1), None);
+        assert_eq!(m.read_stamp(b"k"), 0);
+        // Tombstones are read (and stamped) too without `vouched`.
+        assert_eq!(m.entry_read(b"k", false, 11).map(|(e, p)| (e.value, p)), Some((None, 0)));
+        // With `vouched`, an unsure entry is not read and not stamped.
+        m.raise_floor(&[(1, 2)], 1);
+        assert_eq!(m.evict_key(b"k"), EvictKey::Evicted);
+        m.apply(b"k", v(1, 1), Some(val(b"a")));
+        assert_eq!(m.entry_read(b"k", true, 13), None);
+        assert_eq!(m.read_stamp(b"k"), 0);
+        assert_eq!(m.read_stamp(b"absent"), 0);
     }
 
     #[test]
