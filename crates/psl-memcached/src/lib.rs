@@ -14,8 +14,12 @@
 //! - [`store`]: [`FrontEnd`]: the semantics (expiry, flush_all, CAS, incr/decr, striped
 //!   per-key locks, home-front-end arbitration, LRU eviction of local copies).
 //! - [`exec`]: runs a parsed command and writes the exact memcached reply.
-//! - [`server`]: the tokio server: pipelining, bounded buffers, idle timeout, connection
-//!   limit, optional TLS (rustls with aws-lc-rs).
+//! - [`session`]: one connection's protocol state, free of I/O: parses what was read, answers
+//!   pipelined requests in order, keeps its buffers bounded.
+//! - [`server`]: [`Server`]: binds and serves with one of two runtimes, both thin I/O around
+//!   sessions: `evloop` (plain TCP: one `mio` event loop per worker thread, as memcached's
+//!   libevent workers) or tokio tasks (TLS, rustls with aws-lc-rs). Idle timeout,
+//!   connection limit.
 //! - `lru`: sharded LRU memory accounting. [`stats`]: the `stats` counters.
 //! - [`peer`]: forwarding conditional commands to a key's home front end in another process:
 //!   sealed frames over TCP, their codec (fuzzed with the parser), bounded timeouts.
@@ -66,12 +70,14 @@
 //! reply is sent; see `docs/protocol/scl.md`.
 
 pub mod deploy;
+mod evloop;
 pub mod exec;
 pub mod item;
 mod lru;
 pub mod peer;
 pub mod proto;
 pub mod server;
+pub mod session;
 pub mod stats;
 pub mod store;
 

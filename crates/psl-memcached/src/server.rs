@@ -1,17 +1,19 @@
-//! The network server: tokio, one task per connection, pipelined requests answered in order.
+//! The server: [`Server::start`] binds the address and serves it with one of two runtimes.
 //!
-//! Per connection: an input buffer that holds at most one command line (`line_max`) plus one
-//! data block (`item_size_max` + 2) beyond what has been parsed, and an output buffer that is
-//! written out whenever it passes [`OUT_FLUSH`] bytes and whenever the parsed input runs dry
-//! (so a pipeline of N requests costs one write, not N). A connection that sends nothing for
-//! `idle_timeout` (up to a quarter more) is closed; past `max_connections` a new one gets
+//! - Plain TCP: the event loops of [`crate::evloop`] (memcached's shape: `threads` workers,
+//!   each an `epoll` loop driving its connections' sessions).
+//! - TLS: a tokio runtime (one task per connection, `tokio-rustls`), [`serve`] and
+//!   [`connection`] here.
+//!
+//! Both only move bytes: the protocol (parsing, pipelining in order, bounded buffers) is the
+//! I/O-free [`Session`]. A connection that sends nothing for `idle_timeout` (up to a quarter
+//! more) is closed; past `max_connections` a new one gets
 //! `SERVER_ERROR too many open connections` and is closed.
 
-use crate::exec::Flow;
-use crate::proto::{parse, Command, Parsed};
+use crate::evloop::{self, Loops};
+use crate::session::{Session, Step};
 use crate::stats::Stats;
 use crate::store::FrontEnd;
-use bytes::{Buf, BytesMut};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -21,8 +23,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-/// Output bytes gathered before a write even if more input is parsed.
-pub const OUT_FLUSH: usize = 256 * 1024;
+pub use crate::session::OUT_FLUSH;
 
 /// Ticks of the idle timer per `idle_timeout` (see [`connection`]).
 const IDLE_TICKS: u32 = 4;
@@ -33,7 +34,7 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Close a connection that sent nothing for this long (`None`: never).
     pub idle_timeout: Option<Duration>,
-    /// Worker threads of the runtime [`Server::start`] builds.
+    /// Worker threads: event loops (plain TCP) or the tokio runtime's workers (TLS).
     pub threads: usize,
     pub tls: Option<tokio_rustls::TlsAcceptor>,
 }
@@ -85,19 +86,29 @@ pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(cfg)))
 }
 
-/// A running server on its own runtime. Dropping it (or [`Server::stop`]) stops it.
+/// A running server. Dropping it (or [`Server::stop`]) stops it.
 pub struct Server {
     addr: SocketAddr,
-    stop: watch::Sender<bool>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    runtime: Runtime,
+}
+
+enum Runtime {
+    Loops(Loops),
+    Tokio { stop: watch::Sender<bool>, thread: Option<std::thread::JoinHandle<()>> },
 }
 
 impl Server {
-    /// Binds `addr` and serves `fe` on a new runtime of `cfg.threads` threads.
+    /// Binds `addr` and serves `fe`: on `cfg.threads` event loops, or with TLS on a tokio
+    /// runtime of that many threads.
     pub fn start(fe: Arc<FrontEnd>, addr: SocketAddr, cfg: ServerConfig) -> Result<Server, ServerError> {
-        // One thread: a current-thread runtime on the server's own thread, as memcached's
-        // `-t 1` (no work-stealing scheduler, no hand-off between an accepting thread and a
-        // worker). More: a multi-thread runtime of that many workers.
+        let listener = std::net::TcpListener::bind(addr)
+            .map_err(|source| ServerError::Io { what: format!("binding {addr}"), source })?;
+        let addr = listener.local_addr().map_err(|source| ServerError::Io { what: "local address".into(), source })?;
+        if cfg.tls.is_none() {
+            return Ok(Server { addr, runtime: Runtime::Loops(evloop::start(fe, listener, cfg)?) });
+        }
+        // One thread: a current-thread runtime on the server's own thread. More: a
+        // multi-thread runtime of that many workers.
         let mut builder = if cfg.threads <= 1 {
             tokio::runtime::Builder::new_current_thread()
         } else {
@@ -109,10 +120,14 @@ impl Server {
             .enable_all()
             .build()
             .map_err(|source| ServerError::Io { what: "building the runtime".into(), source })?;
-        let listener = rt
-            .block_on(TcpListener::bind(addr))
-            .map_err(|source| ServerError::Io { what: format!("binding {addr}"), source })?;
-        let addr = listener.local_addr().map_err(|source| ServerError::Io { what: "local address".into(), source })?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|source| ServerError::Io { what: "making the listener non-blocking".into(), source })?;
+        let listener = {
+            let _g = rt.enter();
+            TcpListener::from_std(listener)
+                .map_err(|source| ServerError::Io { what: format!("listening on {addr}"), source })?
+        };
         let (stop, rx) = watch::channel(false);
         let thread = std::thread::Builder::new()
             .name(if cfg.threads <= 1 { "memcached" } else { "memcached-main" }.into())
@@ -121,7 +136,7 @@ impl Server {
                 rt.shutdown_timeout(Duration::from_secs(1));
             })
             .map_err(|source| ServerError::Io { what: "spawning the server thread".into(), source })?;
-        Ok(Server { addr, stop, thread: Some(thread) })
+        Ok(Server { addr, runtime: Runtime::Tokio { stop, thread: Some(thread) } })
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -130,8 +145,13 @@ impl Server {
 
     /// Blocks until the server stops (it stops only through [`Server::stop`]).
     pub fn wait(mut self) {
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        match &mut self.runtime {
+            Runtime::Loops(l) => l.join(),
+            Runtime::Tokio { thread, .. } => {
+                if let Some(t) = thread.take() {
+                    let _ = t.join();
+                }
+            }
         }
     }
 
@@ -140,9 +160,14 @@ impl Server {
     }
 
     fn stop_inner(&mut self) {
-        let _ = self.stop.send(true);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        match &mut self.runtime {
+            Runtime::Loops(l) => l.stop(),
+            Runtime::Tokio { stop, thread } => {
+                let _ = stop.send(true);
+                if let Some(t) = thread.take() {
+                    let _ = t.join();
+                }
+            }
         }
     }
 }
@@ -204,10 +229,7 @@ pub async fn serve(fe: Arc<FrontEnd>, listener: TcpListener, cfg: ServerConfig, 
 
 /// Serves one connection until it closes, idles out, quits or fails.
 pub async fn connection<S: AsyncRead + AsyncWrite + Unpin>(fe: &FrontEnd, mut s: S, cfg: &ServerConfig) {
-    let limits = fe.config().limits;
-    let mut inbuf = BytesMut::with_capacity(16 * 1024);
-    let mut out: Vec<u8> = Vec::with_capacity(16 * 1024);
-    let mut swallow = 0usize;
+    let mut sess = Session::new();
     // The idle timer ticks every quarter of `idle_timeout`; four ticks with no read in between
     // close the connection, so it closes after between 1 and 1.25 times the timeout of silence.
     // Reads only count (no clock read per request); the timer is one pinned sleep per
@@ -217,82 +239,27 @@ pub async fn connection<S: AsyncRead + AsyncWrite + Unpin>(fe: &FrontEnd, mut s:
     let idle = tokio::time::sleep(tick.unwrap_or(Duration::from_secs(86_400)));
     tokio::pin!(idle);
     loop {
-        // Answer everything complete in the buffer, in order.
-        loop {
-            if swallow > 0 {
-                let n = swallow.min(inbuf.len());
-                inbuf.advance(n);
-                swallow -= n;
-                if swallow > 0 {
-                    break;
-                }
-            }
-            if inbuf.is_empty() {
-                break;
-            }
-            match parse(&inbuf, &limits) {
-                Parsed::Incomplete => break,
-                Parsed::Cmd { cmd, used } => {
-                    let flow = match &cmd {
-                        Command::Get { keys, cas, touch } => {
-                            let mut complete = true;
-                            for k in keys.iter() {
-                                if !fe.get_key(k, *cas, *touch, &mut out) {
-                                    complete = false;
-                                    break;
-                                }
-                                if out.len() >= OUT_FLUSH && write_out(fe, &mut s, &mut out).await.is_err() {
-                                    return;
-                                }
-                            }
-                            if complete {
-                                out.extend_from_slice(b"END\r\n");
-                            }
-                            Flow::Continue
-                        }
-                        other => fe.execute(other, &mut out),
-                    };
-                    inbuf.advance(used);
-                    if flow == Flow::Close {
-                        let _ = write_out(fe, &mut s, &mut out).await;
-                        return;
-                    }
-                }
-                Parsed::Error { reply, used, swallow: sw } => {
-                    out.extend_from_slice(reply.as_bytes());
-                    out.extend_from_slice(b"\r\n");
-                    inbuf.advance(used);
-                    swallow = sw;
-                }
-                Parsed::Close { reply } => {
-                    out.extend_from_slice(reply.as_bytes());
-                    out.extend_from_slice(b"\r\n");
-                    let _ = write_out(fe, &mut s, &mut out).await;
+        match sess.process(fe) {
+            Step::Flush => {
+                if write_out(fe, &mut s, &mut sess).await.is_err() {
                     return;
                 }
+                continue;
             }
-            if out.len() >= OUT_FLUSH && write_out(fe, &mut s, &mut out).await.is_err() {
+            Step::Close => {
+                let _ = write_out(fe, &mut s, &mut sess).await;
                 return;
             }
+            Step::NeedInput => {}
         }
-        if !out.is_empty() && write_out(fe, &mut s, &mut out).await.is_err() {
+        if !sess.output().is_empty() && write_out(fe, &mut s, &mut sess).await.is_err() {
             return;
-        }
-        if out.capacity() > 4 * OUT_FLUSH {
-            out = Vec::with_capacity(16 * 1024);
-        }
-        // Keep the input buffer bounded: after a large data block, give the memory back.
-        if inbuf.is_empty() && inbuf.capacity() > 256 * 1024 {
-            inbuf = BytesMut::with_capacity(16 * 1024);
-        }
-        if inbuf.capacity() - inbuf.len() < 8 * 1024 {
-            inbuf.reserve(16 * 1024);
         }
         let n = match tick {
             Some(tick) => loop {
                 tokio::select! {
                     biased;
-                    r = s.read_buf(&mut inbuf) => break r,
+                    r = s.read_buf(sess.input()) => break r,
                     _ = &mut idle => {
                         if reads == reads_at_tick {
                             quiet_ticks += 1;
@@ -307,7 +274,7 @@ pub async fn connection<S: AsyncRead + AsyncWrite + Unpin>(fe: &FrontEnd, mut s:
                     }
                 }
             },
-            None => s.read_buf(&mut inbuf).await,
+            None => s.read_buf(sess.input()).await,
         };
         reads += 1;
         match n {
@@ -317,12 +284,13 @@ pub async fn connection<S: AsyncRead + AsyncWrite + Unpin>(fe: &FrontEnd, mut s:
     }
 }
 
-async fn write_out<S: AsyncWrite + Unpin>(fe: &FrontEnd, s: &mut S, out: &mut Vec<u8>) -> std::io::Result<()> {
-    let r = s.write_all(out).await;
+async fn write_out<S: AsyncWrite + Unpin>(fe: &FrontEnd, s: &mut S, sess: &mut Session) -> std::io::Result<()> {
+    let r = s.write_all(sess.output()).await;
     if r.is_ok() {
         s.flush().await?;
     }
-    Stats::add(&fe.stats.bytes_written, out.len() as u64);
-    out.clear();
+    Stats::add(&fe.stats.bytes_written, sess.output().len() as u64);
+    let n = sess.output().len();
+    sess.consume_output(n);
     r
 }

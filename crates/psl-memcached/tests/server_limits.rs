@@ -46,6 +46,36 @@ fn thousands_of_concurrent_connections() {
 }
 
 #[test]
+fn a_client_that_does_not_read_blocks_no_one_and_later_gets_every_reply() {
+    let srv = start_with(1, Config::default(), ServerConfig { threads: 1, ..ServerConfig::default() });
+    let mut a = Client::connect(srv.addr());
+    let v = vec![b'x'; 500_000];
+    a.send(format!("set big 7 0 {}\r\n", v.len()).as_bytes());
+    a.send(&v);
+    a.send(b"\r\n");
+    assert_eq!(a.line(), "STORED");
+    // 40 gets (20 MB of replies) and a multi-get, pipelined and not read: far more than the
+    // socket buffers hold, so the server's writes block midway.
+    for _ in 0..40 {
+        a.send(b"get big\r\n");
+    }
+    a.send(b"get big big big\r\nversion\r\n");
+    std::thread::sleep(Duration::from_millis(300));
+    // The same (single) event loop still serves everyone else.
+    let mut b = Client::connect(srv.addr());
+    b.expect("version\r\n", "VERSION 1.6.21\r\n");
+    // Then every reply comes, whole and in order.
+    for i in 0..43 {
+        assert_eq!(a.line(), "VALUE big 7 500000", "value {i}");
+        assert_eq!(a.bytes(v.len() + 2), [&v[..], b"\r\n"].concat());
+        if i < 40 || i == 42 {
+            assert_eq!(a.line(), "END");
+        }
+    }
+    assert_eq!(a.line(), "VERSION 1.6.21");
+}
+
+#[test]
 fn connection_limit_and_idle_timeout() {
     let scfg =
         ServerConfig { max_connections: 2, idle_timeout: Some(Duration::from_millis(400)), ..ServerConfig::default() };
