@@ -16,6 +16,10 @@
 //! Idle timeout: every quarter of `idle_timeout` each worker scans its connections; one that
 //! has not been read from for four scans in a row is closed (after 1 to 1.25 timeouts of
 //! silence).
+//!
+//! Fairness: a connection gets at most [`READS_PER_TURN`] full reads in a row; one with input
+//! left goes to the back of a ready list that the loop serves after the next (non-blocking)
+//! `epoll_wait`, since an edge-triggered socket would not report that input again.
 
 use crate::server::{ServerConfig, ServerError};
 use crate::session::{Session, Step};
@@ -40,6 +44,9 @@ const EVENTS_MAX: usize = 1024;
 const IDLE_TICKS: u32 = 4;
 /// After an accept error (out of file descriptors, ...), accepting resumes this much later.
 const ACCEPT_RETRY: Duration = Duration::from_millis(20);
+/// Full reads one connection gets per turn (memcached's `reqs_per_event`): a client that keeps
+/// its socket full is put back in line behind the other ready connections.
+const READS_PER_TURN: u32 = 16;
 
 /// The running workers.
 pub(crate) struct Loops {
@@ -105,6 +112,7 @@ pub(crate) fn start(
             next: 0,
             conns: Vec::new(),
             free: Vec::new(),
+            again: Vec::new(),
             stop: stop.clone(),
         };
         if let Some(l) = w.listener.as_mut() {
@@ -137,6 +145,8 @@ struct Worker {
     /// Connections by token; `free` lists the empty slots.
     conns: Vec<Option<Conn>>,
     free: Vec<usize>,
+    /// Connections whose turn ended with input left to read.
+    again: Vec<usize>,
     stop: Arc<AtomicBool>,
 }
 
@@ -149,7 +159,11 @@ impl Worker {
         loop {
             let now = Instant::now();
             let due = [next_tick, accept_retry].into_iter().flatten().min();
-            let timeout = due.map(|d| d.saturating_duration_since(now));
+            let timeout = if self.again.is_empty() {
+                due.map(|d| d.saturating_duration_since(now))
+            } else {
+                Some(Duration::ZERO)
+            };
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() != io::ErrorKind::Interrupted {
                     tracing::error!("memcached event loop {}: {e}", self.me);
@@ -169,6 +183,9 @@ impl Worker {
                     }
                     Token(i) => self.drive(i),
                 }
+            }
+            for i in std::mem::take(&mut self.again) {
+                self.drive(i);
             }
             if accept_retry.is_some_and(|t| Instant::now() >= t) {
                 accept_retry = None;
@@ -249,6 +266,7 @@ impl Worker {
     }
 
     fn close(&mut self, i: usize) {
+        self.again.retain(|&j| j != i);
         if let Some(mut c) = self.conns.get_mut(i).and_then(Option::take) {
             let _ = self.poll.registry().deregister(&mut c.sock);
             self.free.push(i);
@@ -260,8 +278,14 @@ impl Worker {
     /// is done.
     fn drive(&mut self, i: usize) {
         let Some(c) = self.conns.get_mut(i).and_then(Option::as_mut) else { return };
-        if !serve(&self.fe, c) {
-            self.close(i);
+        match serve(&self.fe, c) {
+            Turn::Wait => {}
+            Turn::Again => {
+                if !self.again.contains(&i) {
+                    self.again.push(i);
+                }
+            }
+            Turn::Close => self.close(i),
         }
     }
 
@@ -281,48 +305,62 @@ impl Worker {
     }
 }
 
-/// Drives one connection until it would block. Returns false when it is to be closed.
-fn serve(fe: &FrontEnd, c: &mut Conn) -> bool {
+/// How a connection's turn ended.
+enum Turn {
+    /// It would block: its next event resumes it.
+    Wait,
+    /// Its turn is over but it has input left to read: serve it again soon.
+    Again,
+    Close,
+}
+
+/// Drives one connection until it would block or its turn is over.
+fn serve(fe: &FrontEnd, c: &mut Conn) -> Turn {
     // Replies left from before (the socket was full): write them first.
     match write_out(fe, c) {
         Ok(true) => {}
-        Ok(false) => return true,
-        Err(_) => return false,
+        Ok(false) => return Turn::Wait,
+        Err(_) => return Turn::Close,
     }
     let mut may_read = true;
+    let mut full_reads = 0;
     loop {
         match c.sess.process(fe) {
             Step::Flush => match write_out(fe, c) {
                 Ok(true) => {}
-                Ok(false) => return true,
-                Err(_) => return false,
+                Ok(false) => return Turn::Wait,
+                Err(_) => return Turn::Close,
             },
             Step::Close => {
                 let _ = write_out(fe, c);
-                return false;
+                return Turn::Close;
             }
             Step::NeedInput => {
                 match write_out(fe, c) {
                     Ok(true) => {}
-                    Ok(false) => return true,
-                    Err(_) => return false,
+                    Ok(false) => return Turn::Wait,
+                    Err(_) => return Turn::Close,
                 }
                 if !may_read {
-                    return true;
+                    return Turn::Wait;
+                }
+                if full_reads >= READS_PER_TURN {
+                    return Turn::Again;
                 }
                 let buf = c.sess.input();
                 let spare = buf.capacity() - buf.len();
                 match read_into(&mut c.sock, buf) {
-                    Ok(0) => return false,
+                    Ok(0) => return Turn::Close,
                     Ok(n) => {
                         c.reads += 1;
                         Stats::add(&fe.stats.bytes_read, n as u64);
                         // A short read drained the socket: the next arrival is a new event.
                         may_read = n == spare;
+                        full_reads += u32::from(may_read);
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Turn::Wait,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(_) => return false,
+                    Err(_) => return Turn::Close,
                 }
             }
         }
