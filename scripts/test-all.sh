@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs what the tests need and runs all of them: formatting, lints, the workspace's unit,
-# property and integration tests, and a short smoke run of every fuzz target.
+# Installs what the tests need and runs all of them: formatting, lints, doc links, the
+# workspace's unit, property and integration tests, and a short smoke run of every fuzz target.
 # Usage: scripts/test-all.sh            (FUZZ_SECONDS=N to change the per-target fuzz time)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +21,7 @@ fi
 log "format and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 
 scripts/install-memcached-test-deps.sh  # psl-memcached: memcached, memcaslap, pymemcache, pylibmc
 log "workspace tests"

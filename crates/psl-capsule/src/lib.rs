@@ -12,7 +12,7 @@
 //! - [`rotation`]: [`RotationCert`], the owner-signed announcement of a new application key
 //!   generation and the epoch from which it is in force (older generations retire there).
 //! - [`proof`]: membership proofs from a signed head down to a record.
-//! - [`file`]: the portable `.capsule` file; [`audit`]: every check of a whole file, each problem named.
+//! - [`file`](mod@file): the portable `.capsule` file; [`audit`]: every check of a whole file, each problem named.
 //! - [`limits`], [`codec`]: size limits and the bounded decoder they are enforced by.
 //!
 //! The byte formats are specified in `docs/formats/datacapsule.md`.

@@ -66,7 +66,7 @@ impl SigningKey {
     }
 
     /// Signs a 32-byte digest (RFC 6979 deterministic nonce, low-s), with this thread's own
-    /// blinded context (see [`SIGNER`]).
+    /// blinded context (see `SIGNER`).
     pub fn sign(&self, digest: &Hash256) -> Signature {
         use secp256k1::ffi::{self, CPtr};
         SIGNER.with(|cell| {

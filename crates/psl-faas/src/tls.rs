@@ -2,7 +2,7 @@
 //!
 //! Each attested party makes a fresh Ed25519 key and a self-signed certificate for it
 //! ([`TlsIdentity`]). Its report's data commits to `SHA-256(SubjectPublicKeyInfo)` of that
-//! certificate ([`spki_hash`]). Peers accept any well-formed certificate during the handshake
+//! certificate ([`TlsIdentity::spki_hash`]). Peers accept any well-formed certificate during the handshake
 //! (TLS 1.3 still proves the peer holds the certificate's private key), then compare the hash
 //! of the peer certificate's public key with the one the verified report binds. So keys sent
 //! over the channel go only to the attested party, with no certificate authority involved.

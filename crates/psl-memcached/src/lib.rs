@@ -52,7 +52,7 @@
 //!
 //! **Expiry**: relative seconds up to 30 days, absolute Unix time above, negative = expired
 //! at once; stored as an absolute time in the item, checked on every read.
-//! **flush_all [delay]** writes a replicated state key ([`store::FLUSH_KEY`]): items stored
+//! **flush_all \[delay\]** writes a replicated state key ([`store::FLUSH_KEY`]): items stored
 //! before the flush time read as missing on every front end once that time has come. Each
 //! front end re-reads that key at most every millisecond (a local flush updates it at once).
 //!

@@ -1,6 +1,6 @@
 //! The server: [`Server::start`] binds the address and serves it with one of two runtimes.
 //!
-//! - Plain TCP: the event loops of [`crate::evloop`] (memcached's shape: `threads` workers,
+//! - Plain TCP: the event loops of `evloop` (memcached's shape: `threads` workers,
 //!   each an `epoll` loop driving its connections' sessions).
 //! - TLS: a tokio runtime (one task per connection, `tokio-rustls`), [`serve`] and
 //!   [`connection`] here.

@@ -1,6 +1,6 @@
 //! [`Session`]: one client connection's protocol state, free of I/O.
 //!
-//! The runtime (the event loop of [`crate::evloop`] or the tokio tasks of [`crate::server`])
+//! The runtime (the event loop of `evloop` or the tokio tasks of [`crate::server`])
 //! only moves bytes: it appends what it reads to [`Session::input`], calls
 //! [`Session::process`], and writes out [`Session::output`] when told to. The session parses
 //! every complete request in its input and runs it against the [`FrontEnd`], in order, so
