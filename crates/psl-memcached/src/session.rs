@@ -19,9 +19,11 @@ use bytes::{Buf, BytesMut};
 /// Output bytes gathered before a write even if more input is parsed.
 pub const OUT_FLUSH: usize = 256 * 1024;
 
-/// Input buffer capacity at the start, and the free space kept for a read.
-const IN_INITIAL: usize = 16 * 1024;
-const IN_FREE_MIN: usize = 8 * 1024;
+/// Buffer capacity at the start (input and output each; they grow as a request or reply
+/// needs, so thousands of idle connections cost 8 KiB each), and the free input space kept
+/// for a read.
+const BUF_INITIAL: usize = 4 * 1024;
+const IN_FREE_MIN: usize = 2 * 1024;
 /// An emptied input or output buffer larger than this (after a large item) is given back.
 const IN_KEEP_MAX: usize = 256 * 1024;
 const OUT_KEEP_MAX: usize = 4 * OUT_FLUSH;
@@ -57,8 +59,8 @@ impl Default for Session {
 impl Session {
     pub fn new() -> Session {
         Session {
-            input: BytesMut::with_capacity(IN_INITIAL),
-            output: Vec::with_capacity(IN_INITIAL),
+            input: BytesMut::with_capacity(BUF_INITIAL),
+            output: Vec::with_capacity(BUF_INITIAL),
             swallow: 0,
             get_done: 0,
         }
@@ -68,10 +70,10 @@ impl Session {
     /// capacity (`BufMut`) or append to it.
     pub fn input(&mut self) -> &mut BytesMut {
         if self.input.is_empty() && self.input.capacity() > IN_KEEP_MAX {
-            self.input = BytesMut::with_capacity(IN_INITIAL);
+            self.input = BytesMut::with_capacity(BUF_INITIAL);
         }
         if self.input.capacity() - self.input.len() < IN_FREE_MIN {
-            self.input.reserve(IN_INITIAL);
+            self.input.reserve(BUF_INITIAL);
         }
         &mut self.input
     }
@@ -86,7 +88,7 @@ impl Session {
         if n >= self.output.len() {
             self.output.clear();
             if self.output.capacity() > OUT_KEEP_MAX {
-                self.output = Vec::with_capacity(IN_INITIAL);
+                self.output = Vec::with_capacity(BUF_INITIAL);
             }
         } else {
             self.output.drain(..n);
