@@ -79,16 +79,13 @@ struct Inbox {
 }
 
 /// Starts `cfg.threads` workers serving `listener` (worker 0 accepts).
-pub(crate) fn start(
-    fe: Arc<FrontEnd>,
-    listener: std::net::TcpListener,
-    cfg: ServerConfig,
-) -> Result<Loops, ServerError> {
+/// The listener comes from `mio::net::TcpListener::bind` (non-blocking, `SO_REUSEADDR`, a
+/// backlog of 1024 as memcached's `-b` default).
+pub(crate) fn start(fe: Arc<FrontEnd>, listener: TcpListener, cfg: ServerConfig) -> Result<Loops, ServerError> {
     let io = |what: &str| {
         let what = what.to_string();
         move |source| ServerError::Io { what: what.clone(), source }
     };
-    listener.set_nonblocking(true).map_err(io("making the listener non-blocking"))?;
     let n = cfg.threads.max(1);
     let stop = Arc::new(AtomicBool::new(false));
     let mut polls = Vec::with_capacity(n);
@@ -99,7 +96,7 @@ pub(crate) fn start(
         inboxes.push(Arc::new(Inbox { conns: Mutex::new(Vec::new()), waker }));
         polls.push(poll);
     }
-    let mut listener = Some(TcpListener::from_std(listener));
+    let mut listener = Some(listener);
     let mut threads = Vec::with_capacity(n);
     for (i, poll) in polls.into_iter().enumerate() {
         let mut w = Worker {

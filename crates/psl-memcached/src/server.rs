@@ -101,10 +101,11 @@ impl Server {
     /// Binds `addr` and serves `fe`: on `cfg.threads` event loops, or with TLS on a tokio
     /// runtime of that many threads.
     pub fn start(fe: Arc<FrontEnd>, addr: SocketAddr, cfg: ServerConfig) -> Result<Server, ServerError> {
-        let listener = std::net::TcpListener::bind(addr)
-            .map_err(|source| ServerError::Io { what: format!("binding {addr}"), source })?;
-        let addr = listener.local_addr().map_err(|source| ServerError::Io { what: "local address".into(), source })?;
         if cfg.tls.is_none() {
+            let listener = mio::net::TcpListener::bind(addr)
+                .map_err(|source| ServerError::Io { what: format!("binding {addr}"), source })?;
+            let addr =
+                listener.local_addr().map_err(|source| ServerError::Io { what: "local address".into(), source })?;
             return Ok(Server { addr, runtime: Runtime::Loops(evloop::start(fe, listener, cfg)?) });
         }
         // One thread: a current-thread runtime on the server's own thread. More: a
@@ -120,14 +121,10 @@ impl Server {
             .enable_all()
             .build()
             .map_err(|source| ServerError::Io { what: "building the runtime".into(), source })?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|source| ServerError::Io { what: "making the listener non-blocking".into(), source })?;
-        let listener = {
-            let _g = rt.enter();
-            TcpListener::from_std(listener)
-                .map_err(|source| ServerError::Io { what: format!("listening on {addr}"), source })?
-        };
+        let listener = rt
+            .block_on(TcpListener::bind(addr))
+            .map_err(|source| ServerError::Io { what: format!("binding {addr}"), source })?;
+        let addr = listener.local_addr().map_err(|source| ServerError::Io { what: "local address".into(), source })?;
         let (stop, rx) = watch::channel(false);
         let thread = std::thread::Builder::new()
             .name(if cfg.threads <= 1 { "memcached" } else { "memcached-main" }.into())
