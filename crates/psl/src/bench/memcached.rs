@@ -1,7 +1,7 @@
 //! `psl bench memcached`: SecureCached against plain memcached under one load generator.
 //!
 //! Debian's memcached 1.6 (1 and 2 server threads) and `psl memcached` run, one after the
-//! other (memcached with 1 thread and psl alternating for 3 rounds per case, medians
+//! other (memcached with 1 thread and psl alternating for 5 rounds per case, medians
 //! reported, since other work on a shared machine moves the figures), under the same
 //! `memcaslap` load: 16 connections from one client thread, 30-byte
 //! keys, 100-byte values, a 90% get / 10% set mix and a set-only run. `psl memcached` runs as a
@@ -116,7 +116,7 @@ fn start_memcached(threads: u32) -> Result<(Killed, u16)> {
 
 /// Rounds of each (system, case): memcached and psl alternate, so that load from other work on
 /// the machine hits both alike; the headline is the ratio of the medians.
-const ROUNDS: usize = 3;
+const ROUNDS: usize = 5;
 
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
