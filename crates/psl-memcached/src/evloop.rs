@@ -22,7 +22,7 @@
 //! `epoll_wait`, since an edge-triggered socket would not report that input again.
 
 use crate::server::{ServerConfig, ServerError};
-use crate::session::{Session, Step};
+use crate::session::{idle_tick, Session, Step, IDLE_TICKS};
 use crate::stats::Stats;
 use crate::store::FrontEnd;
 use bytes::BufMut;
@@ -40,8 +40,6 @@ const WAKE: Token = Token(usize::MAX);
 const LISTEN: Token = Token(usize::MAX - 1);
 /// Readiness events taken per `epoll_wait`.
 const EVENTS_MAX: usize = 1024;
-/// Scans of the idle timer per `idle_timeout`.
-const IDLE_TICKS: u32 = 4;
 /// After an accept error (out of file descriptors, ...), accepting resumes this much later.
 const ACCEPT_RETRY: Duration = Duration::from_millis(20);
 /// Full reads one connection gets per turn (memcached's `reqs_per_event`): a client that keeps
@@ -150,7 +148,7 @@ struct Worker {
 impl Worker {
     fn run(mut self) {
         let mut events = Events::with_capacity(EVENTS_MAX);
-        let tick = self.cfg.idle_timeout.map(|t| (t / IDLE_TICKS).max(Duration::from_millis(1)));
+        let tick = idle_tick(self.cfg.idle_timeout);
         let mut next_tick = tick.map(|t| Instant::now() + t);
         let mut accept_retry: Option<Instant> = None;
         loop {
@@ -198,6 +196,8 @@ impl Worker {
                 }
             }
         }
+        // Connections handed over but not yet taken are closed (and counted) too.
+        self.take_handed();
         for i in 0..self.conns.len() {
             self.close(i);
         }

@@ -11,7 +11,7 @@
 //! `SERVER_ERROR too many open connections` and is closed.
 
 use crate::evloop::{self, Loops};
-use crate::session::{Session, Step};
+use crate::session::{idle_tick, Session, Step, IDLE_TICKS};
 use crate::stats::Stats;
 use crate::store::FrontEnd;
 use std::net::SocketAddr;
@@ -24,9 +24,6 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 pub use crate::session::OUT_FLUSH;
-
-/// Ticks of the idle timer per `idle_timeout` (see [`connection`]).
-const IDLE_TICKS: u32 = 4;
 
 /// Server settings.
 #[derive(Clone)]
@@ -231,7 +228,7 @@ pub async fn connection<S: AsyncRead + AsyncWrite + Unpin>(fe: &FrontEnd, mut s:
     // close the connection, so it closes after between 1 and 1.25 times the timeout of silence.
     // Reads only count (no clock read per request); the timer is one pinned sleep per
     // connection, re-armed when it fires.
-    let tick = cfg.idle_timeout.map(|t| (t / IDLE_TICKS).max(Duration::from_millis(1)));
+    let tick = idle_tick(cfg.idle_timeout);
     let (mut reads, mut reads_at_tick, mut quiet_ticks) = (0u64, 0u64, 0u32);
     let idle = tokio::time::sleep(tick.unwrap_or(Duration::from_secs(86_400)));
     tokio::pin!(idle);

@@ -29,6 +29,15 @@ const IN_FREE_MIN: usize = 8 * 1024;
 const IN_KEEP_MAX: usize = 256 * 1024;
 const OUT_KEEP_MAX: usize = 4 * OUT_FLUSH;
 
+/// Idle-timer checks per `idle_timeout`, in both runtimes: a connection not read from for
+/// this many checks in a row is closed, after 1 to 1.25 timeouts of silence.
+pub const IDLE_TICKS: u32 = 4;
+
+/// The idle timer's period for `idle_timeout` (`None`: no timer).
+pub fn idle_tick(idle_timeout: Option<std::time::Duration>) -> Option<std::time::Duration> {
+    idle_timeout.map(|t| (t / IDLE_TICKS).max(std::time::Duration::from_millis(1)))
+}
+
 /// What the runtime does after [`Session::process`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
