@@ -10,22 +10,40 @@
 //!    measures.
 //! 2. **yield**: up to [`BackoffPolicy::yield_polls`] polls, each followed by
 //!    [`std::thread::yield_now`], which lets a peer that shares this core run.
-//! 3. **sleep**: polls separated by sleeps that start at [`BackoffPolicy::min_sleep`] and
-//!    double up to [`BackoffPolicy::max_sleep`]; a sleep never runs past the deadline.
+//! 3. **sleep** (or **park**): polls separated by pauses that start at
+//!    [`BackoffPolicy::min_sleep`] and double up to [`BackoffPolicy::max_sleep`]; a pause never
+//!    runs past the deadline. Without a doorbell a pause is a sleep. With one
+//!    ([`BackoffPolicy::doorbell`], on a ring built with it) it is a park that the peer ends
+//!    early: see below.
 //!
-//! So a waiter never burns a core for more than the spin and yield phases, and once asleep it
-//! notices the peer's progress within `max_sleep` (plus the OS timer slack, ~50–75 µs on Linux).
+//! So a waiter never burns a core for more than the spin and yield phases. A sleeping waiter
+//! notices the peer's progress within `max_sleep` (plus the OS timer slack, ~50–75 µs on Linux);
+//! a parked one as soon as the peer's next push or pop rings it awake.
 //! The clock is first read at the first deadline check, after 256 spin polls (a few µs): a
 //! wait that ends sooner never reads it, and a timeout counts from that check. The deadline
 //! is then checked every 256 spin polls and on every yield or sleep poll, so a timeout is
 //! overshot by at most ~256 `PAUSE`s, one yield, or the timer slack.
 //!
-//! **Why sleep and not park/unpark.** Waking a parked thread needs the *other* side to make a
-//! system call (futex wake) on the hot path, or at least to check a "someone sleeps" flag with a
-//! full fence on every operation. At the TEE boundary that other side may be the trusted core,
-//! where every system call is an enclave exit (thousands of cycles), which is exactly what the
-//! rings exist to avoid. So neither side ever signals the other: both only poll, and an idle
-//! waiter's extra latency is bounded by `max_sleep` instead.
+//! **Sleeping or parking.** Sleep-polling costs the waiter a wake-up per pause while nothing
+//! happens: with the node's rings on two shared cores that was thousands of context switches a
+//! second, most of the node threads' CPU under a memcached load (docs/protocol/memcached.md §8).
+//! Parking costs nothing while idle, but someone must wake the parked thread, and that is a
+//! system call (a futex wake) by the *peer*. At the TEE boundary the peer may be the trusted
+//! core, where a system call is an enclave exit (thousands of cycles). The doorbell keeps that
+//! off the busy path, as virtio's event suppression and io_uring's `SQ_NEED_WAKEUP` do:
+//!
+//! - a waiter that has run out of spins and yields raises its *parked* flag, issues a
+//!   sequentially consistent fence, polls once more, and only then parks;
+//! - the peer, after every push (or pop), issues the same fence and reads that flag. Only if it
+//!   is raised does it lower it and wake the waiter (one futex wake).
+//!
+//! The two fences order the flag and the ring position (Dekker's pattern): either the waiter's
+//! last poll sees the item, or the peer sees the flag, so no wake-up is lost. A busy ring never
+//! parks, so it never rings: its extra cost is one fence and one load of a line no one writes,
+//! per push or pop of a whole sealed record. An idle-to-busy transition costs one wake. A park
+//! still ends after its pause, so a waiter never depends on the doorbell to meet its deadline.
+//! The default policy has no doorbell (pure polling: the crossing benchmark's case); the node's
+//! rings use [`BackoffPolicy::parking`].
 
 use std::time::{Duration, Instant};
 
@@ -38,8 +56,13 @@ pub struct BackoffPolicy {
     pub yield_polls: u32,
     /// The first sleep of the sleep phase.
     pub min_sleep: Duration,
-    /// The longest sleep: the bound on how late an idle waiter notices progress.
+    /// The longest sleep: the bound on how late an idle waiter notices progress (without a
+    /// doorbell), or on one park (with it).
     pub max_sleep: Duration,
+    /// Park instead of sleeping, and let the peer ring this waiter awake (see the
+    /// [module docs](self)). Takes effect on a ring built with a doorbell policy; elsewhere the
+    /// waiter sleeps as without one.
+    pub doorbell: bool,
 }
 
 impl Default for BackoffPolicy {
@@ -49,6 +72,21 @@ impl Default for BackoffPolicy {
             yield_polls: 64,
             min_sleep: Duration::from_micros(50),
             max_sleep: Duration::from_millis(1),
+            doorbell: false,
+        }
+    }
+}
+
+impl BackoffPolicy {
+    /// The default spin and yield phases, then parking with the doorbell: an idle waiter costs
+    /// nothing until its peer pushes (or pops), and a park lasts at most 50 ms, so even a peer
+    /// that never rings is noticed within that.
+    pub fn parking() -> BackoffPolicy {
+        BackoffPolicy {
+            min_sleep: Duration::from_millis(50),
+            max_sleep: Duration::from_millis(50),
+            doorbell: true,
+            ..BackoffPolicy::default()
         }
     }
 }
@@ -83,56 +121,69 @@ pub(crate) enum Limit {
 /// Polls `poll` under `policy` until it is ready, abandoned, or `limit` passes. Returns `None`
 /// unless it became ready. `poll` is always called at least once, and once more after the
 /// deadline has passed, so an operation ready at the last moment still succeeds.
+#[cfg(test)]
 pub(crate) fn wait<R>(policy: &BackoffPolicy, limit: Limit, mut poll: impl FnMut() -> Poll<R>) -> Option<R> {
+    wait_with(policy, limit, &mut (), |_| poll(), |_, nap| std::thread::sleep(nap))
+}
+
+/// [`wait`] over a waiter's state `s`, which both `poll` and `pause` get: `pause(s, d)` waits
+/// at most `d` between polls of the last phase (a sleep, or a park the peer may end early).
+pub(crate) fn wait_with<S: ?Sized, R>(
+    policy: &BackoffPolicy,
+    limit: Limit,
+    s: &mut S,
+    mut poll: impl FnMut(&mut S) -> Poll<R>,
+    mut pause: impl FnMut(&mut S, Duration),
+) -> Option<R> {
     let mut limit = limit;
     if matches!(limit, Limit::After(t) if t.is_zero()) {
         // A zero timeout: one poll, no spinning.
-        return last_try(&mut poll);
+        return last_try(s, &mut poll);
     }
 
     // Phase 1: spin.
     for i in 0..policy.spin_polls {
-        match poll() {
+        match poll(s) {
             Poll::Ready(r) => return Some(r),
             Poll::Abandoned => return None,
             Poll::Pending => {}
         }
         if i % DEADLINE_CHECK_EVERY == DEADLINE_CHECK_EVERY - 1 && expired(&mut limit) {
-            return last_try(&mut poll);
+            return last_try(s, &mut poll);
         }
         std::hint::spin_loop();
     }
 
     // Phase 2: yield.
     for _ in 0..policy.yield_polls {
-        match poll() {
+        match poll(s) {
             Poll::Ready(r) => return Some(r),
             Poll::Abandoned => return None,
             Poll::Pending => {}
         }
         if expired(&mut limit) {
-            return last_try(&mut poll);
+            return last_try(s, &mut poll);
         }
         std::thread::yield_now();
     }
 
-    // Phase 3: sleep in doubling steps, never past the deadline.
+    // Phase 3: sleep (or park) in doubling steps, never past the deadline.
     let max_sleep = policy.max_sleep.max(Duration::from_nanos(1));
     let mut step = policy.min_sleep.clamp(Duration::from_nanos(1), max_sleep);
     loop {
-        match poll() {
+        match poll(s) {
             Poll::Ready(r) => return Some(r),
             Poll::Abandoned => return None,
             Poll::Pending => {}
         }
         if expired(&mut limit) {
-            return last_try(&mut poll);
+            return last_try(s, &mut poll);
         }
         let nap = match limit {
             Limit::At(d) => step.min(d.saturating_duration_since(Instant::now())),
             Limit::Never | Limit::After(_) => step,
         };
-        std::thread::sleep(nap);
+        pause(s, nap);
         step = (step * 2).min(max_sleep);
     }
 }
@@ -151,8 +202,8 @@ fn expired(limit: &mut Limit) -> bool {
     }
 }
 
-fn last_try<R>(poll: &mut impl FnMut() -> Poll<R>) -> Option<R> {
-    match poll() {
+fn last_try<S: ?Sized, R>(s: &mut S, poll: &mut impl FnMut(&mut S) -> Poll<R>) -> Option<R> {
+    match poll(s) {
         Poll::Ready(r) => Some(r),
         Poll::Pending | Poll::Abandoned => None,
     }
@@ -175,6 +226,7 @@ mod tests {
             yield_polls: 3,
             min_sleep: Duration::from_micros(100),
             max_sleep: Duration::from_millis(2),
+            doorbell: false,
         };
         let mut polls = 0u32;
         let start = Instant::now();
@@ -212,8 +264,13 @@ mod tests {
 
     #[test]
     fn zero_sleep_bounds_do_not_spin_forever() {
-        let policy =
-            BackoffPolicy { spin_polls: 0, yield_polls: 0, min_sleep: Duration::ZERO, max_sleep: Duration::ZERO };
+        let policy = BackoffPolicy {
+            spin_polls: 0,
+            yield_polls: 0,
+            min_sleep: Duration::ZERO,
+            max_sleep: Duration::ZERO,
+            doorbell: false,
+        };
         let r: Option<()> = wait(&policy, Limit::After(Duration::from_millis(2)), || Poll::Pending);
         assert!(r.is_none());
     }

@@ -26,7 +26,13 @@ impl Boundary {
     /// want to spin longer: in a real enclave, its sleep is an enclave exit).
     pub fn with_backoff(capacity_items: usize, core: BackoffPolicy, host: BackoffPolicy) -> (CoreSide, HostSide) {
         // One duplex pair: a record and the answer to it share a cache line (see `ring`).
-        let ((mut out_tx, mut out_rx), (mut in_tx, mut in_rx)) = duplex_with_backoff(capacity_items, [core, host]);
+        // Either side asking for a doorbell gives both rings one (each end still parks only if
+        // its own policy says so).
+        let doorbell = core.doorbell || host.doorbell;
+        let ((mut out_tx, mut out_rx), (mut in_tx, mut in_rx)) = duplex_with_backoff(
+            capacity_items,
+            [BackoffPolicy { doorbell, ..core }, BackoffPolicy { doorbell, ..host }],
+        );
         out_tx.set_backoff(core);
         out_rx.set_backoff(host);
         in_tx.set_backoff(host);

@@ -48,14 +48,21 @@
 //! 1. spin, polling before every `PAUSE` (default 2048 polls, ~20–40 µs): a peer that answers
 //!    meanwhile is seen one cache-line transfer later;
 //! 2. yield the CPU between polls (default 64 times);
-//! 3. sleep between polls, 50 µs doubling to 1 ms (defaults), never past the deadline.
+//! 3. sleep between polls, 50 µs doubling to 1 ms (defaults), never past the deadline; or,
+//!    on a ring with a doorbell ([`BackoffPolicy::parking`], what a node's rings use), park
+//!    until the peer's next push or pop rings it awake.
 //!
-//! A waiter therefore never burns a core for more than the spin and yield phases, and notices
-//! progress within `max_sleep` (1 ms plus timer slack) once asleep. Neither side ever wakes the
-//! other: waking needs a system call by the peer, and for the trusted core a system call is an
-//! enclave exit, the very cost the rings remove. Both blocking calls return early when the
-//! peer's end has been dropped and the wait could never end. Counters (pushed, popped, full
-//! events, in flight) are kept per ring in cache lines written by one side only.
+//! A waiter therefore never burns a core for more than the spin and yield phases. A sleeping
+//! one notices progress within `max_sleep` (1 ms plus timer slack); a parked one costs nothing
+//! while idle and wakes when rung. By default neither side wakes the other: waking needs a
+//! system call by the peer, and for the trusted core a system call is an enclave exit, the very
+//! cost the rings remove. The doorbell keeps that call off the busy path: a waiter raises a
+//! flag before it parks, the peer checks it (one fence and one load) after each push or pop,
+//! and wakes it only if it is raised, so a busy ring never rings, and a quiet one rings once
+//! per burst ([`backoff`] has the protocol and why no wake-up is lost). Both blocking calls
+//! return early when the peer's end has been dropped and the wait could never end. Counters
+//! (pushed, popped, full events, doorbells, in flight) are kept per ring in cache lines written
+//! by one side only.
 //!
 //! # Cost
 //!

@@ -63,10 +63,11 @@ use std::cell::{Cell, UnsafeCell};
 use std::fmt;
 use std::marker::PhantomData;
 use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crossbeam_utils::sync::{Parker, Unparker};
 use serde::Serialize;
 
 use crate::backoff::{self, BackoffPolicy, Limit, Poll};
@@ -113,6 +114,9 @@ pub struct RingStats {
     pub full_events: u64,
     /// Items in the ring: `pushed - popped`.
     pub in_flight: u64,
+    /// Times one end woke the other from a park (rings with a doorbell only; see
+    /// [`BackoffPolicy::doorbell`]).
+    pub doorbells: u64,
 }
 
 /// One slot: the sequence word and the item, side by side.
@@ -141,6 +145,8 @@ impl<T> Pair<T> {
 struct ProducerLine {
     pushed: AtomicU64,
     full_events: AtomicU64,
+    /// Times the producer woke the parked consumer.
+    doorbells: AtomicU64,
 }
 
 /// Written by the consumer only, on every pop.
@@ -148,6 +154,17 @@ struct ProducerLine {
 struct ConsumerLine {
     /// The consumer's position: items popped so far. The producer's source of free space.
     head: AtomicU64,
+    /// Times the consumer woke the parked producer.
+    doorbells: AtomicU64,
+}
+
+/// The doorbell's flags: each raised by one end just before it parks, and lowered by the peer
+/// that rings it (or by the end itself when it wakes). Written only around a park, so while both
+/// ends are busy this line is read-only and stays in both caches.
+#[derive(Default)]
+struct Parked {
+    consumer: AtomicBool,
+    producer: AtomicBool,
 }
 
 /// Liveness: written once by each end (when dropped), read by blocked waiters on every poll,
@@ -158,14 +175,17 @@ struct Liveness {
     consumer: AtomicBool,
 }
 
-/// The ring's control block: positions, counters, liveness. Separate from the slots so that a
-/// [`RingMonitor`] can read counters without keeping undelivered items alive.
-#[derive(Default)]
+/// The ring's control block: positions, counters, liveness, the doorbell. Separate from the
+/// slots so that a [`RingMonitor`] can read counters without keeping undelivered items alive.
 struct Control {
     capacity: u64,
     alive: CachePadded<Liveness>,
     producer: CachePadded<ProducerLine>,
     consumer: CachePadded<ConsumerLine>,
+    parked: CachePadded<Parked>,
+    /// Wake the consumer's and the producer's [`Parker`].
+    wake_consumer: Unparker,
+    wake_producer: Unparker,
 }
 
 impl Control {
@@ -180,6 +200,8 @@ impl Control {
             popped,
             full_events: self.producer.full_events.load(Ordering::Relaxed),
             in_flight: pushed.saturating_sub(popped),
+            doorbells: self.producer.doorbells.load(Ordering::Relaxed)
+                + self.consumer.doorbells.load(Ordering::Relaxed),
         }
     }
 }
@@ -256,7 +278,9 @@ pub fn duplex<T: Send>(capacity: usize) -> ((Producer<T>, Consumer<T>), (Produce
 }
 
 /// [`duplex`] with a policy for each ring's ends (index 0 for ring 0); ends can change theirs
-/// later with `set_backoff`.
+/// later with `set_backoff`. A ring whose policy has [`BackoffPolicy::doorbell`] gets a
+/// doorbell for good: its ends check each other's parked flag after every push and pop, and
+/// those whose policy says so park instead of sleeping.
 #[allow(clippy::type_complexity)]
 pub fn duplex_with_backoff<T: Send>(
     capacity: usize,
@@ -265,15 +289,27 @@ pub fn duplex_with_backoff<T: Send>(
     assert!(capacity > 0, "a ring needs room for at least one item");
     assert!(capacity <= 1 << 40, "ring capacity {capacity} is not sensible");
     let slots = capacity.next_power_of_two();
-    let control = || {
-        let c = Control { capacity: capacity as u64, ..Control::default() };
+    // Each end's parker, made with the control block that holds the other end's way to wake it.
+    let mut parkers = [[Parker::new(), Parker::new()], [Parker::new(), Parker::new()]].map(|p| p.map(Some));
+    let control = |parkers: &[Option<Parker>; 2]| {
+        let unparker = |i: usize| parkers[i].as_ref().map(|p| p.unparker().clone()).expect("parker made above");
+        let c = Control {
+            capacity: capacity as u64,
+            alive: CachePadded::default(),
+            producer: CachePadded::default(),
+            consumer: CachePadded::default(),
+            parked: CachePadded::default(),
+            wake_producer: unparker(0),
+            wake_consumer: unparker(1),
+        };
         c.alive.producer.store(true, Ordering::Relaxed);
         c.alive.consumer.store(true, Ordering::Relaxed);
         Arc::new(c)
     };
-    let controls = [control(), control()];
+    let controls = [control(&parkers[0]), control(&parkers[1])];
     let shared = Arc::new(Slots { cells: (0..slots).map(|_| Pair::empty()).collect(), controls: controls.clone() });
-    let ends = |lane: usize| {
+    let mut ends = |lane: usize| {
+        let [producer_parker, consumer_parker] = std::mem::take(&mut parkers[lane]);
         let producer = Producer {
             slots: Arc::clone(&shared),
             control: Arc::clone(&controls[lane]),
@@ -283,7 +319,10 @@ pub fn duplex_with_backoff<T: Send>(
             tail: 0,
             cached_head: 0,
             full_events: 0,
+            doorbells: 0,
+            doorbell: backoff[lane].doorbell,
             backoff: backoff[lane],
+            parker: producer_parker.expect("each parker is taken once"),
             _not_sync: PhantomData,
         };
         let consumer = Consumer {
@@ -292,7 +331,10 @@ pub fn duplex_with_backoff<T: Send>(
             lane,
             mask: slots - 1,
             head: 0,
+            doorbells: 0,
+            doorbell: backoff[lane].doorbell,
             backoff: backoff[lane],
+            parker: consumer_parker.expect("each parker is taken once"),
             _not_sync: PhantomData,
         };
         (producer, consumer)
@@ -323,7 +365,11 @@ pub struct Producer<T = SealedRecord> {
     /// The consumer's position as last read; never ahead of the real one.
     cached_head: u64,
     full_events: u64,
+    doorbells: u64,
+    /// Whether the ring has a doorbell (fixed when it is made, the same at both ends).
+    doorbell: bool,
     backoff: BackoffPolicy,
+    parker: Parker,
     /// `Cell` is `Send + !Sync`: this keeps the handle from being shared between threads.
     _not_sync: PhantomData<Cell<()>>,
 }
@@ -370,25 +416,71 @@ impl<T: Send> Producer<T> {
     fn wait_push(&mut self, item: T, limit: Limit) -> Result<(), Full<T>> {
         self.note_full();
         let policy = self.backoff;
-        let mut held = Some(item);
-        let pushed = backoff::wait(&policy, limit, || {
-            let item = held.take().expect("the item is held between polls");
-            match self.try_push(item) {
-                Ok(()) => Poll::Ready(()),
-                Err(item) => {
-                    held = Some(item);
-                    if self.control.alive.consumer.load(Ordering::Acquire) {
-                        Poll::Pending
-                    } else {
-                        Poll::Abandoned
+        let mut held = (self, Some(item));
+        let pushed = backoff::wait_with(
+            &policy,
+            limit,
+            &mut held,
+            |(p, held)| {
+                let item = held.take().expect("the item is held between polls");
+                match p.try_push(item) {
+                    Ok(()) => Poll::Ready(()),
+                    Err(item) => {
+                        *held = Some(item);
+                        if p.control.alive.consumer.load(Ordering::Acquire) {
+                            Poll::Pending
+                        } else {
+                            Poll::Abandoned
+                        }
                     }
                 }
-            }
-        });
-        match (pushed, held) {
+            },
+            |(p, _), nap| p.pause(nap),
+        );
+        match (pushed, held.1) {
             (Some(()), _) => Ok(()),
             (None, Some(item)) => Err(Full(item)),
             (None, None) => unreachable!("an item that was not pushed is still held"),
+        }
+    }
+
+    /// Waits at most `nap` for room: parks (the consumer's next pop rings) on a doorbell ring
+    /// whose policy says so, else sleeps.
+    fn pause(&mut self, nap: Duration) {
+        if !(self.doorbell && self.backoff.doorbell) {
+            std::thread::sleep(nap);
+            return;
+        }
+        let parked = &self.control.parked.producer;
+        parked.store(true, Ordering::Relaxed);
+        // Dekker with the consumer's fence in `ring_producer`: either the position read below
+        // sees its pop, or it sees the flag raised above.
+        fence(Ordering::SeqCst);
+        let head = self.control.consumer.head.load(Ordering::Acquire);
+        let room = self.tail.wrapping_sub(head) < self.capacity;
+        if !room && self.control.alive.consumer.load(Ordering::Acquire) {
+            self.parker.park_timeout(nap);
+        }
+        parked.store(false, Ordering::Relaxed);
+    }
+
+    /// After a push on a doorbell ring: wakes the consumer if it is parked.
+    #[inline(always)]
+    fn ring_consumer(&mut self) {
+        if self.doorbell {
+            fence(Ordering::SeqCst);
+            if self.control.parked.consumer.load(Ordering::Relaxed) {
+                self.wake_consumer();
+            }
+        }
+    }
+
+    #[cold]
+    fn wake_consumer(&mut self) {
+        if self.control.parked.consumer.swap(false, Ordering::Relaxed) {
+            self.control.wake_consumer.unpark();
+            self.doorbells += 1;
+            self.control.producer.doorbells.store(self.doorbells, Ordering::Relaxed);
         }
     }
 
@@ -411,6 +503,7 @@ impl<T: Send> Producer<T> {
         cell.seq.store(self.tail, Ordering::Release);
         // After publishing: a counter store must not delay the item's visibility.
         self.control.producer.pushed.store(self.tail, Ordering::Release);
+        self.ring_consumer();
         Ok(())
     }
 
@@ -457,6 +550,8 @@ impl<T> Drop for Producer<T> {
     fn drop(&mut self) {
         // Release: a consumer that sees `false` also sees every item pushed before.
         self.control.alive.producer.store(false, Ordering::Release);
+        // A parked consumer learns at once that its wait can never end.
+        self.control.wake_consumer.unpark();
     }
 }
 
@@ -485,7 +580,11 @@ pub struct Consumer<T = SealedRecord> {
     mask: usize,
     /// Items popped: the next position to read.
     head: u64,
+    doorbells: u64,
+    /// Whether the ring has a doorbell (fixed when it is made, the same at both ends).
+    doorbell: bool,
     backoff: BackoffPolicy,
+    parker: Parker,
     /// `Cell` is `Send + !Sync`: this keeps the handle from being shared between threads.
     _not_sync: PhantomData<Cell<()>>,
 }
@@ -496,6 +595,7 @@ impl<T: Send> Consumer<T> {
     pub fn pop(&mut self) -> Option<T> {
         let item = self.take()?;
         self.control.consumer.head.store(self.head, Ordering::Release);
+        self.ring_producer();
         Some(item)
     }
 
@@ -512,6 +612,7 @@ impl<T: Send> Consumer<T> {
         }
         if n > 0 {
             self.control.consumer.head.store(self.head, Ordering::Release);
+            self.ring_producer();
         }
         n
     }
@@ -539,20 +640,71 @@ impl<T: Send> Consumer<T> {
     /// The slow path of the waiting pops: the ring was empty.
     fn wait_pop_inner(&mut self, limit: Limit) -> Option<T> {
         let policy = self.backoff;
-        backoff::wait(&policy, limit, || {
-            if let Some(item) = self.pop() {
-                return Poll::Ready(item);
+        backoff::wait_with(
+            &policy,
+            limit,
+            self,
+            |c| {
+                if let Some(item) = c.pop() {
+                    return Poll::Ready(item);
+                }
+                if c.control.alive.producer.load(Ordering::Acquire) {
+                    return Poll::Pending;
+                }
+                // The producer is gone, and its Release store of `alive` made all its pushes
+                // visible to the Acquire load above: one last look, then give up.
+                match c.pop() {
+                    Some(item) => Poll::Ready(item),
+                    None => Poll::Abandoned,
+                }
+            },
+            |c, nap| c.pause(nap),
+        )
+    }
+
+    /// True if the item at `head` is there (without taking it).
+    #[inline(always)]
+    fn ready(&self) -> bool {
+        let cell = &self.slots.cells[(self.head as usize) & self.mask].lanes[self.lane & 1];
+        cell.seq.load(Ordering::Acquire) == self.head.wrapping_add(1)
+    }
+
+    /// Waits at most `nap` for an item: parks (the producer's next push rings) on a doorbell
+    /// ring whose policy says so, else sleeps.
+    fn pause(&mut self, nap: Duration) {
+        if !(self.doorbell && self.backoff.doorbell) {
+            std::thread::sleep(nap);
+            return;
+        }
+        let parked = &self.control.parked.consumer;
+        parked.store(true, Ordering::Relaxed);
+        // Dekker with the producer's fence in `ring_consumer`: either the slot read below sees
+        // its push, or it sees the flag raised above.
+        fence(Ordering::SeqCst);
+        if !self.ready() && self.control.alive.producer.load(Ordering::Acquire) {
+            self.parker.park_timeout(nap);
+        }
+        parked.store(false, Ordering::Relaxed);
+    }
+
+    /// After a pop on a doorbell ring: wakes the producer if it is parked on a full ring.
+    #[inline(always)]
+    fn ring_producer(&mut self) {
+        if self.doorbell {
+            fence(Ordering::SeqCst);
+            if self.control.parked.producer.load(Ordering::Relaxed) {
+                self.wake_producer();
             }
-            if self.control.alive.producer.load(Ordering::Acquire) {
-                return Poll::Pending;
-            }
-            // The producer is gone, and its Release store of `alive` made all its pushes
-            // visible to the Acquire load above: one last look, then give up.
-            match self.pop() {
-                Some(item) => Poll::Ready(item),
-                None => Poll::Abandoned,
-            }
-        })
+        }
+    }
+
+    #[cold]
+    fn wake_producer(&mut self) {
+        if self.control.parked.producer.swap(false, Ordering::Relaxed) {
+            self.control.wake_producer.unpark();
+            self.doorbells += 1;
+            self.control.consumer.doorbells.store(self.doorbells, Ordering::Relaxed);
+        }
     }
 
     /// Moves the item at `head` out, without publishing the new position.
@@ -612,6 +764,8 @@ impl<T: Send> Consumer<T> {
 impl<T> Drop for Consumer<T> {
     fn drop(&mut self) {
         self.control.alive.consumer.store(false, Ordering::Release);
+        // A parked producer learns at once that its wait can never end.
+        self.control.wake_producer.unpark();
     }
 }
 
@@ -862,5 +1016,108 @@ mod tests {
         }
         t.join().unwrap();
         assert!(out.iter().copied().eq(0..N));
+    }
+
+    /// A policy that parks at once and would stay parked for an hour: only the doorbell (or
+    /// abandonment) can end a wait in time.
+    fn park_for_an_hour() -> BackoffPolicy {
+        BackoffPolicy {
+            spin_polls: 0,
+            yield_polls: 0,
+            min_sleep: Duration::from_secs(3600),
+            max_sleep: Duration::from_secs(3600),
+            doorbell: true,
+        }
+    }
+
+    /// Runs `f` on a thread and fails the test if it has not finished within 60 s (a lost
+    /// wake-up would leave it parked for an hour).
+    fn within_a_minute<R: Send + 'static>(what: &str, f: impl FnOnce() -> R + Send + 'static) -> R {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| panic!("{what}: still waiting after 60 s"))
+    }
+
+    #[test]
+    fn a_push_rings_a_parked_consumer_awake() {
+        let (mut p, mut c) = ring_with_backoff::<u32>(4, park_for_an_hour());
+        let consumer = std::thread::spawn(move || (c.wait_pop(Duration::from_secs(7200)), c));
+        // Let it run out of polls and park (if it has not yet, the push simply finds it awake).
+        std::thread::sleep(Duration::from_millis(100));
+        p.push(7).unwrap();
+        let (got, c) = within_a_minute("the parked consumer", move || consumer.join().unwrap());
+        assert_eq!(got, Some(7));
+        assert!(c.stats().doorbells <= 1);
+    }
+
+    #[test]
+    fn a_pop_rings_a_producer_parked_on_a_full_ring() {
+        let (mut p, mut c) = ring_with_backoff::<u32>(1, park_for_an_hour());
+        p.push(1).unwrap();
+        let producer = std::thread::spawn(move || (p.push_blocking(2, Duration::from_secs(7200)).is_ok(), p));
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(c.pop(), Some(1));
+        let (pushed, _p) = within_a_minute("the parked producer", move || producer.join().unwrap());
+        assert!(pushed);
+        assert_eq!(c.pop(), Some(2));
+    }
+
+    #[test]
+    fn dropping_the_peer_wakes_a_parked_end() {
+        let (p, mut c) = ring_with_backoff::<u32>(4, park_for_an_hour());
+        let consumer = std::thread::spawn(move || c.wait_pop(Duration::from_secs(7200)));
+        std::thread::sleep(Duration::from_millis(100));
+        drop(p);
+        assert_eq!(within_a_minute("the abandoned consumer", move || consumer.join().unwrap()), None);
+
+        let (mut p, c) = ring_with_backoff::<u32>(1, park_for_an_hour());
+        p.push(1).unwrap();
+        let producer = std::thread::spawn(move || p.push_blocking(2, Duration::from_secs(7200)).is_err());
+        std::thread::sleep(Duration::from_millis(100));
+        drop(c);
+        assert!(within_a_minute("the abandoned producer", move || producer.join().unwrap()));
+    }
+
+    /// Both ends park whenever they must wait, in bursts that make them do so often: every
+    /// item arrives in order and no wake-up is lost (each would cost an hour).
+    #[test]
+    fn parking_both_ways_loses_no_wake_up() {
+        let (mut p, mut c) = ring_with_backoff::<u64>(8, park_for_an_hour());
+        const N: u64 = 20_000;
+        let out = within_a_minute("the transfer", move || {
+            let t = std::thread::spawn(move || {
+                for i in 0..N {
+                    p.push_blocking(i, Duration::from_secs(7200)).unwrap();
+                    if i % 997 == 0 {
+                        std::thread::sleep(Duration::from_micros(200));
+                    }
+                }
+            });
+            let mut out = Vec::with_capacity(N as usize);
+            while (out.len() as u64) < N {
+                if c.pop_batch(&mut out, 5) == 0 {
+                    out.push(c.wait_pop(Duration::from_secs(7200)).expect("producer stalled"));
+                }
+                if out.len() % 1499 == 0 {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            }
+            t.join().unwrap();
+            (out, c.stats())
+        });
+        assert!(out.0.iter().copied().eq(0..N));
+        assert!(out.1.doorbells > 0, "the bursts made the ends park: {:?}", out.1);
+    }
+
+    #[test]
+    fn without_a_doorbell_no_one_rings() {
+        let (mut p, mut c) = ring::<u64>(2);
+        let t = std::thread::spawn(move || c.wait_pop(Duration::from_secs(30)).map(|v| (v, c.stats())));
+        std::thread::sleep(Duration::from_millis(20));
+        p.push(1).unwrap();
+        let (v, stats) = t.join().unwrap().expect("the sleeping consumer polls and finds it");
+        assert_eq!((v, stats.doorbells), (1, 0));
     }
 }

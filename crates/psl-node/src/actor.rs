@@ -43,19 +43,28 @@ pub(crate) struct ActorQueue {
     /// Signalled when space frees up.
     pub space: Condvar,
     pub cap: usize,
+    /// Ops in one full batch: `put` wakes the actor at the first op (to start its flush
+    /// timer) and whenever a full batch is waiting, not in between.
+    pub batch_ops: usize,
     pub ctl_waiting: AtomicBool,
 }
 
 impl ActorQueue {
-    pub fn new(writer: u32, cap: usize) -> ActorQueue {
+    pub fn new(writer: u32, cap: usize, batch_ops: usize) -> ActorQueue {
         ActorQueue {
             writer,
             ops: Mutex::new(VecDeque::new()),
             work: Condvar::new(),
             space: Condvar::new(),
             cap,
+            batch_ops: batch_ops.max(1),
             ctl_waiting: AtomicBool::new(false),
         }
+    }
+
+    /// Whether a `put` that leaves `len` ops queued should wake the actor.
+    pub fn wakes_at(&self, len: usize) -> bool {
+        len == 1 || len.is_multiple_of(self.batch_ops)
     }
 
     /// Wakes the actor for a control message already sent on its channel.
@@ -192,5 +201,20 @@ impl Actor {
     fn send(&self, m: CoreMsg) {
         // Blocks while the core is busy: backpressure from the core to the writers.
         let _ = self.core.send(m);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn put_wakes_the_actor_to_start_a_batch_and_when_one_is_full() {
+        let q = ActorQueue::new(1, 4096, 512);
+        let wakes: Vec<usize> = (1..=1536).filter(|&n| q.wakes_at(n)).collect();
+        assert_eq!(wakes, vec![1, 512, 1024, 1536]);
+        // A batch of one op: every put is a full batch.
+        let one = ActorQueue::new(1, 16, 0);
+        assert!((1..=16).all(|n| one.wakes_at(n)));
     }
 }

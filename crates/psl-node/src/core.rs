@@ -95,6 +95,15 @@ impl RotationState {
     }
 }
 
+/// Verifies and opens one incoming record: a verify actor's work, or the core's when the node
+/// has none.
+pub(crate) fn verify(v: &Verifier, rec: Record) -> Result<Box<Verified<Opened>>, RejectReason> {
+    v.verify_open(rec).map(Box::new).map_err(|rej| {
+        tracing::debug!("rejected: {rej}");
+        RejectReason::from_verifier(&rej.reason)
+    })
+}
+
 /// A `sync_durable()` caller: its barrier, where to answer, and when it gives up.
 type DurableWaiter = (DurableTicket, Sender<Result<(), DurableStatus>>, Instant);
 
@@ -110,7 +119,9 @@ pub(crate) struct Core {
     pub results_rx: Receiver<CoreMsg>,
     pub api_rx: Receiver<CoreMsg>,
     pub incoming_rx: Receiver<CoreMsg>,
-    pub verify_tx: Sender<Record>,
+    /// The verify actors' queue; `None`: the core verifies each record itself, which on a
+    /// node sharing a few cores saves two thread hand-offs per record.
+    pub verify_tx: Option<Sender<Record>>,
     pub ring: CoreRing,
     pub metrics: Arc<Metrics>,
     pub tick: Duration,
@@ -128,11 +139,13 @@ impl Core {
         let mut next_tick = Instant::now() + self.tick;
         loop {
             let timeout = next_tick.saturating_duration_since(Instant::now());
-            let room = !self.verify_tx.is_full();
+            let room = self.verify_tx.as_ref().is_none_or(|tx| !tx.is_full());
             let msg = {
                 let mut sel = Select::new();
                 let i_local = sel.recv(&self.local_rx);
-                let i_res = sel.recv(&self.results_rx);
+                // Without verify actors nothing sends results, and a receiver with no senders
+                // left would always be ready.
+                let i_res = if self.verify_tx.is_some() { Some(sel.recv(&self.results_rx)) } else { None };
                 let i_api = sel.recv(&self.api_rx);
                 let i_in = if room { Some(sel.recv(&self.incoming_rx)) } else { None };
                 match sel.select_timeout(timeout) {
@@ -140,7 +153,7 @@ impl Core {
                         let i = op.index();
                         let rx = if i == i_local {
                             &self.local_rx
-                        } else if i == i_res {
+                        } else if Some(i) == i_res {
                             &self.results_rx
                         } else if i == i_api {
                             &self.api_rx
@@ -187,9 +200,20 @@ impl Core {
                 }
                 CoreMsg::Incoming(rec) => {
                     if !self.core.precheck(&rec) {
-                        // Room was checked before receiving, and the core is the only sender.
-                        if self.verify_tx.try_send(rec).is_err() {
-                            self.core.on_rejected(RejectReason::Overload);
+                        match &self.verify_tx {
+                            // Room was checked before receiving, and the core is the only sender.
+                            Some(tx) => {
+                                if tx.try_send(rec).is_err() {
+                                    self.core.on_rejected(RejectReason::Overload);
+                                }
+                            }
+                            None => match verify(&self.verifier, rec) {
+                                Ok(v) => {
+                                    let out = self.core.on_verified(*v, now);
+                                    self.outputs(out);
+                                }
+                                Err(r) => self.core.on_rejected(r),
+                            },
                         }
                     }
                 }

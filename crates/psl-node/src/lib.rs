@@ -7,7 +7,7 @@
 //!   get ◀── memtable ◀── core thread (NodeCore: orderer, coordinator, cache, sync barriers)
 //!                          │  ▲ verified / rejected            │ publish
 //!                          ▼  │                                ▼
-//!                     verify actors (pool)          ═══ boundary: outbound SPSC ring ═══▶ host: fabric.publish
+//!           verify actors (pool; none: the core)    ═══ boundary: outbound SPSC ring ═══▶ host: fabric.publish
 //!                          ▲                                                                    
 //!             dispatcher ◀═══ boundary: inbound SPSC ring ◀═══ host: fabric.recv
 //! ```
@@ -25,6 +25,9 @@
 //!   read interface (freshness-checked) before it rejoins, under an incarnation above any the
 //!   servers have seen.
 //! - [`control`]: the line-based TCP control interface (`psl node --control`) and its client.
+//!
+//! The rings' waiters park once they run out of spins; the peer's next push or pop rings them
+//! awake (`psl_boundary::BackoffPolicy::parking`).
 //!
 //! Trust: everything but `host` is the trusted core. The host side sees only what crosses the
 //! rings: sealed, signed records and repair/heads messages; never a key or a plaintext byte.

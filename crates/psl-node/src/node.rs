@@ -147,7 +147,8 @@ impl Node {
         // Writer actors.
         let mut actors = Vec::new();
         for (w, key) in keys.writers {
-            let q = Arc::new(ActorQueue::new(w, opts.queue_ops_max.max(opts.batch_ops_max)));
+            let batch_ops_max = opts.batch_ops_max.clamp(1, limits.ops_per_record_max as usize);
+            let q = Arc::new(ActorQueue::new(w, opts.queue_ops_max.max(opts.batch_ops_max), batch_ops_max));
             let (ctl_tx, ctl_rx) = bounded(1024);
             let author = Author::with_keys(&keys.meta, key, keys.data_key.clone(), w)
                 .map_err(|e| NodeError::Keys(e.to_string()))?;
@@ -156,7 +157,7 @@ impl Node {
                 author,
                 ctl: ctl_rx,
                 core: local_tx.clone(),
-                batch_ops_max: opts.batch_ops_max.clamp(1, limits.ops_per_record_max as usize),
+                batch_ops_max,
                 batch_bytes_max: (limits.record_bytes_max as usize).saturating_sub(64 * 1024).max(1),
                 flush_delay: opts.flush_delay,
                 clock: clock.clone(),
@@ -165,19 +166,16 @@ impl Node {
             actors.push((q, ctl_tx));
         }
 
-        // Verify actors.
-        for i in 0..opts.verifiers.max(1) {
+        // Verify actors (none: the core thread verifies).
+        for i in 0..opts.verifiers {
             let rx = verify_rx.clone();
             let tx = results_tx.clone();
             let v = verifier.clone();
             threads.push(std::thread::Builder::new().name(format!("verify-{i}")).spawn(move || {
                 while let Ok(rec) = rx.recv() {
-                    let m = match v.verify_open(rec) {
-                        Ok(o) => CoreMsg::Verified(Box::new(o)),
-                        Err(rej) => {
-                            tracing::debug!("rejected: {rej}");
-                            CoreMsg::Rejected(RejectReason::from_verifier(&rej.reason))
-                        }
+                    let m = match crate::core::verify(&v, rec) {
+                        Ok(o) => CoreMsg::Verified(o),
+                        Err(r) => CoreMsg::Rejected(r),
                     };
                     if tx.send(m).is_err() {
                         return;
@@ -185,6 +183,7 @@ impl Node {
                 }
             })?);
         }
+        let verify_tx = (opts.verifiers > 0).then_some(verify_tx);
         drop(results_tx);
 
         // Boundary and host.
@@ -405,7 +404,7 @@ impl Node {
                 None => Action::Delete,
             },
         });
-        let wake = ops.len() == 1 || ops.len() % 64 == 0;
+        let wake = q.wakes_at(ops.len());
         drop(ops);
         if wake {
             q.work.notify_one();

@@ -11,7 +11,8 @@ pub struct NodeOptions {
     pub incarnation: u32,
     /// Writer actors (crypto threads that batch, seal and sign). 0 for a receive-only node.
     pub writers: usize,
-    /// Verify actors.
+    /// Verify actors. 0: the core thread verifies each record itself (no hand-off to another
+    /// thread and back: cheaper where a node shares a few cores, but no parallel verification).
     pub verifiers: usize,
     /// Most ops in one record.
     pub batch_ops_max: usize,
@@ -23,9 +24,10 @@ pub struct NodeOptions {
     pub put_timeout: Duration,
     /// Items in each boundary ring.
     pub ring_items: usize,
-    /// How ring waiters spin, yield and sleep. The default spins ~20-40 µs before sleeping,
-    /// right for a node with cores of its own; many nodes sharing a few cores (the embedded
-    /// deployment, benchmarks) should use [`NodeOptions::shared_cores`].
+    /// How ring waiters spin, yield and park. The default spins ~20-40 µs and yields before it
+    /// parks (the peer's next push or pop rings it awake: `BackoffPolicy::parking`), right for
+    /// a node with cores of its own; many nodes sharing a few cores (the embedded deployment,
+    /// benchmarks) should use [`NodeOptions::shared_cores`].
     pub ring_backoff: psl_boundary::BackoffPolicy,
     /// Messages between the dispatcher, the core and the verify actors.
     pub channel_msgs_max: usize,
@@ -50,29 +52,12 @@ pub struct NodeOptions {
 
 impl NodeOptions {
     /// Options for a node that shares its cores with many others (several nodes in one
-    /// process): ring waiters barely spin, so idle nodes leave the CPU to busy ones.
+    /// process): ring waiters barely spin or yield before they park, so idle nodes leave the
+    /// CPU to busy ones, and the doorbell wakes them when a record comes.
     pub fn shared_cores(mut self) -> NodeOptions {
-        self.ring_backoff = psl_boundary::BackoffPolicy {
-            spin_polls: 32,
-            yield_polls: 8,
-            min_sleep: Duration::from_micros(20),
-            max_sleep: Duration::from_micros(500),
-        };
+        self.ring_backoff =
+            psl_boundary::BackoffPolicy { spin_polls: 32, yield_polls: 0, ..psl_boundary::BackoffPolicy::parking() };
         self
-    }
-
-    /// [`NodeOptions::shared_cores`] with longer sleeps (250 µs doubling to 2 ms) once a ring
-    /// waiter has run out of spins and yields: an idle or lightly loaded node wakes its ring
-    /// threads about 8 times less often, which leaves more of a few shared cores to the work
-    /// that answers clients. The price is up to ~2 ms more before a record that arrives after
-    /// a quiet spell moves between the host and the core. Right where no client waits on the
-    /// rings: the SecureCached embedded deployment (get and set are answered from the local
-    /// memtable; replication follows), not for launches or synchronous round trips.
-    pub fn shared_cores_relaxed(self) -> NodeOptions {
-        let mut o = self.shared_cores();
-        o.ring_backoff.min_sleep = Duration::from_micros(250);
-        o.ring_backoff.max_sleep = Duration::from_millis(2);
-        o
     }
 }
 
@@ -88,7 +73,7 @@ impl Default for NodeOptions {
             queue_ops_max: 65_536,
             put_timeout: Duration::from_secs(10),
             ring_items: 4096,
-            ring_backoff: psl_boundary::BackoffPolicy::default(),
+            ring_backoff: psl_boundary::BackoffPolicy::parking(),
             channel_msgs_max: 4096,
             tick: Duration::from_millis(10),
             core: NodeConfig::default(),

@@ -19,6 +19,16 @@ fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
 
 #[test]
 fn bad_records_are_refused_and_counted_by_reason() {
+    refused_and_counted(2);
+}
+
+/// The same, on a node without verify actors, whose core thread verifies every record.
+#[test]
+fn bad_records_are_refused_when_the_core_verifies() {
+    refused_and_counted(0);
+}
+
+fn refused_and_counted(verifiers: usize) {
     let owner = OwnerKey::from_seed(&[7; 32]).unwrap();
     let app = owner.app(9).unwrap();
     let meta = new_capsule(&owner, 9, "rejections", 0, Limits::default()).unwrap();
@@ -31,7 +41,7 @@ fn bad_records_are_refused_and_counted_by_reason() {
     };
     let _coordinator =
         Node::start(NodeKeys::derive(&meta, &app, &copts).unwrap(), Arc::new(hub.endpoint("c")), copts).unwrap();
-    let opts = NodeOptions { node_id: 1, writers: 1, ..NodeOptions::default() };
+    let opts = NodeOptions { node_id: 1, writers: 1, verifiers, ..NodeOptions::default() };
     let victim = Node::start(NodeKeys::derive(&meta, &app, &opts).unwrap(), Arc::new(hub.endpoint("v")), opts).unwrap();
     let attacker = hub.endpoint("attacker");
     let name = meta.name();

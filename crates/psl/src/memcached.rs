@@ -74,7 +74,8 @@ pub struct MemcachedArgs {
     /// With --cluster: state directory keeping the incarnation counter (as `psl node --state`).
     #[arg(long)]
     pub state: Option<PathBuf>,
-    /// Verify actors of each node (default: 1 embedded, 2 with --cluster).
+    /// Verify actors of each node (default: 0 embedded, where the core thread verifies; 2 with
+    /// --cluster).
     #[arg(long)]
     pub verifiers: Option<usize>,
     /// Most ops per record.
@@ -293,7 +294,7 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
             let d = Embedded::start(&EmbeddedOptions {
                 replicas: a.replicas,
                 writers: a.writers.unwrap_or(psl_memcached::deploy::EmbeddedOptions::default().writers),
-                verifiers: a.verifiers.unwrap_or(1),
+                verifiers: a.verifiers.unwrap_or(psl_memcached::deploy::EmbeddedOptions::default().verifiers),
                 flush_delay: a
                     .flush_us
                     .map_or(psl_memcached::deploy::EmbeddedOptions::default().flush_delay, Duration::from_micros),
