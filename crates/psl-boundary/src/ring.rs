@@ -342,6 +342,36 @@ pub fn duplex_with_backoff<T: Send>(
     (ends(0), ends(1))
 }
 
+/// The waiting half of the doorbell (see the [`backoff`](crate::backoff) module): raise `flag`,
+/// fence, and park for at most `nap` only if `still_waiting()`, checked after the fence
+/// (Dekker's pattern with [`ring_bell`]: either that check sees the peer's push or pop, or the peer
+/// sees the flag); then lower the flag.
+fn park(flag: &AtomicBool, parker: &Parker, nap: Duration, still_waiting: impl FnOnce() -> bool) {
+    flag.store(true, Ordering::Relaxed);
+    fence(Ordering::SeqCst);
+    if still_waiting() {
+        parker.park_timeout(nap);
+    }
+    flag.store(false, Ordering::Relaxed);
+}
+
+/// The ringing half, after a push or pop: fence, and wake the peer if its `flag` is raised.
+/// True if this call woke it.
+#[inline(always)]
+fn ring_bell(flag: &AtomicBool, peer: &Unparker) -> bool {
+    fence(Ordering::SeqCst);
+    flag.load(Ordering::Relaxed) && wake(flag, peer)
+}
+
+#[cold]
+fn wake(flag: &AtomicBool, peer: &Unparker) -> bool {
+    let parked = flag.swap(false, Ordering::Relaxed);
+    if parked {
+        peer.unpark();
+    }
+    parked
+}
+
 /// The writing end of a ring. `Send`, not `Sync`, not `Clone`: there is exactly one.
 ///
 /// ```compile_fail
@@ -451,34 +481,17 @@ impl<T: Send> Producer<T> {
             std::thread::sleep(nap);
             return;
         }
-        let parked = &self.control.parked.producer;
-        parked.store(true, Ordering::Relaxed);
-        // Dekker with the consumer's fence in `ring_producer`: either the position read below
-        // sees its pop, or it sees the flag raised above.
-        fence(Ordering::SeqCst);
-        let head = self.control.consumer.head.load(Ordering::Acquire);
-        let room = self.tail.wrapping_sub(head) < self.capacity;
-        if !room && self.control.alive.consumer.load(Ordering::Acquire) {
-            self.parker.park_timeout(nap);
-        }
-        parked.store(false, Ordering::Relaxed);
+        let (c, tail, capacity) = (&self.control, self.tail, self.capacity);
+        park(&c.parked.producer, &self.parker, nap, || {
+            tail.wrapping_sub(c.consumer.head.load(Ordering::Acquire)) >= capacity
+                && c.alive.consumer.load(Ordering::Acquire)
+        });
     }
 
     /// After a push on a doorbell ring: wakes the consumer if it is parked.
     #[inline(always)]
     fn ring_consumer(&mut self) {
-        if self.doorbell {
-            fence(Ordering::SeqCst);
-            if self.control.parked.consumer.load(Ordering::Relaxed) {
-                self.wake_consumer();
-            }
-        }
-    }
-
-    #[cold]
-    fn wake_consumer(&mut self) {
-        if self.control.parked.consumer.swap(false, Ordering::Relaxed) {
-            self.control.wake_consumer.unpark();
+        if self.doorbell && ring_bell(&self.control.parked.consumer, &self.control.wake_consumer) {
             self.doorbells += 1;
             self.control.producer.doorbells.store(self.doorbells, Ordering::Relaxed);
         }
@@ -677,31 +690,13 @@ impl<T: Send> Consumer<T> {
             return;
         }
         let parked = &self.control.parked.consumer;
-        parked.store(true, Ordering::Relaxed);
-        // Dekker with the producer's fence in `ring_consumer`: either the slot read below sees
-        // its push, or it sees the flag raised above.
-        fence(Ordering::SeqCst);
-        if !self.ready() && self.control.alive.producer.load(Ordering::Acquire) {
-            self.parker.park_timeout(nap);
-        }
-        parked.store(false, Ordering::Relaxed);
+        park(parked, &self.parker, nap, || !self.ready() && self.control.alive.producer.load(Ordering::Acquire));
     }
 
     /// After a pop on a doorbell ring: wakes the producer if it is parked on a full ring.
     #[inline(always)]
     fn ring_producer(&mut self) {
-        if self.doorbell {
-            fence(Ordering::SeqCst);
-            if self.control.parked.producer.load(Ordering::Relaxed) {
-                self.wake_producer();
-            }
-        }
-    }
-
-    #[cold]
-    fn wake_producer(&mut self) {
-        if self.control.parked.producer.swap(false, Ordering::Relaxed) {
-            self.control.wake_producer.unpark();
+        if self.doorbell && ring_bell(&self.control.parked.producer, &self.control.wake_producer) {
             self.doorbells += 1;
             self.control.consumer.doorbells.store(self.doorbells, Ordering::Relaxed);
         }
