@@ -52,8 +52,8 @@ pub struct NodeOptions {
 
 impl NodeOptions {
     /// Options for a node that shares its cores with many others (several nodes in one
-    /// process): ring waiters barely spin or yield before they park, so idle nodes leave the
-    /// CPU to busy ones, and the doorbell wakes them when a record comes.
+    /// process): ring waiters spin 32 times and do not yield before they park, so idle nodes
+    /// leave the CPU to busy ones, and the doorbell wakes them when a record comes.
     pub fn shared_cores(mut self) -> NodeOptions {
         self.ring_backoff =
             psl_boundary::BackoffPolicy { spin_polls: 32, yield_polls: 0, ..psl_boundary::BackoffPolicy::parking() };
