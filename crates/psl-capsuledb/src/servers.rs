@@ -332,19 +332,43 @@ pub struct Survey {
     pub skipped: Vec<(SocketAddr, String)>,
     /// The newest verified SYNC any server holds: epoch and links.
     pub newest_sync: Option<(u64, Vec<Link>)>,
+    /// Surveys [`survey_fresh`] took, and how long it waited (0 and zero for one [`survey`]).
+    pub rounds: u32,
+    pub waited: Duration,
 }
 
-/// [`survey`], again every 100 ms until at least `need` servers are fresh (a server stores a
-/// SYNC before, or after, records it links, so a moment's view may be short) or `within` passed;
-/// returns the last survey either way.
+/// [`survey`], again until at least `need` servers are fresh ([`Survey::fresh`]: a server
+/// stores a SYNC before, or after, records it links, and one that was just restarted catches
+/// up by anti-entropy, so a moment's view may be short) or `within` passed; the wait between
+/// surveys doubles from 100 ms to 1 s, with a log line per retry (the same rule and patience
+/// as a node's recovery, `psl_server::read::fetch_quorum_within`). Returns the last survey
+/// either way, and how long it waited.
 pub fn survey_fresh(addrs: &[SocketAddr], public: &Verifier, need: usize, within: Duration) -> Survey {
-    let deadline = Instant::now() + within;
+    let started = Instant::now();
+    let deadline = started + within;
+    let mut wait = Duration::from_millis(100);
+    let mut rounds = 0u32;
     loop {
-        let s = survey(addrs, public);
-        if s.fresh(need).len() >= need.max(1) || Instant::now() >= deadline {
+        rounds += 1;
+        let mut s = survey(addrs, public);
+        s.rounds = rounds;
+        s.waited = started.elapsed();
+        let fresh = s.fresh().len();
+        if fresh >= need.max(1) || Instant::now() + wait > deadline {
             return s;
         }
-        std::thread::sleep(Duration::from_millis(100));
+        let stale: Vec<String> = s.stale_reasons().iter().map(|(a, e)| format!("{a}: {e}")).collect();
+        tracing::warn!(
+            round = rounds,
+            fresh,
+            need,
+            left_ms = deadline.saturating_duration_since(Instant::now()).as_millis() as u64,
+            "capsuledb: waiting for fresh capsule servers ({fresh} of {need} so far); retrying in {} ms: {}",
+            wait.as_millis(),
+            stale.join("; ")
+        );
+        std::thread::sleep(wait);
+        wait = (wait * 2).min(Duration::from_secs(1));
     }
 }
 
@@ -402,33 +426,35 @@ impl Survey {
         Ok(next)
     }
 
-    /// The SYNC freshness is judged against: the newest that at least `need` of the reached
-    /// servers hold (a SYNC is signed by a coordinator, so no server can claim a newer one than
-    /// exists; fewer than `need` servers, possibly stale or withholding, cannot lower it below
-    /// what `need` honest ones hold). With `need = f + 1` and a moving epoch clock, a server a
-    /// few milliseconds behind the newest SYNC is not refused for it.
-    pub fn target(&self, need: usize) -> Option<(u64, Vec<Link>)> {
-        let mut syncs: Vec<&(u64, Vec<Link>)> = self.reached.iter().filter_map(|r| r.sync.as_ref()).collect();
-        syncs.sort_by_key(|s| std::cmp::Reverse(s.0));
-        syncs.get(need.max(1) - 1).map(|s| (*s).clone())
+    /// The SYNC freshness is judged against: the newest verified SYNC any reached server holds
+    /// (signed by a coordinator, so no server can claim a newer one than exists). The rule is
+    /// `psl_server::check_fresh`'s, as for a node's recovery: a server is fresh if it holds
+    /// every record that SYNC links, whichever SYNC record it stored last, so a server one
+    /// epoch behind under a fast epoch clock is not refused for it.
+    pub fn target(&self) -> Option<&(u64, Vec<Link>)> {
+        self.newest_sync.as_ref()
     }
 
-    /// The servers whose view passes the freshness check against [`Survey::target`]`(need)`:
-    /// their newest SYNC is at least as new, and their heads reach every record it links.
-    pub fn fresh(&self, need: usize) -> Vec<&Reached> {
-        let target = self.target(need);
-        self.reached
-            .iter()
-            .filter(|r| match &target {
-                None => true,
-                Some((epoch, links)) => {
-                    let hash_at = |w: u32, s: u64| r.heads.get(&w).filter(|h| h.0 == s).map(|h| h.1);
-                    let sync_epoch = r.sync.as_ref().map(|s| s.0);
-                    let view = ServerView { heads: &r.heads, latest_sync_epoch: sync_epoch, hash_at: &hash_at };
-                    check_fresh(&view, *epoch, links).is_ok()
-                }
-            })
-            .collect()
+    /// The servers whose heads reach every record [`Survey::target`] links (and, where a head
+    /// is the linked seq, with the linked hash). Heads are claims: [`replay`] checks every
+    /// linked hash in what it reads, so a server that claims more than it holds fails there
+    /// and the next holder is read.
+    pub fn fresh(&self) -> Vec<&Reached> {
+        self.reached.iter().filter(|r| self.stale_reason(r).is_none()).collect()
+    }
+
+    fn stale_reason(&self, r: &Reached) -> Option<String> {
+        let (_, links) = self.target()?;
+        let hash_at = |w: u32, s: u64| r.heads.get(&w).filter(|h| h.0 == s).map(|h| h.1);
+        check_fresh(&ServerView { heads: &r.heads, hash_at: &hash_at }, links).err().map(|e| format!("stale: {e}"))
+    }
+
+    /// Why each reached server that is not fresh is not, and the servers not reached.
+    pub fn stale_reasons(&self) -> Vec<(SocketAddr, String)> {
+        let mut out: Vec<(SocketAddr, String)> =
+            self.reached.iter().filter_map(|r| self.stale_reason(r).map(|e| (r.addr, e))).collect();
+        out.extend(self.skipped.iter().cloned());
+        out
     }
 
     /// The newest db-index record of role `id`: in its newest incarnation that wrote one, the
@@ -515,19 +541,19 @@ pub fn replay(
     id: u32,
     need: usize,
 ) -> Result<ReplayReport, Error> {
-    let mut report = ReplayReport { skipped: survey.skipped.clone(), ..Default::default() };
-    let fresh = survey.fresh(need);
-    for r in &survey.reached {
-        if !fresh.iter().any(|f| f.addr == r.addr) {
-            report.skipped.push((r.addr, "stale: behind the SYNC a majority holds".into()));
-        }
-    }
+    let mut report = ReplayReport { skipped: survey.stale_reasons(), ..Default::default() };
+    let fresh = survey.fresh();
     if fresh.len() < need.max(1) {
         let why: Vec<String> = report.skipped.iter().map(|(a, e)| format!("{a}: {e}")).collect();
+        let sync =
+            survey.target().map_or("no SYNC known".to_string(), |(e, _)| format!("the newest SYNC, epoch {e:#x}"));
         return Err(Error::Store(format!(
-            "replay needs {} fresh capsule servers, found {}; {}",
+            "replay needs {} fresh capsule servers (each holding every record {sync} links), found {} after \
+             waiting {} ms ({} surveys); {}",
             need.max(1),
             fresh.len(),
+            survey.waited.as_millis(),
+            survey.rounds,
             why.join("; ")
         )));
     }
@@ -539,7 +565,7 @@ pub fn replay(
             writers.entry(*w).or_default().push((*seq, r.addr));
         }
     }
-    let links: Vec<Link> = survey.target(need).map(|s| s.1).unwrap_or_default();
+    let links: Vec<Link> = survey.target().map(|s| s.1.clone()).unwrap_or_default();
     let mut used = std::collections::BTreeSet::new();
     for (w, mut holders) in writers {
         if policy.is_coordinator(w) || psl_scl::server_id(w).is_some() || block_incarnation(id, w).is_some() {
@@ -677,18 +703,30 @@ mod tests {
     }
 
     #[test]
-    fn freshness_target_is_the_newest_sync_a_quorum_holds() {
-        let s = Survey {
-            reached: vec![reached(1, Some(9)), reached(2, Some(7)), reached(3, Some(4)), reached(4, None)],
+    fn freshness_is_holding_what_the_newest_sync_links() {
+        let link = |writer, seq| Link { writer, seq, hash: Hash256([seq as u8; 32]) };
+        let head = |seq: u64| (seq, Hash256([seq as u8; 32]));
+        let mut s = Survey {
+            reached: vec![reached(1, Some(9)), reached(2, Some(8)), reached(3, Some(4)), reached(4, None)],
             ..Survey::default()
         };
-        assert_eq!(s.target(1).map(|t| t.0), Some(9));
-        assert_eq!(s.target(2).map(|t| t.0), Some(7));
-        assert_eq!(s.target(3).map(|t| t.0), Some(4));
-        assert_eq!(s.target(4), None);
-        // Fresh against epoch 7: the servers holding 9 and 7, not 4 nor none.
-        let fresh: Vec<u16> = s.fresh(2).iter().map(|r| r.addr.port()).collect();
+        // The newest SYNC (epoch 9) links writer 7's seq 5.
+        s.newest_sync = Some((9, vec![link(7, 5)]));
+        s.reached[0].heads.insert(7, head(6));
+        // One epoch behind, but holding the linked record: fresh.
+        s.reached[1].heads.insert(7, head(5));
+        // Behind the link: stale, whatever SYNC it holds.
+        s.reached[2].heads.insert(7, head(4));
+        // Another record at the linked slot: stale.
+        s.reached[3].heads.insert(7, (5, Hash256([99; 32])));
+        assert_eq!(s.target().map(|t| t.0), Some(9));
+        let fresh: Vec<u16> = s.fresh().iter().map(|r| r.addr.port()).collect();
         assert_eq!(fresh, vec![1, 2]);
+        let stale: Vec<u16> = s.stale_reasons().iter().map(|(a, _)| a.port()).collect();
+        assert_eq!(stale, vec![3, 4]);
+        // Nothing known: every reached server is fresh.
+        s.newest_sync = None;
+        assert_eq!(s.fresh().len(), 4);
         assert_eq!(s.next_incarnation(30_000, &Verifier::new(test_meta(), None)).unwrap(), 0);
     }
 

@@ -2,8 +2,12 @@
 //! (not from peers), over their read interface (`psl_server::read`), before it rejoins.
 //!
 //! 1. [`fetch`] reads the whole capsule from a majority of the servers whose copies are fresh
-//!    and agree (`psl_server::read::fetch_quorum`: each at least as new as the newest verified
-//!    SYNC any server offers; a withholding or lying server is skipped) and takes the union.
+//!    and agree (`psl_server::read::fetch_quorum_within`: each holds every record the newest
+//!    verified SYNC any server offers links, proved by serving them; a withholding or lying
+//!    server is skipped) and takes the union. It waits, bounded ([`Patience`]) and logging
+//!    each retry, while fewer than a majority are fresh: a server one SYNC behind under a fast
+//!    epoch clock, or one that was just restarted and is catching up by anti-entropy, becomes
+//!    fresh within moments, and giving up at once would lose the node for nothing.
 //! 2. [`next_incarnation_above`] picks an incarnation above every one of this node id that the
 //!    servers have seen, so the restarted node never re-signs a (writer, seq) slot that an
 //!    acknowledged record occupies.
@@ -14,8 +18,9 @@
 //!    so the Lamport clock is past every recovered write before the first new one.
 //!
 //! Why nothing acknowledged is lost or applied twice: an acknowledged write is on `f + 1`
-//! servers, and the `f + 1` copies read overlap them in at least one (the freshness check
-//! additionally rejects copies older than the newest SYNC); applying is last-writer-wins by
+//! servers, and the `f + 1` copies read overlap them in at least one, whichever round of the
+//! wait each copy was read in (a server never loses what it fsync'd; the freshness check
+//! additionally rejects copies that lack a record the newest SYNC links); applying is last-writer-wins by
 //! version and duplicates are dropped by hash, so a record that arrives again (from the fetch
 //! and later from a peer) changes nothing; and new writes use a new incarnation.
 
@@ -23,7 +28,8 @@ use bytes::Bytes;
 use psl_capsule::{SignedMetadata, Verifier};
 use psl_fabric::{Fabric, FabricError, FabricStats, Message};
 use psl_scl::{Metrics, Msg};
-use psl_server::read::{fetch_quorum, ReadError};
+pub use psl_server::read::Patience;
+use psl_server::read::{fetch_quorum_within, ReadError};
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -38,16 +44,24 @@ pub struct Recovery {
     pub servers: Vec<SocketAddr>,
     pub skipped: Vec<(SocketAddr, String)>,
     pub newest_sync_epoch: Option<u64>,
+    /// Rounds the fetch took (1: enough servers were fresh at once).
+    pub rounds: u32,
     /// Highest incarnation of `node_id` found among the records, if any.
     pub incarnation_seen: Option<u32>,
 }
 
-/// Reads the capsule from the servers (see the module docs): the union of fresh copies from a
-/// majority of `servers` (all n of them should be listed), so that every acknowledged write is
-/// in it. `node_id` is this node's id.
-pub fn fetch(servers: &[SocketAddr], meta: &SignedMetadata, node_id: u32) -> Result<Recovery, ReadError> {
+/// Reads the capsule from the servers (see the module docs): the union of `need` fresh copies
+/// (f + 1 of the deployment's 2f + 1 servers: [`quorum`]), so that every acknowledged write is
+/// in it, waiting for them as `patience` allows. `node_id` is this node's id.
+pub fn fetch(
+    servers: &[SocketAddr],
+    meta: &SignedMetadata,
+    node_id: u32,
+    need: usize,
+    patience: Patience,
+) -> Result<Recovery, ReadError> {
     let v = Verifier::new(meta.clone(), None);
-    let got = fetch_quorum(servers, &v, None, servers.len() / 2 + 1)?;
+    let got = fetch_quorum_within(servers, &v, None, need, patience)?;
     let capsule = meta.name();
     let mut incarnation_seen: Option<u32> = None;
     let mut messages = Vec::with_capacity(got.records.len());
@@ -64,8 +78,20 @@ pub fn fetch(servers: &[SocketAddr], meta: &SignedMetadata, node_id: u32) -> Res
         servers: got.servers,
         skipped: got.skipped,
         newest_sync_epoch: got.newest_sync_epoch,
+        rounds: got.rounds,
         incarnation_seen,
     })
+}
+
+/// Copies a recovery needs: a majority (f + 1) of the deployment's `n` servers, or of the
+/// addresses listed when `n` is not known (0). Listing fewer servers than the deployment has
+/// never lowers it: f + 1 copies are what overlap every write's f + 1 acks.
+pub fn quorum(n: u32, listed: usize) -> usize {
+    if n > 0 {
+        n as usize / 2 + 1
+    } else {
+        listed / 2 + 1
+    }
 }
 
 /// The incarnation to start with: above `from_state` (the local counter, if any) and above
@@ -137,6 +163,16 @@ pub fn wait_applied(pre: &Preloaded, metrics: &Metrics, records: u64, within: Du
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_quorum_is_a_majority_of_the_deployment() {
+        assert_eq!(quorum(3, 3), 2);
+        assert_eq!(quorum(3, 2), 2, "listing two of three servers still needs two copies");
+        assert_eq!(quorum(3, 1), 2);
+        assert_eq!(quorum(5, 5), 3);
+        assert_eq!(quorum(0, 3), 2);
+        assert_eq!(quorum(0, 1), 1);
+    }
 
     #[test]
     fn incarnation_is_above_state_and_servers() {

@@ -15,7 +15,9 @@
 //!
 //! The server is untrusted for what it answers: the client verifies every record with the
 //! capsule's public keys, and [`fetch_fresh`] checks each server's view against the newest SYNC
-//! known (`crate::check_fresh`), moving on to another server when one withholds.
+//! known (`crate::check_fresh`), moving on to another server when one withholds;
+//! [`fetch_quorum_within`] waits, bounded and with a log line per retry, until enough servers
+//! are fresh.
 
 use crate::freshness::{check_fresh, ServerView, Stale};
 use psl_capsule::{Kind, Link, MembershipProof, Record, Verified, Verifier};
@@ -382,100 +384,185 @@ pub struct Fetched {
     pub records: Vec<Verified<Record>>,
     /// The servers read from (fresh copies that agree).
     pub servers: Vec<SocketAddr>,
-    /// Servers passed over, and why (unreachable, stale, lying).
+    /// Servers passed over, and why (unreachable, stale, lying): the last reason for each
+    /// server not read from.
     pub skipped: Vec<(SocketAddr, String)>,
-    /// The newest SYNC known when choosing: (epoch, its links).
+    /// The epoch of the newest SYNC known when the last copy was chosen.
     pub newest_sync_epoch: Option<u64>,
+    /// Rounds it took (1: every copy needed was fresh at once).
+    pub rounds: u32,
 }
 
-/// Reads a whole capsule from the first server in `servers` whose copy is fresh: at least as
-/// new as the newest verified SYNC any of them (or `known`, the reader's own newest SYNC)
-/// offers, holding every record that SYNC links. A server that withholds (stale prefix, older
-/// SYNC), lies (a record that does not verify or link) or cannot be reached is skipped.
+/// How long a fetch waits for enough fresh copies. A server that is catching up (restarted,
+/// or one SYNC behind under a fast epoch clock) becomes fresh within moments; giving up at the
+/// first look would refuse a healthy deployment. Each round reads every server not yet used
+/// again, against the newest SYNC known by then; between rounds the wait doubles from
+/// `retry_first` up to `retry_max`, and a line is logged (`tracing` warn) per retry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Patience {
+    /// Give up once this much time has passed since the first round (zero: one round only).
+    pub within: Duration,
+    pub retry_first: Duration,
+    pub retry_max: Duration,
+}
+
+impl Patience {
+    /// One round, no retry.
+    pub const ONCE: Patience =
+        Patience { within: Duration::ZERO, retry_first: Duration::from_millis(100), retry_max: Duration::from_secs(1) };
+
+    /// Retries for up to `within`, from 100 ms between rounds doubling to 1 s.
+    pub fn within(within: Duration) -> Patience {
+        Patience { within, ..Patience::ONCE }
+    }
+}
+
+/// Reads a whole capsule from the first server in `servers` whose copy is fresh: it holds
+/// every record that the newest verified SYNC any of them (or `known`, the reader's own newest
+/// SYNC) offers links (`crate::check_fresh`). A server that withholds (stale prefix), lies (a
+/// record that does not verify or link) or cannot be reached is skipped. One round only: see
+/// [`fetch_quorum_within`] to wait.
 pub fn fetch_fresh(
     servers: &[SocketAddr],
     v: &Verifier,
     known: Option<(u64, Vec<Link>)>,
 ) -> Result<Fetched, ReadError> {
-    fetch_quorum(servers, v, known, 1)
+    fetch_quorum_within(servers, v, known, 1, Patience::ONCE)
 }
 
 /// Like [`fetch_fresh`], but reads `need` fresh copies and returns their union. With
 /// `need = f + 1` of `2f + 1` servers this holds every acknowledged durable write, including
 /// those newer than the newest SYNC (which freshness cannot vouch for): the f + 1 servers that
 /// acked a write and the f + 1 read overlap in at least one. Copies must agree (one chain per
-/// writer, one a prefix of the other); a copy that conflicts is skipped.
+/// writer, one a prefix of the other); a copy that conflicts is skipped. One round only.
 pub fn fetch_quorum(
     servers: &[SocketAddr],
     v: &Verifier,
     known: Option<(u64, Vec<Link>)>,
     need: usize,
 ) -> Result<Fetched, ReadError> {
+    fetch_quorum_within(servers, v, known, need, Patience::ONCE)
+}
+
+/// [`fetch_quorum`], waiting (bounded by `patience`) until `need` servers hold fresh copies.
+///
+/// Why the union is still complete when copies are taken in different rounds: every copy is
+/// read after the call began, and a server never loses what it fsync'd, so any f + 1 copies
+/// overlap the f + 1 servers that acked a write before the call; and the round that completes
+/// the quorum checks its copy against the newest SYNC known then, so the union covers that
+/// SYNC too. The error after the deadline names what it waited for and, per server, why it
+/// was not used.
+pub fn fetch_quorum_within(
+    servers: &[SocketAddr],
+    v: &Verifier,
+    known: Option<(u64, Vec<Link>)>,
+    need: usize,
+    patience: Patience,
+) -> Result<Fetched, ReadError> {
     let need = need.max(1);
-    let mut skipped: Vec<(SocketAddr, String)> = Vec::new();
-    let mut clients = Vec::new();
+    let started = std::time::Instant::now();
+    let deadline = started + patience.within;
+    let mut wait = patience.retry_first.max(Duration::from_millis(1));
     let mut newest = known;
-    for a in servers {
-        match ReadClient::connect(*a).and_then(|mut c| c.latest_sync(v).map(|s| (c, s))) {
-            Ok((c, s)) => {
-                if let Some(s) = s {
-                    let e = s.header().epoch;
-                    if newest.as_ref().is_none_or(|(ne, _)| e > *ne) {
-                        newest = Some((e, s.header().links.clone()));
-                    }
-                }
-                clients.push(c);
-            }
-            Err(e) => skipped.push((*a, e.to_string())),
-        }
-    }
     let mut chains: BTreeMap<u32, Vec<Verified<Record>>> = BTreeMap::new();
-    let mut used = Vec::new();
-    for mut c in clients {
-        if used.len() >= need {
-            break;
-        }
-        match fetch_from(&mut c, v, newest.as_ref()) {
-            Ok(records) => {
-                let mut theirs: BTreeMap<u32, Vec<Verified<Record>>> = BTreeMap::new();
-                for r in records {
-                    theirs.entry(r.header().writer).or_default().push(r);
-                }
-                let conflict = theirs.iter().find(|(w, c2)| {
-                    chains.get(w).is_some_and(|c1| {
-                        let n = c1.len().min(c2.len());
-                        n > 0 && c1[n - 1].hash() != c2[n - 1].hash()
-                    })
-                });
-                if let Some((w, _)) = conflict {
-                    tracing::warn!(server = %c.addr(), writer = w, "copy conflicts with another server's");
-                    skipped.push((c.addr(), format!("writer {w}: its chain conflicts with another server's")));
-                    continue;
-                }
-                for (w, c2) in theirs {
-                    let e = chains.entry(w).or_default();
-                    if c2.len() > e.len() {
-                        *e = c2;
+    let mut used: Vec<SocketAddr> = Vec::new();
+    // The last reason each server was not used.
+    let mut why: BTreeMap<SocketAddr, String> = BTreeMap::new();
+    let mut rounds = 0u32;
+    loop {
+        rounds += 1;
+        let mut clients = Vec::new();
+        for a in servers.iter().filter(|a| !used.contains(a)) {
+            match ReadClient::connect(*a).and_then(|mut c| c.latest_sync(v).map(|s| (c, s))) {
+                Ok((c, s)) => {
+                    if let Some(s) = s {
+                        let e = s.header().epoch;
+                        if newest.as_ref().is_none_or(|(ne, _)| e > *ne) {
+                            newest = Some((e, s.header().links.clone()));
+                        }
                     }
+                    clients.push(c);
                 }
-                used.push(c.addr());
-            }
-            Err(e) => {
-                tracing::warn!(server = %c.addr(), "not reading from this server: {e}");
-                skipped.push((c.addr(), e.to_string()));
+                Err(e) => {
+                    why.insert(*a, e.to_string());
+                }
             }
         }
+        for mut c in clients {
+            if used.len() >= need {
+                break;
+            }
+            match fetch_from(&mut c, v, newest.as_ref()) {
+                Ok(records) => {
+                    let mut theirs: BTreeMap<u32, Vec<Verified<Record>>> = BTreeMap::new();
+                    for r in records {
+                        theirs.entry(r.header().writer).or_default().push(r);
+                    }
+                    let conflict = theirs.iter().find(|(w, c2)| {
+                        chains.get(w).is_some_and(|c1| {
+                            let n = c1.len().min(c2.len());
+                            n > 0 && c1[n - 1].hash() != c2[n - 1].hash()
+                        })
+                    });
+                    if let Some((w, _)) = conflict {
+                        tracing::warn!(server = %c.addr(), writer = w, "copy conflicts with another server's");
+                        why.insert(c.addr(), format!("writer {w}: its chain conflicts with another server's"));
+                        continue;
+                    }
+                    for (w, c2) in theirs {
+                        let e = chains.entry(w).or_default();
+                        if c2.len() > e.len() {
+                            *e = c2;
+                        }
+                    }
+                    why.remove(&c.addr());
+                    used.push(c.addr());
+                }
+                Err(e) => {
+                    why.insert(c.addr(), e.to_string());
+                }
+            }
+        }
+        let epoch = newest.as_ref().map(|(e, _)| *e);
+        if used.len() >= need {
+            return Ok(Fetched {
+                records: chains.into_values().flatten().collect(),
+                servers: used,
+                skipped: why.into_iter().collect(),
+                newest_sync_epoch: epoch,
+                rounds,
+            });
+        }
+        let reasons: Vec<String> = why.iter().map(|(a, e)| format!("{a}: {e}")).collect();
+        let now = std::time::Instant::now();
+        if now + wait > deadline {
+            let waited = if rounds > 1 {
+                format!(" after waiting {} ms ({rounds} rounds)", now.duration_since(started).as_millis())
+            } else {
+                String::new()
+            };
+            let sync = epoch.map_or("no SYNC known".to_string(), |e| format!("the newest SYNC, epoch {e:#x}"));
+            return Err(ReadError::NoFreshServer(format!(
+                "{} fresh copies of the {need} needed{waited} (a fresh copy holds every record {sync} links, \
+                 and the copies read must agree); {}",
+                used.len(),
+                reasons.join("; ")
+            )));
+        }
+        tracing::warn!(
+            round = rounds,
+            fresh = used.len(),
+            need,
+            newest_sync_epoch = epoch.map(|e| format!("{e:#x}")).unwrap_or_else(|| "none".into()),
+            left_ms = deadline.saturating_duration_since(now).as_millis() as u64,
+            "waiting for fresh capsule servers ({} of {need} so far); retrying in {} ms: {}",
+            used.len(),
+            wait.as_millis(),
+            reasons.join("; ")
+        );
+        std::thread::sleep(wait);
+        wait = (wait * 2).min(patience.retry_max.max(patience.retry_first));
     }
-    if used.len() >= need {
-        return Ok(Fetched {
-            records: chains.into_values().flatten().collect(),
-            servers: used,
-            skipped,
-            newest_sync_epoch: newest.as_ref().map(|(e, _)| *e),
-        });
-    }
-    let why: Vec<String> = skipped.iter().map(|(a, e)| format!("{a}: {e}")).collect();
-    Err(ReadError::NoFreshServer(format!("{} fresh copies of the {need} needed; {}", used.len(), why.join("; "))))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -508,11 +595,11 @@ fn fetch_from(
         }
         records.extend(chain);
     }
-    if let Some((epoch, links)) = newest {
-        let sync_epoch = records.iter().filter(|r| r.header().kind == Kind::Sync).map(|r| r.header().epoch).max();
+    if let Some((_, links)) = newest {
+        // Every slot up to each head was read and verified above, so `hash_at` knows each one:
+        // the server proves it holds what the SYNC links.
         let hash_at = |w: u32, s: u64| at.get(&(w, s)).copied();
-        let view = ServerView { heads: &heads, latest_sync_epoch: sync_epoch, hash_at: &hash_at };
-        check_fresh(&view, *epoch, links)?;
+        check_fresh(&ServerView { heads: &heads, hash_at: &hash_at }, links)?;
     }
     Ok(records)
 }

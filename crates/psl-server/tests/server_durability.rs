@@ -7,7 +7,7 @@ use psl_crypto::{AppKey, OwnerKey};
 use psl_fabric::{FabricConfig, InProcHub, Switch};
 use psl_node::{Node, NodeError, NodeKeys, NodeOptions};
 use psl_scl::CoordinatorConfig;
-use psl_server::read::{fetch_fresh, fetch_quorum, ReadClient};
+use psl_server::read::{fetch_fresh, fetch_quorum, fetch_quorum_within, Patience, ReadClient};
 use psl_server::{check_fresh, server_key, FsyncPolicy, Server, ServerOptions, ServerView, Stale};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -199,7 +199,7 @@ fn server_stale_prefix_is_caught_by_a_reader_that_knows_a_newer_sync() {
     // would do: signatures make its source irrelevant). Wait until a server stored one that
     // links the node's newest records.
     let deadline = Instant::now() + Duration::from_secs(20);
-    let (epoch, links) = loop {
+    let (_epoch, links) = loop {
         let s = servers[0].latest_sync().unwrap().expect("a SYNC");
         let h = s.header().clone();
         if h.links.iter().any(|l| l.writer >= 5 << 16 && l.writer < 6 << 16 && l.seq > 0) && h.epoch > 2 {
@@ -210,9 +210,8 @@ fn server_stale_prefix_is_caught_by_a_reader_that_knows_a_newer_sync() {
     };
     let view = |s: &Server| -> Result<(), Stale> {
         let heads = s.heads();
-        let sync = s.latest_sync().unwrap().map(|r| r.header().epoch);
         let hash_at = |w: u32, q: u64| s.range(w, q, q).ok().and_then(|v| v.first().map(|r| r.hash()));
-        check_fresh(&ServerView { heads: &heads, latest_sync_epoch: sync, hash_at: &hash_at }, epoch, &links)
+        check_fresh(&ServerView { heads: &heads, hash_at: &hash_at }, &links)
     };
     let stale = view(&servers[2]);
     assert!(stale.is_err(), "the cut-off server serves a stale prefix and is caught");
@@ -305,6 +304,32 @@ fn server_reads_over_tcp_and_a_withholding_server_is_skipped() {
     let err = fetch_quorum(&[addrs[2], addrs[0]], &v, Some(newest.clone()), 2).unwrap_err();
     assert!(err.to_string().contains("1 fresh copies of the 2 needed"), "{err}");
     // Only the stale server left: no fresh copy, and the error says why.
-    let err = fetch_fresh(&[addrs[2]], &v, Some(newest)).unwrap_err();
+    let err = fetch_fresh(&[addrs[2]], &v, Some(newest.clone())).unwrap_err();
     assert!(err.to_string().contains("stale"), "{err}");
+
+    // Waiting: all three copies needed while server 2 is cut off. Bounded, it fails at the
+    // deadline saying what it waited for...
+    let t0 = Instant::now();
+    let err = fetch_quorum_within(&order, &v, Some(newest.clone()), 3, Patience::within(Duration::from_millis(600)))
+        .unwrap_err()
+        .to_string();
+    assert!(t0.elapsed() >= Duration::from_millis(300), "it gave up before the deadline");
+    assert!(err.contains("2 fresh copies of the 3 needed after waiting"), "{err}");
+    assert!(err.contains("links") && err.contains("stale"), "{err}");
+    // ... and once the server is reconnected and catches up by anti-entropy, the same wait
+    // succeeds, with all three, the union holding every record the newest SYNC links.
+    let reconnect = {
+        let up2 = ups[2].clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(500));
+            up2.store(true, Ordering::Release);
+        })
+    };
+    let q = fetch_quorum_within(&order, &v, Some(newest.clone()), 3, Patience::within(Duration::from_secs(60)))
+        .expect("server 2 catches up within the wait");
+    reconnect.join().unwrap();
+    assert!(q.rounds > 1, "server 2 was stale at first");
+    assert_eq!(q.servers.len(), 3);
+    let held: std::collections::HashSet<_> = q.records.iter().map(|r| r.hash()).collect();
+    assert!(newest.1.iter().all(|l| held.contains(&l.hash)));
 }

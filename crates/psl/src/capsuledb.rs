@@ -77,6 +77,11 @@ pub struct OpenArgs {
     /// restart. List all n (the durability quorum is a majority of them).
     #[arg(long, global = true, value_delimiter = ',')]
     pub servers: Vec<SocketAddr>,
+    /// With --servers: how long to wait for a majority of them to be fresh (each holding every
+    /// record the newest SYNC links) before the restart's replay gives up; a line is logged
+    /// per retry.
+    #[arg(long, global = true, default_value_t = 30_000)]
+    pub recover_timeout_ms: u64,
 }
 
 #[derive(Subcommand, Debug)]
@@ -137,7 +142,7 @@ impl Stores {
         }
         let public = Verifier::new(meta.clone(), None);
         let quorum = o.servers.len() / 2 + 1;
-        let survey = servers::survey_fresh(&o.servers, &public, quorum, Duration::from_secs(10));
+        let survey = servers::survey_fresh(&o.servers, &public, quorum, Duration::from_millis(o.recover_timeout_ms));
         if survey.reached.len() < quorum {
             let why: Vec<String> = survey.skipped.iter().map(|(a, e)| format!("{a}: {e}")).collect();
             bail!(

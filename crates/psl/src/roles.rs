@@ -63,6 +63,12 @@ pub struct NodeArgs {
     /// an incarnation above any the servers have seen, and serves clients only after that.
     #[arg(long, value_delimiter = ',')]
     pub recover_from: Vec<SocketAddr>,
+    /// With --recover-from: how long to wait for f + 1 servers (of --servers N) to hold fresh
+    /// copies (each holding every record the newest SYNC links) before giving up; a line is
+    /// logged per retry. A server one epoch behind, or just restarted and catching up, is
+    /// waited for, not refused.
+    #[arg(long, default_value_t = 30_000)]
+    pub recover_timeout_ms: u64,
     /// CapsuleDB's writer index (printed by `psl capsuledb`): gets the memtable cannot answer
     /// are read from CapsuleDB.
     #[arg(long)]
@@ -144,8 +150,17 @@ pub fn run_node(a: NodeArgs) -> Result<i32> {
     let recovery = if a.recover_from.is_empty() {
         None
     } else {
-        let r = psl_node::recovery::fetch(&a.recover_from, &meta, a.id)
-            .with_context(|| format!("recovering from the capsule servers {:?}", a.recover_from))?;
+        let need = psl_node::recovery::quorum(a.servers, a.recover_from.len());
+        let patience = psl_node::recovery::Patience::within(Duration::from_millis(a.recover_timeout_ms));
+        let r = psl_node::recovery::fetch(&a.recover_from, &meta, a.id, need, patience).with_context(|| {
+            format!(
+                "recovering from the capsule servers {:?} (waited up to {} ms for {need} fresh copies)",
+                a.recover_from, a.recover_timeout_ms
+            )
+        })?;
+        if r.rounds > 1 {
+            tracing::warn!(rounds = r.rounds, "recovery found {need} fresh copies after waiting");
+        }
         for (s, why) in &r.skipped {
             tracing::warn!(server = %s, "recovery skipped a server: {why}");
         }
