@@ -51,6 +51,10 @@ struct Inner {
     /// hash -> (offset of the frame, record length).
     map: HashMap<RecordHash, (u64, u32)>,
     end: u64,
+    /// Bytes of the log scanned into `map`. Another process (the running role, while
+    /// `psl capsuledb get` reads the same directory) may append past it: a miss scans the new
+    /// whole frames ([`DirStore::get`]), so a reader's view follows the writer's log.
+    seen: u64,
     dirty: bool,
 }
 
@@ -107,11 +111,14 @@ struct Scan {
     /// Bytes in no good frame (damage, torn tails).
     skipped_bytes: usize,
     damaged_frames: usize,
+    /// Of those, the bytes after the last good frame (a torn tail: a crash during an append,
+    /// or the frame a running writer is in the middle of).
+    tail_bytes: usize,
 }
 
 fn scan(log: &[u8]) -> Scan {
     let mut map = HashMap::new();
-    let (mut at, mut skipped_bytes, mut damaged_frames) = (0usize, 0usize, 0usize);
+    let (mut at, mut skipped_bytes, mut damaged_frames, mut tail_bytes) = (0usize, 0usize, 0usize, 0usize);
     while at < log.len() {
         if let Some((hash, len)) = check_frame(log, at) {
             // The newest copy of a record wins (a record is re-put after a bad copy).
@@ -125,9 +132,12 @@ fn scan(log: &[u8]) -> Scan {
             .find(|&i| log[i..i + 4] == *MAGIC && check_frame(log, i).is_some())
             .unwrap_or(log.len());
         skipped_bytes += next - at;
+        if next == log.len() {
+            tail_bytes = next - at;
+        }
         at = next;
     }
-    Scan { map, skipped_bytes, damaged_frames }
+    Scan { map, skipped_bytes, damaged_frames, tail_bytes }
 }
 
 /// What a scan of a log's bytes finds: (records held, frames left out, bytes left out). The
@@ -152,12 +162,22 @@ impl DirStore {
         let mut log = Vec::new();
         file.read_to_end(&mut log).map_err(|e| ctx("reading", e))?;
         let s = scan(&log);
-        if s.damaged_frames > 0 {
+        let in_middle = s.damaged_frames - usize::from(s.tail_bytes > 0);
+        if in_middle > 0 {
             tracing::warn!(
                 dir = %dir.display(),
-                frames = s.damaged_frames,
-                bytes = s.skipped_bytes,
-                "capsuledb store: damaged or torn frames left out"
+                frames = in_middle,
+                bytes = s.skipped_bytes - s.tail_bytes,
+                "capsuledb store: damaged frames left out"
+            );
+        }
+        if s.tail_bytes > 0 {
+            // Not damage: nothing in it was ever recorded as an index's block (indexes follow
+            // their blocks' sync), and a running role may be writing it right now.
+            tracing::info!(
+                dir = %dir.display(),
+                bytes = s.tail_bytes,
+                "capsuledb store: a torn tail (a crash during an append, or a frame being written) left out"
             );
         }
         if created {
@@ -167,7 +187,13 @@ impl DirStore {
         Ok(Arc::new(DirStore {
             dir: dir.to_path_buf(),
             reader,
-            inner: Mutex::new(Inner { file, map: s.map, end: log.len() as u64, dirty: false }),
+            inner: Mutex::new(Inner {
+                file,
+                map: s.map,
+                end: log.len() as u64,
+                seen: (log.len() - s.tail_bytes) as u64,
+                dirty: false,
+            }),
             damaged_frames: s.damaged_frames,
             skipped_bytes: s.skipped_bytes as u64,
         }))
@@ -226,6 +252,29 @@ impl DirStore {
     pub fn open_report(&self) -> (usize, u64) {
         (self.damaged_frames, self.skipped_bytes)
     }
+
+    /// Adds the whole frames appended past what was scanned (by another process) to the map;
+    /// bytes after the last whole frame (a frame being written) are read again next time.
+    fn catch_up(&self, g: &mut Inner) {
+        let Ok(len) = self.reader.metadata().map(|m| m.len()) else { return };
+        if len <= g.seen {
+            return;
+        }
+        let mut tail = vec![0u8; (len - g.seen) as usize];
+        if self.reader.read_exact_at(&mut tail, g.seen).is_err() {
+            return;
+        }
+        // The same scan as at open; a torn tail (a frame being written) is read again next time.
+        let sc = scan(&tail);
+        for (hash, (at, n)) in sc.map {
+            g.map.insert(hash, (g.seen + at, n));
+        }
+        let at = tail.len() - sc.tail_bytes;
+        if at > 0 {
+            tracing::debug!(dir = %self.dir.display(), bytes = at, "capsuledb store: read frames appended by another process");
+        }
+        g.seen += at as u64;
+    }
 }
 
 impl BlockStore for DirStore {
@@ -249,6 +298,9 @@ impl BlockStore for DirStore {
             ));
         }
         g.end = at + f.len() as u64;
+        if g.seen == at {
+            g.seen = g.end;
+        }
         g.map.insert(hash, (at, bytes.len() as u32));
         g.dirty = true;
         Ok(())
@@ -267,7 +319,16 @@ impl BlockStore for DirStore {
     }
 
     fn get(&self, hash: &RecordHash) -> Option<Vec<u8>> {
-        let (at, len) = *self.inner.lock().unwrap_or_else(|e| e.into_inner()).map.get(hash)?;
+        let (at, len) = {
+            let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            match g.map.get(hash) {
+                Some(x) => *x,
+                None => {
+                    self.catch_up(&mut g);
+                    *g.map.get(hash)?
+                }
+            }
+        };
         let mut f = vec![0u8; HEADER_LEN + len as usize];
         self.reader.read_exact_at(&mut f, at).ok()?;
         // The frame is checked again: damage since open is a miss, not bytes to verify.
@@ -365,6 +426,34 @@ mod tests {
                 assert_eq!(s.get(h).as_deref(), Some(&b[..]), "cut {cut}");
             }
         }
+    }
+
+    #[test]
+    fn a_reader_follows_frames_another_process_appends_after_its_open() {
+        let d = tempfile::tempdir().unwrap();
+        let recs: Vec<_> = (0..6).map(|i| rec(i, 250)).collect();
+        let writer = DirStore::open(d.path()).unwrap();
+        put_all(&writer, &recs[..2]);
+        // A reader (`psl capsuledb get` on a running role's directory) opens mid-stream: the
+        // writer is half way through a frame.
+        let f = frame(&recs[2].0, &recs[2].1);
+        let mut raw = OpenOptions::new().append(true).open(writer.log_path()).unwrap();
+        raw.write_all(&f[..HEADER_LEN + 10]).unwrap();
+        let reader = DirStore::open(d.path()).unwrap();
+        assert_eq!(reader.len(), 2);
+        assert_eq!(reader.get(&recs[2].0), None, "a half-written frame is not served");
+        raw.write_all(&f[HEADER_LEN + 10..]).unwrap();
+        drop(raw);
+        // The writer goes on (its own view knows nothing of the frame written by hand above;
+        // the reader must find the writer's frames wherever they landed).
+        for (h, b) in &recs[3..] {
+            writer.put(*h, b.clone()).unwrap();
+        }
+        writer.sync().unwrap();
+        for (h, b) in &recs {
+            assert_eq!(reader.get(h).as_deref(), Some(&b[..]), "the reader finds frames appended after its open");
+        }
+        assert_eq!(reader.get(&rec(77, 1).0), None);
     }
 
     #[test]

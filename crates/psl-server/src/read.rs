@@ -12,6 +12,12 @@
 //! | `GET <hash hex>` | the record (0 or 1 frame) |
 //! | `RANGE <writer> <from> <to>` | the writer's records `from ..= to` held (at most [`RANGE_RECORDS_MAX`]) |
 //! | `PROOF <hash hex>` | a membership proof (`psl_capsule::MembershipProof` bytes) of the record |
+//! | `CHECK` | one frame: JSON of the server's own end-to-end check of its store ([`RemoteCheck`]) |
+//!
+//! `CHECK` is how an operator checks a running server (`psl capsule-server check --read`): the
+//! server takes a consistent view of its store under its store lock (`DiskStore::check_view`),
+//! releases the lock, and re-reads and re-verifies every frame the view covers against its own
+//! index, while appends go on; at most one check runs at a time per server.
 //!
 //! The server is untrusted for what it answers: the client verifies every record with the
 //! capsule's public keys, and [`fetch_fresh`] checks each server's view against the newest SYNC
@@ -59,6 +65,7 @@ pub enum ReadError {
 pub fn serve(listener: TcpListener, store: Arc<Mutex<DiskStore>>, stop: Arc<AtomicBool>) -> std::io::Result<()> {
     listener.set_nonblocking(true)?;
     let open = Arc::new(AtomicUsize::new(0));
+    let checking = Arc::new(AtomicBool::new(false));
     while !stop.load(Ordering::Acquire) {
         match listener.accept() {
             Ok((s, peer)) => {
@@ -67,9 +74,9 @@ pub fn serve(listener: TcpListener, store: Arc<Mutex<DiskStore>>, stop: Arc<Atom
                     continue;
                 }
                 open.fetch_add(1, Ordering::AcqRel);
-                let (store, stop, open) = (store.clone(), stop.clone(), open.clone());
+                let (store, stop, open, checking) = (store.clone(), stop.clone(), open.clone(), checking.clone());
                 std::thread::Builder::new().name("srv-read".into()).spawn(move || {
-                    if let Err(e) = connection(s, &store, &stop) {
+                    if let Err(e) = connection(s, &store, &stop, &checking) {
                         tracing::debug!(%peer, "read connection ended: {e}");
                     }
                     open.fetch_sub(1, Ordering::AcqRel);
@@ -85,7 +92,7 @@ pub fn serve(listener: TcpListener, store: Arc<Mutex<DiskStore>>, stop: Arc<Atom
     Ok(())
 }
 
-fn connection(s: TcpStream, store: &Mutex<DiskStore>, stop: &AtomicBool) -> std::io::Result<()> {
+fn connection(s: TcpStream, store: &Mutex<DiskStore>, stop: &AtomicBool, checking: &AtomicBool) -> std::io::Result<()> {
     s.set_nonblocking(false)?;
     s.set_read_timeout(Some(Duration::from_millis(500)))?;
     s.set_write_timeout(Some(IO_TIMEOUT))?;
@@ -106,7 +113,9 @@ fn connection(s: TcpStream, store: &Mutex<DiskStore>, stop: &AtomicBool) -> std:
             return Ok(());
         }
         let req = String::from_utf8_lossy(&line).trim().to_string();
-        let answer = {
+        let answer = if parse_request(&req) == Ok(Request::Check) {
+            check(store, checking)
+        } else {
             let st = store.lock().unwrap_or_else(|p| p.into_inner());
             answer(&st, &req)
         };
@@ -125,6 +134,7 @@ pub enum Request {
     /// Writer, from, to (inclusive; the answer holds at most [`RANGE_RECORDS_MAX`]).
     Range(u32, u64, u64),
     Proof(Hash256),
+    Check,
 }
 
 /// Parses one request line (without its newline). Never panics.
@@ -148,7 +158,8 @@ pub fn parse_request(req: &str) -> Result<Request, String> {
             Ok(Request::Range(w, from, to))
         }
         ["PROOF", h] => Ok(Request::Proof(hash(h)?)),
-        _ => Err(format!("unknown request {req:?}: HEADS, SYNC, GET h, RANGE w from to, PROOF h")),
+        ["CHECK"] => Ok(Request::Check),
+        _ => Err(format!("unknown request {req:?}: HEADS, SYNC, GET h, RANGE w from to, PROOF h, CHECK")),
     }
 }
 
@@ -226,7 +237,82 @@ fn answer(st: &DiskStore, req: &str) -> Result<Vec<Vec<u8>>, String> {
                 .map(|p| vec![p.encode()])
                 .map_err(|e| e.to_string())
         }
+        Request::Check => Err("CHECK is answered without the store lock".into()),
     }
+}
+
+/// What a server's own check of its store found (`CHECK`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteCheck {
+    /// Frames read, frames whose record verified, records the server's index holds.
+    pub frames: u64,
+    pub verified: u64,
+    pub records: u64,
+    /// Bytes of the log checked (what the index described when the check began), and bytes
+    /// the server appended while it ran (not checked).
+    pub checked_bytes: u64,
+    pub appended_bytes: u64,
+    /// Damage: every problem but a torn tail, one line each. Empty: clean.
+    pub damage: Vec<String>,
+    /// Bytes past the last whole frame (what a crash during an append leaves), if any.
+    pub torn_tail: Option<String>,
+}
+
+impl RemoteCheck {
+    pub fn is_clean(&self) -> bool {
+        self.damage.is_empty()
+    }
+
+    fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "frames": self.frames, "verified": self.verified, "records": self.records,
+            "checked_bytes": self.checked_bytes, "appended_bytes": self.appended_bytes,
+            "damage": self.damage, "torn_tail": self.torn_tail,
+        })
+    }
+
+    fn from_json(v: &serde_json::Value) -> Option<RemoteCheck> {
+        let n = |k: &str| v.get(k)?.as_u64();
+        let lines = |k: &str| -> Option<Vec<String>> {
+            v.get(k)?.as_array()?.iter().map(|x| x.as_str().map(str::to_string)).collect()
+        };
+        Some(RemoteCheck {
+            frames: n("frames")?,
+            verified: n("verified")?,
+            records: n("records")?,
+            checked_bytes: n("checked_bytes")?,
+            appended_bytes: n("appended_bytes")?,
+            damage: lines("damage")?,
+            torn_tail: match v.get("torn_tail")? {
+                serde_json::Value::Null => None,
+                t => Some(t.as_str()?.to_string()),
+            },
+        })
+    }
+}
+
+/// `CHECK`: a view taken under the store lock, checked without it; one at a time.
+fn check(store: &Mutex<DiskStore>, checking: &AtomicBool) -> Result<Vec<Vec<u8>>, String> {
+    if checking.swap(true, Ordering::AcqRel) {
+        return Err("a check of this server's store is already running; try again when it ends".into());
+    }
+    let (view, records) = {
+        let st = store.lock().unwrap_or_else(|p| p.into_inner());
+        (st.check_view(), st.len() as u64)
+    };
+    let rep = view.check();
+    checking.store(false, Ordering::Release);
+    let rep = rep.map_err(|e| e.to_string())?;
+    let out = RemoteCheck {
+        frames: rep.frames,
+        verified: rep.verified as u64,
+        records,
+        checked_bytes: rep.checked_bytes,
+        appended_bytes: rep.appended_bytes,
+        damage: rep.damage(),
+        torn_tail: rep.torn_tail.as_ref().map(|t| t.to_string()),
+    };
+    Ok(vec![out.to_json().to_string().into_bytes()])
 }
 
 fn write_answer(w: &mut impl Write, a: Result<Vec<Vec<u8>>, String>) -> std::io::Result<()> {
@@ -361,6 +447,20 @@ impl ReadClient {
             }
         }
         Ok(out)
+    }
+
+    /// The server's own end-to-end check of its store (`CHECK`; it re-reads the whole log, so
+    /// it takes as long as reading it). Unverified, like every claim of a server: it tells an
+    /// operator what the server found, nothing more.
+    pub fn check(&mut self) -> Result<RemoteCheck, ReadError> {
+        let addr = self.addr;
+        let f = self.ask("CHECK")?;
+        let b = f.first().ok_or_else(|| ReadError::Malformed { addr, what: "CHECK without a frame".into() })?;
+        serde_json::from_slice::<serde_json::Value>(b)
+            .ok()
+            .as_ref()
+            .and_then(RemoteCheck::from_json)
+            .ok_or_else(|| ReadError::Malformed { addr, what: "CHECK answered something that is not a check".into() })
     }
 
     /// A membership proof of record `hash`, checked against the capsule.
@@ -617,7 +717,8 @@ mod tests {
         assert_eq!(parse_request(&format!("GET {}", h.to_hex())), Ok(Request::Get(h)));
         assert_eq!(parse_request(&format!("PROOF {}", h.to_hex())), Ok(Request::Proof(h)));
         assert_eq!(parse_request("RANGE 65536 0 9"), Ok(Request::Range(65536, 0, 9)));
-        for bad in ["", "GET zz", "RANGE 1 5 4", "RANGE 4294967296 0 1", "RANGE 1 0", "HEADS x", "DROP"] {
+        assert_eq!(parse_request("CHECK"), Ok(Request::Check));
+        for bad in ["", "GET zz", "RANGE 1 5 4", "RANGE 4294967296 0 1", "RANGE 1 0", "HEADS x", "DROP", "CHECK x"] {
             assert!(parse_request(bad).is_err(), "{bad:?}");
         }
         assert!(parse_request(&"H".repeat(REQUEST_BYTES_MAX + 1)).is_err());
@@ -639,6 +740,24 @@ mod tests {
         let mut huge = 1u32.to_be_bytes().to_vec();
         huge.extend_from_slice(&u32::MAX.to_be_bytes());
         assert!(read_answer(&mut &huge[..]).is_err());
+    }
+
+    #[test]
+    fn check_answers_round_trip() {
+        let c = RemoteCheck {
+            frames: 9,
+            verified: 8,
+            records: 8,
+            checked_bytes: 4096,
+            appended_bytes: 100,
+            damage: vec!["frame 3: bad".into()],
+            torn_tail: Some("torn".into()),
+        };
+        assert_eq!(RemoteCheck::from_json(&c.to_json()), Some(c.clone()));
+        let c = RemoteCheck { damage: vec![], torn_tail: None, ..c };
+        assert!(c.is_clean());
+        assert_eq!(RemoteCheck::from_json(&c.to_json()), Some(c));
+        assert_eq!(RemoteCheck::from_json(&serde_json::json!({"frames": 1})), None);
     }
 
     proptest! {

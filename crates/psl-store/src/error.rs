@@ -25,7 +25,7 @@ pub enum StoreError {
     #[error("{}: already holds a store (or a records log without metadata); refusing to overwrite it", path.display())]
     AlreadyExists { path: PathBuf },
 
-    #[error("{}: another process has this store open for writing", path.display())]
+    #[error("{}: another process holds this store (a running server writing it, or a check or export reading it)", path.display())]
     Locked { path: PathBuf },
 
     #[error("{}: no store here (metadata.bin is missing)", path.display())]

@@ -82,7 +82,7 @@ pub(crate) enum Placement {
     Orphan(OrphanCause),
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct Index {
     pub locs: HashMap<Hash256, Loc>,
     pub chains: BTreeMap<u32, Chain>,

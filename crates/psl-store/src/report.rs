@@ -115,8 +115,19 @@ pub struct CheckReport {
     pub chain_problems: Vec<ChainProblem>,
     /// Records the index holds that are no longer intact at their offset.
     pub lost: Vec<LostRecord>,
-    /// Records the log holds that the index does not (written behind the store's back).
+    /// Records the part of the log the index describes holds that the index does not
+    /// (written behind the store's back).
     pub unindexed: Vec<Hash256>,
+    /// Bytes of the log checked: those the store's index describes.
+    pub checked_bytes: u64,
+    /// Bytes appended past them since the store's view was taken (by its running writer):
+    /// not checked, not a problem (a later check covers them).
+    pub appended_bytes: u64,
+    /// The log is shorter than the index describes: (bytes described, bytes now).
+    pub shrunk: Option<(u64, u64)>,
+    /// A running writer held the store when it was opened read-only: the torn tail, if any,
+    /// may be the frame it was writing ([`CheckReport::damage`] leaves it out).
+    pub live_writer: bool,
 }
 
 impl CheckReport {
@@ -129,9 +140,20 @@ impl CheckReport {
         self.damaged.iter().map(|d| d.index).collect()
     }
 
+    /// One line per problem, except a torn tail: bytes past the last whole frame are what a
+    /// crash during an append leaves, or, in a live store, the frame being written; nothing in
+    /// them was ever acknowledged (acks follow the fsync). Damage is everything else.
+    pub fn damage(&self) -> Vec<String> {
+        let torn = self.torn_tail.as_ref().map(|t| t.to_string());
+        self.problems().into_iter().filter(|p| Some(p) != torn.as_ref()).collect()
+    }
+
     /// One line per problem.
     pub fn problems(&self) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();
+        if let Some((described, now)) = self.shrunk {
+            out.push(format!("records.log is {now} bytes, shorter than the {described} bytes the index describes"));
+        }
         out.extend(self.damaged.iter().map(|d| d.to_string()));
         out.extend(self.unreadable.iter().map(|u| u.to_string()));
         out.extend(self.torn_tail.iter().map(|t| t.to_string()));

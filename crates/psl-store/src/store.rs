@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// The signed metadata, written once at creation.
 pub const METADATA_FILE: &str = "metadata.bin";
@@ -76,16 +77,24 @@ fn check_data_key(dir: &Path, meta: &SignedMetadata, key: Option<&DataKey>) -> R
 
 /// A durable replica of one capsule: `metadata.bin` and `records.log` in one directory.
 ///
-/// Only one `DiskStore` may have a directory open for writing at a time; the store does not
-/// lock the directory itself.
+/// Only one `DiskStore` may have a directory open for writing at a time: a writable store
+/// holds an exclusive lock on the directory's `LOCK` file. A read-only one holds a shared lock
+/// when it can (so that no writer opens the store while it is read: its view stays the log's
+/// state), or, when a running writer (a capsule server) holds the store, reads the log as it
+/// was at open and says so ([`DiskStore::held_by_writer`]).
 pub struct DiskStore {
     dir: PathBuf,
     log_path: PathBuf,
     file: File,
-    verifier: Verifier,
+    verifier: Arc<Verifier>,
     index: Index,
     /// End of the valid log: where the next frame goes.
     end: u64,
+    /// Bytes of the log the index describes: `end` for a writable store; for a read-only one,
+    /// the length read at open (a torn tail included). A check reads exactly these bytes.
+    scanned: u64,
+    /// A read-only store whose directory another process held for writing at open.
+    live_writer: bool,
     /// Frame positions in the log (damaged ones included).
     frames: u64,
     read_only: bool,
@@ -141,9 +150,11 @@ impl DiskStore {
             dir,
             log_path,
             file,
-            verifier: Verifier::new(meta, data_key),
+            verifier: Arc::new(Verifier::new(meta, data_key)),
             index: Index::default(),
             end: 0,
+            scanned: 0,
+            live_writer: false,
             frames: 0,
             read_only: false,
             _lock: Some(lock),
@@ -160,7 +171,11 @@ impl DiskStore {
     }
 
     /// Like [`DiskStore::open`], but changes nothing on disk: a torn tail is reported and left
-    /// in place, and appends are refused.
+    /// in place, and appends are refused. If a running writer holds the store (a capsule
+    /// server), the view is the log as it was read here: what the writer appends later is not
+    /// in it, and a torn tail may be the frame it was writing at that moment
+    /// ([`DiskStore::held_by_writer`]). Otherwise the store holds a shared lock on the
+    /// directory until dropped, so no writer opens it meanwhile.
     pub fn open_readonly(
         dir: impl AsRef<Path>,
         data_key: Option<DataKey>,
@@ -177,14 +192,15 @@ impl DiskStore {
         check_data_key(dir, &meta, data_key.as_ref())?;
         let verifier = Verifier::new(meta, data_key);
         load_rotations(dir, &verifier)?;
-        let lock = if read_only { None } else { Some(lock_dir(dir)?) };
+        let (lock, live_writer) = if read_only { lock_dir_shared(dir)? } else { (Some(lock_dir(dir)?), false) };
         let log_path = dir.join(LOG_FILE);
         let file = OpenOptions::new()
             .read(true)
             .write(!read_only)
             .open(&log_path)
             .map_err(|e| StoreError::io(&log_path, "opening", None, e))?;
-        let (index, mut report, mut end) = load(&file, &log_path, &verifier)?;
+        let (index, mut report, scanned) = load(&file, &log_path, &verifier)?;
+        let mut end = scanned;
         if let Some(t) = &mut report.torn_tail {
             end = t.offset;
             if !read_only {
@@ -214,9 +230,11 @@ impl DiskStore {
             dir: dir.to_path_buf(),
             log_path,
             file,
-            verifier,
+            verifier: Arc::new(verifier),
             index,
             end,
+            scanned: if read_only { scanned } else { end },
+            live_writer,
             frames: report.frames,
             read_only,
             _lock: lock,
@@ -276,6 +294,12 @@ impl DiskStore {
     /// Bytes of valid log.
     pub fn log_bytes(&self) -> u64 {
         self.end
+    }
+
+    /// Read-only stores: whether another process (a running capsule server) held the store
+    /// for writing when it was opened. The store is then a view of the log at open.
+    pub fn held_by_writer(&self) -> bool {
+        self.live_writer
     }
 
     /// Frame positions in the log, damaged frames included.
@@ -424,6 +448,7 @@ impl DiskStore {
             self.index.push(r, loc);
         }
         self.end += buf.len() as u64;
+        self.scanned = self.end;
         self.frames += plan.len() as u64;
         debug_assert!(self.index.consistent(), "index inconsistent after append");
         Ok(AppendOutcome { appended: plan.len(), duplicates, bytes: buf.len() as u64 })
@@ -508,45 +533,27 @@ impl DiskStore {
         }
     }
 
-    /// Re-reads and re-verifies every frame of the log, end to end, checks the chains and
-    /// links of everything that verified (`Replica::check`), and compares the result with the
-    /// in-memory index. Changes nothing. Errors only when the log cannot be read at all.
+    /// Re-reads and re-verifies every frame of the log the store's index describes, end to
+    /// end, checks the chains and links of everything that verified (`Replica::check`), and
+    /// compares the result with the in-memory index. Changes nothing. Errors only when the log
+    /// cannot be read at all. See [`CheckView`].
     pub fn check(&self) -> Result<CheckReport, StoreError> {
-        let len = self.file.metadata().map_err(|e| StoreError::io(&self.log_path, "stat", None, e))?.len();
-        let mut reader = LogReader::new(&self.file, len);
-        let mut idx = Index::default();
-        let mut rep = CheckReport::default();
-        let mut replica = Replica::new(self.name());
-        rep.frames = scan(&mut reader, &self.verifier, |ev| match ev {
-            Event::Good { index, offset, len, record } => {
-                rep.verified += 1;
-                match idx.place(&record) {
-                    Placement::Extends => idx.push(&record, Loc { offset, len }),
-                    Placement::Duplicate => rep.duplicate_frames += 1,
-                    Placement::Orphan(cause) => rep.orphaned.push(orphan(index, offset, &record, cause)),
-                }
-                // The verifier checked the capsule name, so this cannot fail.
-                let _ = replica.insert(record);
-            }
-            Event::Damaged(d) => rep.damaged.push(d),
-            Event::Unreadable(u) => rep.unreadable.push(u),
-            Event::Torn(t) => rep.torn_tail = Some(t),
-        })
-        .map_err(|e| StoreError::io(&self.log_path, "reading", None, e))?;
-        rep.chain_problems = replica.check();
-        rep.lost = self
-            .index
-            .locs
-            .iter()
-            .filter(|(h, loc)| idx.locs.get(*h) != Some(*loc))
-            .map(|(h, loc)| LostRecord { hash: *h, offset: loc.offset })
-            .collect();
-        rep.lost.sort_by_key(|l| l.offset);
-        let mut unindexed: Vec<(u64, Hash256)> =
-            idx.locs.iter().filter(|(h, _)| !self.index.locs.contains_key(*h)).map(|(h, l)| (l.offset, *h)).collect();
-        unindexed.sort();
-        rep.unindexed = unindexed.into_iter().map(|(_, h)| h).collect();
-        Ok(rep)
+        self.check_view().check()
+    }
+
+    /// A consistent view of the store to check, possibly after releasing the store (a server
+    /// takes it under its store lock and checks without holding it, so appends go on): the
+    /// log's file (the same file, even if a repair later replaces it), the length the index
+    /// describes, a copy of the index and the verifier. Costs a copy of the index.
+    pub fn check_view(&self) -> CheckView {
+        CheckView {
+            file: self.file.try_clone().ok(),
+            log_path: self.log_path.clone(),
+            scanned: self.scanned,
+            index: self.index.clone(),
+            verifier: self.verifier.clone(),
+            live_writer: self.live_writer,
+        }
     }
 
     /// Rewrites the log from what can be recovered: every record that verifies, found by a
@@ -654,6 +661,7 @@ impl DiskStore {
         self.file = file;
         self.index = index;
         self.end = bytes_after;
+        self.scanned = bytes_after;
         self.frames = report.frames;
         self.damaged = None;
         self.poisoned = None;
@@ -726,6 +734,104 @@ fn lock_dir(dir: &Path) -> Result<File, StoreError> {
         Ok(()) => Ok(f),
         Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Locked { path }),
         Err(std::fs::TryLockError::Error(e)) => Err(StoreError::io(&path, "locking", None, e)),
+    }
+}
+
+/// For a read-only open: a shared lock on the directory's `LOCK` file, if no writer holds it
+/// (kept until the store is dropped, so that no writer opens the store meanwhile); or `None`
+/// and `true` if a writer holds it (a running server). A store without a `LOCK` file was
+/// never opened for writing by this version: `None`, `false` (nothing is created).
+fn lock_dir_shared(dir: &Path) -> Result<(Option<File>, bool), StoreError> {
+    let path = dir.join(LOCK_FILE);
+    let f = match OpenOptions::new().read(true).open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((None, false)),
+        Err(e) => return Err(StoreError::io(&path, "opening the lock file", None, e)),
+    };
+    match f.try_lock_shared() {
+        Ok(()) => Ok((Some(f), false)),
+        Err(std::fs::TryLockError::WouldBlock) => Ok((None, true)),
+        Err(std::fs::TryLockError::Error(e)) => Err(StoreError::io(&path, "locking (shared)", None, e)),
+    }
+}
+
+/// A consistent view of a store to check ([`DiskStore::check_view`]), independent of the store
+/// it came from.
+///
+/// Why a check of a live store cannot report false damage: the log is append-only, and its
+/// writer only ever adds frames past the end its index describes (a failed append is cut back
+/// to that end; a repair writes a new file and renames it over the old one, which this view's
+/// handle still reads). So the first `scanned` bytes are exactly what the index was built from,
+/// and a check reads those only: records appended after the view was taken are the unindexed
+/// tail (as a crash leaves one), reported as [`CheckReport::appended_bytes`], never as damage.
+pub struct CheckView {
+    file: Option<File>,
+    log_path: PathBuf,
+    scanned: u64,
+    index: Index,
+    verifier: Arc<Verifier>,
+    live_writer: bool,
+}
+
+impl CheckView {
+    /// Bytes of the log this view covers.
+    pub fn bytes(&self) -> u64 {
+        self.scanned
+    }
+
+    /// Runs the check (see [`DiskStore::check`]).
+    pub fn check(&self) -> Result<CheckReport, StoreError> {
+        let file = match &self.file {
+            Some(f) => f,
+            None => {
+                let e = io::Error::other("could not duplicate the log's file handle");
+                return Err(StoreError::io(&self.log_path, "opening", None, e));
+            }
+        };
+        let now = file.metadata().map_err(|e| StoreError::io(&self.log_path, "stat", None, e))?.len();
+        let mut rep = CheckReport {
+            checked_bytes: self.scanned.min(now),
+            appended_bytes: now.saturating_sub(self.scanned),
+            live_writer: self.live_writer,
+            ..CheckReport::default()
+        };
+        if now < self.scanned {
+            rep.shrunk = Some((self.scanned, now));
+        }
+        let mut reader = LogReader::new(file, rep.checked_bytes);
+        let mut idx = Index::default();
+        let name = self.verifier.name();
+        let mut replica = Replica::new(name);
+        rep.frames = scan(&mut reader, &self.verifier, |ev| match ev {
+            Event::Good { index, offset, len, record } => {
+                rep.verified += 1;
+                match idx.place(&record) {
+                    Placement::Extends => idx.push(&record, Loc { offset, len }),
+                    Placement::Duplicate => rep.duplicate_frames += 1,
+                    Placement::Orphan(cause) => rep.orphaned.push(orphan(index, offset, &record, cause)),
+                }
+                // The verifier checked the capsule name, so this cannot fail.
+                let _ = replica.insert(record);
+            }
+            Event::Damaged(d) => rep.damaged.push(d),
+            Event::Unreadable(u) => rep.unreadable.push(u),
+            Event::Torn(t) => rep.torn_tail = Some(t),
+        })
+        .map_err(|e| StoreError::io(&self.log_path, "reading", None, e))?;
+        rep.chain_problems = replica.check();
+        rep.lost = self
+            .index
+            .locs
+            .iter()
+            .filter(|(h, loc)| idx.locs.get(*h) != Some(*loc))
+            .map(|(h, loc)| LostRecord { hash: *h, offset: loc.offset })
+            .collect();
+        rep.lost.sort_by_key(|l| l.offset);
+        let mut unindexed: Vec<(u64, Hash256)> =
+            idx.locs.iter().filter(|(h, _)| !self.index.locs.contains_key(*h)).map(|(h, l)| (l.offset, *h)).collect();
+        unindexed.sort();
+        rep.unindexed = unindexed.into_iter().map(|(_, h)| h).collect();
+        Ok(rep)
     }
 }
 

@@ -288,18 +288,29 @@ pub struct CapsuleServerArgs {
 
 #[derive(clap::Subcommand, Debug)]
 pub enum CapsuleServerCmd {
-    /// Re-read and re-verify a server's storage end to end (exit 0 only if clean).
+    /// Re-read and re-verify a server's storage end to end (exit 0 only if clean; 1 if
+    /// damaged). `--dir` reads the store directory: of a stopped server, or of a running one
+    /// (then the log as it was when the check began; what the server appends meanwhile is not
+    /// covered, and is not damage). `--read` asks a running server to check its own store
+    /// against its index (the `CHECK` request on its read address).
     Check {
+        /// The server's store directory.
+        #[arg(long, required_unless_present = "read", conflicts_with = "read")]
+        dir: Option<PathBuf>,
+        /// A running server's read address (`psl capsule-server --read`).
         #[arg(long)]
-        dir: PathBuf,
+        read: Option<SocketAddr>,
         #[arg(long)]
         json: bool,
     },
 }
 
 pub fn run_capsule_server(a: CapsuleServerArgs) -> Result<i32> {
-    if let Some(CapsuleServerCmd::Check { dir, json }) = a.cmd {
-        return check_server_store(&dir, json);
+    match a.cmd {
+        Some(CapsuleServerCmd::Check { dir: Some(dir), json, .. }) => return check_server_store(&dir, json),
+        Some(CapsuleServerCmd::Check { read: Some(addr), json, .. }) => return check_running_server(addr, json),
+        Some(CapsuleServerCmd::Check { .. }) => bail!("psl capsule-server check needs --dir DIR or --read ADDR"),
+        None => {}
     }
     let (Some(capsule), Some(owner), Some(router), Some(dir), Some(id)) = (a.capsule, a.owner, a.router, a.dir, a.id)
     else {
@@ -345,39 +356,117 @@ pub fn run_capsule_server(a: CapsuleServerArgs) -> Result<i32> {
     }
 }
 
+/// What a check found, printed the same way for a directory and a running server.
+struct CheckOutcome {
+    what: String,
+    frames: u64,
+    verified: u64,
+    records: u64,
+    damage: Vec<String>,
+    torn_tail: Option<String>,
+    notes: Vec<String>,
+    json: serde_json::Map<String, serde_json::Value>,
+}
+
+impl CheckOutcome {
+    fn print(self, json: bool) -> i32 {
+        let clean = self.damage.is_empty();
+        if json {
+            let mut j = self.json;
+            j.insert("frames".into(), self.frames.into());
+            j.insert("verified".into(), self.verified.into());
+            j.insert("records".into(), self.records.into());
+            j.insert("clean".into(), clean.into());
+            j.insert("problems".into(), self.damage.clone().into());
+            j.insert("torn_tail".into(), self.torn_tail.clone().into());
+            j.insert("notes".into(), self.notes.clone().into());
+            println!("{}", serde_json::Value::Object(j));
+        } else {
+            println!(
+                "{}: {} frames, {} verified, {} records indexed",
+                self.what, self.frames, self.verified, self.records
+            );
+            for p in &self.damage {
+                println!("problem: {p}");
+            }
+            if let Some(t) = &self.torn_tail {
+                println!("note (unacked bytes left by a crash, or a frame being written): {t}");
+            }
+            for n in &self.notes {
+                println!("note: {n}");
+            }
+            println!("{}", if clean { "clean" } else { "DAMAGED" });
+        }
+        if clean {
+            0
+        } else {
+            1
+        }
+    }
+}
+
 fn check_server_store(dir: &Path, json: bool) -> Result<i32> {
     let (store, _open) =
         psl_store::DiskStore::open_readonly(dir, None).with_context(|| format!("opening {}", dir.display()))?;
     let rep = store.check().with_context(|| format!("checking {}", dir.display()))?;
-    // A torn tail is what a crash during an append leaves: nothing in it was ever acked (acks
-    // follow the fsync), so it is reported as a note, not as damage.
-    let torn: Option<String> = rep.torn_tail.as_ref().map(|t| t.to_string());
-    let problems: Vec<String> = rep.problems().into_iter().filter(|p| Some(p) != torn.as_ref()).collect();
+    // A torn tail is what a crash during an append leaves (or, while a server runs, the frame
+    // it is writing): nothing in it was ever acked (acks follow the fsync), so it is reported
+    // as a note, not as damage.
+    let mut notes = Vec::new();
+    if store.held_by_writer() {
+        notes.push(format!(
+            "the store is held by a running server: checked the {} bytes of records.log present when the check \
+             began ({} bytes appended since are not covered, and are not damage); `psl capsule-server check \
+             --read ADDR` checks through the running server, against its own index",
+            rep.checked_bytes, rep.appended_bytes
+        ));
+    }
     let heads: serde_json::Map<String, serde_json::Value> = store
         .heads()
         .into_iter()
         .map(|(w, h)| (w.to_string(), serde_json::json!({"seq": h.seq, "hash": h.hash.to_hex()})))
         .collect();
-    if json {
-        println!(
-            "{}",
-            serde_json::json!({"dir": dir.display().to_string(), "frames": rep.frames, "verified": rep.verified, "records": store.len(), "clean": problems.is_empty(), "problems": problems, "torn_tail": torn, "heads": heads})
-        );
-    } else {
-        println!(
-            "{}: {} frames, {} verified, {} records indexed",
-            dir.display(),
-            rep.frames,
-            rep.verified,
-            store.len()
-        );
-        for p in &problems {
-            println!("problem: {p}");
-        }
-        if let Some(t) = &torn {
-            println!("note (unacked bytes left by a crash): {t}");
-        }
-        println!("{}", if problems.is_empty() { "clean" } else { "DAMAGED" });
+    let mut j = serde_json::Map::new();
+    j.insert("dir".into(), dir.display().to_string().into());
+    j.insert("live".into(), store.held_by_writer().into());
+    j.insert("checked_bytes".into(), rep.checked_bytes.into());
+    j.insert("appended_bytes".into(), rep.appended_bytes.into());
+    j.insert("heads".into(), heads.into());
+    Ok(CheckOutcome {
+        what: dir.display().to_string(),
+        frames: rep.frames,
+        verified: rep.verified as u64,
+        records: store.len() as u64,
+        damage: rep.damage(),
+        torn_tail: rep.torn_tail.as_ref().map(|t| t.to_string()),
+        notes,
+        json: j,
     }
-    Ok(if problems.is_empty() { 0 } else { 1 })
+    .print(json))
+}
+
+fn check_running_server(addr: SocketAddr, json: bool) -> Result<i32> {
+    let c = psl_server::read::ReadClient::connect(addr)
+        .and_then(|mut c| c.check())
+        .with_context(|| format!("asking the server at {addr} to check its store"))?;
+    let mut notes = Vec::new();
+    if c.appended_bytes > 0 {
+        notes.push(format!("{} bytes appended while the check ran are not covered", c.appended_bytes));
+    }
+    let mut j = serde_json::Map::new();
+    j.insert("server".into(), addr.to_string().into());
+    j.insert("live".into(), true.into());
+    j.insert("checked_bytes".into(), c.checked_bytes.into());
+    j.insert("appended_bytes".into(), c.appended_bytes.into());
+    Ok(CheckOutcome {
+        what: format!("server {addr}"),
+        frames: c.frames,
+        verified: c.verified,
+        records: c.records,
+        damage: c.damage,
+        torn_tail: c.torn_tail,
+        notes,
+        json: j,
+    }
+    .print(json))
 }
