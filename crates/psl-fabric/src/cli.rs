@@ -105,9 +105,9 @@ pub struct RouterArgs {
     /// Log a line of counters every this many seconds (0: never).
     #[arg(long, value_name = "SECS", default_value_t = 10)]
     pub stats_every: u64,
-    /// Address printed on the `listening` line instead of the bound one (what endpoints on
-    /// other hosts dial: the router may listen on 0.0.0.0).
-    #[arg(long, value_name = "ADDR")]
+    /// Host (name or IP) printed on the `listening` line with the bound port, instead of the
+    /// bound address: what endpoints on other hosts dial when the router listens on 0.0.0.0.
+    #[arg(long, value_name = "HOST")]
     pub advertise: Option<String>,
 }
 
@@ -171,7 +171,7 @@ pub fn run_router(args: RouterArgs) -> anyhow::Result<()> {
     tracing::info!(addr = %router.local_addr(), ?faults, "psl router started");
     let mut out = std::io::stdout().lock();
     match &args.advertise {
-        Some(a) => writeln!(out, "listening {a}")?,
+        Some(a) => writeln!(out, "listening {a}:{}", router.local_addr().port())?,
         None => writeln!(out, "listening {}", router.local_addr())?,
     }
     out.flush()?;

@@ -27,8 +27,16 @@ pub struct NatsServerOptions {
     pub client_advertise: Option<String>,
     /// Cluster (routes) address; `None` for a lone server.
     pub cluster_listen: Option<SocketAddr>,
+    /// Cluster URL advertised to the other servers (default: what they see).
+    pub cluster_advertise: Option<String>,
     /// Routes to the other servers of the cluster (`nats-route://HOST:PORT`).
     pub routes: Vec<String>,
+    /// Where leaf nodes (edge sites) connect, on a cluster member.
+    pub leaf_listen: Option<SocketAddr>,
+    /// Leaf node links of an edge site's server (`nats-leaf://HOST:PORT` of cluster members).
+    pub leaf_remotes: Vec<String>,
+    /// HTTP monitoring address (`/varz`, `/connz`: `psl status` reads them).
+    pub monitor: Option<SocketAddr>,
     /// Largest message (default: the fabric's frame limit, 16 MiB).
     pub max_payload: usize,
     /// Where the configuration and log files go.
@@ -44,7 +52,11 @@ impl NatsServerOptions {
             listen,
             client_advertise: None,
             cluster_listen: None,
+            cluster_advertise: None,
             routes: Vec::new(),
+            leaf_listen: None,
+            leaf_remotes: Vec::new(),
+            monitor: None,
             max_payload: FRAME_BYTES_MAX_DEFAULT,
             dir: dir.to_path_buf(),
         }
@@ -62,12 +74,27 @@ impl NatsServerOptions {
         if let Some(a) = &self.client_advertise {
             c.push_str(&format!("client_advertise: \"{a}\"\n"));
         }
+        if let Some(m) = self.monitor {
+            c.push_str(&format!("http: \"{m}\"\n"));
+        }
         if let Some(cl) = self.cluster_listen {
             let routes: Vec<String> = self.routes.iter().map(|r| format!("\"{r}\"")).collect();
+            let adv = self.cluster_advertise.as_ref().map(|a| format!("  advertise: \"{a}\"\n")).unwrap_or_default();
             c.push_str(&format!(
-                "cluster {{\n  name: psl\n  listen: \"{cl}\"\n  routes: [{}]\n  connect_retries: 120\n}}\n",
+                "cluster {{\n  name: psl\n  listen: \"{cl}\"\n{adv}  routes: [{}]\n  connect_retries: 120\n}}\n",
                 routes.join(", ")
             ));
+        }
+        if self.leaf_listen.is_some() || !self.leaf_remotes.is_empty() {
+            c.push_str("leafnodes {\n");
+            if let Some(l) = self.leaf_listen {
+                c.push_str(&format!("  listen: \"{l}\"\n"));
+            }
+            if !self.leaf_remotes.is_empty() {
+                let urls: Vec<String> = self.leaf_remotes.iter().map(|r| format!("\"{r}\"")).collect();
+                c.push_str(&format!("  remotes: [ {{ urls: [{}] }} ]\n", urls.join(", ")));
+            }
+            c.push_str("}\n");
         }
         c
     }

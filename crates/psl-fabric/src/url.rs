@@ -110,7 +110,9 @@ impl<'de> serde::Deserialize<'de> for FabricUrl {
 }
 
 /// A fabric URL and the options a NATS deployment needs. (The router backend ignores them.)
+/// In JSON: an object, or just the URL string (what cluster files held before NATS).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(from = "SpecRepr")]
 pub struct FabricSpec {
     pub url: FabricUrl,
     /// NATS credentials file (`--nats-creds`).
@@ -122,6 +124,32 @@ pub struct FabricSpec {
     /// First subject token(s) (`--nats-prefix`, default `psl`).
     #[serde(default = "default_prefix")]
     pub nats_prefix: String,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum SpecRepr {
+    Url(FabricUrl),
+    Full {
+        url: FabricUrl,
+        #[serde(default)]
+        nats_creds: Option<PathBuf>,
+        #[serde(default)]
+        nats_tls_ca: Option<PathBuf>,
+        #[serde(default = "default_prefix")]
+        nats_prefix: String,
+    },
+}
+
+impl From<SpecRepr> for FabricSpec {
+    fn from(r: SpecRepr) -> FabricSpec {
+        match r {
+            SpecRepr::Url(url) => url.into(),
+            SpecRepr::Full { url, nats_creds, nats_tls_ca, nats_prefix } => {
+                FabricSpec { url, nats_creds, nats_tls_ca, nats_prefix }
+            }
+        }
+    }
 }
 
 fn default_prefix() -> String {
@@ -211,7 +239,9 @@ mod tests {
         };
         let j = serde_json::to_string(&s).unwrap();
         assert_eq!(serde_json::from_str::<FabricSpec>(&j).unwrap(), s);
-        let old: FabricSpec = serde_json::from_str(r#"{"url":"127.0.0.1:9"}"#).unwrap();
+        let short: FabricSpec = serde_json::from_str(r#"{"url":"127.0.0.1:9"}"#).unwrap();
+        assert_eq!(short, FabricSpec::router("127.0.0.1:9".parse().unwrap()));
+        let old: FabricSpec = serde_json::from_str(r#""127.0.0.1:9""#).unwrap();
         assert_eq!(old, FabricSpec::router("127.0.0.1:9".parse().unwrap()));
     }
 }
