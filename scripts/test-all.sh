@@ -24,6 +24,7 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 
 scripts/install-memcached-test-deps.sh  # psl-memcached: memcached, memcaslap, pymemcache, pylibmc
+scripts/install-nats-test-deps.sh       # NATS fabric and namespace tests: nats-server, iproute2, openssl
 log "workspace tests"
 results=$(mktemp)
 cargo test --workspace --locked 2>&1 | tee "$results"

@@ -10,6 +10,52 @@ use crate::config::{FRAME_BYTES_MAX_DEFAULT, QUEUE_MSGS_MAX_DEFAULT};
 use crate::fault::FaultConfig;
 use crate::router::{Router, RouterConfig};
 
+/// How a role attaches to the fabric: flatten into every role's arguments.
+///
+/// `--fabric URL` (alias `--router`, which always took a router's `HOST:PORT`): a router
+/// (`psl://HOST:PORT` or `HOST:PORT`) or NATS servers (`nats://H1:4222,nats://H2:4222`).
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct FabricArgs {
+    /// The fabric: psl://HOST:PORT (a router; bare HOST:PORT too) or nats://H1:4222[,nats://H2:4222...].
+    #[arg(long = "fabric", visible_alias = "router", value_name = "URL")]
+    pub fabric: Option<crate::url::FabricUrl>,
+    /// NATS credentials file (JWT and NKey seed) issued by the NATS operator.
+    #[arg(long, value_name = "FILE")]
+    pub nats_creds: Option<std::path::PathBuf>,
+    /// CA certificate (PEM) that signs the NATS servers' TLS certificates; TLS is then required.
+    #[arg(long, value_name = "FILE")]
+    pub nats_tls_ca: Option<std::path::PathBuf>,
+    /// First token(s) of every NATS subject (deployments sharing one NATS account differ here).
+    #[arg(long, value_name = "PREFIX", default_value = crate::subject::SUBJECT_PREFIX_DEFAULT)]
+    pub nats_prefix: String,
+}
+
+impl FabricArgs {
+    /// The spec these flags name, or an error naming `role` if `--fabric` is missing.
+    pub fn spec(&self, role: &str) -> anyhow::Result<crate::url::FabricSpec> {
+        let Some(url) = self.fabric.clone() else {
+            anyhow::bail!("{role} needs --fabric URL (psl://HOST:PORT or nats://HOST:PORT,...)");
+        };
+        self.spec_of(url)
+    }
+
+    /// `url` with the NATS options of these flags.
+    pub fn spec_of(&self, url: crate::url::FabricUrl) -> anyhow::Result<crate::url::FabricSpec> {
+        if !url.is_nats() && (self.nats_creds.is_some() || self.nats_tls_ca.is_some()) {
+            anyhow::bail!("--nats-creds and --nats-tls-ca go with a nats:// fabric, not {url}");
+        }
+        if !crate::subject::valid_prefix(&self.nats_prefix) {
+            anyhow::bail!("--nats-prefix {:?} is not dot-separated [A-Za-z0-9_-] tokens", self.nats_prefix);
+        }
+        Ok(crate::url::FabricSpec {
+            url,
+            nats_creds: self.nats_creds.clone(),
+            nats_tls_ca: self.nats_tls_ca.clone(),
+            nats_prefix: self.nats_prefix.clone(),
+        })
+    }
+}
+
 /// `psl router`: run one router of the TCP fabric, optionally as an adversary.
 ///
 /// Prints `listening ADDR` on stdout once bound (so `--listen 127.0.0.1:0` can be used), then
@@ -59,6 +105,10 @@ pub struct RouterArgs {
     /// Log a line of counters every this many seconds (0: never).
     #[arg(long, value_name = "SECS", default_value_t = 10)]
     pub stats_every: u64,
+    /// Host (name or IP) printed on the `listening` line with the bound port, instead of the
+    /// bound address: what endpoints on other hosts dial when the router listens on 0.0.0.0.
+    #[arg(long, value_name = "HOST")]
+    pub advertise: Option<String>,
 }
 
 fn parse_rate(s: &str) -> Result<f64, String> {
@@ -120,7 +170,10 @@ pub fn run_router(args: RouterArgs) -> anyhow::Result<()> {
     let router = Router::spawn(cfg).context("psl router")?;
     tracing::info!(addr = %router.local_addr(), ?faults, "psl router started");
     let mut out = std::io::stdout().lock();
-    writeln!(out, "listening {}", router.local_addr())?;
+    match &args.advertise {
+        Some(a) => writeln!(out, "listening {a}:{}", router.local_addr().port())?,
+        None => writeln!(out, "listening {}", router.local_addr())?,
+    }
     out.flush()?;
     drop(out);
     router.wait().context("psl router")?;
@@ -164,6 +217,24 @@ mod tests {
         }
         let Psl::Router(a) = Psl::parse_from(["psl", "router", "--loss", "0.2", "--reorder", "0.2", "--seed", "7"]);
         assert_eq!((a.loss, a.reorder, a.seed), (0.2, 0.2, 7));
+    }
+
+    #[test]
+    fn fabric_flags_take_a_url_and_keep_router_as_an_alias() {
+        #[derive(clap::Parser)]
+        struct Role {
+            #[command(flatten)]
+            f: FabricArgs,
+        }
+        let r = Role::parse_from(["role", "--router", "127.0.0.1:7400"]);
+        assert_eq!(r.f.spec("role").unwrap().url, crate::FabricUrl::Router("127.0.0.1:7400".into()));
+        let r = Role::parse_from(["role", "--fabric", "nats://a:4222,nats://b:4222", "--nats-creds", "/x.creds"]);
+        let s = r.f.spec("role").unwrap();
+        assert!(s.url.is_nats() && s.nats_creds.is_some() && s.nats_prefix == "psl");
+        assert!(Role::parse_from(["role"]).f.spec("role").is_err());
+        assert!(Role::try_parse_from(["role", "--fabric", "ftp://x:1"]).is_err());
+        let r = Role::parse_from(["role", "--fabric", "psl://h:1", "--nats-tls-ca", "/ca.pem"]);
+        assert!(r.f.spec("role").is_err(), "NATS options on a router URL are refused");
     }
 
     #[test]

@@ -52,6 +52,12 @@ pub enum FabricError {
         #[source]
         source: io::Error,
     },
+    /// The NATS client could not connect, subscribe or read its credentials.
+    #[error("endpoint {endpoint}: NATS: {what}: {reason}")]
+    Nats { endpoint: String, what: &'static str, reason: String },
+    /// A fabric URL that cannot be used.
+    #[error("fabric URL {url:?}: {reason}")]
+    Url { url: String, reason: String },
     #[error(transparent)]
     Config(#[from] ConfigError),
 }

@@ -12,6 +12,15 @@
 //! - [`inproc`]: [`InProcHub`] and [`InProcEndpoint`]: the fabric inside one process (tests,
 //!   the embedded single-process deployment).
 //! - [`tcp`]: [`TcpEndpoint`]: an endpoint attached to a router, reconnecting with backoff.
+//! - [`nats`]: [`NatsEndpoint`]: an endpoint on a NATS deployment (`async-nats` on its own
+//!   runtime thread): one subject tree per capsule, subscriptions by role, failover among the
+//!   cluster's servers, credentials and TLS; reconnects and slow consumers counted.
+//! - [`natsd`]: [`natsd::NatsServer`]: a local `nats-server` process with a generated
+//!   configuration (`psl up --fabric nats`, the benchmark, the tests).
+//! - [`subject`]: the NATS subject of a message (classified by its public SCL header; why
+//!   there is no topic argument is explained there) and the subjects of a role ([`Interest`]).
+//! - [`url`]: [`FabricUrl`] (`psl://HOST:PORT`, `nats://H1:4222,nats://H2:4222`) and
+//!   [`FabricSpec`] (a URL and its NATS options), which connects a role's endpoint.
 //! - [`router`]: [`Router`], [`RouterConfig`], [`RouterHandle`]: one node of a tree of routers
 //!   that forwards every frame to every other link; bounded per-link queues, per-link counters.
 //! - [`frame`]: the wire format `u32 LE length ‖ payload` and its bounded, never-panicking
@@ -25,7 +34,8 @@
 //!   backoff, heartbeat, idle and write timeouts).
 //! - [`stats`]: [`FabricStats`] and [`FaultStats`].
 //! - [`error`]: [`FabricError`], [`RouterError`], [`ConfigError`].
-//! - [`cli`]: [`RouterArgs`] and [`run_router`], the library side of `psl router`.
+//! - [`cli`]: [`RouterArgs`] and [`run_router`], the library side of `psl router`;
+//!   [`FabricArgs`], the `--fabric URL` (alias `--router`) and `--nats-*` flags of every role.
 //! - `link` (private): a TCP link's outbound queue, read loop and write loop, shared by the
 //!   router and the TCP endpoint. `queue` (private): the bounded receive queue.
 //!
@@ -42,21 +52,28 @@ pub mod fault;
 pub mod frame;
 pub mod inproc;
 mod link;
+pub mod nats;
+pub mod natsd;
 mod queue;
 pub mod router;
 pub mod stats;
+pub mod subject;
 pub mod switch;
 pub mod tcp;
+pub mod url;
 
 pub use adversary::{Adversarial, AdversaryStats};
-pub use cli::{run_router, RouterArgs};
+pub use cli::{run_router, FabricArgs, RouterArgs};
 pub use config::{FabricConfig, LinkTiming, FRAME_BYTES_MAX_DEFAULT};
 pub use error::{ConfigError, FabricError, RouterError};
 pub use fabric::{Fabric, Message};
 pub use fault::{FaultConfig, FaultInjector};
 pub use frame::{FrameDecoder, FrameError};
 pub use inproc::{InProcEndpoint, InProcHub};
+pub use nats::{NatsConfig, NatsEndpoint};
 pub use router::{LinkRole, LinkStats, LinkTotals, Router, RouterConfig, RouterHandle, RouterStats};
 pub use stats::{FabricStats, FaultStats};
 pub use switch::Switch;
+pub use subject::Interest;
 pub use tcp::{TcpConfig, TcpEndpoint};
+pub use url::{FabricSpec, FabricUrl};

@@ -80,7 +80,7 @@ impl Outbox {
 }
 
 impl OutboxRx {
-    async fn recv(&mut self) -> Option<Bytes> {
+    pub(crate) async fn recv(&mut self) -> Option<Bytes> {
         let m = self.rx.recv().await?;
         self.budget.give_back(m.len());
         Some(m)

@@ -58,6 +58,17 @@ pub struct FabricStats {
     pub link_errors: u64,
     /// Inbound frames refused for exceeding `frame_bytes_max` (the link is then closed) (TCP).
     pub frames_refused: u64,
+    /// Connections to a NATS server lost (server gone, link cut, slow consumer closed by the
+    /// server); each is followed by reconnect attempts (NATS).
+    pub disconnects: u64,
+    /// Times a subscription's client-side buffer overflowed and lost messages (NATS).
+    pub slow_consumer_events: u64,
+    /// Errors the NATS server or client reported (authorization, permissions, payload) (NATS).
+    pub server_errors: u64,
+    /// Messages taken from the outbound queue that the client refused (NATS).
+    pub publish_failures: u64,
+    /// Subject publishes made: one per message, more for an ack naming several nodes (NATS).
+    pub subjects_published: u64,
     /// Faults injected (by [`crate::Adversarial`]; publish and receive sides added up).
     pub faults: FaultStats,
 }

@@ -291,7 +291,7 @@ impl Fabric for TcpEndpoint {
             connects: s.connects.get(),
             link_errors: s.link_errors.get(),
             frames_refused: s.link.frames_refused.get(),
-            faults: Default::default(),
+            ..FabricStats::default()
         }
     }
 }

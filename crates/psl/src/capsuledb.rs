@@ -1,6 +1,6 @@
 //! `psl capsuledb`: run the CapsuleDB role, or read its history.
 //!
-//! - `psl capsuledb --capsule F --owner K --router ADDR [--store DIR ...] [--servers A,B,C]`:
+//! - `psl capsuledb --capsule F --owner K --fabric URL [--store DIR ...] [--servers A,B,C]`:
 //!   joins the fabric as a receive-only node, applies every write to the LSM tree, stores
 //!   blocks and indexes as signed, encrypted records in every `--store` directory and, with
 //!   `--servers` (the capsule servers' read addresses), on the capsule servers (published on
@@ -35,9 +35,9 @@ pub struct CapsuleDbArgs {
     pub cmd: Option<CapsuleDbCmd>,
     #[command(flatten)]
     pub open: OpenArgs,
-    /// Router to attach to.
-    #[arg(long)]
-    pub router: Option<SocketAddr>,
+    /// The fabric (`--fabric URL`, alias `--router`) and its NATS options.
+    #[command(flatten)]
+    pub fabric: psl_fabric::FabricArgs,
     /// Node id of the role (1 to 32766); its writer index is `id << 16 | 15`.
     #[arg(long, default_value_t = 30_000)]
     pub id: u32,
@@ -59,6 +59,9 @@ pub struct CapsuleDbArgs {
     /// Freeze a non-empty memtable that has not changed the index for this long.
     #[arg(long, default_value_t = 500)]
     pub idle_flush_ms: u64,
+    /// Serve the role's node control interface here (STATS, METRICS: what `psl status` reads).
+    #[arg(long, value_name = "ADDR")]
+    pub control: Option<SocketAddr>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -275,7 +278,7 @@ pub fn run(a: CapsuleDbArgs) -> Result<i32> {
 }
 
 fn run_role(a: CapsuleDbArgs, config: Config, writer: u32) -> Result<i32> {
-    let Some(router) = a.router else { bail!("psl capsuledb needs --router (or a subcommand)") };
+    let spec = a.fabric.spec("psl capsuledb (or a subcommand)")?;
     let (meta, app, dirs) = load(&a.open)?;
     let stores = Stores::open(&a.open, &meta, dirs, a.id)?;
     // The node runs first: with servers, records go out through it (and it counts their acks).
@@ -289,7 +292,9 @@ fn run_role(a: CapsuleDbArgs, config: Config, writer: u32) -> Result<i32> {
     };
     opts.core.servers = a.open.servers.len() as u32;
     let keys = NodeKeys::derive(&meta, &app, &opts)?;
-    let node = Arc::new(Node::start(keys, crate::roles::fabric(router)?, opts)?);
+    let interest = psl_fabric::Interest::capsuledb(crate::roles::capsule_id(&meta), a.id);
+    let ep = crate::roles::fabric(&spec, &format!("capsuledb-{}", a.id), &interest)?;
+    let node = Arc::new(Node::start(keys, ep, opts)?);
     if let Some(p) = &stores.publisher {
         p.attach(node.clone());
     }
@@ -308,6 +313,16 @@ fn run_role(a: CapsuleDbArgs, config: Config, writer: u32) -> Result<i32> {
     drop(app);
     let replaying = stores.survey.is_some();
     let role_opts = RoleOptions { idle_flush: Duration::from_millis(a.idle_flush_ms.max(1)), ..RoleOptions::default() };
+    if let Some(addr) = a.control {
+        let l = std::net::TcpListener::bind(addr).with_context(|| format!("binding the control address {addr}"))?;
+        println!("control {}", l.local_addr()?);
+        let (n, stop) = (node.clone(), Arc::new(std::sync::atomic::AtomicBool::new(false)));
+        std::thread::Builder::new().name("capsuledb-control".into()).spawn(move || {
+            if let Err(e) = psl_node::control::serve(n, l, stop) {
+                tracing::warn!("capsuledb control interface: {e}");
+            }
+        })?;
+    }
     let role =
         Role::start_shared(node, db, role_keys, stores.dirs.clone(), role_opts, !replaying, stores.publisher.clone())?;
     let mut replayed_ops = None;

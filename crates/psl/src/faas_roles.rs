@@ -74,9 +74,9 @@ fn ready_line(line: &str) -> Result<()> {
 pub struct LeaderArgs {
     #[arg(long, default_value = "127.0.0.1:0")]
     pub listen: SocketAddr,
-    /// Router the job's coordinator attaches to.
-    #[arg(long)]
-    pub router: SocketAddr,
+    /// The fabric each job's coordinator attaches to (`--fabric URL`, alias `--router`).
+    #[command(flatten)]
+    pub fabric: psl_fabric::FabricArgs,
     #[command(flatten)]
     pub sim: SimArgs,
     /// Worker measurements (hex) granted keys; default: this binary's own.
@@ -97,7 +97,7 @@ pub fn run_leader(a: LeaderArgs) -> Result<i32> {
     let m = measurement(a.sim.sim_binary_hash.as_deref())?;
     let cfg = leader::LeaderConfig {
         listen: a.listen,
-        router: a.router,
+        fabric: a.fabric.spec("psl leader")?,
         platform,
         measurement: m,
         policy: parse_measurements(&a.allow, m)?,
@@ -149,8 +149,9 @@ pub struct WorkerArgs {
     pub scheduler: SocketAddr,
     #[arg(long)]
     pub leader: SocketAddr,
-    #[arg(long)]
-    pub router: SocketAddr,
+    /// The fabric each job's node attaches to (`--fabric URL`, alias `--router`).
+    #[command(flatten)]
+    pub fabric: psl_fabric::FabricArgs,
     #[command(flatten)]
     pub sim: SimArgs,
     /// Leader measurements (hex) this worker accepts; default: this binary's own.
@@ -159,6 +160,10 @@ pub struct WorkerArgs {
     /// Control interface (line protocol: DEBUG).
     #[arg(long, default_value = "127.0.0.1:0")]
     pub control: SocketAddr,
+    /// The control address told to the scheduler and printed (default: the bound one; set it
+    /// when --control binds 0.0.0.0).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub advertise_control: Option<String>,
     #[arg(long, default_value_t = 200)]
     pub heartbeat_ms: u64,
     /// TEST ONLY: report a measurement of another configuration (code the policy does not allow).
@@ -186,18 +191,23 @@ pub fn run_worker(a: WorkerArgs) -> Result<i32> {
         id: a.id,
         scheduler: a.scheduler,
         leader: a.leader,
-        router: a.router,
+        fabric: a.fabric.spec("psl worker")?,
         platform,
         measurement: m,
         leader_policy: parse_measurements(&a.allow_leader, own)?,
         limits: SandboxLimits::default(),
         heartbeat: Duration::from_millis(a.heartbeat_ms.max(1)),
         control: a.control,
+        advertise_control: a.advertise_control.clone(),
         test_stop_heartbeats_after: a.test_stop_heartbeats_after_ms.map(Duration::from_millis),
     };
     let id = a.id;
+    let advertised = a.advertise_control;
     let mut res = Ok(());
-    worker::serve_worker(cfg, |r| res = ready_line(&format!("worker {id} control {}", r.control)))?;
+    worker::serve_worker(cfg, |r| {
+        let control = advertised.unwrap_or_else(|| r.control.to_string());
+        res = ready_line(&format!("worker {id} control {control}"))
+    })?;
     res.map(|()| 0)
 }
 
@@ -209,14 +219,15 @@ pub struct CapsuleHostArgs {
     /// Directory for the stores (one per job capsule).
     #[arg(long)]
     pub dir: PathBuf,
-    #[arg(long)]
-    pub router: SocketAddr,
+    /// The fabric each job's capsule server attaches to (`--fabric URL`, alias `--router`).
+    #[command(flatten)]
+    pub fabric: psl_fabric::FabricArgs,
     #[arg(long, default_value = "127.0.0.1:0")]
     pub listen: SocketAddr,
 }
 
 pub fn run_capsule_host(a: CapsuleHostArgs) -> Result<i32> {
-    let cfg = host::HostConfig { id: a.id, dir: a.dir, listen: a.listen, router: a.router };
+    let cfg = host::HostConfig { id: a.id, dir: a.dir, listen: a.listen, fabric: a.fabric.spec("psl capsule-host")? };
     let id = a.id;
     let mut res = Ok(());
     host::serve_host(cfg, |addr| res = ready_line(&format!("capsule-host {id} {addr}")))?;

@@ -10,7 +10,10 @@
 //! - `run`: `psl run JOB.js`: a job of sandboxed lambdas on a running deployment (`--cluster`)
 //!   or on the embedded FaaS deployment.
 //! - `faas_roles`: `psl leader`, `psl scheduler`, `psl worker`, `psl capsule-host` as processes.
-//! - `up`: `psl up`: the default deployment as child processes on loopback.
+//! - `up`: `psl up`: the default deployment as child processes on loopback (or on given
+//!   interfaces), on a router, a local nats-server, or a fabric given by URL.
+//! - `cluster`: the cluster description (TOML) and `psl up --config F --host NAME`.
+//! - `status`: `psl status --config F`: every role's health, epoch, lag and counters.
 //! - `memcached`: `psl memcached`: the SecureCached front end.
 //! - `capsuledb`: `psl capsuledb`: the CapsuleDB role, `snapshots` and `get --at`.
 //! - `kv`: the client of a node's control interface (`psl kv put|get|del|sync|stats|dump`).
@@ -20,6 +23,7 @@
 mod bench;
 mod capsule;
 mod capsuledb;
+mod cluster;
 mod demo;
 mod faas_roles;
 mod keys;
@@ -28,6 +32,7 @@ mod memcached;
 mod roles;
 mod run;
 mod sim;
+mod status;
 mod up;
 mod util;
 
@@ -75,6 +80,8 @@ enum Cmd {
     Run(run::RunArgs),
     /// Start the default deployment on this machine (router, capsule hosts, scheduler, leader, workers; sim attestation: INSECURE) until Ctrl-C.
     Up(up::UpArgs),
+    /// Show every role's health, epoch, lag and counters across the hosts of a cluster file.
+    Status(status::StatusArgs),
     /// Run the FaaS leader (trusted): attests workers, hands out keys, RESETs (sim attestation: INSECURE).
     Leader(faas_roles::LeaderArgs),
     /// Run the FaaS scheduler (untrusted): worker registry, forwards sealed programs.
@@ -124,6 +131,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Sim(a) => sim::run(a),
         Cmd::Run(a) => run::run(a),
         Cmd::Up(a) => up::run(a),
+        Cmd::Status(a) => status::run(a),
         Cmd::Leader(a) => faas_roles::run_leader(a),
         Cmd::Scheduler(a) => faas_roles::run_scheduler(a),
         Cmd::Worker(a) => faas_roles::run_worker(a),

@@ -58,10 +58,13 @@ pub struct MemcachedArgs {
     #[arg(long)]
     pub writers: Option<usize>,
     /// Join a running deployment instead of running the embedded default: DIR (or
-    /// DIR/cluster.json) of `psl up --kv`, or a router address (then with --capsule, --owner
-    /// and --id).
+    /// DIR/cluster.json) of `psl up --kv`, or a fabric URL (psl://ROUTER, a bare router
+    /// HOST:PORT, or nats://H1:4222,...; then with --capsule, --owner and --id).
     #[arg(long)]
     pub cluster: Option<String>,
+    /// The fabric to join through (as `--cluster URL`), and the NATS options.
+    #[command(flatten)]
+    pub fabric: psl_fabric::FabricArgs,
     /// With --cluster: the capsule file that names the capsule.
     #[arg(long)]
     pub capsule: Option<PathBuf>,
@@ -98,6 +101,9 @@ pub struct MemcachedArgs {
     /// with SERVER_ERROR.
     #[arg(long, default_value_t = 2000)]
     pub peer_timeout_ms: u64,
+    /// This front end's entry in --peers, when --peer-listen binds another address (0.0.0.0).
+    #[arg(long, requires = "peer_listen")]
+    pub peer_advertise: Option<SocketAddr>,
     /// Back the memory limit with CapsuleDB: an evicted item is read back through CapsuleDB
     /// (same value, flags and CAS unique) instead of being lost. Embedded: runs a CapsuleDB
     /// role in this process (its records in a temporary directory, removed on exit).
@@ -114,7 +120,9 @@ pub struct MemcachedArgs {
 /// DIR/cluster.json).
 #[derive(serde::Serialize, serde::Deserialize, Debug, Clone)]
 pub struct KvInfo {
-    pub router: SocketAddr,
+    /// The deployment's fabric (`router` in cluster files written before NATS).
+    #[serde(alias = "router")]
+    pub fabric: psl_fabric::FabricSpec,
     /// The KV capsule file and its owner key file (mode 0600; see docs/protocol/memcached.md).
     pub capsule: PathBuf,
     pub owner: PathBuf,
@@ -181,7 +189,14 @@ fn draw_node_id(state: &std::path::Path) -> Result<u32> {
 
 /// Where the front end's node joins.
 enum Join {
-    Router { router: SocketAddr, capsule: PathBuf, owner: PathBuf, id: u32, state: Option<PathBuf>, db: Option<u32> },
+    Router {
+        fabric: psl_fabric::FabricSpec,
+        capsule: PathBuf,
+        owner: PathBuf,
+        id: u32,
+        state: Option<PathBuf>,
+        db: Option<u32>,
+    },
     Dir(KvInfo),
 }
 
@@ -218,11 +233,18 @@ fn start_capsuledb_in_process(
 }
 
 pub fn run(a: MemcachedArgs) -> Result<i32> {
+    let url = match (&a.cluster, &a.fabric.fabric) {
+        (Some(_), Some(_)) => bail!("give --cluster or --fabric, not both"),
+        (None, Some(u)) => Some(u.clone()),
+        (Some(c), None) if !std::path::Path::new(c).exists() => c.parse::<psl_fabric::FabricUrl>().ok(),
+        _ => None,
+    };
     let join = match &a.cluster {
-        None => None,
-        Some(c) => {
-            Some(match c.parse::<SocketAddr>() {
-                Ok(router) => {
+        None if url.is_none() => None,
+        c => {
+            Some(match url {
+                Some(url) => {
+                    let fabric = a.fabric.spec_of(url)?;
                     let (Some(capsule), Some(owner), Some(id)) = (&a.capsule, &a.owner, a.id) else {
                         bail!("--cluster ROUTER needs --capsule, --owner and --id (or give --cluster DIR of `psl up --kv`)");
                     };
@@ -230,7 +252,7 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
                         bail!("with --cluster ROUTER, give CapsuleDB's writer index: --capsuledb-writer W");
                     }
                     Join::Router {
-                        router,
+                        fabric,
                         capsule: capsule.clone(),
                         owner: owner.clone(),
                         id,
@@ -238,7 +260,8 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
                         db: a.capsuledb_writer,
                     }
                 }
-                Err(_) => {
+                None => {
+                    let c = c.as_deref().unwrap_or_default();
                     if a.capsule.is_some() || a.owner.is_some() || a.id.is_some() || a.state.is_some() {
                         bail!("--cluster DIR takes the capsule, owner key and node id from DIR/cluster.json; drop --capsule, --owner, --id and --state");
                     }
@@ -320,9 +343,9 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
             (d.front_ends[0].clone(), Box::new((role, d, db_dir)))
         }
         Some(join) => {
-            let (router, capsule, owner, id, state, db) = match &join {
-                Join::Router { router, capsule, owner, id, state, db } => {
-                    (*router, capsule.clone(), owner.clone(), *id, state.clone(), *db)
+            let (fabric, capsule, owner, id, state, db) = match &join {
+                Join::Router { fabric, capsule, owner, id, state, db } => {
+                    (fabric.clone(), capsule.clone(), owner.clone(), *id, state.clone(), *db)
                 }
                 Join::Dir(kv) => {
                     let id = draw_node_id(&kv.state)?;
@@ -331,7 +354,7 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
                     // and SCL does not replay history to a new node, so only CapsuleDB can serve
                     // what was written before it joined (and what its memory limit evicts).
                     let db = Some(kv.capsuledb_writer);
-                    (kv.router, kv.capsule.clone(), kv.owner.clone(), id, Some(state), db)
+                    (kv.fabric.clone(), kv.capsule.clone(), kv.owner.clone(), id, Some(state), db)
                 }
             };
             let bytes = std::fs::read(&capsule).with_context(|| format!("reading {}", capsule.display()))?;
@@ -357,9 +380,9 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
                 ..NodeOptions::default()
             };
             let keys = NodeKeys::derive(&f.metadata, &app, &opts)?;
-            let ep = psl_fabric::TcpEndpoint::connect(router, psl_fabric::TcpConfig::default())
-                .with_context(|| format!("connecting to router {router}"))?;
-            let node = Node::start(keys, Arc::new(ep), opts)?;
+            let interest = psl_fabric::Interest::node(f.metadata.name().0 .0, id, db.is_some());
+            let ep = crate::roles::fabric(&fabric, &format!("memcached-{id}"), &interest)?;
+            let node = Node::start(keys, ep, opts)?;
             tracing::info!(id, incarnation, capsuledb = ?db, "front-end node joined");
             let fe = FrontEnd::new(Arc::new(node), config);
             let cfg = PeerConfig { timeout: Duration::from_millis(a.peer_timeout_ms.max(1)) };
@@ -374,11 +397,10 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
                 }
                 (Join::Router { .. }, None) => None,
                 (Join::Router { .. }, Some(listen)) => {
-                    let me = a
-                        .peers
-                        .iter()
-                        .position(|p| *p == listen)
-                        .with_context(|| format!("--peer-listen {listen} must be one of --peers {:?}", a.peers))?;
+                    let mine = a.peer_advertise.unwrap_or(listen);
+                    let me = a.peers.iter().position(|p| *p == mine).with_context(|| {
+                        format!("--peer-advertise (or --peer-listen) {mine} must be one of --peers {:?}", a.peers)
+                    })?;
                     let l = std::net::TcpListener::bind(listen)
                         .with_context(|| format!("binding the peer address {listen}"))?;
                     fe.join_remote_group(&a.peers, me, key.clone(), cfg);

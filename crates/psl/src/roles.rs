@@ -20,9 +20,10 @@ pub struct CommonArgs {
     /// Owner key file (the leader will hand out per-node keys instead, in a later release).
     #[arg(long)]
     pub owner: PathBuf,
-    /// Router to attach to (the untrusted multicast fabric).
-    #[arg(long)]
-    pub router: SocketAddr,
+    /// The untrusted multicast fabric: `--fabric psl://HOST:PORT` (a router; `--router` is an
+    /// alias) or `--fabric nats://H1:4222,nats://H2:4222`, with the `--nats-*` options.
+    #[command(flatten)]
+    pub fabric: psl_fabric::FabricArgs,
     /// Epoch length in milliseconds (RTS every epoch).
     #[arg(long, default_value_t = 100)]
     pub epoch_ms: u64,
@@ -139,10 +140,19 @@ pub(crate) fn serve(node: Node, control: SocketAddr, what: &str) -> Result<i32> 
     Ok(0)
 }
 
-pub(crate) fn fabric(router: SocketAddr) -> Result<Arc<dyn psl_fabric::Fabric>> {
-    let ep = psl_fabric::TcpEndpoint::connect(router, psl_fabric::TcpConfig::default())
-        .with_context(|| format!("connecting to router {router}"))?;
-    Ok(Arc::new(ep))
+/// Attaches a role's endpoint to the fabric `spec` names; on NATS it subscribes to what
+/// `interest` names (its capsule, the messages of its role).
+pub(crate) fn fabric(
+    spec: &psl_fabric::FabricSpec,
+    name: &str,
+    interest: &psl_fabric::Interest,
+) -> Result<Arc<dyn psl_fabric::Fabric>> {
+    spec.connect(name, interest).with_context(|| format!("attaching {name} to the fabric {spec}"))
+}
+
+/// The 32 bytes of a capsule's name, as the fabric's subjects use them.
+pub(crate) fn capsule_id(meta: &psl_capsule::SignedMetadata) -> [u8; 32] {
+    meta.name().0 .0
 }
 
 pub fn run_node(a: NodeArgs) -> Result<i32> {
@@ -199,12 +209,15 @@ pub fn run_node(a: NodeArgs) -> Result<i32> {
         ..NodeOptions::default()
     };
     let keys = NodeKeys::derive(&meta, &app, &opts)?;
+    let spec = a.common.fabric.spec("psl node")?;
+    let interest = psl_fabric::Interest::node(capsule_id(&meta), a.id, a.capsuledb.is_some());
+    let name = format!("node-{}", a.id);
     let Some(r) = recovery else {
-        let node = Node::start(keys, fabric(a.common.router)?, opts)?;
+        let node = Node::start(keys, fabric(&spec, &name, &interest)?, opts)?;
         return serve(node, a.control, "node");
     };
     let count = r.messages.len() as u64;
-    let pre = Arc::new(psl_node::recovery::Preloaded::new(fabric(a.common.router)?, r.messages));
+    let pre = Arc::new(psl_node::recovery::Preloaded::new(fabric(&spec, &name, &interest)?, r.messages));
     let node = Node::start(keys, pre.clone(), opts)?;
     if !psl_node::recovery::wait_applied(&pre, node.metrics(), count, Duration::from_secs(120)) {
         bail!("the node did not apply the {count} records recovered from {:?} within 120 s", r.servers);
@@ -237,7 +250,9 @@ pub fn run_coordinator(a: CoordinatorArgs) -> Result<i32> {
         ..NodeOptions::default()
     };
     let keys = NodeKeys::derive(&meta, &app, &opts)?;
-    let node = Node::start(keys, fabric(a.common.router)?, opts)?;
+    let spec = a.common.fabric.spec("psl coordinator")?;
+    let ep = fabric(&spec, &format!("coordinator-{}", a.rank), &psl_fabric::Interest::coordinator(capsule_id(&meta)))?;
+    let node = Node::start(keys, ep, opts)?;
     serve(node, a.control, "coordinator")
 }
 
@@ -255,9 +270,9 @@ pub struct CapsuleServerArgs {
     /// server its key instead, after attestation.
     #[arg(long)]
     pub owner: Option<PathBuf>,
-    /// Router to attach to.
-    #[arg(long)]
-    pub router: Option<SocketAddr>,
+    /// The fabric (`--fabric URL`, alias `--router`) and its NATS options.
+    #[command(flatten)]
+    pub fabric: psl_fabric::FabricArgs,
     /// Store directory (created if missing; re-verified, and repaired if damaged, on start).
     #[arg(long)]
     pub dir: Option<PathBuf>,
@@ -312,9 +327,9 @@ pub fn run_capsule_server(a: CapsuleServerArgs) -> Result<i32> {
         Some(CapsuleServerCmd::Check { .. }) => bail!("psl capsule-server check needs --dir DIR or --read ADDR"),
         None => {}
     }
-    let (Some(capsule), Some(owner), Some(router), Some(dir), Some(id)) = (a.capsule, a.owner, a.router, a.dir, a.id)
+    let (Some(capsule), Some(owner), Some(_), Some(dir), Some(id)) = (a.capsule, a.owner, &a.fabric.fabric, a.dir, a.id)
     else {
-        bail!("psl capsule-server needs --capsule, --owner, --router, --dir and --id (or the `check` subcommand)");
+        bail!("psl capsule-server needs --capsule, --owner, --fabric, --dir and --id (or the `check` subcommand)");
     };
     let f = a.f.unwrap_or(a.n.saturating_sub(1) / 2);
     if a.n == 0 || a.n != 2 * f + 1 {
@@ -323,7 +338,8 @@ pub fn run_capsule_server(a: CapsuleServerArgs) -> Result<i32> {
     if id >= a.n {
         bail!("--id {id} is not below --n {} (server ids are 0 .. n)", a.n);
     }
-    let common = CommonArgs { capsule, owner, router, epoch_ms: 100 };
+    let spec = a.fabric.spec("psl capsule-server")?;
+    let common = CommonArgs { capsule, owner, fabric: a.fabric, epoch_ms: 100 };
     let (meta, app) = load(&common)?;
     let key =
         psl_server::server_key(&app, id).with_context(|| format!("server id {id} is out of range (0 to 32767)"))?;
@@ -336,7 +352,8 @@ pub fn run_capsule_server(a: CapsuleServerArgs) -> Result<i32> {
         ..psl_server::ServerOptions::default()
     };
     tracing::info!(id, n = a.n, f, fsync = %a.fsync, "capsule server configuration");
-    let server = psl_server::Server::start(&dir, meta, key, fabric(router)?, opts)?;
+    let ep = fabric(&spec, &format!("capsule-server-{id}"), &psl_fabric::Interest::server(capsule_id(&meta)))?;
+    let server = psl_server::Server::start(&dir, meta, key, ep, opts)?;
     let rep = server.start_report().clone();
     // Tests and scripts read this line.
     println!("ready {} records={} repaired={}", server.writer(), rep.records, rep.repaired);

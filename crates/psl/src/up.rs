@@ -1,5 +1,6 @@
-//! `psl up`: the embedded default deployment on one machine, as child processes on loopback:
-//! a router, three capsule hosts (capsule servers for each job's capsule, f = 1), the
+//! `psl up`: the embedded default deployment on one machine, as child processes (on loopback
+//! unless `--bind`/`--advertise` say otherwise): a fabric (a router, or with `--fabric nats` a
+//! local `nats-server`, or an existing fabric given by URL), three capsule hosts (capsule servers for each job's capsule, f = 1), the
 //! scheduler, the leader (which runs each job's coordinator) and N workers. It
 //! writes `DIR/cluster.json` (what `psl run --cluster` reads), prints the addresses, and runs
 //! until Ctrl-C or SIGTERM, then stops the children.
@@ -14,6 +15,9 @@
 //! forming one peer group. `DIR/cluster.json` then has a `kv` object, from which
 //! `psl memcached --cluster DIR` joins with a fresh node id. The KV owner key sits in DIR
 //! (mode 0600): see docs/protocol/memcached.md for what that trusts.
+//!
+//! With `--config cluster.toml --host NAME` it starts one host's roles of a many-host
+//! deployment instead (see `crate::cluster`).
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -65,6 +69,65 @@ pub struct UpArgs {
     /// Memory limit of each front end, MiB (evictions are read back through CapsuleDB).
     #[arg(long, default_value_t = 64)]
     pub kv_memory_mb: u64,
+    /// The fabric: `router` (start a router), `nats` (start a local nats-server, Debian's
+    /// package), or the URL of a running one (psl://HOST:PORT, nats://H1:4222,...).
+    #[arg(long, default_value = "router", value_name = "router|nats|URL")]
+    pub fabric: String,
+    /// NATS credentials file, for a nats:// fabric that needs one.
+    #[arg(long, value_name = "FILE")]
+    pub nats_creds: Option<PathBuf>,
+    /// CA certificate of the NATS servers' TLS, for a nats:// fabric that requires TLS.
+    #[arg(long, value_name = "FILE")]
+    pub nats_tls_ca: Option<PathBuf>,
+    /// First token(s) of the NATS subjects.
+    #[arg(long, default_value = psl_fabric::subject::SUBJECT_PREFIX_DEFAULT)]
+    pub nats_prefix: String,
+    /// Interface every role listens on (0.0.0.0: all; then give --advertise).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub bind: std::net::IpAddr,
+    /// Address other machines reach this one at: printed and written to the cluster file in
+    /// place of the bound one (default: --bind).
+    #[arg(long)]
+    pub advertise: Option<std::net::IpAddr>,
+    /// A cluster description (TOML): start the roles of `--host` only (see docs/deploy.md).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// With --config: the host whose roles to start.
+    #[arg(long, requires = "config", conflicts_with = "init", value_name = "NAME")]
+    pub host: Option<String>,
+    /// With --config: make the files every host shares (sim platform key, KV capsule and
+    /// owner key) once, then exit; copy them to every host.
+    #[arg(long, requires = "config")]
+    pub init: bool,
+}
+
+impl UpArgs {
+    /// The address printed for a socket bound at `bound`.
+    fn advertised(&self, bound: SocketAddr) -> SocketAddr {
+        match self.advertise {
+            Some(ip) if bound.ip().is_unspecified() || bound.ip() == self.bind => SocketAddr::new(ip, bound.port()),
+            _ => bound,
+        }
+    }
+
+    fn bind0(&self) -> String {
+        SocketAddr::new(self.bind, 0).to_string()
+    }
+}
+
+/// The `--fabric URL` and NATS flags every child role gets.
+pub(crate) fn fabric_flags(spec: &psl_fabric::FabricSpec) -> Vec<String> {
+    let mut v = vec!["--fabric".to_string(), spec.url.to_string()];
+    if let Some(c) = &spec.nats_creds {
+        v.extend(["--nats-creds".into(), c.display().to_string()]);
+    }
+    if let Some(c) = &spec.nats_tls_ca {
+        v.extend(["--nats-tls-ca".into(), c.display().to_string()]);
+    }
+    if spec.nats_prefix != psl_fabric::subject::SUBJECT_PREFIX_DEFAULT {
+        v.extend(["--nats-prefix".into(), spec.nats_prefix.clone()]);
+    }
+    v
 }
 
 /// Runs `psl ARGS` to completion (a setup step: key and capsule creation).
@@ -78,9 +141,9 @@ fn psl_once(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// A free loopback port (bound, then released: the front end binds it a moment later).
-fn free_loopback() -> Result<SocketAddr> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+/// A free port on `ip` (bound, then released: the front end binds it a moment later).
+fn free_port(ip: std::net::IpAddr) -> Result<SocketAddr> {
+    Ok(psl_fabric::natsd::free_port(ip)?)
 }
 
 /// Starts the KV deployment's processes on `router` (see the module docs); returns what a
@@ -88,7 +151,7 @@ fn free_loopback() -> Result<SocketAddr> {
 fn start_kv(
     a: &UpArgs,
     front_ends: u32,
-    router: SocketAddr,
+    fabric: &psl_fabric::FabricSpec,
     kids: &mut Vec<Kid>,
     deadline: Instant,
 ) -> Result<crate::memcached::KvInfo> {
@@ -125,15 +188,9 @@ fn start_kv(
         ])?;
     }
     let common = |role: &str| -> Vec<String> {
-        vec![
-            role.into(),
-            "--capsule".into(),
-            s(&capsule),
-            "--owner".into(),
-            s(&owner),
-            "--router".into(),
-            router.to_string(),
-        ]
+        let mut v = vec![role.into(), "--capsule".into(), s(&capsule), "--owner".into(), s(&owner)];
+        v.extend(fabric_flags(fabric));
+        v
     };
     let mut srx = Vec::new();
     let mut servers = Vec::new();
@@ -164,17 +221,15 @@ fn start_kv(
         .find_map(|w| w.strip_prefix("writer="))
         .and_then(|w| w.parse().ok())
         .with_context(|| format!("psl capsuledb printed 'ready {ready}' without writer=W"))?;
-    let peers = (0..front_ends).map(|_| free_loopback()).collect::<Result<Vec<_>>>()?;
+    let binds = (0..front_ends).map(|_| free_port(a.bind)).collect::<Result<Vec<_>>>()?;
+    let peers: Vec<SocketAddr> = binds.iter().map(|b| a.advertised(*b)).collect();
     let list = peers.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(",");
     let mut frx = Vec::new();
     for (i, peer) in peers.iter().enumerate() {
         let id = i as u32 + 1;
-        let mut args = vec![
-            "memcached".to_string(),
-            "--listen".into(),
-            "127.0.0.1:0".into(),
-            "--cluster".into(),
-            router.to_string(),
+        let mut args = vec!["memcached".to_string(), "--listen".into(), a.bind0()];
+        args.extend(fabric_flags(fabric));
+        args.extend([
             "--capsule".into(),
             s(&capsule),
             "--owner".into(),
@@ -187,19 +242,20 @@ fn start_kv(
             writer.to_string(),
             "--memory-mb".into(),
             a.kv_memory_mb.to_string(),
-        ];
+        ]);
         // Even a group of one serves its peer address: joining front ends forward to it.
-        args.extend(["--peer-listen".into(), peer.to_string(), "--peers".into(), list.clone()]);
+        args.extend(["--peer-listen".into(), binds[i].to_string(), "--peers".into(), list.clone()]);
+        args.extend(["--peer-advertise".into(), peer.to_string()]);
         let (k, rx) = spawn(&format!("memcached {id}"), &args)?;
         kids.push(k);
         frx.push((id, rx));
     }
     let mut listen = Vec::new();
     for (id, rx) in frx {
-        listen.push(wait_line(&format!("memcached {id}"), &rx, "listening ", deadline)?.parse()?);
+        listen.push(a.advertised(wait_line(&format!("memcached {id}"), &rx, "listening ", deadline)?.parse()?));
     }
     Ok(crate::memcached::KvInfo {
-        router,
+        fabric: fabric.clone(),
         capsule,
         owner,
         capsuledb_writer: writer,
@@ -210,24 +266,40 @@ fn start_kv(
     })
 }
 
-static STOP: AtomicBool = AtomicBool::new(false);
+pub(crate) static STOP: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_signal(_: libc::c_int) {
     STOP.store(true, Ordering::SeqCst);
 }
 
-struct Kid {
-    name: String,
-    child: Child,
-    gone: bool,
+/// Ctrl-C and SIGTERM set [`STOP`].
+pub(crate) fn catch_signals() {
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
+}
+
+pub(crate) struct Kid {
+    pub(crate) name: String,
+    pub(crate) child: Child,
+    pub(crate) gone: bool,
 }
 
 /// Spawns `psl ARGS`; the child gets SIGTERM if this process dies (even by SIGKILL).
-fn spawn(name: &str, args: &[String]) -> Result<(Kid, std::sync::mpsc::Receiver<String>)> {
-    use std::os::unix::process::CommandExt;
+pub(crate) fn spawn(name: &str, args: &[String]) -> Result<(Kid, std::sync::mpsc::Receiver<String>)> {
     let exe = std::env::current_exe().context("finding the psl binary")?;
     let mut cmd = Command::new(exe);
-    cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+    cmd.args(args);
+    spawn_cmd(name, cmd)
+}
+
+/// Spawns `cmd` (stdout piped to the returned receiver line by line, stderr inherited); the
+/// child gets SIGTERM if this process dies (even by SIGKILL).
+pub(crate) fn spawn_cmd(name: &str, mut cmd: Command) -> Result<(Kid, std::sync::mpsc::Receiver<String>)> {
+    use std::os::unix::process::CommandExt;
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
     // SAFETY: the closure runs in the forked child before exec and only calls prctl(2), which
     // is async-signal-safe; it touches no memory of the parent and allocates nothing.
     unsafe {
@@ -249,7 +321,7 @@ fn spawn(name: &str, args: &[String]) -> Result<(Kid, std::sync::mpsc::Receiver<
     Ok((Kid { name: name.into(), child, gone: false }, rx))
 }
 
-fn wait_line(kid: &str, rx: &std::sync::mpsc::Receiver<String>, prefix: &str, deadline: Instant) -> Result<String> {
+pub(crate) fn wait_line(kid: &str, rx: &std::sync::mpsc::Receiver<String>, prefix: &str, deadline: Instant) -> Result<String> {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {
@@ -263,7 +335,7 @@ fn wait_line(kid: &str, rx: &std::sync::mpsc::Receiver<String>, prefix: &str, de
     }
 }
 
-fn stop_all(kids: &mut [Kid]) {
+pub(crate) fn stop_all(kids: &mut [Kid]) {
     for k in kids.iter().filter(|k| !k.gone) {
         // SAFETY: kill(2) with a pid of our own child (not yet reaped, so not reused).
         unsafe {
@@ -287,7 +359,57 @@ fn stop_all(kids: &mut [Kid]) {
     }
 }
 
+/// Starts the fabric `a.fabric` asks for (a router or a local nats-server as a child), or
+/// takes the URL of a running one; returns its spec.
+fn start_fabric(a: &UpArgs, kids: &mut Vec<Kid>, deadline: Instant) -> Result<psl_fabric::FabricSpec> {
+    let url = match a.fabric.as_str() {
+        "router" => {
+            let mut args = vec!["router".to_string(), "--listen".into(), a.bind0()];
+            if let Some(ip) = a.advertise {
+                args.extend(["--advertise".into(), ip.to_string()]);
+            }
+            let (k, rx) = spawn("router", &args)?;
+            kids.push(k);
+            psl_fabric::FabricUrl::Router(wait_line("router", &rx, "listening ", deadline)?)
+        }
+        "nats" => {
+            let listen = free_port(a.bind)?;
+            let dir = a.dir.join("nats");
+            let mut o = psl_fabric::natsd::NatsServerOptions::new("psl-up", listen, &dir);
+            o.client_advertise = a.advertise.map(|ip| SocketAddr::new(ip, listen.port()).to_string());
+            let (k, _rx) = spawn_cmd("nats-server", o.command().context("writing the nats-server configuration")?)
+                .context("starting nats-server (Debian package nats-server; see scripts/install-nats-test-deps.sh)")?;
+            kids.push(k);
+            let probe = if listen.ip().is_unspecified() { SocketAddr::new([127, 0, 0, 1].into(), listen.port()) } else { listen };
+            while !psl_fabric::natsd::answers_info(probe) {
+                if Instant::now() >= deadline || kids.last_mut().is_some_and(|k| matches!(k.child.try_wait(), Ok(Some(_)))) {
+                    bail!("nats-server did not start on {listen} (its log is on stderr above)");
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            psl_fabric::FabricUrl::Nats(vec![format!("nats://{}", a.advertised(listen))])
+        }
+        url => url.parse().with_context(|| format!("--fabric {url}: not router, nats, or a fabric URL"))?,
+    };
+    let args = psl_fabric::FabricArgs {
+        fabric: Some(url.clone()),
+        nats_creds: a.nats_creds.clone(),
+        nats_tls_ca: a.nats_tls_ca.clone(),
+        nats_prefix: a.nats_prefix.clone(),
+    };
+    args.spec_of(url)
+}
+
 pub fn run(a: UpArgs) -> Result<i32> {
+    match (&a.config, &a.host) {
+        (Some(config), _) if a.init => return crate::cluster::init(config),
+        (Some(config), Some(host)) => return crate::cluster::up_host(config, host),
+        (Some(_), None) => bail!("--config needs --host NAME (or --init)"),
+        _ => {}
+    }
+    if a.bind.is_unspecified() && a.advertise.is_none() {
+        bail!("--bind {} needs --advertise IP: the address the other machines reach this one at", a.bind);
+    }
     let t0 = Instant::now();
     if a.workers == 0 || a.workers > 255 {
         bail!("--workers must be 1 ..= 255");
@@ -306,11 +428,7 @@ pub fn run(a: UpArgs) -> Result<i32> {
     if kv_front_ends.is_some() && (a.kv_servers > 63 || (a.kv_servers != 0 && a.kv_servers.is_multiple_of(2))) {
         bail!("--kv-servers must be 0 or an odd number (2f + 1) up to 63");
     }
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
-    }
+    catch_signals();
     eprintln!("WARNING: attestation backend 'sim' is INSECURE (development only)");
     std::fs::create_dir_all(&a.dir).with_context(|| format!("creating {}", a.dir.display()))?;
     let key_path = a.dir.join("sim-platform.key");
@@ -332,14 +450,17 @@ pub fn run(a: UpArgs) -> Result<i32> {
     let mut kids = Vec::new();
     let mut kv = None;
     let result = (|| -> Result<ClusterInfo> {
-        let (k, rx) = spawn("router", &["router".into(), "--listen".into(), "127.0.0.1:0".into()])?;
-        kids.push(k);
-        let router: SocketAddr = wait_line("router", &rx, "listening ", deadline)?.parse()?;
+        let fabric = start_fabric(&a, &mut kids, deadline)?;
         if let Some(n) = kv_front_ends {
-            kv = Some(start_kv(&a, n, router, &mut kids, deadline)?);
+            kv = Some(start_kv(&a, n, &fabric, &mut kids, deadline)?);
         }
-        let mut sargs =
-            vec!["scheduler".to_string(), "--heartbeat-timeout-ms".into(), a.heartbeat_timeout_ms.to_string()];
+        let mut sargs = vec![
+            "scheduler".to_string(),
+            "--listen".into(),
+            a.bind0(),
+            "--heartbeat-timeout-ms".into(),
+            a.heartbeat_timeout_ms.to_string(),
+        ];
         if let Some(b) = a.test_scheduler_flip_byte {
             sargs.extend(["--test-flip-program-byte".into(), b.to_string()]);
         }
@@ -348,15 +469,16 @@ pub fn run(a: UpArgs) -> Result<i32> {
         let mut hrx = Vec::new();
         for id in 0..a.servers {
             let hdir = a.dir.join(format!("server{id}"));
-            let args = [
+            let mut args = vec![
                 "capsule-host".to_string(),
                 "--id".into(),
                 id.to_string(),
                 "--dir".into(),
                 hdir.display().to_string(),
-                "--router".into(),
-                router.to_string(),
+                "--listen".into(),
+                a.bind0(),
             ];
+            args.extend(fabric_flags(&fabric));
             let (k, rx) = spawn(&format!("capsule host {id}"), &args)?;
             kids.push(k);
             hrx.push((id, hdir, rx));
@@ -365,17 +487,18 @@ pub fn run(a: UpArgs) -> Result<i32> {
         for (id, hdir, rx) in hrx {
             let addr: SocketAddr =
                 wait_line(&format!("capsule host {id}"), &rx, &format!("capsule-host {id} "), deadline)?.parse()?;
-            hosts.push((id, addr, hdir));
+            hosts.push((id, a.advertised(addr), hdir));
         }
-        let mut largs = vec!["leader".to_string(), "--router".into(), router.to_string()];
+        let mut largs = vec!["leader".to_string(), "--listen".into(), a.bind0()];
+        largs.extend(fabric_flags(&fabric));
         for (_, addr, _) in &hosts {
             largs.extend(["--capsule-host".into(), addr.to_string()]);
         }
         sim(&mut largs);
         let (k, lrx) = spawn("leader", &largs)?;
         kids.push(k);
-        let scheduler: SocketAddr = wait_line("scheduler", &srx, "scheduler ", deadline)?.parse()?;
-        let leader: SocketAddr = wait_line("leader", &lrx, "leader ", deadline)?.parse()?;
+        let scheduler: SocketAddr = a.advertised(wait_line("scheduler", &srx, "scheduler ", deadline)?.parse()?);
+        let leader: SocketAddr = a.advertised(wait_line("leader", &lrx, "leader ", deadline)?.parse()?);
         let mut wrx = Vec::new();
         for id in 1..=a.workers {
             let mut w = vec![
@@ -386,9 +509,10 @@ pub fn run(a: UpArgs) -> Result<i32> {
                 scheduler.to_string(),
                 "--leader".into(),
                 leader.to_string(),
-                "--router".into(),
-                router.to_string(),
+                "--control".into(),
+                a.bind0(),
             ];
+            w.extend(fabric_flags(&fabric));
             sim(&mut w);
             if a.test_rogue_workers.contains(&id) {
                 w.push("--test-rogue-measurement".into());
@@ -403,12 +527,12 @@ pub fn run(a: UpArgs) -> Result<i32> {
         let mut workers = Vec::new();
         for (id, rx) in wrx {
             let line = wait_line(&format!("worker {id}"), &rx, &format!("worker {id} control "), deadline)?;
-            workers.push(WorkerInfo { id, control: line.parse()? });
+            workers.push(WorkerInfo { id, control: a.advertised(line.parse()?) });
         }
         Ok(ClusterInfo {
             scheduler,
             leader,
-            router,
+            fabric,
             attestation_backend: psl_faas::attest::SIM_BACKEND.into(),
             sim_platform_public: hex::encode(platform.public().to_bytes()),
             measurements: vec![hex::encode(measurement.0)],
@@ -431,7 +555,7 @@ pub fn run(a: UpArgs) -> Result<i32> {
     }
     crate::util::write_atomic(&cluster_path, serde_json::to_string_pretty(&file)?.as_bytes(), 0o644)?;
     let cold_ms = t0.elapsed().as_secs_f64() * 1e3;
-    println!("router    {}", info.router);
+    println!("fabric    {}", info.fabric);
     println!("scheduler {}", info.scheduler);
     println!("leader    {}", info.leader);
     for (id, addr, dir) in &info.capsule_hosts {
@@ -446,7 +570,7 @@ pub fn run(a: UpArgs) -> Result<i32> {
         for (i, m) in kv.front_ends.iter().enumerate() {
             println!("memcached {} {m}", i + 1);
         }
-        println!("try: psl memcached --listen 127.0.0.1:11311 --cluster {}", a.dir.display());
+        println!("try: psl memcached --listen {}:11311 --cluster {}", a.bind, a.dir.display());
     }
     println!("cluster file {}", cluster_path.display());
     println!("try: psl run examples/wordcount.js --lambdas 4 --cluster {}", cluster_path.display());

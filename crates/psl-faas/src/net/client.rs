@@ -21,7 +21,6 @@ use psl_crypto::{Hash256, OwnerKey, VerifyingKey};
 use psl_sandbox::SandboxLimits;
 use serde::{Deserialize, Serialize};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -35,7 +34,9 @@ pub struct WorkerInfo {
 pub struct ClusterInfo {
     pub scheduler: SocketAddr,
     pub leader: SocketAddr,
-    pub router: SocketAddr,
+    /// The deployment's fabric (`router` in cluster files written before NATS).
+    #[serde(alias = "router")]
+    pub fabric: psl_fabric::FabricSpec,
     /// `"sim-INSECURE"`.
     pub attestation_backend: String,
     /// The simulated platform's public key (hex), to check sim reports with.
@@ -121,12 +122,11 @@ pub fn run_remote(c: &ClusterInfo, req: RemoteJob) -> Result<JobReport, FaasErro
         None => None,
     };
     let recorder = if req.record_capsule {
-        let ep = psl_fabric::TcpEndpoint::connect(
-            c.router,
-            psl_fabric::TcpConfig { name: "capsule-recorder".into(), ..psl_fabric::TcpConfig::default() },
-        )
-        .map_err(|e| FaasError::Net(format!("connecting to the router: {e}")))?;
-        Some(Recorder::start(Arc::new(ep), meta.clone(), Duration::from_millis(100))?)
+        let ep = c
+            .fabric
+            .connect("capsule-recorder", &psl_fabric::Interest::observer(meta.name().0 .0))
+            .map_err(|e| FaasError::Net(format!("attaching to the fabric {}: {e}", c.fabric)))?;
+        Some(Recorder::start(ep, meta.clone(), Duration::from_millis(100))?)
     } else {
         None
     };

@@ -27,7 +27,9 @@ pub struct HostConfig {
     pub id: u32,
     pub dir: PathBuf,
     pub listen: SocketAddr,
-    pub router: SocketAddr,
+    /// The fabric each job's capsule server attaches to (subscribed, on NATS, to that capsule's
+    /// records, repair and heads).
+    pub fabric: psl_fabric::FabricSpec,
 }
 
 pub fn serve_host(cfg: HostConfig, ready: impl FnOnce(SocketAddr)) -> Result<(), FaasError> {
@@ -62,13 +64,12 @@ fn job(cfg: &HostConfig, mut s: ServerStream) -> Result<(), FaasError> {
     let secret = zeroize::Zeroizing::new(unhex_n::<32>("key", &key)?);
     let key = SigningKey::from_bytes(&secret).map_err(|_| FaasError::Config("server key is not a valid key".into()))?;
     let dir = cfg.dir.join(meta.name().to_string());
-    let ep = psl_fabric::TcpEndpoint::connect(
-        cfg.router,
-        psl_fabric::TcpConfig { name: format!("capsule-host-{id}"), ..psl_fabric::TcpConfig::default() },
-    )
-    .map_err(|e| FaasError::Net(format!("connecting to the router: {e}")))?;
+    let ep = cfg
+        .fabric
+        .connect(&format!("capsule-host-{id}"), &psl_fabric::Interest::server(meta.name().0 .0))
+        .map_err(|e| FaasError::Net(format!("attaching to the fabric {}: {e}", cfg.fabric)))?;
     let opts = psl_server::ServerOptions { id, ..psl_server::ServerOptions::default() };
-    let server = match psl_server::Server::start(&dir, meta, key, Arc::new(ep), opts) {
+    let server = match psl_server::Server::start(&dir, meta, key, ep, opts) {
         Ok(x) => x,
         Err(e) => return write_msg(&mut s, &Msg::Error { why: format!("starting the capsule server: {e}") }),
     };

@@ -27,7 +27,8 @@ use zeroize::Zeroizing;
 
 pub struct LeaderConfig {
     pub listen: SocketAddr,
-    pub router: SocketAddr,
+    /// The fabric each job's coordinator attaches to.
+    pub fabric: psl_fabric::FabricSpec,
     pub platform: Arc<SimPlatform>,
     /// The leader's own measurement (what clients and workers check).
     pub measurement: Measurement,
@@ -203,13 +204,13 @@ fn begin(
             )));
         }
     }
-    let ep = psl_fabric::TcpEndpoint::connect(
-        sh.cfg.router,
-        psl_fabric::TcpConfig { name: format!("coordinator-{job}"), ..psl_fabric::TcpConfig::default() },
-    )
-    .map_err(|e| FaasError::Net(format!("leader: connecting to the router: {e}")))?;
-    tracing::debug!("leader: keys decoded, router connected in {:?}", t.elapsed());
-    sh.leader.begin_job(job, owner, meta.clone(), Arc::new(ep))?;
+    let ep = sh
+        .cfg
+        .fabric
+        .connect(&format!("coordinator-{job}"), &psl_fabric::Interest::coordinator(meta.name().0 .0))
+        .map_err(|e| FaasError::Net(format!("leader: attaching to the fabric {}: {e}", sh.cfg.fabric)))?;
+    tracing::debug!("leader: keys decoded, fabric attached in {:?}", t.elapsed());
+    sh.leader.begin_job(job, owner, meta.clone(), ep)?;
     tracing::debug!("leader: coordinator started in {:?}", t.elapsed());
     let hosts = match open_hosts(sh, &meta) {
         Ok(h) => h,
@@ -489,7 +490,12 @@ fn worker_conn(
     match rx.recv_timeout(Duration::from_secs(60)) {
         Ok(WorkerCmd::Grant(g)) => write_msg(
             &mut s,
-            &Msg::Grant { node_id: g.node_id, lambdas: g.lambdas, sealed_keys: hex::encode(&g.sealed_keys) },
+            &Msg::Grant {
+                node_id: g.node_id,
+                lambdas: g.lambdas,
+                sealed_keys: hex::encode(&g.sealed_keys),
+                capsule: sh.leader.meta().map(|m| m.name().to_string()),
+            },
         )?,
         Ok(WorkerCmd::Refused(why)) => return write_msg(&mut s, &Msg::Refused { why }),
         Ok(WorkerCmd::Reset(_)) | Ok(WorkerCmd::Rotate(..)) | Err(_) => {

@@ -149,6 +149,10 @@ pub enum Msg {
         node_id: u32,
         lambdas: Vec<u32>,
         sealed_keys: String,
+        /// The job capsule's name (hex; public): which capsule the worker's fabric endpoint
+        /// subscribes to before the key bundle is opened. Absent: every capsule.
+        #[serde(default)]
+        capsule: Option<String>,
     },
     Refused {
         why: String,

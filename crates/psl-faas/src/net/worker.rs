@@ -32,7 +32,8 @@ pub struct WorkerConfig {
     pub id: u32,
     pub scheduler: SocketAddr,
     pub leader: SocketAddr,
-    pub router: SocketAddr,
+    /// The fabric each job's node attaches to.
+    pub fabric: psl_fabric::FabricSpec,
     pub platform: Arc<SimPlatform>,
     /// What this worker's reports claim (the sim backend takes it as given).
     pub measurement: Measurement,
@@ -41,6 +42,8 @@ pub struct WorkerConfig {
     pub limits: SandboxLimits,
     pub heartbeat: Duration,
     pub control: SocketAddr,
+    /// The control address others reach (told to the scheduler); default: the bound one.
+    pub advertise_control: Option<String>,
     /// TEST ONLY: stop heartbeating after this long (a hung worker).
     pub test_stop_heartbeats_after: Option<Duration>,
 }
@@ -148,7 +151,8 @@ fn register(cfg: &WorkerConfig, control: SocketAddr, busy: bool) -> Result<TcpSt
     let mut sched = TcpStream::connect_timeout(&cfg.scheduler, Duration::from_secs(5))
         .map_err(|e| FaasError::Net(format!("connecting to the scheduler {}: {e}", cfg.scheduler)))?;
     sched.set_nodelay(true).ok();
-    write_msg(&mut sched, &Msg::Register { worker: cfg.id, control: control.to_string(), busy })?;
+    let control = cfg.advertise_control.clone().unwrap_or_else(|| control.to_string());
+    write_msg(&mut sched, &Msg::Register { worker: cfg.id, control, busy })?;
     sched.set_read_timeout(Some(Duration::from_secs(10)))?;
     match read_msg(&mut sched)? {
         Msg::Registered => {}
@@ -192,8 +196,8 @@ impl Agent {
         }
     }
 
-    /// Attests both ways; returns the open channel and the grant.
-    fn attest(&self, job: &str) -> Result<(ClientStream, Grant), FaasError> {
+    /// Attests both ways; returns the open channel, the grant and the capsule name it names.
+    fn attest(&self, job: &str) -> Result<(ClientStream, Grant, Option<[u8; 32]>), FaasError> {
         let me = TlsIdentity::generate("psl-worker")?;
         let (mut s, leader_spki) = tls::connect(self.cfg.leader, &me)?;
         s.sock.set_read_timeout(Some(Duration::from_secs(60)))?;
@@ -215,10 +219,11 @@ impl Agent {
             },
         )?;
         match read_msg(&mut s)? {
-            Msg::Grant { node_id, lambdas, sealed_keys } => {
+            Msg::Grant { node_id, lambdas, sealed_keys, capsule } => {
                 let grant =
                     Grant { worker: self.cfg.id, node_id, lambdas, sealed_keys: unhex("sealed_keys", &sealed_keys)? };
-                Ok((s, grant))
+                let capsule = capsule.map(|c| unhex_n::<32>("capsule", &c)).transpose()?;
+                Ok((s, grant, capsule))
             }
             Msg::Refused { why } => Err(FaasError::Attestation { who: format!("worker {}", self.cfg.id), why }),
             m => Err(FaasError::Net(format!("expected a grant, got {}", m.name()))),
@@ -231,7 +236,7 @@ impl Agent {
             Ok(j) => JobId(j),
             Err(e) => return self.report(job_hex, None, Some(e.to_string()), times),
         };
-        let (mut chan, grant) = match self.attest(job_hex) {
+        let (mut chan, grant, capsule) = match self.attest(job_hex) {
             Ok(x) => x,
             Err(e) => {
                 self.worker.reset();
@@ -296,20 +301,21 @@ impl Agent {
                     },
                     lambdas,
                 };
-                let ep = psl_fabric::TcpEndpoint::connect(
-                    self.cfg.router,
-                    psl_fabric::TcpConfig {
-                        name: format!("worker-{}", self.cfg.id),
-                        ..psl_fabric::TcpConfig::default()
-                    },
-                )
-                .map_err(|e| FaasError::Net(format!("connecting to the router: {e}")))?;
+                let interest = match capsule {
+                    Some(c) => psl_fabric::Interest::node(c, grant.node_id, false),
+                    None => psl_fabric::Interest::everything(Vec::new()),
+                };
+                let ep = self
+                    .cfg
+                    .fabric
+                    .connect(&format!("worker-{}", self.cfg.id), &interest)
+                    .map_err(|e| FaasError::Net(format!("attaching to the fabric {}: {e}", self.cfg.fabric)))?;
                 tracing::debug!(
-                    "worker {}: router connected {:.1} ms after the grant",
+                    "worker {}: fabric attached {:.1} ms after the grant",
                     self.cfg.id,
                     (unix_us() - times.granted_us) as f64 / 1e3
                 );
-                let run = self.worker.run(&sealed, &grant, Arc::new(ep))?;
+                let run = self.worker.run(&sealed, &grant, ep)?;
                 times.keys_ready_us = instant_us(run.keys_ready);
                 times.started_us = instant_us(run.lambdas_started);
                 times.first_op_us =

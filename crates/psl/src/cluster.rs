@@ -1,0 +1,819 @@
+//! Many hosts from one file: the cluster description (TOML), `psl up --config FILE --init`
+//! (the shared files), `psl up --config FILE --host NAME` (one host's roles) and the addresses
+//! `psl status --config FILE` probes.
+//!
+//! Every address is derived from the file: a host's `address` (what the others dial) and a
+//! port per role (`[ports]`, plus the role's id), so every host knows every other host's
+//! addresses without asking. Roles listen on the host's `bind` (default: its address).
+//! See `docs/deploy.md` for the format and a three-site example.
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::up::{fabric_flags, spawn, spawn_cmd, stop_all, wait_line, Kid, STOP};
+
+/// The whole file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    #[serde(default)]
+    pub cluster: Settings,
+    #[serde(default)]
+    pub ports: Ports,
+    #[serde(rename = "host", default)]
+    pub hosts: Vec<Host>,
+}
+
+/// `[cluster]`: what every host shares.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// Each host's state directory (stores, incarnation counters, logs of nats-server).
+    #[serde(default = "default_dir")]
+    pub dir: PathBuf,
+    /// Files every host needs, the same on each (made once by `psl up --config F --init`,
+    /// then copied): the sim platform key, the KV capsule and its owner key.
+    #[serde(default = "default_shared")]
+    pub shared: PathBuf,
+    /// The fabric; default: the NATS servers of the hosts with `nats = "cluster"`, else the
+    /// host with `router = true`.
+    pub fabric: Option<String>,
+    pub nats_creds: Option<PathBuf>,
+    pub nats_tls_ca: Option<PathBuf>,
+    #[serde(default = "default_prefix")]
+    pub nats_prefix: String,
+    /// Epoch length of the KV capsule's coordinators.
+    #[serde(default = "default_epoch_ms")]
+    pub epoch_ms: u64,
+    /// Memory limit of each memcached front end, MiB.
+    #[serde(default = "default_memory_mb")]
+    pub kv_memory_mb: u64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            dir: default_dir(),
+            shared: default_shared(),
+            fabric: None,
+            nats_creds: None,
+            nats_tls_ca: None,
+            nats_prefix: default_prefix(),
+            epoch_ms: default_epoch_ms(),
+            kv_memory_mb: default_memory_mb(),
+        }
+    }
+}
+
+fn default_dir() -> PathBuf {
+    "psl-cluster".into()
+}
+fn default_shared() -> PathBuf {
+    "psl-cluster/shared".into()
+}
+fn default_prefix() -> String {
+    psl_fabric::subject::SUBJECT_PREFIX_DEFAULT.into()
+}
+fn default_epoch_ms() -> u64 {
+    100
+}
+fn default_memory_mb() -> u64 {
+    64
+}
+
+/// `[ports]`: the port of each role (plus its id where a host may run several).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Ports {
+    pub router: u16,
+    pub nats: u16,
+    pub nats_cluster: u16,
+    pub nats_leaf: u16,
+    pub nats_monitor: u16,
+    pub scheduler: u16,
+    pub leader: u16,
+    /// + capsule host id.
+    pub capsule_host: u16,
+    /// + worker id.
+    pub worker_control: u16,
+    /// + KV capsule server id.
+    pub kv_server_read: u16,
+    /// + coordinator rank.
+    pub kv_coordinator_control: u16,
+    pub capsuledb_control: u16,
+    /// + front end id - 1.
+    pub memcached: u16,
+    /// + front end id.
+    pub memcached_peer: u16,
+}
+
+impl Default for Ports {
+    fn default() -> Self {
+        Ports {
+            router: 7400,
+            nats: 4222,
+            nats_cluster: 6222,
+            nats_leaf: 7422,
+            nats_monitor: 8222,
+            scheduler: 7500,
+            leader: 7501,
+            capsule_host: 7600,
+            worker_control: 7700,
+            kv_server_read: 7800,
+            kv_coordinator_control: 7900,
+            capsuledb_control: 7950,
+            memcached: 11211,
+            memcached_peer: 7960,
+        }
+    }
+}
+
+/// What NATS server a host runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NatsRole {
+    /// A member of the cluster: routes to every other `cluster` host; accepts leaf nodes.
+    Cluster,
+    /// A leaf node (an edge site): one outbound link to the cluster's leaf ports; this host's
+    /// roles use it as their fabric, so local traffic stays local.
+    Leaf,
+}
+
+/// `[[host]]`: one machine and the roles it runs.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Host {
+    pub name: String,
+    /// The address the other hosts reach this one at.
+    pub address: IpAddr,
+    /// Where its roles listen (default: `address`; `0.0.0.0` for every interface).
+    pub bind: Option<IpAddr>,
+    /// This host's fabric, if not the cluster's (an edge site's own leaf node, say).
+    pub fabric: Option<String>,
+    pub nats: Option<NatsRole>,
+    #[serde(default)]
+    pub router: bool,
+    #[serde(default)]
+    pub scheduler: bool,
+    #[serde(default)]
+    pub leader: bool,
+    #[serde(default)]
+    pub capsule_hosts: Vec<u32>,
+    #[serde(default)]
+    pub workers: Vec<u32>,
+    #[serde(default)]
+    pub kv_servers: Vec<u32>,
+    #[serde(default)]
+    pub kv_coordinators: Vec<u8>,
+    #[serde(default)]
+    pub capsuledb: bool,
+    #[serde(default)]
+    pub memcached: Vec<u32>,
+}
+
+/// CapsuleDB's node id in a cluster (its writer index is `id << 16 | 15`).
+pub const CAPSULEDB_ID: u32 = 30_000;
+
+impl Host {
+    pub fn bind(&self) -> IpAddr {
+        self.bind.unwrap_or(self.address)
+    }
+    fn at(&self, port: u16) -> SocketAddr {
+        SocketAddr::new(self.address, port)
+    }
+    fn listen(&self, port: u16) -> String {
+        SocketAddr::new(self.bind(), port).to_string()
+    }
+}
+
+fn plus(base: u16, id: u32) -> Result<u16> {
+    u16::try_from(base as u32 + id).ok().context("a port (base + id) is above 65535")
+}
+
+impl ClusterConfig {
+    pub fn load(path: &Path) -> Result<ClusterConfig> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let c: ClusterConfig = toml::from_str(&text).with_context(|| format!("{}", path.display()))?;
+        c.validate().with_context(|| format!("{}", path.display()))?;
+        Ok(c)
+    }
+
+    /// Names unique, ids unique across hosts, every role that needs another one has it.
+    pub fn validate(&self) -> Result<()> {
+        if self.hosts.is_empty() {
+            bail!("no [[host]]");
+        }
+        let mut names = BTreeSet::new();
+        for h in &self.hosts {
+            if !names.insert(&h.name) {
+                bail!("host {:?} is named twice", h.name);
+            }
+        }
+        let unique = |what: &str, ids: Vec<u32>| -> Result<()> {
+            let mut seen = BTreeSet::new();
+            for i in ids {
+                if !seen.insert(i) {
+                    bail!("{what} {i} is on two hosts (or twice on one)");
+                }
+            }
+            Ok(())
+        };
+        unique("capsule host", self.hosts.iter().flat_map(|h| h.capsule_hosts.clone()).collect())?;
+        unique("worker", self.hosts.iter().flat_map(|h| h.workers.clone()).collect())?;
+        unique("kv server", self.hosts.iter().flat_map(|h| h.kv_servers.clone()).collect())?;
+        unique("kv coordinator rank", self.hosts.iter().flat_map(|h| h.kv_coordinators.iter().map(|r| *r as u32)).collect())?;
+        unique("memcached front end", self.hosts.iter().flat_map(|h| h.memcached.clone()).collect())?;
+        let count = |f: fn(&Host) -> bool| self.hosts.iter().filter(|h| f(h)).count();
+        if count(|h| h.scheduler) > 1 || count(|h| h.leader) > 1 || count(|h| h.capsuledb) > 1 || count(|h| h.router) > 1 {
+            bail!("at most one scheduler, one leader, one CapsuleDB and one router per cluster");
+        }
+        let workers = self.hosts.iter().any(|h| !h.workers.is_empty());
+        if workers && (count(|h| h.scheduler) == 0 || count(|h| h.leader) == 0) {
+            bail!("workers need a host with scheduler = true and one with leader = true");
+        }
+        if self.hosts.iter().any(|h| h.workers.iter().any(|w| *w == 0 || *w > 32767)) {
+            bail!("worker ids are 1 ..= 32767");
+        }
+        if self.hosts.iter().any(|h| h.memcached.iter().any(|m| *m == 0 || *m > 255)) {
+            bail!("memcached front end ids are 1 ..= 255");
+        }
+        let ids: Vec<u32> = self.hosts.iter().flat_map(|h| h.capsule_hosts.clone()).collect();
+        if ids.iter().copied().collect::<BTreeSet<_>>() != (0..ids.len() as u32).collect() {
+            bail!("capsule host ids must be 0 .. n (the leader opens every job on each, by id)");
+        }
+        let n = self.kv_servers();
+        if n > 0 && (n.is_multiple_of(2) || self.kv_server_ids() != (0..n).collect::<Vec<_>>()) {
+            bail!("kv servers must be an odd count 2f + 1 with ids 0 .. n");
+        }
+        let kv = self.has_kv();
+        if kv && self.hosts.iter().all(|h| h.kv_coordinators.is_empty()) {
+            bail!("the KV deployment needs a coordinator (kv_coordinators = [0] on some host)");
+        }
+        if self.fabric_spec(None).is_err() && self.hosts.iter().any(|h| h.fabric.is_none()) {
+            bail!("no fabric: give [cluster] fabric, a host with nats = \"cluster\", or one with router = true");
+        }
+        for h in &self.hosts {
+            self.fabric_spec(Some(h)).with_context(|| format!("host {}", h.name))?;
+            if h.nats == Some(NatsRole::Leaf) && self.nats_hosts().is_empty() {
+                bail!("host {} runs a NATS leaf node but no host has nats = \"cluster\"", h.name);
+            }
+        }
+        Ok(())
+    }
+
+    pub fn host(&self, name: &str) -> Result<&Host> {
+        self.hosts.iter().find(|h| h.name == name).with_context(|| {
+            let names: Vec<&str> = self.hosts.iter().map(|h| h.name.as_str()).collect();
+            format!("no host {name:?} in the cluster file (hosts: {})", names.join(", "))
+        })
+    }
+
+    fn nats_hosts(&self) -> Vec<&Host> {
+        self.hosts.iter().filter(|h| h.nats == Some(NatsRole::Cluster)).collect()
+    }
+
+    fn kv_server_ids(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self.hosts.iter().flat_map(|h| h.kv_servers.clone()).collect();
+        v.sort_unstable();
+        v
+    }
+
+    pub fn kv_servers(&self) -> u32 {
+        self.kv_server_ids().len() as u32
+    }
+
+    pub fn has_kv(&self) -> bool {
+        self.hosts.iter().any(|h| {
+            !h.kv_servers.is_empty() || !h.kv_coordinators.is_empty() || h.capsuledb || !h.memcached.is_empty()
+        })
+    }
+
+    /// The fabric of `host` (its own `fabric`, its leaf node's, or the cluster's).
+    pub fn fabric_spec(&self, host: Option<&Host>) -> Result<psl_fabric::FabricSpec> {
+        let url: psl_fabric::FabricUrl = match (host.and_then(|h| h.fabric.as_deref()), host) {
+            (Some(u), _) => u.parse()?,
+            (None, Some(h)) if h.nats == Some(NatsRole::Leaf) => {
+                psl_fabric::FabricUrl::Nats(vec![format!("nats://{}", h.at(self.ports.nats))])
+            }
+            _ => match &self.cluster.fabric {
+                Some(u) => u.parse()?,
+                None if !self.nats_hosts().is_empty() => psl_fabric::FabricUrl::Nats(
+                    self.nats_hosts().iter().map(|h| format!("nats://{}", h.at(self.ports.nats))).collect(),
+                ),
+                None => match self.hosts.iter().find(|h| h.router) {
+                    Some(r) => psl_fabric::FabricUrl::Router(r.at(self.ports.router).to_string()),
+                    None => bail!("no fabric"),
+                },
+            },
+        };
+        let args = psl_fabric::FabricArgs {
+            fabric: None,
+            nats_creds: self.cluster.nats_creds.clone(),
+            nats_tls_ca: self.cluster.nats_tls_ca.clone(),
+            nats_prefix: self.cluster.nats_prefix.clone(),
+        };
+        args.spec_of(url)
+    }
+
+    pub fn scheduler(&self) -> Option<SocketAddr> {
+        self.hosts.iter().find(|h| h.scheduler).map(|h| h.at(self.ports.scheduler))
+    }
+    pub fn leader(&self) -> Option<SocketAddr> {
+        self.hosts.iter().find(|h| h.leader).map(|h| h.at(self.ports.leader))
+    }
+    /// Capsule hosts by id.
+    pub fn capsule_hosts(&self) -> Vec<(u32, SocketAddr)> {
+        let mut v: Vec<(u32, SocketAddr)> = self
+            .hosts
+            .iter()
+            .flat_map(|h| h.capsule_hosts.iter().map(|id| (*id, h.at(self.ports.capsule_host + *id as u16))))
+            .collect();
+        v.sort();
+        v
+    }
+    pub fn workers(&self) -> Vec<(u32, SocketAddr)> {
+        self.hosts
+            .iter()
+            .flat_map(|h| h.workers.iter().map(|id| (*id, h.at(self.ports.worker_control.wrapping_add(*id as u16)))))
+            .collect()
+    }
+    pub fn kv_server_reads(&self) -> Vec<(u32, SocketAddr)> {
+        let mut v: Vec<(u32, SocketAddr)> = self
+            .hosts
+            .iter()
+            .flat_map(|h| h.kv_servers.iter().map(|id| (*id, h.at(self.ports.kv_server_read + *id as u16))))
+            .collect();
+        v.sort();
+        v
+    }
+    pub fn kv_coordinators(&self) -> Vec<(u8, SocketAddr)> {
+        self.hosts
+            .iter()
+            .flat_map(|h| h.kv_coordinators.iter().map(|r| (*r, h.at(self.ports.kv_coordinator_control + *r as u16))))
+            .collect()
+    }
+    pub fn capsuledb(&self) -> Option<SocketAddr> {
+        self.hosts.iter().find(|h| h.capsuledb).map(|h| h.at(self.ports.capsuledb_control))
+    }
+    /// Front ends by id: (id, memcached address, peer address).
+    pub fn memcached(&self) -> Vec<(u32, SocketAddr, SocketAddr)> {
+        let mut v: Vec<(u32, SocketAddr, SocketAddr)> = self
+            .hosts
+            .iter()
+            .flat_map(|h| {
+                h.memcached.iter().map(|id| {
+                    (*id, h.at(self.ports.memcached + (*id as u16 - 1)), h.at(self.ports.memcached_peer + *id as u16))
+                })
+            })
+            .collect();
+        v.sort();
+        v
+    }
+    /// NATS servers: (host, client address, monitoring address).
+    pub fn nats_servers(&self) -> Vec<(String, SocketAddr, SocketAddr)> {
+        self.hosts
+            .iter()
+            .filter(|h| h.nats.is_some())
+            .map(|h| (h.name.clone(), h.at(self.ports.nats), h.at(self.ports.nats_monitor)))
+            .collect()
+    }
+    pub fn router(&self) -> Option<SocketAddr> {
+        self.hosts.iter().find(|h| h.router).map(|h| h.at(self.ports.router))
+    }
+
+    fn shared(&self, base: &Path) -> PathBuf {
+        base.join(&self.cluster.shared)
+    }
+}
+
+/// The shared files under `[cluster] shared`.
+struct Shared {
+    sim_key: PathBuf,
+    kv_owner: PathBuf,
+    kv_capsule: PathBuf,
+}
+
+impl Shared {
+    fn at(dir: &Path) -> Shared {
+        Shared {
+            sim_key: dir.join("sim-platform.key"),
+            kv_owner: dir.join("kv-owner.key"),
+            kv_capsule: dir.join("kv.capsule"),
+        }
+    }
+}
+
+fn psl_once(args: &[String]) -> Result<()> {
+    let exe = std::env::current_exe().context("finding the psl binary")?;
+    let o = Command::new(exe).args(args).stdin(std::process::Stdio::null()).output()?;
+    if !o.status.success() {
+        bail!("psl {}: {}", args.join(" "), String::from_utf8_lossy(&o.stderr).trim());
+    }
+    Ok(())
+}
+
+/// `psl up --config F --init`: makes the shared files (once; existing ones are kept).
+pub fn init(config: &Path) -> Result<i32> {
+    let c = ClusterConfig::load(config)?;
+    let base = config.parent().unwrap_or(Path::new("."));
+    let dir = c.shared(base);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let sh = Shared::at(&dir);
+    if !sh.sim_key.exists() {
+        let secret = loop {
+            let s: [u8; 32] = rand::random();
+            if psl_crypto::SigningKey::from_bytes(&s).is_ok() {
+                break zeroize::Zeroizing::new(s);
+            }
+        };
+        crate::util::write_atomic(&sh.sim_key, hex::encode(&secret[..]).as_bytes(), 0o600)?;
+    }
+    if c.has_kv() {
+        let s = |p: &Path| p.display().to_string();
+        if !sh.kv_owner.exists() {
+            psl_once(&["keys".into(), "new".into(), "--out".into(), s(&sh.kv_owner)])?;
+        }
+        if !sh.kv_capsule.exists() {
+            psl_once(&[
+                "capsule".into(),
+                "new".into(),
+                "--owner".into(),
+                s(&sh.kv_owner),
+                "--label".into(),
+                "psl-cluster-kv".into(),
+                "--out".into(),
+                s(&sh.kv_capsule),
+            ])?;
+        }
+    }
+    println!("shared files in {} (copy this directory to every host; its keys are secret)", dir.display());
+    Ok(0)
+}
+
+/// The cluster file `psl run --cluster` and `psl memcached --cluster` read.
+fn cluster_file(c: &ClusterConfig, sh: &Shared, kv_dir: &Path) -> Result<serde_json::Value> {
+    let secret = zeroize::Zeroizing::new(std::fs::read_to_string(&sh.sim_key)?);
+    let mut b = zeroize::Zeroizing::new([0u8; 32]);
+    hex::decode_to_slice(secret.trim(), &mut b[..]).context("the sim platform key is not 64 hex characters")?;
+    let platform = psl_faas::SimPlatform::from_secret(&b)?;
+    let measurement = crate::faas_roles::measurement(None)?;
+    let mut v = serde_json::json!({
+        "scheduler": c.scheduler().map(|a| a.to_string()),
+        "leader": c.leader().map(|a| a.to_string()),
+        "fabric": c.fabric_spec(None).ok(),
+        "attestation_backend": psl_faas::attest::SIM_BACKEND,
+        "sim_platform_public": hex::encode(platform.public().to_bytes()),
+        "measurements": [hex::encode(measurement.0)],
+        "workers": c.workers().iter().map(|(id, a)| serde_json::json!({"id": id, "control": a.to_string()})).collect::<Vec<_>>(),
+        "capsule_hosts": c.capsule_hosts().iter().map(|(id, a)| serde_json::json!([id, a.to_string(), ""])).collect::<Vec<_>>(),
+    });
+    if c.has_kv() {
+        let mc = c.memcached();
+        v["kv"] = serde_json::json!({
+            "fabric": c.fabric_spec(None).ok(),
+            "capsule": sh.kv_capsule,
+            "owner": sh.kv_owner,
+            "capsuledb_writer": psl_scl::writer_index(CAPSULEDB_ID, 0, 15),
+            "peers": mc.iter().map(|m| m.2.to_string()).collect::<Vec<_>>(),
+            "front_ends": mc.iter().map(|m| m.1.to_string()).collect::<Vec<_>>(),
+            "servers": c.kv_server_ids().iter().map(|id| serde_json::json!([id, kv_dir.join(format!("server{id}"))])).collect::<Vec<_>>(),
+            "state": kv_dir.join("joined"),
+        });
+    }
+    Ok(v)
+}
+
+/// Waits until `addr` accepts a TCP connection (a role on another host is up).
+fn wait_tcp(what: &str, addr: SocketAddr, deadline: Instant) -> Result<()> {
+    while std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(300)).is_err() {
+        if Instant::now() >= deadline || STOP.load(std::sync::atomic::Ordering::SeqCst) {
+            bail!("{what} at {addr} is not reachable");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
+
+/// Waits until one server of `spec`'s fabric answers.
+fn wait_fabric(spec: &psl_fabric::FabricSpec, deadline: Instant) -> Result<()> {
+    let addrs: Vec<SocketAddr> = match &spec.url {
+        psl_fabric::FabricUrl::Router(hp) => hp.parse().into_iter().collect(),
+        psl_fabric::FabricUrl::Nats(v) => {
+            v.iter().filter_map(|u| u.split_once("://").and_then(|(_, hp)| hp.parse().ok())).collect()
+        }
+    };
+    loop {
+        if addrs.iter().any(|a| std::net::TcpStream::connect_timeout(a, Duration::from_millis(300)).is_ok()) {
+            return Ok(());
+        }
+        if Instant::now() >= deadline || STOP.load(std::sync::atomic::Ordering::SeqCst) {
+            bail!("no server of the fabric {spec} is reachable");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `psl up --config F --host NAME`: starts NAME's roles, waits (bounded) for the roles of
+/// other hosts each depends on, writes `DIR/cluster.json`, and runs until Ctrl-C or SIGTERM.
+/// A role that exits is reported and left down (the cluster carries on without it; its
+/// replacements are the operator's call); the exit code is then 1.
+pub fn up_host(config: &Path, name: &str) -> Result<i32> {
+    let c = ClusterConfig::load(config)?;
+    let h = c.host(name)?.clone();
+    let base = config.parent().unwrap_or(Path::new("."));
+    let dir = base.join(&c.cluster.dir).join(&h.name);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let sh = Shared::at(&c.shared(base));
+    if !sh.sim_key.exists() || (c.has_kv() && (!sh.kv_owner.exists() || !sh.kv_capsule.exists())) {
+        bail!(
+            "the shared files are missing from {}: run `psl up --config {} --init` once and copy them to every host",
+            c.shared(base).display(),
+            config.display()
+        );
+    }
+    crate::up::catch_signals();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let fabric = c.fabric_spec(Some(&h))?;
+    let ff = fabric_flags(&fabric);
+    let s = |p: &Path| p.display().to_string();
+    let key = s(&sh.sim_key);
+    let mut kids: Vec<Kid> = Vec::new();
+    let started = (|| -> Result<()> {
+        if let Some(role) = h.nats {
+            let mut o = psl_fabric::natsd::NatsServerOptions::new(
+                &h.name,
+                SocketAddr::new(h.bind(), c.ports.nats),
+                &dir.join("nats"),
+            );
+            o.client_advertise = Some(h.at(c.ports.nats).to_string());
+            o.monitor = Some(SocketAddr::new(h.bind(), c.ports.nats_monitor));
+            match role {
+                NatsRole::Cluster => {
+                    o.cluster_listen = Some(SocketAddr::new(h.bind(), c.ports.nats_cluster));
+                    o.cluster_advertise = Some(h.at(c.ports.nats_cluster).to_string());
+                    o.routes = c
+                        .nats_hosts()
+                        .iter()
+                        .filter(|x| x.name != h.name)
+                        .map(|x| format!("nats-route://{}", x.at(c.ports.nats_cluster)))
+                        .collect();
+                    o.leaf_listen = Some(SocketAddr::new(h.bind(), c.ports.nats_leaf));
+                }
+                NatsRole::Leaf => {
+                    o.leaf_remotes =
+                        c.nats_hosts().iter().map(|x| format!("nats-leaf://{}", x.at(c.ports.nats_leaf))).collect();
+                }
+            }
+            let (k, _) = spawn_cmd("nats-server", o.command()?).context("starting nats-server")?;
+            kids.push(k);
+            wait_tcp("this host's nats-server", h.at(c.ports.nats), deadline)?;
+        }
+        if h.router {
+            let args = vec![
+                "router".to_string(),
+                "--listen".into(),
+                h.listen(c.ports.router),
+                "--advertise".into(),
+                h.address.to_string(),
+            ];
+            let (k, rx) = spawn("router", &args)?;
+            kids.push(k);
+            wait_line("router", &rx, "listening ", deadline)?;
+        }
+        wait_fabric(&fabric, deadline)?;
+        let kv_dir = dir.join("kv");
+        let kv_common = |role: &str| -> Vec<String> {
+            let mut v = vec![role.into(), "--capsule".into(), s(&sh.kv_capsule), "--owner".into(), s(&sh.kv_owner)];
+            v.extend(ff.clone());
+            v
+        };
+        let mut ready = Vec::new();
+        for id in &h.kv_servers {
+            let mut a = kv_common("capsule-server");
+            a.extend([
+                "--dir".into(),
+                s(&kv_dir.join(format!("server{id}"))),
+                "--id".into(),
+                id.to_string(),
+                "--n".into(),
+                c.kv_servers().to_string(),
+                "--read".into(),
+                h.listen(plus(c.ports.kv_server_read, *id)?),
+            ]);
+            let (k, rx) = spawn(&format!("kv capsule server {id}"), &a)?;
+            kids.push(k);
+            ready.push((format!("kv capsule server {id}"), rx, "ready "));
+        }
+        for (what, rx, prefix) in ready.drain(..) {
+            wait_line(&what, &rx, prefix, deadline)?;
+        }
+        let reads = c.kv_server_reads();
+        if !h.kv_coordinators.is_empty() || h.capsuledb {
+            // A restarting coordinator or CapsuleDB learns back from the servers: wait for them.
+            for (id, addr) in &reads {
+                wait_tcp(&format!("kv capsule server {id}"), *addr, deadline)?;
+            }
+        }
+        for rank in &h.kv_coordinators {
+            let mut a = kv_common("coordinator");
+            a.extend([
+                "--rank".into(),
+                rank.to_string(),
+                "--epoch-ms".into(),
+                c.cluster.epoch_ms.to_string(),
+                "--control".into(),
+                h.listen(plus(c.ports.kv_coordinator_control, *rank as u32)?),
+            ]);
+            let (k, rx) = spawn(&format!("kv coordinator {rank}"), &a)?;
+            kids.push(k);
+            ready.push((format!("kv coordinator {rank}"), rx, "control "));
+        }
+        if h.capsuledb {
+            let mut a = kv_common("capsuledb");
+            a.extend([
+                "--id".into(),
+                CAPSULEDB_ID.to_string(),
+                "--store".into(),
+                s(&kv_dir.join("capsuledb")),
+                "--control".into(),
+                h.listen(c.ports.capsuledb_control),
+            ]);
+            if !reads.is_empty() {
+                a.extend([
+                    "--servers".into(),
+                    reads.iter().map(|(_, r)| r.to_string()).collect::<Vec<_>>().join(","),
+                ]);
+            }
+            let (k, rx) = spawn("kv capsuledb", &a)?;
+            kids.push(k);
+            ready.push(("kv capsuledb".into(), rx, "ready "));
+        }
+        for (what, rx, prefix) in ready.drain(..) {
+            wait_line(&what, &rx, prefix, deadline)?;
+        }
+        if h.scheduler {
+            let a = vec!["scheduler".to_string(), "--listen".into(), h.listen(c.ports.scheduler)];
+            let (k, rx) = spawn("scheduler", &a)?;
+            kids.push(k);
+            wait_line("scheduler", &rx, "scheduler ", deadline)?;
+        }
+        for id in &h.capsule_hosts {
+            let mut a = vec![
+                "capsule-host".to_string(),
+                "--id".into(),
+                id.to_string(),
+                "--dir".into(),
+                s(&dir.join(format!("capsule-host{id}"))),
+                "--listen".into(),
+                h.listen(plus(c.ports.capsule_host, *id)?),
+            ];
+            a.extend(ff.clone());
+            let (k, rx) = spawn(&format!("capsule host {id}"), &a)?;
+            kids.push(k);
+            wait_line(&format!("capsule host {id}"), &rx, &format!("capsule-host {id} "), deadline)?;
+        }
+        if h.leader {
+            let mut a = vec!["leader".to_string(), "--listen".into(), h.listen(c.ports.leader)];
+            a.extend(ff.clone());
+            for (_, addr) in c.capsule_hosts() {
+                a.extend(["--capsule-host".into(), addr.to_string()]);
+            }
+            a.extend(["--sim-platform-key".into(), key.clone()]);
+            let (k, rx) = spawn("leader", &a)?;
+            kids.push(k);
+            wait_line("leader", &rx, "leader ", deadline)?;
+        }
+        if !h.workers.is_empty() {
+            let (sched, lead) = (c.scheduler().context("no scheduler")?, c.leader().context("no leader")?);
+            wait_tcp("the scheduler", sched, deadline)?;
+            wait_tcp("the leader", lead, deadline)?;
+            for id in &h.workers {
+                let port = c.ports.worker_control.wrapping_add(*id as u16);
+                let mut a = vec![
+                    "worker".to_string(),
+                    "--id".into(),
+                    id.to_string(),
+                    "--scheduler".into(),
+                    sched.to_string(),
+                    "--leader".into(),
+                    lead.to_string(),
+                    "--control".into(),
+                    h.listen(port),
+                    "--advertise-control".into(),
+                    h.at(port).to_string(),
+                    "--sim-platform-key".into(),
+                    key.clone(),
+                ];
+                a.extend(ff.clone());
+                let (k, rx) = spawn(&format!("worker {id}"), &a)?;
+                kids.push(k);
+                ready.push((format!("worker {id}"), rx, "worker "));
+            }
+        }
+        let mc = c.memcached();
+        let peers = mc.iter().map(|m| m.2.to_string()).collect::<Vec<_>>().join(",");
+        for id in &h.memcached {
+            let mine = mc.iter().find(|m| m.0 == *id).context("front end")?;
+            let mut a = kv_common("memcached");
+            a.extend([
+                "--listen".into(),
+                h.listen(mine.1.port()),
+                "--id".into(),
+                id.to_string(),
+                "--state".into(),
+                s(&kv_dir.join(format!("memcached{id}"))),
+                "--memory-mb".into(),
+                c.cluster.kv_memory_mb.to_string(),
+                "--peer-listen".into(),
+                h.listen(mine.2.port()),
+                "--peer-advertise".into(),
+                mine.2.to_string(),
+                "--peers".into(),
+                peers.clone(),
+            ]);
+            if c.capsuledb().is_some() {
+                let w = psl_scl::writer_index(CAPSULEDB_ID, 0, 15).context("CapsuleDB's writer index")?;
+                a.extend(["--capsuledb-writer".into(), w.to_string()]);
+            }
+            let (k, rx) = spawn(&format!("memcached {id}"), &a)?;
+            kids.push(k);
+            ready.push((format!("memcached {id}"), rx, "listening "));
+        }
+        for (what, rx, prefix) in ready.drain(..) {
+            wait_line(&what, &rx, prefix, deadline)?;
+        }
+        let file = cluster_file(&c, &sh, &kv_dir)?;
+        crate::util::write_atomic(
+            &dir.join("cluster.json"),
+            serde_json::to_string_pretty(&file)?.as_bytes(),
+            0o644,
+        )?;
+        Ok(())
+    })();
+    if let Err(e) = started {
+        stop_all(&mut kids);
+        return Err(e);
+    }
+    println!("host {} fabric {fabric}", h.name);
+    for k in &kids {
+        println!("role {} pid {}", k.name, k.child.id());
+    }
+    println!("cluster file {}", dir.join("cluster.json").display());
+    // Tests and scripts read this line.
+    println!("up {}", h.name);
+    use std::io::Write;
+    std::io::stdout().flush()?;
+    let mut code = 0;
+    while !STOP.load(std::sync::atomic::Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(100));
+        for k in kids.iter_mut().filter(|k| !k.gone) {
+            if let Ok(Some(st)) = k.child.try_wait() {
+                k.gone = true;
+                code = 1;
+                eprintln!("warning: host {}: {} exited ({st}); the other roles carry on", h.name, k.name);
+            }
+        }
+    }
+    eprintln!("host {}: stopping {} processes", h.name, kids.len());
+    stop_all(&mut kids);
+    Ok(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) const EXAMPLE: &str = include_str!("../../../docs/examples/three-sites.toml");
+
+    #[test]
+    fn the_three_site_example_parses_and_derives_addresses() {
+        let c: ClusterConfig = toml::from_str(EXAMPLE).unwrap();
+        c.validate().unwrap();
+        let cloud = c.fabric_spec(None).unwrap();
+        assert_eq!(cloud.url.to_string(), "nats://10.0.0.11:4222,nats://10.0.0.12:4222,nats://10.0.0.13:4222");
+        let edge = c.fabric_spec(Some(c.host("edge-a").unwrap())).unwrap();
+        assert_eq!(edge.url.to_string(), "nats://192.168.10.5:4222", "an edge site uses its own leaf node");
+        assert_eq!(c.kv_servers(), 3);
+        assert_eq!(c.capsule_hosts().len(), 3);
+        assert_eq!(c.memcached().len(), 2);
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        let bad = |t: &str| toml::from_str::<ClusterConfig>(t).map_err(|e| e.to_string()).and_then(|c| c.validate().map_err(|e| e.to_string()));
+        let h = |extra: &str| format!("[cluster]\nfabric = \"nats://10.0.0.1:4222\"\n[[host]]\nname = \"a\"\naddress = \"10.0.0.1\"\n{extra}");
+        assert!(bad(&h("")).is_ok());
+        assert!(bad(&h("workers = [1]")).unwrap_err().contains("scheduler"));
+        assert!(bad(&h("kv_servers = [0, 1]\nkv_coordinators = [0]")).unwrap_err().contains("odd"));
+        assert!(bad(&h("capsule_hosts = [1]")).unwrap_err().contains("0 .. n"));
+        assert!(bad(&h("typo = 1")).unwrap_err().contains("typo"));
+        let two = "[[host]]\nname = \"a\"\naddress = \"10.0.0.1\"\nrouter = true\n[[host]]\nname = \"a\"\naddress = \"10.0.0.2\"\n";
+        assert!(bad(two).unwrap_err().contains("twice"));
+        assert!(bad("[[host]]\nname = \"a\"\naddress = \"10.0.0.1\"\n").unwrap_err().contains("fabric"));
+    }
+}
