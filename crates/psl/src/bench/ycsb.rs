@@ -94,7 +94,6 @@ impl Drop for ChildGuard {
 
 /// A system under test: where to send load, and what keeps it running.
 pub struct System {
-    pub name: String,
     pub targets: Vec<SocketAddr>,
     pub protocol: Protocol,
     pub describe: Value,
@@ -121,7 +120,6 @@ pub fn start_system(name: &str) -> Result<System> {
             let (guard, port) = super::memcached::start_memcached(1)?;
             let addr: SocketAddr = ([127, 0, 0, 1], port).into();
             Ok(System {
-                name: name.into(),
                 targets: vec![addr],
                 protocol: Protocol::Memcached,
                 describe: json!({"server": "Debian memcached", "threads": 1, "memory_mb": 1024}),
@@ -146,7 +144,6 @@ pub fn start_system(name: &str) -> Result<System> {
             }
             let addr = addr.context("psl memcached did not say where it listens")?;
             Ok(System {
-                name: name.into(),
                 targets: vec![addr],
                 protocol: Protocol::Memcached,
                 describe: json!({"server": "psl memcached (embedded default: one node, in-process coordinator)", "threads": 1, "memory_mb": 2048}),
@@ -180,7 +177,6 @@ pub fn start_system(name: &str) -> Result<System> {
                 wait_port(*a, "a psl up front end")?;
             }
             Ok(System {
-                name: name.into(),
                 targets: kv.front_ends.clone(),
                 protocol: Protocol::Memcached,
                 describe: json!({"server": "psl up --memcached 2 (router, coordinator, 3 capsule servers, CapsuleDB, 2 front ends as processes)", "front_ends": kv.front_ends.len(), "memory_mb_per_front_end": 2048}),
@@ -202,7 +198,6 @@ pub fn start_system(name: &str) -> Result<System> {
             let addr: SocketAddr = ([127, 0, 0, 1], port).into();
             wait_port(addr, "redis-server")?;
             Ok(System {
-                name: name.into(),
                 targets: vec![addr],
                 protocol: Protocol::Redis,
                 describe: json!({"server": "redis-server", "appendonly": true, "appendfsync": "always", "protocol": "RESP", "rmw": "WATCH+GET, MULTI+SET+EXEC, retried when EXEC aborts"}),
@@ -297,13 +292,14 @@ pub fn run(a: &YcsbArgs, seconds: f64, json_lines: bool, show_progress: bool) ->
         return Ok(if json_lines { Value::Null } else { Value::Array(all) });
     }
 
-    let steps = (a.systems.len() * (runs.len() + 1) + usize::from(a.calibrate)) as u64;
+    let names: Vec<&String> = a.systems.iter().filter(|s| !s.is_empty() && *s != "none").collect();
+    let steps = (names.len() * (runs.len() + 1) + usize::from(a.calibrate)) as u64;
     let pb = if show_progress { super::progress(steps, "bench ycsb") } else { indicatif::ProgressBar::hidden() };
     let mut out = Map::new();
     let mut all_runs = Vec::new();
     let mut loads = Vec::new();
     let mut systems = Map::new();
-    for name in &a.systems {
+    for name in names {
         let sys = start_system(name)?;
         let spec = Spec { targets: sys.targets.clone(), protocol: sys.protocol, ..base_spec(a, seconds) };
         let l = loadgen::load(&spec).with_context(|| format!("loading {name}"))?;

@@ -216,11 +216,6 @@ impl AckWindow {
     pub fn limit(&self) -> u64 {
         self.limit.load(Ordering::Acquire)
     }
-
-    /// Key numbers handed out so far.
-    pub fn allocated(&self) -> u64 {
-        self.next.load(Ordering::Relaxed)
-    }
 }
 
 /// YCSB's `SkewedLatestGenerator`: `limit - 1 - zipfian(limit)`.
