@@ -1,14 +1,14 @@
 // A small 2D RRT motion planner. Lambdas grow trees from different seeds in the same obstacle
 // world, share the best path cost through the store, and stop at a target cost, an iteration
 // budget or a time budget. Input (optional JSON): {obstacles: [[x0,y0,x1,y1],...], start, goal,
-// target, iterations, ms}.
+// target, iterations, ms, seed}.
 const cfg = lambda.input !== null ? JSON.parse(lambda.input) : {};
 const W = 100;
 const obstacles = cfg.obstacles || [[20, 0, 30, 70], [45, 30, 55, 100], [70, 0, 80, 60]];
 const start = cfg.start || [5, 5], goal = cfg.goal || [95, 95];
 const target = cfg.target || 0, iterations = cfg.iterations || 20000, budget = cfg.ms || 3000;
 const step = 4;
-let s = (lambda.id + 7) * 2246822519 >>> 0;
+let s = ((lambda.id + 7) * 2246822519 + (cfg.seed || 0) * 2654435761) >>> 0;
 function rand() { s ^= s << 13; s >>>= 0; s ^= s >>> 17; s ^= s << 5; s >>>= 0; return s / 4294967296; }
 const free = (x, y) => x >= 0 && y >= 0 && x <= W && y <= W && !obstacles.some(o => x >= o[0] && x <= o[2] && y >= o[1] && y <= o[3]);
 function segmentFree(a, b) {

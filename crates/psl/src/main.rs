@@ -3,7 +3,9 @@
 //! Module map:
 //! - `keys`: owner key files (`psl keys ...`).
 //! - `capsule`: the DataCapsule tool (`psl capsule ...`).
-//! - `bench`: benchmarks that print one JSON object (`psl bench NAME --json`).
+//! - `bench`: benchmarks that print one JSON object (`psl bench NAME --json`); `bench::loadgen`,
+//!   the reusable YCSB load generator behind `psl bench ycsb`.
+//! - `report`: `psl report --out DIR`: every benchmark, as plots and tables (md, html, json).
 //! - `demo`: the embedded end-to-end demonstration (`psl demo`).
 //! - `roles`: long-running roles: `psl node`, `psl coordinator`, `psl capsule-server`
 //!   (`psl router` comes from psl-fabric).
@@ -29,6 +31,7 @@ mod faas_roles;
 mod keys;
 mod kv;
 mod memcached;
+mod report;
 mod roles;
 mod run;
 mod sim;
@@ -62,6 +65,8 @@ enum Cmd {
     Capsule(capsule::CapsuleCmd),
     /// Run a benchmark; `--json` prints one JSON object.
     Bench(bench::BenchArgs),
+    /// Run every benchmark and write a report (markdown, self-contained HTML, PNG plots, JSON).
+    Report(report::ReportArgs),
     /// End-to-end demonstration on the embedded default: keys, a capsule with several writers,
     /// a SYNC, verification, a membership proof, a durable store round trip.
     Demo(demo::DemoArgs),
@@ -123,6 +128,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Keys(c) => keys::run(c),
         Cmd::Capsule(c) => capsule::run(c),
         Cmd::Bench(a) => bench::run(a),
+        Cmd::Report(a) => report::run(a),
         Cmd::Demo(a) => demo::run(a),
         Cmd::Node(a) => roles::run_node(a),
         Cmd::Coordinator(a) => roles::run_coordinator(a),

@@ -27,21 +27,21 @@ const CONNECTIONS: u32 = 16;
 /// replica have threads of their own besides (writers, verifier, core, host).
 const SERVER_THREADS: usize = 1;
 
-struct Load {
-    ops: u64,
+pub(super) struct Load {
+    pub(super) ops: u64,
     gets: u64,
     sets: u64,
-    seconds: f64,
+    pub(super) seconds: f64,
 }
 
-fn memcaslap_bin() -> Result<&'static str> {
+pub(super) fn memcaslap_bin() -> Result<&'static str> {
     ["memcaslap", "memaslap", "memcslap"]
         .into_iter()
         .find(|b| Command::new(b).arg("--version").output().is_ok())
         .context("memcaslap is not installed (scripts/install-memcached-test-deps.sh installs it)")
 }
 
-fn run_load(bin: &str, port: u16, cfg: &Path, secs: u64) -> Result<Load> {
+pub(super) fn run_load(bin: &str, port: u16, cfg: &Path, secs: u64) -> Result<Load> {
     let out = Command::new(bin)
         .args(["-s", &format!("127.0.0.1:{port}"), "-T", "1", "-c", &CONNECTIONS.to_string(), "-w", "1k"])
         .args(["-t", &format!("{secs}s")])
@@ -77,11 +77,11 @@ fn run_load(bin: &str, port: u16, cfg: &Path, secs: u64) -> Result<Load> {
     })
 }
 
-fn free_port() -> Result<u16> {
+pub(super) fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-struct Killed(Child);
+pub(super) struct Killed(Child);
 
 impl Drop for Killed {
     fn drop(&mut self) {
@@ -90,7 +90,7 @@ impl Drop for Killed {
     }
 }
 
-fn start_memcached(threads: u32) -> Result<(Killed, u16)> {
+pub(super) fn start_memcached(threads: u32) -> Result<(Killed, u16)> {
     let port = free_port()?;
     let mut cmd = Command::new("memcached");
     cmd.args(["-p", &port.to_string(), "-U", "0", "-l", "127.0.0.1", "-t", &threads.to_string(), "-m", "1024"]);

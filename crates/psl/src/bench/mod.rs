@@ -1,13 +1,33 @@
 //! `psl bench NAME [--json]`: benchmarks. Each prints one JSON object with `--json`, and runs
 //! its baseline in the same run, so that its headline figure is a ratio that a noisy machine
-//! reproduces.
+//! reproduces. `psl report` runs them all (each as a child `psl bench NAME --json`) and turns
+//! the objects into plots and tables (`crate::report`).
+//!
+//! | name | what | baseline in the same run | report section |
+//! | --- | --- | --- | --- |
+//! | `capsule` | seal+sign / verify+open per op by batch size | bare sign and verify | `capsule` |
+//! | `scl` | SCL puts by writer nodes (`u1..u8`: unbatched), gets, ring crossing | one op per record | `scl`, `ring` |
+//! | `replication` | puts by writer nodes, with and without 3 capsule servers | non-durable | `replication` |
+//! | `launch` | launch time and its phases, embedded and `psl up` | bare sandbox start | `launch` |
+//! | `capsuledb` | cached / uncached gets by lambdas; the LSM alone | fjall | `capsuledb` |
+//! | `memcached` | `psl memcached` under memcaslap | memcached | `memcached` |
+//! | `rrt` | `examples/rrt.js` time to a target path cost by lambdas | bare sandbox, plain map | `rrt` |
+//! | `ycsb` | YCSB A, B, C, D, F against memcached-protocol endpoints and Redis | memcached | `ycsb` |
+//!
+//! Module map: one module per benchmark; `loadgen`, the reusable closed-loop YCSB load
+//! generator (memcached text protocol and RESP, many connections per thread, HdrHistogram
+//! latencies) that `ycsb` drives and other benchmarks can build on; `zipf`, the zipfian
+//! generator of the in-process benchmarks.
 
 mod capsule;
 mod capsuledb;
 mod launch;
+pub mod loadgen;
 mod memcached;
 mod replication;
+mod rrt;
 mod scl;
+pub mod ycsb;
 mod zipf;
 
 use anyhow::{bail, Result};
@@ -15,7 +35,8 @@ use clap::Args;
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// Which benchmark: `capsule`, `scl`, `replication`, `memcached`, `launch`, `capsuledb`.
+    /// Which benchmark: `capsule`, `scl`, `replication`, `memcached`, `launch`, `capsuledb`,
+    /// `rrt`, `ycsb`.
     pub name: String,
     /// Print one JSON object instead of a table.
     #[arg(long)]
@@ -23,13 +44,23 @@ pub struct BenchArgs {
     /// Seconds to spend on each measured case.
     #[arg(long, default_value_t = 1.0)]
     pub seconds: f64,
-    /// Run only these cases (comma-separated; `scl`: w1,w2,w4,w8,ablation,gets,ring). Default: all.
+    /// Run only these cases (comma-separated; `scl`: w1,w2,w4,w8,ablation,gets,ring, and the
+    /// unbatched u1,u2,u4,u8 only when named; `rrt`: l1,l2,l4,l8). Default: all.
     #[arg(long, value_delimiter = ',')]
     pub cases: Vec<String>,
     /// Keys in the data set (`capsuledb`).
     #[arg(long, default_value_t = 1_000_000)]
     pub keys: u64,
+    /// Repetitions of each case (`rrt`; default: 3).
+    #[arg(long)]
+    pub reps: Option<usize>,
+    #[command(flatten)]
+    pub ycsb: ycsb::YcsbArgs,
 }
+
+/// Every benchmark of this tree (`psl report` asks for others by name and notes them as not
+/// available when the binary says it has no such benchmark).
+pub const NAMES: [&str; 8] = ["capsule", "scl", "replication", "memcached", "launch", "capsuledb", "rrt", "ycsb"];
 
 pub fn run(a: BenchArgs) -> Result<i32> {
     let out = match a.name.as_str() {
@@ -39,10 +70,24 @@ pub fn run(a: BenchArgs) -> Result<i32> {
         "replication" => replication::run(a.seconds * 2.0, !a.json)?,
         "launch" => launch::run((a.seconds * 20.0) as usize, !a.json)?,
         "capsuledb" => capsuledb::run(a.seconds, a.keys, !a.json)?,
+        "rrt" => {
+            let lambdas: Vec<u32> = a
+                .cases
+                .iter()
+                .map(|c| c.strip_prefix('l').and_then(|n| n.parse().ok()))
+                .collect::<Option<_>>()
+                .ok_or_else(|| anyhow::anyhow!("rrt cases are l1, l2, l4, l8 (lambdas)"))?;
+            rrt::run(a.reps.unwrap_or(3), &lambdas, !a.json)?
+        }
+        // With --target and --json: one JSON object per run, printed as each run ends.
+        "ycsb" => ycsb::run(&a.ycsb, a.seconds, a.json && !a.ycsb.target.is_empty(), !a.json)?,
         other => {
-            bail!("unknown benchmark {other:?}; available: capsule, scl, replication, memcached, launch, capsuledb")
+            bail!("unknown benchmark {other:?}; available: {}", NAMES.join(", "))
         }
     };
+    if out.is_null() {
+        return Ok(0);
+    }
     if a.json {
         println!("{out}");
     } else {

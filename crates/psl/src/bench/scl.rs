@@ -6,7 +6,7 @@
 //! verified, decrypted and applied it. The receive-only node also runs the coordinator. Keys:
 //! YCSB zipfian 0.99 over 100,000 keys; 100-byte values. Baseline in the same run: the same
 //! workload with one op per record (every op sealed and signed alone), the ablation the PSL
-//! paper reports.
+//! paper reports; `--cases u1,u2,u4,u8` (only when named) runs it with 1 to 8 writer nodes.
 //!
 //! Each case's detail says where records were lost (the fabric's receive queues, the rings,
 //! the verify queues, the hold-back buffer) and how many repairs followed: a node that falls
@@ -49,6 +49,17 @@ pub fn run(seconds: f64, cases: &[String], show_progress: bool) -> Result<Value>
         out.insert(format!("records_per_s_w{w}"), json!(r.records_per_s));
         out.insert(format!("detail_w{w}"), r.detail);
         pb.inc(1);
+    }
+    // The unbatched sweep (one op per record, every op sealed and signed alone) with 1 to 8
+    // writer nodes: only when named (`--cases u1,u2,u4,u8`), for `psl report`'s plot.
+    let named = |c: &str| cases.iter().any(|x| x == c);
+    for w in [1usize, 2, 4, 8] {
+        if !named(&format!("u{w}")) {
+            continue;
+        }
+        let r = put_case(&Case { writers: w, batch_ops_max: 1 }, secs, &keys)?;
+        out.insert(format!("puts_per_s_u{w}"), json!(r.puts_per_s));
+        out.insert(format!("detail_u{w}"), r.detail);
     }
     if want("ablation") {
         let unbatched = put_case(&Case { writers: 1, batch_ops_max: 1 }, secs, &keys)?;
