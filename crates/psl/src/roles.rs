@@ -327,7 +327,8 @@ pub fn run_capsule_server(a: CapsuleServerArgs) -> Result<i32> {
         Some(CapsuleServerCmd::Check { .. }) => bail!("psl capsule-server check needs --dir DIR or --read ADDR"),
         None => {}
     }
-    let (Some(capsule), Some(owner), Some(_), Some(dir), Some(id)) = (a.capsule, a.owner, &a.fabric.fabric, a.dir, a.id)
+    let (Some(capsule), Some(owner), Some(_), Some(dir), Some(id)) =
+        (a.capsule, a.owner, &a.fabric.fabric, a.dir, a.id)
     else {
         bail!("psl capsule-server needs --capsule, --owner, --fabric, --dir and --id (or the `check` subcommand)");
     };

@@ -127,6 +127,7 @@ pub enum Workload {
 }
 
 impl Workload {
+    #[cfg(test)]
     pub const ALL: [Workload; 5] = [Workload::A, Workload::B, Workload::C, Workload::D, Workload::F];
 
     pub fn mix(self) -> Mix {
@@ -782,11 +783,9 @@ impl Worker {
                     conn.expect.push_back(Expect::RGet(op));
                 }
             }
-            (_, r) => bail!(
-                "{}: unexpected {} reply {r:?}",
-                self.conns[c].addr,
-                if redis { "Redis" } else { "memcached" }
-            ),
+            (_, r) => {
+                bail!("{}: unexpected {} reply {r:?}", self.conns[c].addr, if redis { "Redis" } else { "memcached" })
+            }
         }
         Ok(())
     }
@@ -923,7 +922,8 @@ mod tests {
         use std::sync::Mutex;
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
-        let map: Arc<Mutex<HashMap<Vec<u8>, (Vec<u8>, u64)>>> = Arc::default();
+        type Items = HashMap<Vec<u8>, (Vec<u8>, u64)>;
+        let map: Arc<Mutex<Items>> = Arc::default();
         std::thread::spawn(move || {
             for s in l.incoming() {
                 let Ok(s) = s else { return };
