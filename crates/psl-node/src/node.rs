@@ -43,6 +43,8 @@ pub enum NodeError {
     Rotation(String),
     #[error("starting a thread: {0}")]
     Spawn(#[from] std::io::Error),
+    #[error("the write would get Lamport time {lamport}, not below the caller's fence {below}: nothing was written")]
+    Fenced { lamport: u64, below: u64 },
 }
 
 /// The keys a node works with: the capsule's public metadata, the data key, one signing key
@@ -365,7 +367,30 @@ impl Node {
         self.write(key, None)
     }
 
+    /// A fenced write: like [`Node::put`] (`Some`) or [`Node::delete`] (`None`), but only if
+    /// the op's Lamport time is below `below`; returns the op's version. The check sits
+    /// between the clock tick and the memtable apply, under the writer queue's lock, so no op
+    /// at or above the fence is ever applied or sealed, however long the caller was paused
+    /// before the call (a fence above every time a lease holder may use makes the writes of a
+    /// later holder, whose clock was moved past it with [`Node::advance_clock`], newer than
+    /// any write of the earlier one: SecureCached's home failover, docs/protocol/memcached.md).
+    /// At or above the fence it fails with [`NodeError::Fenced`] and writes nothing (the
+    /// clock has ticked).
+    pub fn write_below(&self, key: &[u8], value: Option<&[u8]>, below: u64) -> Result<Version, NodeError> {
+        self.write_fenced(key, value, below)
+    }
+
+    /// Moves this node's Lamport clock up to `to` (never down): every later op of the node
+    /// gets a later time, so its versions are newer than any version below `to`.
+    pub fn advance_clock(&self, to: u64) {
+        self.clock.observe(to);
+    }
+
     fn write(&self, key: &[u8], value: Option<&[u8]>) -> Result<(), NodeError> {
+        self.write_fenced(key, value, u64::MAX).map(|_| ())
+    }
+
+    fn write_fenced(&self, key: &[u8], value: Option<&[u8]>, below: u64) -> Result<Version, NodeError> {
         if key.is_empty() {
             return Err(NodeError::EmptyKey);
         }
@@ -394,6 +419,9 @@ impl Node {
             }
         }
         let lamport = self.clock.tick();
+        if lamport >= below {
+            return Err(NodeError::Fenced { lamport, below });
+        }
         let version = Version { lamport, writer: q.writer };
         self.memtable.apply(key, version, value.map(Arc::from));
         ops.push_back(Op {
@@ -409,7 +437,7 @@ impl Node {
         if wake {
             q.work.notify_one();
         }
-        Ok(())
+        Ok(version)
     }
 
     /// Reads `key`: from the memtable, or, when it cannot answer and CapsuleDB is configured

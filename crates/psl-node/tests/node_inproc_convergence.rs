@@ -82,3 +82,28 @@ fn put_limits_are_enforced() {
     assert!(n.put(b"k", &vec![0u8; (1 << 20) + 1]).is_err());
     assert!(n.put(b"k", b"v").is_ok());
 }
+
+#[test]
+fn a_fenced_write_at_or_above_its_fence_writes_nothing_and_an_advanced_clock_outdates_it() {
+    let (nodes, _c) = cluster(2);
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let v = a.write_below(b"k", Some(b"1"), 1 << 20).unwrap();
+    assert!(v.lamport < 1 << 20);
+    assert_eq!(a.entry(b"k").unwrap().version, v);
+    // The fence is below the next tick: refused, nothing applied or queued.
+    let fence = a.lamport() + 1;
+    assert!(matches!(a.write_below(b"k", Some(b"2"), fence), Err(psl_node::NodeError::Fenced { .. })));
+    assert_eq!(a.get(b"k").as_deref(), Some(&b"1"[..]));
+    // B moves its clock past the fence: its write is newer than anything A may write below it.
+    b.advance_clock(1 << 20);
+    let w = b.write_below(b"k", Some(b"3"), u64::MAX).unwrap();
+    assert!(w.lamport > 1 << 20);
+    let late = a.write_below(b"k", Some(b"late"), 1 << 20).unwrap();
+    assert!(late < w);
+    for n in [a, b] {
+        n.sync(Duration::from_secs(30)).unwrap();
+    }
+    for n in [a, b] {
+        assert_eq!(n.get(b"k").as_deref(), Some(&b"3"[..]), "the write after the fence wins everywhere");
+    }
+}
