@@ -184,6 +184,7 @@ pub fn audit_file_rotated(
             let (hash, seq) = match &p {
                 crate::ChainProblem::BrokenPrev { hash, seq, .. }
                 | crate::ChainProblem::DanglingLink { hash, seq, .. }
+                | crate::ChainProblem::MissingLinkTarget { hash, seq, .. }
                 | crate::ChainProblem::LinkEpoch { hash, seq, .. }
                 | crate::ChainProblem::Regression { hash, seq, .. } => (Some(*hash), Some(*seq)),
                 crate::ChainProblem::Equivocation { seq, .. } => (None, Some(*seq)),

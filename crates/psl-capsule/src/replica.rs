@@ -43,8 +43,15 @@ pub enum ChainProblem {
     Gap { writer: u32, from: u64, to: u64 },
     /// A record's `prev` is not the hash of the writer's record `seq - 1`.
     BrokenPrev { writer: u32, seq: u64, hash: Hash256, prev: Hash256, actual: Hash256 },
-    /// A link points at a record this replica does not hold, or names the wrong (writer, seq).
+    /// A link names a (writer, seq) whose record in this replica is another one, or points at
+    /// a record the replica holds under another (writer, seq).
     DanglingLink { writer: u32, seq: u64, hash: Hash256, target: Hash256 },
+    /// A link points at a record this replica does not hold at all (neither the hash nor
+    /// anything at the named slot). In a file that claims to be the whole capsule this is a
+    /// problem like any other; in a live replica it is lag (the record was lost on the fabric or
+    /// its writer crashed after sending it to some peers), which anti-entropy fills: see
+    /// [`ChainProblem::is_incompleteness`].
+    MissingLinkTarget { writer: u32, seq: u64, hash: Hash256, target: Hash256, target_writer: u32, target_seq: u64 },
     /// A data record links to something that is not a SYNC of the record's epoch.
     LinkEpoch { writer: u32, seq: u64, hash: Hash256, target: Hash256 },
     /// Lamport time or epoch goes backwards along a writer's chain.
@@ -59,6 +66,7 @@ impl ChainProblem {
             ChainProblem::Gap { .. } => "gap",
             ChainProblem::BrokenPrev { .. } => "prev",
             ChainProblem::DanglingLink { .. } => "link",
+            ChainProblem::MissingLinkTarget { .. } => "link-missing",
             ChainProblem::LinkEpoch { .. } => "link-epoch",
             ChainProblem::Regression { .. } => "monotonic",
         }
@@ -70,9 +78,17 @@ impl ChainProblem {
             | ChainProblem::Gap { writer, .. }
             | ChainProblem::BrokenPrev { writer, .. }
             | ChainProblem::DanglingLink { writer, .. }
+            | ChainProblem::MissingLinkTarget { writer, .. }
             | ChainProblem::LinkEpoch { writer, .. }
             | ChainProblem::Regression { writer, .. } => *writer,
         }
+    }
+
+    /// True for what a replica that is merely behind its peers shows (a link to a record it
+    /// has not received yet), as opposed to records that contradict each other. A store's check
+    /// reports these as notes, not damage: nothing in the store is wrong, it is incomplete.
+    pub fn is_incompleteness(&self) -> bool {
+        matches!(self, ChainProblem::MissingLinkTarget { .. })
     }
 }
 
@@ -89,6 +105,9 @@ impl ChainProblem {
                 format!("prev points at {prev}, but seq {} is {actual}", seq - 1)
             }
             ChainProblem::DanglingLink { target, .. } => format!("link target {target} is not in the replica as named"),
+            ChainProblem::MissingLinkTarget { target, target_writer, target_seq, .. } => {
+                format!("link target {target} (writer {target_writer}, seq {target_seq}) is not in the replica")
+            }
             ChainProblem::LinkEpoch { target, .. } => format!("{target} is not the SYNC of this record's epoch"),
             ChainProblem::Regression { what, .. } => format!("{what} goes backwards along the chain"),
         }
@@ -102,6 +121,7 @@ impl fmt::Display for ChainProblem {
             ChainProblem::Gap { writer, .. } => write!(f, "writer {writer}")?,
             ChainProblem::BrokenPrev { writer, seq, hash, .. }
             | ChainProblem::DanglingLink { writer, seq, hash, .. }
+            | ChainProblem::MissingLinkTarget { writer, seq, hash, .. }
             | ChainProblem::LinkEpoch { writer, seq, hash, .. }
             | ChainProblem::Regression { writer, seq, hash, .. } => {
                 write!(f, "record {hash} (writer {writer}, seq {seq})")?
@@ -280,6 +300,16 @@ impl Replica {
                             if h.kind == Kind::Data && (th.kind != Kind::Sync || th.epoch != h.epoch) {
                                 out.push(ChainProblem::LinkEpoch { writer, seq, hash: *hash, target: l.hash });
                             }
+                        }
+                        None if !self.slots.contains_key(&(l.writer, l.seq)) => {
+                            out.push(ChainProblem::MissingLinkTarget {
+                                writer,
+                                seq,
+                                hash: *hash,
+                                target: l.hash,
+                                target_writer: l.writer,
+                                target_seq: l.seq,
+                            })
                         }
                         _ => out.push(ChainProblem::DanglingLink { writer, seq, hash: *hash, target: l.hash }),
                     }

@@ -113,12 +113,36 @@ fn chain_gaps_broken_prev_and_dangling_links() {
     }
     assert!(gap.check().iter().any(|p| p.check() == "gap"));
 
-    // Drop the SYNC: its pointers dangle from the epoch-1 records.
+    // Drop the SYNC: the epoch-1 records link a record this replica never received. That is
+    // what a replica behind its peers shows (incompleteness), not a contradiction.
     let mut dangling = Replica::new(fx.meta.name());
     for r in all.iter().filter(|r| r.header().kind != psl_capsule::Kind::Sync) {
         dangling.insert(r.clone()).unwrap();
     }
-    assert!(dangling.check().iter().any(|p| p.check() == "link"));
+    let missing: Vec<_> = dangling.check().into_iter().filter(|p| p.check() == "link-missing").collect();
+    assert!(!missing.is_empty(), "{:?}", dangling.check());
+    assert!(missing.iter().all(|p| p.is_incompleteness()));
+    assert!(missing[0].to_string().contains("is not in the replica"), "{}", missing[0]);
+
+    // A link that names a held record under the wrong (writer, seq) is a contradiction.
+    let held = all.iter().find(|r| r.header().kind == psl_capsule::Kind::Sync).unwrap();
+    let misnamed = Draft {
+        writer: 8,
+        key_gen: 0,
+        seq: 0,
+        lamport: 50,
+        epoch: 0,
+        prev: Hash256::ZERO,
+        links: vec![Link { writer: held.header().writer, seq: held.header().seq + 50, hash: held.hash() }],
+        body: Body::Data(vec![psl_capsule::Op::put(50, "m", "1")]),
+    }
+    .seal(fx.meta.name(), &fx.meta.meta.policy.limits, &fx.app.writer(8).unwrap(), &fx.app.data_key())
+    .unwrap();
+    let mut wrong = full.clone();
+    wrong.insert(v.verify(misnamed).unwrap()).unwrap();
+    let link: Vec<_> = wrong.check().into_iter().filter(|p| p.check() == "link").collect();
+    assert_eq!(link.len(), 1, "{:?}", wrong.check());
+    assert!(!link[0].is_incompleteness());
 
     // A record whose prev points elsewhere.
     let mut a = fx.author(7);

@@ -256,6 +256,9 @@ pub struct RemoteCheck {
     pub damage: Vec<String>,
     /// Bytes past the last whole frame (what a crash during an append leaves), if any.
     pub torn_tail: Option<String>,
+    /// Records that link a record the server does not hold yet (lag, not damage; see
+    /// `psl_store::CheckReport::lagging`).
+    pub lagging: Vec<String>,
 }
 
 impl RemoteCheck {
@@ -267,7 +270,7 @@ impl RemoteCheck {
         serde_json::json!({
             "frames": self.frames, "verified": self.verified, "records": self.records,
             "checked_bytes": self.checked_bytes, "appended_bytes": self.appended_bytes,
-            "damage": self.damage, "torn_tail": self.torn_tail,
+            "damage": self.damage, "torn_tail": self.torn_tail, "lagging": self.lagging,
         })
     }
 
@@ -287,6 +290,8 @@ impl RemoteCheck {
                 serde_json::Value::Null => None,
                 t => Some(t.as_str()?.to_string()),
             },
+            // Absent from servers older than the field: nothing to note.
+            lagging: lines("lagging").unwrap_or_default(),
         })
     }
 }
@@ -311,6 +316,7 @@ fn check(store: &Mutex<DiskStore>, checking: &AtomicBool) -> Result<Vec<Vec<u8>>
         appended_bytes: rep.appended_bytes,
         damage: rep.damage(),
         torn_tail: rep.torn_tail.as_ref().map(|t| t.to_string()),
+        lagging: rep.lagging(),
     };
     Ok(vec![out.to_json().to_string().into_bytes()])
 }
@@ -752,9 +758,11 @@ mod tests {
             appended_bytes: 100,
             damage: vec!["frame 3: bad".into()],
             torn_tail: Some("torn".into()),
+            lagging: vec!["record 00 (writer 1, seq 2): link-missing".into()],
         };
         assert_eq!(RemoteCheck::from_json(&c.to_json()), Some(c.clone()));
         let c = RemoteCheck { damage: vec![], torn_tail: None, ..c };
+        assert!(c.is_clean(), "lag is not damage");
         assert!(c.is_clean());
         assert_eq!(RemoteCheck::from_json(&c.to_json()), Some(c));
         assert_eq!(RemoteCheck::from_json(&serde_json::json!({"frames": 1})), None);

@@ -111,7 +111,9 @@ pub struct CheckReport {
     pub orphaned: Vec<Orphan>,
     pub duplicate_frames: u64,
     /// `Replica::check` over every verified record (orphans included, so a damaged frame
-    /// shows up as a gap in its writer's chain).
+    /// shows up as a gap in its writer's chain). Those that only show the replica lagging its
+    /// peers ([`ChainProblem::is_incompleteness`]: a link to a record it has not received) are
+    /// [`CheckReport::lagging`], not problems.
     pub chain_problems: Vec<ChainProblem>,
     /// Records the index holds that are no longer intact at their offset.
     pub lost: Vec<LostRecord>,
@@ -148,6 +150,13 @@ impl CheckReport {
         self.problems().into_iter().filter(|p| Some(p) != torn.as_ref()).collect()
     }
 
+    /// One line per record that links a record this replica does not hold yet: lag behind the
+    /// peers (a record lost on the fabric, or sent by a writer that crashed before every server
+    /// had it), which anti-entropy fills; not damage (nothing held contradicts anything).
+    pub fn lagging(&self) -> Vec<String> {
+        self.chain_problems.iter().filter(|c| c.is_incompleteness()).map(|c| c.to_string()).collect()
+    }
+
     /// One line per problem.
     pub fn problems(&self) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();
@@ -161,7 +170,7 @@ impl CheckReport {
         if self.duplicate_frames > 0 {
             out.push(format!("records.log holds {} duplicate frames", self.duplicate_frames));
         }
-        out.extend(self.chain_problems.iter().map(|c| c.to_string()));
+        out.extend(self.chain_problems.iter().filter(|c| !c.is_incompleteness()).map(|c| c.to_string()));
         out.extend(self.lost.iter().map(|l| l.to_string()));
         out.extend(self.unindexed.iter().map(|h| format!("records.log holds record {h} that the index does not know")));
         out

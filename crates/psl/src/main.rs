@@ -20,11 +20,13 @@
 //! - `capsuledb`: `psl capsuledb`: the CapsuleDB role, `snapshots` and `get --at`.
 //! - `kv`: the client of a node's control interface (`psl kv put|get|del|sync|stats|dump`).
 //! - `sim`: the seeded simulator over many seeds (`psl sim`).
+//! - `chaos`: seeded fault schedules over real processes and a checker (`psl chaos`).
 //! - `util`: file helpers shared by the commands (atomic writes, key loading).
 
 mod bench;
 mod capsule;
 mod capsuledb;
+mod chaos;
 mod cluster;
 mod demo;
 mod faas_roles;
@@ -81,6 +83,9 @@ enum Cmd {
     Kv(kv::KvCmd),
     /// Run the seeded simulator; exit 0 only if every seed holds every invariant.
     Sim(sim::SimArgs),
+    /// Run seeded fault schedules over real processes on loopback and check the history;
+    /// exit 0 only if every seed passes every check.
+    Chaos(chaos::ChaosArgs),
     /// Run a JavaScript job on N lambdas (embedded deployment, or --cluster; sim attestation is INSECURE).
     Run(run::RunArgs),
     /// Start the default deployment on this machine (router, capsule hosts, scheduler, leader, workers; sim attestation: INSECURE) until Ctrl-C.
@@ -135,6 +140,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Router(a) => psl_fabric::run_router(a).map(|()| 0),
         Cmd::Kv(c) => kv::run(c),
         Cmd::Sim(a) => sim::run(a),
+        Cmd::Chaos(a) => chaos::run(a),
         Cmd::Run(a) => run::run(a),
         Cmd::Up(a) => up::run(a),
         Cmd::Status(a) => status::run(a),
