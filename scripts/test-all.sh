@@ -24,6 +24,7 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 
 scripts/install-memcached-test-deps.sh  # psl-memcached: memcached, memcaslap, pymemcache, pylibmc
+scripts/install-report-test-deps.sh     # psl report: chromium (browser test), redis-server
 log "workspace tests"
 results=$(mktemp)
 cargo test --workspace --locked 2>&1 | tee "$results"
