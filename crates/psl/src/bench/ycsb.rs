@@ -328,7 +328,11 @@ pub fn run(a: &YcsbArgs, seconds: f64, json_lines: bool, show_progress: bool) ->
             .and_then(|r| r["ops_per_s"].as_f64())
     };
     for r in &all_runs {
-        let (sys, w, d) = (r["system"].as_str().unwrap_or(""), r["workload"].as_str().unwrap_or(""), r["distribution"].as_str().unwrap_or(""));
+        let (sys, w, d) = (
+            r["system"].as_str().unwrap_or(""),
+            r["workload"].as_str().unwrap_or(""),
+            r["distribution"].as_str().unwrap_or(""),
+        );
         if sys == "memcached" {
             continue;
         }

@@ -371,7 +371,9 @@ fn write_results(dir: &Path, results: &[CaseResult], ctx: Option<&RunInfo>) -> R
 /// Previous timings (case id → seconds) from `DIR/results.json`, to refine the estimates.
 fn previous_timings(dir: &Path) -> std::collections::HashMap<String, f64> {
     let mut m = std::collections::HashMap::new();
-    if let Some(v) = std::fs::read_to_string(dir.join("results.json")).ok().and_then(|s| serde_json::from_str::<Value>(&s).ok()) {
+    if let Some(v) =
+        std::fs::read_to_string(dir.join("results.json")).ok().and_then(|s| serde_json::from_str::<Value>(&s).ok())
+    {
         for c in v["cases"].as_array().into_iter().flatten() {
             if let (Some(id), Some(s), Some("ok")) = (c["id"].as_str(), c["seconds"].as_f64(), c["status"].as_str()) {
                 m.insert(id.to_string(), s);
@@ -389,7 +391,10 @@ pub fn run(a: ReportArgs) -> Result<i32> {
     };
     for s in &a.sections {
         if sections::section_name(s).is_none() {
-            bail!("unknown section {s:?}; sections: {}", sections::SECTIONS.iter().map(|s| s.name).collect::<Vec<_>>().join(", "));
+            bail!(
+                "unknown section {s:?}; sections: {}",
+                sections::SECTIONS.iter().map(|s| s.name).collect::<Vec<_>>().join(", ")
+            );
         }
     }
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;

@@ -205,7 +205,8 @@ pub fn bars(
     let (main, bottom) = root.split_vertically(H - FOOT_H);
     footer(&bottom, foot)?;
     let n = categories.len().max(1);
-    let totals: Vec<f64> = (0..n).map(|i| series.iter().map(|s| s.1.get(i).copied().unwrap_or(0.0).max(0.0)).sum()).collect();
+    let totals: Vec<f64> =
+        (0..n).map(|i| series.iter().map(|s| s.1.get(i).copied().unwrap_or(0.0).max(0.0)).sum()).collect();
     let (y0, y1) = if stacked {
         y_range(totals.iter().copied(), log_y)
     } else {
@@ -252,7 +253,15 @@ pub fn bars(
             let left = i as f64 - 0.4 + if stacked { 0.0 } else { j as f64 * width };
             let (lo, hi) = if stacked { (base[i], base[i] + v) } else { (0.0, *v) };
             base[i] += if stacked { *v } else { 0.0 };
-            let bottom = if log_y { if lo > 0.0 { yv(lo, true) } else { y0 } } else { lo };
+            let bottom = if log_y {
+                if lo > 0.0 {
+                    yv(lo, true)
+                } else {
+                    y0
+                }
+            } else {
+                lo
+            };
             rects.push(Rectangle::new([(left, bottom), (left + width * 0.95, yv(hi, log_y))], c.filled()));
         }
         chart

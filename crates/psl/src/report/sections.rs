@@ -6,7 +6,7 @@
 
 use super::doc::Block;
 use super::plots::{self, fmt_num, Series};
-use super::{Case, CaseResult, RunInfo, Mode, Status};
+use super::{Case, CaseResult, Mode, RunInfo, Status};
 use anyhow::Result;
 use serde_json::Value;
 use std::path::Path;
@@ -19,18 +19,66 @@ pub struct Section {
 }
 
 pub const SECTIONS: [Section; 12] = [
-    Section { name: "scl", title: "SCL put throughput against writer nodes, with and without batching", mirrors: "the paper's Figure 9 (put) and its batching ablation (up to 81x)" },
-    Section { name: "capsuledb", title: "Gets through the memtable and through CapsuleDB against lambdas", mirrors: "the paper's Figure 9 (get cached / get uncached)" },
-    Section { name: "replication", title: "Durable write throughput against writer nodes", mirrors: "the paper's Figure 10 (SCL with and without replication; its durable curve plateaus after 9 workers)" },
-    Section { name: "ring", title: "Boundary crossing cost", mirrors: "the paper's circular buffer table (461 / 526 cycles, HotCalls 937 / 758, SGX SDK 20,515 / 8,609)" },
-    Section { name: "launch", title: "Lambda launch time and its phases", mirrors: "the paper's Figure 11 (launch breakdown, 0.61 s) as a table and a stacked bar" },
-    Section { name: "rrt", title: "Motion planning (RRT*) time against lambdas", mirrors: "the paper's Table II (MPLambda planners with and without SCL)" },
-    Section { name: "ycsb", title: "YCSB A, B, C, D, F against memcached and Redis", mirrors: "what users would pick instead: memcached (no security) and Redis with appendfsync always (durable)" },
-    Section { name: "ycsb-calibration", title: "The load generator's own cost", mirrors: "the YCSB load generator against memcaslap on the same server" },
-    Section { name: "memcached", title: "SecureCached against memcached under memcaslap", mirrors: "the project's SecureCached goal (docs/protocol/memcached.md §8)" },
-    Section { name: "capsule", title: "Sealing and verifying records by batch size", mirrors: "the cost that batching amortizes (one signature per record)" },
-    Section { name: "cluster", title: "The process deployment against memcached (psl bench cluster)", mirrors: "issue #17's comparison, once `psl bench cluster` exists in this tree" },
-    Section { name: "fabric", title: "The NATS fabric (psl bench fabric)", mirrors: "the fabric's benchmark, once `psl bench fabric` exists in this tree" },
+    Section {
+        name: "scl",
+        title: "SCL put throughput against writer nodes, with and without batching",
+        mirrors: "the paper's Figure 9 (put) and its batching ablation (up to 81x)",
+    },
+    Section {
+        name: "capsuledb",
+        title: "Gets through the memtable and through CapsuleDB against lambdas",
+        mirrors: "the paper's Figure 9 (get cached / get uncached)",
+    },
+    Section {
+        name: "replication",
+        title: "Durable write throughput against writer nodes",
+        mirrors: "the paper's Figure 10 (SCL with and without replication; its durable curve plateaus after 9 workers)",
+    },
+    Section {
+        name: "ring",
+        title: "Boundary crossing cost",
+        mirrors: "the paper's circular buffer table (461 / 526 cycles, HotCalls 937 / 758, SGX SDK 20,515 / 8,609)",
+    },
+    Section {
+        name: "launch",
+        title: "Lambda launch time and its phases",
+        mirrors: "the paper's Figure 11 (launch breakdown, 0.61 s) as a table and a stacked bar",
+    },
+    Section {
+        name: "rrt",
+        title: "Motion planning (RRT*) time against lambdas",
+        mirrors: "the paper's Table II (MPLambda planners with and without SCL)",
+    },
+    Section {
+        name: "ycsb",
+        title: "YCSB A, B, C, D, F against memcached and Redis",
+        mirrors: "what users would pick instead: memcached (no security) and Redis with appendfsync always (durable)",
+    },
+    Section {
+        name: "ycsb-calibration",
+        title: "The load generator's own cost",
+        mirrors: "the YCSB load generator against memcaslap on the same server",
+    },
+    Section {
+        name: "memcached",
+        title: "SecureCached against memcached under memcaslap",
+        mirrors: "the project's SecureCached goal (docs/protocol/memcached.md §8)",
+    },
+    Section {
+        name: "capsule",
+        title: "Sealing and verifying records by batch size",
+        mirrors: "the cost that batching amortizes (one signature per record)",
+    },
+    Section {
+        name: "cluster",
+        title: "The process deployment against memcached (psl bench cluster)",
+        mirrors: "issue #17's comparison, once `psl bench cluster` exists in this tree",
+    },
+    Section {
+        name: "fabric",
+        title: "The NATS fabric (psl bench fabric)",
+        mirrors: "the fabric's benchmark, once `psl bench fabric` exists in this tree",
+    },
 ];
 
 pub fn section_name(s: &str) -> Option<&'static str> {
@@ -39,7 +87,8 @@ pub fn section_name(s: &str) -> Option<&'static str> {
 
 /// A benchmark name as a static string (any name: unknown ones stay unknown to the binary).
 pub fn bench_name(s: &str) -> &'static str {
-    const KNOWN: [&str; 10] = ["capsule", "scl", "replication", "memcached", "launch", "capsuledb", "rrt", "ycsb", "cluster", "fabric"];
+    const KNOWN: [&str; 10] =
+        ["capsule", "scl", "replication", "memcached", "launch", "capsuledb", "rrt", "ycsb", "cluster", "fabric"];
     KNOWN.iter().find(|k| **k == s).copied().unwrap_or("unknown")
 }
 
@@ -64,7 +113,13 @@ pub fn plan(mode: Mode, only: &[String]) -> Vec<Case> {
     v.push(case("scl", "scl", "scl", &["--seconds", secs, "--cases", scl_cases], f(mode, 6.0, 40.0, 90.0)));
     if mode != Tiny {
         let keys = f(mode, "", "20000", "200000");
-        v.push(case("capsuledb", "capsuledb", "capsuledb", &["--keys", keys, "--seconds", f(mode, "", "0.3", "1")], f(mode, 0.0, 30.0, 120.0)));
+        v.push(case(
+            "capsuledb",
+            "capsuledb",
+            "capsuledb",
+            &["--keys", keys, "--seconds", f(mode, "", "0.3", "1")],
+            f(mode, 0.0, 30.0, 120.0),
+        ));
         v.push(case("replication", "replication", "replication", &["--seconds", secs], f(mode, 0.0, 25.0, 60.0)));
     }
     v.push(case("ring", "ring", "scl", &["--cases", "ring"], 15.0));
@@ -82,7 +137,13 @@ pub fn plan(mode: Mode, only: &[String]) -> Vec<Case> {
     let systems: &[&'static str] = if mode == Tiny { &["psl"] } else { &["psl", "psl-up", "memcached", "redis"] };
     let workloads = f(mode, "a,c", "a,b,c,d,f", "a,b,c,d,f");
     for s in systems {
-        let runs = if mode == Full { 9.0 } else if mode == Quick { 5.0 } else { 2.0 };
+        let runs = if mode == Full {
+            9.0
+        } else if mode == Quick {
+            5.0
+        } else {
+            2.0
+        };
         let per = ysecs.parse::<f64>().unwrap_or(1.0) * 1.15 + 0.3;
         let load = records.parse::<f64>().unwrap_or(0.0) / 40_000.0;
         let start = if *s == "psl-up" { 4.0 } else { 0.5 };
@@ -96,12 +157,29 @@ pub fn plan(mode: Mode, only: &[String]) -> Vec<Case> {
             id,
             "ycsb",
             "ycsb",
-            &["--systems", s, "--workload", workloads, "--distribution", dists, "--records", records, "--seconds", ysecs],
+            &[
+                "--systems",
+                s,
+                "--workload",
+                workloads,
+                "--distribution",
+                dists,
+                "--records",
+                records,
+                "--seconds",
+                ysecs,
+            ],
             runs * per + load + start,
         ));
     }
     if mode != Tiny {
-        v.push(case("ycsb-calibration", "ycsb-calibration", "ycsb", &["--systems", "", "--calibrate", "--seconds", f(mode, "", "2", "4")], f(mode, 0.0, 8.0, 14.0)));
+        v.push(case(
+            "ycsb-calibration",
+            "ycsb-calibration",
+            "ycsb",
+            &["--systems", "", "--calibrate", "--seconds", f(mode, "", "2", "4")],
+            f(mode, 0.0, 8.0, 14.0),
+        ));
     }
     if mode == Full {
         v.push(case("memcached", "memcached", "memcached", &["--seconds", "1"], 160.0));
@@ -170,7 +248,10 @@ pub fn render(ctx: &RunInfo, results: &[CaseResult], dir: &Path) -> Result<Vec<B
             continue;
         }
         o.blocks.push(Block::Heading(2, format!("`{}`: {}", s.name, s.title)));
-        o.blocks.push(Block::Para(format!("Mirrors {}. Regenerate: `psl report --out DIR --sections {}`.", s.mirrors, s.name)));
+        o.blocks.push(Block::Para(format!(
+            "Mirrors {}. Regenerate: `psl report --out DIR --sections {}`.",
+            s.mirrors, s.name
+        )));
         let cmds: Vec<String> = rs.iter().map(|r| r.case.command()).collect();
         o.blocks.push(Block::Code(cmds.join("\n")));
         let mut failed = Vec::new();
@@ -247,13 +328,15 @@ pub fn render(ctx: &RunInfo, results: &[CaseResult], dir: &Path) -> Result<Vec<B
             Status::NotAvailable => "not available in this tree".to_string(),
             Status::Failed(e) => format!("failed: {}", e.lines().last().unwrap_or("")),
         };
-        status_rows.push(vec![format!("`{}`", r.case.id), format!("`{}`", r.case.command()), super::fmt_secs(r.seconds), st]);
+        status_rows.push(vec![
+            format!("`{}`", r.case.id),
+            format!("`{}`", r.case.command()),
+            super::fmt_secs(r.seconds),
+            st,
+        ]);
     }
     head.push(Block::Heading(2, "Cases".into()));
-    head.push(Block::Table(
-        ["case", "command", "time", "status"].iter().map(|s| s.to_string()).collect(),
-        status_rows,
-    ));
+    head.push(Block::Table(["case", "command", "time", "status"].iter().map(|s| s.to_string()).collect(), status_rows));
     head.extend(o.blocks);
     Ok(head)
 }
@@ -295,7 +378,13 @@ fn scl(o: &mut Out, rs: &[&CaseResult]) -> Result<()> {
         _ => num(v, "ablation_ratio"),
     };
     o.sum("scl", "puts/s, 1 writer node, batched", cell(num(v, "puts_per_s_w1")), "–", "1.67M (scl.md §12)");
-    o.sum("scl", "batching ratio, 1 writer (batched / unbatched)", ratio_w1.map(|r| format!("{r:.1}x")).unwrap_or("–".into()), "up to 81x", "61x (scl.md §12)");
+    o.sum(
+        "scl",
+        "batching ratio, 1 writer (batched / unbatched)",
+        ratio_w1.map(|r| format!("{r:.1}x")).unwrap_or("–".into()),
+        "up to 81x",
+        "61x (scl.md §12)",
+    );
     let mut series = vec![Series { name: "batched (up to 512 ops per record)".into(), points: b }];
     if !u.is_empty() {
         series.push(Series { name: "unbatched (every op sealed and signed alone)".into(), points: u });
@@ -309,7 +398,10 @@ fn scl(o: &mut Out, rs: &[&CaseResult]) -> Result<()> {
         &series,
         true,
         true,
-        &o.ctx.footer("batched puts/s over unbatched puts/s with the same writer nodes (the paper's ablation)", loads(rs)),
+        &o.ctx.footer(
+            "batched puts/s over unbatched puts/s with the same writer nodes (the paper's ablation)",
+            loads(rs),
+        ),
     )?;
     o.image(file, "SCL puts per second against writer nodes, batched and unbatched");
     o.blocks.push(Block::Para(
@@ -330,15 +422,26 @@ fn capsuledb(o: &mut Out, rs: &[&CaseResult]) -> Result<()> {
     let rows = ls
         .iter()
         .map(|l| {
-            let (c, u) = (num(v, &format!("get_cached_per_s_l{}", *l as u32)), num(v, &format!("get_uncached_per_s_l{}", *l as u32)));
-            vec![format!("{}", *l as u32), cell(c), cell(u), match (c, u) {
-                (Some(c), Some(u)) => format!("{:.0}", c / u.max(1e-9)),
-                _ => "–".into(),
-            }]
+            let (c, u) = (
+                num(v, &format!("get_cached_per_s_l{}", *l as u32)),
+                num(v, &format!("get_uncached_per_s_l{}", *l as u32)),
+            );
+            vec![
+                format!("{}", *l as u32),
+                cell(c),
+                cell(u),
+                match (c, u) {
+                    (Some(c), Some(u)) => format!("{:.0}", c / u.max(1e-9)),
+                    _ => "–".into(),
+                },
+            ]
         })
         .collect();
     o.blocks.push(Block::Table(
-        ["lambdas (reader threads)", "get (cached) /s", "get (uncached, via CapsuleDB) /s", "ratio"].iter().map(|s| s.to_string()).collect(),
+        ["lambdas (reader threads)", "get (cached) /s", "get (uncached, via CapsuleDB) /s", "ratio"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
         rows,
     ));
     o.blocks.push(Block::Para(format!(
@@ -347,9 +450,27 @@ fn capsuledb(o: &mut Out, rs: &[&CaseResult]) -> Result<()> {
         cell(num(v, "ratio_vs_lsm_read")),
         cell(num(v, "ratio_vs_lsm_write"))
     )));
-    o.sum("capsuledb", "get (cached) /s, 8 lambdas", cell(num(v, "get_cached_per_s_l8")), "–", "3.72M (capsuledb.md §8)");
-    o.sum("capsuledb", "get (uncached) /s, 8 lambdas", cell(num(v, "get_uncached_per_s_l8")), "flat: one CapsuleDB", "9,056 (capsuledb.md §8)");
-    o.sum("capsuledb", "LSM read / write time over fjall", format!("{} / {}", cell(num(v, "ratio_vs_lsm_read")), cell(num(v, "ratio_vs_lsm_write"))), "–", "1.57 / 1.54");
+    o.sum(
+        "capsuledb",
+        "get (cached) /s, 8 lambdas",
+        cell(num(v, "get_cached_per_s_l8")),
+        "–",
+        "3.72M (capsuledb.md §8)",
+    );
+    o.sum(
+        "capsuledb",
+        "get (uncached) /s, 8 lambdas",
+        cell(num(v, "get_uncached_per_s_l8")),
+        "flat: one CapsuleDB",
+        "9,056 (capsuledb.md §8)",
+    );
+    o.sum(
+        "capsuledb",
+        "LSM read / write time over fjall",
+        format!("{} / {}", cell(num(v, "ratio_vs_lsm_read")), cell(num(v, "ratio_vs_lsm_write"))),
+        "–",
+        "1.57 / 1.54",
+    );
     let file = "capsuledb_gets_by_lambdas.png";
     plots::lines(
         &o.dir.join(file),
@@ -378,11 +499,19 @@ fn replication(o: &mut Out, rs: &[&CaseResult]) -> Result<()> {
         .iter()
         .map(|w| {
             let w = *w as u32;
-            vec![format!("{w}"), cell(num(v, &format!("puts_per_s_w{w}"))), cell(num(v, &format!("durable_puts_per_s_w{w}"))), cell(num(v, &format!("ratio_w{w}")))]
+            vec![
+                format!("{w}"),
+                cell(num(v, &format!("puts_per_s_w{w}"))),
+                cell(num(v, &format!("durable_puts_per_s_w{w}"))),
+                cell(num(v, &format!("ratio_w{w}"))),
+            ]
         })
         .collect();
     o.blocks.push(Block::Table(
-        ["writer nodes", "puts/s (no durability)", "durable puts/s (2 of 3 capsule servers, fsync)", "ratio"].iter().map(|s| s.to_string()).collect(),
+        ["writer nodes", "puts/s (no durability)", "durable puts/s (2 of 3 capsule servers, fsync)", "ratio"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
         rows,
     ));
     o.blocks.push(Block::Para(format!(
@@ -391,8 +520,20 @@ fn replication(o: &mut Out, rs: &[&CaseResult]) -> Result<()> {
         cell(num(v, "durable_put_ms_p99")),
         cell(num(v, "durable_put_ms_p99_under_load_w8"))
     )));
-    o.sum("replication", "non-durable / durable puts/s, 8 writers", cell(num(v, "ratio_w8")), "durable plateaus after 9", "1.64 (durability.md)");
-    o.sum("replication", "durable puts/s, 16 writers", cell(num(v, "durable_puts_per_s_w16")), "plateau", "128k (durability.md)");
+    o.sum(
+        "replication",
+        "non-durable / durable puts/s, 8 writers",
+        cell(num(v, "ratio_w8")),
+        "durable plateaus after 9",
+        "1.64 (durability.md)",
+    );
+    o.sum(
+        "replication",
+        "durable puts/s, 16 writers",
+        cell(num(v, "durable_puts_per_s_w16")),
+        "plateau",
+        "128k (durability.md)",
+    );
     let d = pts("durable_puts_per_s_w");
     let p = pts("puts_per_s_w");
     let all: Vec<f64> = d.iter().chain(p.iter()).map(|x| x.1).filter(|x| *x > 0.0).collect();
@@ -402,7 +543,10 @@ fn replication(o: &mut Out, rs: &[&CaseResult]) -> Result<()> {
         Series { name: "durable: f+1 = 2 of 3 servers acked after fsync".into(), points: d },
     ];
     if lo < hi {
-        series.push(Series { name: "the paper's durable plateau (9 workers)".into(), points: vec![(9.0, lo), (9.0, hi)] });
+        series.push(Series {
+            name: "the paper's durable plateau (9 workers)".into(),
+            points: vec![(9.0, lo), (9.0, hi)],
+        });
     }
     let file = "replication_by_writers.png";
     plots::lines(
@@ -429,7 +573,11 @@ fn ring(o: &mut Out, rs: &[&CaseResult]) -> Result<()> {
         ("std mpsc channels", num(v, "mpsc_cycles_median")),
         ("OS pipes", num(v, "pipe_cycles_median")),
     ];
-    let paper = [("paper: circular buffer", 461.10, 525.54), ("paper: HotCalls", 936.89, 757.96), ("paper: SGX SDK ecall/ocall", 20515.02, 8608.57)];
+    let paper = [
+        ("paper: circular buffer", 461.10, 525.54),
+        ("paper: HotCalls", 936.89, 757.96),
+        ("paper: SGX SDK ecall/ocall", 20515.02, 8608.57),
+    ];
     let mut rows: Vec<Vec<String>> =
         ours.iter().map(|(n, c)| vec![n.to_string(), "this machine, threads on two cores".into(), cell(*c)]).collect();
     for (n, a, b) in paper {
@@ -442,7 +590,13 @@ fn ring(o: &mut Out, rs: &[&CaseResult]) -> Result<()> {
         if v["pinned"].as_bool() == Some(true) { " pinned to two cores" } else { "" },
         cell(num(v, "tsc_ghz"))
     )));
-    o.sum("ring", "boundary round trip (cycles)", cell(num(v, "ring_cycles_median")), "987 (461 + 526)", "104 (scl.md §12)");
+    o.sum(
+        "ring",
+        "boundary round trip (cycles)",
+        cell(num(v, "ring_cycles_median")),
+        "987 (461 + 526)",
+        "104 (scl.md §12)",
+    );
     let mut cats: Vec<String> = ours.iter().map(|x| x.0.to_string()).collect();
     cats.extend(paper.iter().map(|p| p.0.trim_start_matches("paper: ").to_string() + " (paper)"));
     let n = cats.len();
@@ -463,7 +617,10 @@ fn ring(o: &mut Out, rs: &[&CaseResult]) -> Result<()> {
         &[("this machine (median)".into(), mine), ("paper, SGX (* = app→enclave + enclave→app)".into(), theirs)],
         true,
         false,
-        &o.ctx.footer("PSL ring cycles over the one-cache-line floor (ring_over_floor; the project's goal is at most 1.25)", loads(rs)),
+        &o.ctx.footer(
+            "PSL ring cycles over the one-cache-line floor (ring_over_floor; the project's goal is at most 1.25)",
+            loads(rs),
+        ),
     )?;
     o.image(file, "boundary crossing cycles against the paper's figures");
     Ok(())
@@ -479,7 +636,8 @@ fn launch(o: &mut Out, rs: &[&CaseResult]) -> Result<()> {
             let Some(b) = v.get(format!("breakdown_l{l}{suffix}")) else { continue };
             let total = num(v, &format!("launch_ms_p50_l{l}{suffix}")).unwrap_or(0.0);
             let s = num(b, "scheduling_ms_p50").unwrap_or(0.0);
-            let a = num(b, "attestation_ms_p50").unwrap_or(0.0) + num(b, "leader_attest_and_owner_key_ms_p50").unwrap_or(0.0);
+            let a = num(b, "attestation_ms_p50").unwrap_or(0.0)
+                + num(b, "leader_attest_and_owner_key_ms_p50").unwrap_or(0.0);
             let k = num(b, "key_delivery_ms_p50").unwrap_or(0.0);
             let p = num(b, "program_load_ms_p50").unwrap_or(0.0);
             let rest = (total - s - a - k - p).max(0.0);
@@ -499,9 +657,26 @@ fn launch(o: &mut Out, rs: &[&CaseResult]) -> Result<()> {
             ]);
         }
     }
-    rows.push(vec!["paper (SGX, LAN, Fig. 11)".into(), "300".into(), "103".into(), "–".into(), "160 (beside attestation)".into(), "610".into()]);
+    rows.push(vec![
+        "paper (SGX, LAN, Fig. 11)".into(),
+        "300".into(),
+        "103".into(),
+        "–".into(),
+        "160 (beside attestation)".into(),
+        "610".into(),
+    ]);
     o.blocks.push(Block::Table(
-        ["deployment, lambdas", "scheduling ms", "attestation ms", "key delivery ms", "program start ms", "launch p50 ms"].iter().map(|s| s.to_string()).collect(),
+        [
+            "deployment, lambdas",
+            "scheduling ms",
+            "attestation ms",
+            "key delivery ms",
+            "program start ms",
+            "launch p50 ms",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
         rows,
     ));
     o.blocks.push(Block::Para(format!(
@@ -512,7 +687,13 @@ fn launch(o: &mut Out, rs: &[&CaseResult]) -> Result<()> {
         cell(num(v, "bare_sandbox_ms_p50_l8")),
         cell(num(v, "ratio_launch_vs_bare_l8"))
     )));
-    o.sum("launch", "launch p50, 8 lambdas, embedded / psl up (ms)", format!("{} / {}", cell(num(v, "launch_ms_p50_l8")), cell(num(v, "launch_ms_p50_l8_mp"))), "610 (SGX, LAN)", "18.5 / 33.9 (faas.md §10)");
+    o.sum(
+        "launch",
+        "launch p50, 8 lambdas, embedded / psl up (ms)",
+        format!("{} / {}", cell(num(v, "launch_ms_p50_l8")), cell(num(v, "launch_ms_p50_l8_mp"))),
+        "610 (SGX, LAN)",
+        "18.5 / 33.9 (faas.md §10)",
+    );
     let file = "launch_breakdown.png";
     plots::bars(
         &o.dir.join(file),
@@ -528,7 +709,10 @@ fn launch(o: &mut Out, rs: &[&CaseResult]) -> Result<()> {
         ],
         false,
         true,
-        &o.ctx.footer("launch p50 over starting the same lambdas in the bare sandbox (ratio_launch_vs_bare_l8)", loads(rs)),
+        &o.ctx.footer(
+            "launch p50 over starting the same lambdas in the bare sandbox (ratio_launch_vs_bare_l8)",
+            loads(rs),
+        ),
     )?;
     o.image(file, "launch time breakdown by phase");
     Ok(())
@@ -536,8 +720,11 @@ fn launch(o: &mut Out, rs: &[&CaseResult]) -> Result<()> {
 
 fn rrt(o: &mut Out, rs: &[&CaseResult]) -> Result<()> {
     let v = first_ok(rs).expect("checked");
-    let ls: Vec<f64> = v["lambdas"].as_array().map(|a| a.iter().filter_map(Value::as_f64).collect()).unwrap_or_default();
-    let pts = |k: &str| -> Vec<(f64, f64)> { ls.iter().filter_map(|l| num(v, &format!("{k}_l{}", *l as u32)).map(|y| (*l, y / 1e3))).collect() };
+    let ls: Vec<f64> =
+        v["lambdas"].as_array().map(|a| a.iter().filter_map(Value::as_f64).collect()).unwrap_or_default();
+    let pts = |k: &str| -> Vec<(f64, f64)> {
+        ls.iter().filter_map(|l| num(v, &format!("{k}_l{}", *l as u32)).map(|y| (*l, y / 1e3))).collect()
+    };
     let paper = [(1, "61.9", "TIMEOUT"), (2, "115.5", "TIMEOUT"), (4, "89.4", "481.5"), (8, "34.7", "207.9")];
     let rows = ls
         .iter()
@@ -550,13 +737,24 @@ fn rrt(o: &mut Out, rs: &[&CaseResult]) -> Result<()> {
                 cell(num(v, &format!("scl_ms_p50_l{l}")).map(|x| x / 1e3)),
                 cell(num(v, &format!("baseline_ms_p50_l{l}")).map(|x| x / 1e3)),
                 cell(num(v, &format!("ratio_l{l}"))),
-                d.map(|d| format!("{} / {}", d["scl_reached_target"], d["baseline_reached_target"])).unwrap_or_default(),
+                d.map(|d| format!("{} / {}", d["scl_reached_target"], d["baseline_reached_target"]))
+                    .unwrap_or_default(),
                 p.map(|p| format!("{} s / {} s", p.2, p.1)).unwrap_or("–".into()),
             ]
         })
         .collect();
     o.blocks.push(Block::Table(
-        ["lambdas", "PSL s (p50)", "baseline s (p50)", "ratio", "runs reaching the target (PSL / baseline)", "paper TTFS, SCL / baseline"].iter().map(|s| s.to_string()).collect(),
+        [
+            "lambdas",
+            "PSL s (p50)",
+            "baseline s (p50)",
+            "ratio",
+            "runs reaching the target (PSL / baseline)",
+            "paper TTFS, SCL / baseline",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
         rows,
     ));
     o.blocks.push(Block::Para(format!(
@@ -568,7 +766,13 @@ fn rrt(o: &mut Out, rs: &[&CaseResult]) -> Result<()> {
         v["reps"]
     )));
     let top = ls.last().map(|l| *l as u32).unwrap_or(1);
-    o.sum("rrt", &format!("PSL over baseline time, {top} lambdas"), cell(num(v, &format!("ratio_l{top}"))), "6.0 (207.9 s / 34.7 s, 8 planners)", "new");
+    o.sum(
+        "rrt",
+        &format!("PSL over baseline time, {top} lambdas"),
+        cell(num(v, &format!("ratio_l{top}"))),
+        "6.0 (207.9 s / 34.7 s, 8 planners)",
+        "new",
+    );
     let file = "rrt_by_lambdas.png";
     plots::lines(
         &o.dir.join(file),
@@ -606,13 +810,16 @@ fn ycsb(o: &mut Out, rs: &[&CaseResult]) -> Result<()> {
     }
     let mut keys: Vec<(String, String)> = Vec::new();
     for r in &runs {
-        let k = (r["workload"].as_str().unwrap_or("").to_string(), r["distribution"].as_str().unwrap_or("").to_string());
+        let k =
+            (r["workload"].as_str().unwrap_or("").to_string(), r["distribution"].as_str().unwrap_or("").to_string());
         if !keys.contains(&k) {
             keys.push(k);
         }
     }
     keys.sort_by_key(|(w, d)| (d == "latest", d.clone(), w.clone()));
-    let find = |s: &str, w: &str, d: &str| runs.iter().find(|r| r["system"] == s && r["workload"] == w && r["distribution"] == d).copied();
+    let find = |s: &str, w: &str, d: &str| {
+        runs.iter().find(|r| r["system"] == s && r["workload"] == w && r["distribution"] == d).copied()
+    };
     let mut head = vec!["workload".to_string(), "distribution".to_string()];
     for s in &systems {
         head.push(format!("{s} ops/s"));
@@ -632,7 +839,12 @@ fn ycsb(o: &mut Out, rs: &[&CaseResult]) -> Result<()> {
             match find(s, w, d) {
                 Some(r) => {
                     row.push(cell(num(r, "ops_per_s")));
-                    row.push(format!("{} / {} / {}", cell(num(r, "p50_us")), cell(num(r, "p99_us")), cell(num(r, "p999_us"))));
+                    row.push(format!(
+                        "{} / {} / {}",
+                        cell(num(r, "p50_us")),
+                        cell(num(r, "p99_us")),
+                        cell(num(r, "p999_us"))
+                    ));
                 }
                 None => row.extend(["–".to_string(), "–".to_string()]),
             }
@@ -674,26 +886,60 @@ fn ycsb(o: &mut Out, rs: &[&CaseResult]) -> Result<()> {
             }
         };
         if has_mc {
-            o.sum("ycsb", &format!("{s} / memcached throughput, A / C / F zipfian"), format!("{} / {} / {}", ratio("a"), ratio("c"), ratio("f")), "–", "new");
+            o.sum(
+                "ycsb",
+                &format!("{s} / memcached throughput, A / C / F zipfian"),
+                format!("{} / {} / {}", ratio("a"), ratio("c"), ratio("f")),
+                "–",
+                "new",
+            );
         }
     }
     let errors: u64 = runs.iter().filter_map(|r| r["errors"].as_u64()).sum();
     if errors > 0 {
-        o.blocks.push(Block::Para(format!("**{errors} operations failed** over these runs (see `errors` and `first_error` in results.json).")));
+        o.blocks.push(Block::Para(format!(
+            "**{errors} operations failed** over these runs (see `errors` and `first_error` in results.json)."
+        )));
     }
-    let cats: Vec<String> = keys.iter().map(|(w, d)| format!("{} {}", w.to_uppercase(), &d[..d.len().min(4)])).collect();
+    let cats: Vec<String> =
+        keys.iter().map(|(w, d)| format!("{} {}", w.to_uppercase(), &d[..d.len().min(4)])).collect();
     let series_of = |k: &str| -> Vec<(String, Vec<f64>)> {
         systems
             .iter()
-            .map(|s| (s.clone(), keys.iter().map(|(w, d)| find(s, w, d).and_then(|r| num(r, k)).unwrap_or(f64::NAN)).collect()))
+            .map(|s| {
+                (
+                    s.clone(),
+                    keys.iter().map(|(w, d)| find(s, w, d).and_then(|r| num(r, k)).unwrap_or(f64::NAN)).collect(),
+                )
+            })
             .collect()
     };
-    let foot = o.ctx.footer("a system's ops/s over memcached's (-t 1) on the same workload, keys and load generator", loads(rs));
+    let foot = o
+        .ctx
+        .footer("a system's ops/s over memcached's (-t 1) on the same workload, keys and load generator", loads(rs));
     let file = "ycsb_throughput.png";
-    plots::bars(&o.dir.join(file), "YCSB throughput by workload and system", "operations per second (log)", &cats, &series_of("ops_per_s"), true, false, &foot)?;
+    plots::bars(
+        &o.dir.join(file),
+        "YCSB throughput by workload and system",
+        "operations per second (log)",
+        &cats,
+        &series_of("ops_per_s"),
+        true,
+        false,
+        &foot,
+    )?;
     o.image(file, "YCSB throughput by workload and system");
     let file = "ycsb_p99.png";
-    plots::bars(&o.dir.join(file), "YCSB p99 latency by workload and system", "p99 latency, µs (log)", &cats, &series_of("p99_us"), true, false, &foot)?;
+    plots::bars(
+        &o.dir.join(file),
+        "YCSB p99 latency by workload and system",
+        "p99 latency, µs (log)",
+        &cats,
+        &series_of("p99_us"),
+        true,
+        false,
+        &foot,
+    )?;
     o.image(file, "YCSB p99 latency by workload and system");
     Ok(())
 }
@@ -704,9 +950,21 @@ fn calibration(o: &mut Out, rs: &[&CaseResult]) -> Result<()> {
     o.blocks.push(Block::Table(
         ["load generator", "ops/s", "client CPU µs per op"].iter().map(|s| s.to_string()).collect(),
         vec![
-            vec!["memcaslap (16 connections, 1 thread)".into(), cell(num(c, "memcaslap_ops_per_s")), cell(num(c, "memcaslap_cpu_us_per_op"))],
-            vec!["psl bench ycsb's generator (16 connections, 1 thread)".into(), cell(num(c, "loadgen_ops_per_s")), cell(num(c, "loadgen_cpu_us_per_op"))],
-            vec!["psl bench ycsb's generator (50 connections, 1 thread)".into(), cell(num(c, "loadgen_50conns_ops_per_s")), cell(num(c, "loadgen_50conns_cpu_us_per_op"))],
+            vec![
+                "memcaslap (16 connections, 1 thread)".into(),
+                cell(num(c, "memcaslap_ops_per_s")),
+                cell(num(c, "memcaslap_cpu_us_per_op")),
+            ],
+            vec![
+                "psl bench ycsb's generator (16 connections, 1 thread)".into(),
+                cell(num(c, "loadgen_ops_per_s")),
+                cell(num(c, "loadgen_cpu_us_per_op")),
+            ],
+            vec![
+                "psl bench ycsb's generator (50 connections, 1 thread)".into(),
+                cell(num(c, "loadgen_50conns_ops_per_s")),
+                cell(num(c, "loadgen_50conns_cpu_us_per_op")),
+            ],
         ],
     ));
     o.blocks.push(Block::Para(format!(
@@ -716,7 +974,13 @@ fn calibration(o: &mut Out, rs: &[&CaseResult]) -> Result<()> {
         c["mix"].as_str().unwrap_or(""),
         cell(num(c, "ratio_cpu_loadgen_over_memcaslap"))
     )));
-    o.sum("ycsb-calibration", "load generator CPU per op over memcaslap's", cell(num(c, "ratio_cpu_loadgen_over_memcaslap")), "–", "new");
+    o.sum(
+        "ycsb-calibration",
+        "load generator CPU per op over memcaslap's",
+        cell(num(c, "ratio_cpu_loadgen_over_memcaslap")),
+        "–",
+        "new",
+    );
     Ok(())
 }
 
@@ -735,12 +999,23 @@ fn memcached(o: &mut Out, rs: &[&CaseResult]) -> Result<()> {
         })
         .collect();
     o.blocks.push(Block::Table(
-        ["case", "memcached -t 1 ops/s", "memcached -t 2 ops/s", "psl memcached ops/s", "ratio (psl / memcached -t 1)"].iter().map(|s| s.to_string()).collect(),
+        ["case", "memcached -t 1 ops/s", "memcached -t 2 ops/s", "psl memcached ops/s", "ratio (psl / memcached -t 1)"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
         rows,
     ));
-    o.sum("memcached", "ratio_mix / ratio_set (goals 0.9 / 0.7)", format!("{} / {}", cell(num(v, "ratio_mix")), cell(num(v, "ratio_set"))), "–", "0.95 / 0.80 median (memcached.md §8)");
+    o.sum(
+        "memcached",
+        "ratio_mix / ratio_set (goals 0.9 / 0.7)",
+        format!("{} / {}", cell(num(v, "ratio_mix")), cell(num(v, "ratio_set"))),
+        "–",
+        "0.95 / 0.80 median (memcached.md §8)",
+    );
     let cats = vec!["90% get / 10% set".to_string(), "set only".to_string()];
-    let s = |k: &str| vec![num(v, &format!("{k}_mix")).unwrap_or(f64::NAN), num(v, &format!("{k}_set")).unwrap_or(f64::NAN)];
+    let s = |k: &str| {
+        vec![num(v, &format!("{k}_mix")).unwrap_or(f64::NAN), num(v, &format!("{k}_set")).unwrap_or(f64::NAN)]
+    };
     let file = "memcached_vs_psl.png";
     plots::bars(
         &o.dir.join(file),
@@ -766,10 +1041,20 @@ fn capsule(o: &mut Out, rs: &[&CaseResult]) -> Result<()> {
     let get = |b: i32, k: &str| v.get(format!("b{b}")).and_then(|x| num(x, k));
     let rows = bs
         .iter()
-        .map(|b| vec![format!("{b}"), cell(get(*b, "seal_us_per_op")), cell(get(*b, "verify_us_per_op")), cell(get(*b, "seal_ops_per_s"))])
+        .map(|b| {
+            vec![
+                format!("{b}"),
+                cell(get(*b, "seal_us_per_op")),
+                cell(get(*b, "verify_us_per_op")),
+                cell(get(*b, "seal_ops_per_s")),
+            ]
+        })
         .collect();
     o.blocks.push(Block::Table(
-        ["ops per record", "seal+sign µs/op", "verify+open µs/op", "seal ops/s"].iter().map(|s| s.to_string()).collect(),
+        ["ops per record", "seal+sign µs/op", "verify+open µs/op", "seal ops/s"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
         rows,
     ));
     o.sum("capsule", "per-op cost, 1-op over 128-op records", cell(num(v, "ratio_b1_b128")), "–", "–");

@@ -782,11 +782,9 @@ impl Worker {
                     conn.expect.push_back(Expect::RGet(op));
                 }
             }
-            (_, r) => bail!(
-                "{}: unexpected {} reply {r:?}",
-                self.conns[c].addr,
-                if redis { "Redis" } else { "memcached" }
-            ),
+            (_, r) => {
+                bail!("{}: unexpected {} reply {r:?}", self.conns[c].addr, if redis { "Redis" } else { "memcached" })
+            }
         }
         Ok(())
     }

@@ -181,9 +181,7 @@ pub fn parse_memcached(buf: &[u8]) -> Result<Option<(Reply, usize)>, ParseError>
             }
             return Ok(Some((Reply::Value { len, cas }, need)));
         }
-        _ if l == b"ERROR" || l.starts_with(b"CLIENT_ERROR") || l.starts_with(b"SERVER_ERROR") => {
-            Reply::Error(text(l))
-        }
+        _ if l == b"ERROR" || l.starts_with(b"CLIENT_ERROR") || l.starts_with(b"SERVER_ERROR") => Reply::Error(text(l)),
         _ => return Err(ParseError::Malformed(format!("unexpected line {:?}", text(l)))),
     };
     Ok(Some((r, n)))
