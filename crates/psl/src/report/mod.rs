@@ -244,7 +244,14 @@ fn fmt_secs(s: f64) -> String {
 
 /// Runs one case as a child process, ticking `bar` against its estimate.
 fn run_case(case: &Case, logs: &Path, bar: &indicatif::ProgressBar) -> Result<(Status, f64)> {
-    let exe = std::env::current_exe().context("finding the psl binary")?;
+    // This very binary, even if a rebuild replaced the file since it started (Linux keeps the
+    // running image reachable through /proc/self/exe).
+    let proc_exe = Path::new("/proc/self/exe");
+    let exe = if proc_exe.exists() {
+        proc_exe.to_path_buf()
+    } else {
+        std::env::current_exe().context("finding the psl binary")?
+    };
     let out_path = logs.join(format!("{}.json", case.id));
     let err_path = logs.join(format!("{}.stderr", case.id));
     let mut child = Command::new(exe)
@@ -330,7 +337,8 @@ fn run_all(cases: &[Case], dir: &Path) -> Result<Vec<CaseResult>> {
         bar.set_prefix(c.id.clone());
         bar.set_message(fmt_secs(c.estimate_s * speed));
         let load_before = load_average();
-        let (status, secs) = run_case(c, &logs, &bar)?;
+        // A case that cannot even start costs its section, not the report.
+        let (status, secs) = run_case(c, &logs, &bar).unwrap_or_else(|e| (Status::Failed(format!("{e:#}")), 0.0));
         let load_after = load_average();
         bar.finish_and_clear();
         mp.remove(&bar);

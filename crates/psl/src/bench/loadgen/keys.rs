@@ -296,7 +296,7 @@ mod tests {
         assert!((0.03..0.05).contains(&max), "{max}");
         // Hot keys are not clustered at the start of the key space.
         let mut hot: Vec<(u64, u32)> = counts.into_iter().collect();
-        hot.sort_by(|a, b| b.1.cmp(&a.1));
+        hot.sort_by_key(|b| std::cmp::Reverse(b.1));
         assert!(hot[..10].iter().any(|(k, _)| *k > n / 2));
     }
 

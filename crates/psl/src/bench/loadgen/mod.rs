@@ -127,6 +127,7 @@ pub enum Workload {
 }
 
 impl Workload {
+    #[cfg(test)]
     pub const ALL: [Workload; 5] = [Workload::A, Workload::B, Workload::C, Workload::D, Workload::F];
 
     pub fn mix(self) -> Mix {
@@ -921,7 +922,9 @@ mod tests {
         use std::sync::Mutex;
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
-        let map: Arc<Mutex<HashMap<Vec<u8>, (Vec<u8>, u64)>>> = Arc::default();
+        // key → (value, cas)
+        type Map = HashMap<Vec<u8>, (Vec<u8>, u64)>;
+        let map: Arc<Mutex<Map>> = Arc::default();
         std::thread::spawn(move || {
             for s in l.incoming() {
                 let Ok(s) = s else { return };
