@@ -25,6 +25,7 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 
 scripts/install-memcached-test-deps.sh  # psl-memcached: memcached, memcaslap, pymemcache, pylibmc
 scripts/install-nats-test-deps.sh       # NATS fabric and namespace tests: nats-server, iproute2, openssl
+scripts/install-report-test-deps.sh     # psl report: chromium (browser test), redis-server
 log "workspace tests"
 results=$(mktemp)
 cargo test --workspace --locked 2>&1 | tee "$results"

@@ -131,7 +131,7 @@ impl CaseResult {
         let status = match v["status"].as_str()? {
             "ok" => Status::Ok(v["result"].clone()),
             "not_available" => Status::NotAvailable,
-            _ => Status::Failed(v["error"].as_str().unwrap_or("").to_string()),
+            _ => Status::Failed(strip_ansi(v["error"].as_str().unwrap_or(""))),
         };
         Some(CaseResult {
             case,
@@ -225,6 +225,26 @@ fn commit() -> String {
     }
 }
 
+/// `s` without terminal colour sequences (`ESC [ … letter`), which a child's log lines carry.
+fn strip_ansi(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    let mut it = s.chars();
+    while let Some(c) = it.next() {
+        if c == '\u{1b}' {
+            if it.next() == Some('[') {
+                for d in it.by_ref() {
+                    if d.is_ascii_alphabetic() {
+                        break;
+                    }
+                }
+            }
+        } else {
+            o.push(c);
+        }
+    }
+    o
+}
+
 /// The one-minute load average.
 pub fn load_average() -> f64 {
     std::fs::read_to_string("/proc/loadavg")
@@ -244,7 +264,14 @@ fn fmt_secs(s: f64) -> String {
 
 /// Runs one case as a child process, ticking `bar` against its estimate.
 fn run_case(case: &Case, logs: &Path, bar: &indicatif::ProgressBar) -> Result<(Status, f64)> {
-    let exe = std::env::current_exe().context("finding the psl binary")?;
+    // This very binary, even if a rebuild replaced the file since it started (Linux keeps the
+    // running image reachable through /proc/self/exe).
+    let proc_exe = Path::new("/proc/self/exe");
+    let exe = if proc_exe.exists() {
+        proc_exe.to_path_buf()
+    } else {
+        std::env::current_exe().context("finding the psl binary")?
+    };
     let out_path = logs.join(format!("{}.json", case.id));
     let err_path = logs.join(format!("{}.stderr", case.id));
     let mut child = Command::new(exe)
@@ -278,6 +305,7 @@ fn run_case(case: &Case, logs: &Path, bar: &indicatif::ProgressBar) -> Result<(S
     };
     let secs = start.elapsed().as_secs_f64();
     let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
+    let stderr = strip_ansi(&stderr);
     let tail = |s: &str| s.lines().rev().take(12).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
     let Some(status) = status else {
         return Ok((Status::Failed(format!("timed out after {}", fmt_secs(secs))), secs));
@@ -330,7 +358,8 @@ fn run_all(cases: &[Case], dir: &Path) -> Result<Vec<CaseResult>> {
         bar.set_prefix(c.id.clone());
         bar.set_message(fmt_secs(c.estimate_s * speed));
         let load_before = load_average();
-        let (status, secs) = run_case(c, &logs, &bar)?;
+        // A case that cannot even start costs its section, not the report.
+        let (status, secs) = run_case(c, &logs, &bar).unwrap_or_else(|e| (Status::Failed(format!("{e:#}")), 0.0));
         let load_after = load_average();
         bar.finish_and_clear();
         mp.remove(&bar);
@@ -465,6 +494,12 @@ pub fn run(a: ReportArgs) -> Result<i32> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn colour_sequences_are_stripped() {
+        assert_eq!(super::strip_ansi("\u{1b}[2m2026\u{1b}[0m \u{1b}[33m WARN\u{1b}[0m x"), "2026  WARN x");
+        assert_eq!(super::strip_ansi("plain é"), "plain é");
+    }
+
     #[test]
     fn dates_are_civil() {
         let d = super::today();

@@ -922,8 +922,9 @@ mod tests {
         use std::sync::Mutex;
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
-        type Items = HashMap<Vec<u8>, (Vec<u8>, u64)>;
-        let map: Arc<Mutex<Items>> = Arc::default();
+        // key → (value, cas)
+        type Map = HashMap<Vec<u8>, (Vec<u8>, u64)>;
+        let map: Arc<Mutex<Map>> = Arc::default();
         std::thread::spawn(move || {
             for s in l.incoming() {
                 let Ok(s) = s else { return };
