@@ -374,6 +374,15 @@ impl DcapVerifier {
         let now = self.policy.time.unix_secs();
         let collateral = log.record("collateral", self.collateral.collateral(quote, now), |_| self.collateral.describe())?;
         log.record("collateral freshness", check_freshness(&collateral, now, self.policy.max_age_secs), |d| d.clone())?;
+        let chains = [
+            ("PCK CRL issuer chain", &collateral.pck_crl_issuer_chain),
+            ("TCB info issuer chain", &collateral.tcb_info_issuer_chain),
+            ("QE identity issuer chain", &collateral.qe_identity_issuer_chain),
+        ];
+        let r = chains.iter().try_for_each(|(what, c)| check_issuer_chain(what, c, &self.root_ca_der));
+        log.record("collateral issuer chains", r, |_| {
+            "canonical PEM, each certificate signed by the next, ending in the trusted root CA".into()
+        })?;
         let verifier = QuoteVerifier::new(self.root_ca_der.clone()).allow_debug(self.policy.allow_debug);
         let v = verifier.verify(quote, &collateral, now).map_err(|e| {
             let e = AttestError::Collateral(format!(
@@ -479,6 +488,31 @@ fn check_canonical(quote: &[u8], root_der: &[u8]) -> Result<(), AttestError> {
         return Err(AttestError::Collateral(
             "the quote's certificate chain does not end in the trusted root CA".into(),
         ));
+    }
+    Ok(())
+}
+
+/// A collateral issuer chain (PEM): canonical (64-column lines, LF), at least two
+/// certificates, each signed by the next (ECDSA P-256/SHA-256), the last the trusted root.
+/// `dcap-qvl` checks the collateral's signatures with the chain's first certificate; this makes
+/// every byte of the chain count too.
+fn check_issuer_chain(what: &str, text: &str, root_der: &[u8]) -> Result<(), AttestError> {
+    use crate::attest_snp::Cert;
+    let pems = pem::parse_many(text.as_bytes()).map_err(|e| AttestError::Collateral(format!("{what}: {e}")))?;
+    if pems.len() < 2 || pems.iter().any(|p| p.tag() != "CERTIFICATE") {
+        return Err(AttestError::Collateral(format!("{what}: expected at least two certificates")));
+    }
+    let cfg = pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF);
+    let canonical: String = pems.iter().map(|p| pem::encode_config(p, cfg)).collect();
+    if canonical != text {
+        return Err(AttestError::Collateral(format!("{what} is not in canonical PEM form")));
+    }
+    if pems.last().map(|p| p.contents()) != Some(root_der) {
+        return Err(AttestError::Collateral(format!("{what} does not end in the trusted root CA")));
+    }
+    let certs = pems.iter().map(|p| Cert::from_der(p.contents())).collect::<Result<Vec<_>, _>>()?;
+    for w in certs.windows(2) {
+        w[0].check_ecdsa_p256_signed_by(&w[1], what)?;
     }
     Ok(())
 }

@@ -92,6 +92,7 @@ pub const AMD_ASK_GENOA: &[u8] = include_bytes!("amd/ask_genoa.der");
 pub const AMD_ASK_TURIN: &[u8] = include_bytes!("amd/ask_turin.der");
 
 const OID_RSASSA_PSS: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.10");
+const OID_ECDSA_SHA256: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.10045.4.3.2");
 const OID_EC_PUBLIC_KEY: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.10045.2.1");
 const OID_SECP384R1: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.3.132.0.34");
 const OID_PRODUCT_NAME: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.3.6.1.4.1.3704.1.2");
@@ -516,6 +517,31 @@ impl Cert {
             issuer,
             what,
         )
+    }
+}
+
+impl Cert {
+    /// Checks that `issuer` (a P-256 key) signed this certificate with ECDSA/SHA-256 (Intel's
+    /// PKI for DCAP collateral), the outer algorithm being the signed one.
+    pub fn check_ecdsa_p256_signed_by(&self, issuer: &Cert, what: &str) -> Result<(), AttestError> {
+        use aws_lc_rs::signature::{UnparsedPublicKey, ECDSA_P256_SHA256_ASN1};
+        let tbs = self.x.tbs_certificate();
+        if tbs.issuer() != issuer.x.tbs_certificate().subject() {
+            return Err(AttestError::Chain(format!("{what}: issued by '{}', not by '{}'", tbs.issuer(), issuer.subject())));
+        }
+        let (outer, inner) = (self.x.signature_algorithm(), tbs.signature());
+        if outer != inner || outer.oid != OID_ECDSA_SHA256 {
+            return Err(AttestError::Chain(format!("{what}: signature algorithm is not ECDSA with SHA-256")));
+        }
+        let sig = self.x.signature();
+        if sig.unused_bits() != 0 {
+            return Err(AttestError::Chain(format!("{what}: signature bit string has unused bits")));
+        }
+        let signed = signed_part(&self.der).ok_or_else(|| AttestError::Chain(format!("{what}: not one DER SEQUENCE")))?;
+        let key = issuer.x.tbs_certificate().subject_public_key_info().subject_public_key.raw_bytes();
+        UnparsedPublicKey::new(&ECDSA_P256_SHA256_ASN1, key)
+            .verify(signed, sig.raw_bytes())
+            .map_err(|_| AttestError::Chain(format!("{what}: the signature of '{}' does not verify", issuer.cn())))
     }
 }
 

@@ -360,13 +360,50 @@ pub enum TsmFault {
 /// Makes the `outblob` (and for SNP the `auxblob`) of a report over the 64 bytes of `inblob`.
 pub type ReportFn = dyn Fn(&[u8; 64]) -> (Vec<u8>, Vec<u8>) + Send + Sync;
 
-/// A configfs-tsm tree with one report entry served by a thread.
+/// A configfs-tsm tree with one report entry served by a thread. `inblob`, `outblob` and (SNP)
+/// `auxblob` are FIFOs, so the thread sees each write of `inblob` (and moves `generation`, as
+/// the kernel does) and answers the read of `outblob` that follows.
 pub struct FakeTsm {
     pub root: PathBuf,
     pub entry: String,
     stop: Arc<AtomicBool>,
     served: Arc<AtomicU64>,
     thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Reads a FIFO to its end (the writer closed), bounded.
+fn read_fifo(p: &Path) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let f = std::fs::File::open(p).ok()?;
+    let mut b = Vec::new();
+    f.take(1 << 20).read_to_end(&mut b).ok()?;
+    Some(b)
+}
+
+/// Writes `data` to a FIFO once a reader opens it.
+fn write_fifo(p: &Path, data: &[u8]) -> bool {
+    use std::io::Write;
+    match std::fs::OpenOptions::new().write(true).open(p) {
+        Ok(mut f) => {
+            let _ = f.write_all(data);
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+fn first_64(b: &[u8]) -> [u8; 64] {
+    let mut x = [0u8; 64];
+    let n = b.len().min(64);
+    x[..n].copy_from_slice(&b[..n]);
+    x
+}
+
+/// Unblocks a thread waiting to open FIFO `p` (for reading or for writing).
+fn unblock(p: &Path) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(p);
+    let _ = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(p);
 }
 
 impl FakeTsm {
@@ -377,8 +414,8 @@ impl FakeTsm {
         std::fs::create_dir_all(&dir).expect("fake configfs entry");
         std::fs::write(dir.join("provider"), format!("{provider}\n")).expect("provider");
         std::fs::write(dir.join("generation"), "0\n").expect("generation");
-        std::fs::write(dir.join("inblob"), [0u8; 64]).expect("inblob");
         std::fs::write(dir.join("privlevel_floor"), "0\n").expect("privlevel_floor");
+        mkfifo(&dir.join("inblob"));
         mkfifo(&dir.join("outblob"));
         let snp = provider == "sev_guest";
         if snp {
@@ -392,28 +429,20 @@ impl FakeTsm {
             .spawn(move || {
                 let mut gen = 0u64;
                 loop {
-                    // Blocks until the attester opens outblob to read.
-                    let Ok(mut out) = std::fs::OpenOptions::new().write(true).open(d.join("outblob")) else {
-                        return;
-                    };
+                    // A write of inblob (blocks until the attester writes).
+                    let inblob = read_fifo(&d.join("inblob"));
                     if st.load(Ordering::SeqCst) {
                         return;
                     }
-                    let mut inblob = [0u8; 64];
-                    if let Ok(b) = std::fs::read(d.join("inblob")) {
-                        let n = b.len().min(64);
-                        inblob[..n].copy_from_slice(&b[..n]);
-                    }
+                    let Some(inblob) = inblob else { return };
                     gen += if fault == TsmFault::GenerationJump { 2 } else { 1 };
                     let _ = std::fs::write(d.join("generation"), format!("{gen}\n"));
-                    let (o, a) = make(&inblob);
-                    use std::io::Write;
-                    let _ = out.write_all(&o);
-                    drop(out);
-                    if snp {
-                        if let Ok(mut aux) = std::fs::OpenOptions::new().write(true).open(d.join("auxblob")) {
-                            let _ = aux.write_all(&a);
-                        }
+                    let (o, a) = make(&first_64(&inblob));
+                    if !write_fifo(&d.join("outblob"), &o) || st.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    if snp && (!write_fifo(&d.join("auxblob"), &a) || st.load(Ordering::SeqCst)) {
+                        return;
                     }
                     sv.fetch_add(1, Ordering::SeqCst);
                 }
@@ -431,30 +460,21 @@ impl FakeTsm {
 impl Drop for FakeTsm {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        // Unblock the thread's open of outblob with a reader, then let it see `stop`.
-        let p = self.root.join("report").join(&self.entry).join("outblob");
-        let _r = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags_nonblock()
-            .open(&p);
+        let d = self.root.join("report").join(&self.entry);
         if let Some(t) = self.thread.take() {
+            while !t.is_finished() {
+                for f in ["inblob", "outblob", "auxblob"] {
+                    unblock(&d.join(f));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
             let _ = t.join();
         }
     }
 }
 
-trait NonBlock {
-    fn custom_flags_nonblock(&mut self) -> &mut Self;
-}
-
-impl NonBlock for std::fs::OpenOptions {
-    fn custom_flags_nonblock(&mut self) -> &mut Self {
-        use std::os::unix::fs::OpenOptionsExt;
-        self.custom_flags(libc::O_NONBLOCK)
-    }
-}
-
-/// Gramine's `/dev/attestation` with DCAP, served by a thread.
+/// Gramine's `/dev/attestation` with DCAP, served by a thread (`user_report_data` and `quote`
+/// are FIFOs).
 pub struct FakeGramine {
     pub dir: PathBuf,
     stop: Arc<AtomicBool>,
@@ -462,28 +482,25 @@ pub struct FakeGramine {
 }
 
 impl FakeGramine {
-    /// `make` returns the quote for the 64 bytes of `user_report_data`.
+    /// `make` returns the quote for the 64 bytes written to `user_report_data`.
     pub fn start(dir: &Path, make: Arc<dyn Fn(&[u8; 64]) -> Vec<u8> + Send + Sync>) -> FakeGramine {
         std::fs::create_dir_all(dir).expect("fake /dev/attestation");
         std::fs::write(dir.join("attestation_type"), "dcap").expect("attestation_type");
-        std::fs::write(dir.join("user_report_data"), [0u8; 64]).expect("user_report_data");
+        mkfifo(&dir.join("user_report_data"));
         mkfifo(&dir.join("quote"));
         let stop = Arc::new(AtomicBool::new(false));
         let (st, d) = (stop.clone(), dir.to_path_buf());
         let thread = std::thread::Builder::new()
             .name("fake-gramine".into())
             .spawn(move || loop {
-                let Ok(mut q) = std::fs::OpenOptions::new().write(true).open(d.join("quote")) else { return };
+                let urd = read_fifo(&d.join("user_report_data"));
                 if st.load(Ordering::SeqCst) {
                     return;
                 }
-                let mut urd = [0u8; 64];
-                if let Ok(b) = std::fs::read(d.join("user_report_data")) {
-                    let n = b.len().min(64);
-                    urd[..n].copy_from_slice(&b[..n]);
+                let Some(urd) = urd else { return };
+                if !write_fifo(&d.join("quote"), &make(&first_64(&urd))) || st.load(Ordering::SeqCst) {
+                    return;
                 }
-                use std::io::Write;
-                let _ = q.write_all(&make(&urd));
             })
             .expect("spawning the fake Gramine thread");
         FakeGramine { dir: dir.to_path_buf(), stop, thread: Some(thread) }
@@ -493,8 +510,13 @@ impl FakeGramine {
 impl Drop for FakeGramine {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        let _r = std::fs::OpenOptions::new().read(true).custom_flags_nonblock().open(self.dir.join("quote"));
         if let Some(t) = self.thread.take() {
+            while !t.is_finished() {
+                for f in ["user_report_data", "quote"] {
+                    unblock(&self.dir.join(f));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
             let _ = t.join();
         }
     }
