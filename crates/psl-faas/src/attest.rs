@@ -194,7 +194,7 @@ pub enum AttestError {
     Malformed(String),
     #[error("evidence is from backend '{got}', the verifier accepts '{want}'")]
     Backend { got: &'static str, want: &'static str },
-    #[error("the report's signature does not verify under the platform key")]
+    #[error("the report's signature does not verify under its signing key (the sim platform key, or the chip's VCEK)")]
     Signature,
     #[error("measurement {0} is not in the policy")]
     Measurement(String),
@@ -212,9 +212,7 @@ pub enum AttestError {
     Policy(String),
     #[error("TEE kind '{0}' is not allowed by the policy (allowed_kinds)")]
     KindNotAllowed(String),
-    #[error(
-        "evidence from the INSECURE sim backend, and the policy does not say allow_insecure_sim = true: refused"
-    )]
+    #[error("evidence from the INSECURE sim backend, and the policy does not say allow_insecure_sim = true: refused")]
     InsecureSim,
     #[error("the platform's attestation interface failed: {0}")]
     Platform(String),
@@ -348,7 +346,10 @@ pub fn check_report_data(rd: &[u8; 64], expect: &Expected, log: &mut CheckLog) -
     match expect.report_data {
         Some(want) if want == bind => log.pass("report data binds the channel key", hex::encode(bind)),
         Some(_) => return Err(log.fail("report data binds the channel key", AttestError::ReportData)),
-        None => log.skip("report data binds the channel key", format!("no channel key given; report data {}", hex::encode(bind))),
+        None => log.skip(
+            "report data binds the channel key",
+            format!("no channel key given; report data {}", hex::encode(bind)),
+        ),
     }
     match expect.nonce {
         Some(n) if n[..] == rd[32..] => log.pass("nonce", "the report carries the issued nonce"),

@@ -33,8 +33,8 @@
 //! [`crate::attest_tsm`]).
 
 use crate::attest::{
-    check_report_data, AttestError, AttestPolicy, AttestVerifier, CheckLog, Evidence, Expected, Measurement,
-    TeeKind, VerifiedReport,
+    check_report_data, AttestError, AttestPolicy, AttestVerifier, CheckLog, Evidence, Expected, Measurement, TeeKind,
+    VerifiedReport,
 };
 use dcap_qvl::quote::{Quote, Report};
 use dcap_qvl::verify::QuoteVerifier;
@@ -372,7 +372,8 @@ impl DcapVerifier {
             "exact lengths, zero padding only, canonical PEM chain ending in the trusted root CA".into()
         })?;
         let now = self.policy.time.unix_secs();
-        let collateral = log.record("collateral", self.collateral.collateral(quote, now), |_| self.collateral.describe())?;
+        let collateral =
+            log.record("collateral", self.collateral.collateral(quote, now), |_| self.collateral.describe())?;
         log.record("collateral freshness", check_freshness(&collateral, now, self.policy.max_age_secs), |d| d.clone())?;
         let chains = [
             ("PCK CRL issuer chain", &collateral.pck_crl_issuer_chain),

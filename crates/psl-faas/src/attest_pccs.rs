@@ -91,7 +91,8 @@ pub fn parse_response(b: &[u8]) -> Result<HttpResponse, AttestError> {
         .ok_or_else(|| http_err("bad status code"))?;
     let mut headers = Vec::new();
     for l in lines {
-        let (k, v) = l.split_once(':').ok_or_else(|| http_err(format!("bad header line {:?}", &l[..l.len().min(40)])))?;
+        let (k, v) =
+            l.split_once(':').ok_or_else(|| http_err(format!("bad header line {:?}", &l[..l.len().min(40)])))?;
         if k.is_empty() || k.bytes().any(|c| c.is_ascii_whitespace() || c.is_ascii_control()) {
             return Err(http_err("bad header name"));
         }
@@ -267,7 +268,8 @@ impl PccsClient {
             Some(cfg) => {
                 let name = rustls::pki_types::ServerName::try_from(b.host.clone())
                     .map_err(|e| http_err(format!("server name {}: {e}", b.host)))?;
-                let conn = rustls::ClientConnection::new(cfg.clone(), name).map_err(|e| http_err(format!("TLS: {e}")))?;
+                let conn =
+                    rustls::ClientConnection::new(cfg.clone(), name).map_err(|e| http_err(format!("TLS: {e}")))?;
                 let mut s = rustls::StreamOwned::new(conn, tcp);
                 s.write_all(req.as_bytes()).map_err(io)?;
                 read_bounded(&mut s, &mut raw).map_err(io)?;
@@ -284,10 +286,8 @@ impl PccsClient {
     pub fn fetch(&self, tdx: bool, fmspc: &str, ca: &str) -> Result<Collateral, AttestError> {
         let tee = if tdx { "tdx" } else { "sgx" };
         let chain = |r: &HttpResponse, names: &[&str]| -> Result<String, AttestError> {
-            let v = names
-                .iter()
-                .find_map(|n| r.header(n))
-                .ok_or_else(|| http_err(format!("no {} header", names[0])))?;
+            let v =
+                names.iter().find_map(|n| r.header(n)).ok_or_else(|| http_err(format!("no {} header", names[0])))?;
             urlencoding::decode(v).map(|s| s.into_owned()).map_err(|e| http_err(format!("{}: {e}", names[0])))
         };
         let crl = self.get(&format!("/sgx/certification/v4/pckcrl?ca={ca}&encoding=der"))?;
@@ -457,7 +457,9 @@ mod tests {
     fn responses_parse_by_length_chunks_or_end() {
         let r = parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nX-A: b%20c\r\n\r\nabcdef").unwrap();
         assert_eq!((r.status, r.body.as_slice(), r.header("x-a")), (200, &b"abc"[..], Some("b%20c")));
-        let r = parse_response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x\r\nde\r\n0\r\n\r\n").unwrap();
+        let r =
+            parse_response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x\r\nde\r\n0\r\n\r\n")
+                .unwrap();
         assert_eq!(r.body, b"abcde");
         let r = parse_response(b"HTTP/1.0 404 Not Found\r\n\r\nnope").unwrap();
         assert_eq!((r.status, r.body.as_slice()), (404, &b"nope"[..]));

@@ -229,7 +229,8 @@ pub enum PolicyError {
 
 fn hex_n<const N: usize>(what: &str, s: &str) -> Result<[u8; N], String> {
     let mut out = [0u8; N];
-    hex::decode_to_slice(s.trim(), &mut out).map_err(|_| format!("{what} must be {} hex digits, got {:?}", 2 * N, s))?;
+    hex::decode_to_slice(s.trim(), &mut out)
+        .map_err(|_| format!("{what} must be {} hex digits, got {:?}", 2 * N, s))?;
     Ok(out)
 }
 
@@ -380,9 +381,7 @@ impl Policy {
                             allowed.insert(d);
                             min_svn.insert(d, a.min_isv_svn.unwrap_or(0));
                         }
-                        _ => {
-                            return Err(format!("[[sgx.allow]] entry {i}: give exactly one of mrenclave, mrsigner"))
-                        }
+                        _ => return Err(format!("[[sgx.allow]] entry {i}: give exactly one of mrenclave, mrsigner")),
                     }
                 }
                 if let Some(st) = &s.accepted_tcb_statuses {
@@ -394,8 +393,13 @@ impl Policy {
                 too_many(s.allow.len(), "tdx")?;
                 for a in &s.allow {
                     let r = |n: &str, v: &str| hex_n::<48>(n, v);
-                    let (m, r0, r1, r2, r3) =
-                        (r("mrtd", &a.mrtd)?, r("rtmr0", &a.rtmr0)?, r("rtmr1", &a.rtmr1)?, r("rtmr2", &a.rtmr2)?, r("rtmr3", &a.rtmr3)?);
+                    let (m, r0, r1, r2, r3) = (
+                        r("mrtd", &a.mrtd)?,
+                        r("rtmr0", &a.rtmr0)?,
+                        r("rtmr1", &a.rtmr1)?,
+                        r("rtmr2", &a.rtmr2)?,
+                        r("rtmr3", &a.rtmr3)?,
+                    );
                     allowed.insert(tdx_measurement(&m, [&r0, &r1, &r2, &r3]));
                 }
                 if let Some(st) = &s.accepted_tcb_statuses {
@@ -471,13 +475,17 @@ impl PolicyVerifier {
             } else {
                 None
             };
-        let dcap = |kind: TeeKind, statuses: &Option<Vec<String>>, allow_debug: bool| -> Result<DcapVerifier, PolicyError> {
+        let dcap = |kind: TeeKind,
+                    statuses: &Option<Vec<String>>,
+                    allow_debug: bool|
+         -> Result<DcapVerifier, PolicyError> {
             let (allowed, min_isv_svn) = policy.measurements(kind).map_err(invalid)?;
             let accepted = match statuses {
                 Some(s) => tcb_statuses(s, kind.as_str()).map_err(invalid)?,
                 None => default_accepted(),
             };
-            let p = DcapPolicy { allowed, min_isv_svn, accepted, allow_debug, max_age_secs: policy.max_age_secs(), time };
+            let p =
+                DcapPolicy { allowed, min_isv_svn, accepted, allow_debug, max_age_secs: policy.max_age_secs(), time };
             Ok(DcapVerifier::new(p, dcap_source.clone().expect("set when SGX or TDX is allowed")))
         };
         let sgx = match (&policy.file.sgx, policy.allows(TeeKind::Sgx)) {
@@ -496,7 +504,9 @@ impl PolicyVerifier {
                     let mut ders = Vec::new();
                     for p in &s.trust_anchors {
                         let p = policy.path(p);
-                        ders.push(std::fs::read(&p).map_err(|e| invalid(format!("trust anchor {}: {e}", p.display())))?);
+                        ders.push(
+                            std::fs::read(&p).map_err(|e| invalid(format!("trust anchor {}: {e}", p.display())))?,
+                        );
                     }
                     SnpTrustAnchors::from_ders(&ders).map_err(|e| invalid(e.to_string()))?
                 };
@@ -605,7 +615,9 @@ impl AttestVerifier for PolicyVerifier {
             TeeKind::Tdx => self.tdx.as_ref().map(|v| v as &dyn AttestVerifier),
             TeeKind::Snp => self.snp.as_ref().map(|v| v as &dyn AttestVerifier),
         }
-        .ok_or_else(|| log.fail("kind allowed", AttestError::KindNotAllowed(format!("{kind} (no [{kind}] section)"))))?;
+        .ok_or_else(|| {
+            log.fail("kind allowed", AttestError::KindNotAllowed(format!("{kind} (no [{kind}] section)")))
+        })?;
         let r = v.verify_explained(evidence, expect, log)?;
         if kind == TeeKind::Sim {
             tracing::warn!("accepted a report of the INSECURE sim backend (the policy allows it)");
@@ -616,7 +628,11 @@ impl AttestVerifier for PolicyVerifier {
 
 /// The text of a development policy that accepts the INSECURE sim backend for the given
 /// platform key and measurements (what `psl up` writes when it runs with `--attest sim`).
-pub fn dev_sim_policy_text(platform_public_hex: &str, measurements: &[Measurement], require_host_attestation: bool) -> String {
+pub fn dev_sim_policy_text(
+    platform_public_hex: &str,
+    measurements: &[Measurement],
+    require_host_attestation: bool,
+) -> String {
     let mut s = String::from(
         "# GENERATED DEVELOPMENT POLICY - INSECURE.\n\
          # It accepts reports of the simulated attestation backend 'sim', which anyone holding the\n\

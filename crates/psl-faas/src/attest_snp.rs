@@ -43,8 +43,8 @@
 //! canonical one: known GUIDs only, data packed in entry order).
 
 use crate::attest::{
-    check_report_data, AttestError, AttestPolicy, AttestVerifier, CheckLog, Evidence, Expected, Measurement,
-    TeeKind, VerifiedReport, VerifyTime,
+    check_report_data, AttestError, AttestPolicy, AttestVerifier, CheckLog, Evidence, Expected, Measurement, TeeKind,
+    VerifiedReport, VerifyTime,
 };
 use parking_lot::RwLock;
 use psl_crypto::sha256;
@@ -139,12 +139,22 @@ impl Product {
     pub fn tcb(self, raw: u64) -> Tcb {
         let b = raw.to_le_bytes();
         match self {
-            Product::Milan | Product::Genoa => {
-                Tcb { fmc: None, bootloader: b[0], tee: b[1], snp: b[6], microcode: b[7], reserved: [b[2], b[3], b[4], b[5]] }
-            }
-            Product::Turin => {
-                Tcb { fmc: Some(b[0]), bootloader: b[1], tee: b[2], snp: b[3], microcode: b[7], reserved: [b[4], b[5], b[6], 0] }
-            }
+            Product::Milan | Product::Genoa => Tcb {
+                fmc: None,
+                bootloader: b[0],
+                tee: b[1],
+                snp: b[6],
+                microcode: b[7],
+                reserved: [b[2], b[3], b[4], b[5]],
+            },
+            Product::Turin => Tcb {
+                fmc: Some(b[0]),
+                bootloader: b[1],
+                tee: b[2],
+                snp: b[3],
+                microcode: b[7],
+                reserved: [b[4], b[5], b[6], 0],
+            },
         }
     }
 }
@@ -509,14 +519,7 @@ impl Cert {
                 issuer.subject()
             )));
         }
-        check_rsa_pss(
-            &self.der,
-            self.x.signature_algorithm(),
-            tbs.signature(),
-            self.x.signature(),
-            issuer,
-            what,
-        )
+        check_rsa_pss(&self.der, self.x.signature_algorithm(), tbs.signature(), self.x.signature(), issuer, what)
     }
 }
 
@@ -527,7 +530,11 @@ impl Cert {
         use aws_lc_rs::signature::{UnparsedPublicKey, ECDSA_P256_SHA256_ASN1};
         let tbs = self.x.tbs_certificate();
         if tbs.issuer() != issuer.x.tbs_certificate().subject() {
-            return Err(AttestError::Chain(format!("{what}: issued by '{}', not by '{}'", tbs.issuer(), issuer.subject())));
+            return Err(AttestError::Chain(format!(
+                "{what}: issued by '{}', not by '{}'",
+                tbs.issuer(),
+                issuer.subject()
+            )));
         }
         let (outer, inner) = (self.x.signature_algorithm(), tbs.signature());
         if outer != inner || outer.oid != OID_ECDSA_SHA256 {
@@ -537,7 +544,8 @@ impl Cert {
         if sig.unused_bits() != 0 {
             return Err(AttestError::Chain(format!("{what}: signature bit string has unused bits")));
         }
-        let signed = signed_part(&self.der).ok_or_else(|| AttestError::Chain(format!("{what}: not one DER SEQUENCE")))?;
+        let signed =
+            signed_part(&self.der).ok_or_else(|| AttestError::Chain(format!("{what}: not one DER SEQUENCE")))?;
         let key = issuer.x.tbs_certificate().subject_public_key_info().subject_public_key.raw_bytes();
         UnparsedPublicKey::new(&ECDSA_P256_SHA256_ASN1, key)
             .verify(signed, sig.raw_bytes())
@@ -628,7 +636,12 @@ impl VcekInfo {
             snp: spl(&OID_SNP_SPL, "snpSPL")?,
             ucode: spl(&OID_UCODE_SPL, "ucodeSPL")?,
             fmc,
-            spl_reserved: [opt(&OID_SPL_4, "spl4")?, opt(&OID_SPL_5, "spl5")?, opt(&OID_SPL_6, "spl6")?, opt(&OID_SPL_7, "spl7")?],
+            spl_reserved: [
+                opt(&OID_SPL_4, "spl4")?,
+                opt(&OID_SPL_5, "spl5")?,
+                opt(&OID_SPL_6, "spl6")?,
+                opt(&OID_SPL_7, "spl7")?,
+            ],
         })
     }
 
@@ -763,9 +776,7 @@ impl SnpCollateral {
         let der = if b.first() == Some(&0x30) {
             b
         } else {
-            pem::parse(&b)
-                .map_err(|e| AttestError::Collateral(format!("CRL {}: {e}", p.display())))?
-                .into_contents()
+            pem::parse(&b).map_err(|e| AttestError::Collateral(format!("CRL {}: {e}", p.display())))?.into_contents()
         };
         self.crls.push(der);
         Ok(())
@@ -927,7 +938,9 @@ impl SnpVerifier {
             None => {
                 let found = self.collateral.vceks().into_iter().find(|d| {
                     Cert::from_der(d).ok().and_then(|c| VcekInfo::from_cert(&c).ok()).is_some_and(|i| {
-                        candidates.iter().any(|(p, _)| i.matches(*p, &report.chip_id, &p.tcb(report.reported_tcb)).is_ok())
+                        candidates
+                            .iter()
+                            .any(|(p, _)| i.matches(*p, &report.chip_id, &p.tcb(report.reported_tcb)).is_ok())
                     })
                 });
                 match found {
@@ -1024,7 +1037,14 @@ impl SnpVerifier {
         Ok(SnpVerified { product, tcb, measurement, report_data: report.report_data })
     }
 
-    fn check_crl(&self, product: Product, ark: &Cert, ask: &Cert, t: u64, log: &mut CheckLog) -> Result<(), AttestError> {
+    fn check_crl(
+        &self,
+        product: Product,
+        ark: &Cert,
+        ask: &Cert,
+        t: u64,
+        log: &mut CheckLog,
+    ) -> Result<(), AttestError> {
         let name = "ASK not revoked (CRL)";
         let ark_subject = ark.x.tbs_certificate().subject();
         let mut found = false;
@@ -1068,13 +1088,19 @@ impl SnpVerifier {
                 }
             }
             let serial = ask.x.tbs_certificate().serial_number();
-            let revoked =
-                crl.tbs_cert_list.revoked_certificates.iter().flatten().any(|r| &r.serial_number == serial);
+            let revoked = crl.tbs_cert_list.revoked_certificates.iter().flatten().any(|r| &r.serial_number == serial);
             if revoked {
                 let e = AttestError::Chain(format!("the ASK {} is revoked by the {} CRL", ask.cn(), product.name()));
                 return Err(log.fail(name, e));
             }
-            log.pass(name, format!("{} CRL of {} (signed by the ARK) does not list it", product.name(), crate::attest::fmt_utc(this)));
+            log.pass(
+                name,
+                format!(
+                    "{} CRL of {} (signed by the ARK) does not list it",
+                    product.name(),
+                    crate::attest::fmt_utc(this)
+                ),
+            );
         }
         if !found {
             if self.policy.require_crl {
@@ -1095,7 +1121,10 @@ impl SnpVerifier {
         if r.policy & POLICY_DEBUG != 0 && !p.allow_debug {
             return Err(log.fail("debug", AttestError::Policy("the guest policy allows debugging".into())));
         }
-        log.pass("debug", if r.policy & POLICY_DEBUG != 0 { "allowed by the policy" } else { "the guest cannot be debugged" });
+        log.pass(
+            "debug",
+            if r.policy & POLICY_DEBUG != 0 { "allowed by the policy" } else { "the guest cannot be debugged" },
+        );
         if (r.policy & POLICY_MIGRATE_MA != 0 || r.has_migration_agent()) && !p.allow_migration_agent {
             let e = AttestError::Policy(format!(
                 "a migration agent is {} (guest policy bit 18 {}, REPORT_ID_MA {})",
@@ -1212,10 +1241,8 @@ mod tests {
 
     #[test]
     fn cert_table_round_trips_and_is_bounded() {
-        let e = vec![
-            TableEntry { guid: GUID_VCEK, data: vec![1, 2, 3] },
-            TableEntry { guid: GUID_ASK, data: vec![4; 10] },
-        ];
+        let e =
+            vec![TableEntry { guid: GUID_VCEK, data: vec![1, 2, 3] }, TableEntry { guid: GUID_ASK, data: vec![4; 10] }];
         let t = encode_cert_table(&e);
         assert_eq!(parse_cert_table(&t).unwrap(), e);
         let mut bad = t.clone();

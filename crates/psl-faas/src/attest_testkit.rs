@@ -237,13 +237,8 @@ impl TestAmd {
 
     /// A CRL of the ARK revoking `serials`, valid from `this` to `next`.
     pub fn crl(&self, serials: &[u64], this: u64, next: u64) -> Vec<u8> {
-        let mut tbs_parts = vec![
-            int_u(&[1]),
-            pss_alg(),
-            name(&format!("ARK-{}", self.product.name())),
-            time(this),
-            time(next),
-        ];
+        let mut tbs_parts =
+            vec![int_u(&[1]), pss_alg(), name(&format!("ARK-{}", self.product.name())), time(this), time(next)];
         if !serials.is_empty() {
             let revoked: Vec<u8> = serials.iter().flat_map(|s| seq(&[&int_u(&s.to_be_bytes()), &time(this)])).collect();
             tbs_parts.push(der(0x30, &revoked));

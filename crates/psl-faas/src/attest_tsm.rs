@@ -57,11 +57,9 @@ fn read_attr(p: &Path) -> Result<Vec<u8>, AttestError> {
 
 /// `generation`: a decimal number (trailing newline allowed).
 pub fn parse_generation(b: &[u8]) -> Result<u64, AttestError> {
-    std::str::from_utf8(b)
-        .ok()
-        .map(str::trim)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| platform(format!("generation is not a number: {:?}", String::from_utf8_lossy(&b[..b.len().min(32)]))))
+    std::str::from_utf8(b).ok().map(str::trim).and_then(|s| s.parse().ok()).ok_or_else(|| {
+        platform(format!("generation is not a number: {:?}", String::from_utf8_lossy(&b[..b.len().min(32)])))
+    })
 }
 
 /// A report entry of configfs-tsm.
@@ -94,10 +92,8 @@ impl TsmAttester {
             Err(e) => return Err(platform(format!("creating the report entry {}: {e}", path.display()))),
         };
         let a = TsmAttester { entry: path, kind: TeeKind::Sim, created, lock: Mutex::new(()) };
-        let missing: Vec<&str> = ["inblob", "outblob", "provider", "generation"]
-            .into_iter()
-            .filter(|f| !a.entry.join(f).exists())
-            .collect();
+        let missing: Vec<&str> =
+            ["inblob", "outblob", "provider", "generation"].into_iter().filter(|f| !a.entry.join(f).exists()).collect();
         if !missing.is_empty() {
             return Err(platform(format!(
                 "the report entry {} lacks {}: not a configfs-tsm report entry",
@@ -106,9 +102,8 @@ impl TsmAttester {
             )));
         }
         let provider = String::from_utf8_lossy(&read_attr(&a.entry.join("provider"))?).trim().to_string();
-        let kind = provider_kind(&provider).ok_or_else(|| {
-            platform(format!("configfs-tsm provider {provider:?} is not tdx_guest or sev_guest"))
-        })?;
+        let kind = provider_kind(&provider)
+            .ok_or_else(|| platform(format!("configfs-tsm provider {provider:?} is not tdx_guest or sev_guest")))?;
         if let Some(w) = want {
             if w != kind {
                 return Err(platform(format!(

@@ -169,8 +169,9 @@ impl Deployment {
         let measurement = measure(&binary_hash(), &runtime_config(&config.limits));
         let policy_text = dev_sim_policy_text(&hex::encode(platform.public().to_bytes()), &[measurement], false);
         let verifier = || -> Result<PolicyVerifier, FaasError> {
-            let p = Policy::parse(&policy_text, std::path::Path::new("."), "the embedded deployment's development policy")
-                .map_err(|e| FaasError::Config(e.to_string()))?;
+            let p =
+                Policy::parse(&policy_text, std::path::Path::new("."), "the embedded deployment's development policy")
+                    .map_err(|e| FaasError::Config(e.to_string()))?;
             PolicyVerifier::new(p, VerifyTime::Now).map_err(|e| FaasError::Config(e.to_string()))
         };
         let leader = Leader::new(Box::new(SimAttester::new(platform.clone(), measurement)), Box::new(verifier()?));
@@ -185,15 +186,7 @@ impl Deployment {
             workers.push(Arc::new(Worker::new(i, Box::new(SimAttester::new(platform.clone(), m)), config.limits)));
             scheduler.register(i);
         }
-        Ok(Deployment {
-            hub,
-            leader,
-            scheduler,
-            workers,
-            measurement,
-            verifier: verifier()?,
-            config,
-        })
+        Ok(Deployment { hub, leader, scheduler, workers, measurement, verifier: verifier()?, config })
     }
 
     fn worker(&self, id: u32) -> Option<&Arc<Worker>> {

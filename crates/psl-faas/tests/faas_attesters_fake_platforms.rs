@@ -23,7 +23,11 @@ fn snp_verifier(p: &FakeSnpPlatform) -> SnpVerifier {
         time: VerifyTime::At(JUNE_2025),
         ..SnpPolicy::default()
     };
-    SnpVerifier::new(policy, SnpTrustAnchors::from_ders(&[p.amd.ark_der.clone()]).unwrap(), Arc::new(SnpCollateral::new()))
+    SnpVerifier::new(
+        policy,
+        SnpTrustAnchors::from_ders(&[p.amd.ark_der.clone()]).unwrap(),
+        Arc::new(SnpCollateral::new()),
+    )
 }
 
 #[test]
@@ -98,7 +102,13 @@ fn tdx_through_configfs_tsm_and_sgx_through_gramine_give_quotes_the_dcap_verifie
             let a = GramineAttester::open(&dir.path().join("attestation")).unwrap();
             (None, Some(f), Box::new(a))
         } else {
-            let f = FakeTsm::start(dir.path(), "w", "tdx_guest", TsmFault::None, Arc::new(move |_| (q.clone(), Vec::new())));
+            let f = FakeTsm::start(
+                dir.path(),
+                "w",
+                "tdx_guest",
+                TsmFault::None,
+                Arc::new(move |_| (q.clone(), Vec::new())),
+            );
             (Some(f), None, Box::new(TsmAttester::open(dir.path(), "w", Some(TeeKind::Tdx)).unwrap()))
         };
         assert_eq!(a.backend(), "dcap");
@@ -108,7 +118,10 @@ fn tdx_through_configfs_tsm_and_sgx_through_gramine_give_quotes_the_dcap_verifie
         assert_eq!(ev.bytes, quote);
         let p = DcapPolicy { time: VerifyTime::At(JUNE_2025), ..DcapPolicy::default() }
             .allowing(AttestPolicy { allowed: [id.digests[0]].into() });
-        let v = DcapVerifier::new(p, Arc::new(StaticCollateral::from_json(&data(&format!("{name}_collateral.json"))).unwrap()));
+        let v = DcapVerifier::new(
+            p,
+            Arc::new(StaticCollateral::from_json(&data(&format!("{name}_collateral.json"))).unwrap()),
+        );
         let mut log = CheckLog::default();
         v.verify_explained(&ev, &Expected { nonce: Some(nonce), report_data: Some(bind) }, &mut log).unwrap();
         // Asked for other report data, it sees the quote is not over it and says so.

@@ -89,10 +89,21 @@ fn tdx_quote_verifies_up_to_date() {
     let r = v.verify_quote(&s.quote).unwrap();
     assert_eq!((r.tee, r.tcb_status.as_str()), ("tdx", "UpToDate"));
     let mut log = CheckLog::default();
-    v.verify_explained(&evidence(&s.quote), &psl_faas::attest::Expected { nonce: Some(nonce), report_data: Some(bind) }, &mut log)
-        .unwrap();
+    v.verify_explained(
+        &evidence(&s.quote),
+        &psl_faas::attest::Expected { nonce: Some(nonce), report_data: Some(bind) },
+        &mut log,
+    )
+    .unwrap();
     let text = log.render();
-    for c in ["canonical encoding", "collateral freshness", "signature chain and collateral", "TCB status", "measurement", "nonce"] {
+    for c in [
+        "canonical encoding",
+        "collateral freshness",
+        "signature chain and collateral",
+        "TCB status",
+        "measurement",
+        "nonce",
+    ] {
         assert!(text.contains(&format!("PASS {c}")), "{c}:\n{text}");
     }
 }
@@ -202,8 +213,11 @@ fn a_flipped_bit_in_the_collateral_is_refused() {
         let (policy, bind, nonce) = own_policy(&s.quote);
         let c: Collateral = serde_json::from_slice(&s.collateral).unwrap();
         let check = |c: &Collateral| {
-            DcapVerifier::new(at(JUNE_2025).allowing(policy.clone()), Arc::new(StaticCollateral(c.clone())))
-                .verify(&evidence(&s.quote), &nonce, &bind)
+            DcapVerifier::new(at(JUNE_2025).allowing(policy.clone()), Arc::new(StaticCollateral(c.clone()))).verify(
+                &evidence(&s.quote),
+                &nonce,
+                &bind,
+            )
         };
         check(&c).unwrap();
         type Field = fn(&mut Collateral) -> &mut Vec<u8>;

@@ -3,7 +3,9 @@
 //! the verifier checks the recorded quotes with what the client fetched.
 
 use psl_faas::attest::{AttestVerifier, Evidence};
-use psl_faas::attest_dcap::{inspect, split_report_data, Collateral, DcapPolicy, DcapVerifier, VerifyTime, DCAP_BACKEND};
+use psl_faas::attest_dcap::{
+    inspect, split_report_data, Collateral, DcapPolicy, DcapVerifier, VerifyTime, DCAP_BACKEND,
+};
 use psl_faas::attest_pccs::{quote_key, PccsClient, PccsCollateral};
 use psl_faas::attest_testkit::{der, oid};
 use std::io::{Read, Write};
@@ -49,17 +51,33 @@ fn serve(
                 let (status, headers, body): (u16, Vec<(String, String)>, Vec<u8>) = if path
                     == format!("/sgx/certification/v4/pckcrl?ca={ca}&encoding=der")
                 {
-                    (200, vec![("SGX-PCK-CRL-Issuer-Chain".into(), enc(&collateral.pck_crl_issuer_chain))], collateral.pck_crl.clone())
+                    (
+                        200,
+                        vec![("SGX-PCK-CRL-Issuer-Chain".into(), enc(&collateral.pck_crl_issuer_chain))],
+                        collateral.pck_crl.clone(),
+                    )
                 } else if path == format!("/{tee}/certification/v4/tcb?fmspc={fmspc}") {
-                    let b = format!("{{\"tcbInfo\":{},\"signature\":\"{}\"}}", collateral.tcb_info, hex::encode(&collateral.tcb_info_signature));
-                    (200, vec![("TCB-Info-Issuer-Chain".into(), enc(&collateral.tcb_info_issuer_chain))], b.into_bytes())
+                    let b = format!(
+                        "{{\"tcbInfo\":{},\"signature\":\"{}\"}}",
+                        collateral.tcb_info,
+                        hex::encode(&collateral.tcb_info_signature)
+                    );
+                    (
+                        200,
+                        vec![("TCB-Info-Issuer-Chain".into(), enc(&collateral.tcb_info_issuer_chain))],
+                        b.into_bytes(),
+                    )
                 } else if path == format!("/{tee}/certification/v4/qe/identity") {
                     let b = format!(
                         "{{\"enclaveIdentity\":{},\"signature\":\"{}\"}}",
                         collateral.qe_identity,
                         hex::encode(&collateral.qe_identity_signature)
                     );
-                    (200, vec![("SGX-Enclave-Identity-Issuer-Chain".into(), enc(&collateral.qe_identity_issuer_chain))], b.into_bytes())
+                    (
+                        200,
+                        vec![("SGX-Enclave-Identity-Issuer-Chain".into(), enc(&collateral.qe_identity_issuer_chain))],
+                        b.into_bytes(),
+                    )
                 } else if path == "/sgx/certification/v4/rootcacrl" {
                     // A PCCS answers with the hex of the DER.
                     (200, vec![], hex::encode(&collateral.root_ca_crl).into_bytes())
@@ -199,14 +217,26 @@ fn loopback_cert() -> (Vec<u8>, Vec<u8>) {
     let alg = der(0x30, &oid("1.2.840.10045.4.3.2"));
     let mut bits = vec![0u8];
     bits.extend_from_slice(kp.public_key().as_ref());
-    let spki = der(0x30, &[der(0x30, &[oid("1.2.840.10045.2.1"), oid("1.2.840.10045.3.1.7")].concat()), der(0x03, &bits)].concat());
+    let spki = der(
+        0x30,
+        &[der(0x30, &[oid("1.2.840.10045.2.1"), oid("1.2.840.10045.3.1.7")].concat()), der(0x03, &bits)].concat(),
+    );
     let name = der(0x30, &der(0x31, &der(0x30, &[oid("2.5.4.3"), der(0x0c, b"test pccs")].concat())));
     let validity = der(0x30, &[der(0x17, b"200101000000Z"), der(0x17, b"491231235959Z")].concat());
     let san = der(0x30, &[oid("2.5.29.17"), der(0x04, &der(0x30, &der(0x87, &[127, 0, 0, 1])))].concat());
     let tbs = der(
         0x30,
-        &[der(0xa0, &der(0x02, &[2])), der(0x02, &[0x11]), alg.clone(), name.clone(), validity, name, spki, der(0xa3, &der(0x30, &san))]
-            .concat(),
+        &[
+            der(0xa0, &der(0x02, &[2])),
+            der(0x02, &[0x11]),
+            alg.clone(),
+            name.clone(),
+            validity,
+            name,
+            spki,
+            der(0xa3, &der(0x30, &san)),
+        ]
+        .concat(),
     );
     let sig = kp.sign(&rng, &tbs).unwrap();
     let mut sig_bits = vec![0u8];

@@ -3,7 +3,9 @@
 //! AMD-shaped PKI (attest_testkit) for what the recorded report cannot show (CRLs, policy bits,
 //! Turin, other chips).
 
-use psl_faas::attest::{AttestError, AttestPolicy, AttestVerifier, CheckLog, CheckStatus, Evidence, Expected, VerifyTime};
+use psl_faas::attest::{
+    AttestError, AttestPolicy, AttestVerifier, CheckLog, CheckStatus, Evidence, Expected, VerifyTime,
+};
 use psl_faas::attest_snp::*;
 use psl_faas::attest_testkit::{ReportSpec, TestAmd, PKI_NOT_AFTER, PKI_NOT_BEFORE, TEST_TCB};
 use std::sync::Arc;
@@ -106,7 +108,9 @@ fn recorded_milan_report_verifies_under_a_policy_allowing_it() {
     amd_verifier(pinned).verify_explained(&full(&r), &expect_of(&r.report), &mut CheckLog::default()).unwrap();
     // The chain alone (the VCEK from the evidence, AMD's built-in ASK).
     let ev = envelope(&r.report, Some(&r.vcek), None, None);
-    amd_verifier(recorded_policy(&r, JUNE_2025)).verify_explained(&ev, &expect_of(&r.report), &mut CheckLog::default()).unwrap();
+    amd_verifier(recorded_policy(&r, JUNE_2025))
+        .verify_explained(&ev, &expect_of(&r.report), &mut CheckLog::default())
+        .unwrap();
 }
 
 #[test]
@@ -138,7 +142,13 @@ fn a_flipped_bit_in_report_vcek_or_chain_is_refused() {
         b.bytes[i] ^= 1 << (i % 8);
         assert!(v.verify_explained(&b, &exp, &mut CheckLog::default()).is_err(), "envelope byte {i} accepted");
     }
-    assert!(v.verify_explained(&Evidence { backend: SNP_BACKEND, bytes: ev.bytes[..ev.bytes.len() - 1].to_vec() }, &exp, &mut CheckLog::default()).is_err());
+    assert!(v
+        .verify_explained(
+            &Evidence { backend: SNP_BACKEND, bytes: ev.bytes[..ev.bytes.len() - 1].to_vec() },
+            &exp,
+            &mut CheckLog::default()
+        )
+        .is_err());
 }
 
 #[test]
@@ -148,11 +158,13 @@ fn chip_id_or_tcb_not_the_vceks_is_refused() {
     let exp = expect_of(&r.report);
     let mut chip = r.report.clone();
     chip[0x1A0] ^= 0x80;
-    let e = v.verify_explained(&envelope(&chip, Some(&r.vcek), Some(&r.ask), Some(&r.ark)), &exp, &mut CheckLog::default());
+    let e =
+        v.verify_explained(&envelope(&chip, Some(&r.vcek), Some(&r.ask), Some(&r.ark)), &exp, &mut CheckLog::default());
     assert!(matches!(&e, Err(AttestError::Chain(m)) if m.contains("chip id")), "{e:?}");
     let mut tcb = r.report.clone();
     tcb[0x187] = 0x74; // reported microcode 116, the VCEK says 115
-    let e = v.verify_explained(&envelope(&tcb, Some(&r.vcek), Some(&r.ask), Some(&r.ark)), &exp, &mut CheckLog::default());
+    let e =
+        v.verify_explained(&envelope(&tcb, Some(&r.vcek), Some(&r.ask), Some(&r.ark)), &exp, &mut CheckLog::default());
     assert!(matches!(&e, Err(AttestError::Chain(m)) if m.contains("TCB")), "{e:?}");
 }
 
@@ -160,7 +172,8 @@ fn chip_id_or_tcb_not_the_vceks_is_refused() {
 fn measurement_time_binding_and_policy_refusals_name_their_reason() {
     let r = recorded();
     let exp = expect_of(&r.report);
-    let check = |p: SnpPolicy, exp: &Expected| amd_verifier(p).verify_explained(&full(&r), exp, &mut CheckLog::default());
+    let check =
+        |p: SnpPolicy, exp: &Expected| amd_verifier(p).verify_explained(&full(&r), exp, &mut CheckLog::default());
     // Measurement not in the policy.
     let e = check(SnpPolicy { allowed: AttestPolicy::default(), ..recorded_policy(&r, JUNE_2025) }, &exp);
     assert!(matches!(e, Err(AttestError::Measurement(_))), "{e:?}");
@@ -241,7 +254,8 @@ fn private_pki_reports_verify_only_under_their_own_anchor() {
     let v = SnpVerifier::new(test_policy(spec.measurement, JUNE_2025), anchors.clone(), Arc::new(SnpCollateral::new()));
     v.verify_explained(&ev, &exp, &mut CheckLog::default()).unwrap();
     // AMD's anchors do not know this ARK.
-    let e = amd_verifier(test_policy(spec.measurement, JUNE_2025)).verify_explained(&ev, &exp, &mut CheckLog::default());
+    let e =
+        amd_verifier(test_policy(spec.measurement, JUNE_2025)).verify_explained(&ev, &exp, &mut CheckLog::default());
     assert!(matches!(&e, Err(AttestError::Chain(m)) if m.contains("not one of the trust anchors")), "{e:?}");
     // Another PKI's VCEK for the same chip (an impostor ASK) is refused.
     let other = TestAmd::new(Product::Milan);
@@ -275,9 +289,13 @@ fn guest_policy_bits_signing_key_and_crls() {
     assert!(matches!(run(&debug, pol(), SnpCollateral::new()), Err(AttestError::Policy(m)) if m.contains("debug")));
     run(&debug, SnpPolicy { allow_debug: true, ..pol() }, SnpCollateral::new()).unwrap();
     let ma = ReportSpec { policy: base.policy | POLICY_MIGRATE_MA, ..base.clone() };
-    assert!(matches!(run(&ma, pol(), SnpCollateral::new()), Err(AttestError::Policy(m)) if m.contains("migration agent")));
+    assert!(
+        matches!(run(&ma, pol(), SnpCollateral::new()), Err(AttestError::Policy(m)) if m.contains("migration agent"))
+    );
     let bound = ReportSpec { report_id_ma: [1; 32], ..base.clone() };
-    assert!(matches!(run(&bound, pol(), SnpCollateral::new()), Err(AttestError::Policy(m)) if m.contains("migration agent")));
+    assert!(
+        matches!(run(&bound, pol(), SnpCollateral::new()), Err(AttestError::Policy(m)) if m.contains("migration agent"))
+    );
     let svn = SnpPolicy { min_guest_svn: 2, ..pol() };
     assert!(matches!(run(&base, svn, SnpCollateral::new()), Err(AttestError::Policy(m)) if m.contains("guest SVN")));
     // A VLEK-signed report (SIGNING_KEY = 1) is refused: the key info is signed, so re-sign.
@@ -300,16 +318,27 @@ fn guest_policy_bits_signing_key_and_crls() {
     };
     let mut log = CheckLog::default();
     let report = vcek.report(&base);
-    SnpVerifier::new(SnpPolicy { require_crl: true, ..pol() }, anchors.clone(), Arc::new(with_crl(amd.crl(&[77], JUNE_2025 - day, JUNE_2025 + day))))
-        .verify_explained(&test_evidence(&amd, &vcek, &report), &expect_of(&report), &mut log)
-        .unwrap();
+    SnpVerifier::new(
+        SnpPolicy { require_crl: true, ..pol() },
+        anchors.clone(),
+        Arc::new(with_crl(amd.crl(&[77], JUNE_2025 - day, JUNE_2025 + day))),
+    )
+    .verify_explained(&test_evidence(&amd, &vcek, &report), &expect_of(&report), &mut log)
+    .unwrap();
     assert!(log.checks.iter().any(|c| c.name.contains("CRL") && c.status == CheckStatus::Pass), "{}", log.render());
     let revoked = run(&base, pol(), with_crl(amd.crl(&[2], JUNE_2025 - day, JUNE_2025 + day)));
     assert!(matches!(&revoked, Err(AttestError::Chain(m)) if m.contains("revoked")), "{revoked:?}");
     let stale = run(&base, pol(), with_crl(amd.crl(&[], JUNE_2025 - 10 * day, JUNE_2025 - day)));
     assert!(matches!(&stale, Err(AttestError::Collateral(m)) if m.contains("not at")), "{stale:?}");
-    let old = run(&base, SnpPolicy { crl_max_age_secs: Some(3 * day), ..pol() }, with_crl(amd.crl(&[], JUNE_2025 - 5 * day, JUNE_2025 + day)));
-    assert!(matches!(&old, Err(AttestError::Collateral(m)) if m.contains("maximum") || m.contains("over the policy")), "{old:?}");
+    let old = run(
+        &base,
+        SnpPolicy { crl_max_age_secs: Some(3 * day), ..pol() },
+        with_crl(amd.crl(&[], JUNE_2025 - 5 * day, JUNE_2025 + day)),
+    );
+    assert!(
+        matches!(&old, Err(AttestError::Collateral(m)) if m.contains("maximum") || m.contains("over the policy")),
+        "{old:?}"
+    );
     let other = TestAmd::new(Product::Milan);
     let mut alien = other.crl(&[], JUNE_2025 - day, JUNE_2025 + day);
     // Same issuer name, other key: the signature check catches it.

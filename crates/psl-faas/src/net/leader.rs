@@ -240,10 +240,10 @@ fn open_hosts(sh: &Arc<Shared>, meta: &SignedMetadata) -> Result<Vec<(u32, tls::
                 Msg::Error { why } => return Err(FaasError::Attestation { who: format!("capsule host {id}"), why }),
                 m => return Err(FaasError::Net(format!("capsule host {id}: expected HostReport, got {}", m.name()))),
             };
-            let v = sh
-                .leader
-                .verify_evidence(&evidence(&backend, &ev)?, &nonce, &bind_channel_key(&host_spki))
-                .map_err(|e| FaasError::Attestation { who: format!("capsule host {id} ({addr})"), why: e.to_string() })?;
+            let v =
+                sh.leader.verify_evidence(&evidence(&backend, &ev)?, &nonce, &bind_channel_key(&host_spki)).map_err(
+                    |e| FaasError::Attestation { who: format!("capsule host {id} ({addr})"), why: e.to_string() },
+                )?;
             tracing::info!("capsule host {id} attested: {} measurement {}", v.kind, v.measurement.short());
         }
         let key = sh.leader.server_key(id)?;
