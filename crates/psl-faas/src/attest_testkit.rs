@@ -468,6 +468,9 @@ impl Drop for FakeTsm {
     }
 }
 
+/// Makes the quote over 64 bytes of user report data.
+pub type QuoteMaker = Arc<dyn Fn(&[u8; 64]) -> Vec<u8> + Send + Sync>;
+
 /// Gramine's `/dev/attestation` with DCAP, served by a thread (`user_report_data` and `quote`
 /// are FIFOs).
 pub struct FakeGramine {
@@ -478,7 +481,7 @@ pub struct FakeGramine {
 
 impl FakeGramine {
     /// `make` returns the quote for the 64 bytes written to `user_report_data`.
-    pub fn start(dir: &Path, make: Arc<dyn Fn(&[u8; 64]) -> Vec<u8> + Send + Sync>) -> FakeGramine {
+    pub fn start(dir: &Path, make: QuoteMaker) -> FakeGramine {
         std::fs::create_dir_all(dir).expect("fake /dev/attestation");
         std::fs::write(dir.join("attestation_type"), "dcap").expect("attestation_type");
         mkfifo(&dir.join("user_report_data"));

@@ -21,6 +21,9 @@ use crate::attest_snp::{encode_evidence, known_entries, parse_cert_table, SnpRep
 use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
 
+/// A report's `outblob` and `auxblob`.
+type Blobs = (Vec<u8>, Vec<u8>);
+
 /// The configfs-tsm mount point on Linux.
 pub const TSM_ROOT_DEFAULT: &str = "/sys/kernel/config/tsm";
 /// Largest outblob or auxblob read (a TDX quote is a few KiB; an SNP table a few KiB).
@@ -125,7 +128,7 @@ impl TsmAttester {
     }
 
     /// One report: (outblob, auxblob) over `rd`, or `Ok(None)` when the generation moved.
-    fn try_once(&self, rd: &[u8; 64]) -> Result<Option<(Vec<u8>, Vec<u8>)>, AttestError> {
+    fn try_once(&self, rd: &[u8; 64]) -> Result<Option<Blobs>, AttestError> {
         let g0 = self.generation()?;
         let inblob = self.entry.join("inblob");
         std::fs::write(&inblob, rd).map_err(|e| platform(format!("writing {}: {e}", inblob.display())))?;

@@ -25,7 +25,7 @@ fn snp_verifier(p: &FakeSnpPlatform) -> SnpVerifier {
     };
     SnpVerifier::new(
         policy,
-        SnpTrustAnchors::from_ders(&[p.amd.ark_der.clone()]).unwrap(),
+        SnpTrustAnchors::from_ders(std::slice::from_ref(&p.amd.ark_der)).unwrap(),
         Arc::new(SnpCollateral::new()),
     )
 }

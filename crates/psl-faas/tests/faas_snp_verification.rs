@@ -250,7 +250,7 @@ fn private_pki_reports_verify_only_under_their_own_anchor() {
     let report = vcek.report(&spec);
     let ev = test_evidence(&amd, &vcek, &report);
     let exp = expect_of(&report);
-    let anchors = SnpTrustAnchors::from_ders(&[amd.ark_der.clone()]).unwrap();
+    let anchors = SnpTrustAnchors::from_ders(std::slice::from_ref(&amd.ark_der)).unwrap();
     let v = SnpVerifier::new(test_policy(spec.measurement, JUNE_2025), anchors.clone(), Arc::new(SnpCollateral::new()));
     v.verify_explained(&ev, &exp, &mut CheckLog::default()).unwrap();
     // AMD's anchors do not know this ARK.
@@ -273,7 +273,7 @@ fn private_pki_reports_verify_only_under_their_own_anchor() {
 fn guest_policy_bits_signing_key_and_crls() {
     let amd = TestAmd::new(Product::Milan);
     let vcek = amd.vcek(&[9; 64], TEST_TCB, PKI_NOT_BEFORE, PKI_NOT_AFTER);
-    let anchors = SnpTrustAnchors::from_ders(&[amd.ark_der.clone()]).unwrap();
+    let anchors = SnpTrustAnchors::from_ders(std::slice::from_ref(&amd.ark_der)).unwrap();
     let run = |spec: &ReportSpec, policy: SnpPolicy, coll: SnpCollateral| {
         let report = vcek.report(spec);
         SnpVerifier::new(policy, anchors.clone(), Arc::new(coll)).verify_explained(
@@ -355,7 +355,7 @@ fn turin_layout_with_fmc_and_short_hardware_id() {
     let vcek = amd.vcek(&[6; 64], tcb, PKI_NOT_BEFORE, PKI_NOT_AFTER);
     let spec = ReportSpec { report_data: [1; 64], ..ReportSpec::default() };
     let report = vcek.report(&spec);
-    let anchors = SnpTrustAnchors::from_ders(&[amd.ark_der.clone()]).unwrap();
+    let anchors = SnpTrustAnchors::from_ders(std::slice::from_ref(&amd.ark_der)).unwrap();
     let min = MinTcb { fmc: 2, ..MinTcb::default() };
     let p = |min_tcb| SnpPolicy { min_tcb, ..test_policy(spec.measurement, JUNE_2025) };
     let mut log = CheckLog::default();

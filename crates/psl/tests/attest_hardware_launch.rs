@@ -40,6 +40,9 @@ fn debug(control: SocketAddr) -> serde_json::Value {
     serde_json::from_str(&line).unwrap()
 }
 
+/// A change made to an SNP worker's report after it is signed.
+type Tamper = fn(&mut Vec<u8>);
+
 struct Cluster {
     _procs: Vec<Proc>,
     _fakes: Vec<FakeTsm>,
@@ -62,12 +65,7 @@ fn policy(dir: &Path, p: &FakeSnpPlatform, extra: &str) -> PathBuf {
 
 /// Starts router, scheduler, one capsule host, the leader and the workers. `workers`: for each,
 /// `Some(tamper)` for an SNP worker (with that tamper of its reports), `None` for a sim worker.
-fn cluster(
-    dir: &Path,
-    p: &Arc<FakeSnpPlatform>,
-    policy: &Path,
-    workers: &[Option<Option<fn(&mut Vec<u8>)>>],
-) -> Cluster {
+fn cluster(dir: &Path, p: &Arc<FakeSnpPlatform>, policy: &Path, workers: &[Option<Option<Tamper>>]) -> Cluster {
     let tsm = dir.join("tsm");
     let tsm_s = tsm.display().to_string();
     let pol = policy.display().to_string();
@@ -193,6 +191,8 @@ fn run_job(c: &Cluster, lambdas: u32) -> (bool, serde_json::Value, String) {
     (o.status.success(), v, String::from_utf8_lossy(&o.stderr).into_owned())
 }
 
+// The signature is the testkit's tamper hook (`fn(&mut Vec<u8>)`).
+#[allow(clippy::ptr_arg)]
 fn flip_measurement(r: &mut Vec<u8>) {
     r[0x90] ^= 1;
 }
