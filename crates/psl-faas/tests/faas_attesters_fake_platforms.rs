@@ -75,6 +75,12 @@ fn configfs_failure_modes_are_reported() {
     let a = TsmAttester::open(dir.path(), "e", Some(TeeKind::Snp)).unwrap();
     let e = a.attest(&[1; 32], &[2; 32]).unwrap_err().to_string();
     assert!(e.contains("generation changed"), "{e}");
+    // The fake counts a report once its last blob is read, which may be just after the
+    // attester returns: wait (bounded) for the count.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while f.served() < 3 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
     assert_eq!(f.served(), 3, "retried");
     // No configfs-tsm at all.
     let dir = tempfile::tempdir().unwrap();
