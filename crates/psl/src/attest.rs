@@ -39,7 +39,7 @@ pub struct AttestArgs {
     /// The configfs-tsm root (tdx, snp).
     #[arg(long, default_value = psl_faas::attest_tsm::TSM_ROOT_DEFAULT)]
     pub tsm_root: PathBuf,
-    /// The configfs-tsm report entry to use (default: psl-<pid>, created and removed).
+    /// The configfs-tsm report entry to use (default: `psl-PID`, created and removed).
     #[arg(long)]
     pub tsm_entry: Option<String>,
     /// Gramine's attestation directory (sgx).
