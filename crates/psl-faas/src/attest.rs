@@ -1,21 +1,40 @@
 //! Attestation: a party proves which code it runs (its *measurement*) and binds a channel key
 //! to that proof; a verifier checks the proof against a policy before trusting the key.
 //!
-//! [`Attester`] and [`AttestVerifier`] are the seams for hardware backends (SGX/TDX DCAP quotes,
-//! SEV-SNP reports). Verifiers: `dcap` (real SGX/TDX quotes, [`crate::attest_dcap`]) and `sim`:
+//! [`Attester`] (the attested party's side) and [`AttestVerifier`] (the checking side) are the
+//! seams every backend plugs into:
+//!
+//! | kind | attester | evidence backend | verifier |
+//! | --- | --- | --- | --- |
+//! | SGX | Gramine's `/dev/attestation` ([`crate::attest_gramine`]) | `dcap` (a DCAP quote) | [`crate::attest_dcap`] |
+//! | TDX | Linux configfs-tsm ([`crate::attest_tsm`]) | `dcap` (a DCAP quote) | [`crate::attest_dcap`] |
+//! | SEV-SNP | Linux configfs-tsm ([`crate::attest_tsm`]) | `snp` (report + certificate table) | [`crate::attest_snp`] |
+//! | sim | [`SimAttester`] | `sim-INSECURE` | [`SimVerifier`] |
+//!
+//! A deployment's leader verifies through one [`crate::attest_policy::PolicyVerifier`], built
+//! from the policy file: it routes each evidence to its backend and refuses kinds the policy
+//! does not allow.
 //!
 //! **THE SIM BACKEND IS INSECURE AND FOR DEVELOPMENT ONLY.** Its "platform key" is an ordinary
 //! key held by the same process; anyone who has it can forge any report. It exercises the
 //! protocol (measurement policy, nonce freshness, channel-key binding), not the hardware trust.
+//! A policy accepts it only when it says `allow_insecure_sim = true`.
 //!
 //! Sim report (168 bytes): `"PSLSIMR1" ‖ measurement (32) ‖ report data (32) ‖ nonce (32) ‖
 //! ECDSA secp256k1 signature (64)` over `SHA-256("psl/sim-report/v1" ‖ the first 104 bytes)`.
+//!
+//! Every verifier can explain itself: it appends each check it makes to a [`CheckLog`]
+//! (`psl attest verify` prints it).
 
 use psl_crypto::{sha256, Hash256, Signature, SigningKey, VerifyingKey};
 use std::collections::BTreeSet;
+use std::fmt;
 use std::sync::{Arc, OnceLock};
 
-/// SHA-256 of the code and its runtime configuration.
+/// A 32-byte digest standing for what the attested party runs: SHA-256 of the code and its
+/// runtime configuration (sim), or a domain-separated digest of the hardware's measurement
+/// registers ([`crate::attest_dcap::sgx_mrenclave`], [`crate::attest_dcap::tdx_measurement`],
+/// [`crate::attest_snp::snp_measurement`], ...).
 pub type Measurement = Hash256;
 
 /// A report, as bytes, plus the backend that made it.
@@ -25,9 +44,146 @@ pub struct Evidence {
     pub bytes: Vec<u8>,
 }
 
+/// The time reports, certificates and collateral are checked at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VerifyTime {
+    /// The system clock.
+    Now,
+    /// A fixed Unix time in seconds (tests, and replaying a verification: `psl attest verify --at`).
+    At(u64),
+}
+
+impl VerifyTime {
+    pub fn unix_secs(self) -> u64 {
+        match self {
+            VerifyTime::At(t) => t,
+            VerifyTime::Now => {
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+            }
+        }
+    }
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m as i64 + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d as i64 - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// `2025-06-20T00:00:00Z` (UTC) for Unix seconds.
+pub fn fmt_utc(t: u64) -> String {
+    let days = (t / 86_400) as i64;
+    let secs = t % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", secs / 3600, secs / 60 % 60, secs % 60)
+}
+
+/// Parses a time given as Unix seconds or as RFC 3339 in UTC (`2025-06-20`,
+/// `2025-06-20T12:00:00Z`, fractional seconds ignored).
+pub fn parse_time(s: &str) -> Option<u64> {
+    let s = s.trim();
+    if let Ok(n) = s.parse::<u64>() {
+        return Some(n);
+    }
+    let b = s.as_bytes();
+    if b.len() < 10 || b[4] != b'-' || b[7] != b'-' {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| -> Option<u32> {
+        let t = s.get(r)?;
+        if t.bytes().all(|c| c.is_ascii_digit()) {
+            t.parse().ok()
+        } else {
+            None
+        }
+    };
+    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) {
+        return None;
+    }
+    let mut secs = 0u64;
+    if b.len() > 10 {
+        if !(b[10] == b'T' || b[10] == b' ') || b.len() < 20 || b[13] != b':' || b[16] != b':' {
+            return None;
+        }
+        let (h, mi, se) = (num(11..13)?, num(14..16)?, num(17..19)?);
+        if h > 23 || mi > 59 || se > 60 {
+            return None;
+        }
+        let mut rest = &s[19..];
+        if let Some(r) = rest.strip_prefix('.') {
+            rest = r.trim_start_matches(|c: char| c.is_ascii_digit());
+        }
+        if rest != "Z" && rest != "+00:00" {
+            return None;
+        }
+        secs = h as u64 * 3600 + mi as u64 * 60 + se as u64;
+    }
+    let days = days_from_civil(y as i64, mo, d);
+    let t = u64::try_from(days).ok()? * 86_400 + secs;
+    // No 31st of February: the date must survive the round trip.
+    (fmt_utc(t)[..10] == s[..10]).then_some(t)
+}
+
+/// The kinds of trusted execution environment PSL knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TeeKind {
+    /// The INSECURE simulated platform.
+    Sim,
+    /// Intel SGX (an enclave; DCAP quote).
+    Sgx,
+    /// Intel TDX (a trust domain; DCAP quote).
+    Tdx,
+    /// AMD SEV-SNP (a confidential VM; attestation report signed by the chip's VCEK).
+    Snp,
+}
+
+impl TeeKind {
+    pub const ALL: [TeeKind; 4] = [TeeKind::Sim, TeeKind::Sgx, TeeKind::Tdx, TeeKind::Snp];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TeeKind::Sim => "sim",
+            TeeKind::Sgx => "sgx",
+            TeeKind::Tdx => "tdx",
+            TeeKind::Snp => "snp",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<TeeKind> {
+        TeeKind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+impl fmt::Display for TeeKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The evidence backend named `name` on the wire, if PSL knows it.
+pub fn backend_by_name(name: &str) -> Option<&'static str> {
+    [SIM_BACKEND, crate::attest_dcap::DCAP_BACKEND, crate::attest_snp::SNP_BACKEND].into_iter().find(|b| *b == name)
+}
+
 /// What a verifier establishes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VerifiedReport {
+    pub kind: TeeKind,
+    /// The allowed measurement digest the report matched.
     pub measurement: Measurement,
     pub report_data: [u8; 32],
 }
@@ -38,7 +194,7 @@ pub enum AttestError {
     Malformed(String),
     #[error("evidence is from backend '{got}', the verifier accepts '{want}'")]
     Backend { got: &'static str, want: &'static str },
-    #[error("the report's signature does not verify under the platform key")]
+    #[error("the report's signature does not verify under its signing key (the sim platform key, or the chip's VCEK)")]
     Signature,
     #[error("measurement {0} is not in the policy")]
     Measurement(String),
@@ -50,35 +206,165 @@ pub enum AttestError {
     Collateral(String),
     #[error("platform TCB status {status} is not accepted by the policy (advisories: {advisories})")]
     TcbStatus { status: String, advisories: String },
+    #[error("certificate chain refused: {0}")]
+    Chain(String),
+    #[error("the report breaks the policy: {0}")]
+    Policy(String),
+    #[error("TEE kind '{0}' is not allowed by the policy (allowed_kinds)")]
+    KindNotAllowed(String),
+    #[error("evidence from the INSECURE sim backend, and the policy does not say allow_insecure_sim = true: refused")]
+    InsecureSim,
+    #[error("the platform's attestation interface failed: {0}")]
+    Platform(String),
+}
+
+/// How one check ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CheckStatus {
+    Pass,
+    Fail,
+    /// Not made (for example the expected report data was not given to `psl attest verify`).
+    Skipped,
+}
+
+/// One check a verifier made, with what it found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Check {
+    pub name: String,
+    pub status: CheckStatus,
+    pub detail: String,
+}
+
+/// The checks of one verification, in the order they were made.
+#[derive(Clone, Debug, Default)]
+pub struct CheckLog {
+    pub checks: Vec<Check>,
+}
+
+impl CheckLog {
+    pub fn pass(&mut self, name: &str, detail: impl Into<String>) {
+        self.checks.push(Check { name: name.into(), status: CheckStatus::Pass, detail: detail.into() });
+    }
+
+    /// Records a failed check; returns the error for `?`.
+    pub fn fail(&mut self, name: &str, e: AttestError) -> AttestError {
+        self.checks.push(Check { name: name.into(), status: CheckStatus::Fail, detail: e.to_string() });
+        e
+    }
+
+    pub fn skip(&mut self, name: &str, why: impl Into<String>) {
+        self.checks.push(Check { name: name.into(), status: CheckStatus::Skipped, detail: why.into() });
+    }
+
+    /// `Ok(v)` is recorded as passed with `detail(&v)`, `Err(e)` as failed.
+    pub fn record<T>(
+        &mut self,
+        name: &str,
+        r: Result<T, AttestError>,
+        detail: impl FnOnce(&T) -> String,
+    ) -> Result<T, AttestError> {
+        match r {
+            Ok(v) => {
+                let d = detail(&v);
+                self.pass(name, d);
+                Ok(v)
+            }
+            Err(e) => Err(self.fail(name, e)),
+        }
+    }
+
+    /// One line per check: `PASS name: detail`.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        for c in &self.checks {
+            let tag = match c.status {
+                CheckStatus::Pass => "PASS",
+                CheckStatus::Fail => "FAIL",
+                CheckStatus::Skipped => "SKIP",
+            };
+            s.push_str(&format!("{tag} {}: {}\n", c.name, c.detail));
+        }
+        s
+    }
 }
 
 /// The party being attested.
 pub trait Attester: Send + Sync {
+    /// The evidence backend its reports are for ([`SIM_BACKEND`], `dcap`, `snp`).
     fn backend(&self) -> &'static str;
-    fn measurement(&self) -> Measurement;
+    fn kind(&self) -> TeeKind;
+    /// What it is and where it gets its reports (for logs: `auto` says what it chose).
+    fn describe(&self) -> String;
     /// A report over `nonce` (the verifier's freshness challenge) and `report_data` (the hash of
-    /// the channel key the keys should go to).
+    /// the channel key the keys should go to). Hardware backends put `report_data ‖ nonce` in
+    /// the 64-byte report data field.
     fn attest(&self, nonce: &[u8; 32], report_data: &[u8; 32]) -> Result<Evidence, AttestError>;
 }
 
-/// Which measurements a verifier accepts.
+/// What the verifier expects the report to carry. `None` only offline (`psl attest verify`
+/// without `--nonce` / `--report-data`): those checks are then reported as skipped.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Expected {
+    pub nonce: Option<[u8; 32]>,
+    pub report_data: Option<[u8; 32]>,
+}
+
+/// A set of allowed measurement digests.
 #[derive(Clone, Debug, Default)]
 pub struct AttestPolicy {
     pub allowed: BTreeSet<Measurement>,
 }
 
-/// The verifying side.
+/// The verifying side. A verifier carries its own policy (allowed measurements and the rest).
 pub trait AttestVerifier: Send + Sync {
-    fn backend(&self) -> &'static str;
-    /// Checks the evidence's signature, that its nonce is `nonce`, its report data is
-    /// `report_data`, and its measurement is in `policy`.
+    /// Checks the evidence, appending every check to `log`; stops at the first failure.
+    fn verify_explained(
+        &self,
+        evidence: &Evidence,
+        expect: &Expected,
+        log: &mut CheckLog,
+    ) -> Result<VerifiedReport, AttestError>;
+
+    /// Checks the evidence's signature chain, that its nonce is `nonce`, its report data is
+    /// `report_data`, and its measurement is allowed.
     fn verify(
         &self,
         evidence: &Evidence,
         nonce: &[u8; 32],
         report_data: &[u8; 32],
-        policy: &AttestPolicy,
-    ) -> Result<VerifiedReport, AttestError>;
+    ) -> Result<VerifiedReport, AttestError> {
+        let expect = Expected { nonce: Some(*nonce), report_data: Some(*report_data) };
+        self.verify_explained(evidence, &expect, &mut CheckLog::default())
+    }
+}
+
+/// Checks the two halves of a hardware report's 64-byte report data field against `expect`:
+/// `report_data (32) ‖ nonce (32)`.
+pub fn check_report_data(rd: &[u8; 64], expect: &Expected, log: &mut CheckLog) -> Result<[u8; 32], AttestError> {
+    let mut bind = [0u8; 32];
+    bind.copy_from_slice(&rd[..32]);
+    match expect.report_data {
+        Some(want) if want == bind => log.pass("report data binds the channel key", hex::encode(bind)),
+        Some(_) => return Err(log.fail("report data binds the channel key", AttestError::ReportData)),
+        None => log.skip(
+            "report data binds the channel key",
+            format!("no channel key given; report data {}", hex::encode(bind)),
+        ),
+    }
+    match expect.nonce {
+        Some(n) if n[..] == rd[32..] => log.pass("nonce", "the report carries the issued nonce"),
+        Some(_) => return Err(log.fail("nonce", AttestError::Nonce)),
+        None => log.skip("nonce", format!("no nonce given; the report carries {}", hex::encode(&rd[32..]))),
+    }
+    Ok(bind)
+}
+
+/// The 64-byte report data field of a hardware report: `report_data ‖ nonce`.
+pub fn hw_report_data(nonce: &[u8; 32], report_data: &[u8; 32]) -> [u8; 64] {
+    let mut rd = [0u8; 64];
+    rd[..32].copy_from_slice(report_data);
+    rd[32..].copy_from_slice(nonce);
+    rd
 }
 
 /// The report data that binds a channel public key.
@@ -164,8 +450,11 @@ impl Attester for SimAttester {
     fn backend(&self) -> &'static str {
         SIM_BACKEND
     }
-    fn measurement(&self) -> Measurement {
-        self.measurement
+    fn kind(&self) -> TeeKind {
+        TeeKind::Sim
+    }
+    fn describe(&self) -> String {
+        format!("sim (INSECURE simulated platform), measurement {}", self.measurement)
     }
     fn attest(&self, nonce: &[u8; 32], report_data: &[u8; 32]) -> Result<Evidence, AttestError> {
         let mut b = Vec::with_capacity(SIM_LEN);
@@ -182,51 +471,45 @@ impl Attester for SimAttester {
 /// Verifies sim reports against the simulated platform's public key (INSECURE backend).
 pub struct SimVerifier {
     platform: VerifyingKey,
+    policy: AttestPolicy,
 }
 
 impl SimVerifier {
-    pub fn new(platform: VerifyingKey) -> SimVerifier {
-        SimVerifier { platform }
+    pub fn new(platform: VerifyingKey, policy: AttestPolicy) -> SimVerifier {
+        SimVerifier { platform, policy }
     }
 }
 
 impl AttestVerifier for SimVerifier {
-    fn backend(&self) -> &'static str {
-        SIM_BACKEND
-    }
-    fn verify(
+    fn verify_explained(
         &self,
         evidence: &Evidence,
-        nonce: &[u8; 32],
-        report_data: &[u8; 32],
-        policy: &AttestPolicy,
+        expect: &Expected,
+        log: &mut CheckLog,
     ) -> Result<VerifiedReport, AttestError> {
         if evidence.backend != SIM_BACKEND {
-            return Err(AttestError::Backend { got: evidence.backend, want: SIM_BACKEND });
+            return Err(log.fail("backend", AttestError::Backend { got: evidence.backend, want: SIM_BACKEND }));
         }
         let b = &evidence.bytes;
-        if b.len() != SIM_LEN {
-            return Err(AttestError::Malformed(format!("{} bytes, a sim report is {SIM_LEN}", b.len())));
+        if b.len() != SIM_LEN || &b[..8] != SIM_MAGIC {
+            let e = AttestError::Malformed(format!("{} bytes, a sim report is {SIM_LEN} starting PSLSIMR1", b.len()));
+            return Err(log.fail("format", e));
         }
-        if &b[..8] != SIM_MAGIC {
-            return Err(AttestError::Malformed("bad magic".into()));
-        }
+        log.pass("format", "sim report (INSECURE backend)");
         let sig = Signature(b[SIM_BODY..].try_into().expect("64 bytes"));
-        self.platform
-            .verify(&sha256(&[b"psl/sim-report/v1", &b[..SIM_BODY]]), &sig)
-            .map_err(|_| AttestError::Signature)?;
+        let ok = self.platform.verify(&sha256(&[b"psl/sim-report/v1", &b[..SIM_BODY]]), &sig);
+        log.record("signature", ok.map_err(|_| AttestError::Signature), |_| {
+            "signed by the simulated platform key (which anyone holding it can use)".into()
+        })?;
         let measurement = Hash256(b[8..40].try_into().expect("32"));
-        let data: [u8; 32] = b[40..72].try_into().expect("32");
-        if &b[72..104] != nonce {
-            return Err(AttestError::Nonce);
+        let mut rd = [0u8; 64];
+        rd.copy_from_slice(&b[40..104]);
+        if !self.policy.allowed.contains(&measurement) {
+            return Err(log.fail("measurement", AttestError::Measurement(measurement.to_hex())));
         }
-        if &data != report_data {
-            return Err(AttestError::ReportData);
-        }
-        if !policy.allowed.contains(&measurement) {
-            return Err(AttestError::Measurement(measurement.short()));
-        }
-        Ok(VerifiedReport { measurement, report_data: data })
+        log.pass("measurement", format!("{measurement} is allowed"));
+        let data = check_report_data(&rd, expect, log)?;
+        Ok(VerifiedReport { kind: TeeKind::Sim, measurement, report_data: data })
     }
 }
 
@@ -239,20 +522,53 @@ mod tests {
         let p = SimPlatform::new();
         let m = measure(&binary_hash(), b"cfg");
         let a = SimAttester::new(p.clone(), m);
-        let v = SimVerifier::new(p.public());
-        let policy = AttestPolicy { allowed: [m].into() };
+        let v = SimVerifier::new(p.public(), AttestPolicy { allowed: [m].into() });
         let (n, d) = ([1u8; 32], [2u8; 32]);
         let ev = a.attest(&n, &d).unwrap();
-        assert!(v.verify(&ev, &n, &d, &policy).is_ok());
-        assert_eq!(v.verify(&ev, &[9; 32], &d, &policy), Err(AttestError::Nonce));
-        assert_eq!(v.verify(&ev, &n, &[9; 32], &policy), Err(AttestError::ReportData));
-        assert!(matches!(v.verify(&ev, &n, &d, &AttestPolicy::default()), Err(AttestError::Measurement(_))));
+        assert!(v.verify(&ev, &n, &d).is_ok());
+        assert_eq!(v.verify(&ev, &[9; 32], &d), Err(AttestError::Nonce));
+        assert_eq!(v.verify(&ev, &n, &[9; 32]), Err(AttestError::ReportData));
+        let empty = SimVerifier::new(p.public(), AttestPolicy::default());
+        assert!(matches!(empty.verify(&ev, &n, &d), Err(AttestError::Measurement(_))));
         for i in 0..ev.bytes.len() {
             let mut t = ev.clone();
             t.bytes[i] ^= 1;
-            assert!(v.verify(&t, &n, &d, &policy).is_err(), "byte {i}");
+            assert!(v.verify(&t, &n, &d).is_err(), "byte {i}");
         }
-        let other = SimVerifier::new(SimPlatform::new().public());
-        assert_eq!(other.verify(&ev, &n, &d, &policy), Err(AttestError::Signature));
+        let other = SimVerifier::new(SimPlatform::new().public(), AttestPolicy { allowed: [m].into() });
+        assert_eq!(other.verify(&ev, &n, &d), Err(AttestError::Signature));
+    }
+
+    #[test]
+    fn times_round_trip() {
+        assert_eq!(parse_time("2025-06-20"), Some(1_750_377_600));
+        assert_eq!(parse_time("2025-06-20T00:00:00Z"), Some(1_750_377_600));
+        assert_eq!(parse_time("2026-02-25T00:00:00.5Z"), Some(1_771_977_600));
+        assert_eq!(parse_time("1750377600"), Some(1_750_377_600));
+        assert_eq!(fmt_utc(1_750_377_600), "2025-06-20T00:00:00Z");
+        assert_eq!(fmt_utc(951_782_400), "2000-02-29T00:00:00Z");
+        for bad in ["", "2025-13-01", "2025-02-31", "2025-06-20T25:00:00Z", "2025-06-20T00:00:00+02:00", "x025-06-20"] {
+            assert_eq!(parse_time(bad), None, "{bad}");
+        }
+        for t in [0u64, 86_399, 1_700_000_000, 4_102_444_800] {
+            assert_eq!(parse_time(&fmt_utc(t)), Some(t));
+        }
+    }
+
+    #[test]
+    fn the_log_explains_each_check() {
+        let p = SimPlatform::new();
+        let m = measure(&binary_hash(), b"cfg");
+        let ev = SimAttester::new(p.clone(), m).attest(&[1; 32], &[2; 32]).unwrap();
+        let v = SimVerifier::new(p.public(), AttestPolicy { allowed: [m].into() });
+        let mut log = CheckLog::default();
+        v.verify_explained(&ev, &Expected::default(), &mut log).unwrap();
+        let text = log.render();
+        assert!(text.contains("PASS signature"), "{text}");
+        assert!(text.contains("SKIP nonce"), "{text}");
+        let mut log = CheckLog::default();
+        let e = v.verify_explained(&ev, &Expected { nonce: Some([3; 32]), report_data: Some([2; 32]) }, &mut log);
+        assert_eq!(e, Err(AttestError::Nonce));
+        assert_eq!(log.checks.last().unwrap().status, CheckStatus::Fail);
     }
 }

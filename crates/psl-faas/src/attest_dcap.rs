@@ -11,8 +11,9 @@
 //!   out-of-date, revoked or relaunch-advised status.
 //! - **Measurement**: the quote's measurement registers are reduced to a [`Measurement`] digest
 //!   ([`sgx_mrenclave`], [`sgx_mrsigner`], [`tdx_measurement`]) that must be in the
-//!   [`AttestPolicy`]'s allowed set (SGX: the enclave's MRENCLAVE, or its MRSIGNER with its
-//!   ISV product id; TDX: MRTD with RTMR0..3).
+//!   [`DcapPolicy`]'s allowed set (SGX: the enclave's MRENCLAVE, or its MRSIGNER with its
+//!   ISV product id and a minimum ISV SVN; TDX: MRTD with RTMR0..3); debug enclaves and TDs are
+//!   refused.
 //! - **Report data**: the 64-byte report data must be `report_data (32) ‖ nonce (32)`, where
 //!   `report_data` commits to the channel key ([`crate::attest::bind_channel_key`]) and `nonce` is
 //!   the verifier's freshness challenge.
@@ -23,17 +24,26 @@
 //!   is given, but ignores the copy of the root inside the quote and trailing bytes; without
 //!   this check those bytes could change without the quote being refused.
 //!
-//! Evidence bytes are the raw quote. Collateral comes from a [`CollateralSource`] (a PCCS
-//! cache in a deployment; recorded collateral in tests). There is no `dcap` attester here: PSL's
-//! machines have no TEE hardware; the verifier is tested against recorded quotes.
+//! - **Collateral freshness**: every part (TCB info, QE identity, PCK CRL) must be inside its
+//!   window at the verification time, and no older than the policy's maximum age if it sets one.
+//!
+//! Evidence bytes are the raw quote. Collateral comes from a [`CollateralSource`]: a PCCS with a
+//! local cache ([`crate::attest_pccs`]) or a fixed file. The quotes come from Gramine's
+//! `/dev/attestation` (SGX, [`crate::attest_gramine`]) or configfs-tsm (TDX,
+//! [`crate::attest_tsm`]).
 
-use crate::attest::{AttestError, AttestPolicy, AttestVerifier, Evidence, Measurement, VerifiedReport};
+use crate::attest::{
+    check_report_data, AttestError, AttestPolicy, AttestVerifier, CheckLog, Evidence, Expected, Measurement, TeeKind,
+    VerifiedReport,
+};
 use dcap_qvl::quote::{Quote, Report};
 use dcap_qvl::verify::QuoteVerifier;
 use dcap_qvl::TcbStatus;
 use psl_crypto::sha256;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
+pub use crate::attest::VerifyTime;
 pub use dcap_qvl::QuoteCollateralV3 as Collateral;
 
 pub const DCAP_BACKEND: &str = "dcap";
@@ -46,7 +56,13 @@ pub const QUOTE_BYTES_MAX: usize = 64 * 1024;
 
 /// Where the verifier gets the collateral of a quote.
 pub trait CollateralSource: Send + Sync {
-    fn collateral(&self, quote: &[u8]) -> Result<Collateral, AttestError>;
+    /// The collateral for `quote`, fresh enough for a verification at `now` (Unix seconds) if
+    /// the source can tell (a cache refreshes entries past their next update).
+    fn collateral(&self, quote: &[u8], now: u64) -> Result<Collateral, AttestError>;
+    /// What the source is (for the check log).
+    fn describe(&self) -> String {
+        "collateral".into()
+    }
 }
 
 /// One fixed collateral set (recorded, or fetched once for one platform).
@@ -62,60 +78,94 @@ impl StaticCollateral {
 }
 
 impl CollateralSource for StaticCollateral {
-    fn collateral(&self, _quote: &[u8]) -> Result<Collateral, AttestError> {
+    fn collateral(&self, _quote: &[u8], _now: u64) -> Result<Collateral, AttestError> {
         Ok(self.0.clone())
     }
-}
-
-/// The time quotes and collateral are checked at.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum VerifyTime {
-    /// The system clock.
-    Now,
-    /// A fixed Unix time in seconds (tests, and replaying a verification).
-    At(u64),
-}
-
-impl VerifyTime {
-    fn unix_secs(self) -> u64 {
-        match self {
-            VerifyTime::At(t) => t,
-            VerifyTime::Now => {
-                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-            }
-        }
+    fn describe(&self) -> String {
+        "a fixed collateral file".into()
     }
 }
 
-/// The `dcap` backend's own policy (the measurements are in the [`AttestPolicy`]).
+/// No collateral: every quote is refused (a policy that allows SGX or TDX must say where its
+/// collateral comes from).
+pub struct NoCollateral;
+
+impl CollateralSource for NoCollateral {
+    fn collateral(&self, _quote: &[u8], _now: u64) -> Result<Collateral, AttestError> {
+        Err(AttestError::Collateral(
+            "no collateral source configured (set [collateral] pccs_url or file in the policy)".into(),
+        ))
+    }
+}
+
+/// The `dcap` backend's policy for one TEE kind.
 #[derive(Clone, Debug)]
 pub struct DcapPolicy {
+    /// Allowed measurement digests ([`sgx_mrenclave`], [`sgx_mrsigner`], [`tdx_measurement`]).
+    pub allowed: AttestPolicy,
+    /// For a signer identity digest ([`sgx_mrsigner`]): the lowest ISV SVN accepted.
+    pub min_isv_svn: BTreeMap<Measurement, u16>,
     /// Platform TCB statuses accepted.
     pub accepted: Vec<TcbStatus>,
     /// Accept debug enclaves / TDs (never in production).
     pub allow_debug: bool,
+    /// Refuse collateral (TCB info, QE identity, PCK CRL) issued longer ago than this, in
+    /// seconds, even inside its validity window.
+    pub max_age_secs: Option<u64>,
     pub time: VerifyTime,
 }
 
 impl Default for DcapPolicy {
     fn default() -> Self {
         DcapPolicy {
-            accepted: vec![
-                TcbStatus::UpToDate,
-                TcbStatus::SWHardeningNeeded,
-                TcbStatus::ConfigurationNeeded,
-                TcbStatus::ConfigurationAndSWHardeningNeeded,
-            ],
+            allowed: AttestPolicy::default(),
+            min_isv_svn: BTreeMap::new(),
+            accepted: default_accepted(),
             allow_debug: false,
+            max_age_secs: None,
             time: VerifyTime::Now,
         }
     }
 }
 
+/// `UpToDate`, `SWHardeningNeeded`, `ConfigurationNeeded`, `ConfigurationAndSWHardeningNeeded`.
+pub fn default_accepted() -> Vec<TcbStatus> {
+    vec![
+        TcbStatus::UpToDate,
+        TcbStatus::SWHardeningNeeded,
+        TcbStatus::ConfigurationNeeded,
+        TcbStatus::ConfigurationAndSWHardeningNeeded,
+    ]
+}
+
+/// Every TCB status, by the name Intel's collateral uses.
+pub fn tcb_status_by_name(name: &str) -> Option<TcbStatus> {
+    use TcbStatus::*;
+    [
+        UpToDate,
+        OutOfDateConfigurationNeeded,
+        OutOfDate,
+        ConfigurationAndSWHardeningNeeded,
+        ConfigurationNeeded,
+        SWHardeningNeeded,
+        Revoked,
+        TDRelaunchAdvised,
+        TDRelaunchAdvisedConfigurationNeeded,
+    ]
+    .into_iter()
+    .find(|s| s.to_string() == name)
+}
+
 impl DcapPolicy {
     /// Only `UpToDate` platforms.
     pub fn strict(time: VerifyTime) -> DcapPolicy {
-        DcapPolicy { accepted: vec![TcbStatus::UpToDate], allow_debug: false, time }
+        DcapPolicy { accepted: vec![TcbStatus::UpToDate], time, ..DcapPolicy::default() }
+    }
+
+    /// This policy with `allowed` as the allowed measurements.
+    pub fn allowing(mut self, allowed: AttestPolicy) -> DcapPolicy {
+        self.allowed = allowed;
+        self
     }
 }
 
@@ -152,33 +202,140 @@ pub fn tdx_measurement(mr_td: &[u8; 48], rtmr: [&[u8; 48]; 4]) -> Measurement {
     sha256(&[b"psl/dcap/tdx/v1", mr_td, rtmr[0], rtmr[1], rtmr[2], rtmr[3]])
 }
 
-/// The measurement digests a report offers (the first is the most specific) and its report data.
-fn report_identity(report: &Report) -> (&'static str, Vec<Measurement>, [u8; 64]) {
+/// What a quote claims, read without verifying it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QuoteIdentity {
+    pub kind: TeeKind,
+    /// Measurement digests, the most specific first (SGX: MRENCLAVE, then MRSIGNER + product).
+    pub digests: Vec<Measurement>,
+    pub report_data: [u8; 64],
+    /// SGX: the enclave's ISV SVN.
+    pub isv_svn: Option<u16>,
+    pub debug: bool,
+    /// The registers, named, in hex (for `psl attest measure`).
+    pub registers: Vec<(&'static str, String)>,
+}
+
+fn quote_identity(report: &Report) -> QuoteIdentity {
+    let td = |mr_td: &[u8; 48], r: [&[u8; 48]; 4], attrs: &[u8; 8], rd: &[u8; 64]| QuoteIdentity {
+        kind: TeeKind::Tdx,
+        digests: vec![tdx_measurement(mr_td, r)],
+        report_data: *rd,
+        isv_svn: None,
+        // TDATTRIBUTES bit 0: DEBUG.
+        debug: attrs[0] & 1 != 0,
+        registers: vec![
+            ("mrtd", hex::encode(mr_td)),
+            ("rtmr0", hex::encode(r[0])),
+            ("rtmr1", hex::encode(r[1])),
+            ("rtmr2", hex::encode(r[2])),
+            ("rtmr3", hex::encode(r[3])),
+        ],
+    };
     match report {
-        Report::SgxEnclave(r) => {
-            ("sgx", vec![sgx_mrenclave(&r.mr_enclave), sgx_mrsigner(&r.mr_signer, r.isv_prod_id)], r.report_data)
-        }
-        Report::TD10(r) => {
-            ("tdx", vec![tdx_measurement(&r.mr_td, [&r.rt_mr0, &r.rt_mr1, &r.rt_mr2, &r.rt_mr3])], r.report_data)
-        }
+        Report::SgxEnclave(r) => QuoteIdentity {
+            kind: TeeKind::Sgx,
+            digests: vec![sgx_mrenclave(&r.mr_enclave), sgx_mrsigner(&r.mr_signer, r.isv_prod_id)],
+            report_data: r.report_data,
+            isv_svn: Some(r.isv_svn),
+            // ATTRIBUTES.FLAGS bit 1: DEBUG.
+            debug: r.attributes[0] & 2 != 0,
+            registers: vec![
+                ("mrenclave", hex::encode(r.mr_enclave)),
+                ("mrsigner", hex::encode(r.mr_signer)),
+                ("isv_prod_id", r.isv_prod_id.to_string()),
+                ("isv_svn", r.isv_svn.to_string()),
+            ],
+        },
+        Report::TD10(r) => td(&r.mr_td, [&r.rt_mr0, &r.rt_mr1, &r.rt_mr2, &r.rt_mr3], &r.td_attributes, &r.report_data),
         Report::TD15(r) => {
             let b = &r.base;
-            ("tdx", vec![tdx_measurement(&b.mr_td, [&b.rt_mr0, &b.rt_mr1, &b.rt_mr2, &b.rt_mr3])], b.report_data)
+            td(&b.mr_td, [&b.rt_mr0, &b.rt_mr1, &b.rt_mr2, &b.rt_mr3], &b.td_attributes, &b.report_data)
         }
         Report::TD15Ex(r) => {
             let b = &r.base.base;
-            ("tdx", vec![tdx_measurement(&b.mr_td, [&b.rt_mr0, &b.rt_mr1, &b.rt_mr2, &b.rt_mr3])], b.report_data)
+            td(&b.mr_td, [&b.rt_mr0, &b.rt_mr1, &b.rt_mr2, &b.rt_mr3], &b.td_attributes, &b.report_data)
         }
     }
 }
 
 /// Parses a quote without verifying it (to read its measurements, e.g. to write a policy).
-pub fn inspect(quote: &[u8]) -> Result<(&'static str, Vec<Measurement>, [u8; 64]), AttestError> {
+pub fn inspect(quote: &[u8]) -> Result<QuoteIdentity, AttestError> {
     if quote.len() > QUOTE_BYTES_MAX {
         return Err(AttestError::Malformed(format!("quote of {} bytes, over {QUOTE_BYTES_MAX}", quote.len())));
     }
     let q = Quote::parse(quote).map_err(|e| AttestError::Malformed(format!("quote: {e}")))?;
-    Ok(report_identity(&q.report))
+    Ok(quote_identity(&q.report))
+}
+
+/// The `issueDate` and `nextUpdate` of a TCB info or QE identity JSON body, as Unix seconds.
+fn json_window(json: &str, what: &str) -> Result<(u64, u64), AttestError> {
+    let v: serde_json::Value =
+        serde_json::from_str(json).map_err(|e| AttestError::Collateral(format!("{what}: not JSON: {e}")))?;
+    let get = |k: &str| {
+        v.get(k)
+            .and_then(|x| x.as_str())
+            .and_then(crate::attest::parse_time)
+            .ok_or_else(|| AttestError::Collateral(format!("{what}: no valid {k}")))
+    };
+    Ok((get("issueDate")?, get("nextUpdate")?))
+}
+
+/// The `thisUpdate` and `nextUpdate` of a DER CRL.
+fn crl_window(der: &[u8], what: &str) -> Result<(u64, u64), AttestError> {
+    use x509_cert::der::Decode;
+    let crl = x509_cert::crl::CertificateList::<x509_cert::certificate::Rfc5280>::from_der(der)
+        .map_err(|e| AttestError::Collateral(format!("{what}: not a DER CRL: {e}")))?;
+    let this = crl.tbs_cert_list.this_update.to_unix_duration().as_secs();
+    let next = crl
+        .tbs_cert_list
+        .next_update
+        .map(|t| t.to_unix_duration().as_secs())
+        .ok_or_else(|| AttestError::Collateral(format!("{what}: no next update")))?;
+    Ok((this, next))
+}
+
+/// The earliest next update of a collateral set (when a cache must refresh it).
+pub fn collateral_expiry(c: &Collateral) -> Result<u64, AttestError> {
+    let (_, a) = json_window(&c.tcb_info, "TCB info")?;
+    let (_, b) = json_window(&c.qe_identity, "QE identity")?;
+    let (_, d) = crl_window(&c.pck_crl, "PCK CRL")?;
+    Ok(a.min(b).min(d))
+}
+
+/// Checks the windows of the collateral's parts at `t`, and their age against `max_age`.
+fn check_freshness(c: &Collateral, t: u64, max_age: Option<u64>) -> Result<String, AttestError> {
+    use crate::attest::fmt_utc;
+    let parts = [
+        ("TCB info", json_window(&c.tcb_info, "TCB info")?),
+        ("QE identity", json_window(&c.qe_identity, "QE identity")?),
+        ("PCK CRL", crl_window(&c.pck_crl, "PCK CRL")?),
+    ];
+    for (what, (issued, next)) in parts {
+        if t < issued || t > next {
+            return Err(AttestError::Collateral(format!(
+                "{what} is valid from {} to {}, not at {}",
+                fmt_utc(issued),
+                fmt_utc(next),
+                fmt_utc(t)
+            )));
+        }
+        if let Some(max) = max_age {
+            if t - issued > max {
+                return Err(AttestError::Collateral(format!(
+                    "{what} was issued {} ({} s before the verification time), over the policy's maximum age of {max} s",
+                    fmt_utc(issued),
+                    t - issued
+                )));
+            }
+        }
+    }
+    Ok(format!(
+        "TCB info, QE identity and PCK CRL valid at {} (oldest issued {}){}",
+        fmt_utc(t),
+        fmt_utc(parts.iter().map(|(_, (i, _))| *i).min().unwrap_or(0)),
+        max_age.map(|m| format!(", within the maximum age of {m} s")).unwrap_or_default()
+    ))
 }
 
 impl DcapVerifier {
@@ -197,54 +354,96 @@ impl DcapVerifier {
     }
 
     /// Verifies a quote: signature chain and collateral at the policy's time, TCB status,
-    /// debug mode, and that one of its measurement digests is in `allowed`. Does not check the
+    /// debug mode, and that one of its measurement digests is allowed. Does not check the
     /// report data (see [`AttestVerifier::verify`]).
-    pub fn verify_quote(&self, quote: &[u8], allowed: &AttestPolicy) -> Result<DcapReport, AttestError> {
+    pub fn verify_quote(&self, quote: &[u8]) -> Result<DcapReport, AttestError> {
+        self.verify_quote_explained(quote, &mut CheckLog::default())
+    }
+
+    /// [`DcapVerifier::verify_quote`], recording each check.
+    pub fn verify_quote_explained(&self, quote: &[u8], log: &mut CheckLog) -> Result<DcapReport, AttestError> {
         if quote.len() > QUOTE_BYTES_MAX {
-            return Err(AttestError::Malformed(format!("quote of {} bytes, over {QUOTE_BYTES_MAX}", quote.len())));
+            let e = AttestError::Malformed(format!("quote of {} bytes, over {QUOTE_BYTES_MAX}", quote.len()));
+            return Err(log.fail("format", e));
         }
-        check_canonical(quote, &self.root_ca_der)?;
-        let collateral = self.collateral.collateral(quote)?;
+        let id = inspect(quote).map_err(|e| log.fail("format", e))?;
+        log.pass("format", format!("DCAP quote of {} bytes, TEE {}", quote.len(), id.kind));
+        log.record("canonical encoding", check_canonical(quote, &self.root_ca_der), |_| {
+            "exact lengths, zero padding only, canonical PEM chain ending in the trusted root CA".into()
+        })?;
         let now = self.policy.time.unix_secs();
+        let collateral =
+            log.record("collateral", self.collateral.collateral(quote, now), |_| self.collateral.describe())?;
+        log.record("collateral freshness", check_freshness(&collateral, now, self.policy.max_age_secs), |d| d.clone())?;
+        let chains = [
+            ("PCK CRL issuer chain", &collateral.pck_crl_issuer_chain),
+            ("TCB info issuer chain", &collateral.tcb_info_issuer_chain),
+            ("QE identity issuer chain", &collateral.qe_identity_issuer_chain),
+        ];
+        let r = chains.iter().try_for_each(|(what, c)| check_issuer_chain(what, c, &self.root_ca_der));
+        log.record("collateral issuer chains", r, |_| {
+            "canonical PEM, each certificate signed by the next, ending in the trusted root CA".into()
+        })?;
         let verifier = QuoteVerifier::new(self.root_ca_der.clone()).allow_debug(self.policy.allow_debug);
-        let v = verifier
-            .verify(quote, &collateral, now)
-            .map_err(|e| AttestError::Collateral(format!("quote or collateral refused at unix time {now}: {e:#}")))?;
+        let v = verifier.verify(quote, &collateral, now).map_err(|e| {
+            let e = AttestError::Collateral(format!(
+                "quote or collateral refused at {}: {e:#}",
+                crate::attest::fmt_utc(now)
+            ));
+            log.fail("signature chain and collateral (dcap-qvl)", e)
+        })?;
+        log.pass(
+            "signature chain and collateral (dcap-qvl)",
+            "PCK certificate chain to the Intel SGX Root CA, CRLs, QE report and identity, attestation key, quote \
+             signature, TCB info signature and level",
+        );
         if !self.policy.accepted.iter().any(|s| s.to_string() == v.status) {
-            return Err(AttestError::TcbStatus { status: v.status, advisories: v.advisory_ids.join(",") });
+            let e = AttestError::TcbStatus { status: v.status.clone(), advisories: v.advisory_ids.join(",") };
+            return Err(log.fail("TCB status", e));
         }
-        let (tee, digests, report_data) = report_identity(&v.report);
-        let Some(measurement) = digests.iter().find(|d| allowed.allowed.contains(d)).copied() else {
-            return Err(AttestError::Measurement(digests[0].short()));
+        log.pass("TCB status", format!("{} (advisories: {})", v.status, v.advisory_ids.join(",")));
+        let id = quote_identity(&v.report);
+        if id.debug && !self.policy.allow_debug {
+            return Err(log.fail("debug", AttestError::Policy(format!("a debug {}", id.kind))));
+        }
+        log.pass("debug", if id.debug { "debug, allowed by the policy" } else { "not a debug enclave or TD" });
+        let Some(measurement) = id.digests.iter().find(|d| self.policy.allowed.allowed.contains(d)).copied() else {
+            let regs: Vec<String> = id.registers.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            let e = AttestError::Measurement(format!("{} ({})", id.digests[0].short(), regs.join(", ")));
+            return Err(log.fail("measurement", e));
         };
-        Ok(DcapReport { tee, tcb_status: v.status, advisory_ids: v.advisory_ids, measurement, report_data })
+        log.pass("measurement", format!("{} {measurement} is allowed", id.kind));
+        if let (Some(min), Some(svn)) = (self.policy.min_isv_svn.get(&measurement), id.isv_svn) {
+            if svn < *min {
+                return Err(log.fail("ISV SVN", AttestError::Policy(format!("ISV SVN {svn} < the minimum {min}"))));
+            }
+            log.pass("ISV SVN", format!("{svn} (minimum {min})"));
+        }
+        Ok(DcapReport {
+            tee: id.kind.as_str(),
+            tcb_status: v.status,
+            advisory_ids: v.advisory_ids,
+            measurement,
+            report_data: id.report_data,
+        })
     }
 }
 
 impl AttestVerifier for DcapVerifier {
-    fn backend(&self) -> &'static str {
-        DCAP_BACKEND
-    }
-
-    fn verify(
+    fn verify_explained(
         &self,
         evidence: &Evidence,
-        nonce: &[u8; 32],
-        report_data: &[u8; 32],
-        policy: &AttestPolicy,
+        expect: &Expected,
+        log: &mut CheckLog,
     ) -> Result<VerifiedReport, AttestError> {
         if evidence.backend != DCAP_BACKEND {
-            return Err(AttestError::Backend { got: evidence.backend, want: DCAP_BACKEND });
+            return Err(log.fail("backend", AttestError::Backend { got: evidence.backend, want: DCAP_BACKEND }));
         }
-        let r = self.verify_quote(&evidence.bytes, policy)?;
-        if r.report_data[..32] != report_data[..] {
-            return Err(AttestError::ReportData);
-        }
-        if r.report_data[32..] != nonce[..] {
-            return Err(AttestError::Nonce);
-        }
+        let r = self.verify_quote_explained(&evidence.bytes, log)?;
+        let data = check_report_data(&r.report_data, expect, log)?;
         tracing::debug!(tee = r.tee, tcb = %r.tcb_status, measurement = %r.measurement.short(), "dcap quote verified");
-        Ok(VerifiedReport { measurement: r.measurement, report_data: *report_data })
+        let kind = if r.tee == "sgx" { TeeKind::Sgx } else { TeeKind::Tdx };
+        Ok(VerifiedReport { kind, measurement: r.measurement, report_data: data })
     }
 }
 
@@ -290,6 +489,31 @@ fn check_canonical(quote: &[u8], root_der: &[u8]) -> Result<(), AttestError> {
         return Err(AttestError::Collateral(
             "the quote's certificate chain does not end in the trusted root CA".into(),
         ));
+    }
+    Ok(())
+}
+
+/// A collateral issuer chain (PEM): canonical (64-column lines, LF), at least two
+/// certificates, each signed by the next (ECDSA P-256/SHA-256), the last the trusted root.
+/// `dcap-qvl` checks the collateral's signatures with the chain's first certificate; this makes
+/// every byte of the chain count too.
+fn check_issuer_chain(what: &str, text: &str, root_der: &[u8]) -> Result<(), AttestError> {
+    use crate::attest_snp::Cert;
+    let pems = pem::parse_many(text.as_bytes()).map_err(|e| AttestError::Collateral(format!("{what}: {e}")))?;
+    if pems.len() < 2 || pems.iter().any(|p| p.tag() != "CERTIFICATE") {
+        return Err(AttestError::Collateral(format!("{what}: expected at least two certificates")));
+    }
+    let cfg = pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF);
+    let canonical: String = pems.iter().map(|p| pem::encode_config(p, cfg)).collect();
+    if canonical != text {
+        return Err(AttestError::Collateral(format!("{what} is not in canonical PEM form")));
+    }
+    if pems.last().map(|p| p.contents()) != Some(root_der) {
+        return Err(AttestError::Collateral(format!("{what} does not end in the trusted root CA")));
+    }
+    let certs = pems.iter().map(|p| Cert::from_der(p.contents())).collect::<Result<Vec<_>, _>>()?;
+    for w in certs.windows(2) {
+        w[0].check_ecdsa_p256_signed_by(&w[1], what)?;
     }
     Ok(())
 }

@@ -1,10 +1,15 @@
 //! The embedded deployment: client, leader, scheduler, workers, coordinator and a capsule
 //! recorder in one process over an `InProcHub`.
+//!
+//! Every role runs in one process, so there is nothing hardware could attest between them: the
+//! embedded deployment always uses the INSECURE sim backend, under a development policy that
+//! says `allow_insecure_sim = true` ([`crate::attest_policy::dev_sim_policy_text`]), and logs
+//! so. It exercises the protocol (measurements, nonces, channel-key binding), not the hardware.
 
 use crate::attest::{
-    binary_hash, bind_channel_key, measure, AttestPolicy, AttestVerifier, Measurement, SimAttester, SimPlatform,
-    SimVerifier,
+    binary_hash, bind_channel_key, measure, AttestVerifier, Measurement, SimAttester, SimPlatform, VerifyTime,
 };
+use crate::attest_policy::{dev_sim_policy_text, Policy, PolicyVerifier};
 use crate::error::FaasError;
 use crate::leader::{Grant, Leader, Offer};
 use crate::program::{JobId, Payload, SealedProgram};
@@ -140,8 +145,8 @@ pub struct Deployment {
     pub workers: Vec<Arc<Worker>>,
     pub config: DeploymentConfig,
     pub measurement: Measurement,
-    verifier: SimVerifier,
-    policy: AttestPolicy,
+    /// The client's check of the leader (the development sim policy).
+    verifier: PolicyVerifier,
 }
 
 /// The runtime configuration a worker's measurement covers (with the binary's hash).
@@ -162,12 +167,14 @@ impl Deployment {
         let hub = InProcHub::new(FabricConfig::default()).map_err(|e| FaasError::Config(e.to_string()))?;
         let platform = SimPlatform::new();
         let measurement = measure(&binary_hash(), &runtime_config(&config.limits));
-        let policy = AttestPolicy { allowed: [measurement].into() };
-        let leader = Leader::new(
-            Box::new(SimAttester::new(platform.clone(), measurement)),
-            Box::new(SimVerifier::new(platform.public())),
-            policy.clone(),
-        );
+        let policy_text = dev_sim_policy_text(&hex::encode(platform.public().to_bytes()), &[measurement], false);
+        let verifier = || -> Result<PolicyVerifier, FaasError> {
+            let p =
+                Policy::parse(&policy_text, std::path::Path::new("."), "the embedded deployment's development policy")
+                    .map_err(|e| FaasError::Config(e.to_string()))?;
+            PolicyVerifier::new(p, VerifyTime::Now).map_err(|e| FaasError::Config(e.to_string()))
+        };
+        let leader = Leader::new(Box::new(SimAttester::new(platform.clone(), measurement)), Box::new(verifier()?));
         let scheduler = Scheduler::new();
         let mut workers = Vec::new();
         for i in 1..=config.workers as u32 {
@@ -179,16 +186,7 @@ impl Deployment {
             workers.push(Arc::new(Worker::new(i, Box::new(SimAttester::new(platform.clone(), m)), config.limits)));
             scheduler.register(i);
         }
-        Ok(Deployment {
-            hub,
-            leader,
-            scheduler,
-            workers,
-            measurement,
-            verifier: SimVerifier::new(platform.public()),
-            policy,
-            config,
-        })
+        Ok(Deployment { hub, leader, scheduler, workers, measurement, verifier: verifier()?, config })
     }
 
     fn worker(&self, id: u32) -> Option<&Arc<Worker>> {
@@ -215,7 +213,7 @@ impl Deployment {
         let nonce: [u8; 32] = rand::random();
         let ev = self.leader.attest(&nonce, &bind_channel_key(b"client-leader-inproc"))?;
         self.verifier
-            .verify(&ev, &nonce, &bind_channel_key(b"client-leader-inproc"), &self.policy)
+            .verify(&ev, &nonce, &bind_channel_key(b"client-leader-inproc"))
             .map_err(|e| FaasError::Attestation { who: "leader".into(), why: e.to_string() })?;
         let data_key = app.data_key();
         let program = SealedProgram::seal(

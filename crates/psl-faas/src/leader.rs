@@ -2,7 +2,7 @@
 //! writer key per lambda slot, attests each worker before handing it exactly its own keys, runs
 //! the job's coordinator, and forgets everything at the end of the job.
 
-use crate::attest::{bind_offer, AttestPolicy, AttestVerifier, Attester, Evidence};
+use crate::attest::{bind_offer, AttestError, AttestVerifier, Attester, Evidence, VerifiedReport};
 use crate::channel::seal_to;
 use crate::error::FaasError;
 use crate::program::JobId;
@@ -72,7 +72,6 @@ struct LeaderJob {
 pub struct Leader {
     attester: Box<dyn Attester>,
     verifier: Box<dyn AttestVerifier>,
-    policy: AttestPolicy,
     nonces: Mutex<HashMap<u32, [u8; 32]>>,
     job: Mutex<Option<LeaderJob>>,
     pub coordinator: CoordinatorConfig,
@@ -82,11 +81,12 @@ pub struct Leader {
 pub const SLOTS_PER_WORKER_MAX: usize = 16;
 
 impl Leader {
-    pub fn new(attester: Box<dyn Attester>, verifier: Box<dyn AttestVerifier>, policy: AttestPolicy) -> Leader {
+    /// A leader that attests itself with `attester` and admits the parties `verifier` (which
+    /// carries the policy) accepts.
+    pub fn new(attester: Box<dyn Attester>, verifier: Box<dyn AttestVerifier>) -> Leader {
         Leader {
             attester,
             verifier,
-            policy,
             nonces: Mutex::new(HashMap::new()),
             job: Mutex::new(None),
             coordinator: CoordinatorConfig { epoch_ms: 20, eoe_timeout_ms: 200, ..CoordinatorConfig::default() },
@@ -140,6 +140,16 @@ impl Leader {
         Ok(())
     }
 
+    /// Checks another party's evidence (a capsule host's) under the leader's policy.
+    pub fn verify_evidence(
+        &self,
+        evidence: &Evidence,
+        nonce: &[u8; 32],
+        report_data: &[u8; 32],
+    ) -> Result<VerifiedReport, AttestError> {
+        self.verifier.verify(evidence, nonce, report_data)
+    }
+
     /// A fresh nonce for `worker`'s next report.
     pub fn challenge(&self, worker: u32) -> [u8; 32] {
         let n: [u8; 32] = rand::random();
@@ -166,13 +176,11 @@ impl Leader {
                 refused.push((o.worker, "no challenge was issued to this worker".to_string()));
                 continue;
             };
-            match self.verifier.verify(
-                &o.evidence,
-                &nonce,
-                &bind_offer(&o.channel_public, o.tls_spki.as_ref()),
-                &self.policy,
-            ) {
-                Ok(_) => passed.push(o),
+            match self.verifier.verify(&o.evidence, &nonce, &bind_offer(&o.channel_public, o.tls_spki.as_ref())) {
+                Ok(v) => {
+                    tracing::info!("worker {} attested: {} measurement {}", o.worker, v.kind, v.measurement.short());
+                    passed.push(o)
+                }
                 Err(e) => {
                     tracing::warn!("worker {} refused: {e}", o.worker);
                     refused.push((o.worker, e.to_string()));

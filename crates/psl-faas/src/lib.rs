@@ -34,6 +34,14 @@
 
 pub mod attest;
 pub mod attest_dcap;
+pub mod attest_gramine;
+pub mod attest_pccs;
+pub mod attest_policy;
+pub mod attest_select;
+pub mod attest_snp;
+#[cfg(any(test, feature = "testkit"))]
+pub mod attest_testkit;
+pub mod attest_tsm;
 pub mod channel;
 pub mod deploy;
 pub mod error;

@@ -18,8 +18,7 @@ fn faas_offer_on_another_tls_certificate_is_refused() {
     let m = measure(&binary_hash(), b"tls-binding-test");
     let leader = Leader::new(
         Box::new(SimAttester::new(platform.clone(), m)),
-        Box::new(SimVerifier::new(platform.public())),
-        AttestPolicy { allowed: [m].into() },
+        Box::new(SimVerifier::new(platform.public(), AttestPolicy { allowed: [m].into() })),
     );
     let hub = InProcHub::new(FabricConfig::default()).unwrap();
     let owner = OwnerKey::generate();

@@ -1,12 +1,17 @@
-//! The FaaS roles as processes: `psl leader` (trusted), `psl scheduler` (untrusted) and
-//! `psl worker`. The protocol lives in `psl_faas::net`; this is flags, keys and ready lines.
+//! The FaaS roles as processes: `psl leader` (trusted), `psl scheduler` (untrusted),
+//! `psl worker` and `psl capsule-host`. The protocol lives in `psl_faas::net`; this is flags,
+//! keys and ready lines.
 //!
-//! Attestation uses the `sim` backend: INSECURE, for development only. Its platform key is a
-//! file shared by the processes of one deployment (`psl up` writes it).
+//! Attestation: each attested role says how with `--attest sim|sgx|tdx|snp|auto` (see
+//! `crate::attest::AttestArgs`; `sim` is INSECURE, for development, its platform key a file
+//! shared by the processes of one deployment, which `psl up` writes). The leader, and the
+//! workers checking the leader, verify under one policy file (`--attest-policy`), which accepts
+//! the sim backend only if it says `allow_insecure_sim = true`.
 
+use crate::attest::{load_policy, AttestArgs, INSECURE};
 use anyhow::{Context, Result};
 use clap::Args;
-use psl_faas::attest::{binary_hash, measure, AttestPolicy, Measurement, SimPlatform};
+use psl_faas::attest::{binary_hash, measure, Measurement, SimPlatform};
 use psl_faas::deploy::runtime_config;
 use psl_faas::net::{host, leader, scheduler, worker};
 use psl_sandbox::SandboxLimits;
@@ -15,20 +20,6 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-
-const INSECURE: &str = "WARNING: attestation uses the simulated backend 'sim', which is INSECURE: anyone holding the sim platform key file can forge reports. Never use it in production.";
-
-#[derive(Args, Debug, Clone)]
-pub struct SimArgs {
-    /// The simulated platform's secret key file (64 hex characters). INSECURE backend.
-    #[arg(long)]
-    pub sim_platform_key: PathBuf,
-    /// The binary hash the measurement is made from, as measured by the parent (`psl up`),
-    /// so that every child does not re-read the binary; default: hash this binary. (The sim
-    /// backend's measurement is self-declared anyway; hardware backends measure in hardware.)
-    #[arg(long, hide = true)]
-    pub sim_binary_hash: Option<String>,
-}
 
 pub fn read_platform(path: &Path) -> Result<Arc<SimPlatform>> {
     let text = zeroize::Zeroizing::new(
@@ -51,18 +42,6 @@ pub fn measurement(binary: Option<&str>) -> Result<Measurement> {
     Ok(measure(&b, &runtime_config(&SandboxLimits::default())))
 }
 
-fn parse_measurements(list: &[String], own: Measurement) -> Result<AttestPolicy> {
-    let mut allowed = std::collections::BTreeSet::new();
-    if list.is_empty() {
-        allowed.insert(own);
-    }
-    for m in list {
-        let b: [u8; 32] = hex::decode(m).ok().and_then(|v| v.try_into().ok()).context("a measurement is 64 hex")?;
-        allowed.insert(psl_crypto::Hash256(b));
-    }
-    Ok(AttestPolicy { allowed })
-}
-
 fn ready_line(line: &str) -> Result<()> {
     println!("{line}");
     std::io::stdout().flush()?;
@@ -77,11 +56,13 @@ pub struct LeaderArgs {
     /// The fabric each job's coordinator attaches to (`--fabric URL`, alias `--router`).
     #[command(flatten)]
     pub fabric: psl_fabric::FabricArgs,
+    /// How the leader proves what it runs to clients and workers.
     #[command(flatten)]
-    pub sim: SimArgs,
-    /// Worker measurements (hex) granted keys; default: this binary's own.
-    #[arg(long = "allow")]
-    pub allow: Vec<String>,
+    pub attest: AttestArgs,
+    /// The attestation policy (TOML): which workers and capsule hosts get keys. See
+    /// docs/security/attestation.md; `psl attest measure` prints its entries.
+    #[arg(long)]
+    pub attest_policy: PathBuf,
     /// Milliseconds to wait for the offers of every worker the scheduler forwarded a job to.
     #[arg(long, default_value_t = 5000)]
     pub admit_wait_ms: u64,
@@ -92,21 +73,19 @@ pub struct LeaderArgs {
 }
 
 pub fn run_leader(a: LeaderArgs) -> Result<i32> {
-    eprintln!("{INSECURE}");
-    let platform = read_platform(&a.sim.sim_platform_key)?;
-    let m = measurement(a.sim.sim_binary_hash.as_deref())?;
+    let attester = a.attest.open_required("leader", || measurement(a.attest.sim_binary_hash.as_deref()))?;
+    let verifier = load_policy(&a.attest_policy, "leader")?;
+    let attest_hosts = verifier.policy().require_host_attestation();
     let cfg = leader::LeaderConfig {
         listen: a.listen,
         fabric: a.fabric.spec("psl leader")?,
-        platform,
-        measurement: m,
-        policy: parse_measurements(&a.allow, m)?,
+        attest_hosts,
         admit_wait: Duration::from_millis(a.admit_wait_ms),
         connections_max: 1024,
         capsule_hosts: a.capsule_hosts,
     };
     let mut res = Ok(());
-    leader::serve_leader(cfg, |addr| res = ready_line(&format!("leader {addr}")))?;
+    leader::serve_leader(cfg, attester, Box::new(verifier), |addr| res = ready_line(&format!("leader {addr}")))?;
     res.map(|()| 0)
 }
 
@@ -152,11 +131,13 @@ pub struct WorkerArgs {
     /// The fabric each job's node attaches to (`--fabric URL`, alias `--router`).
     #[command(flatten)]
     pub fabric: psl_fabric::FabricArgs,
+    /// How the worker proves what it runs to the leader.
     #[command(flatten)]
-    pub sim: SimArgs,
-    /// Leader measurements (hex) this worker accepts; default: this binary's own.
-    #[arg(long = "allow-leader")]
-    pub allow_leader: Vec<String>,
+    pub attest: AttestArgs,
+    /// The attestation policy (TOML) the leader's reports are checked against (the
+    /// deployment's policy).
+    #[arg(long)]
+    pub attest_policy: PathBuf,
     /// Control interface (line protocol: DEBUG).
     #[arg(long, default_value = "127.0.0.1:0")]
     pub control: SocketAddr,
@@ -166,7 +147,8 @@ pub struct WorkerArgs {
     pub advertise_control: Option<String>,
     #[arg(long, default_value_t = 200)]
     pub heartbeat_ms: u64,
-    /// TEST ONLY: report a measurement of another configuration (code the policy does not allow).
+    /// TEST ONLY (`--attest sim`): report a measurement of another configuration (code the
+    /// policy does not allow).
     #[arg(long)]
     pub test_rogue_measurement: bool,
     /// TEST ONLY: stop heartbeating after this many milliseconds (a hung worker).
@@ -175,26 +157,29 @@ pub struct WorkerArgs {
 }
 
 pub fn run_worker(a: WorkerArgs) -> Result<i32> {
-    eprintln!("{INSECURE}");
     if a.id == 0 || a.id > 32767 {
         anyhow::bail!("--id must be 1 ..= 32767");
     }
-    let platform = read_platform(&a.sim.sim_platform_key)?;
-    let own = measurement(a.sim.sim_binary_hash.as_deref())?;
-    let m = if a.test_rogue_measurement {
-        tracing::warn!("worker {}: TEST FAULT: claiming a measurement the policy does not allow", a.id);
-        measure(&own, b"a configuration the policy does not allow")
-    } else {
-        own
-    };
+    if a.test_rogue_measurement && a.attest.attest != Some(psl_faas::attest_select::AttestChoice::Sim) {
+        anyhow::bail!("--test-rogue-measurement goes with --attest sim (hardware measures itself)");
+    }
+    let role = format!("worker {}", a.id);
+    let attester = a.attest.open_required(&role, || {
+        let own = measurement(a.attest.sim_binary_hash.as_deref())?;
+        Ok(if a.test_rogue_measurement {
+            tracing::warn!("worker {}: TEST FAULT: claiming a measurement the policy does not allow", a.id);
+            measure(&own, b"a configuration the policy does not allow")
+        } else {
+            own
+        })
+    })?;
+    let leader_verifier = load_policy(&a.attest_policy, &role)?;
     let cfg = worker::WorkerConfig {
         id: a.id,
         scheduler: a.scheduler,
         leader: a.leader,
         fabric: a.fabric.spec("psl worker")?,
-        platform,
-        measurement: m,
-        leader_policy: parse_measurements(&a.allow_leader, own)?,
+        leader_verifier: Box::new(leader_verifier),
         limits: SandboxLimits::default(),
         heartbeat: Duration::from_millis(a.heartbeat_ms.max(1)),
         control: a.control,
@@ -204,7 +189,7 @@ pub fn run_worker(a: WorkerArgs) -> Result<i32> {
     let id = a.id;
     let advertised = a.advertise_control;
     let mut res = Ok(());
-    worker::serve_worker(cfg, |r| {
+    worker::serve_worker(cfg, attester, |r| {
         let control = advertised.unwrap_or_else(|| r.control.to_string());
         res = ready_line(&format!("worker {id} control {control}"))
     })?;
@@ -224,10 +209,22 @@ pub struct CapsuleHostArgs {
     pub fabric: psl_fabric::FabricArgs,
     #[arg(long, default_value = "127.0.0.1:0")]
     pub listen: SocketAddr,
+    /// How the host proves what it runs, when the leader's policy requires attested hosts
+    /// (absent: the host cannot be attested).
+    #[command(flatten)]
+    pub attest: AttestArgs,
 }
 
 pub fn run_capsule_host(a: CapsuleHostArgs) -> Result<i32> {
-    let cfg = host::HostConfig { id: a.id, dir: a.dir, listen: a.listen, fabric: a.fabric.spec("psl capsule-host")? };
+    let attester =
+        a.attest.open(&format!("capsule host {}", a.id), || measurement(a.attest.sim_binary_hash.as_deref()))?;
+    let cfg = host::HostConfig {
+        id: a.id,
+        dir: a.dir,
+        listen: a.listen,
+        fabric: a.fabric.spec("psl capsule-host")?,
+        attester,
+    };
     let id = a.id;
     let mut res = Ok(());
     host::serve_host(cfg, |addr| res = ready_line(&format!("capsule-host {id} {addr}")))?;

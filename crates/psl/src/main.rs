@@ -12,6 +12,7 @@
 //! - `run`: `psl run JOB.js`: a job of sandboxed lambdas on a running deployment (`--cluster`)
 //!   or on the embedded FaaS deployment.
 //! - `faas_roles`: `psl leader`, `psl scheduler`, `psl worker`, `psl capsule-host` as processes.
+//! - `attest`: `psl attest measure|verify`, and the `--attest` flags the roles share.
 //! - `up`: `psl up`: the default deployment as child processes on loopback (or on given
 //!   interfaces), on a router, a local nats-server, or a fabric given by URL.
 //! - `cluster`: the cluster description (TOML) and `psl up --config F --host NAME`.
@@ -23,6 +24,7 @@
 //! - `chaos`: seeded fault schedules over real processes and a checker (`psl chaos`).
 //! - `util`: file helpers shared by the commands (atomic writes, key loading).
 
+mod attest;
 mod bench;
 mod capsule;
 mod capsuledb;
@@ -88,15 +90,15 @@ enum Cmd {
     Chaos(chaos::ChaosArgs),
     /// Run a JavaScript job on N lambdas (embedded deployment, or --cluster; sim attestation is INSECURE).
     Run(run::RunArgs),
-    /// Start the default deployment on this machine (router, capsule hosts, scheduler, leader, workers; sim attestation: INSECURE) until Ctrl-C.
+    /// Start the default deployment on this machine (router, capsule hosts, scheduler, leader, workers) until Ctrl-C; `--attest sim` (INSECURE, the default here) or hardware.
     Up(up::UpArgs),
     /// Show every role's health, epoch, lag and counters across the hosts of a cluster file.
     Status(status::StatusArgs),
-    /// Run the FaaS leader (trusted): attests workers, hands out keys, RESETs (sim attestation: INSECURE).
+    /// Run the FaaS leader (trusted): attests workers under a policy file, hands out keys, RESETs.
     Leader(faas_roles::LeaderArgs),
     /// Run the FaaS scheduler (untrusted): worker registry, forwards sealed programs.
     Scheduler(faas_roles::SchedulerArgs),
-    /// Run a FaaS worker: attests to the leader, runs lambdas on SCL (sim attestation: INSECURE).
+    /// Run a FaaS worker: attests to the leader (--attest), runs lambdas on SCL.
     Worker(faas_roles::WorkerArgs),
     /// Run a capsule server for FaaS jobs: the leader opens each job's capsule on it.
     CapsuleHost(faas_roles::CapsuleHostArgs),
@@ -107,6 +109,9 @@ enum Cmd {
     /// Run CapsuleDB (the LSM tree of DataCapsule records behind bounded memtables), or list
     /// its snapshots / read a key as of one.
     Capsuledb(capsuledb::CapsuleDbArgs),
+    /// Attestation: print the measurements for a policy; verify a quote or report offline.
+    #[command(subcommand)]
+    Attest(attest::AttestCmd),
 }
 
 fn main() {
@@ -151,5 +156,6 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::CapsuleServer(a) => roles::run_capsule_server(a),
         Cmd::Memcached(a) => memcached::run(a),
         Cmd::Capsuledb(a) => capsuledb::run(a),
+        Cmd::Attest(c) => attest::run(c),
     }
 }

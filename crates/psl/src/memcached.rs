@@ -51,6 +51,10 @@ pub struct MemcachedArgs {
     /// TLS private key (PEM).
     #[arg(long, requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    /// Attestation (`--attest`, needs --tls-cert): publish a report binding the TLS
+    /// certificate, for clients to check with `psl attest verify`.
+    #[command(flatten)]
+    pub attest: crate::attest::PublishArgs,
     /// Embedded default only: receive-only replica nodes that verify and apply every write.
     #[arg(long, default_value_t = 0)]
     pub replicas: usize,
@@ -412,6 +416,12 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
         }
     };
     let server = Server::start(fe, a.listen, scfg)?;
+    if a.attest.attest.attest.is_some() {
+        let cert = a.tls_cert.as_ref().context("--attest needs --tls-cert: the report binds the TLS certificate")?;
+        let pem = std::fs::read(cert).with_context(|| format!("reading {}", cert.display()))?;
+        let leaf = pem::parse(&pem).with_context(|| format!("{}: not PEM", cert.display()))?;
+        crate::attest::publish(&a.attest, "memcached", "TLS certificate (DER)", leaf.contents())?;
+    }
     // Tests and scripts read this line to find the port.
     println!("listening {}", server.addr());
     std::io::stdout().flush()?;

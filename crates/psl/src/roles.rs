@@ -299,6 +299,9 @@ pub struct CapsuleServerArgs {
     /// fsync every N ms). Acks always follow the fsync that covers them, whatever the policy.
     #[arg(long, default_value = "group")]
     pub fsync: psl_server::FsyncPolicy,
+    /// Attestation (`--attest`): publish a report binding this server's ack-signing key.
+    #[command(flatten)]
+    pub attest: crate::attest::PublishArgs,
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -345,6 +348,7 @@ pub fn run_capsule_server(a: CapsuleServerArgs) -> Result<i32> {
     let key =
         psl_server::server_key(&app, id).with_context(|| format!("server id {id} is out of range (0 to 32767)"))?;
     drop(app);
+    let ack_public = key.verifying_key().to_bytes();
     let opts = psl_server::ServerOptions {
         id,
         verifiers: a.verifiers,
@@ -361,6 +365,7 @@ pub fn run_capsule_server(a: CapsuleServerArgs) -> Result<i32> {
     if let Some(r) = server.read_addr() {
         println!("reads {r}");
     }
+    crate::attest::publish(&a.attest, "capsule-server", "ack-signing key", &ack_public)?;
     use std::io::Write;
     std::io::stdout().flush()?;
     for p in &rep.problems {

@@ -3,7 +3,10 @@
 //! in-process fabric) started on the fly; prints each lambda's results and the launch
 //! breakdown, and can export the job's capsule.
 //!
-//! Attestation uses the `sim` backend: INSECURE, for development only (see `psl_faas::attest`).
+//! Attestation: with `--cluster`, the client checks the leader under the cluster file's policy
+//! (or `--attest-policy`), which accepts the INSECURE sim backend only if it says
+//! `allow_insecure_sim = true`. The embedded deployment runs every role in one process, so it
+//! always uses the sim backend under a built-in development policy that says so; it prints that.
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -14,7 +17,7 @@ use std::time::Duration;
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "WARNING: attestation uses the simulated backend 'sim', which is INSECURE (anyone can forge its reports); never use it in production."
+    after_help = "WARNING: the embedded deployment (no --cluster) attests with the simulated backend 'sim', which is INSECURE (anyone can forge its reports); never use it in production."
 )]
 pub struct RunArgs {
     /// The JavaScript program every lambda runs.
@@ -54,6 +57,10 @@ pub struct RunArgs {
     /// the directory holding it. Without it an embedded deployment is started on the fly.
     #[arg(long)]
     pub cluster: Option<PathBuf>,
+    /// With --cluster: check the leader under this attestation policy instead of the cluster
+    /// file's.
+    #[arg(long, requires = "cluster")]
+    pub attest_policy: Option<PathBuf>,
 }
 
 /// Reads a cluster file (or `DIR/cluster.json`).
@@ -90,14 +97,15 @@ pub fn run(a: RunArgs) -> Result<i32> {
         wall_time: Duration::from_millis(a.wall_ms),
         ..SandboxLimits::default()
     };
-    if !a.json {
-        eprintln!("warning: attestation backend 'sim' is INSECURE (development only)");
-    }
+    let attestation;
     let (r, workers, cold_ms) = if let Some(c) = &a.cluster {
         if a.workers.is_some() || a.memory_mib != 64 || a.cpu_ms != 10_000 || a.wall_ms != 60_000 {
             bail!("--workers and the limits are the deployment's with --cluster (set them on `psl up`)");
         }
         let info = read_cluster(c)?;
+        let policy = a.attest_policy.clone().unwrap_or_else(|| info.attest_policy.clone());
+        let verifier = crate::attest::load_policy(&policy, "client")?;
+        attestation = (info.attestation_backend.clone(), policy.display().to_string());
         let req = psl_faas::net::RemoteJob {
             program,
             lambdas: a.lambdas,
@@ -107,11 +115,19 @@ pub fn run(a: RunArgs) -> Result<i32> {
             record_capsule: a.capsule_out.is_some(),
             rotate_after_ms: a.rotate_after_ms,
         };
-        let r = psl_faas::net::run_remote(&info, req)?;
+        let r = psl_faas::net::run_remote_with(&info, &verifier, req)?;
         let n = info.workers.len();
         (r, n, None)
     } else {
         let workers = a.workers.unwrap_or((a.lambdas as usize).min(64));
+        eprintln!(
+            "WARNING: embedded deployment: every role in this process, attested with the INSECURE sim backend under \
+             the built-in development policy (allow_insecure_sim = true); development only"
+        );
+        attestation = (
+            psl_faas::attest::SIM_BACKEND.to_string(),
+            "embedded development policy (allow_insecure_sim = true)".into(),
+        );
         let t0 = std::time::Instant::now();
         let d = Deployment::start(DeploymentConfig {
             workers,
@@ -135,7 +151,8 @@ pub fn run(a: RunArgs) -> Result<i32> {
             v["deployment_start_ms"] = serde_json::json!(c);
         }
         v["deployment"] = serde_json::json!(if a.cluster.is_some() { "cluster" } else { "embedded" });
-        v["attestation_backend"] = serde_json::json!("sim-INSECURE");
+        v["attestation_backend"] = serde_json::json!(attestation.0);
+        v["attestation_policy"] = serde_json::json!(attestation.1);
         println!("{}", serde_json::to_string(&v)?);
     } else {
         println!("job {} on capsule {} ({} lambdas, {} workers)", r.job, r.capsule, r.lambdas.len(), workers);

@@ -5,8 +5,13 @@
 //! writes `DIR/cluster.json` (what `psl run --cluster` reads), prints the addresses, and runs
 //! until Ctrl-C or SIGTERM, then stops the children.
 //!
-//! Attestation uses the `sim` backend: INSECURE. `psl up` draws the simulated platform key
-//! and writes it to `DIR/sim-platform.key` (mode 0600) for its children.
+//! Attestation (`--attest`): with `sim`, the default on a machine without a TEE, `psl up` draws
+//! the simulated platform key, writes it to `DIR/sim-platform.key` (mode 0600) for its
+//! children, and writes a development policy `DIR/attest-policy.toml` that says
+//! `allow_insecure_sim = true` (and requires attested capsule hosts), the leader, the workers and
+//! the clients use it; all of this is INSECURE and says so on stderr. With `sgx`, `tdx`, `snp` or
+//! `auto` every attested role takes its reports from the hardware and `--attest-policy FILE` is
+//! required (see docs/security/attestation.md).
 //!
 //! With `--kv` (or `--memcached N`) it also runs a long-lived KV deployment for SecureCached
 //! on the same router: the KV capsule and its owner key, created once in `DIR/kv/` and kept
@@ -21,6 +26,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use psl_faas::attest_select::AttestChoice;
 use psl_faas::net::{ClusterInfo, WorkerInfo};
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -31,9 +37,24 @@ use std::time::{Duration, Instant};
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "WARNING: attestation uses the simulated backend 'sim', which is INSECURE (anyone holding DIR/sim-platform.key can forge reports); never use it in production."
+    after_help = "WARNING: with --attest sim (the default) attestation uses the simulated backend, which is INSECURE (anyone holding DIR/sim-platform.key can forge reports), under a generated policy that says allow_insecure_sim = true; never use it in production."
 )]
 pub struct UpArgs {
+    /// How the leader, workers and capsule hosts attest: `sim` (INSECURE, development: a
+    /// generated policy DIR/attest-policy.toml with allow_insecure_sim = true), or `sgx`, `tdx`,
+    /// `snp`, `auto` (hardware; needs --attest-policy).
+    #[arg(long, default_value = "sim")]
+    pub attest: psl_faas::attest_select::AttestChoice,
+    /// The attestation policy file (required with hardware attestation; with sim, replaces the
+    /// generated development policy).
+    #[arg(long)]
+    pub attest_policy: Option<PathBuf>,
+    /// The configfs-tsm root the roles use (tdx, snp, auto).
+    #[arg(long, default_value = psl_faas::attest_tsm::TSM_ROOT_DEFAULT)]
+    pub tsm_root: PathBuf,
+    /// Gramine's attestation directory the roles use (sgx, auto).
+    #[arg(long, default_value = psl_faas::attest_gramine::GRAMINE_DIR_DEFAULT)]
+    pub gramine_dir: PathBuf,
     /// Worker processes.
     #[arg(long, default_value_t = 4)]
     pub workers: u32,
@@ -411,6 +432,58 @@ fn start_fabric(a: &UpArgs, kids: &mut Vec<Kid>, deadline: Instant) -> Result<ps
     args.spec_of(url)
 }
 
+/// The attestation flags every attested child gets, and the policy file (absolute). With sim:
+/// the platform key and a generated development policy in DIR, announced on stderr.
+fn attestation(a: &UpArgs) -> Result<(Vec<String>, PathBuf)> {
+    let mut flags = vec!["--attest".to_string()];
+    if a.attest != AttestChoice::Sim {
+        flags.push(format!("{:?}", a.attest).to_lowercase());
+        flags.extend(["--tsm-root".into(), a.tsm_root.display().to_string()]);
+        flags.extend(["--gramine-dir".into(), a.gramine_dir.display().to_string()]);
+        let p = a.attest_policy.as_ref().context(
+            "hardware attestation needs --attest-policy FILE (its measurements: `psl attest measure`; see \
+             docs/security/attestation.md)",
+        )?;
+        let p = std::fs::canonicalize(p).with_context(|| format!("the policy {}", p.display()))?;
+        return Ok((flags, p));
+    }
+    flags.push("sim".into());
+    let key_path = a.dir.join("sim-platform.key");
+    let secret = loop {
+        let s: [u8; 32] = rand::random();
+        if psl_crypto::SigningKey::from_bytes(&s).is_ok() {
+            break zeroize::Zeroizing::new(s);
+        }
+    };
+    crate::util::write_atomic(&key_path, hex::encode(&secret[..]).as_bytes(), 0o600)?;
+    let platform = psl_faas::SimPlatform::from_secret(&secret)?;
+    let bin = hex::encode(psl_faas::attest::binary_hash().0);
+    let measurement = crate::faas_roles::measurement(Some(&bin))?;
+    flags.extend(["--sim-platform-key".into(), key_path.display().to_string(), "--sim-binary-hash".into(), bin]);
+    let path = match &a.attest_policy {
+        Some(p) => p.clone(),
+        None => {
+            let p = a.dir.join("attest-policy.toml");
+            let text = psl_faas::attest_policy::dev_sim_policy_text(
+                &hex::encode(platform.public().to_bytes()),
+                &[measurement],
+                true,
+            );
+            crate::util::write_atomic(&p, text.as_bytes(), 0o644)?;
+            p
+        }
+    };
+    let path = std::fs::canonicalize(&path).with_context(|| format!("the policy {}", path.display()))?;
+    eprintln!(
+        "WARNING: attestation backend 'sim' is INSECURE (development only): the attestation policy {} says \
+         allow_insecure_sim = true, so reports anyone holding {} can forge are accepted. On a TEE use --attest \
+         sgx|tdx|snp|auto --attest-policy FILE.",
+        path.display(),
+        key_path.display()
+    );
+    Ok((flags, path))
+}
+
 pub fn run(a: UpArgs) -> Result<i32> {
     match (&a.config, &a.host) {
         (Some(config), _) if a.init => return crate::cluster::init(config),
@@ -440,23 +513,10 @@ pub fn run(a: UpArgs) -> Result<i32> {
         bail!("--kv-servers must be 0 or an odd number (2f + 1) up to 63");
     }
     catch_signals();
-    eprintln!("WARNING: attestation backend 'sim' is INSECURE (development only)");
     std::fs::create_dir_all(&a.dir).with_context(|| format!("creating {}", a.dir.display()))?;
-    let key_path = a.dir.join("sim-platform.key");
-    let secret = loop {
-        let s: [u8; 32] = rand::random();
-        if psl_crypto::SigningKey::from_bytes(&s).is_ok() {
-            break zeroize::Zeroizing::new(s);
-        }
-    };
-    crate::util::write_atomic(&key_path, hex::encode(&secret[..]).as_bytes(), 0o600)?;
-    let platform = psl_faas::SimPlatform::from_secret(&secret)?;
-    let bin = hex::encode(psl_faas::attest::binary_hash().0);
-    let measurement = crate::faas_roles::measurement(Some(&bin))?;
-    let key = key_path.display().to_string();
-    let sim = |v: &mut Vec<String>| {
-        v.extend(["--sim-platform-key".into(), key.clone(), "--sim-binary-hash".into(), bin.clone()]);
-    };
+    let (attest_flags, policy_path) = attestation(&a)?;
+    let attest_policy = policy_path.display().to_string();
+    let sim = |v: &mut Vec<String>| v.extend(attest_flags.iter().cloned());
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut kids = Vec::new();
     let mut kv = None;
@@ -490,6 +550,7 @@ pub fn run(a: UpArgs) -> Result<i32> {
                 a.bind0(),
             ];
             args.extend(fabric_flags(&fabric));
+            sim(&mut args);
             let (k, rx) = spawn(&format!("capsule host {id}"), &args)?;
             kids.push(k);
             hrx.push((id, hdir, rx));
@@ -506,6 +567,7 @@ pub fn run(a: UpArgs) -> Result<i32> {
             largs.extend(["--capsule-host".into(), addr.to_string()]);
         }
         sim(&mut largs);
+        largs.extend(["--attest-policy".into(), attest_policy.clone()]);
         let (k, lrx) = spawn("leader", &largs)?;
         kids.push(k);
         let scheduler: SocketAddr = a.advertised(wait_line("scheduler", &srx, "scheduler ", deadline)?.parse()?);
@@ -525,6 +587,7 @@ pub fn run(a: UpArgs) -> Result<i32> {
             ];
             w.extend(fabric_flags(&fabric));
             sim(&mut w);
+            w.extend(["--attest-policy".into(), attest_policy.clone()]);
             if a.test_rogue_workers.contains(&id) {
                 w.push("--test-rogue-measurement".into());
             }
@@ -544,9 +607,14 @@ pub fn run(a: UpArgs) -> Result<i32> {
             scheduler,
             leader,
             fabric,
-            attestation_backend: psl_faas::attest::SIM_BACKEND.into(),
-            sim_platform_public: hex::encode(platform.public().to_bytes()),
-            measurements: vec![hex::encode(measurement.0)],
+            attestation_backend: match a.attest {
+                AttestChoice::Sim => psl_faas::attest::SIM_BACKEND.into(),
+                AttestChoice::Sgx => "sgx".into(),
+                AttestChoice::Tdx => "tdx".into(),
+                AttestChoice::Snp => "snp".into(),
+                AttestChoice::Auto => "auto".into(),
+            },
+            attest_policy: policy_path.clone(),
             workers,
             capsule_hosts: hosts,
             pids: kids.iter().map(|k| (k.name.clone(), k.child.id())).collect(),

@@ -198,7 +198,11 @@ fn faas_multiprocess_worker_outside_policy_gets_no_key() {
     // A client whose policy does not hold the leader's measurement refuses the leader before
     // it hands over the owner key; no worker is ever forwarded the job.
     let mut info = u.info.clone();
-    info.measurements = vec!["00".repeat(32)];
+    let policy = std::fs::read_to_string(&info.attest_policy).unwrap();
+    let m = policy.lines().find_map(|l| l.strip_prefix("measurement = ")).unwrap().trim_matches('"').to_string();
+    let other_policy = u.dir.path().join("other-policy.toml");
+    std::fs::write(&other_policy, policy.replace(&m, &"00".repeat(32))).unwrap();
+    info.attest_policy = other_policy;
     let other = u.dir.path().join("other.json");
     std::fs::write(&other, serde_json::to_string(&info).unwrap()).unwrap();
     let o = Command::new(psl())

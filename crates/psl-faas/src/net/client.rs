@@ -10,14 +10,15 @@
 
 use super::unix_us;
 use super::wire::{read_msg, unhex, write_msg, Msg, WorkerTimes};
-use crate::attest::{bind_channel_key, AttestPolicy, AttestVerifier, Measurement, SimVerifier, SIM_BACKEND};
+use crate::attest::{bind_channel_key, AttestVerifier, VerifyTime};
+use crate::attest_policy::{Policy, PolicyVerifier};
 use crate::deploy::{JobReport, LambdaReport, LaunchBreakdown, Recorder, LAMBDAS_MAX};
 use crate::error::FaasError;
 use crate::program::{JobId, Payload, SealedProgram};
 use crate::tls::{self, TlsIdentity};
 use crate::worker::RESULT_BYTES_MAX;
 use psl_capsule::{new_capsule, Limits};
-use psl_crypto::{Hash256, OwnerKey, VerifyingKey};
+use psl_crypto::OwnerKey;
 use psl_sandbox::SandboxLimits;
 use serde::{Deserialize, Serialize};
 use std::net::{SocketAddr, TcpStream};
@@ -37,12 +38,11 @@ pub struct ClusterInfo {
     /// The deployment's fabric (`router` in cluster files written before NATS).
     #[serde(alias = "router")]
     pub fabric: psl_fabric::FabricSpec,
-    /// `"sim-INSECURE"`.
+    /// What the deployment's roles attest with (`sim-INSECURE`, `sgx`, `tdx`, `snp`): for
+    /// operators; clients go by the policy.
     pub attestation_backend: String,
-    /// The simulated platform's public key (hex), to check sim reports with.
-    pub sim_platform_public: String,
-    /// Measurements (hex) of the leader and workers this deployment runs.
-    pub measurements: Vec<String>,
+    /// The attestation policy file clients check the leader against (the leader's own).
+    pub attest_policy: std::path::PathBuf,
     pub workers: Vec<WorkerInfo>,
     /// Capsule hosts: server id, address, store directory (one store per job capsule in it).
     #[serde(default)]
@@ -53,27 +53,10 @@ pub struct ClusterInfo {
 }
 
 impl ClusterInfo {
-    pub fn policy(&self) -> Result<AttestPolicy, FaasError> {
-        let mut allowed = std::collections::BTreeSet::new();
-        for m in &self.measurements {
-            let b: [u8; 32] = unhex("measurement", m)?
-                .try_into()
-                .map_err(|_| FaasError::Config("a measurement is not 32 bytes".into()))?;
-            allowed.insert(Hash256(b) as Measurement);
-        }
-        Ok(AttestPolicy { allowed })
-    }
-
-    pub fn verifier(&self) -> Result<SimVerifier, FaasError> {
-        if self.attestation_backend != SIM_BACKEND {
-            return Err(FaasError::Config(format!(
-                "attestation backend {:?} is not supported",
-                self.attestation_backend
-            )));
-        }
-        let pk = VerifyingKey::from_bytes(&unhex("sim_platform_public", &self.sim_platform_public)?)
-            .map_err(|e| FaasError::Config(format!("sim platform key: {e}")))?;
-        Ok(SimVerifier::new(pk))
+    /// The verifier of the cluster's policy file.
+    pub fn verifier(&self) -> Result<PolicyVerifier, FaasError> {
+        let p = Policy::load(&self.attest_policy).map_err(|e| FaasError::Config(e.to_string()))?;
+        PolicyVerifier::new(p, VerifyTime::Now).map_err(|e| FaasError::Config(e.to_string()))
     }
 }
 
@@ -100,8 +83,18 @@ fn expect_ok(m: Msg, what: &str) -> Result<Msg, FaasError> {
     }
 }
 
-/// Runs one job on the deployment `c` from submit to RESET.
+/// Runs one job on the deployment `c` from submit to RESET, checking the leader under the
+/// cluster file's policy.
 pub fn run_remote(c: &ClusterInfo, req: RemoteJob) -> Result<JobReport, FaasError> {
+    run_remote_with(c, &c.verifier()?, req)
+}
+
+/// [`run_remote`], checking the leader with `leader_verifier`.
+pub fn run_remote_with(
+    c: &ClusterInfo,
+    leader_verifier: &dyn AttestVerifier,
+    req: RemoteJob,
+) -> Result<JobReport, FaasError> {
     if req.lambdas == 0 || req.lambdas > LAMBDAS_MAX {
         return Err(FaasError::Config(format!("lambdas must be 1 ..= {LAMBDAS_MAX}, got {}", req.lambdas)));
     }
@@ -141,8 +134,8 @@ pub fn run_remote(c: &ClusterInfo, req: RemoteJob) -> Result<JobReport, FaasErro
     let Msg::LeaderReport { backend, evidence } = expect_ok(read_msg(&mut lead)?, "leader")? else {
         return Err(FaasError::Net("expected the leader's report".into()));
     };
-    c.verifier()?
-        .verify(&super::wire::evidence(&backend, &evidence)?, &nonce, &bind_channel_key(&leader_spki), &c.policy()?)
+    leader_verifier
+        .verify(&super::wire::evidence(&backend, &evidence)?, &nonce, &bind_channel_key(&leader_spki))
         .map_err(|e| FaasError::Attestation { who: "leader".into(), why: e.to_string() })?;
     let mut begin = Msg::BeginJob {
         job: hex::encode(job.0),

@@ -10,10 +10,14 @@
 //! new generation's records from the rotation epoch on.
 //!
 //! The host is untrusted storage: it verifies with public keys and never sees the data key.
-//! The link from the leader is TLS, but the host is not attested (no TEE is assumed for
-//! storage): its key only signs acks for that one job's capsule.
+//! The link from the leader is TLS. The host is attested only where the leader's policy says
+//! `[hosts] require_attestation = true` (then the leader sends `HostHello{nonce}` first and the
+//! host answers `HostReport{backend, evidence}`, a report over the nonce binding its TLS
+//! certificate key, from its `--attest` attester); otherwise no TEE is assumed for storage: its
+//! key only signs acks for that one job's capsule.
 
 use super::wire::{read_msg, unhex, unhex_n, write_msg, Msg};
+use crate::attest::{bind_channel_key, Attester};
 use crate::error::FaasError;
 use crate::tls::{self, ServerStream, TlsIdentity};
 use psl_capsule::SignedMetadata;
@@ -30,6 +34,8 @@ pub struct HostConfig {
     /// The fabric each job's capsule server attaches to (subscribed, on NATS, to that capsule's
     /// records, repair and heads).
     pub fabric: psl_fabric::FabricSpec,
+    /// Answers the leader's `HostHello` (none: the host cannot be attested).
+    pub attester: Option<Box<dyn Attester>>,
 }
 
 pub fn serve_host(cfg: HostConfig, ready: impl FnOnce(SocketAddr)) -> Result<(), FaasError> {
@@ -38,13 +44,14 @@ pub fn serve_host(cfg: HostConfig, ready: impl FnOnce(SocketAddr)) -> Result<(),
     let addr = listener.local_addr()?;
     let me = TlsIdentity::generate("psl-capsule-host")?;
     let tls = me.server_config(false)?;
+    let spki = me.spki_hash();
     let cfg = Arc::new(cfg);
     ready(addr);
     for conn in listener.incoming() {
         let Ok(tcp) = conn else { continue };
         let (cfg, tls) = (cfg.clone(), tls.clone());
         std::thread::Builder::new().name("capsule-host-conn".into()).spawn(move || {
-            if let Err(e) = tls::accept(tcp, tls).and_then(|(s, _)| job(&cfg, s)) {
+            if let Err(e) = tls::accept(tcp, tls).and_then(|(s, _)| job(&cfg, &spki, s)) {
                 tracing::warn!("capsule host {}: {e}", cfg.id);
             }
         })?;
@@ -52,9 +59,22 @@ pub fn serve_host(cfg: HostConfig, ready: impl FnOnce(SocketAddr)) -> Result<(),
     Ok(())
 }
 
-fn job(cfg: &HostConfig, mut s: ServerStream) -> Result<(), FaasError> {
+fn job(cfg: &HostConfig, spki: &[u8; 32], mut s: ServerStream) -> Result<(), FaasError> {
     s.sock.set_read_timeout(Some(Duration::from_secs(30)))?;
-    let Msg::HostOpen { id, meta, key } = read_msg(&mut s)? else {
+    let mut first = read_msg(&mut s)?;
+    if let Msg::HostHello { nonce } = &first {
+        let nonce = unhex_n::<32>("nonce", nonce)?;
+        let reply = match &cfg.attester {
+            None => Msg::Error { why: format!("capsule host {} runs without --attest: it cannot be attested", cfg.id) },
+            Some(a) => match a.attest(&nonce, &bind_channel_key(spki)) {
+                Ok(ev) => Msg::HostReport { backend: ev.backend.into(), evidence: hex::encode(&ev.bytes) },
+                Err(e) => Msg::Error { why: format!("capsule host {}: attesting: {e}", cfg.id) },
+            },
+        };
+        write_msg(&mut s, &reply)?;
+        first = read_msg(&mut s)?;
+    }
+    let Msg::HostOpen { id, meta, key } = first else {
         return Err(FaasError::Net("expected HostOpen".into()));
     };
     if id != cfg.id {

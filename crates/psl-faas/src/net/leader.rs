@@ -9,7 +9,7 @@
 //! later `Reset` → `ResetDone`.
 
 use super::wire::{evidence, read_msg, unhex, unhex_n, write_msg, Msg};
-use crate::attest::{bind_channel_key, AttestPolicy, Measurement, SimAttester, SimPlatform, SimVerifier};
+use crate::attest::{bind_channel_key, AttestVerifier, Attester};
 use crate::error::FaasError;
 use crate::leader::{Leader, Offer};
 use crate::program::JobId;
@@ -29,11 +29,8 @@ pub struct LeaderConfig {
     pub listen: SocketAddr,
     /// The fabric each job's coordinator attaches to.
     pub fabric: psl_fabric::FabricSpec,
-    pub platform: Arc<SimPlatform>,
-    /// The leader's own measurement (what clients and workers check).
-    pub measurement: Measurement,
-    /// Worker measurements the leader grants keys to.
-    pub policy: AttestPolicy,
+    /// Capsule hosts must attest (under the leader's policy) before they get their key.
+    pub attest_hosts: bool,
     /// How long the leader waits for every expected worker's offer before admitting those in.
     pub admit_wait: Duration,
     /// Most connections served at once.
@@ -78,17 +75,20 @@ struct Shared {
     conns: std::sync::atomic::AtomicUsize,
 }
 
-/// Binds, calls `ready` with the bound address, and serves until the process ends.
-pub fn serve_leader(cfg: LeaderConfig, ready: impl FnOnce(SocketAddr)) -> Result<(), FaasError> {
+/// Binds, calls `ready` with the bound address, and serves until the process ends. The leader
+/// attests itself with `attester` and admits the workers (and capsule hosts) `verifier`'s policy
+/// accepts.
+pub fn serve_leader(
+    cfg: LeaderConfig,
+    attester: Box<dyn Attester>,
+    verifier: Box<dyn AttestVerifier>,
+    ready: impl FnOnce(SocketAddr),
+) -> Result<(), FaasError> {
     let listener = TcpListener::bind(cfg.listen).map_err(|e| FaasError::Net(format!("binding {}: {e}", cfg.listen)))?;
     let addr = listener.local_addr()?;
     let identity = TlsIdentity::generate("psl-leader")?;
     let tls = identity.server_config(true)?;
-    let leader = Leader::new(
-        Box::new(SimAttester::new(cfg.platform.clone(), cfg.measurement)),
-        Box::new(SimVerifier::new(cfg.platform.public())),
-        cfg.policy.clone(),
-    );
+    let leader = Leader::new(attester, verifier);
     let sh = Arc::new(Shared {
         cfg,
         leader,
@@ -229,9 +229,25 @@ fn begin(
 fn open_hosts(sh: &Arc<Shared>, meta: &SignedMetadata) -> Result<Vec<(u32, tls::ClientStream)>, FaasError> {
     let meta_hex = hex::encode(meta.encode());
     let open = |id: u32, addr: SocketAddr| -> Result<(u32, tls::ClientStream), FaasError> {
-        let key = sh.leader.server_key(id)?;
-        let (mut s, _) = tls::connect(addr, &sh.identity)?;
+        let (mut s, host_spki) = tls::connect(addr, &sh.identity)?;
         s.sock.set_read_timeout(Some(Duration::from_secs(10)))?;
+        if sh.cfg.attest_hosts {
+            // The host's report over our nonce must bind the certificate key of this very
+            // connection before the key goes to it.
+            let nonce: [u8; 32] = rand::random();
+            write_msg(&mut s, &Msg::HostHello { nonce: hex::encode(nonce) })?;
+            let (backend, ev) = match read_msg(&mut s)? {
+                Msg::HostReport { backend, evidence } => (backend, evidence),
+                Msg::Error { why } => return Err(FaasError::Attestation { who: format!("capsule host {id}"), why }),
+                m => return Err(FaasError::Net(format!("capsule host {id}: expected HostReport, got {}", m.name()))),
+            };
+            let v =
+                sh.leader.verify_evidence(&evidence(&backend, &ev)?, &nonce, &bind_channel_key(&host_spki)).map_err(
+                    |e| FaasError::Attestation { who: format!("capsule host {id} ({addr})"), why: e.to_string() },
+                )?;
+            tracing::info!("capsule host {id} attested: {} measurement {}", v.kind, v.measurement.short());
+        }
+        let key = sh.leader.server_key(id)?;
         let mut m = Msg::HostOpen { id, meta: meta_hex.clone(), key: hex::encode(&key.expose_secret_bytes()[..]) };
         let sent = write_msg(&mut s, &m);
         if let Msg::HostOpen { key, .. } = &mut m {

@@ -18,7 +18,7 @@ pub mod scheduler;
 pub mod wire;
 pub mod worker;
 
-pub use client::{run_remote, ClusterInfo, RemoteJob, WorkerInfo};
+pub use client::{run_remote, run_remote_with, ClusterInfo, RemoteJob, WorkerInfo};
 
 use std::sync::OnceLock;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};

@@ -117,6 +117,15 @@ pub enum Msg {
         stored: Vec<(u32, u64)>,
     },
     // leader <-> capsule host (TLS)
+    /// When the policy requires attested hosts: the host's report over `nonce`, binding its TLS
+    /// certificate key, comes before the leader sends it a key.
+    HostHello {
+        nonce: String,
+    },
+    HostReport {
+        backend: String,
+        evidence: String,
+    },
     HostOpen {
         id: u32,
         meta: String,
@@ -223,6 +232,8 @@ impl Msg {
             Msg::Refused { .. } => "Refused",
             Msg::Reset => "Reset",
             Msg::ResetDone { .. } => "ResetDone",
+            Msg::HostHello { .. } => "HostHello",
+            Msg::HostReport { .. } => "HostReport",
             Msg::HostOpen { .. } => "HostOpen",
             Msg::HostClosed { .. } => "HostClosed",
             Msg::Ok => "Ok",
@@ -278,10 +289,8 @@ pub fn unhex_n<const N: usize>(field: &str, s: &str) -> Result<[u8; N], FaasErro
 
 /// Evidence from its wire form. Only backends this build knows are accepted.
 pub fn evidence(backend: &str, hex_bytes: &str) -> Result<crate::attest::Evidence, FaasError> {
-    let backend = match backend {
-        crate::attest::SIM_BACKEND => crate::attest::SIM_BACKEND,
-        other => return Err(FaasError::Net(format!("unknown attestation backend {other:?}"))),
-    };
+    let backend = crate::attest::backend_by_name(backend)
+        .ok_or_else(|| FaasError::Net(format!("unknown attestation backend {backend:?}")))?;
     Ok(crate::attest::Evidence { backend, bytes: unhex("evidence", hex_bytes)? })
 }
 

@@ -10,9 +10,7 @@
 
 use super::wire::{evidence, read_msg, unhex, unhex_n, write_msg, Msg, WorkerTimes};
 use super::{instant_us, unix_us};
-use crate::attest::{
-    bind_channel_key, AttestPolicy, AttestVerifier, Measurement, SimAttester, SimPlatform, SimVerifier,
-};
+use crate::attest::{bind_channel_key, AttestVerifier, Attester};
 use crate::deploy::lambda_reports;
 use crate::error::FaasError;
 use crate::leader::{Grant, RotationGrant};
@@ -34,11 +32,8 @@ pub struct WorkerConfig {
     pub leader: SocketAddr,
     /// The fabric each job's node attaches to.
     pub fabric: psl_fabric::FabricSpec,
-    pub platform: Arc<SimPlatform>,
-    /// What this worker's reports claim (the sim backend takes it as given).
-    pub measurement: Measurement,
-    /// Leader measurements this worker accepts.
-    pub leader_policy: AttestPolicy,
+    /// Checks the leader's reports (the worker's copy of the deployment's policy).
+    pub leader_verifier: Box<dyn AttestVerifier>,
     pub limits: SandboxLimits,
     pub heartbeat: Duration,
     pub control: SocketAddr,
@@ -61,12 +56,17 @@ struct Agent {
     jobs: AtomicU64,
 }
 
-pub fn serve_worker(cfg: WorkerConfig, ready: impl FnOnce(WorkerReady)) -> Result<(), FaasError> {
+/// Runs the worker until the process ends; `attester` makes its reports.
+pub fn serve_worker(
+    cfg: WorkerConfig,
+    attester: Box<dyn Attester>,
+    ready: impl FnOnce(WorkerReady),
+) -> Result<(), FaasError> {
     let control =
         TcpListener::bind(cfg.control).map_err(|e| FaasError::Net(format!("binding {}: {e}", cfg.control)))?;
     let control_addr = control.local_addr()?;
     let mut sched = register(&cfg, control_addr, false)?;
-    let worker = Worker::new(cfg.id, Box::new(SimAttester::new(cfg.platform.clone(), cfg.measurement)), cfg.limits);
+    let worker = Worker::new(cfg.id, attester, cfg.limits);
     let agent = Arc::new(Agent {
         to_scheduler: Mutex::new(sched.try_clone()?),
         worker,
@@ -206,8 +206,9 @@ impl Agent {
         let Msg::LeaderChallenge { backend, evidence: ev, nonce } = read_msg(&mut s)? else {
             return Err(FaasError::Net("expected the leader's challenge".into()));
         };
-        SimVerifier::new(self.cfg.platform.public())
-            .verify(&evidence(&backend, &ev)?, &my_nonce, &bind_channel_key(&leader_spki), &self.cfg.leader_policy)
+        self.cfg
+            .leader_verifier
+            .verify(&evidence(&backend, &ev)?, &my_nonce, &bind_channel_key(&leader_spki))
             .map_err(|e| FaasError::Attestation { who: "leader".into(), why: e.to_string() })?;
         let offer = self.worker.offer_for(&unhex_n::<32>("nonce", &nonce)?, Some(me.spki_hash()))?;
         write_msg(
