@@ -401,6 +401,12 @@ impl ClusterConfig {
 /// The shared files under `[cluster] shared`.
 struct Shared {
     sim_key: PathBuf,
+    /// The attestation policy the leader, the workers and `psl run --cluster` check reports
+    /// against. `--init` writes a development policy that allows the INSECURE sim backend (in
+    /// those words: `allow_insecure_sim = true`) for the sim key above and this build's
+    /// measurement; replace it with a hardware policy (docs/security/attestation.md) to run
+    /// attested.
+    policy: PathBuf,
     kv_owner: PathBuf,
     kv_capsule: PathBuf,
 }
@@ -409,6 +415,7 @@ impl Shared {
     fn at(dir: &Path) -> Shared {
         Shared {
             sim_key: dir.join("sim-platform.key"),
+            policy: dir.join("attest-policy.toml"),
             kv_owner: dir.join("kv-owner.key"),
             kv_capsule: dir.join("kv.capsule"),
         }
@@ -440,6 +447,15 @@ pub fn init(config: &Path) -> Result<i32> {
         };
         crate::util::write_atomic(&sh.sim_key, hex::encode(&secret[..]).as_bytes(), 0o600)?;
     }
+    if !sh.policy.exists() {
+        let platform = sim_platform(&sh)?;
+        let text = psl_faas::attest_policy::dev_sim_policy_text(
+            &hex::encode(platform.public().to_bytes()),
+            &[crate::faas_roles::measurement(None)?],
+            true,
+        );
+        crate::util::write_atomic(&sh.policy, text.as_bytes(), 0o644)?;
+    }
     if c.has_kv() {
         let s = |p: &Path| p.display().to_string();
         if !sh.kv_owner.exists() {
@@ -462,20 +478,25 @@ pub fn init(config: &Path) -> Result<i32> {
     Ok(0)
 }
 
-/// The cluster file `psl run --cluster` and `psl memcached --cluster` read.
-fn cluster_file(c: &ClusterConfig, sh: &Shared, kv_dir: &Path) -> Result<serde_json::Value> {
-    let secret = zeroize::Zeroizing::new(std::fs::read_to_string(&sh.sim_key)?);
+/// The shared sim platform (its key is in the shared directory).
+fn sim_platform(sh: &Shared) -> Result<std::sync::Arc<psl_faas::SimPlatform>> {
+    let secret = zeroize::Zeroizing::new(
+        std::fs::read_to_string(&sh.sim_key).with_context(|| format!("reading {}", sh.sim_key.display()))?,
+    );
     let mut b = zeroize::Zeroizing::new([0u8; 32]);
     hex::decode_to_slice(secret.trim(), &mut b[..]).context("the sim platform key is not 64 hex characters")?;
-    let platform = psl_faas::SimPlatform::from_secret(&b)?;
-    let measurement = crate::faas_roles::measurement(None)?;
+    Ok(psl_faas::SimPlatform::from_secret(&b)?)
+}
+
+/// The cluster file `psl run --cluster` and `psl memcached --cluster` read.
+fn cluster_file(c: &ClusterConfig, sh: &Shared, kv_dir: &Path) -> Result<serde_json::Value> {
+    let policy = std::fs::canonicalize(&sh.policy).with_context(|| format!("the policy {}", sh.policy.display()))?;
     let mut v = serde_json::json!({
         "scheduler": c.scheduler().map(|a| a.to_string()),
         "leader": c.leader().map(|a| a.to_string()),
         "fabric": c.fabric_spec(None).ok(),
         "attestation_backend": psl_faas::attest::SIM_BACKEND,
-        "sim_platform_public": hex::encode(platform.public().to_bytes()),
-        "measurements": [hex::encode(measurement.0)],
+        "attest_policy": policy,
         "workers": c.workers().iter().map(|(id, a)| serde_json::json!({"id": id, "control": a.to_string()})).collect::<Vec<_>>(),
         "capsule_hosts": c.capsule_hosts().iter().map(|(id, a)| serde_json::json!([id, a.to_string(), ""])).collect::<Vec<_>>(),
     });
@@ -536,7 +557,8 @@ pub fn up_host(config: &Path, name: &str) -> Result<i32> {
     let dir = base.join(&c.cluster.dir).join(&h.name);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let sh = Shared::at(&c.shared(base));
-    if !sh.sim_key.exists() || (c.has_kv() && (!sh.kv_owner.exists() || !sh.kv_capsule.exists())) {
+    if !sh.sim_key.exists() || !sh.policy.exists() || (c.has_kv() && (!sh.kv_owner.exists() || !sh.kv_capsule.exists()))
+    {
         bail!(
             "the shared files are missing from {}: run `psl up --config {} --init` once and copy them to every host",
             c.shared(base).display(),
@@ -548,7 +570,14 @@ pub fn up_host(config: &Path, name: &str) -> Result<i32> {
     let fabric = c.fabric_spec(Some(&h))?;
     let ff = fabric_flags(&fabric);
     let s = |p: &Path| p.display().to_string();
-    let key = s(&sh.sim_key);
+    let policy = s(&std::fs::canonicalize(&sh.policy)?);
+    // What every attested role is given: the sim backend (INSECURE; the shared policy must say
+    // allow_insecure_sim = true for the leader and workers to accept it) with the shared key.
+    let attest: Vec<String> = vec!["--attest".into(), "sim".into(), "--sim-platform-key".into(), s(&sh.sim_key)];
+    eprintln!(
+        "WARNING: attestation backend 'sim' is INSECURE (development only); the policy {policy} decides what the \
+         leader and the workers accept"
+    );
     let mut kids: Vec<Kid> = Vec::new();
     let started = (|| -> Result<()> {
         if let Some(role) = h.nats {
@@ -677,6 +706,7 @@ pub fn up_host(config: &Path, name: &str) -> Result<i32> {
                 h.listen(plus(c.ports.capsule_host, *id)?),
             ];
             a.extend(ff.clone());
+            a.extend(attest.clone());
             let (k, rx) = spawn(&format!("capsule host {id}"), &a)?;
             kids.push(k);
             wait_line(&format!("capsule host {id}"), &rx, &format!("capsule-host {id} "), deadline)?;
@@ -687,7 +717,8 @@ pub fn up_host(config: &Path, name: &str) -> Result<i32> {
             for (_, addr) in c.capsule_hosts() {
                 a.extend(["--capsule-host".into(), addr.to_string()]);
             }
-            a.extend(["--sim-platform-key".into(), key.clone()]);
+            a.extend(attest.clone());
+            a.extend(["--attest-policy".into(), policy.clone()]);
             let (k, rx) = spawn("leader", &a)?;
             kids.push(k);
             wait_line("leader", &rx, "leader ", deadline)?;
@@ -710,9 +741,10 @@ pub fn up_host(config: &Path, name: &str) -> Result<i32> {
                     h.listen(port),
                     "--advertise-control".into(),
                     h.at(port).to_string(),
-                    "--sim-platform-key".into(),
-                    key.clone(),
+                    "--attest-policy".into(),
+                    policy.clone(),
                 ];
+                a.extend(attest.clone());
                 a.extend(ff.clone());
                 let (k, rx) = spawn(&format!("worker {id}"), &a)?;
                 kids.push(k);
