@@ -44,6 +44,9 @@ pub trait BlockStore: Send + Sync {
     }
 }
 
+/// One page of a scan: `(key, newest cell)` in key order, and whether more keys follow.
+pub type ScanPage = (Vec<(Vec<u8>, Cell)>, bool);
+
 /// An in-memory store (tests, and the shape of a capsule server's record map).
 #[derive(Debug, Default)]
 pub struct MemStore {
@@ -429,6 +432,49 @@ impl Inner {
         Ok(newest(mem, lsm::get_in_index_with_runs(&index, &l0, &self.io, key)?))
     }
 
+    /// The first `limit` keys that start with `prefix` and sort above `after`, with their
+    /// newest cells (tombstones included) in key order, and whether more follow: the memtable,
+    /// a frozen memtable and every run of the index, each asked for its first `limit + 1`.
+    fn scan(&self, prefix: &[u8], after: Option<&[u8]>, limit: usize) -> Result<ScanPage, Error> {
+        let n = limit.saturating_add(1);
+        let (mut acc, index, l0) = {
+            let m = self.mem.read();
+            let mut acc: BTreeMap<Vec<u8>, Cell> = BTreeMap::new();
+            let take = |acc: &mut BTreeMap<Vec<u8>, Cell>, it: &mut dyn Iterator<Item = (&Vec<u8>, &Cell)>| {
+                for (k, c) in it.filter(|(k, _)| lsm::scan_wants(k, prefix, after)).take(n) {
+                    match acc.get_mut(k) {
+                        Some(x) if c.0 > x.0 => *x = c.clone(),
+                        Some(_) => {}
+                        None => {
+                            acc.insert(k.clone(), c.clone());
+                        }
+                    }
+                }
+            };
+            let lo = match after {
+                Some(a) if a > prefix => a.to_vec(),
+                _ => prefix.to_vec(),
+            };
+            take(&mut acc, &mut m.active.range(lo.clone()..).take_while(|(k, _)| k.starts_with(prefix)));
+            if let Some(f) = &m.frozen {
+                let i = f.partition_point(|(k, _)| k.as_slice() < lo.as_slice());
+                take(&mut acc, &mut f[i..].iter().take_while(|(k, _)| k.starts_with(prefix)).map(|(k, c)| (k, c)));
+            }
+            (acc, m.index.clone(), m.l0_runs.clone())
+        };
+        for (k, c) in lsm::scan_in_index(&index, &l0, &self.io, prefix, after, n)? {
+            match acc.get_mut(&k) {
+                Some(x) if c.0 > x.0 => *x = c,
+                Some(_) => {}
+                None => {
+                    acc.insert(k, c);
+                }
+            }
+        }
+        let more = acc.len() > limit;
+        Ok((acc.into_iter().take(limit).collect(), more))
+    }
+
     /// Writes `index` as the newest index record (blocks synced first, then the index, then
     /// synced again) and publishes it to readers; `clear_frozen` drops the frozen memtable in
     /// the same critical section (its block is in `index`).
@@ -615,6 +661,12 @@ impl Reader {
     /// The sequence number of the index reads currently go through.
     pub fn index_seq(&self) -> u64 {
         self.inner.index().seq
+    }
+
+    /// The first `limit` keys starting with `prefix` and above `after`, in key order, with
+    /// their newest entries (tombstones included), and whether more such keys exist.
+    pub fn scan(&self, prefix: &[u8], after: Option<&[u8]>, limit: usize) -> Result<ScanPage, Error> {
+        self.inner.scan(prefix, after, limit)
     }
 }
 

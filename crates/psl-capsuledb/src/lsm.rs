@@ -11,6 +11,7 @@ use crate::codec::{
     entry_len, Block, BlockRef, Index, BLOCK_BYTES_MAX, BLOCK_ENTRIES_MAX, KEY_BYTES_MAX, VALUE_BYTES_MAX,
 };
 use crate::{Cell, Error, RecordHash};
+use std::collections::BTreeMap;
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -355,6 +356,68 @@ pub fn get_in_index_with_runs(
         }
     }
     Ok(best)
+}
+
+/// Whether `key` is one a scan for `prefix` above `after` wants.
+pub fn scan_wants(key: &[u8], prefix: &[u8], after: Option<&[u8]>) -> bool {
+    key.starts_with(prefix) && after.is_none_or(|a| key > a)
+}
+
+/// The first `n` keys (with their cells, tombstones included) of each sorted run of `index`
+/// that start with `prefix` and sort above `after`, merged: per key the newest cell. Since
+/// every run contributes its first `n` such keys, the first `n` keys of the result are exactly
+/// the index's first `n` (a key among those is among the first `n` of every run holding it).
+/// Blocks are read with [`Blocks::load_once`] (a scan must not push point reads' blocks out).
+pub fn scan_in_index(
+    index: &Index,
+    l0: &[std::ops::Range<usize>],
+    blocks: &dyn Blocks,
+    prefix: &[u8],
+    after: Option<&[u8]>,
+    n: usize,
+) -> Result<BTreeMap<Vec<u8>, Cell>, Error> {
+    let mut out: BTreeMap<Vec<u8>, Cell> = BTreeMap::new();
+    let mut in_run = |run: &[BlockRef]| -> Result<(), Error> {
+        let start = run.partition_point(|r| r.max.as_slice() < prefix || after.is_some_and(|a| r.max.as_slice() <= a));
+        let mut taken = 0;
+        for r in &run[start..] {
+            if taken >= n || (r.min.as_slice() > prefix && !r.min.starts_with(prefix)) {
+                break;
+            }
+            let b = blocks.load_once(r)?;
+            for (k, c) in &b.entries {
+                if taken >= n || (k.as_slice() > prefix && !k.starts_with(prefix)) {
+                    break;
+                }
+                if !scan_wants(k, prefix, after) {
+                    continue;
+                }
+                taken += 1;
+                match out.get_mut(k) {
+                    Some(x) if c.0 > x.0 => *x = c.clone(),
+                    Some(_) => {}
+                    None => {
+                        out.insert(k.clone(), c.clone());
+                    }
+                }
+            }
+        }
+        Ok(())
+    };
+    for (li, level) in index.levels.iter().enumerate() {
+        if li == 0 {
+            for r in l0 {
+                in_run(level.get(r.clone()).ok_or(Error::Invalid("level-0 runs do not match the index"))?)?;
+            }
+        } else {
+            in_run(level)?;
+        }
+    }
+    // Only the first `n` keys are exact.
+    while out.len() > n {
+        out.pop_last();
+    }
+    Ok(out)
 }
 
 /// Cuts a sorted stream of entries into blocks (by entry count and encoded size) and saves each

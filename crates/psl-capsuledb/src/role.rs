@@ -18,7 +18,10 @@ use crate::store::DirStore;
 use crate::{Error, Version};
 use psl_crypto::{DataKey, SigningKey};
 use psl_node::Node;
-use psl_scl::dbwire::{AnswerBody, DbAnswer, DbHeads, DbMsg, ANSWER_KEYS_MAX, ANSWER_REQS_MAX, DB_HEADS_MAX};
+use psl_scl::dbwire::{
+    AnswerBody, DbAnswer, DbHeads, DbMsg, DbRequest, DbScan, DbScanAnswer, ScanBody, ANSWER_KEYS_MAX, ANSWER_REQS_MAX,
+    DB_HEADS_MAX, SCAN_BODY_BYTES_MAX,
+};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -160,6 +163,53 @@ impl Shared {
         }
     }
 
+    /// Answers one scan: the range read from the tree (its memtable, level 0 and every level,
+    /// newest version per key, tombstones included), cut at [`SCAN_BODY_BYTES_MAX`].
+    fn answer_scan(&self, q: &DbScan) {
+        let query = match q.open(&self.keys.data_key) {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::debug!("capsuledb: scan refused: {e}");
+                self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        };
+        let seq = self.reader.index_seq();
+        let (found, mut more) = match self.reader.scan(&query.prefix, query.after.as_deref(), query.limit as usize) {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::error!("capsuledb: scan failed: {e}");
+                self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        };
+        let mut entries = Vec::with_capacity(found.len());
+        let mut bytes = 0usize;
+        for (k, (v, val)) in found {
+            let len = k.len() + 20 + val.as_ref().map_or(0, |v| v.len());
+            if !entries.is_empty() && bytes + len > SCAN_BODY_BYTES_MAX {
+                more = true;
+                break;
+            }
+            bytes += len;
+            entries.push((k, psl_scl::Version { lamport: v.lamport, writer: v.writer }, val));
+        }
+        let body = ScanBody { more, entries };
+        let a = DbScanAnswer::seal(
+            self.node.capsule(),
+            self.keys.writer,
+            seq,
+            q.req_id,
+            &body,
+            &self.keys.data_key,
+            rand::random(),
+            &self.keys.signing,
+        );
+        if self.node.publish(DbMsg::ScanAnswer(a).encode()).is_ok() {
+            self.stats.answers.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     fn answer_loop(&self) {
         let Some(rx) = self.node.db_requests().cloned() else { return };
         while !self.stop.load(Ordering::Acquire) {
@@ -171,8 +221,15 @@ impl Shared {
             let Ok(first) = rx.recv_timeout(Duration::from_millis(50)) else { continue };
             // Group what is queued by key: one read and one answer per key.
             let mut by_key: BTreeMap<Vec<u8>, Vec<u64>> = BTreeMap::new();
-            for g in std::iter::once(first).chain(rx.try_iter().take(4096)) {
+            for r in std::iter::once(first).chain(rx.try_iter().take(4096)) {
                 self.stats.requests.fetch_add(1, Ordering::Relaxed);
+                let g = match r {
+                    DbRequest::Get(g) => g,
+                    DbRequest::Scan(q) => {
+                        self.answer_scan(&q);
+                        continue;
+                    }
+                };
                 match g.open(&self.keys.data_key) {
                     Ok(k) => by_key.entry(k).or_default().push(g.req_id),
                     Err(e) => {

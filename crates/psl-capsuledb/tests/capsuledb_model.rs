@@ -12,7 +12,44 @@ enum Op {
     Put(u8, u8),
     Delete(u8),
     Get(u8),
+    /// Prefix choice, `after` key, limit.
+    Scan(u8, Option<u8>, usize),
     Restart,
+}
+
+const PREFIXES: [&str; 4] = ["", "key-", "key-0", "key-01"];
+
+/// A scan against the model: in key order, each live entry the model's; with a limit past
+/// every key, exactly the model's range and no `more`.
+fn check_scan(
+    db: &psl_capsuledb::CapsuleDb,
+    model: &BTreeMap<Vec<u8>, Vec<u8>>,
+    p: u8,
+    after: Option<u8>,
+    limit: usize,
+) -> Result<(), TestCaseError> {
+    let prefix = PREFIXES[p as usize % 4].as_bytes();
+    let after = after.map(key);
+    let (got, more) = db.reader().scan(prefix, after.as_deref(), limit).unwrap();
+    prop_assert!(got.len() <= limit);
+    prop_assert!(got.windows(2).all(|w| w[0].0 < w[1].0), "scan keys in order");
+    let want: Vec<(Vec<u8>, Vec<u8>)> = model
+        .iter()
+        .filter(|(k, _)| k.starts_with(prefix) && after.as_ref().is_none_or(|a| *k > a))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let live: Vec<(Vec<u8>, Vec<u8>)> = got.into_iter().filter_map(|(k, (_, v))| v.map(|v| (k, v))).collect();
+    for (k, v) in &live {
+        prop_assert_eq!(model.get(k), Some(v), "scanned {:?}", String::from_utf8_lossy(k));
+    }
+    if limit >= 64 {
+        prop_assert!(!more);
+        prop_assert_eq!(live, want);
+    } else {
+        // The live keys scanned are the model's first ones.
+        prop_assert_eq!(&live[..], &want[..live.len()]);
+    }
+    Ok(())
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -20,6 +57,7 @@ fn op() -> impl Strategy<Value = Op> {
         6 => (0u8..48, any::<u8>()).prop_map(|(k, v)| Op::Put(k, v)),
         2 => (0u8..48).prop_map(Op::Delete),
         3 => (0u8..48).prop_map(Op::Get),
+        2 => (0u8..4, proptest::option::of(0u8..48), prop_oneof![1usize..10, Just(64)]).prop_map(|(p, a, l)| Op::Scan(p, a, l)),
         1 => Just(Op::Restart),
     ]
 }
@@ -71,6 +109,7 @@ proptest! {
                 Op::Get(k) => {
                     prop_assert_eq!(db.get(&key(k)).unwrap(), model.get(&key(k)).cloned(), "get {}", k);
                 }
+                Op::Scan(p, a, l) => check_scan(&db, &model, p, a, l)?,
                 Op::Restart => {
                     restarts += 1;
                     let newest = db.newest_index();
@@ -93,6 +132,9 @@ proptest! {
         let mut db = reopen(config, &[&store], newest, 99_999);
         for k in 0u8..48 {
             prop_assert_eq!(db.get(&key(k)).unwrap(), model.get(&key(k)).cloned(), "after restart {}", k);
+        }
+        for p in 0..4 {
+            check_scan(&db, &model, p, None, 64)?;
         }
         let s = db.stats();
         prop_assert_eq!(s.rejected_copies, 0);
@@ -181,6 +223,8 @@ enum VOp {
     /// Key, Lamport time, writer (the version decides put or delete, and the value).
     Write(u8, u64, u32),
     Get(u8),
+    /// Prefix choice, `after` key, limit.
+    Scan(u8, Option<u8>, usize),
     Restart,
 }
 
@@ -188,6 +232,7 @@ fn vop() -> impl Strategy<Value = VOp> {
     prop_oneof![
         8 => (0u8..24, 1u64..400, 0u32..3).prop_map(|(k, l, w)| VOp::Write(k, l, w)),
         3 => (0u8..24).prop_map(VOp::Get),
+        2 => (0u8..4, proptest::option::of(0u8..24), prop_oneof![1usize..10, Just(64)]).prop_map(|(p, a, l)| VOp::Scan(p, a, l)),
         1 => Just(VOp::Restart),
     ]
 }
@@ -224,6 +269,10 @@ proptest! {
                         _ => { model.insert(key(k), (ver, val.clone())); }
                     }
                     if db.index_seq() != before { log.clear(); } else { log.push((key(k), ver, val)); }
+                }
+                VOp::Scan(p, a, l) => {
+                    let live = model.iter().filter_map(|(k, (_, v))| v.clone().map(|v| (k.clone(), v))).collect();
+                    check_scan(&db, &live, p, a, l)?;
                 }
                 VOp::Get(k) => {
                     prop_assert_eq!(db.get(&key(k)).unwrap(), expect(&model, k), "get {}", k);

@@ -10,7 +10,7 @@
 use parking_lot::{Condvar, Mutex};
 use psl_capsule::CapsuleName;
 use psl_crypto::{DataKey, VerifyingKey};
-use psl_scl::dbwire::{DbAnswer, DbGet, DbHeads, DbMsg};
+use psl_scl::dbwire::{DbAnswer, DbGet, DbHeads, DbMsg, DbRequest, DbScan, DbScanAnswer, ScanBody, ScanQuery};
 use psl_scl::Memtable;
 use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,6 +40,8 @@ pub(crate) struct DbClient {
     /// Request id -> what CapsuleDB answered: the newest version with its value (`None`: a
     /// tombstone), or `None` for never written; until the waiter takes it.
     done: Mutex<FxHashMap<u64, Answered>>,
+    /// Scans still waiting, and the answers (with the index they were read at) until taken.
+    scans: Mutex<FxHashMap<u64, Option<(u64, ScanBody)>>>,
     /// Bumped (and waiters woken) whenever an answer settles some key.
     settled: Mutex<u64>,
     wake: Condvar,
@@ -62,6 +64,7 @@ impl DbClient {
             memtable,
             pending: Mutex::new(FxHashMap::default()),
             done: Mutex::new(FxHashMap::default()),
+            scans: Mutex::new(FxHashMap::default()),
             settled: Mutex::new(0),
             wake: Condvar::new(),
             stats: DbClientStats::default(),
@@ -75,6 +78,24 @@ impl DbClient {
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
         let g = DbGet::seal(self.capsule, req_id, key, &self.data_key, rand::random());
         (req_id, DbMsg::Get(g).encode())
+    }
+
+    /// Registers a scan and returns its wire bytes.
+    pub fn request_scan(&self, q: &ScanQuery) -> (u64, Vec<u8>) {
+        let req_id: u64 = rand::random();
+        self.scans.lock().insert(req_id, None);
+        self.stats.requests.fetch_add(1, Ordering::Relaxed);
+        let m = DbScan::seal(self.capsule, req_id, q, &self.data_key, rand::random());
+        (req_id, DbMsg::Scan(m).encode())
+    }
+
+    /// The answer to scan `req_id` (its index sequence and body), once it came.
+    pub fn take_scan(&self, req_id: u64) -> Option<(u64, ScanBody)> {
+        self.scans.lock().get_mut(&req_id).and_then(Option::take)
+    }
+
+    pub fn forget_scan(&self, req_id: u64) {
+        self.scans.lock().remove(&req_id);
     }
 
     pub fn forget(&self, req_id: u64) {
@@ -107,15 +128,43 @@ impl DbClient {
         *self.settled.lock()
     }
 
-    /// Handles a CapsuleDB message from the fabric (dispatcher thread). Gets are not ours to
-    /// answer: returned for a CapsuleDB role to take.
-    pub fn on_message(&self, m: DbMsg) -> Option<DbGet> {
+    /// Handles a CapsuleDB message from the fabric (dispatcher thread). Gets and scans are not
+    /// ours to answer: returned for a CapsuleDB role to take.
+    pub fn on_message(&self, m: DbMsg) -> Option<DbRequest> {
         match m {
-            DbMsg::Get(g) => return Some(g),
+            DbMsg::Get(g) => return Some(DbRequest::Get(g)),
+            DbMsg::Scan(q) => return Some(DbRequest::Scan(q)),
             DbMsg::Answer(a) => self.on_answer(a),
+            DbMsg::ScanAnswer(a) => self.on_scan_answer(a),
             DbMsg::Heads(h) => self.on_heads(h),
         }
         None
+    }
+
+    /// A scan's answer: kept for the waiter if it answers a scan of ours still waiting and
+    /// verifies (signature, then the sealed body). The waiter checks it is fresh enough.
+    fn on_scan_answer(&self, a: DbScanAnswer) {
+        if a.capsule != self.capsule || a.signer != self.signer {
+            self.stats.rejected.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        if !self.scans.lock().get(&a.req_id).is_some_and(Option::is_none) {
+            return;
+        }
+        match a.verify_open(&self.key, &self.data_key) {
+            Ok(body) => {
+                if let Some(slot) = self.scans.lock().get_mut(&a.req_id) {
+                    *slot = Some((a.index_seq, body));
+                }
+                self.stats.answers.fetch_add(1, Ordering::Relaxed);
+                *self.settled.lock() += 1;
+                self.wake.notify_all();
+            }
+            Err(e) => {
+                tracing::debug!("CapsuleDB scan answer rejected: {e}");
+                self.stats.rejected.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 
     fn on_answer(&self, a: DbAnswer) {

@@ -119,7 +119,7 @@ pub struct Node {
     db: Option<Arc<crate::dbclient::DbClient>>,
     db_get_timeout: Duration,
     db_get_retry: Duration,
-    db_requests: Option<crossbeam_channel::Receiver<psl_scl::dbwire::DbGet>>,
+    db_requests: Option<crossbeam_channel::Receiver<psl_scl::dbwire::DbRequest>>,
 }
 
 impl std::fmt::Debug for Node {
@@ -232,7 +232,12 @@ impl Node {
                             Ok(psl_scl::dbwire::DbMsg::Get(g)) => {
                                 if let Some(t) = &db_req_tx {
                                     // Full: dropped (the requester re-sends).
-                                    let _ = t.try_send(g);
+                                    let _ = t.try_send(psl_scl::dbwire::DbRequest::Get(g));
+                                }
+                            }
+                            Ok(psl_scl::dbwire::DbMsg::Scan(q)) => {
+                                if let Some(t) = &db_req_tx {
+                                    let _ = t.try_send(psl_scl::dbwire::DbRequest::Scan(q));
                                 }
                             }
                             Ok(m) => {
@@ -323,7 +328,7 @@ impl Node {
 
     /// CapsuleDB role: the read requests that reached this node (see
     /// `NodeOptions::capsuledb_role`).
-    pub fn db_requests(&self) -> Option<&crossbeam_channel::Receiver<psl_scl::dbwire::DbGet>> {
+    pub fn db_requests(&self) -> Option<&crossbeam_channel::Receiver<psl_scl::dbwire::DbRequest>> {
         self.db_requests.as_ref()
     }
 
@@ -509,6 +514,122 @@ impl Node {
             if let Some(e) = self.memtable.lookup_entry(key) {
                 return Ok(Some(e));
             }
+            if Instant::now() >= deadline {
+                db.stats.timeouts.fetch_add(1, Ordering::Relaxed);
+                return Err(NodeError::CapsuleDbTimeout(self.db_get_timeout));
+            }
+        }
+    }
+
+    /// The node's view of the keys starting with `prefix` and above `after`: the first `limit`
+    /// live entries (at most [`psl_scl::dbwire::SCAN_LIMIT_MAX`]) in key order, with their
+    /// versions. Without CapsuleDB the memtable is the whole view. With it (a bounded memtable
+    /// may have evicted keys), CapsuleDB is asked for the same range, sealed and signed as a
+    /// get is, and each key's newest version wins; an answer older than what this node
+    /// evicted under is asked again. Tombstones on either side hide older values; a range
+    /// whose first keys are all deleted is walked on, bounded by `db_get_timeout`.
+    pub fn scan(
+        &self,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, psl_scl::Entry)>, NodeError> {
+        let limit = limit.min(psl_scl::dbwire::SCAN_LIMIT_MAX);
+        let mut out = Vec::new();
+        if limit == 0 || prefix.len() > self.limits.key_bytes_max as usize {
+            return Ok(out);
+        }
+        let deadline = Instant::now() + self.db_get_timeout;
+        let mut after: Option<Vec<u8>> = after.map(<[u8]>::to_vec);
+        loop {
+            let want = limit - out.len();
+            let (mem, mem_more) = self.memtable.scan(prefix, after.as_deref(), want);
+            let Some(db) = self.db.clone() else {
+                // Nothing was evicted, so nothing is unsure: the memtable is the view.
+                out.extend(mem.into_iter().filter(|e| e.entry.value.is_some()).map(|e| (e.key, e.entry)));
+                return Ok(out);
+            };
+            let q = psl_scl::dbwire::ScanQuery { prefix: prefix.to_vec(), after: after.clone(), limit: want as u16 };
+            let body = self.db_scan(&db, &q, deadline)?;
+            // Keys up to the smaller of the two sides' last keys (where a side stopped early)
+            // are complete on both.
+            let mut bound: Option<Vec<u8>> = None;
+            let mut lower = |k: &[u8]| {
+                if bound.as_deref().is_none_or(|b| k < b) {
+                    bound = Some(k.to_vec());
+                }
+            };
+            if mem_more {
+                if let Some(e) = mem.last() {
+                    lower(&e.key);
+                }
+            }
+            if body.more {
+                if let Some(e) = body.entries.last() {
+                    lower(&e.0);
+                }
+            }
+            let mut merged: std::collections::BTreeMap<Vec<u8>, psl_scl::Entry> =
+                mem.into_iter().map(|e| (e.key, e.entry)).collect();
+            for (k, version, value) in body.entries {
+                let newer = merged.get(&k).is_none_or(|e| version > e.version);
+                if newer {
+                    merged.insert(k, psl_scl::Entry { version, value: value.map(Arc::from) });
+                }
+            }
+            for (k, e) in merged {
+                if bound.as_ref().is_some_and(|b| k > *b) {
+                    break;
+                }
+                if e.value.is_some() {
+                    out.push((k, e));
+                    if out.len() == limit {
+                        return Ok(out);
+                    }
+                }
+            }
+            match bound {
+                None => return Ok(out),
+                Some(b) => after = Some(b),
+            }
+            if Instant::now() >= deadline {
+                return Err(NodeError::CapsuleDbTimeout(self.db_get_timeout));
+            }
+        }
+    }
+
+    /// Sends a scan to CapsuleDB (re-sent every `db_get_retry`) and waits for a verified
+    /// answer at least as new as the index this node last evicted under.
+    fn db_scan(
+        &self,
+        db: &crate::dbclient::DbClient,
+        q: &psl_scl::dbwire::ScanQuery,
+        deadline: Instant,
+    ) -> Result<psl_scl::dbwire::ScanBody, NodeError> {
+        loop {
+            let (req, bytes) = db.request_scan(q);
+            self.publish(bytes)?;
+            let resend = (Instant::now() + self.db_get_retry).min(deadline);
+            loop {
+                let seen = db.settled();
+                if let Some((seq, body)) = db.take_scan(req) {
+                    if seq >= self.memtable.evict_seq_max() {
+                        db.forget_scan(req);
+                        return Ok(body);
+                    }
+                    db.stats.rejected.fetch_add(1, Ordering::Relaxed);
+                    break;
+                }
+                if Instant::now() >= resend {
+                    break;
+                }
+                db.wait(seen, resend);
+                if self.stop.load(Ordering::Acquire) {
+                    db.forget_scan(req);
+                    return Err(NodeError::Stopped);
+                }
+            }
+            db.forget_scan(req);
             if Instant::now() >= deadline {
                 db.stats.timeouts.fetch_add(1, Ordering::Relaxed);
                 return Err(NodeError::CapsuleDbTimeout(self.db_get_timeout));

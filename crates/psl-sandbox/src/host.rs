@@ -1,29 +1,63 @@
 //! The capability a lambda gets: a key-value store behind [`KvHost`].
 
+use crate::value::KvValue;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 /// A failed host call. The message is shown to the lambda (as a thrown `Error`), so it must
 /// never carry a secret.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct HostError(pub String);
+pub enum HostError {
+    #[error("{0}")]
+    Failed(String),
+    /// A durability wait ended before a quorum of capsule servers acked every earlier write:
+    /// the lambda sees a `DurabilityError` with these numbers.
+    #[error("{message}")]
+    NotDurable { message: String, acked_by: usize, quorum: usize, servers: u32 },
+}
+
+impl HostError {
+    pub fn failed(e: impl std::fmt::Display) -> HostError {
+        HostError::Failed(e.to_string())
+    }
+}
+
+/// One key's value as read, with its version: the record version `(lamport, writer)` that
+/// wrote it, by which the store resolves concurrent writes (the highest wins).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvEntry {
+    pub key: String,
+    pub value: KvValue,
+    pub lamport: u64,
+    pub writer: u32,
+}
 
 /// The store a lambda reads and writes. Implementations must be safe to call from the
-/// lambda's thread and must bound their own waits (`sync` in particular).
+/// lambda's thread and must bound their own waits (`sync` and `sync_durable` in particular).
 pub trait KvHost: Send + Sync {
-    fn put(&self, key: &str, value: &str) -> Result<(), HostError>;
-    fn get(&self, key: &str) -> Result<Option<String>, HostError>;
+    fn put(&self, key: &str, value: &KvValue) -> Result<(), HostError>;
+    /// The key's live value with its version; `None` if absent or deleted.
+    fn get(&self, key: &str) -> Result<Option<KvEntry>, HostError>;
     fn del(&self, key: &str) -> Result<(), HostError>;
     /// Barrier: returns once the writes of every lambda made before the call are visible here.
     fn sync(&self) -> Result<(), HostError>;
+    /// Durability barrier: returns once every write this lambda made before the call is stored
+    /// by a quorum (f + 1 of 2f + 1) of capsule servers; fails with
+    /// [`HostError::NotDurable`] after `timeout`.
+    fn sync_durable(&self, timeout: Duration) -> Result<(), HostError>;
+    /// Live entries whose key starts with `prefix` and is above `after`, in key order, at most
+    /// `limit` (the implementation may return fewer to keep an answer's bytes bounded; asking
+    /// again after the last key returned continues).
+    fn scan(&self, prefix: &str, after: Option<&str>, limit: usize) -> Result<Vec<KvEntry>, HostError>;
 }
 
 /// A [`KvHost`] over an in-memory map shared by every lambda that holds it (tests, examples
-/// without a cluster). `sync` is a no-op: the map is already coherent.
+/// without a cluster). `sync` is a no-op: the map is already coherent. Nothing is durable:
+/// `sync_durable` fails. Versions count the map's writes (writer 0).
 #[derive(Debug, Default)]
 pub struct MapHost {
-    map: Mutex<BTreeMap<String, String>>,
+    map: Mutex<(u64, BTreeMap<String, KvEntry>)>,
 }
 
 impl MapHost {
@@ -31,27 +65,44 @@ impl MapHost {
         MapHost::default()
     }
 
-    pub fn snapshot(&self) -> BTreeMap<String, String> {
-        self.map.lock().clone()
+    /// Every live value, by key.
+    pub fn snapshot(&self) -> BTreeMap<String, KvValue> {
+        self.map.lock().1.iter().map(|(k, e)| (k.clone(), e.value.clone())).collect()
     }
 }
 
 impl KvHost for MapHost {
-    fn put(&self, key: &str, value: &str) -> Result<(), HostError> {
+    fn put(&self, key: &str, value: &KvValue) -> Result<(), HostError> {
         if key.is_empty() {
-            return Err(HostError("key is empty".into()));
+            return Err(HostError::Failed("key is empty".into()));
         }
-        self.map.lock().insert(key.to_string(), value.to_string());
+        let mut g = self.map.lock();
+        g.0 += 1;
+        let lamport = g.0;
+        g.1.insert(key.to_string(), KvEntry { key: key.to_string(), value: value.clone(), lamport, writer: 0 });
         Ok(())
     }
-    fn get(&self, key: &str) -> Result<Option<String>, HostError> {
-        Ok(self.map.lock().get(key).cloned())
+    fn get(&self, key: &str) -> Result<Option<KvEntry>, HostError> {
+        Ok(self.map.lock().1.get(key).cloned())
     }
     fn del(&self, key: &str) -> Result<(), HostError> {
-        self.map.lock().remove(key);
+        self.map.lock().1.remove(key);
         Ok(())
     }
     fn sync(&self) -> Result<(), HostError> {
         Ok(())
+    }
+    fn sync_durable(&self, _timeout: Duration) -> Result<(), HostError> {
+        Err(HostError::Failed("this store keeps values in memory only: nothing can be made durable".into()))
+    }
+    fn scan(&self, prefix: &str, after: Option<&str>, limit: usize) -> Result<Vec<KvEntry>, HostError> {
+        let g = self.map.lock();
+        Ok(g.1
+            .range(prefix.to_string()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .filter(|(k, _)| after.is_none_or(|a| k.as_str() > a))
+            .take(limit)
+            .map(|(_, e)| e.clone())
+            .collect())
     }
 }

@@ -2,15 +2,21 @@
 //! on its own thread, with the host KV API as the only capability.
 //!
 //! Module map:
-//! - [`host`]: the [`KvHost`] trait the sandbox calls (`put`/`get`/`del`/`sync`); the runtime
-//!   crate implements it over a `psl_node::Node`, tests over a map.
+//! - [`host`]: the [`KvHost`] trait the sandbox calls (`put`/`get`/`del`/`sync`/`sync_durable`/
+//!   `scan`, reads with their versions); the runtime crate implements it over a
+//!   `psl_node::Node`, tests over a map.
+//! - [`value`]: [`KvValue`] (text, JSON, bytes) and its stored form (SecureCached's item layout,
+//!   the kind in the client flags), decoded totally.
 //! - [`limits`]: [`SandboxLimits`], every bound a lambda runs under, with defaults.
 //! - [`run`]: [`run_lambda`] / [`spawn_lambda`]: build the runtime, install the API, evaluate,
 //!   and turn every way a lambda can end into a [`LambdaOutcome`].
 //!
-//! What a lambda sees (globals): `put(key, value)`, `get(key)` (string or null), `del(key)`,
-//! `sync()`, `emit(value)`, `log(...)`, `putJSON(key, value)`, `getJSON(key)`, and the frozen
-//! object `lambda` = `{ id, count, input }`; plus the ECMAScript built-ins (JSON, Math, Date,
+//! What a lambda sees (globals): `put(key, value, {durable})` (a string, or bytes as a
+//! `Uint8Array`/`ArrayBuffer`), `get(key)` (string, `Uint8Array` or null), `getEntry(key)`
+//! (`{key, value, type, lamport, writer}` or null), `del(key, {durable})`,
+//! `sync({durable, timeoutMs})`, `scan(prefix, {limit, after})`, `putJSON(key, value,
+//! {durable})`, `getJSON(key)`, `emit(value)`, `log(...)`, and the frozen object `lambda` =
+//! `{ id, count, input }`; plus the ECMAScript built-ins (JSON, Math, Date,
 //! Promise, ...). There is no `require`, no module loader (`import` fails), no `std`/`os`
 //! module, no timer, file, network or process access: QuickJS's core has none, and this crate
 //! installs no loader and no libc bindings. `eval` and `Function` compile code in the same
@@ -25,7 +31,9 @@
 pub mod host;
 pub mod limits;
 pub mod run;
+pub mod value;
 
-pub use host::{HostError, KvHost, MapHost};
+pub use host::{HostError, KvEntry, KvHost, MapHost};
 pub use limits::SandboxLimits;
 pub use run::{run_lambda, spawn_lambda, LambdaError, LambdaHandle, LambdaOutcome, LambdaSpec, StopReason};
+pub use value::KvValue;

@@ -24,6 +24,16 @@ pub struct SandboxLimits {
     /// `log` lines kept, and bytes kept per line (longer lines are cut).
     pub log_lines_max: usize,
     pub log_line_bytes_max: usize,
+    /// Bytes of one value's payload (text, JSON text or bytes): the capsule's 1 MiB value
+    /// limit less the 29-byte item header the kind travels in (see [`crate::value`]).
+    pub value_bytes_max: usize,
+    /// Entries one `scan` may ask for (`limit`), and what it gets without asking.
+    pub scan_limit_max: usize,
+    pub scan_limit_default: usize,
+    /// How long a durable `sync` or `put` waits for the capsule servers' acks by default, and
+    /// the most a lambda may ask for (`timeoutMs`).
+    pub durable_timeout: Duration,
+    pub durable_timeout_max: Duration,
 }
 
 impl Default for SandboxLimits {
@@ -40,6 +50,11 @@ impl Default for SandboxLimits {
             emit_bytes_max: 16 << 20,
             log_lines_max: 1_000,
             log_line_bytes_max: 4096,
+            value_bytes_max: crate::value::payload_max(1 << 20),
+            scan_limit_max: 1000,
+            scan_limit_default: 100,
+            durable_timeout: Duration::from_secs(10),
+            durable_timeout_max: Duration::from_secs(60),
         }
     }
 }

@@ -1,9 +1,10 @@
 //! Running one lambda: a fresh QuickJS runtime and context, the host API, the limits.
 
-use crate::host::KvHost;
+use crate::host::{HostError, KvEntry, KvHost};
 use crate::limits::SandboxLimits;
-use rquickjs::function::Rest;
-use rquickjs::{Coerced, Context, Ctx, Exception, Function, Object, Runtime, Value};
+use crate::value::KvValue;
+use rquickjs::function::{Opt, Rest};
+use rquickjs::{Array, Coerced, Context, Ctx, Exception, Function, Object, Runtime, TypedArray, Value};
 use std::cell::RefCell;
 use std::fmt;
 use std::rc::Rc;
@@ -161,13 +162,10 @@ const PRELUDE: &str = r#"
 (function () {
   "use strict";
   const g = globalThis;
-  const put = g.put, get = g.get;
   // Atomics.wait would block the thread where no interrupt can reach it: not offered.
   delete g.Atomics;
   delete g.SharedArrayBuffer;
-  Object.defineProperty(g, "putJSON", { value: function putJSON(k, v) { return put(k, JSON.stringify(v)); } });
-  Object.defineProperty(g, "getJSON", { value: function getJSON(k) { const s = get(k); return s === null ? null : JSON.parse(s); } });
-  for (const name of ["put", "get", "del", "sync", "emit", "log"]) {
+  for (const name of ["put", "get", "getEntry", "del", "sync", "scan", "putJSON", "getJSON", "emit", "log"]) {
     Object.defineProperty(g, name, { value: g[name], writable: false, configurable: false });
   }
   Object.freeze(g.lambda);
@@ -347,42 +345,126 @@ fn install<'js>(
     }
     g.set("lambda", lambda)?;
 
+    let lim = *limits;
     let (h, st) = (host.clone(), state.clone());
     g.set(
         "put",
         Function::new(
             ctx.clone(),
-            move |ctx: Ctx<'js>, key: Coerced<String>, value: Coerced<String>| -> rquickjs::Result<()> {
+            move |ctx: Ctx<'js>, key: Coerced<String>, value: Value<'js>, opts: Opt<Value<'js>>| {
                 note_op(&st);
-                h.put(&key.0, &value.0).map_err(|e| Exception::throw_message(&ctx, &format!("put: {e}")))
+                let v = to_kv(&ctx, "put", value)?;
+                write(&ctx, &*h, &lim, "put", &key.0, Some(v), opts.0)
             },
         )?,
+    )?;
+    let (h, st) = (host.clone(), state.clone());
+    g.set(
+        "putJSON",
+        Function::new(
+            ctx.clone(),
+            move |ctx: Ctx<'js>, key: Coerced<String>, value: Value<'js>, opts: Opt<Value<'js>>| {
+                note_op(&st);
+                let text = ctx.json_stringify(value)?.ok_or_else(|| {
+                    Exception::throw_type(
+                        &ctx,
+                        "putJSON: the value has no JSON form (undefined, a function or a symbol)",
+                    )
+                })?;
+                write(&ctx, &*h, &lim, "putJSON", &key.0, Some(KvValue::Json(text.to_string()?)), opts.0)
+            },
+        )?,
+    )?;
+    let (h, st) = (host.clone(), state.clone());
+    g.set(
+        "del",
+        Function::new(ctx.clone(), move |ctx: Ctx<'js>, key: Coerced<String>, opts: Opt<Value<'js>>| {
+            note_op(&st);
+            write(&ctx, &*h, &lim, "del", &key.0, None, opts.0)
+        })?,
     )?;
     let (h, st) = (host.clone(), state.clone());
     g.set(
         "get",
         Function::new(ctx.clone(), move |ctx: Ctx<'js>, key: Coerced<String>| -> rquickjs::Result<Value<'js>> {
             note_op(&st);
-            match h.get(&key.0).map_err(|e| Exception::throw_message(&ctx, &format!("get: {e}")))? {
-                Some(v) => Ok(rquickjs::String::from_str(ctx.clone(), &v)?.into_value()),
+            match h.get(&key.0).map_err(|e| throw_host(&ctx, "get", e))? {
+                Some(e) => to_js(&ctx, &e.value),
                 None => Ok(Value::new_null(ctx)),
             }
         })?,
     )?;
     let (h, st) = (host.clone(), state.clone());
     g.set(
-        "del",
-        Function::new(ctx.clone(), move |ctx: Ctx<'js>, key: Coerced<String>| -> rquickjs::Result<()> {
+        "getJSON",
+        Function::new(ctx.clone(), move |ctx: Ctx<'js>, key: Coerced<String>| -> rquickjs::Result<Value<'js>> {
             note_op(&st);
-            h.del(&key.0).map_err(|e| Exception::throw_message(&ctx, &format!("del: {e}")))
+            match h.get(&key.0).map_err(|e| throw_host(&ctx, "getJSON", e))?.map(|e| e.value) {
+                Some(KvValue::Json(t)) | Some(KvValue::Text(t)) => ctx.json_parse(t),
+                Some(KvValue::Bytes(_)) => Err(Exception::throw_type(
+                    &ctx,
+                    &format!("getJSON: the value of {:?} is bytes, not JSON (read it with get)", key.0),
+                )),
+                None => Ok(Value::new_null(ctx)),
+            }
         })?,
+    )?;
+    let (h, st) = (host.clone(), state.clone());
+    g.set(
+        "getEntry",
+        Function::new(ctx.clone(), move |ctx: Ctx<'js>, key: Coerced<String>| -> rquickjs::Result<Value<'js>> {
+            note_op(&st);
+            match h.get(&key.0).map_err(|e| throw_host(&ctx, "getEntry", e))? {
+                Some(e) => Ok(entry_obj(&ctx, &e)?.into_value()),
+                None => Ok(Value::new_null(ctx)),
+            }
+        })?,
+    )?;
+    let (h, st) = (host.clone(), state.clone());
+    g.set(
+        "scan",
+        Function::new(
+            ctx.clone(),
+            move |ctx: Ctx<'js>, prefix: Coerced<String>, opts: Opt<Value<'js>>| -> rquickjs::Result<Array<'js>> {
+                note_op(&st);
+                let o = opts_object(&ctx, "scan", opts.0)?;
+                let limit = match o.as_ref().map(|o| o.get::<_, Value>("limit")).transpose()? {
+                    Some(v) if !v.is_undefined() && !v.is_null() => {
+                        let n = v.as_number().unwrap_or(f64::NAN);
+                        if !(n >= 1.0 && n <= lim.scan_limit_max as f64 && n.fract() == 0.0) {
+                            return Err(Exception::throw_range(
+                                &ctx,
+                                &format!("scan: limit must be an integer in 1 ..= {}", lim.scan_limit_max),
+                            ));
+                        }
+                        n as usize
+                    }
+                    _ => lim.scan_limit_default,
+                };
+                let after = match o.as_ref().map(|o| o.get::<_, Value>("after")).transpose()? {
+                    Some(v) if !v.is_undefined() && !v.is_null() => Some(v.get::<Coerced<String>>()?.0),
+                    _ => None,
+                };
+                let found = h.scan(&prefix.0, after.as_deref(), limit).map_err(|e| throw_host(&ctx, "scan", e))?;
+                let out = Array::new(ctx.clone())?;
+                for (i, e) in found.iter().take(limit).enumerate() {
+                    out.set(i, entry_obj(&ctx, e)?)?;
+                }
+                Ok(out)
+            },
+        )?,
     )?;
     let (h, st) = (host, state.clone());
     g.set(
         "sync",
-        Function::new(ctx.clone(), move |ctx: Ctx<'js>| -> rquickjs::Result<()> {
+        Function::new(ctx.clone(), move |ctx: Ctx<'js>, opts: Opt<Value<'js>>| -> rquickjs::Result<()> {
             note_op(&st);
-            h.sync().map_err(|e| Exception::throw_message(&ctx, &format!("sync: {e}")))
+            let o = opts_object(&ctx, "sync", opts.0)?;
+            match durable_wait(&ctx, &lim, "sync", o.as_ref())? {
+                Some(t) => h.sync_durable(t),
+                None => h.sync(),
+            }
+            .map_err(|e| throw_host(&ctx, "sync", e))
         })?,
     )?;
     let (st, lim) = (state.clone(), *limits);
@@ -413,4 +495,159 @@ fn install<'js>(
         })?,
     )?;
     Ok(())
+}
+
+/// A JS value to store: a `Uint8Array` (or `Uint8ClampedArray`) or `ArrayBuffer` is bytes,
+/// another typed array or a `DataView` is refused (its bytes depend on the platform's
+/// endianness: pass a `Uint8Array` over its buffer), anything else is converted to a string.
+fn to_kv<'js>(ctx: &Ctx<'js>, what: &str, v: Value<'js>) -> rquickjs::Result<KvValue> {
+    if let Some(o) = v.as_object() {
+        let copy = |raw: Option<std::ptr::NonNull<[u8]>>| -> rquickjs::Result<KvValue> {
+            let raw = raw.ok_or_else(|| Exception::throw_type(ctx, &format!("{what}: the buffer is detached")))?;
+            // SAFETY: `raw` points at the buffer's bytes, valid until JavaScript runs again; it is
+            // copied here at once, before any call back into the engine.
+            Ok(KvValue::Bytes(unsafe { raw.as_ref() }.to_vec()))
+        };
+        if let Some(a) = o.as_typed_array::<u8>() {
+            return copy(a.as_raw());
+        }
+        if let Some(a) = o.as_typed_array::<rquickjs::U8Clamped>() {
+            return copy(a.as_raw());
+        }
+        if let Some(b) = o.as_array_buffer() {
+            return copy(b.as_raw());
+        }
+        let other_view = o.is_typed_array::<i8>()
+            || o.is_typed_array::<i16>()
+            || o.is_typed_array::<u16>()
+            || o.is_typed_array::<i32>()
+            || o.is_typed_array::<u32>()
+            || o.is_typed_array::<f32>()
+            || o.is_typed_array::<f64>()
+            || o.is_typed_array::<i64>()
+            || o.is_typed_array::<u64>()
+            || o.get::<_, Object>("constructor")
+                .and_then(|c| c.get::<_, String>("name"))
+                .is_ok_and(|n| n == "DataView");
+        if other_view {
+            return Err(Exception::throw_type(
+                ctx,
+                &format!(
+                    "{what}: bytes are a Uint8Array or an ArrayBuffer (wrap other views: new Uint8Array(v.buffer))"
+                ),
+            ));
+        }
+    }
+    Ok(KvValue::Text(v.get::<Coerced<String>>()?.0))
+}
+
+/// A stored value as JS: text and JSON as their string, bytes as a fresh `Uint8Array`.
+fn to_js<'js>(ctx: &Ctx<'js>, v: &KvValue) -> rquickjs::Result<Value<'js>> {
+    match v {
+        KvValue::Text(s) | KvValue::Json(s) => Ok(rquickjs::String::from_str(ctx.clone(), s)?.into_value()),
+        KvValue::Bytes(b) => Ok(TypedArray::<u8>::new(ctx.clone(), b.clone())?.into_value()),
+    }
+}
+
+/// `{ key, value, type, lamport, writer }`. `lamport` is a number: exact below 2^53.
+fn entry_obj<'js>(ctx: &Ctx<'js>, e: &KvEntry) -> rquickjs::Result<Object<'js>> {
+    let o = Object::new(ctx.clone())?;
+    o.set("key", e.key.as_str())?;
+    o.set("value", to_js(ctx, &e.value)?)?;
+    o.set("type", e.value.kind())?;
+    o.set("lamport", e.lamport as f64)?;
+    o.set("writer", e.writer)?;
+    Ok(o)
+}
+
+/// The options argument: an object, or absent (`undefined`/`null`).
+fn opts_object<'js>(ctx: &Ctx<'js>, what: &str, v: Option<Value<'js>>) -> rquickjs::Result<Option<Object<'js>>> {
+    match v {
+        None => Ok(None),
+        Some(v) if v.is_undefined() || v.is_null() => Ok(None),
+        Some(v) => match v.into_object() {
+            Some(o) => Ok(Some(o)),
+            None => Err(Exception::throw_type(ctx, &format!("{what}: options must be an object"))),
+        },
+    }
+}
+
+/// `Some(bound)` when the options ask for durability (`durable: true`), the bound from
+/// `timeoutMs` (1 ms to the limit's maximum) or the default.
+fn durable_wait<'js>(
+    ctx: &Ctx<'js>,
+    lim: &SandboxLimits,
+    what: &str,
+    o: Option<&Object<'js>>,
+) -> rquickjs::Result<Option<std::time::Duration>> {
+    let Some(o) = o else { return Ok(None) };
+    if !o.get::<_, Coerced<bool>>("durable")?.0 {
+        return Ok(None);
+    }
+    let t: Value = o.get("timeoutMs")?;
+    if t.is_undefined() || t.is_null() {
+        return Ok(Some(lim.durable_timeout));
+    }
+    let ms = t.as_number().unwrap_or(f64::NAN);
+    if ms.is_nan() || ms < 1.0 {
+        return Err(Exception::throw_range(ctx, &format!("{what}: timeoutMs must be a number of milliseconds >= 1")));
+    }
+    // `from_secs_f64` panics past Duration's range (and on infinity): clamp first.
+    let max = lim.durable_timeout_max;
+    Ok(Some(if ms / 1e3 < max.as_secs_f64() { std::time::Duration::from_secs_f64(ms / 1e3) } else { max }))
+}
+
+/// A put (`value` some) or delete, then the durability wait if the options ask for it.
+fn write<'js>(
+    ctx: &Ctx<'js>,
+    h: &dyn KvHost,
+    lim: &SandboxLimits,
+    what: &str,
+    key: &str,
+    value: Option<KvValue>,
+    opts: Option<Value<'js>>,
+) -> rquickjs::Result<()> {
+    let o = opts_object(ctx, what, opts)?;
+    let durable = durable_wait(ctx, lim, what, o.as_ref())?;
+    match &value {
+        Some(v) if v.payload_len() > lim.value_bytes_max => {
+            return Err(Exception::throw_range(
+                ctx,
+                &format!(
+                    "{what}: the value is {} bytes, over the limit of {} bytes",
+                    v.payload_len(),
+                    lim.value_bytes_max
+                ),
+            ));
+        }
+        Some(v) => h.put(key, v),
+        None => h.del(key),
+    }
+    .map_err(|e| throw_host(ctx, what, e))?;
+    if let Some(t) = durable {
+        h.sync_durable(t).map_err(|e| throw_host(ctx, what, e))?;
+    }
+    Ok(())
+}
+
+/// A host failure as a JS exception: an `Error` naming the call, or, for a durability wait
+/// that fell short, a `DurabilityError` with `acked`, `quorum` and `servers`.
+fn throw_host(ctx: &Ctx<'_>, what: &str, e: HostError) -> rquickjs::Error {
+    match e {
+        HostError::Failed(m) => Exception::throw_message(ctx, &format!("{what}: {m}")),
+        HostError::NotDurable { message, acked_by, quorum, servers } => {
+            let made = (|| -> rquickjs::Result<Value<'_>> {
+                let ex = Exception::from_message(ctx.clone(), &format!("{what}: {message}"))?;
+                ex.set("name", "DurabilityError")?;
+                ex.set("acked", acked_by as u32)?;
+                ex.set("quorum", quorum as u32)?;
+                ex.set("servers", servers)?;
+                Ok(ex.into_value())
+            })();
+            match made {
+                Ok(v) => ctx.throw(v),
+                Err(e) => e,
+            }
+        }
+    }
 }

@@ -1,7 +1,7 @@
 //! The sandbox: the host API is the only capability, limits stop runaway lambdas, one lambda's
 //! failure does not disturb the others.
 
-use psl_sandbox::{spawn_lambda, KvHost, LambdaOutcome, LambdaSpec, MapHost, SandboxLimits};
+use psl_sandbox::{spawn_lambda, KvHost, KvValue, LambdaOutcome, LambdaSpec, MapHost, SandboxLimits};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,7 +32,7 @@ fn sandbox_host_api_and_json_helper_work() {
     o.result.unwrap();
     assert_eq!(o.emitted, vec!["1", "2", "true", "null"]);
     assert_eq!(o.logs, vec!["hi 2 3 1 in"]);
-    assert_eq!(host.get("j").unwrap().as_deref(), Some(r#"{"x":[1,2]}"#));
+    assert_eq!(host.get("j").unwrap().map(|e| e.value), Some(KvValue::Json(r#"{"x":[1,2]}"#.into())));
     assert!(o.first_op_at.is_some());
 }
 
@@ -123,7 +123,7 @@ fn sandbox_runaway_lambdas_are_stopped_and_others_finish() {
     assert!(outs[5].result.as_ref().unwrap_err().to_string().contains("lambda 15"));
     assert_eq!(kinds[6], None);
     assert_eq!(outs[6].emitted, vec!["4999950000"]);
-    assert_eq!(host.get("ok").unwrap().as_deref(), Some("4999950000"));
+    assert_eq!(host.get("ok").unwrap().map(|e| e.value), Some(KvValue::Text("4999950000".into())));
 }
 
 #[test]

@@ -8,10 +8,24 @@
 //!   type 6, answer:  u32 signer | u64 index_seq | u16 n | n × u64 req_id | [16] salt | u32 len
 //!                    | sealed body | [64] sig
 //!   type 7, heads:   u32 signer | u64 seq | u16 n | n × (u32 writer | u64 lamport) | [64] sig
+//!   type 8, scan:    u64 req_id | [16] salt | u32 len | sealed query
+//!   type 9, scan answer: u32 signer | u64 index_seq | u64 req_id | [16] salt | u32 len
+//!                    | sealed body | [64] sig
 //!   answer body (plaintext): u16 n (1..=256) | n × (u16 klen | key | u8 tag (0 miss,
 //!                            1 tombstone, 2 value) | tag > 0: u64 lamport | u32 writer
 //!                            | tag 2: u32 vlen | value)
+//!   scan query (plaintext):  u16 limit (1..=SCAN_LIMIT_MAX) | u16 plen | prefix
+//!                            | u8 has_after | has_after: u16 alen | after
+//!   scan body (plaintext):   u8 more | u16 n (0..=limit) | n × (u16 klen | key | u8 tag
+//!                            (1 tombstone, 2 value) | u64 lamport | u32 writer
+//!                            | tag 2: u32 vlen | value), keys strictly increasing
 //! ```
+//!
+//! A scan asks for the first `limit` keys that start with `prefix` and sort above `after`
+//! (tombstones included: a worker needs them to know a key it still holds is deleted). The
+//! answer holds those keys' newest versions in key order and says whether more follow
+//! (`more`); CapsuleDB stops early, with `more` set, once the body would pass
+//! [`SCAN_BODY_BYTES_MAX`] (always after at least one entry).
 //!
 //! Keys and values are secret: the key of a get and the body of an answer are sealed with the
 //! application's data key (AES-256-GCM under a key derived from a random salt, as records are;
@@ -34,6 +48,8 @@ use psl_crypto::{sha256, DataKey, Hash256, Signature, SigningKey, VerifyingKey, 
 const TYPE_GET: u8 = 5;
 const TYPE_ANSWER: u8 = 6;
 const TYPE_HEADS: u8 = 7;
+const TYPE_SCAN: u8 = 8;
+const TYPE_SCAN_ANSWER: u8 = 9;
 const PREFIX_LEN: usize = 34;
 /// Most request ids one answer names.
 pub const ANSWER_REQS_MAX: usize = 256;
@@ -42,7 +58,16 @@ pub const DB_HEADS_MAX: usize = 4096;
 /// Most bytes of a sealed key or answer body (a 1 MiB value, a key, the framing, the tag).
 pub const SEALED_BYTES_MAX: usize = (1 << 20) + 1024;
 const KEY_BYTES_MAX: usize = 1024;
+/// Most keys one scan asks for.
+pub const SCAN_LIMIT_MAX: usize = 1024;
+/// A scan answer's body stops growing past this many bytes (one entry always fits).
+pub const SCAN_BODY_BYTES_MAX: usize = 4 << 20;
+/// Most bytes of a sealed scan answer body.
+pub const SCAN_SEALED_BYTES_MAX: usize = SCAN_BODY_BYTES_MAX + (1 << 20) + 4096;
 const GET_CONTEXT: &[u8] = b"psl/db-get/v1";
+const SCAN_CONTEXT: &[u8] = b"psl/db-scan/v1";
+const SCAN_ANSWER_CONTEXT: &[u8] = b"psl/db-scan-answer/v1";
+const SCAN_ANSWER_DOMAIN: &[u8] = b"psl-db-scan-answer-v1";
 const ANSWER_CONTEXT: &[u8] = b"psl/db-answer/v1";
 const ANSWER_DOMAIN: &[u8] = b"psl-db-answer-v1";
 const HEADS_DOMAIN: &[u8] = b"psl-db-heads-v1";
@@ -79,11 +104,59 @@ pub struct DbHeads {
     pub signature: Signature,
 }
 
+/// A scan request: the query sealed under the data key (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DbScan {
+    pub capsule: CapsuleName,
+    pub req_id: u64,
+    pub salt: [u8; SALT_LEN],
+    pub sealed: Vec<u8>,
+}
+
+/// What a scan asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScanQuery {
+    pub prefix: Vec<u8>,
+    /// Only keys strictly above this one.
+    pub after: Option<Vec<u8>>,
+    /// 1 ..= [`SCAN_LIMIT_MAX`].
+    pub limit: u16,
+}
+
+/// CapsuleDB's answer to one scan, signed like a get's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DbScanAnswer {
+    pub capsule: CapsuleName,
+    pub signer: u32,
+    pub index_seq: u64,
+    pub req_id: u64,
+    pub salt: [u8; SALT_LEN],
+    pub sealed: Vec<u8>,
+    pub signature: Signature,
+}
+
+/// A scan's entries in key order: each key's newest version, its value (`None`: deleted).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScanBody {
+    /// More keys match after the last one here.
+    pub more: bool,
+    pub entries: Vec<(Vec<u8>, Version, Option<Vec<u8>>)>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DbMsg {
     Get(DbGet),
     Answer(DbAnswer),
     Heads(DbHeads),
+    Scan(DbScan),
+    ScanAnswer(DbScanAnswer),
+}
+
+/// A read request for the CapsuleDB role to answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DbRequest {
+    Get(DbGet),
+    Scan(DbScan),
 }
 
 /// What an answer says about its key: `None` = CapsuleDB holds nothing for it; otherwise the
@@ -114,9 +187,9 @@ pub enum DbWireError {
     Decryption,
 }
 
-/// Whether `b` has the prefix of a CapsuleDB message (types 5 to 7).
+/// Whether `b` has the prefix of a CapsuleDB message (types 5 to 9).
 pub fn is_db_msg(b: &[u8]) -> bool {
-    b.len() >= 2 && b[0] == crate::wire::WIRE_VERSION && (TYPE_GET..=TYPE_HEADS).contains(&b[1])
+    b.len() >= 2 && b[0] == crate::wire::WIRE_VERSION && (TYPE_GET..=TYPE_SCAN_ANSWER).contains(&b[1])
 }
 
 fn prefix(t: u8, capsule: &CapsuleName) -> Vec<u8> {
@@ -291,12 +364,188 @@ impl DbHeads {
     }
 }
 
+fn scan_aad(capsule: &CapsuleName, req_id: u64) -> Vec<u8> {
+    let mut b = prefix(TYPE_SCAN, capsule);
+    b.extend_from_slice(&req_id.to_le_bytes());
+    b
+}
+
+impl ScanQuery {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(8 + self.prefix.len() + self.after.as_ref().map_or(0, |a| a.len()));
+        b.extend_from_slice(&self.limit.to_le_bytes());
+        b.extend_from_slice(&(self.prefix.len() as u16).to_le_bytes());
+        b.extend_from_slice(&self.prefix);
+        match &self.after {
+            None => b.push(0),
+            Some(a) => {
+                b.push(1);
+                b.extend_from_slice(&(a.len() as u16).to_le_bytes());
+                b.extend_from_slice(a);
+            }
+        }
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<ScanQuery, DbWireError> {
+        let mut r = Reader(b);
+        let limit = r.u16()?;
+        if limit == 0 || limit as usize > SCAN_LIMIT_MAX {
+            return Err(DbWireError::Malformed("scan limit"));
+        }
+        let plen = r.u16()? as usize;
+        if plen > KEY_BYTES_MAX {
+            return Err(DbWireError::Malformed("scan prefix length"));
+        }
+        let prefix = r.take(plen)?.to_vec();
+        let after = match r.u8()? {
+            0 => None,
+            1 => {
+                let alen = r.u16()? as usize;
+                if alen == 0 || alen > KEY_BYTES_MAX {
+                    return Err(DbWireError::Malformed("scan after length"));
+                }
+                Some(r.take(alen)?.to_vec())
+            }
+            _ => return Err(DbWireError::Malformed("scan after tag")),
+        };
+        if !r.0.is_empty() {
+            return Err(DbWireError::Malformed("trailing bytes in scan query"));
+        }
+        Ok(ScanQuery { prefix, after, limit })
+    }
+}
+
+impl DbScan {
+    /// A scan request, sealed under the data key with a fresh random `salt`.
+    pub fn seal(capsule: CapsuleName, req_id: u64, q: &ScanQuery, data_key: &DataKey, salt: [u8; SALT_LEN]) -> DbScan {
+        let aad = scan_aad(&capsule, req_id);
+        DbScan { capsule, req_id, salt, sealed: data_key.seal(&salt, SCAN_CONTEXT, &aad, &q.encode()) }
+    }
+
+    pub fn open(&self, data_key: &DataKey) -> Result<ScanQuery, DbWireError> {
+        let q = data_key
+            .open(&self.salt, SCAN_CONTEXT, &scan_aad(&self.capsule, self.req_id), &self.sealed)
+            .map_err(|_| DbWireError::Decryption)?;
+        ScanQuery::decode(&q)
+    }
+}
+
+impl ScanBody {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(64);
+        b.push(u8::from(self.more));
+        b.extend_from_slice(&(self.entries.len() as u16).to_le_bytes());
+        for (key, v, val) in &self.entries {
+            b.extend_from_slice(&(key.len() as u16).to_le_bytes());
+            b.extend_from_slice(key);
+            b.push(if val.is_some() { 2 } else { 1 });
+            b.extend_from_slice(&v.lamport.to_le_bytes());
+            b.extend_from_slice(&v.writer.to_le_bytes());
+            if let Some(val) = val {
+                b.extend_from_slice(&(val.len() as u32).to_le_bytes());
+                b.extend_from_slice(val);
+            }
+        }
+        b
+    }
+
+    /// Decodes a body: at most [`SCAN_LIMIT_MAX`] entries, keys non-empty, bounded and
+    /// strictly increasing.
+    pub fn decode(b: &[u8]) -> Result<ScanBody, DbWireError> {
+        let mut r = Reader(b);
+        let more = match r.u8()? {
+            0 => false,
+            1 => true,
+            _ => return Err(DbWireError::Malformed("scan more flag")),
+        };
+        let n = r.u16()? as usize;
+        if n > SCAN_LIMIT_MAX {
+            return Err(DbWireError::Malformed("scan entry count"));
+        }
+        let mut entries: Vec<(Vec<u8>, Version, Option<Vec<u8>>)> = Vec::with_capacity(n.min(b.len() / 16));
+        for _ in 0..n {
+            let klen = r.u16()? as usize;
+            if klen == 0 || klen > KEY_BYTES_MAX {
+                return Err(DbWireError::Malformed("scan key length"));
+            }
+            let key = r.take(klen)?.to_vec();
+            if entries.last().is_some_and(|(k, _, _)| *k >= key) {
+                return Err(DbWireError::Malformed("scan keys out of order"));
+            }
+            let tag = r.u8()?;
+            let version = Version { lamport: r.u64()?, writer: r.u32()? };
+            let val = match tag {
+                1 => None,
+                2 => {
+                    let n = r.u32()? as usize;
+                    Some(r.take(n)?.to_vec())
+                }
+                _ => return Err(DbWireError::Malformed("scan entry tag")),
+            };
+            entries.push((key, version, val));
+        }
+        if !r.0.is_empty() {
+            return Err(DbWireError::Malformed("trailing bytes in scan body"));
+        }
+        Ok(ScanBody { more, entries })
+    }
+}
+
+fn scan_answer_head(capsule: &CapsuleName, signer: u32, index_seq: u64, req_id: u64) -> Vec<u8> {
+    let mut b = prefix(TYPE_SCAN_ANSWER, capsule);
+    b.extend_from_slice(&signer.to_le_bytes());
+    b.extend_from_slice(&index_seq.to_le_bytes());
+    b.extend_from_slice(&req_id.to_le_bytes());
+    b
+}
+
+impl DbScanAnswer {
+    /// Seals `body` for request `req_id` and signs the message with CapsuleDB's key.
+    #[allow(clippy::too_many_arguments)]
+    pub fn seal(
+        capsule: CapsuleName,
+        signer: u32,
+        index_seq: u64,
+        req_id: u64,
+        body: &ScanBody,
+        data_key: &DataKey,
+        salt: [u8; SALT_LEN],
+        key: &SigningKey,
+    ) -> DbScanAnswer {
+        let aad = scan_answer_head(&capsule, signer, index_seq, req_id);
+        let sealed = data_key.seal(&salt, SCAN_ANSWER_CONTEXT, &aad, &body.encode());
+        let mut a = DbScanAnswer { capsule, signer, index_seq, req_id, salt, sealed, signature: Signature([0; 64]) };
+        a.signature = key.sign(&a.digest());
+        a
+    }
+
+    fn digest(&self) -> Hash256 {
+        let mut b = scan_answer_head(&self.capsule, self.signer, self.index_seq, self.req_id);
+        b.extend_from_slice(&self.salt);
+        b.extend_from_slice(&(self.sealed.len() as u32).to_le_bytes());
+        b.extend_from_slice(&self.sealed);
+        sha256(&[SCAN_ANSWER_DOMAIN, &b])
+    }
+
+    /// Checks the signature with CapsuleDB's public key, then opens the body.
+    pub fn verify_open(&self, key: &VerifyingKey, data_key: &DataKey) -> Result<ScanBody, DbWireError> {
+        key.verify(&self.digest(), &self.signature).map_err(|_| DbWireError::Signature)?;
+        let aad = scan_answer_head(&self.capsule, self.signer, self.index_seq, self.req_id);
+        let plain =
+            data_key.open(&self.salt, SCAN_ANSWER_CONTEXT, &aad, &self.sealed).map_err(|_| DbWireError::Decryption)?;
+        ScanBody::decode(&plain)
+    }
+}
+
 impl DbMsg {
     pub fn capsule(&self) -> CapsuleName {
         match self {
             DbMsg::Get(g) => g.capsule,
             DbMsg::Answer(a) => a.capsule,
             DbMsg::Heads(h) => h.capsule,
+            DbMsg::Scan(q) => q.capsule,
+            DbMsg::ScanAnswer(a) => a.capsule,
         }
     }
 
@@ -320,6 +569,21 @@ impl DbMsg {
             DbMsg::Heads(h) => {
                 let mut b = h.body();
                 b.extend_from_slice(&h.signature.0);
+                b
+            }
+            DbMsg::Scan(q) => {
+                let mut b = scan_aad(&q.capsule, q.req_id);
+                b.extend_from_slice(&q.salt);
+                b.extend_from_slice(&(q.sealed.len() as u32).to_le_bytes());
+                b.extend_from_slice(&q.sealed);
+                b
+            }
+            DbMsg::ScanAnswer(a) => {
+                let mut b = scan_answer_head(&a.capsule, a.signer, a.index_seq, a.req_id);
+                b.extend_from_slice(&a.salt);
+                b.extend_from_slice(&(a.sealed.len() as u32).to_le_bytes());
+                b.extend_from_slice(&a.sealed);
+                b.extend_from_slice(&a.signature.0);
                 b
             }
         }
@@ -360,6 +624,21 @@ impl DbMsg {
                 let sealed = r.sealed()?;
                 let signature = r.signature()?;
                 DbMsg::Answer(DbAnswer { capsule, signer, index_seq, req_ids, salt, sealed, signature })
+            }
+            TYPE_SCAN => {
+                let req_id = r.u64()?;
+                let salt = r.salt()?;
+                let sealed = r.sealed()?;
+                DbMsg::Scan(DbScan { capsule, req_id, salt, sealed })
+            }
+            TYPE_SCAN_ANSWER => {
+                let signer = r.u32()?;
+                let index_seq = r.u64()?;
+                let req_id = r.u64()?;
+                let salt = r.salt()?;
+                let sealed = r.sealed_max(SCAN_SEALED_BYTES_MAX)?;
+                let signature = r.signature()?;
+                DbMsg::ScanAnswer(DbScanAnswer { capsule, signer, index_seq, req_id, salt, sealed, signature })
             }
             _ => {
                 let signer = r.u32()?;
@@ -410,8 +689,11 @@ impl<'a> Reader<'a> {
         Ok(self.take(SALT_LEN)?.try_into().expect("salt length"))
     }
     fn sealed(&mut self) -> Result<Vec<u8>, DbWireError> {
+        self.sealed_max(SEALED_BYTES_MAX)
+    }
+    fn sealed_max(&mut self, max: usize) -> Result<Vec<u8>, DbWireError> {
         let n = self.u32()? as usize;
-        if n > SEALED_BYTES_MAX {
+        if n > max {
             return Err(DbWireError::Malformed("sealed part over the limit"));
         }
         Ok(self.take(n)?.to_vec())
@@ -459,6 +741,29 @@ mod tests {
         s.sealed[0] ^= 1;
         assert!(s.verify_open(&pk, &dk).is_err());
 
+        let q = ScanQuery { prefix: b"p/".to_vec(), after: Some(b"p/a".to_vec()), limit: 10 };
+        let sc = DbScan::seal(capsule, 5, &q, &dk, [3; 16]);
+        let DbMsg::Scan(back) = DbMsg::decode(&DbMsg::Scan(sc.clone()).encode()).unwrap() else { panic!("a scan") };
+        assert_eq!(back.open(&dk).unwrap(), q);
+        assert!(DbScan { req_id: 6, ..sc.clone() }.open(&dk).is_err(), "the request id is bound");
+        let sb = ScanBody {
+            more: true,
+            entries: vec![
+                (b"p/b".to_vec(), Version { lamport: 1, writer: 2 }, Some(vec![0, 255])),
+                (b"p/c".to_vec(), Version { lamport: 3, writer: 4 }, None),
+            ],
+        };
+        let sa = DbScanAnswer::seal(capsule, 70, 9, 5, &sb, &dk, [4; 16], &sk);
+        let DbMsg::ScanAnswer(back) = DbMsg::decode(&DbMsg::ScanAnswer(sa.clone()).encode()).unwrap() else {
+            panic!("a scan answer")
+        };
+        assert_eq!(back.verify_open(&pk, &dk).unwrap(), sb);
+        assert_eq!(sa.verify_open(&other, &dk), Err(DbWireError::Signature));
+        assert!(DbScanAnswer { req_id: 6, ..sa.clone() }.verify_open(&pk, &dk).is_err());
+        assert!(DbScanAnswer { index_seq: 10, ..sa.clone() }.verify_open(&pk, &dk).is_err());
+        let unordered = ScanBody { more: false, entries: vec![sb.entries[1].clone(), sb.entries[0].clone()] };
+        assert!(ScanBody::decode(&unordered.encode()).is_err(), "keys must increase");
+
         let h = DbHeads::sign(capsule, 70, 3, vec![(1, 10), (2, 20)], &sk);
         let DbMsg::Heads(back) = DbMsg::decode(&DbMsg::Heads(h.clone()).encode()).unwrap() else { panic!("heads") };
         back.verify(&pk).unwrap();
@@ -475,13 +780,32 @@ mod tests {
         }
 
         #[test]
-        fn decode_never_panics(t in 5u8..8, bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+        fn scan_query_and_body_round_trip(
+            prefix in proptest::collection::vec(any::<u8>(), 0..20),
+            after in proptest::option::of(proptest::collection::vec(any::<u8>(), 1..20)),
+            limit in 1u16..=1024,
+            keys in proptest::collection::btree_set(proptest::collection::vec(any::<u8>(), 1..12), 0..20),
+            more in any::<bool>(),
+        ) {
+            let q = ScanQuery { prefix, after, limit };
+            prop_assert_eq!(ScanQuery::decode(&q.encode()).unwrap(), q);
+            let entries = keys.into_iter().enumerate().map(|(i, k)| {
+                (k, Version { lamport: i as u64, writer: 3 }, (i % 3 != 0).then(|| vec![i as u8; i]))
+            }).collect();
+            let b = ScanBody { more, entries };
+            prop_assert_eq!(ScanBody::decode(&b.encode()).unwrap(), b);
+        }
+
+        #[test]
+        fn decode_never_panics(t in 5u8..10, bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
             let mut b = vec![1u8, t];
             b.extend_from_slice(&[0; 32]);
             b.extend_from_slice(&bytes);
             let _ = DbMsg::decode(&b);
             let _ = DbMsg::decode(&bytes);
             let _ = AnswerBody::decode(&bytes);
+            let _ = ScanQuery::decode(&bytes);
+            let _ = ScanBody::decode(&bytes);
         }
     }
 }

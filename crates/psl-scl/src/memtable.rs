@@ -57,6 +57,35 @@ pub enum EvictKey {
     Absent,
 }
 
+/// One entry of [`Memtable::scan`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScanEntry {
+    pub key: Vec<u8>,
+    pub entry: Entry,
+    /// The version may be older than one this node evicted (see [`Memtable`]).
+    pub unsure: bool,
+}
+
+/// Orders scan entries by key alone (a max-heap keeps the `limit + 1` smallest).
+struct ByKey(ScanEntry);
+
+impl PartialEq for ByKey {
+    fn eq(&self, o: &Self) -> bool {
+        self.0.key == o.0.key
+    }
+}
+impl Eq for ByKey {}
+impl PartialOrd for ByKey {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for ByKey {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        self.0.key.cmp(&o.0.key)
+    }
+}
+
 /// One applied update, as the journal hands it to CapsuleDB.
 pub type Update = (Box<[u8]>, Version, Option<Arc<[u8]>>);
 
@@ -468,6 +497,40 @@ impl Memtable {
         self.len() == 0
     }
 
+    /// The first `limit` entries (tombstones and unsure entries included, each with its unsure
+    /// flag) whose key starts with `prefix` and is above `after`, in key order, and whether
+    /// more such entries exist. A scan visits every shard under its read lock (the map has no
+    /// order): its cost grows with the keys held, its memory with `limit` only.
+    pub fn scan(&self, prefix: &[u8], after: Option<&[u8]>, limit: usize) -> (Vec<ScanEntry>, bool) {
+        let mut heap: std::collections::BinaryHeap<ByKey> = std::collections::BinaryHeap::with_capacity(limit + 1);
+        for sh in &self.shards {
+            let s = sh.read();
+            for (k, slot) in s.map.iter() {
+                let k: &[u8] = k;
+                if !k.starts_with(prefix) || after.is_some_and(|a| k <= a) {
+                    continue;
+                }
+                if heap.len() > limit && heap.peek().is_some_and(|top| top.0.key.as_slice() <= k) {
+                    continue;
+                }
+                heap.push(ByKey(ScanEntry { key: k.to_vec(), entry: slot.entry.clone(), unsure: slot.unsure }));
+                if heap.len() > limit + 1 {
+                    heap.pop();
+                }
+            }
+        }
+        let mut out: Vec<ScanEntry> = heap.into_sorted_vec().into_iter().map(|b| b.0).collect();
+        let more = out.len() > limit;
+        out.truncate(limit);
+        (out, more)
+    }
+
+    /// The highest floor sequence any shard evicted under: an answer from CapsuleDB at least
+    /// this new knows everything this node evicted (see [`Memtable::learn`]).
+    pub fn evict_seq_max(&self) -> u64 {
+        self.shards.iter().map(|s| s.read().evict_seq).max().unwrap_or(0)
+    }
+
     /// Every entry (tombstones included), ordered by key.
     pub fn snapshot(&self) -> BTreeMap<Vec<u8>, Entry> {
         let mut out = BTreeMap::new();
@@ -549,6 +612,33 @@ mod tests {
         assert!(!m.apply(b"k", v(2, 5), Some(b"zombie"[..].into())));
         assert_eq!(m.get(b"k"), None);
         assert_eq!(m.len(), 0);
+    }
+
+    proptest! {
+        /// A scan is the model's ordered range: prefix, `after`, `limit` and the `more` flag.
+        #[test]
+        fn scan_matches_an_ordered_model(
+            keys in proptest::collection::vec(proptest::collection::vec(0u8..4, 1..4), 0..60),
+            prefix in proptest::collection::vec(0u8..4, 0..2),
+            after in proptest::option::of(proptest::collection::vec(0u8..4, 1..3)),
+            limit in 0usize..10,
+        ) {
+            let m = Memtable::new();
+            let mut model = BTreeMap::new();
+            for (i, k) in keys.iter().enumerate() {
+                let value = if i % 5 == 4 { None } else { Some(val(&[i as u8])) };
+                m.apply(k, v(i as u64 + 1, 1), value.clone());
+                model.insert(k.clone(), Entry { version: v(i as u64 + 1, 1), value });
+            }
+            let want: Vec<(Vec<u8>, Entry)> = model
+                .into_iter()
+                .filter(|(k, _)| k.starts_with(&prefix) && after.as_ref().is_none_or(|a| k > a))
+                .collect();
+            let (got, more) = m.scan(&prefix, after.as_deref(), limit);
+            prop_assert_eq!(more, want.len() > limit);
+            let got: Vec<(Vec<u8>, Entry)> = got.into_iter().map(|e| (e.key, e.entry)).collect();
+            prop_assert_eq!(got, want.into_iter().take(limit).collect::<Vec<_>>());
+        }
     }
 
     #[test]
