@@ -181,12 +181,20 @@ fn durable_writes_wait_and_a_shortfall_throws_the_ack_count() {
     let out = ok(
         r#"try { sync({ durable: true, timeoutMs: 1500 }); } catch (e) {
              emit([e.name, e.acked, e.quorum, e.servers, e instanceof Error].join(" ")); emit(e.message); }
-           try { put("k", "v", { durable: true, timeoutMs: 0 }); } catch (e) { emit(e.name); }"#,
+           try { put("k", "v", { durable: true, timeoutMs: 0 }); } catch (e) { emit(e.name); }
+           try { put("k", "v", { durable: true, timeoutMs: NaN }); } catch (e) { emit(e.name); }"#,
         bad.clone(),
     );
     assert_eq!(out[0], "DurabilityError 1 2 3 true");
     assert_eq!(out[1], "sync: only 1 of the 3 capsule servers acked within 1.5s; 2 must");
     assert_eq!(out[2], "RangeError");
+    assert_eq!(out[3], "RangeError");
+    // A wait past any Duration (Infinity, 1e300) is clamped to the limit's maximum, not a panic.
+    let out = ok(
+        r#"sync({ durable: true, timeoutMs: Infinity }); sync({ durable: true, timeoutMs: 1e300 }); emit("ok");"#,
+        good.clone(),
+    );
+    assert_eq!(out, ["ok"]);
     // Uncaught, it ends the lambda with the numbers in the message.
     let o = run(r#"put("k", "v", { durable: true });"#, bad);
     let e = o.result.unwrap_err();
