@@ -23,6 +23,9 @@
 //! - `lru`: sharded LRU memory accounting. [`stats`]: the `stats` counters.
 //! - [`peer`]: forwarding conditional commands to a key's home front end in another process:
 //!   sealed frames over TCP, their codec (fuzzed with the parser), bounded timeouts.
+//! - [`home`]: home failover as an I/O-free state machine (leases per slot granted by a
+//!   majority, Lamport fences, hand-over of acknowledged writes), tested in a seeded
+//!   simulation; not yet driven by the front ends.
 //! - [`deploy`]: in-process deployments (the embedded default, test and bench groups; the
 //!   caller may add a CapsuleDB role on their hub).
 //!
@@ -72,6 +75,7 @@
 pub mod deploy;
 mod evloop;
 pub mod exec;
+pub mod home;
 pub mod item;
 mod lru;
 pub mod peer;
