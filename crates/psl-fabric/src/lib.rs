@@ -73,7 +73,7 @@ pub use inproc::{InProcEndpoint, InProcHub};
 pub use nats::{NatsConfig, NatsEndpoint};
 pub use router::{LinkRole, LinkStats, LinkTotals, Router, RouterConfig, RouterHandle, RouterStats};
 pub use stats::{FabricStats, FaultStats};
-pub use switch::Switch;
 pub use subject::Interest;
+pub use switch::Switch;
 pub use tcp::{TcpConfig, TcpEndpoint};
 pub use url::{FabricSpec, FabricUrl};

@@ -115,7 +115,10 @@ impl NatsConfig {
         )?;
         check_frame(self.frame_bytes_max)?;
         if !subject::valid_prefix(&self.prefix) {
-            return Err(ConfigError::new("prefix", format!("{:?} is not dot-separated [A-Za-z0-9_-] tokens", self.prefix)));
+            return Err(ConfigError::new(
+                "prefix",
+                format!("{:?} is not dot-separated [A-Za-z0-9_-] tokens", self.prefix),
+            ));
         }
         for (field, d) in [
             ("connect_timeout", self.connect_timeout),
@@ -237,14 +240,7 @@ impl NatsEndpoint {
                 sh.alive.set(false);
             })
             .map_err(io("spawning the I/O thread"))?;
-        Ok(NatsEndpoint {
-            shared,
-            out,
-            servers: servers.to_vec(),
-            subjects,
-            stop: Some(stop_tx),
-            thread: Some(thread),
-        })
+        Ok(NatsEndpoint { shared, out, servers: servers.to_vec(), subjects, stop: Some(stop_tx), thread: Some(thread) })
     }
 
     /// True while connected to a NATS server.

@@ -154,7 +154,12 @@ impl NatsServer {
             if Instant::now() >= deadline {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
-                    format!("nats-server {} did not answer on {} in {timeout:?}: {}", self.name, self.addr, self.log_tail()),
+                    format!(
+                        "nats-server {} did not answer on {} in {timeout:?}: {}",
+                        self.name,
+                        self.addr,
+                        self.log_tail()
+                    ),
                 ));
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -201,13 +206,12 @@ pub fn answers_info(addr: SocketAddr) -> bool {
     let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else { return false };
     let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
     let mut line = String::new();
-    let ok = BufReader::new((&mut s).take(64 << 10)).read_line(&mut line).is_ok() && line.starts_with("INFO ");
-    ok
+    BufReader::new((&mut s).take(64 << 10)).read_line(&mut line).is_ok() && line.starts_with("INFO ")
 }
 
 /// A free TCP port on `ip` (bound, then released).
 pub fn free_port(ip: std::net::IpAddr) -> std::io::Result<SocketAddr> {
-    Ok(std::net::TcpListener::bind(SocketAddr::new(ip, 0))?.local_addr()?)
+    std::net::TcpListener::bind(SocketAddr::new(ip, 0))?.local_addr()
 }
 
 #[cfg(test)]

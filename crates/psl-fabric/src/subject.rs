@@ -129,10 +129,8 @@ fn ack_nodes(p: &[u8]) -> Option<Vec<u32>> {
     }
     let n = u16::from_le_bytes([p[4], p[5]]) as usize;
     let entries = p.get(ACK_HEAD_LEN..ACK_HEAD_LEN.checked_add(n.checked_mul(ACK_ENTRY_LEN)?)?)?;
-    let mut nodes: Vec<u32> = entries
-        .chunks_exact(ACK_ENTRY_LEN)
-        .map(|e| u32::from_le_bytes([e[0], e[1], e[2], e[3]]) >> 16)
-        .collect();
+    let mut nodes: Vec<u32> =
+        entries.chunks_exact(ACK_ENTRY_LEN).map(|e| u32::from_le_bytes([e[0], e[1], e[2], e[3]]) >> 16).collect();
     nodes.sort_unstable();
     nodes.dedup();
     nodes.truncate(ACK_NODES_MAX);
@@ -272,7 +270,7 @@ impl Interest {
     /// Whether a message routed to `leaf` of `capsule` reaches this interest (the in-process
     /// model of the subscriptions: tests and the simulator's fan-out count).
     pub fn wants(&self, capsule: &[u8; 32], leaf: Leaf) -> bool {
-        if !(self.capsules.is_empty() && self.everything) && !self.capsules.contains(capsule) {
+        if !(self.capsules.contains(capsule) || self.capsules.is_empty() && self.everything) {
             return false;
         }
         if self.everything {

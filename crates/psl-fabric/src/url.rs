@@ -75,7 +75,9 @@ impl FromStr for FabricUrl {
             return Ok(FabricUrl::Nats(parts.iter().map(|p| p.trim_end_matches('/').to_string()).collect()));
         }
         if parts.len() != 1 {
-            return Err(bad("a list is only for NATS servers (nats://A,nats://B); a router is one psl://HOST:PORT".into()));
+            return Err(bad(
+                "a list is only for NATS servers (nats://A,nats://B); a router is one psl://HOST:PORT".into()
+            ));
         }
         let hp = match s.split_once("://") {
             Some(("psl", hp)) => hp.trim_end_matches('/'),
@@ -181,7 +183,10 @@ impl FabricSpec {
             FabricUrl::Router(hp) => {
                 let addr = hp
                     .to_socket_addrs()
-                    .map_err(|e| FabricError::Url { url: self.url.to_string(), reason: format!("cannot resolve: {e}") })?
+                    .map_err(|e| FabricError::Url {
+                        url: self.url.to_string(),
+                        reason: format!("cannot resolve: {e}"),
+                    })?
                     .next()
                     .ok_or_else(|| FabricError::Url { url: self.url.to_string(), reason: "no address".into() })?;
                 let ep = TcpEndpoint::connect(addr, TcpConfig { name: name.to_string(), ..TcpConfig::default() })?;

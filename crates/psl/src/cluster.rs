@@ -226,10 +226,17 @@ impl ClusterConfig {
         unique("capsule host", self.hosts.iter().flat_map(|h| h.capsule_hosts.clone()).collect())?;
         unique("worker", self.hosts.iter().flat_map(|h| h.workers.clone()).collect())?;
         unique("kv server", self.hosts.iter().flat_map(|h| h.kv_servers.clone()).collect())?;
-        unique("kv coordinator rank", self.hosts.iter().flat_map(|h| h.kv_coordinators.iter().map(|r| *r as u32)).collect())?;
+        unique(
+            "kv coordinator rank",
+            self.hosts.iter().flat_map(|h| h.kv_coordinators.iter().map(|r| *r as u32)).collect(),
+        )?;
         unique("memcached front end", self.hosts.iter().flat_map(|h| h.memcached.clone()).collect())?;
         let count = |f: fn(&Host) -> bool| self.hosts.iter().filter(|h| f(h)).count();
-        if count(|h| h.scheduler) > 1 || count(|h| h.leader) > 1 || count(|h| h.capsuledb) > 1 || count(|h| h.router) > 1 {
+        if count(|h| h.scheduler) > 1
+            || count(|h| h.leader) > 1
+            || count(|h| h.capsuledb) > 1
+            || count(|h| h.router) > 1
+        {
             bail!("at most one scheduler, one leader, one CapsuleDB and one router per cluster");
         }
         let workers = self.hosts.iter().any(|h| !h.workers.is_empty());
@@ -644,10 +651,7 @@ pub fn up_host(config: &Path, name: &str) -> Result<i32> {
                 h.listen(c.ports.capsuledb_control),
             ]);
             if !reads.is_empty() {
-                a.extend([
-                    "--servers".into(),
-                    reads.iter().map(|(_, r)| r.to_string()).collect::<Vec<_>>().join(","),
-                ]);
+                a.extend(["--servers".into(), reads.iter().map(|(_, r)| r.to_string()).collect::<Vec<_>>().join(",")]);
             }
             let (k, rx) = spawn("kv capsuledb", &a)?;
             kids.push(k);
@@ -748,11 +752,7 @@ pub fn up_host(config: &Path, name: &str) -> Result<i32> {
             wait_line(&what, &rx, prefix, deadline)?;
         }
         let file = cluster_file(&c, &sh, &kv_dir)?;
-        crate::util::write_atomic(
-            &dir.join("cluster.json"),
-            serde_json::to_string_pretty(&file)?.as_bytes(),
-            0o644,
-        )?;
+        crate::util::write_atomic(&dir.join("cluster.json"), serde_json::to_string_pretty(&file)?.as_bytes(), 0o644)?;
         Ok(())
     })();
     if let Err(e) = started {
@@ -805,8 +805,16 @@ mod tests {
 
     #[test]
     fn mistakes_are_named() {
-        let bad = |t: &str| toml::from_str::<ClusterConfig>(t).map_err(|e| e.to_string()).and_then(|c| c.validate().map_err(|e| e.to_string()));
-        let h = |extra: &str| format!("[cluster]\nfabric = \"nats://10.0.0.1:4222\"\n[[host]]\nname = \"a\"\naddress = \"10.0.0.1\"\n{extra}");
+        let bad = |t: &str| {
+            toml::from_str::<ClusterConfig>(t)
+                .map_err(|e| e.to_string())
+                .and_then(|c| c.validate().map_err(|e| e.to_string()))
+        };
+        let h = |extra: &str| {
+            format!(
+                "[cluster]\nfabric = \"nats://10.0.0.1:4222\"\n[[host]]\nname = \"a\"\naddress = \"10.0.0.1\"\n{extra}"
+            )
+        };
         assert!(bad(&h("")).is_ok());
         assert!(bad(&h("workers = [1]")).unwrap_err().contains("scheduler"));
         assert!(bad(&h("kv_servers = [0, 1]\nkv_coordinators = [0]")).unwrap_err().contains("odd"));

@@ -301,7 +301,8 @@ pub fn run_capsule_server(a: CapsuleServerArgs) -> Result<i32> {
     if let Some(CapsuleServerCmd::Check { dir, json }) = a.cmd {
         return check_server_store(&dir, json);
     }
-    let (Some(capsule), Some(owner), Some(_), Some(dir), Some(id)) = (a.capsule, a.owner, &a.fabric.fabric, a.dir, a.id)
+    let (Some(capsule), Some(owner), Some(_), Some(dir), Some(id)) =
+        (a.capsule, a.owner, &a.fabric.fabric, a.dir, a.id)
     else {
         bail!("psl capsule-server needs --capsule, --owner, --fabric, --dir and --id (or the `check` subcommand)");
     };

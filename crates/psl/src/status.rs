@@ -153,7 +153,8 @@ fn probe(p: &Probe, t: Duration) -> Result<Value> {
 }
 
 fn probes(c: &ClusterConfig) -> Vec<Probe> {
-    let host_of = |a: SocketAddr| c.hosts.iter().find(|h| h.address == a.ip()).map(|h| h.name.clone()).unwrap_or_default();
+    let host_of =
+        |a: SocketAddr| c.hosts.iter().find(|h| h.address == a.ip()).map(|h| h.name.clone()).unwrap_or_default();
     let mut v = Vec::new();
     let mut add = |role: String, kind: Kind, addr: SocketAddr| v.push(Probe { host: host_of(addr), role, kind, addr });
     for (host, _, mon) in c.nats_servers() {
@@ -246,7 +247,10 @@ pub fn run(a: StatusArgs) -> Result<i32> {
     if a.json {
         println!("{}", json!({"roles": rows, "down": down}));
     } else {
-        println!("{:<12} {:<18} {:<22} {:<6} {:>8} {:<12} counters", "host", "role", "address", "health", "epoch", "lag");
+        println!(
+            "{:<12} {:<18} {:<22} {:<6} {:>8} {:<12} counters",
+            "host", "role", "address", "health", "epoch", "lag"
+        );
         for r in &rows {
             let counters = match r.get("detail") {
                 Some(Value::Object(m)) => m

@@ -321,7 +321,12 @@ pub(crate) fn spawn_cmd(name: &str, mut cmd: Command) -> Result<(Kid, std::sync:
     Ok((Kid { name: name.into(), child, gone: false }, rx))
 }
 
-pub(crate) fn wait_line(kid: &str, rx: &std::sync::mpsc::Receiver<String>, prefix: &str, deadline: Instant) -> Result<String> {
+pub(crate) fn wait_line(
+    kid: &str,
+    rx: &std::sync::mpsc::Receiver<String>,
+    prefix: &str,
+    deadline: Instant,
+) -> Result<String> {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {
@@ -380,9 +385,15 @@ fn start_fabric(a: &UpArgs, kids: &mut Vec<Kid>, deadline: Instant) -> Result<ps
             let (k, _rx) = spawn_cmd("nats-server", o.command().context("writing the nats-server configuration")?)
                 .context("starting nats-server (Debian package nats-server; see scripts/install-nats-test-deps.sh)")?;
             kids.push(k);
-            let probe = if listen.ip().is_unspecified() { SocketAddr::new([127, 0, 0, 1].into(), listen.port()) } else { listen };
+            let probe = if listen.ip().is_unspecified() {
+                SocketAddr::new([127, 0, 0, 1].into(), listen.port())
+            } else {
+                listen
+            };
             while !psl_fabric::natsd::answers_info(probe) {
-                if Instant::now() >= deadline || kids.last_mut().is_some_and(|k| matches!(k.child.try_wait(), Ok(Some(_)))) {
+                if Instant::now() >= deadline
+                    || kids.last_mut().is_some_and(|k| matches!(k.child.try_wait(), Ok(Some(_))))
+                {
                     bail!("nats-server did not start on {listen} (its log is on stderr above)");
                 }
                 std::thread::sleep(Duration::from_millis(20));

@@ -282,8 +282,23 @@ fn start_node(net: &Net, dir: &Path, h: usize, id: u32, port: u16, extra: &[&str
     let url = fabric_url();
     let ids = id.to_string();
     let mut args = vec![
-        "node", "--capsule", "shared/kv.capsule", "--owner", "shared/kv-owner.key", "--fabric", &url, "--id", &ids,
-        "--state", &state, "--servers", "3", "--control", &control, "--epoch-ms", "100",
+        "node",
+        "--capsule",
+        "shared/kv.capsule",
+        "--owner",
+        "shared/kv-owner.key",
+        "--fabric",
+        &url,
+        "--id",
+        &ids,
+        "--state",
+        &state,
+        "--servers",
+        "3",
+        "--control",
+        &control,
+        "--epoch-ms",
+        "100",
     ];
     args.extend_from_slice(extra);
     let p = Proc::start(&net.ns(h), dir, &format!("node{id}.log"), &args);
@@ -339,14 +354,20 @@ fn a_four_host_deployment_on_nats_survives_failover_partition_and_a_host_crash()
     let mut hosts: Vec<Option<Proc>> = (1..=HOSTS)
         .map(|h| {
             let name = format!("h{h}");
-            Some(Proc::start(&net.ns(h), d, &format!("host{h}.log"), &["up", "--config", "cluster.toml", "--host", &name]))
+            Some(Proc::start(
+                &net.ns(h),
+                d,
+                &format!("host{h}.log"),
+                &["up", "--config", "cluster.toml", "--host", &name],
+            ))
         })
         .collect();
     let mut nats_pid = None;
     for (i, p) in hosts.iter().enumerate() {
         let (_, lines) = p.as_ref().unwrap().wait(&format!("up h{}", i + 1), Duration::from_secs(240));
         if i == 0 {
-            nats_pid = lines.iter().find_map(|l| l.strip_prefix("role nats-server pid ")).map(|p| p.parse::<i32>().unwrap());
+            nats_pid =
+                lines.iter().find_map(|l| l.strip_prefix("role nats-server pid ")).map(|p| p.parse::<i32>().unwrap());
         }
     }
     eprintln!("cluster up in {:?}", t0.elapsed());
@@ -419,10 +440,8 @@ fn a_four_host_deployment_on_nats_survives_failover_partition_and_a_host_crash()
 
     // Every node converges: the same digest on both nodes.
     let digests = until("every node converges", Duration::from_secs(90), || {
-        let d = [
-            control(&ns_a, a, vec!["DIGEST".into()]).remove(0),
-            control(&ns_b, b, vec!["DIGEST".into()]).remove(0),
-        ];
+        let d =
+            [control(&ns_a, a, vec!["DIGEST".into()]).remove(0), control(&ns_b, b, vec!["DIGEST".into()]).remove(0)];
         (d[0] == d[1]).then_some(d)
     });
     eprintln!("converged: {}", digests[0]);
@@ -462,7 +481,16 @@ fn a_four_host_deployment_on_nats_survives_failover_partition_and_a_host_crash()
     // psl status sees every role up but the NATS server killed on host 1 (nothing restarts it).
     let status = until("psl status: every role up but one", Duration::from_secs(60), || {
         let o = Command::new("ip")
-            .args(["netns", "exec", &net.ns(1), env!("CARGO_BIN_EXE_psl"), "status", "--config", "cluster.toml", "--json"])
+            .args([
+                "netns",
+                "exec",
+                &net.ns(1),
+                env!("CARGO_BIN_EXE_psl"),
+                "status",
+                "--config",
+                "cluster.toml",
+                "--json",
+            ])
             .current_dir(d)
             .output()
             .unwrap();
