@@ -1,8 +1,10 @@
-//! `psl sim`: the seeded simulator over many seeds.
+//! `psl sim`: the seeded simulator over many seeds (`scl`, `durability`), or the scale
+//! scenario over growing node counts (`--scenario scale --nodes 10,100,1000`).
 
-use anyhow::Result;
+use anyhow::{bail, Context, Result};
 use clap::Args;
-use psl_sim::{run_seed, SimConfig};
+use psl_sim::{run_scale, run_seed, ScaleConfig, ScaleReport, SimConfig};
+use std::path::{Path, PathBuf};
 
 #[derive(Args)]
 pub struct SimArgs {
@@ -12,37 +14,58 @@ pub struct SimArgs {
     /// First seed.
     #[arg(long, default_value_t = 0)]
     start: u64,
-    /// Worker nodes.
-    #[arg(long, default_value_t = SimConfig::default().nodes)]
-    nodes: usize,
+    /// Worker nodes; with `--scenario scale`, a comma-separated list of node counts, each run
+    /// in its own process (so its memory is its own).
+    #[arg(long, value_delimiter = ',', default_values_t = [SimConfig::default().nodes])]
+    nodes: Vec<usize>,
     /// Message loss rate during the faulty phase (default: the scenario's).
     #[arg(long)]
     loss: Option<f64>,
-    /// Print each seed's report as a JSON line.
+    /// Print each seed's (or each node count's) report as a JSON line.
     #[arg(long)]
     json: bool,
-    /// `scl` (nodes and coordinators) or `durability` (plus three capsule servers whose disks
-    /// lose unsynced writes on a crash; servers and nodes crash and restart).
+    /// `scl` (nodes and coordinators), `durability` (plus three capsule servers whose disks
+    /// lose unsynced writes on a crash; servers and nodes crash and restart), or `scale` (N
+    /// nodes over several capsules with NATS-style subject fan-out: what each node receives
+    /// and holds as N grows).
     #[arg(long, default_value = "scl")]
     scenario: Scenario,
+    /// Scale: capsules the nodes are spread over (default: one per ten nodes).
+    #[arg(long)]
+    capsules: Option<usize>,
+    /// Scale: writes per node per simulated second.
+    #[arg(long, default_value_t = 20.0)]
+    puts_per_node_per_s: f64,
+    /// Scale: simulated milliseconds of writes (then as long again, and half, to settle).
+    #[arg(long, default_value_t = 1000)]
+    work_ms: u64,
+    /// Scale: draw the curve (per-node bytes received, subjects against the router tree's
+    /// flood, and memory per node, against N) into this PNG file.
+    #[arg(long, value_name = "FILE.png")]
+    plot: Option<PathBuf>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
 enum Scenario {
     Scl,
     Durability,
+    Scale,
 }
 
 pub fn run(a: SimArgs) -> Result<i32> {
+    if let Scenario::Scale = a.scenario {
+        return run_scale_curve(&a);
+    }
+    let [nodes] = a.nodes[..] else { bail!("--nodes takes one count for the {:?} scenario", a.scenario) };
     let base = match a.scenario {
-        Scenario::Scl => SimConfig::default(),
         Scenario::Durability => SimConfig::durability(),
+        _ => SimConfig::default(),
     };
     let loss = a.loss.unwrap_or(base.loss);
-    let cfg = SimConfig { nodes: a.nodes, loss, ..base };
+    let cfg = SimConfig { nodes, loss, ..base };
     let scenario = match a.scenario {
-        Scenario::Scl => "scl",
         Scenario::Durability => "durability",
+        _ => "scl",
     };
     let pb = crate::bench::progress(a.seeds, "sim seeds");
     let mut failed = 0u64;
@@ -58,8 +81,7 @@ pub fn run(a: SimArgs) -> Result<i32> {
                 pb.suspend(|| {
                     println!("FAILED {v}");
                     println!(
-                        "replay: psl sim --scenario {scenario} --seeds 1 --start {s} --nodes {} --loss {loss}",
-                        a.nodes
+                        "replay: psl sim --scenario {scenario} --seeds 1 --start {s} --nodes {nodes} --loss {loss}"
                     );
                 });
             }
@@ -69,4 +91,177 @@ pub fn run(a: SimArgs) -> Result<i32> {
     pb.finish_and_clear();
     println!("{} seeds from {}: {} held every invariant, {failed} failed", a.seeds, a.start, a.seeds - failed);
     Ok(if failed == 0 { 0 } else { 1 })
+}
+
+/// Resident memory of this process, bytes (Linux `/proc/self/statm`).
+fn rss_bytes() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = s.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+    // SAFETY: sysconf(3) only reads a system constant.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    pages * page.max(1) as u64
+}
+
+fn scale_config(a: &SimArgs, nodes: usize) -> ScaleConfig {
+    let mut c = ScaleConfig::new(nodes);
+    c.seed = a.start.max(1);
+    if let Some(k) = a.capsules {
+        c.capsules = k;
+    }
+    c.puts_per_node_per_s = a.puts_per_node_per_s;
+    c.work_ms = a.work_ms;
+    c.settle_ms = a.work_ms * 3 / 2;
+    c
+}
+
+fn run_scale_curve(a: &SimArgs) -> Result<i32> {
+    if a.nodes.iter().any(|n| *n == 0 || *n > 100_000) {
+        bail!("--nodes counts are 1 ..= 100000");
+    }
+    let reports: Vec<ScaleReport> = if let [n] = a.nodes[..] {
+        let t = std::time::Instant::now();
+        let r = run_scale(&scale_config(a, n), &rss_bytes).map_err(anyhow::Error::msg)?;
+        tracing::info!(nodes = n, wall_s = t.elapsed().as_secs_f64(), "scale run done");
+        vec![r]
+    } else {
+        // One process per node count: each one's memory is its own.
+        let exe = std::env::current_exe().context("finding the psl binary")?;
+        let mut out = Vec::new();
+        for n in &a.nodes {
+            eprintln!("scale: {n} nodes ...");
+            let mut cmd = std::process::Command::new(&exe);
+            cmd.args(["sim", "--scenario", "scale", "--json", "--nodes", &n.to_string()]);
+            cmd.args(["--start", &a.start.to_string(), "--work-ms", &a.work_ms.to_string()]);
+            cmd.args(["--puts-per-node-per-s", &a.puts_per_node_per_s.to_string()]);
+            if let Some(k) = a.capsules {
+                cmd.args(["--capsules", &k.to_string()]);
+            }
+            let o = cmd.output().context("running a scale child")?;
+            if !o.status.success() {
+                bail!("psl sim --scenario scale --nodes {n}: {}", String::from_utf8_lossy(&o.stderr).trim());
+            }
+            let line = String::from_utf8_lossy(&o.stdout);
+            let v: serde_json::Value = serde_json::from_str(line.trim()).context("a scale child's JSON")?;
+            out.push(v);
+        }
+        if a.json {
+            for v in &out {
+                println!("{v}");
+            }
+        } else {
+            print_table(&out);
+        }
+        if let Some(p) = &a.plot {
+            plot(&out, p)?;
+            println!("plot {}", p.display());
+        }
+        let ok = out.iter().all(|v| v["converged"] == true);
+        return Ok(if ok { 0 } else { 1 });
+    };
+    let vals: Vec<serde_json::Value> = reports.iter().map(serde_json::to_value).collect::<Result<_, _>>()?;
+    if a.json {
+        for v in &vals {
+            println!("{v}");
+        }
+    } else {
+        print_table(&vals);
+    }
+    if let Some(p) = &a.plot {
+        plot(&vals, p)?;
+        println!("plot {}", p.display());
+    }
+    Ok(if reports.iter().all(|r| r.converged) { 0 } else { 1 })
+}
+
+fn f(v: &serde_json::Value) -> f64 {
+    v.as_f64().unwrap_or(0.0)
+}
+
+fn print_table(rows: &[serde_json::Value]) {
+    println!(
+        "{:>6} {:>8} {:>10} {:>12} {:>12} {:>14} {:>14} {:>10} {:>9}",
+        "nodes",
+        "capsules",
+        "nodes/cap",
+        "rec/s/node",
+        "flood rec/s",
+        "KiB/s/node",
+        "flood KiB/s",
+        "KiB/node",
+        "converged"
+    );
+    for r in rows {
+        println!(
+            "{:>6} {:>8} {:>10.1} {:>12.0} {:>12.0} {:>14.1} {:>14.1} {:>10.0} {:>9}",
+            r["config"]["nodes"],
+            r["config"]["capsules"],
+            f(&r["nodes_per_capsule"]),
+            f(&r["records_received_per_s"]["mean"]),
+            f(&r["flood_records_received_per_s"]["mean"]),
+            f(&r["bytes_received_per_s"]["mean"]) / 1024.0,
+            f(&r["flood_bytes_received_per_s"]["mean"]) / 1024.0,
+            f(&r["rss_per_node_bytes"]) / 1024.0,
+            r["converged"],
+        );
+    }
+}
+
+/// The curve: per-node KiB/s received (subjects, flood) and KiB of memory per node, against N,
+/// on log-log axes. Text is drawn with an embedded font (DejaVu Sans), so no system font is
+/// needed.
+pub(crate) fn plot(rows: &[serde_json::Value], path: &Path) -> Result<()> {
+    use plotters::prelude::*;
+    static FONT: std::sync::Once = std::sync::Once::new();
+    FONT.call_once(|| {
+        let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular());
+    });
+    let pts = |key: &str, scale: f64| -> Vec<(f64, f64)> {
+        rows.iter()
+            .map(|r| (f(&r["config"]["nodes"]), (f(&r[key]["mean"]).max(f(&r[key])) / scale).max(1e-3)))
+            .collect()
+    };
+    let sub = pts("bytes_received_per_s", 1024.0);
+    let flood = pts("flood_bytes_received_per_s", 1024.0);
+    let mem: Vec<(f64, f64)> =
+        rows.iter().map(|r| (f(&r["config"]["nodes"]), (f(&r["rss_per_node_bytes"]) / 1024.0).max(1e-3))).collect();
+    let xmax = sub.iter().map(|p| p.0).fold(10.0, f64::max) * 1.5;
+    let xmin = sub.iter().map(|p| p.0).fold(f64::MAX, f64::min).min(10.0) / 1.5;
+    let root = BitMapBackend::new(path, (1200, 520)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (left, right) = root.split_horizontally(620);
+    let ymax = flood.iter().chain(&sub).map(|p| p.1).fold(1.0, f64::max) * 3.0;
+    let ymin = flood.iter().chain(&sub).map(|p| p.1).fold(f64::MAX, f64::min).min(1.0) / 3.0;
+    let mut c = ChartBuilder::on(&left)
+        .caption("KiB/s received per node", ("sans-serif", 22))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        .build_cartesian_2d((xmin..xmax).log_scale(), (ymin..ymax).log_scale())?;
+    c.configure_mesh().x_desc("nodes (10 per capsule)").y_desc("KiB/s").label_style(("sans-serif", 15)).draw()?;
+    c.draw_series(LineSeries::new(flood.clone(), RED.stroke_width(2)))?
+        .label("router tree (every message to every node)")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED.stroke_width(2)));
+    c.draw_series(flood.iter().map(|p| Circle::new(*p, 4, RED.filled())))?;
+    c.draw_series(LineSeries::new(sub.clone(), BLUE.stroke_width(2)))?
+        .label("NATS subjects (own capsule, own role)")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE.stroke_width(2)));
+    c.draw_series(sub.iter().map(|p| Circle::new(*p, 4, BLUE.filled())))?;
+    c.configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 14))
+        .draw()?;
+    let mmax = mem.iter().map(|p| p.1).fold(1.0, f64::max) * 3.0;
+    let mmin = mem.iter().map(|p| p.1).fold(f64::MAX, f64::min).min(1.0) / 3.0;
+    let mut m = ChartBuilder::on(&right)
+        .caption("memory per node (resident)", ("sans-serif", 22))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        .build_cartesian_2d((xmin..xmax).log_scale(), (mmin..mmax).log_scale())?;
+    m.configure_mesh().x_desc("nodes (10 per capsule)").y_desc("KiB").label_style(("sans-serif", 15)).draw()?;
+    m.draw_series(LineSeries::new(mem.clone(), GREEN.stroke_width(2)))?;
+    m.draw_series(mem.iter().map(|p| Circle::new(*p, 4, GREEN.filled())))?;
+    root.present()?;
+    Ok(())
 }

@@ -1,0 +1,308 @@
+//! The scale scenario (`psl sim --scenario scale --nodes N`): N worker nodes spread over C
+//! capsules (each with its own primary coordinator), the real protocol engines, and a network
+//! that delivers the way NATS subjects do: a message reaches only the endpoints whose role
+//! subscribes to its leaf of its capsule's subject tree (`psl_fabric::subject`: records,
+//! repair and heads to the capsule's nodes and coordinator, an ack to its writing node only).
+//! Beside it the run counts what the router tree would have delivered instead (every message to
+//! every endpoint; the receivers then drop other capsules' messages by name, but the bytes
+//! arrived). No faults: this scenario measures cost, the `scl` scenario checks safety.
+//!
+//! Reported per node (mean and max over nodes): records and bytes received per simulated
+//! second, under subjects and under the flood; and the process's memory per node (the caller
+//! measures resident memory, the engines' state included, since this crate does no I/O).
+//! At the end the run checks that the nodes of each capsule converged (equal memtables).
+
+use crate::node::{Effect, SimNode};
+use psl_capsule::{new_capsule, Limits};
+use psl_crypto::OwnerKey;
+use psl_fabric::subject::{classify, Interest, Leaf, Route};
+use psl_scl::CoordinatorConfig;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::collections::VecDeque;
+
+/// What one scale run looks like.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ScaleConfig {
+    pub seed: u64,
+    pub nodes: usize,
+    /// Capsules (KV spaces); node `i` serves capsule `i % capsules`.
+    pub capsules: usize,
+    /// Writes per node per simulated second.
+    pub puts_per_node_per_s: f64,
+    pub value_bytes: usize,
+    /// Distinct keys per capsule.
+    pub keys: usize,
+    pub work_ms: u64,
+    /// Quiet time after the writes for the nodes to converge.
+    pub settle_ms: u64,
+    pub flush_ms: u64,
+    pub tick_ms: u64,
+    pub epoch_ms: u64,
+    pub batch_ops_max: usize,
+}
+
+impl ScaleConfig {
+    /// `nodes` nodes, ten per capsule (at least one capsule).
+    pub fn new(nodes: usize) -> ScaleConfig {
+        ScaleConfig {
+            seed: 1,
+            nodes,
+            capsules: nodes.div_ceil(10).max(1),
+            puts_per_node_per_s: 20.0,
+            value_bytes: 100,
+            keys: 200,
+            work_ms: 1_000,
+            settle_ms: 1_500,
+            flush_ms: 10,
+            tick_ms: 10,
+            epoch_ms: 100,
+            batch_ops_max: 64,
+        }
+    }
+}
+
+/// Mean and max over nodes.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct Spread {
+    pub mean: f64,
+    pub max: f64,
+}
+
+fn spread(v: &[f64]) -> Spread {
+    if v.is_empty() {
+        return Spread::default();
+    }
+    Spread { mean: v.iter().sum::<f64>() / v.len() as f64, max: v.iter().copied().fold(0.0, f64::max) }
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ScaleReport {
+    pub config: ScaleConfig,
+    pub nodes_per_capsule: f64,
+    pub ops_issued: u64,
+    /// Messages published per simulated second, all endpoints.
+    pub published_per_s: f64,
+    /// Subject fan-out: what each worker node received, per simulated second.
+    pub records_received_per_s: Spread,
+    pub bytes_received_per_s: Spread,
+    /// The router tree's flood: what each worker node would have received.
+    pub flood_records_received_per_s: Spread,
+    pub flood_bytes_received_per_s: Spread,
+    /// Records verified per simulated second, all nodes (each receiver verifies each record).
+    pub verifications_per_s: f64,
+    /// Every capsule's nodes hold identical memtables at the end.
+    pub converged: bool,
+    /// Resident memory when the run ended (from the caller's probe), and per node.
+    pub rss_bytes: u64,
+    pub rss_per_node_bytes: u64,
+}
+
+/// Everything published, all endpoints (what the flood delivers to each non-sender).
+#[derive(Default)]
+struct FloodTotals {
+    bytes: u64,
+    records: u64,
+}
+
+struct Ep {
+    node: SimNode,
+    capsule: usize,
+    interest: Interest,
+    worker: bool,
+    rx_records: u64,
+    rx_bytes: u64,
+    flood_records: u64,
+    flood_bytes: u64,
+}
+
+/// Runs one scale scenario. `rss` reads the process's resident memory (bytes); it is called
+/// before the nodes are made and at the end, while they are all alive.
+pub fn run_scale(cfg: &ScaleConfig, rss: &dyn Fn() -> u64) -> Result<ScaleReport, String> {
+    if cfg.nodes == 0 || cfg.capsules == 0 || cfg.capsules > cfg.nodes {
+        return Err(format!("{} nodes over {} capsules: need 1 <= capsules <= nodes", cfg.nodes, cfg.capsules));
+    }
+    let base_rss = rss();
+    let mut rng = StdRng::seed_from_u64(cfg.seed);
+    let mut metas = Vec::new();
+    for c in 0..cfg.capsules {
+        let mut s = [0u8; 32];
+        s[..8].copy_from_slice(&cfg.seed.to_le_bytes());
+        s[8..16].copy_from_slice(&(c as u64).to_le_bytes());
+        s[16] = 0x5c;
+        let owner = OwnerKey::from_seed(&s).map_err(|e| e.to_string())?;
+        let app = owner.app(1).map_err(|e| e.to_string())?;
+        let meta = new_capsule(&owner, 1, &format!("scale-{c}"), 0, Limits::default()).map_err(|e| e.to_string())?;
+        metas.push((meta, app));
+    }
+    let mut eps: Vec<Ep> = Vec::with_capacity(cfg.nodes + cfg.capsules);
+    for i in 0..cfg.nodes {
+        let c = i % cfg.capsules;
+        let (meta, app) = &metas[c];
+        let id = i as u32 + 1;
+        let node = SimNode::new(id, 0, meta, app, 1, None, cfg.seed ^ id as u64, 0, cfg.batch_ops_max, 0);
+        let interest = Interest::node(meta.name().0 .0, id, false);
+        eps.push(Ep {
+            node,
+            capsule: c,
+            interest,
+            worker: true,
+            rx_records: 0,
+            rx_bytes: 0,
+            flood_records: 0,
+            flood_bytes: 0,
+        });
+    }
+    for (c, (meta, app)) in metas.iter().enumerate() {
+        let ccfg = CoordinatorConfig {
+            epoch_ms: cfg.epoch_ms,
+            eoe_timeout_ms: cfg.epoch_ms * 3,
+            takeover_after_epochs: 5,
+            rank: 0,
+            ranks: meta.meta.policy.coordinators,
+            missed_eoe_max: 3,
+        };
+        let id = 32_000 + c as u32;
+        let node = SimNode::new(id, 0, meta, app, 0, Some((0, ccfg)), cfg.seed ^ 0xC0, 0, cfg.batch_ops_max, 0);
+        let interest = Interest::coordinator(meta.name().0 .0);
+        eps.push(Ep {
+            node,
+            capsule: c,
+            interest,
+            worker: false,
+            rx_records: 0,
+            rx_bytes: 0,
+            flood_records: 0,
+            flood_bytes: 0,
+        });
+    }
+    let mut by_capsule: Vec<Vec<usize>> = vec![Vec::new(); cfg.capsules];
+    for (i, e) in eps.iter().enumerate() {
+        by_capsule[e.capsule].push(i);
+    }
+    // Deliveries due next millisecond: (to, bytes).
+    let mut due: VecDeque<(usize, std::sync::Arc<[u8]>)> = VecDeque::new();
+    let mut published = 0u64;
+    let mut verifications = 0u64;
+    let mut ops = 0u64;
+    let p_put = cfg.puts_per_node_per_s / 1000.0;
+    let total = cfg.work_ms + cfg.settle_ms;
+    let mut fx = Vec::new();
+    let mut flood = FloodTotals::default();
+    let n_eps = eps.len();
+    for now in 0..total {
+        // Deliver what was published during the previous millisecond.
+        let batch: Vec<_> = due.drain(..).collect();
+        for (to, bytes) in batch {
+            fx.clear();
+            eps[to].node.receive(&bytes, now, &mut fx);
+            publish(&mut eps, &by_capsule, &mut flood, to, &mut fx, &mut due, &mut published);
+        }
+        for i in 0..n_eps {
+            fx.clear();
+            let e = &mut eps[i];
+            if e.worker && now < cfg.work_ms && rng.random_bool(p_put.min(1.0)) {
+                let key = format!("k{}", rng.random_range(0..cfg.keys)).into_bytes();
+                let value = vec![b'v'; cfg.value_bytes];
+                e.node.put(key, Some(value), now, &mut fx);
+                ops += 1;
+            }
+            if now.is_multiple_of(cfg.flush_ms) {
+                e.node.flush(now, &mut fx);
+            }
+            if now.is_multiple_of(cfg.tick_ms) {
+                e.node.tick(now, &mut fx);
+            }
+            publish(&mut eps, &by_capsule, &mut flood, i, &mut fx, &mut due, &mut published);
+        }
+    }
+    for e in &mut eps {
+        verifications += e.rx_records;
+        // Until here `flood_*` held what the endpoint itself published.
+        e.flood_bytes = flood.bytes - e.flood_bytes;
+        e.flood_records = flood.records - e.flood_records;
+    }
+    let converged = by_capsule.iter().all(|members| {
+        let mut digests = members.iter().filter(|&&i| eps[i].worker).map(|&i| eps[i].node.memtable.digest());
+        let first = digests.next();
+        digests.all(|d| Some(d) == first)
+    });
+    let end_rss = rss();
+    let secs = total as f64 / 1000.0;
+    let workers: Vec<&Ep> = eps.iter().filter(|e| e.worker).collect();
+    let per =
+        |f: &dyn Fn(&Ep) -> u64| -> Spread { spread(&workers.iter().map(|e| f(e) as f64 / secs).collect::<Vec<_>>()) };
+    Ok(ScaleReport {
+        config: cfg.clone(),
+        nodes_per_capsule: cfg.nodes as f64 / cfg.capsules as f64,
+        ops_issued: ops,
+        published_per_s: published as f64 / secs,
+        records_received_per_s: per(&|e| e.rx_records),
+        bytes_received_per_s: per(&|e| e.rx_bytes),
+        flood_records_received_per_s: per(&|e| e.flood_records),
+        flood_bytes_received_per_s: per(&|e| e.flood_bytes),
+        verifications_per_s: verifications as f64 / secs,
+        converged,
+        rss_bytes: end_rss,
+        rss_per_node_bytes: end_rss.saturating_sub(base_rss) / cfg.nodes as u64,
+    })
+}
+
+/// Routes what endpoint `from` published: to its capsule's subscribers by subject (queued for
+/// the next millisecond), and counts what the flood would have delivered to everyone.
+fn publish(
+    eps: &mut [Ep],
+    by_capsule: &[Vec<usize>],
+    flood: &mut FloodTotals,
+    from: usize,
+    fx: &mut Vec<Effect>,
+    due: &mut VecDeque<(usize, std::sync::Arc<[u8]>)>,
+    published: &mut u64,
+) {
+    for f in fx.drain(..) {
+        let Effect::Publish(bytes) = f else { continue };
+        *published += 1;
+        let len = bytes.len() as u64;
+        let route = classify(&bytes);
+        let is_record = matches!(&route, Route::Capsule { leaves, .. } if leaves[..] == [Leaf::Record]);
+        // The flood reaches every endpoint but the sender: count it once globally and the
+        // sender's own share on the sender (flood_i = total - own_i), O(1) per message.
+        flood.bytes += len;
+        flood.records += is_record as u64;
+        eps[from].flood_bytes += len;
+        eps[from].flood_records += is_record as u64;
+        let bytes: std::sync::Arc<[u8]> = bytes.into();
+        match route {
+            Route::Capsule { capsule, leaves } => {
+                let c = eps[from].capsule;
+                for &i in &by_capsule[c] {
+                    let e = &mut eps[i];
+                    if i != from && leaves.iter().any(|l| e.interest.wants(&capsule, *l)) {
+                        e.rx_bytes += len;
+                        e.rx_records += is_record as u64;
+                        due.push_back((i, bytes.clone()));
+                    }
+                }
+            }
+            Route::Any => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subjects_deliver_within_a_capsule_and_the_capsules_converge() {
+        let cfg = ScaleConfig { work_ms: 400, settle_ms: 800, ..ScaleConfig::new(20) };
+        let r = run_scale(&cfg, &|| 0).unwrap();
+        assert!(r.converged, "{r:?}");
+        assert_eq!(cfg.capsules, 2);
+        assert!(r.ops_issued > 50);
+        // Ten nodes per capsule: each receives from its nine peers and its coordinator, a
+        // fraction of the flood (twenty-two endpoints).
+        let (sub, flood) = (r.records_received_per_s.mean, r.flood_records_received_per_s.mean);
+        assert!(sub > 0.0 && flood > 1.8 * sub, "subject {sub} flood {flood}");
+    }
+}
