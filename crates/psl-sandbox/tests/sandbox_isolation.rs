@@ -104,7 +104,15 @@ fn sandbox_runaway_lambdas_are_stopped_and_others_finish() {
     ]
     .into_iter()
     .map(|(id, src)| {
-        spawn_lambda(LambdaSpec { id, count: 7, program: src.into(), input: None }, host.clone(), limits()).unwrap()
+        // The two allocating lambdas get CPU time to spare, so that what stops them is the
+        // memory limit under test, not the CPU limit on a slow or loaded machine (debug QuickJS
+        // fills 16 MiB in about the 300 ms the others get).
+        let lim = if id == 11 || id == 12 {
+            SandboxLimits { cpu_time: Duration::from_secs(4), ..limits() }
+        } else {
+            limits()
+        };
+        spawn_lambda(LambdaSpec { id, count: 7, program: src.into(), input: None }, host.clone(), lim).unwrap()
     })
     .collect();
     let outs: Vec<LambdaOutcome> = hs.into_iter().map(|h| h.join()).collect();
