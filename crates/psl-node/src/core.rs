@@ -111,6 +111,9 @@ pub(crate) struct Core {
     pub core: NodeCore,
     pub verifier: Arc<Verifier>,
     pub coordinator: Option<Author>,
+    /// The coordinator's own-chain log: each record it signs is appended (fsync'd) before it
+    /// is published.
+    pub chain_log: Option<crate::chainlog::ChainLog>,
     /// The generation the coordinator writer has been given keys for (it switches to them only
     /// at the rotation epoch; `Author::key_gen` is the one it signs with now).
     pub coordinator_next_gen: u32,
@@ -307,6 +310,9 @@ impl Core {
                 let body = Body::Control { code: ControlCode::Rotate, payload: cert.encode() };
                 c.observe(self.core.clock().tick());
                 match c.write_control(body.clone(), Vec::new()) {
+                    Ok(rec) if !Self::persist(&mut self.chain_log, &rec) => {
+                        self.coordinator = None;
+                    }
                     Ok(rec) => {
                         self.core.clock().observe(rec.header().lamport);
                         let out = self.core.on_local_record(rec, &body, now);
@@ -317,6 +323,30 @@ impl Core {
             }
         }
         Ok(self.rotation_state())
+    }
+
+    /// Appends a coordinator record to the own-chain log before it may be published. False if
+    /// that failed: the record is dropped unpublished and the caller stops the coordinator
+    /// writer (a shadow takes over), since it could no longer tell after a restart which seqs
+    /// it had let out.
+    fn persist(log: &mut Option<crate::chainlog::ChainLog>, rec: &Record) -> bool {
+        let Some(log) = log else { return true };
+        match log.append(rec.bytes()) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::error!(
+                    writer = rec.header().writer,
+                    seq = rec.header().seq,
+                    "coordinator stopped: cannot persist its own record before publishing it: {e}"
+                );
+                false
+            }
+        }
+    }
+
+    /// What the core said while the own-chain log was restored (before the thread started).
+    pub fn restored(&mut self, out: Vec<Output>) {
+        self.outputs(out);
     }
 
     fn outputs(&mut self, out: Vec<Output>) {
@@ -348,6 +378,9 @@ impl Core {
                             Body::Control { code: ControlCode::Rts, payload: psl_scl::node::epoch_payload(epoch) };
                         c.observe(self.core.clock().tick());
                         match c.write_body(body.clone()) {
+                            Ok(rec) if !Self::persist(&mut self.chain_log, &rec) => {
+                                self.coordinator = None;
+                            }
                             Ok(rec) => {
                                 self.core.clock().observe(rec.header().lamport);
                                 let now = self.start.elapsed().as_millis() as u64;
@@ -364,6 +397,9 @@ impl Core {
                         }
                         c.observe(self.core.clock().tick());
                         match c.write_sync_epoch(epoch, heads) {
+                            Ok(rec) if !Self::persist(&mut self.chain_log, &rec) => {
+                                self.coordinator = None;
+                            }
                             Ok(rec) => {
                                 self.core.clock().observe(rec.header().lamport);
                                 let body = Body::Sync {
@@ -377,7 +413,10 @@ impl Core {
                     }
                 }
                 Output::Resume(head) => {
-                    if let Some(c) = self.coordinator.as_mut().filter(|c| c.writer() == head.writer) {
+                    // Never back: a writer that already signed past `head` keeps its place.
+                    if let Some(c) =
+                        self.coordinator.as_mut().filter(|c| c.writer() == head.writer && head.seq >= c.next_seq())
+                    {
                         c.resume(&head);
                     }
                 }

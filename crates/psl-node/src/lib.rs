@@ -18,6 +18,8 @@
 //! - [`options`]: [`NodeOptions`] and the limits of every queue.
 //! - `actor`: writer actors (one [`psl_capsule::Author`] each) and their bounded op queues.
 //! - `core`: the core thread that owns the [`psl_scl::NodeCore`].
+//! - [`chainlog`]: a coordinator's own-chain log (write-ahead of every record it signs), so a
+//!   coordinator restarted on its state directory never signs a seq twice.
 //! - `dbclient`: the CapsuleDB miss path: sealed requests, verified answers and frontiers
 //!   (bounded memtables evict what CapsuleDB holds and ask it back).
 //! - `host`: the untrusted side: two threads moving messages between the rings and the fabric.
@@ -33,6 +35,7 @@
 //! rings: sealed, signed records and repair/heads messages; never a key or a plaintext byte.
 
 mod actor;
+pub mod chainlog;
 pub mod control;
 mod core;
 mod dbclient;

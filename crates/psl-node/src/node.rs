@@ -43,6 +43,10 @@ pub enum NodeError {
     Rotation(String),
     #[error("starting a thread: {0}")]
     Spawn(#[from] std::io::Error),
+    #[error("coordinator state: {0}")]
+    State(#[from] crate::chainlog::ChainLogError),
+    #[error("coordinator state: record {index} of the {count} in its own-chain log: {what} (refusing to guess the newest seq it signed)")]
+    StateRecord { index: usize, count: usize, what: String },
     #[error("the write would get Lamport time {lamport}, not below the caller's fence {below}: nothing was written")]
     Fenced { lamport: u64, below: u64 },
 }
@@ -278,7 +282,7 @@ impl Node {
             }
             _ => None,
         };
-        let core = NodeCore::new(
+        let mut core = NodeCore::new(
             verifier.clone(),
             memtable.clone(),
             clock.clone(),
@@ -287,8 +291,18 @@ impl Node {
             coordinator.as_ref().map(|(w, cfg, _)| (*w, CoordinatorSm::new(*cfg, 0))),
             opts.core,
         );
-        let core = Core {
+        let mut restored = Vec::new();
+        let chain_log = match (&coordinator, &opts.coordinator_state) {
+            (Some((w, _, _)), Some(dir)) => {
+                let (log, records) = crate::chainlog::ChainLog::open(dir).map_err(NodeError::State)?;
+                restored = restore_own_chain(&verifier, *w, records, &mut core, &clock)?;
+                Some(log)
+            }
+            _ => None,
+        };
+        let mut core = Core {
             core,
+            chain_log,
             verifier: verifier.clone(),
             coordinator_next_gen: 0,
             coordinator: coordinator.map(|(_, _, a)| a),
@@ -303,6 +317,7 @@ impl Node {
             tick: opts.tick,
             start: Instant::now(),
         };
+        core.restored(restored);
         threads.push(std::thread::Builder::new().name("core".into()).spawn(move || core.run())?);
         drop(local_tx);
 
@@ -866,4 +881,43 @@ impl Drop for Node {
             self.stop_threads();
         }
     }
+}
+
+/// A restarted coordinator's own-chain log, verified: every record must be this coordinator
+/// writer's, verify under the capsule's keys, and follow the one before it. Each is handed to
+/// the core as if received (peers that lost it can ask for it again), and the rejoin period
+/// is held until the own chain is applied through the newest. Returns what the core said.
+fn restore_own_chain(
+    verifier: &Verifier,
+    writer: u32,
+    records: Vec<Vec<u8>>,
+    core: &mut NodeCore,
+    clock: &LamportClock,
+) -> Result<Vec<psl_scl::Output>, NodeError> {
+    let limits = verifier.metadata().meta.policy.limits;
+    let mut prev: Option<(u64, psl_crypto::Hash256)> = None;
+    let mut out = Vec::new();
+    let n = records.len();
+    for (i, bytes) in records.into_iter().enumerate() {
+        let damaged = |what: String| NodeError::StateRecord { index: i, count: n, what };
+        let rec = Record::decode_shared(bytes.into(), &limits).map_err(|e| damaged(format!("does not decode: {e}")))?;
+        let h = rec.header().clone();
+        if h.writer != writer {
+            return Err(damaged(format!("writer {} is not this coordinator's writer {writer}", h.writer)));
+        }
+        if let Some((seq, hash)) = prev {
+            if h.seq != seq + 1 || h.prev != hash {
+                return Err(damaged(format!("seq {} does not follow seq {seq} of the chain", h.seq)));
+            }
+        }
+        prev = Some((h.seq, rec.hash()));
+        let v = crate::core::verify(verifier, rec).map_err(|r| damaged(format!("does not verify: {r:?}")))?;
+        clock.observe(h.lamport);
+        out.extend(core.on_verified(*v, 0));
+    }
+    if let Some((seq, _)) = prev {
+        tracing::info!(writer, seq, records = n, "coordinator state: resuming after the newest seq it signed");
+        core.hold_rejoin_until(seq);
+    }
+    Ok(out)
 }

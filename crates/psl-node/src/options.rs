@@ -36,6 +36,12 @@ pub struct NodeOptions {
     pub core: NodeConfig,
     /// Run a coordinator of this rank and configuration in this node.
     pub coordinator: Option<CoordinatorConfig>,
+    /// The coordinator's state directory: every record its writer signs is fsync'd to the
+    /// own-chain log there before it is published, and a restart on the same directory waits to
+    /// learn its chain back through the newest of them (see [`crate::chainlog`]). `None`: the
+    /// coordinator learns its chain from peers only, for `core.rejoin_ms`, and can re-sign a
+    /// seq if none of them answers in time.
+    pub coordinator_state: Option<std::path::PathBuf>,
     /// Bound on the memtable's keys (`None`: unbounded). Only keys CapsuleDB holds are evicted
     /// (see `psl_scl::Memtable`), so a bound needs `capsuledb`.
     pub memtable_keys_max: Option<usize>,
@@ -78,6 +84,7 @@ impl Default for NodeOptions {
             tick: Duration::from_millis(10),
             core: NodeConfig::default(),
             coordinator: None,
+            coordinator_state: None,
             memtable_keys_max: None,
             capsuledb: None,
             db_get_timeout: Duration::from_secs(5),

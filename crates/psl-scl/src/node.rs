@@ -181,6 +181,10 @@ pub struct NodeCore {
     /// When the first tick came (the rejoin period starts there), and whether it is over.
     started_at: Option<u64>,
     rejoined: bool,
+    /// The coordinator writer's newest seq it ever signed, as its own-chain log remembers it: the
+    /// rejoin period does not end before this node has applied its own chain through it.
+    own_floor: Option<u64>,
+    last_floor_log: u64,
     last_probe: Option<u64>,
     /// Per server id, per own writer: the server's durable next seq (everything below is acked).
     acked: BTreeMap<u32, BTreeMap<u32, u64>>,
@@ -228,6 +232,8 @@ impl NodeCore {
             hinted: BTreeMap::new(),
             started_at: None,
             rejoined: false,
+            own_floor: None,
+            last_floor_log: 0,
             last_probe: None,
             acked: BTreeMap::new(),
             durables: BTreeMap::new(),
@@ -563,12 +569,38 @@ impl NodeCore {
         self.rejoined
     }
 
+    /// A restarted coordinator's persisted newest seq: the rejoin period lasts until this node
+    /// has applied its own coordinator chain through `seq` (learnt back from peers and servers),
+    /// however long that takes, so the coordinator continues after it and never re-signs a slot.
+    pub fn hold_rejoin_until(&mut self, seq: u64) {
+        self.own_floor = Some(self.own_floor.map_or(seq, |s| s.max(seq)));
+    }
+
+    /// Whether the own coordinator chain is applied through the persisted floor (if any).
+    fn own_floor_reached(&mut self, now: u64) -> bool {
+        let (Some(floor), Some(w)) = (self.own_floor, self.coordinator_writer) else { return true };
+        let next = self.orderer.next_seq(w);
+        if next > floor {
+            return true;
+        }
+        if now.saturating_sub(self.last_floor_log) >= 1000 {
+            self.last_floor_log = now;
+            tracing::info!(
+                writer = w,
+                applied_next_seq = next,
+                persisted_seq = floor,
+                "rejoin: waiting to learn the coordinator's own chain back through its persisted newest seq"
+            );
+        }
+        false
+    }
+
     /// Time passes: repair requests, repair answers, the coordinator's epoch clock.
     pub fn on_tick(&mut self, now: u64) -> Vec<Output> {
         let mut out = Vec::new();
         if !self.rejoined {
             let start = *self.started_at.get_or_insert(now);
-            if now.saturating_sub(start) >= self.cfg.rejoin_ms {
+            if now.saturating_sub(start) >= self.cfg.rejoin_ms && self.own_floor_reached(now) {
                 self.rejoined = true;
                 if let Some(w) = self.coordinator_writer {
                     if let Some(l) = self.orderer.heads().get(&w) {

@@ -664,6 +664,8 @@ pub fn up_host(config: &Path, name: &str) -> Result<i32> {
                 c.cluster.epoch_ms.to_string(),
                 "--control".into(),
                 h.listen(plus(c.ports.kv_coordinator_control, *rank as u32)?),
+                "--state".into(),
+                s(&kv_dir.join(format!("coordinator{rank}"))),
             ]);
             let (k, rx) = spawn(&format!("kv coordinator {rank}"), &a)?;
             kids.push(k);

@@ -95,6 +95,12 @@ pub struct CoordinatorArgs {
     /// Control interface address (STATS, DUMP, METRICS).
     #[arg(long, default_value = "127.0.0.1:0")]
     pub control: SocketAddr,
+    /// State directory: every record this coordinator signs is fsync'd to its own-chain log
+    /// there before it is published, and a restart on the same directory continues after the
+    /// newest of them, however long its peers take to answer. Without it a coordinator that
+    /// restarts while cut off from its peers can sign a seq twice (equivocation).
+    #[arg(long)]
+    pub state: Option<PathBuf>,
 }
 
 pub(crate) fn load(common: &CommonArgs) -> Result<(psl_capsule::SignedMetadata, psl_crypto::AppKey)> {
@@ -240,12 +246,17 @@ pub fn run_coordinator(a: CoordinatorArgs) -> Result<i32> {
         missed_eoe_max: 3,
     };
     // A coordinator's writer index has no incarnation: after a restart it first learns its own
-    // chain back from its peers (rejoin), so that it never re-uses a seq.
+    // chain back from its peers (rejoin), through the newest seq its state directory says it
+    // signed, so that it never re-uses a seq.
+    if a.state.is_none() {
+        tracing::warn!("no --state directory: a restart while cut off from every peer could re-sign a seq");
+    }
     let core = psl_scl::NodeConfig { rejoin_ms: (3 * a.common.epoch_ms).max(300), ..psl_scl::NodeConfig::default() };
     let opts = NodeOptions {
         node_id: 0x7000 + a.rank as u32,
         writers: 0,
         coordinator: Some(cfg),
+        coordinator_state: a.state.clone(),
         core,
         ..NodeOptions::default()
     };

@@ -233,7 +233,9 @@ fn start_kv(
     }
     // After the servers are up: a restarted coordinator (its writer index has no incarnation)
     // learns its own chain back from them during its rejoin period, so it never re-uses a seq.
-    let (k, crx) = spawn("kv coordinator", &common("coordinator"))?;
+    let mut cargs = common("coordinator");
+    cargs.extend(["--state".into(), s(&dir.join("coordinator"))]);
+    let (k, crx) = spawn("kv coordinator", &cargs)?;
     kids.push(k);
     wait_line("kv coordinator", &crx, "control ", deadline)?;
     let ready = wait_line("kv capsuledb", &drx, "ready ", deadline)?;

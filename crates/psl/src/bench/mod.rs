@@ -13,6 +13,7 @@
 //! | `memcached` | `psl memcached` under memcaslap | memcached | `memcached` |
 //! | `rrt` | `examples/rrt.js` time to a target path cost by lambdas | bare sandbox, plain map | `rrt` |
 //! | `ycsb` | YCSB A, B, C, D, F against memcached-protocol endpoints and Redis | memcached | `ycsb` |
+//! | `fabric` | messages (256 B, 64 KiB; 3 receivers) and SCL puts over NATS | the router tree | — |
 //!
 //! Module map: one module per benchmark; `loadgen`, the reusable closed-loop YCSB load
 //! generator (memcached text protocol and RESP, many connections per thread, HdrHistogram
@@ -21,6 +22,7 @@
 
 mod capsule;
 mod capsuledb;
+mod fabric;
 mod launch;
 pub mod loadgen;
 mod memcached;
@@ -36,7 +38,7 @@ use clap::Args;
 #[derive(Args)]
 pub struct BenchArgs {
     /// Which benchmark: `capsule`, `scl`, `replication`, `memcached`, `launch`, `capsuledb`,
-    /// `rrt`, `ycsb`.
+    /// `rrt`, `ycsb`, `fabric`.
     pub name: String,
     /// Print one JSON object instead of a table.
     #[arg(long)]
@@ -60,13 +62,15 @@ pub struct BenchArgs {
 
 /// Every benchmark of this tree (`psl report` asks for others by name and notes them as not
 /// available when the binary says it has no such benchmark).
-pub const NAMES: [&str; 8] = ["capsule", "scl", "replication", "memcached", "launch", "capsuledb", "rrt", "ycsb"];
+pub const NAMES: [&str; 9] =
+    ["capsule", "scl", "replication", "memcached", "launch", "capsuledb", "rrt", "ycsb", "fabric"];
 
 pub fn run(a: BenchArgs) -> Result<i32> {
     let out = match a.name.as_str() {
         "capsule" => capsule::run(a.seconds, !a.json)?,
         "scl" => scl::run(a.seconds * 2.0, &a.cases, !a.json)?,
         "memcached" => memcached::run(a.seconds, !a.json)?,
+        "fabric" => fabric::run(a.seconds, !a.json)?,
         "replication" => replication::run(a.seconds * 2.0, !a.json)?,
         "launch" => launch::run((a.seconds * 20.0) as usize, !a.json)?,
         "capsuledb" => capsuledb::run(a.seconds, a.keys, !a.json)?,
@@ -111,7 +115,17 @@ pub fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
 /// that file is missing. Benchmarks report CPU per op beside throughput, so that a figure
 /// taken on a busy machine can still be compared.
 pub fn process_cpu_seconds() -> f64 {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return 0.0 };
+    cpu_seconds_of("/proc/self/stat")
+}
+
+/// CPU time (user + system) another process has used so far (a broker the benchmark started);
+/// zero if it is gone or `/proc` is missing.
+pub fn pid_cpu_seconds(pid: u32) -> f64 {
+    cpu_seconds_of(&format!("/proc/{pid}/stat"))
+}
+
+fn cpu_seconds_of(path: &str) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(path) else { return 0.0 };
     // Fields after the command name (which may hold spaces) start after the last ')'.
     let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else { return 0.0 };
     let f: Vec<&str> = rest.split_whitespace().collect();

@@ -18,7 +18,7 @@ use super::zipf::Zipf;
 use anyhow::{bail, Result};
 use psl_capsule::{new_capsule, Limits};
 use psl_crypto::OwnerKey;
-use psl_fabric::{Fabric, FabricConfig, InProcHub};
+use psl_fabric::{Fabric, FabricConfig, InProcHub, Interest};
 use psl_node::{Node, NodeKeys, NodeOptions};
 use psl_scl::{CoordinatorConfig, Metrics};
 use serde_json::{json, Map, Value};
@@ -92,17 +92,31 @@ pub fn run(seconds: f64, cases: &[String], show_progress: bool) -> Result<Value>
     Ok(Value::Object(out))
 }
 
-struct PutResult {
-    puts_per_s: f64,
-    records_per_s: f64,
-    detail: Value,
+pub(crate) struct PutResult {
+    pub puts_per_s: f64,
+    pub records_per_s: f64,
+    pub detail: Value,
 }
 
+/// An endpoint maker: a name and what the endpoint's role wants to receive.
+pub(crate) type MakeEndpoint<'a> = &'a dyn Fn(&str, &Interest) -> Result<Arc<dyn Fabric>>;
+
 fn put_case(c: &Case, secs: f64, keys: &Arc<Vec<Vec<u8>>>) -> Result<PutResult> {
+    let hub = InProcHub::new(FabricConfig { queue_msgs_max: 1 << 16, ..FabricConfig::default() })?;
+    put_case_with(c, secs, keys, &|name, _| Ok(ep(&hub, name)))
+}
+
+/// The put case with `writers` writer nodes on endpoints `make` gives (`psl bench fabric`).
+pub(crate) fn put_case_on(writers: usize, secs: f64, make: MakeEndpoint) -> Result<PutResult> {
+    let keys: Arc<Vec<Vec<u8>>> = Arc::new((0..KEYS).map(|i| format!("user{i:012}").into_bytes()).collect());
+    put_case_with(&Case { writers, batch_ops_max: NodeOptions::default().batch_ops_max }, secs, &keys, make)
+}
+
+fn put_case_with(c: &Case, secs: f64, keys: &Arc<Vec<Vec<u8>>>, make: MakeEndpoint) -> Result<PutResult> {
     let owner = OwnerKey::generate();
     let app = owner.app(1)?;
     let meta = new_capsule(&owner, 1, "bench", 0, Limits::default())?;
-    let hub = InProcHub::new(FabricConfig { queue_msgs_max: 1 << 16, ..FabricConfig::default() })?;
+    let capsule = meta.name().0 .0;
     let mut writers = Vec::new();
     let mut eps: Vec<Arc<dyn Fabric>> = Vec::new();
     for id in 1..=c.writers as u32 {
@@ -113,7 +127,7 @@ fn put_case(c: &Case, secs: f64, keys: &Arc<Vec<Vec<u8>>>) -> Result<PutResult> 
             batch_ops_max: c.batch_ops_max,
             ..NodeOptions::default().shared_cores()
         };
-        let e = ep(&hub, &format!("w{id}"));
+        let e = make(&format!("w{id}"), &Interest::node(capsule, id, false))?;
         eps.push(e.clone());
         writers.push(Arc::new(Node::start(NodeKeys::derive(&meta, &app, &o)?, e, o)?));
     }
@@ -128,7 +142,7 @@ fn put_case(c: &Case, secs: f64, keys: &Arc<Vec<Vec<u8>>>) -> Result<PutResult> 
         coordinator: Some(CoordinatorConfig { epoch_ms: 1000, eoe_timeout_ms: 1000, ..CoordinatorConfig::default() }),
         ..NodeOptions::default().shared_cores()
     };
-    let e = ep(&hub, "receiver");
+    let e = make("receiver", &Interest::node(capsule, 100, false))?;
     eps.push(e.clone());
     let receiver = Node::start(NodeKeys::derive(&meta, &app, &ro)?, e, ro)?;
 

@@ -174,6 +174,7 @@ impl Cluster {
                 let mut a = self.common("coordinator", p);
                 a.extend(["--epoch-ms", "50", "--eoe-timeout-ms", "200", "--rank"].map(String::from));
                 a.push(r.to_string());
+                a.extend(["--state".into(), Self::s(&self.dir.join(format!("coord{r}")))]);
                 (a, "control")
             }
             Proc::Server(i) => {
