@@ -210,14 +210,46 @@ pub fn answers_info(addr: SocketAddr) -> bool {
     reader.read_line(&mut line).is_ok() && line.starts_with("INFO ")
 }
 
-/// A free TCP port on `ip` (bound, then released).
+/// A free TCP port on `ip` (bound, then released, for a process started a moment later).
+///
+/// Drawn at random *below* the kernel's ephemeral range (`ip_local_port_range`, 32768 by
+/// default), from 10000 up: a port the kernel hands out for `bind(:0)` is also what it picks as
+/// the local port of outgoing connections, so between the release and the child's own bind an
+/// unrelated connection could take it (`Address already in use`; `psl chaos` hit this). Falls
+/// back to a kernel-chosen port if 200 draws find nothing free.
 pub fn free_port(ip: std::net::IpAddr) -> std::io::Result<SocketAddr> {
+    use rand::Rng;
+    let low = ephemeral_low().clamp(10_001, 65_535);
+    let mut rng = rand::rng();
+    for _ in 0..200 {
+        let port = rng.random_range(10_000..low);
+        if let Ok(l) = std::net::TcpListener::bind(SocketAddr::new(ip, port)) {
+            return l.local_addr();
+        }
+    }
     std::net::TcpListener::bind(SocketAddr::new(ip, 0))?.local_addr()
+}
+
+/// The first port of the kernel's ephemeral range (32768 where it cannot be read).
+fn ephemeral_low() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| t.split_whitespace().next().and_then(|p| p.parse().ok()))
+        .unwrap_or(32_768)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn free_ports_come_from_below_the_ephemeral_range() {
+        let low = ephemeral_low();
+        for _ in 0..20 {
+            let a = free_port("127.0.0.1".parse().unwrap()).unwrap();
+            assert!(a.port() >= 10_000 && (a.port() < low || low <= 10_001), "{a} (ephemeral from {low})");
+        }
+    }
 
     #[test]
     fn the_config_names_the_cluster_and_limits() {

@@ -1,4 +1,4 @@
-//! `psl chaos` end to end: one seeded fault schedule over real processes on loopback (kills,
+//! `psl chaos` end to end: a few seeded fault schedules over real processes on loopback (kills,
 //! pauses, restarts with and without state, fabric cuts, a lossy and reordering router), then
 //! the checker over the whole history. Longer runs belong to `psl chaos --seeds N`; this keeps
 //! the command itself working and its failures explained (seed and replay command).
@@ -26,19 +26,23 @@ fn a_seed_decides_schedule_and_workload_exactly() {
     assert_ne!(lines[0]["schedule"], lines[1]["schedule"], "two seeds, two schedules");
 }
 
+/// The short form CI runs: a handful of seeds, each a 3-second fault phase.
+const SEEDS: u64 = 3;
+const START: u64 = 3;
+
 #[test]
-fn one_seed_over_real_processes_passes_every_check() {
+fn a_handful_of_seeds_over_real_processes_pass_every_check() {
     let t = tempfile::tempdir().unwrap();
     let dir = t.path().join("chaos");
     #[rustfmt::skip]
     let mut child = psl()
-        .args(["chaos", "--seeds", "1", "--start", "3", "--fault-ms", "5000", "--disk-faults", "off", "--json",
-               "--dir", dir.to_str().unwrap()])
+        .args(["chaos", "--seeds", &SEEDS.to_string(), "--start", &START.to_string(), "--fault-ms", "3000",
+               "--disk-faults", "off", "--json", "--dir", dir.to_str().unwrap()])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(240);
+    let deadline = Instant::now() + Duration::from_secs(480);
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
             break s;
@@ -54,16 +58,23 @@ fn one_seed_over_real_processes_passes_every_check() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let reports: Vec<serde_json::Value> = stdout.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
-    let seed = reports.iter().find(|r| r["seed"] == 3).unwrap_or_else(|| panic!("no seed report: {stdout} {stderr}"));
-    // Whatever the outcome, the report names how to replay it.
-    let replay = seed["replay"].as_str().unwrap();
-    assert!(replay.contains("--start 3 --fault-ms 5000 --disk-faults off"), "{replay}");
-    assert!(seed["writes"].as_u64().unwrap() > 0 && seed["steps"].as_u64().unwrap() > 0, "{seed}");
-    assert!(
-        status.success() && seed["ok"] == true,
-        "seed 3 failed; replay with `{replay}`; violations: {}\n{stderr}",
-        seed["violations"]
-    );
+    for n in START..START + SEEDS {
+        let seed = reports
+            .iter()
+            .find(|r| r["seed"] == n)
+            .unwrap_or_else(|| panic!("no report of seed {n}: {stdout} {stderr}"));
+        // Whatever the outcome, the report names how to replay it.
+        let replay = seed["replay"].as_str().unwrap();
+        assert!(replay.contains(&format!("--start {n} --fault-ms 3000 --disk-faults off")), "{replay}");
+        assert!(seed["writes"].as_u64().unwrap() > 0 && seed["steps"].as_u64().unwrap() > 0, "{seed}");
+        assert!(
+            seed["ok"] == true,
+            "seed {n} failed; replay with `{replay}`; violations: {}\n{stderr}",
+            seed["violations"]
+        );
+    }
+    assert!(status.success(), "psl chaos exited with {status}\n{stderr}");
     let summary = reports.iter().find(|r| r["summary"] == true).unwrap();
     assert_eq!(summary["failed"], 0);
+    assert_eq!(summary["seeds"], SEEDS);
 }

@@ -70,8 +70,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A free loopback port for a process started a moment later (below the ephemeral range: see
+/// `psl_fabric::natsd::free_port`).
 fn free_port() -> Result<SocketAddr> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+    Ok(psl_fabric::natsd::free_port(std::net::Ipv4Addr::LOCALHOST.into())?)
 }
 
 /// Whether this process may mount a tmpfs (root, and a kernel and container that allow it).
@@ -972,7 +974,12 @@ pub fn run(sched: &Schedule, wl: &Workload, o: &RunOpts) -> Result<SeedRun> {
     };
     let result = run_cluster(&cl, sched, wl, o);
     cl.stop_all();
-    let (history, finals, skipped) = result?;
+    let (history, finals, skipped) = result.inspect_err(|_| {
+        // A seed that fails before its checks leaves no mounts behind either.
+        for m in &mounts {
+            let _ = umount(m);
+        }
+    })?;
     Ok(SeedRun { history, finals, skipped, mounts })
 }
 
@@ -1026,6 +1033,7 @@ fn run_cluster(cl: &Cluster, sched: &Schedule, wl: &Workload, o: &RunOpts) -> Re
         let mut nem = Nemesis { cl, tmpfs: o.tmpfs, errors: Vec::new(), skipped: Vec::new(), fillers: BTreeMap::new() };
         nem.run(&sched.steps, &stop);
         let mut h = History::default();
+        tracing::info!("chaos: schedule done (t+{} ms); waiting for the clients' rounds", cl.t0.elapsed().as_millis());
         // Clients finish their rounds (bounded: each round's waits are).
         for c in clients.into_iter().chain(cas) {
             while !c.is_finished() {
@@ -1092,6 +1100,7 @@ fn dump_versions(addr: SocketAddr) -> Result<(KvState, crate::chaos::history::Ve
 
 fn collect_finals(cl: &Cluster, wl: &Workload, fin: &mut Finals) -> Result<()> {
     let keys = wl.kv_keys();
+    tracing::info!("chaos finals: settle (t+{} ms)", cl.t0.elapsed().as_millis());
     // Settle: the nodes converge (bounded); servers catch up with each other.
     let deadline = Instant::now() + SETTLE;
     let mut states;
@@ -1104,6 +1113,7 @@ fn collect_finals(cl: &Cluster, wl: &Workload, fin: &mut Finals) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(250));
     }
+    tracing::info!("chaos finals: liveness (t+{} ms)", cl.t0.elapsed().as_millis());
     // Liveness: every node makes a write durable after the heal.
     for i in 0..cl.shape_nodes {
         let r = Ctl::connect(cl.node_ctl[i as usize], Duration::from_secs(5))
@@ -1126,6 +1136,7 @@ fn collect_finals(cl: &Cluster, wl: &Workload, fin: &mut Finals) -> Result<()> {
         Err(e) => fin.nemesis_errors.push(("DUMP node0".into(), e)),
     }
 
+    tracing::info!("chaos finals: counters (t+{} ms)", cl.t0.elapsed().as_millis());
     // Counters on every front end, once they agree (bounded).
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -1154,6 +1165,7 @@ fn collect_finals(cl: &Cluster, wl: &Workload, fin: &mut Finals) -> Result<()> {
         std::thread::sleep(Duration::from_millis(250));
     }
 
+    tracing::info!("chaos finals: memory (t+{} ms)", cl.t0.elapsed().as_millis());
     // Memory: the bounded memtables once CapsuleDB caught up; the front ends' item memory;
     // every process's peak resident memory.
     for i in 1..cl.shape_nodes {
@@ -1196,6 +1208,7 @@ fn collect_finals(cl: &Cluster, wl: &Workload, fin: &mut Finals) -> Result<()> {
         fin.memory.push((p.clone(), "peak rss KiB".into(), *kib, RSS_KIB_MAX));
     }
 
+    tracing::info!("chaos finals: server contents (t+{} ms)", cl.t0.elapsed().as_millis());
     // What each server stores: every put in its records, decrypted.
     let meta = psl_store::read_metadata(cl.dir.join("s0")).context("reading the capsule's metadata")?;
     let owner = crate::util::read_owner_key(&cl.dir.join("owner.key"))?;
@@ -1206,6 +1219,7 @@ fn collect_finals(cl: &Cluster, wl: &Workload, fin: &mut Finals) -> Result<()> {
         fin.server_puts.push((format!("server{i}"), server_puts(*a, &public, &keyed)));
     }
 
+    tracing::info!("chaos finals: recovered nodes (t+{} ms)", cl.t0.elapsed().as_millis());
     // Fresh nodes recovered from each f + 1 of the servers, on a black-hole fabric: what they
     // hold comes from those servers alone.
     let hole = Proxy::spawn(None)?;
@@ -1261,6 +1275,7 @@ fn collect_finals(cl: &Cluster, wl: &Workload, fin: &mut Finals) -> Result<()> {
         }
     }
 
+    tracing::info!("chaos finals: store checks (t+{} ms)", cl.t0.elapsed().as_millis());
     // Every store re-verifies: through each running server, then offline once stopped.
     for (i, a) in cl.server_read.iter().enumerate() {
         let out = Command::new(&cl.exe).args(["capsule-server", "check", "--read", &a.to_string()]).output()?;
