@@ -247,6 +247,7 @@ pub(crate) fn plot(rows: &[serde_json::Value], path: &Path) -> Result<()> {
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE.stroke_width(2)));
     c.draw_series(sub.iter().map(|p| Circle::new(*p, 4, BLUE.filled())))?;
     c.configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .label_font(("sans-serif", 14))

@@ -262,15 +262,21 @@ fn messages(b: Backend, size: usize, secs: f64) -> Result<MsgResult> {
     })
 }
 
-pub fn run(secs: f64, show_progress: bool) -> Result<Value> {
+/// `cases`: any of `router`, `nats` (which fabrics; default both) and `messages`, `scl` (which
+/// parts; default both).
+pub fn run(secs: f64, cases: &[String], show_progress: bool) -> Result<Value> {
     let secs = secs.max(0.2);
+    let has = |c: &str| cases.iter().any(|x| x == c);
+    let fabrics = !has("router") && !has("nats");
+    let parts = !has("messages") && !has("scl");
+    let want = |fabric: &str, part: &str| (fabrics || has(fabric)) && (parts || has(part));
     let pb = if show_progress { super::progress(6, "bench fabric") } else { indicatif::ProgressBar::hidden() };
     let (router, raddr) = start_router()?;
     let (nats, naddr) = start_nats()?;
     let mut out = Map::new();
     let mut details = Map::new();
     for (b, broker) in [(Backend::Router(raddr), &router), (Backend::Nats(naddr), &nats)] {
-        for size in SIZES {
+        for size in SIZES.into_iter().filter(|_| want(b.key(), "messages")) {
             let r = messages(b, size, secs)?;
             let k =
                 format!("{}_{}", b.key(), if size < 1024 { format!("{size}b") } else { format!("{}k", size / 1024) });
@@ -283,6 +289,9 @@ pub fn run(secs: f64, show_progress: bool) -> Result<Value> {
                        "delivered_share": r.received as f64 / (r.sent.max(1) as f64 * RECEIVERS as f64)}),
             );
             pb.inc(1);
+        }
+        if !want(b.key(), "scl") {
+            continue;
         }
         let broker_cpu0 = broker.cpu_seconds();
         let cpu0 = super::process_cpu_seconds();
@@ -299,9 +308,10 @@ pub fn run(secs: f64, show_progress: bool) -> Result<Value> {
     }
     pb.finish_and_clear();
     drop((router, nats));
-    let ratio = out["scl_puts_per_s_nats"].as_f64().unwrap_or(0.0)
-        / out["scl_puts_per_s_router"].as_f64().unwrap_or(f64::NAN).max(1e-9);
-    out.insert("ratio_nats_vs_router".into(), json!(ratio));
+    if let (Some(n), Some(r)) = (out.get("scl_puts_per_s_nats"), out.get("scl_puts_per_s_router")) {
+        let ratio = n.as_f64().unwrap_or(0.0) / r.as_f64().unwrap_or(f64::NAN).max(1e-9);
+        out.insert("ratio_nats_vs_router".into(), json!(ratio));
+    }
     out.insert("goal_ratio".into(), json!(0.8));
     out.insert("goal_fabric_cpu_share".into(), json!(1.0 / 3.0));
     out.insert("receivers".into(), json!(RECEIVERS));

@@ -47,7 +47,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1.0)]
     pub seconds: f64,
     /// Run only these cases (comma-separated; `scl`: w1,w2,w4,w8,ablation,gets,ring, and the
-    /// unbatched u1,u2,u4,u8 only when named; `rrt`: l1,l2,l4,l8). Default: all.
+    /// unbatched u1,u2,u4,u8 only when named; `rrt`: l1,l2,l4,l8; `fabric`: router,nats and
+    /// messages,scl). Default: all.
     #[arg(long, value_delimiter = ',')]
     pub cases: Vec<String>,
     /// Keys in the data set (`capsuledb`).
@@ -70,7 +71,7 @@ pub fn run(a: BenchArgs) -> Result<i32> {
         "capsule" => capsule::run(a.seconds, !a.json)?,
         "scl" => scl::run(a.seconds * 2.0, &a.cases, !a.json)?,
         "memcached" => memcached::run(a.seconds, !a.json)?,
-        "fabric" => fabric::run(a.seconds, !a.json)?,
+        "fabric" => fabric::run(a.seconds, &a.cases, !a.json)?,
         "replication" => replication::run(a.seconds * 2.0, !a.json)?,
         "launch" => launch::run((a.seconds * 20.0) as usize, !a.json)?,
         "capsuledb" => capsuledb::run(a.seconds, a.keys, !a.json)?,
