@@ -216,14 +216,23 @@ pub fn answers_info(addr: SocketAddr) -> bool {
 /// default), from 10000 up: a port the kernel hands out for `bind(:0)` is also what it picks as
 /// the local port of outgoing connections, so between the release and the child's own bind an
 /// unrelated connection could take it (`Address already in use`; `psl chaos` hit this). Falls
-/// back to a kernel-chosen port if 200 draws find nothing free.
+/// back to a kernel-chosen port if 200 draws find nothing free. A port is handed out at most
+/// once per process (two draws must not name the same port for two children that have not
+/// bound yet).
 pub fn free_port(ip: std::net::IpAddr) -> std::io::Result<SocketAddr> {
     use rand::Rng;
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
     let low = ephemeral_low().clamp(10_001, 65_535);
     let mut rng = rand::rng();
     for _ in 0..200 {
         let port = rng.random_range(10_000..low);
+        if given.contains(&port) {
+            continue;
+        }
         if let Ok(l) = std::net::TcpListener::bind(SocketAddr::new(ip, port)) {
+            given.insert(port);
             return l.local_addr();
         }
     }
@@ -245,9 +254,11 @@ mod tests {
     #[test]
     fn free_ports_come_from_below_the_ephemeral_range() {
         let low = ephemeral_low();
-        for _ in 0..20 {
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..50 {
             let a = free_port("127.0.0.1".parse().unwrap()).unwrap();
             assert!(a.port() >= 10_000 && (a.port() < low || low <= 10_001), "{a} (ephemeral from {low})");
+            assert!(seen.insert(a.port()), "{a} handed out twice");
         }
     }
 
