@@ -332,6 +332,10 @@ pub struct Survey {
     pub skipped: Vec<(SocketAddr, String)>,
     /// The newest verified SYNC any server holds: epoch and links.
     pub newest_sync: Option<(u64, Vec<Link>)>,
+    /// The SYNC freshness is judged against, if not `newest_sync`: [`survey_fresh`] pins the
+    /// first round's, so that a server catching up is not chasing a target that moves every
+    /// epoch.
+    pub pinned_sync: Option<(u64, Vec<Link>)>,
     /// Surveys [`survey_fresh`] took, and how long it waited (0 and zero for one [`survey`]).
     pub rounds: u32,
     pub waited: Duration,
@@ -341,16 +345,24 @@ pub struct Survey {
 /// stores a SYNC before, or after, records it links, and one that was just restarted catches
 /// up by anti-entropy, so a moment's view may be short) or `within` passed; the wait between
 /// surveys doubles from 100 ms to 1 s, with a log line per retry (the same rule and patience
-/// as a node's recovery, `psl_server::read::fetch_quorum_within`). Returns the last survey
+/// as a node's recovery, `psl_server::read::fetch_quorum_within`). Freshness is judged against
+/// the SYNC of the first round that found one, pinned (as a node's recovery does; see there
+/// why that is complete): under a live coordinator the newest SYNC moves every epoch, and a
+/// server catching up would never reach it (`psl chaos` seed 1000). Returns the last survey
 /// either way, and how long it waited.
 pub fn survey_fresh(addrs: &[SocketAddr], public: &Verifier, need: usize, within: Duration) -> Survey {
     let started = Instant::now();
     let deadline = started + within;
     let mut wait = Duration::from_millis(100);
     let mut rounds = 0u32;
+    let mut pinned: Option<(u64, Vec<Link>)> = None;
     loop {
         rounds += 1;
         let mut s = survey(addrs, public);
+        if pinned.is_none() {
+            pinned = s.newest_sync.clone();
+        }
+        s.pinned_sync = pinned.clone();
         s.rounds = rounds;
         s.waited = started.elapsed();
         let fresh = s.fresh().len();
@@ -432,7 +444,7 @@ impl Survey {
     /// every record that SYNC links, whichever SYNC record it stored last, so a server one
     /// epoch behind under a fast epoch clock is not refused for it.
     pub fn target(&self) -> Option<&(u64, Vec<Link>)> {
-        self.newest_sync.as_ref()
+        self.pinned_sync.as_ref().or(self.newest_sync.as_ref())
     }
 
     /// The servers whose heads reach every record [`Survey::target`] links (and, where a head
@@ -724,6 +736,15 @@ mod tests {
         assert_eq!(fresh, vec![1, 2]);
         let stale: Vec<u16> = s.stale_reasons().iter().map(|(a, _)| a.port()).collect();
         assert_eq!(stale, vec![3, 4]);
+        // Pinned to an older SYNC (the wait's first; epoch 8 links writer 7's seq 4): the
+        // server catching up from seq 4 is fresh against it, although newer SYNCs have moved on
+        // (and so is the one holding another record at seq 5: the linked seq 4's hash is
+        // checked when the replay reads it).
+        s.pinned_sync = Some((8, vec![link(7, 4)]));
+        assert_eq!(s.target().map(|t| t.0), Some(8));
+        let fresh: Vec<u16> = s.fresh().iter().map(|r| r.addr.port()).collect();
+        assert_eq!(fresh, vec![1, 2, 3, 4]);
+        s.pinned_sync = None;
         // Nothing known: every reached server is fresh.
         s.newest_sync = None;
         assert_eq!(s.fresh().len(), 4);

@@ -554,10 +554,14 @@ pub fn fetch_quorum(
 ///
 /// Why the union is still complete when copies are taken in different rounds: every copy is
 /// read after the call began, and a server never loses what it fsync'd, so any f + 1 copies
-/// overlap the f + 1 servers that acked a write before the call; and the round that completes
-/// the quorum checks its copy against the newest SYNC known then, so the union covers that
-/// SYNC too. The error after the deadline names what it waited for and, per server, why it
-/// was not used.
+/// overlap the f + 1 servers that acked a write before the call; and every copy is checked
+/// against the same SYNC, the newest known in the first round that knew one, so the union
+/// covers that SYNC too. The target is pinned there on purpose: under a live coordinator the
+/// newest SYNC moves every epoch, and a server that is catching up by anti-entropy (just
+/// restarted, or slow) would never reach a moving target, and the wait would end at its
+/// deadline for nothing (`psl chaos` seed 1000). A later SYNC vouches only for writes made
+/// after the call began, which recovery does not promise. The error after the deadline names
+/// what it waited for and, per server, why it was not used.
 pub fn fetch_quorum_within(
     servers: &[SocketAddr],
     v: &Verifier,
@@ -581,7 +585,8 @@ pub fn fetch_quorum_within(
         for a in servers.iter().filter(|a| !used.contains(a)) {
             match ReadClient::connect(*a).and_then(|mut c| c.latest_sync(v).map(|s| (c, s))) {
                 Ok((c, s)) => {
-                    if let Some(s) = s {
+                    // The target moves only until a round has found one (see above).
+                    if let Some(s) = s.filter(|_| rounds == 1 || newest.is_none()) {
                         let e = s.header().epoch;
                         if newest.as_ref().is_none_or(|(ne, _)| e > *ne) {
                             newest = Some((e, s.header().links.clone()));
