@@ -114,6 +114,17 @@ struct Running {
     child: Child,
 }
 
+/// A process the schedule restarted that has not said it is ready yet: the schedule goes on
+/// meanwhile (a restart that waited for its process would hold back the steps after it, a
+/// resume among them: a CapsuleDB restart waiting for servers, one of them paused until a later
+/// step, would wait out its whole recovery timeout).
+struct Starting {
+    rx: Receiver<String>,
+    ready: &'static str,
+    deadline: Instant,
+    log: PathBuf,
+}
+
 /// The deployment: processes, their addresses, their proxies.
 struct Cluster {
     exe: PathBuf,
@@ -124,6 +135,7 @@ struct Cluster {
     router_faults: Vec<String>,
     proxies: BTreeMap<Proc, Proxy>,
     procs: Mutex<BTreeMap<Proc, Running>>,
+    starting: Mutex<BTreeMap<Proc, Starting>>,
     /// Killed by the schedule, or allowed to die (a server whose disk is full).
     may_be_down: Mutex<BTreeSet<Proc>>,
     unexpected: Mutex<Vec<String>>,
@@ -230,6 +242,19 @@ impl Cluster {
 
     /// Starts `psl ARGS` with its output in `logs/NAME.log`; waits for the line `READY ...`.
     fn spawn_raw(&self, name: &str, args: &[String], ready: &str) -> Result<(Child, String)> {
+        let (mut child, rx, log_path) = self.spawn_child(name, args)?;
+        match wait_ready(&rx, ready, START_TIMEOUT, &mut child) {
+            Ok(rest) => Ok((child, rest)),
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("{name} did not come up: {e}; log {}: {}", log_path.display(), tail(&log_path, 6))
+            }
+        }
+    }
+
+    /// Starts a process; its stdout lines go to its log and to the returned channel.
+    fn spawn_child(&self, name: &str, args: &[String]) -> Result<(Child, Receiver<String>, PathBuf)> {
         use std::os::unix::process::CommandExt;
         let log_path = self.logs.join(format!("{name}.log"));
         let mut log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path)?;
@@ -260,14 +285,64 @@ impl Cluster {
                 let _ = tx.send(line);
             }
         });
-        match wait_ready(&rx, ready, START_TIMEOUT, &mut child) {
-            Ok(rest) => Ok((child, rest)),
-            Err(e) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                bail!("{name} did not come up: {e}; log {}: {}", log_path.display(), tail(&log_path, 6))
+        Ok((child, rx, log_path))
+    }
+
+    /// The schedule's restart: starts `p` and returns at once; [`Cluster::poll_starting`] says
+    /// whether it came up. Until it has, an exit is the start's failure, not an unexpected one.
+    fn restart_async(&self, p: Proc) -> Result<()> {
+        let (args, ready) = self.args(p, true);
+        lock(&self.may_be_down).insert(p);
+        let (child, rx, log) = self.spawn_child(&p.to_string(), &args)?;
+        lock(&self.procs).insert(p, Running { child });
+        lock(&self.starting).insert(p, Starting { rx, ready, deadline: Instant::now() + START_TIMEOUT, log });
+        Ok(())
+    }
+
+    /// Restarted processes that came up since the last call are running as usual again; those
+    /// that exited or did not say they were ready in time are returned with why.
+    fn poll_starting(&self) -> Vec<(String, String)> {
+        let mut starting = lock(&self.starting);
+        let mut done = Vec::new();
+        let mut errors = Vec::new();
+        for (p, st) in starting.iter() {
+            let prefix = format!("{} ", st.ready);
+            let mut ready = false;
+            while let Ok(l) = st.rx.try_recv() {
+                ready |= l.starts_with(&prefix);
+            }
+            if ready {
+                lock(&self.may_be_down).remove(p);
+                done.push(*p);
+                continue;
+            }
+            let exited = match lock(&self.procs).get_mut(p) {
+                Some(r) => matches!(r.child.try_wait(), Ok(Some(_))),
+                None => true,
+            };
+            let why = if exited {
+                Some("exited".to_string())
+            } else if Instant::now() > st.deadline {
+                Some(format!("no '{}' line within {START_TIMEOUT:?}", st.ready))
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                errors.push((
+                    format!("restart {p}"),
+                    format!("{p} did not come up: {why}; log {}: {}", st.log.display(), tail(&st.log, 6)),
+                ));
+                done.push(*p);
             }
         }
+        for p in done {
+            starting.remove(&p);
+        }
+        errors
+    }
+
+    fn starting_count(&self) -> usize {
+        lock(&self.starting).len()
     }
 
     fn start(&self, p: Proc, restart: bool) -> Result<()> {
@@ -293,6 +368,7 @@ impl Cluster {
 
     fn kill(&self, p: Proc) -> Result<()> {
         lock(&self.may_be_down).insert(p);
+        lock(&self.starting).remove(&p);
         let r = lock(&self.procs).remove(&p);
         match r {
             Some(mut r) => {
@@ -730,6 +806,7 @@ impl Nemesis<'_> {
             let deadline = Instant::now() + Duration::from_millis(st.after_ms);
             while Instant::now() < deadline {
                 self.cl.monitor();
+                self.poll_starting();
                 std::thread::sleep(Duration::from_millis(20).min(deadline.saturating_duration_since(Instant::now())));
             }
             if stop.load(Ordering::Relaxed) {
@@ -741,6 +818,20 @@ impl Nemesis<'_> {
                 self.errors.push((format!("t+{t} ms {}", st.action), format!("{e:#}")));
             }
             self.cl.monitor();
+            self.poll_starting();
+        }
+        // The last restarts come up (or fail) before the schedule counts as done.
+        while self.cl.starting_count() > 0 {
+            self.cl.monitor();
+            self.poll_starting();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn poll_starting(&mut self) {
+        let t = self.cl.t0.elapsed().as_millis();
+        for (what, why) in self.cl.poll_starting() {
+            self.errors.push((format!("t+{t} ms {what}"), why));
         }
     }
 
@@ -774,7 +865,7 @@ impl Nemesis<'_> {
                     self.wipe(proc)?;
                 }
                 // A server whose store is still read-only (no tmpfs: skipped faults) is fine.
-                cl.start(proc, true)
+                cl.restart_async(proc)
             }
             Action::Pause { proc } => cl.signal(proc, libc::SIGSTOP),
             Action::Resume { proc } => cl.signal(proc, libc::SIGCONT),
@@ -806,7 +897,7 @@ impl Nemesis<'_> {
                 cl.monitor();
                 if !cl.running(p) {
                     tracing::info!("chaos: {p} stopped on the full disk; restarting it");
-                    cl.start(p, true)?;
+                    cl.restart_async(p)?;
                 } else {
                     lock(&cl.may_be_down).remove(&p);
                 }
@@ -962,6 +1053,7 @@ pub fn run(sched: &Schedule, wl: &Workload, o: &RunOpts) -> Result<SeedRun> {
         router_faults: sched.router.args(),
         proxies,
         procs: Mutex::new(BTreeMap::new()),
+        starting: Mutex::new(BTreeMap::new()),
         may_be_down: Mutex::new(BTreeSet::new()),
         unexpected: Mutex::new(Vec::new()),
         rss: Mutex::new(BTreeMap::new()),
