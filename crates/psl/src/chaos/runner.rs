@@ -549,11 +549,15 @@ fn node_client(c: &NodeClient, ctl: &[SocketAddr], t0: Instant, stop: &AtomicBoo
     let mut conn: Option<Ctl> = None;
     let mut index = 0usize;
     let me = ctl[c.node as usize];
+    // After one 60 s wait for a node that did not come back, later rounds try only briefly (a
+    // node down for good must not hold the run for a minute per round).
+    let mut patience = Duration::from_secs(60);
     for r in &c.rounds {
         std::thread::sleep(Duration::from_millis(r.pause_ms));
         if conn.is_none() {
-            conn = connect_retry(me, Duration::from_secs(60), stop);
+            conn = connect_retry(me, patience, stop);
             session += 1;
+            patience = if conn.is_some() { Duration::from_secs(60) } else { Duration::from_secs(2) };
         }
         let Some(cn) = conn.as_mut() else { continue };
         // The writes, pipelined.
@@ -890,18 +894,21 @@ impl Nemesis<'_> {
                 Ok(())
             }
             Action::FreeDisk { server } => {
-                if let Some(f) = self.fillers.remove(&server) {
-                    std::fs::remove_file(&f).with_context(|| format!("removing {}", f.display()))?;
-                }
+                let Some(f) = self.fillers.remove(&server) else {
+                    // The fill was skipped (no tmpfs): nothing to free.
+                    return Ok(());
+                };
+                std::fs::remove_file(&f).with_context(|| format!("removing {}", f.display()))?;
+                // A server whose group commit failed on the full disk acks nothing more until
+                // it is restarted, and exits a moment later: restart it whether or not it has
+                // exited yet (checking only for an exit raced with it, and left it down).
                 let p = Proc::Server(server);
                 cl.monitor();
-                if !cl.running(p) {
-                    tracing::info!("chaos: {p} stopped on the full disk; restarting it");
-                    cl.restart_async(p)?;
-                } else {
-                    lock(&cl.may_be_down).remove(&p);
+                if cl.running(p) {
+                    cl.kill(p)?;
                 }
-                Ok(())
+                tracing::info!("chaos: {p} after the full disk: restarting it");
+                cl.restart_async(p)
             }
             Action::ReadOnly { server } => {
                 if !self.tmpfs {
