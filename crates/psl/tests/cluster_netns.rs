@@ -122,6 +122,24 @@ impl Drop for Net {
     }
 }
 
+/// The whole test's bound. Each step has its own, but a call with none (a `psl run` that never
+/// exits, a control read that never returns) would hold CI until its own limit. Past
+/// `after`, everything in the test's namespaces is killed, so whatever the test waits on
+/// fails and the guards clean up; if the test still has not ended a minute later, the
+/// namespaces are deleted and the process exits with a failure.
+fn watchdog(tag: String, after: Duration) {
+    std::thread::spawn(move || {
+        std::thread::sleep(after);
+        let all: Vec<String> = (1..=HOSTS).map(|h| format!("{tag}h{h}")).chain([format!("{tag}sw")]).collect();
+        eprintln!("cluster_netns: still running after {after:?}: killing every process in its namespaces");
+        all.iter().for_each(|ns| kill_ns(ns));
+        std::thread::sleep(Duration::from_secs(60));
+        eprintln!("cluster_netns: did not end after its processes were killed: deleting its namespaces, failing");
+        all.iter().for_each(|ns| delete_ns(ns));
+        std::process::exit(1);
+    });
+}
+
 /// Runs `f` on a thread inside namespace `ns` (its sockets live there).
 fn in_ns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
     std::thread::scope(|s| {
@@ -349,6 +367,7 @@ fn a_four_host_deployment_on_nats_survives_failover_partition_and_a_host_crash()
     std::fs::write(d.join("cluster.toml"), config()).unwrap();
     common::ok(d, &["up", "--config", "cluster.toml", "--init"]);
     let net = Net::new();
+    watchdog(net.tag.clone(), Duration::from_secs(480));
 
     // Every host's roles, from the one file.
     let mut hosts: Vec<Option<Proc>> = (1..=HOSTS)
