@@ -78,10 +78,13 @@ pub fn run(cmd: KvCmd) -> Result<i32> {
             let r = client(node)?.call(&format!("GET {key}"))?;
             match r.strip_prefix("VALUE ") {
                 Some(v) => println!("{v}"),
-                None => {
+                None if r == "NOT_FOUND" => {
                     eprintln!("{key}: not found");
                     return Ok(1);
                 }
+                // An error (CapsuleDB did not answer, a coordinator keeps no values) is not an
+                // absent key.
+                None => bail!("get {key}: {}", r.strip_prefix("ERROR ").unwrap_or(&r)),
             }
         }
         KvCmd::Del { node, keys } => {
