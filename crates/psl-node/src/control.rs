@@ -184,6 +184,7 @@ pub fn stats_json(node: &Node) -> serde_json::Value {
         "repair_records_sent": Metrics::get(&m.repair_records_sent),
         "syncs_applied": Metrics::get(&m.syncs_applied),
         "withholding_reports": Metrics::get(&m.withholding_reports),
+        "repair_cache_bytes": Metrics::get(&m.repair_cache_bytes),
         "rejected": rejected,
     })
 }

@@ -35,6 +35,10 @@ pub enum NodeError {
     DurableTimeout { timeout: Duration, acked_by: usize, quorum: usize, servers: u32 },
     #[error("the node is shutting down")]
     Stopped,
+    #[error(
+        "this node keeps no values (a coordinator: it orders records and keeps their hashes only); read from a node"
+    )]
+    NoValues,
     #[error("CapsuleDB did not answer a read within {0:?} (is `psl capsuledb` running on this fabric?)")]
     CapsuleDbTimeout(Duration),
     #[error("keys: {0}")]
@@ -120,6 +124,8 @@ pub struct Node {
     threads: Vec<JoinHandle<()>>,
     put_timeout: Duration,
     servers: u32,
+    /// `NodeConfig::keep_values`: off for a coordinator, whose memtable stays empty.
+    keep_values: bool,
     db: Option<Arc<crate::dbclient::DbClient>>,
     db_get_timeout: Duration,
     db_get_retry: Duration,
@@ -334,6 +340,7 @@ impl Node {
             threads,
             put_timeout: opts.put_timeout,
             servers: opts.core.servers,
+            keep_values: opts.core.keep_values,
             db,
             db_get_timeout: opts.db_get_timeout,
             db_get_retry: opts.db_get_retry,
@@ -489,6 +496,9 @@ impl Node {
     /// anything derived from it (SecureCached's CAS uniques) is the same before and after an
     /// eviction. `None`: never written (as far as this node and CapsuleDB know).
     pub fn try_entry(&self, key: &[u8]) -> Result<Option<psl_scl::Entry>, NodeError> {
+        if !self.keep_values {
+            return Err(NodeError::NoValues);
+        }
         let db = match (self.memtable.lookup_entry(key), &self.db) {
             (Some(e), _) => return Ok(Some(e)),
             (None, None) => return Ok(None),

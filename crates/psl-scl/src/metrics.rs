@@ -125,6 +125,8 @@ pub struct Metrics {
     pub epoch: AtomicU64,
     /// Newest application key generation installed (0: never rotated).
     pub key_gen: AtomicU64,
+    /// Bytes of records the node keeps to answer repairs (`NodeConfig::cache_bytes_max`).
+    pub repair_cache_bytes: AtomicU64,
 }
 
 impl Metrics {
@@ -164,6 +166,7 @@ impl Metrics {
             ("withholding_reports_total", &self.withholding_reports),
             ("epoch", &self.epoch),
             ("key_gen", &self.key_gen),
+            ("repair_cache_bytes", &self.repair_cache_bytes),
         ] {
             let kind = if name.ends_with("_total") { "counter" } else { "gauge" };
             let _ = writeln!(s, "# TYPE {prefix}_{name} {kind}");

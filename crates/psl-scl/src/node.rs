@@ -25,6 +25,14 @@ pub struct NodeConfig {
     pub orderer: OrdererConfig,
     /// Records kept to answer repair requests (oldest evicted first).
     pub cache_records_max: usize,
+    /// Bytes of records kept to answer repair requests: the cache is held to both bounds, so
+    /// a node's repair cache stays within a known memory budget whatever the batch sizes
+    /// (records evicted from it are still on the capsule servers, which answer repairs too).
+    pub cache_bytes_max: usize,
+    /// Whether applied data ops go into the memtable. A coordinator turns it off: it orders
+    /// records, signs SYNCs and answers repairs from its cache, but no one reads values from
+    /// it, and a memtable of every key would be its largest cost in memory.
+    pub keep_values: bool,
     /// Most records sent in answer to repair requests per tick.
     pub repair_answers_per_tick: usize,
     /// How often the node publishes a heads hint (see [`crate::wire`]).
@@ -46,6 +54,8 @@ impl Default for NodeConfig {
         NodeConfig {
             orderer: OrdererConfig::default(),
             cache_records_max: 1 << 20,
+            cache_bytes_max: 128 << 20,
+            keep_values: true,
             repair_answers_per_tick: 4096,
             heads_interval_ms: 250,
             hint_requests_per_tick: 64,
@@ -134,25 +144,38 @@ impl DurableStatus {
     }
 }
 
-/// Records kept for repair answers, by (writer, seq).
+/// Records kept for repair answers, by (writer, seq), within a count and a byte bound.
 #[derive(Debug, Default)]
 struct Cache {
     by_slot: BTreeMap<(u32, u64), Record>,
     order: VecDeque<(u32, u64)>,
     max: usize,
+    bytes_max: usize,
+    /// Bytes of the records in `by_slot`.
+    bytes: usize,
 }
 
 impl Cache {
+    fn new(max: usize, bytes_max: usize) -> Cache {
+        Cache { max, bytes_max, ..Default::default() }
+    }
+
     fn insert(&mut self, r: &Record) {
         let k = (r.header().writer, r.header().seq);
-        if self.by_slot.insert(k, r.clone()).is_none() {
-            self.order.push_back(k);
+        let len = r.bytes().len();
+        match self.by_slot.insert(k, r.clone()) {
+            None => self.order.push_back(k),
+            Some(old) => self.bytes -= old.bytes().len(),
         }
-        while self.order.len() > self.max {
+        self.bytes += len;
+        while self.order.len() > self.max || (self.bytes > self.bytes_max && self.order.len() > 1) {
             if let Some(old) = self.order.pop_front() {
-                self.by_slot.remove(&old);
+                if let Some(gone) = self.by_slot.remove(&old) {
+                    self.bytes -= gone.bytes().len();
+                }
             }
         }
+        debug_assert_eq!(self.order.len(), self.by_slot.len(), "every cached record has one place in the order");
     }
 }
 
@@ -223,7 +246,7 @@ impl NodeCore {
             coordinator,
             local: local_writers.into_iter().collect(),
             coordinator_writer,
-            cache: Cache { max: cfg.cache_records_max, ..Default::default() },
+            cache: Cache::new(cfg.cache_records_max, cfg.cache_bytes_max),
             answering: VecDeque::new(),
             syncs: BTreeMap::new(),
             next_ticket: 0,
@@ -332,6 +355,7 @@ impl NodeCore {
         let mut out = Vec::new();
         self.orderer.advance_own(&rec, now);
         self.cache.insert(&rec);
+        self.metrics.repair_cache_bytes.store(self.cache.bytes as u64, Ordering::Relaxed);
         Metrics::add(&self.metrics.records_written, 1);
         if let Body::Data(ops) = body {
             Metrics::add(&self.metrics.ops_written, ops.len() as u64);
@@ -374,6 +398,7 @@ impl NodeCore {
         Metrics::add(&self.metrics.ops_written, ops as u64);
         out.push(Output::Publish(Msg::Record { capsule: self.verifier.name(), bytes: rec.shared_bytes() }.encode()));
         self.cache.insert(&rec);
+        self.metrics.repair_cache_bytes.store(self.cache.bytes as u64, Ordering::Relaxed);
         out
     }
 
@@ -761,17 +786,22 @@ impl NodeCore {
         // capsule servers (and CapsuleDB itself, until they are durable) answer repairs for them.
         if !is_db_kind(h.kind) {
             self.cache.insert(&r.record);
+            self.metrics.repair_cache_bytes.store(self.cache.bytes as u64, Ordering::Relaxed);
         }
         self.clock.observe(h.lamport);
         Metrics::add(&self.metrics.records_applied, 1);
         if let Body::Data(ops) = &r.body {
-            for op in ops {
-                let v = Version { lamport: op.lamport, writer: h.writer };
-                let value = match &op.action {
-                    Action::Put(x) => Some(Arc::<[u8]>::from(x.as_slice())),
-                    Action::Delete => None,
-                };
-                self.memtable.apply(&op.key, v, value);
+            // A node that keeps no values (a coordinator) orders and counts the ops, and
+            // stores none.
+            if self.cfg.keep_values {
+                for op in ops {
+                    let v = Version { lamport: op.lamport, writer: h.writer };
+                    let value = match &op.action {
+                        Action::Put(x) => Some(Arc::<[u8]>::from(x.as_slice())),
+                        Action::Delete => None,
+                    };
+                    self.memtable.apply(&op.key, v, value);
+                }
             }
             Metrics::add(&self.metrics.ops_applied, ops.len() as u64);
         }
@@ -869,7 +899,7 @@ impl NodeCore {
     pub fn reset(&mut self, now: u64) {
         self.memtable.clear();
         self.orderer.clear();
-        self.cache = Cache { max: self.cfg.cache_records_max, ..Default::default() };
+        self.cache = Cache::new(self.cfg.cache_records_max, self.cfg.cache_bytes_max);
         self.answering.clear();
         self.syncs.clear();
         self.last_sync = None;
@@ -902,19 +932,19 @@ mod tests {
     use psl_crypto::OwnerKey;
 
     fn core(owner: &OwnerKey) -> (NodeCore, Arc<Metrics>, Arc<Memtable>, psl_capsule::SignedMetadata) {
+        core_with(owner, NodeConfig::default())
+    }
+
+    fn core_with(
+        owner: &OwnerKey,
+        cfg: NodeConfig,
+    ) -> (NodeCore, Arc<Metrics>, Arc<Memtable>, psl_capsule::SignedMetadata) {
         let meta = new_capsule(owner, 1, "node-rotation", 0, Limits::default()).unwrap();
         let verifier = Arc::new(Verifier::new(meta.clone(), Some(owner.app(1).unwrap().data_key())));
         let metrics = Arc::new(Metrics::default());
         let memtable = Arc::new(Memtable::new());
-        let c = NodeCore::new(
-            verifier,
-            memtable.clone(),
-            Arc::new(LamportClock::new(0)),
-            metrics.clone(),
-            [],
-            None,
-            NodeConfig::default(),
-        );
+        let c =
+            NodeCore::new(verifier, memtable.clone(), Arc::new(LamportClock::new(0)), metrics.clone(), [], None, cfg);
         (c, metrics, memtable, meta)
     }
 
@@ -1056,5 +1086,56 @@ mod tests {
         }
         let heads = sync.expect("a SYNC was due");
         assert_eq!(heads.iter().map(|l| l.writer).collect::<Vec<_>>(), vec![0x30000]);
+    }
+
+    #[test]
+    fn a_node_that_keeps_no_values_orders_counts_and_serves_records_but_stores_none() {
+        let owner = OwnerKey::from_seed(&[12; 32]).unwrap();
+        let (mut c, metrics, memtable, meta) =
+            core_with(&owner, NodeConfig { keep_values: false, ..Default::default() });
+        let app = owner.app(1).unwrap();
+        let v = Verifier::new(meta.clone(), Some(app.data_key()));
+        let mut wr = Author::new(&meta, &app, 0x30000).unwrap();
+        for i in 0..3u8 {
+            let rec = wr.write_ops([(vec![b'k', i], Some(vec![i; 10])), (vec![b'j', i], None)]).unwrap();
+            c.on_verified(v.verify_open(rec).unwrap(), 0);
+        }
+        assert_eq!(c.orderer().next_seq(0x30000), 3, "every record is ordered");
+        assert_eq!(metrics.ops_applied.load(Ordering::Relaxed), 6, "and its ops counted");
+        assert_eq!(memtable.len(), 0, "no value is kept");
+        c.on_repair(0x30000, 0, 2);
+        let out = c.on_tick(1);
+        assert_eq!(published_records(&out, &meta.meta.policy.limits), vec![(0x30000, 0), (0x30000, 1), (0x30000, 2)]);
+    }
+
+    #[test]
+    fn the_repair_cache_keeps_to_its_byte_bound_by_evicting_the_oldest() {
+        let owner = OwnerKey::from_seed(&[13; 32]).unwrap();
+        let meta = new_capsule(&owner, 1, "node-rotation", 0, Limits::default()).unwrap();
+        let app = owner.app(1).unwrap();
+        let mut wr = Author::new(&meta, &app, 0x30000).unwrap();
+        let recs: Vec<Record> =
+            (0..10u8).map(|i| wr.write_ops([(vec![b'k', i], Some(vec![i; 200]))]).unwrap()).collect();
+        let one = recs[0].bytes().len();
+        // Room for three and a half records: the newest three stay.
+        let bound = one * 7 / 2;
+        let (mut c, metrics, memtable, _) =
+            core_with(&owner, NodeConfig { cache_bytes_max: bound, ..Default::default() });
+        let v = Verifier::new(meta.clone(), Some(app.data_key()));
+        for r in &recs {
+            c.on_verified(v.verify_open(r.clone()).unwrap(), 0);
+            let held = metrics.repair_cache_bytes.load(Ordering::Relaxed) as usize;
+            assert!(held <= bound, "the cache holds {held} bytes, over its bound of {bound}");
+        }
+        assert_eq!(memtable.len(), 10, "eviction from the cache does not touch the memtable");
+        let sizes: usize = recs[7..].iter().map(|r| r.bytes().len()).sum();
+        assert_eq!(metrics.repair_cache_bytes.load(Ordering::Relaxed) as usize, sizes);
+        c.on_repair(0x30000, 0, 9);
+        let out = c.on_tick(1);
+        assert_eq!(
+            published_records(&out, &meta.meta.policy.limits),
+            vec![(0x30000, 7), (0x30000, 8), (0x30000, 9)],
+            "only the newest records are served from the cache"
+        );
     }
 }

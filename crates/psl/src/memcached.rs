@@ -105,6 +105,10 @@ pub struct MemcachedArgs {
     /// with SERVER_ERROR.
     #[arg(long, default_value_t = 2000)]
     pub peer_timeout_ms: u64,
+    /// With a fabric: MiB of recent records the front end's node keeps to answer peers'
+    /// repair requests (oldest evicted first; peers and capsule servers hold them too).
+    #[arg(long, default_value_t = crate::roles::REPAIR_CACHE_MB_NODE)]
+    pub repair_cache_mb: u64,
     /// This front end's entry in --peers, when --peer-listen binds another address (0.0.0.0).
     #[arg(long, requires = "peer_listen")]
     pub peer_advertise: Option<SocketAddr>,
@@ -381,6 +385,10 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
                 batch_ops_max: a.batch_ops_max,
                 flush_delay: Duration::from_micros(a.flush_us.unwrap_or(500)),
                 capsuledb: db,
+                core: psl_scl::NodeConfig {
+                    cache_bytes_max: crate::roles::repair_cache_bytes(Some(a.repair_cache_mb), 0),
+                    ..psl_scl::NodeConfig::default()
+                },
                 ..NodeOptions::default()
             };
             let keys = NodeKeys::derive(&f.metadata, &app, &opts)?;

@@ -27,6 +27,21 @@ pub struct CommonArgs {
     /// Epoch length in milliseconds (RTS every epoch).
     #[arg(long, default_value_t = 100)]
     pub epoch_ms: u64,
+    /// MiB of recent records kept to answer peers' repair requests (oldest evicted first;
+    /// peers and capsule servers hold them too). Default: 128 for a node, 16 for a
+    /// coordinator, which keeps no values.
+    #[arg(long)]
+    pub repair_cache_mb: Option<u64>,
+}
+
+/// Repair caches (`--repair-cache-mb`): a node's, and that of a role that only follows the
+/// capsule (a coordinator, CapsuleDB), whose records every node and capsule server also holds.
+pub(crate) const REPAIR_CACHE_MB_NODE: u64 = 128;
+pub(crate) const REPAIR_CACHE_MB_FOLLOWER: u64 = 16;
+
+/// `--repair-cache-mb` in bytes.
+pub(crate) fn repair_cache_bytes(mb: Option<u64>, default_mb: u64) -> usize {
+    (mb.unwrap_or(default_mb).max(1) as usize).saturating_mul(1 << 20)
 }
 
 #[derive(Args, Debug)]
@@ -209,7 +224,11 @@ pub fn run_node(a: NodeArgs) -> Result<i32> {
         verifiers: a.verifiers,
         batch_ops_max: a.batch_ops_max,
         flush_delay: Duration::from_micros(a.flush_us),
-        core: psl_scl::NodeConfig { servers: a.servers, ..psl_scl::NodeConfig::default() },
+        core: psl_scl::NodeConfig {
+            servers: a.servers,
+            cache_bytes_max: repair_cache_bytes(a.common.repair_cache_mb, REPAIR_CACHE_MB_NODE),
+            ..psl_scl::NodeConfig::default()
+        },
         capsuledb: a.capsuledb,
         memtable_keys_max: a.memtable_keys_max,
         ..NodeOptions::default()
@@ -251,7 +270,14 @@ pub fn run_coordinator(a: CoordinatorArgs) -> Result<i32> {
     if a.state.is_none() {
         tracing::warn!("no --state directory: a restart while cut off from every peer could re-sign a seq");
     }
-    let core = psl_scl::NodeConfig { rejoin_ms: (3 * a.common.epoch_ms).max(300), ..psl_scl::NodeConfig::default() };
+    // It keeps no values: it orders records, signs SYNCs and answers repairs from its cache,
+    // and a memtable of every key would be most of its memory.
+    let core = psl_scl::NodeConfig {
+        rejoin_ms: (3 * a.common.epoch_ms).max(300),
+        keep_values: false,
+        cache_bytes_max: repair_cache_bytes(a.common.repair_cache_mb, REPAIR_CACHE_MB_FOLLOWER),
+        ..psl_scl::NodeConfig::default()
+    };
     let opts = NodeOptions {
         node_id: 0x7000 + a.rank as u32,
         writers: 0,
@@ -354,7 +380,7 @@ pub fn run_capsule_server(a: CapsuleServerArgs) -> Result<i32> {
         bail!("--id {id} is not below --n {} (server ids are 0 .. n)", a.n);
     }
     let spec = a.fabric.spec("psl capsule-server")?;
-    let common = CommonArgs { capsule, owner, fabric: a.fabric, epoch_ms: 100 };
+    let common = CommonArgs { capsule, owner, fabric: a.fabric, epoch_ms: 100, repair_cache_mb: None };
     let (meta, app) = load(&common)?;
     let key =
         psl_server::server_key(&app, id).with_context(|| format!("server id {id} is out of range (0 to 32767)"))?;

@@ -266,6 +266,11 @@ fn start_kv(
             "--memory-mb".into(),
             a.kv_memory_mb.to_string(),
         ]);
+        if a.kv_servers > 0 {
+            // The capsule servers hold every record and answer repairs: a front end keeps
+            // only a short window of them for its peers.
+            args.extend(["--repair-cache-mb".into(), crate::roles::REPAIR_CACHE_MB_FOLLOWER.to_string()]);
+        }
         // Even a group of one serves its peer address: joining front ends forward to it.
         args.extend(["--peer-listen".into(), binds[i].to_string(), "--peers".into(), list.clone()]);
         args.extend(["--peer-advertise".into(), peer.to_string()]);

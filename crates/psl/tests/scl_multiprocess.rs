@@ -58,7 +58,7 @@ fn dumps(nodes: &[Proc]) -> Vec<serde_json::Value> {
 
 #[test]
 fn three_nodes_converge_through_a_lossy_reordering_router() {
-    let (t, router, _coord) = setup("0.2");
+    let (t, router, coord) = setup("0.2");
     let d = t.path();
     let nodes: Vec<Proc> = (1..=3).map(|id| node(d, router.addr(), id)).collect();
     // 10,000 puts spread over the nodes. Keys `own*` are written through one node only, so
@@ -102,6 +102,25 @@ fn three_nodes_converge_through_a_lossy_reordering_router() {
     // The router did drop and reorder, and the nodes did repair.
     let stats: serde_json::Value = serde_json::from_str(&client(&nodes[0]).call("STATS").unwrap()).unwrap();
     assert!(stats["repair_requests_sent"].as_u64().unwrap() > 0, "{stats}");
+    // The coordinator ordered every op but keeps no value: a read from it is an error that
+    // says so, not a miss; a miss on a node is "not found" (exit 1).
+    let cstats: serde_json::Value = serde_json::from_str(&client(&coord).call("STATS").unwrap()).unwrap();
+    assert_eq!(cstats["keys"], 0, "{cstats}");
+    assert!(cstats["ops_applied"].as_u64().unwrap() >= 10_000, "{cstats}");
+    assert!(cstats["repair_cache_bytes"].as_u64().unwrap() > 0, "{cstats}");
+    let kv_get = |p: &Proc, key: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_psl"))
+            .args(["kv", "get", "--node", &p.addr().to_string(), key])
+            .output()
+            .unwrap()
+    };
+    let o = kv_get(&coord, "hot1");
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("keeps no values"), "{o:?}");
+    let o = kv_get(&nodes[0], "absent");
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("absent: not found"), "{o:?}");
+    let o = kv_get(&nodes[0], "hot1");
+    assert!(o.status.success() && !o.stdout.is_empty(), "{o:?}");
 }
 
 #[test]
