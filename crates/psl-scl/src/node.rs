@@ -503,6 +503,11 @@ impl NodeCore {
     /// chain's record at that seq.
     pub fn on_ack(&mut self, a: Ack) {
         let n = self.cfg.servers;
+        if n == 0 {
+            // This node counts no acks (a coordinator, or a node run without servers), yet a
+            // fabric that floods every message brings it every server's: not a rejection.
+            return;
+        }
         let Some(id) = crate::server_id(a.server).filter(|id| *id < n) else {
             self.metrics.reject(RejectReason::Writer);
             return;
@@ -1137,5 +1142,20 @@ mod tests {
             vec![(0x30000, 7), (0x30000, 8), (0x30000, 9)],
             "only the newest records are served from the cache"
         );
+    }
+
+    #[test]
+    fn acks_reach_a_node_without_servers_harmlessly_and_count_against_one_that_has_fewer() {
+        let owner = OwnerKey::from_seed(&[14; 32]).unwrap();
+        let app = owner.app(1).unwrap();
+        let w = crate::server_writer(5).unwrap();
+        let (mut c, metrics, _, meta) = core(&owner);
+        let e = crate::wire::AckEntry { writer: 0x10000, from_seq: 0, to_seq: 0, hash: Hash256([1; 32]) };
+        let ack = crate::wire::Ack::sign(meta.name(), w, vec![e], &app.writer(w).unwrap());
+        c.on_ack(ack.clone());
+        assert_eq!(metrics.rejected(RejectReason::Writer), 0, "a node that waits for no server ignores acks");
+        let (mut c, metrics, _, _) = core_with(&owner, NodeConfig { servers: 3, ..Default::default() });
+        c.on_ack(ack);
+        assert_eq!(metrics.rejected(RejectReason::Writer), 1, "server 5 is not one of this node's 3");
     }
 }
