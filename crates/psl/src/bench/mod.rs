@@ -14,6 +14,7 @@
 //! | `rrt` | `examples/rrt.js` time to a target path cost by lambdas | bare sandbox, plain map | `rrt` |
 //! | `ycsb` | YCSB A, B, C, D, F against memcached-protocol endpoints and Redis | memcached | `ycsb` |
 //! | `fabric` | messages (256 B, 64 KiB; 3 receivers) and SCL puts over NATS | the router tree | — |
+//! | `cluster` | `psl up --memcached 3` (processes; router and NATS) under 50/50 and 90/10 loads | memcached | — |
 //!
 //! Module map: one module per benchmark; `loadgen`, the reusable closed-loop YCSB load
 //! generator (memcached text protocol and RESP, many connections per thread, HdrHistogram
@@ -22,6 +23,7 @@
 
 mod capsule;
 mod capsuledb;
+mod cluster;
 mod fabric;
 mod launch;
 pub mod loadgen;
@@ -38,7 +40,7 @@ use clap::Args;
 #[derive(Args)]
 pub struct BenchArgs {
     /// Which benchmark: `capsule`, `scl`, `replication`, `memcached`, `launch`, `capsuledb`,
-    /// `rrt`, `ycsb`, `fabric`.
+    /// `rrt`, `ycsb`, `fabric`, `cluster`.
     pub name: String,
     /// Print one JSON object instead of a table.
     #[arg(long)]
@@ -48,13 +50,13 @@ pub struct BenchArgs {
     pub seconds: f64,
     /// Run only these cases (comma-separated; `scl`: w1,w2,w4,w8,ablation,gets,ring, and the
     /// unbatched u1,u2,u4,u8 only when named; `rrt`: l1,l2,l4,l8; `fabric`: router,nats and
-    /// messages,scl). Default: all.
+    /// messages,scl; `cluster`: router,nats). Default: all.
     #[arg(long, value_delimiter = ',')]
     pub cases: Vec<String>,
     /// Keys in the data set (`capsuledb`).
     #[arg(long, default_value_t = 1_000_000)]
     pub keys: u64,
-    /// Repetitions of each case (`rrt`; default: 3).
+    /// Repetitions of each case (`rrt`, `cluster`: rounds of each system; default: 3).
     #[arg(long)]
     pub reps: Option<usize>,
     #[command(flatten)]
@@ -63,8 +65,8 @@ pub struct BenchArgs {
 
 /// Every benchmark of this tree (`psl report` asks for others by name and notes them as not
 /// available when the binary says it has no such benchmark).
-pub const NAMES: [&str; 9] =
-    ["capsule", "scl", "replication", "memcached", "launch", "capsuledb", "rrt", "ycsb", "fabric"];
+pub const NAMES: [&str; 10] =
+    ["capsule", "scl", "replication", "memcached", "launch", "capsuledb", "rrt", "ycsb", "fabric", "cluster"];
 
 pub fn run(a: BenchArgs) -> Result<i32> {
     let out = match a.name.as_str() {
@@ -72,6 +74,7 @@ pub fn run(a: BenchArgs) -> Result<i32> {
         "scl" => scl::run(a.seconds * 2.0, &a.cases, !a.json)?,
         "memcached" => memcached::run(a.seconds, !a.json)?,
         "fabric" => fabric::run(a.seconds, &a.cases, !a.json)?,
+        "cluster" => cluster::run(a.seconds * 5.0, &a.cases, a.reps.unwrap_or(3), !a.json)?,
         "replication" => replication::run(a.seconds * 2.0, !a.json)?,
         "launch" => launch::run((a.seconds * 20.0) as usize, !a.json)?,
         "capsuledb" => capsuledb::run(a.seconds, a.keys, !a.json)?,

@@ -74,6 +74,16 @@ pub(super) struct ChildGuard {
     _dir: Option<tempfile::TempDir>,
 }
 
+impl ChildGuard {
+    pub(super) fn new(child: Child, dir: Option<tempfile::TempDir>) -> ChildGuard {
+        ChildGuard { child, _dir: dir }
+    }
+
+    pub(super) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
 impl Drop for ChildGuard {
     fn drop(&mut self) {
         // SAFETY: kill(2) on our own child, not yet reaped (its pid cannot have been reused).

@@ -1,0 +1,267 @@
+//! `psl bench cluster`: the process deployment against memcached, in one run.
+//!
+//! The deployment is `psl up --workers 1 --servers 0 --memcached 3` (the KV store as separate
+//! processes: the fabric, a coordinator, three capsule servers, CapsuleDB and three SecureCached
+//! front ends, each with `--kv-memory-mb`), once on the router tree and once on a local
+//! nats-server (`--cases router,nats`; default both). The baseline is Debian's memcached with one
+//! worker thread. One load generator ([`super::loadgen`]: 2 client threads, 96 connections spread
+//! over the endpoints, 100-byte values over 300,000 keys, loaded first) drives both in
+//! alternating rounds: for each mix (`a`: 50 % get / 50 % set; `mix`: 90 % get / 10 % set) and
+//! each key distribution (uniform; YCSB's scrambled zipfian 0.99), `--reps` rounds of the
+//! deployment, each followed by a round of memcached; medians reported.
+//!
+//! Besides throughput and latency (p50, p99), per deployment round:
+//! - `drain_ms`: from the end of the load until the deployment's processes are idle (their
+//!   CPU time, summed, grows by less than 20 ms over 500 ms), i.e. until every node, server and
+//!   CapsuleDB has stopped catching up; at most 60 s;
+//! - per role: peak resident memory (`VmHWM`) against the role's budget, and CPU seconds per
+//!   1,000 operations (the load and its drain).
+//!
+//! Headline: `ratio_a` and `ratio_mix` (uniform keys, router tree), the deployment over
+//! memcached in the same run. Goals (issue 17): 0.7 and 0.8; `drain_ms` under 1,000; no role
+//! above 256 MiB.
+
+use super::loadgen::{self, Distribution, Mix, Protocol, Spec};
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+use std::io::BufRead;
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const KEYS: u64 = 300_000;
+const VALUE_BYTES: usize = 100;
+const CONNECTIONS: usize = 96;
+const CLIENT_THREADS: usize = 2;
+const FRONT_ENDS: u32 = 3;
+/// Each front end's memory budget (`--kv-memory-mb`), and the budget every other role is held to.
+const FRONT_END_MB: u64 = 64;
+const ROLE_MB_MAX: u64 = 256;
+
+/// One process of the deployment.
+#[derive(Debug, Clone)]
+struct Role {
+    pid: u32,
+    name: String,
+}
+
+/// The deployment's processes: every descendant of `psl up`, named by their command line.
+fn roles(root: u32) -> Vec<Role> {
+    let mut out = Vec::new();
+    let mut todo = vec![root];
+    while let Some(p) = todo.pop() {
+        let kids = std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).unwrap_or_default();
+        for k in kids.split_whitespace().filter_map(|k| k.parse::<u32>().ok()) {
+            todo.push(k);
+            let cmd = std::fs::read(format!("/proc/{k}/cmdline")).unwrap_or_default();
+            let args: Vec<String> =
+                cmd.split(|b| *b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into()).collect();
+            let exe = args.first().map(|a| a.rsplit('/').next().unwrap_or(a).to_string()).unwrap_or_default();
+            let role = if exe == "psl" { args.get(1).cloned().unwrap_or_default() } else { exe };
+            let id = ["--id", "--rank"]
+                .iter()
+                .find_map(|f| args.iter().position(|a| a == f).and_then(|i| args.get(i + 1)))
+                .map(|i| format!(" {i}"))
+                .unwrap_or_default();
+            out.push(Role { pid: k, name: format!("{role}{id}") });
+        }
+    }
+    out
+}
+
+fn cpu_total(rs: &[Role]) -> f64 {
+    rs.iter().map(|r| super::pid_cpu_seconds(r.pid)).sum()
+}
+
+/// Peak resident memory of a process, MiB.
+fn hwm_mb(pid: u32) -> f64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
+/// Waits until the processes are idle; returns how long that took (ms), capped at 60 s.
+fn drain_ms(rs: &[Role]) -> f64 {
+    let t0 = Instant::now();
+    let mut window: std::collections::VecDeque<(Instant, f64)> = std::collections::VecDeque::new();
+    loop {
+        let now = Instant::now();
+        window.push_back((now, cpu_total(rs)));
+        while window.front().is_some_and(|(t, _)| now.duration_since(*t) > Duration::from_millis(500)) {
+            window.pop_front();
+        }
+        if let (Some(a), Some(b)) = (window.front(), window.back()) {
+            if b.0.duration_since(a.0) >= Duration::from_millis(450) && b.1 - a.1 < 0.02 {
+                // Idle since the window's start.
+                return a.0.duration_since(t0).as_secs_f64() * 1000.0;
+            }
+        }
+        if t0.elapsed() > Duration::from_secs(60) {
+            return 60_000.0;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A running `psl up` deployment.
+struct Deployment {
+    guard: super::ycsb::ChildGuard,
+    targets: Vec<SocketAddr>,
+}
+
+fn start_deployment(fabric: &str) -> Result<Deployment> {
+    let exe = std::env::current_exe().context("finding the psl binary")?;
+    let dir = tempfile::Builder::new().prefix("psl-bench-cluster").tempdir()?;
+    let mut child = Command::new(exe)
+        .args(["up", "--workers", "1", "--servers", "0", "--memcached", &FRONT_ENDS.to_string()])
+        .args(["--kv-memory-mb", &FRONT_END_MB.to_string(), "--fabric", fabric, "--dir"])
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting psl up")?;
+    let out = child.stdout.take().context("psl up's stdout")?;
+    let path = dir.path().join("cluster.json");
+    let guard = super::ycsb::ChildGuard::new(child, Some(dir));
+    let up = std::io::BufReader::new(out).lines().map_while(Result::ok).any(|l| l.starts_with("up "));
+    if !up {
+        bail!("psl up --memcached {FRONT_ENDS} --fabric {fabric} did not report ready");
+    }
+    let kv = crate::memcached::read_kv(&path)?;
+    Ok(Deployment { guard, targets: kv.front_ends.clone() })
+}
+
+fn spec(targets: &[SocketAddr], mix: Mix, d: Distribution, secs: f64) -> Spec {
+    Spec {
+        targets: targets.to_vec(),
+        protocol: Protocol::Memcached,
+        threads: CLIENT_THREADS,
+        connections: CONNECTIONS,
+        keys: KEYS,
+        value_bytes: VALUE_BYTES,
+        distribution: d,
+        mix,
+        duration: Duration::from_secs_f64(secs),
+        warmup: Duration::from_millis(300),
+        ..Spec::default()
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() {
+        f64::NAN
+    } else {
+        v[v.len() / 2]
+    }
+}
+
+pub fn run(secs: f64, cases: &[String], reps: usize, show_progress: bool) -> Result<Value> {
+    let secs = secs.max(0.5);
+    let fabrics: Vec<&str> =
+        ["router", "nats"].into_iter().filter(|f| cases.is_empty() || cases.iter().any(|c| c == f)).collect();
+    if fabrics.is_empty() {
+        bail!("bench cluster cases are router, nats");
+    }
+    let mixes = [("a", Mix::read_update(0.5)), ("mix", Mix::read_update(0.9))];
+    let dists = [Distribution::Uniform, Distribution::Zipfian];
+    let steps = (fabrics.len() * (1 + mixes.len() * dists.len() * reps)) as u64;
+    let pb = if show_progress { super::progress(steps, "bench cluster") } else { indicatif::ProgressBar::hidden() };
+
+    let (_mc_guard, mc_port) = super::memcached::start_memcached(1)?;
+    let mc: SocketAddr = ([127, 0, 0, 1], mc_port).into();
+    let l = loadgen::load(&spec(&[mc], Mix::read_update(0.0), Distribution::Uniform, secs))?;
+    if l.errors > 0 {
+        bail!("loading memcached: {} errors: {:?}", l.errors, l.first_error);
+    }
+    let mut out = Map::new();
+    let mut detail = Map::new();
+    for fabric in &fabrics {
+        let dep = start_deployment(fabric)?;
+        let rs = roles(dep.guard.pid());
+        let l = loadgen::load(&spec(&dep.targets, Mix::read_update(0.0), Distribution::Uniform, secs))
+            .with_context(|| format!("loading the deployment on {fabric}"))?;
+        if l.errors > 0 {
+            bail!("loading the deployment on {fabric}: {} errors: {:?}", l.errors, l.first_error);
+        }
+        let load_drain = drain_ms(&rs);
+        pb.inc(1);
+        let mut runs = Vec::new();
+        let mut cpu_by_role: BTreeMap<String, f64> = BTreeMap::new();
+        let mut ops_all = 0u64;
+        for (mname, mix) in mixes {
+            for d in dists {
+                let (mut p, mut m, mut drains, mut p50, mut p99, mut mp50, mut mp99) =
+                    (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+                for _ in 0..reps {
+                    let before: Vec<f64> = rs.iter().map(|r| super::pid_cpu_seconds(r.pid)).collect();
+                    let o = loadgen::run(&spec(&dep.targets, mix, d, secs))?;
+                    if o.errors > 0 {
+                        bail!("{fabric}, {mname}, {}: {} errors: {:?}", d.name(), o.errors, o.first_error);
+                    }
+                    drains.push(drain_ms(&rs));
+                    for (r, b) in rs.iter().zip(before) {
+                        *cpu_by_role.entry(r.name.clone()).or_default() += super::pid_cpu_seconds(r.pid) - b;
+                    }
+                    ops_all += o.ops;
+                    p.push(o.ops_per_s());
+                    p50.push(o.quantile_us(0.5));
+                    p99.push(o.quantile_us(0.99));
+                    let om = loadgen::run(&spec(&[mc], mix, d, secs))?;
+                    m.push(om.ops_per_s());
+                    mp50.push(om.quantile_us(0.5));
+                    mp99.push(om.quantile_us(0.99));
+                    pb.inc(1);
+                }
+                let (pm, mm) = (median(p.clone()), median(m.clone()));
+                let key = format!("{fabric}_{mname}_{}", d.name());
+                out.insert(format!("ops_per_s_{key}"), json!(pm));
+                out.insert(format!("memcached_ops_per_s_{key}"), json!(mm));
+                out.insert(format!("ratio_{key}"), json!(pm / mm.max(1e-9)));
+                out.insert(format!("drain_ms_{key}"), json!(median(drains.clone())));
+                runs.push(json!({
+                    "mix": mname, "distribution": d.name(), "psl_ops_per_s": p, "memcached_ops_per_s": m,
+                    "psl_p50_us": median(p50), "psl_p99_us": median(p99),
+                    "memcached_p50_us": median(mp50), "memcached_p99_us": median(mp99), "drain_ms": drains,
+                }));
+            }
+        }
+        let roles_json: Vec<Value> = rs
+            .iter()
+            .map(|r| {
+                let budget = if r.name.starts_with("memcached") { FRONT_END_MB } else { ROLE_MB_MAX };
+                let cpu = cpu_by_role.get(&r.name).copied().unwrap_or(0.0);
+                json!({"role": r.name, "rss_mb_max": hwm_mb(r.pid), "budget_mb": budget,
+                       "cpu_s_per_1000_ops": cpu * 1000.0 / ops_all.max(1) as f64})
+            })
+            .collect();
+        let rss_max = rs.iter().map(|r| hwm_mb(r.pid)).fold(0.0, f64::max);
+        out.insert(format!("rss_mb_max_{fabric}"), json!(rss_max));
+        detail.insert(
+            (*fabric).into(),
+            json!({"roles": roles_json, "runs": runs, "load_ops_per_s": l.ops_per_s(), "load_drain_ms": load_drain}),
+        );
+        drop(dep);
+    }
+    pb.finish_and_clear();
+    let headline = fabrics.first().copied().unwrap_or("router");
+    for name in ["a", "mix"] {
+        for what in ["ops_per_s", "ratio", "drain_ms"] {
+            let v = out.get(&format!("{what}_{headline}_{name}_uniform")).cloned().unwrap_or(Value::Null);
+            out.insert(format!("{what}_{name}"), v);
+        }
+    }
+    out.insert("headline_fabric".into(), json!(headline));
+    out.insert("goals".into(), json!({"ratio_a": 0.7, "ratio_mix": 0.8, "drain_ms": 1000, "rss_mb_max": ROLE_MB_MAX}));
+    out.insert(
+        "load".into(),
+        json!({"keys": KEYS, "value_bytes": VALUE_BYTES, "connections": CONNECTIONS, "client_threads": CLIENT_THREADS,
+               "seconds_per_round": secs, "rounds": reps, "front_ends": FRONT_ENDS, "front_end_memory_mb": FRONT_END_MB}),
+    );
+    out.insert("detail".into(), Value::Object(detail));
+    out.insert("machine".into(), super::machine());
+    Ok(Value::Object(out))
+}
