@@ -113,11 +113,22 @@ struct Deployment {
 }
 
 fn start_deployment(fabric: &str) -> Result<Deployment> {
+    let (guard, targets) = start_up_kv(FRONT_ENDS, FRONT_END_MB, fabric)?;
+    Ok(Deployment { guard, targets })
+}
+
+/// Starts `psl up --workers 1 --servers 0 --memcached N` (the KV store as processes) on
+/// `fabric` in a temporary directory; returns what stops it and the front ends' addresses.
+pub(super) fn start_up_kv(
+    front_ends: u32,
+    memory_mb: u64,
+    fabric: &str,
+) -> Result<(super::ycsb::ChildGuard, Vec<SocketAddr>)> {
     let exe = std::env::current_exe().context("finding the psl binary")?;
-    let dir = tempfile::Builder::new().prefix("psl-bench-cluster").tempdir()?;
+    let dir = tempfile::Builder::new().prefix("psl-bench-up").tempdir()?;
     let mut child = Command::new(exe)
-        .args(["up", "--workers", "1", "--servers", "0", "--memcached", &FRONT_ENDS.to_string()])
-        .args(["--kv-memory-mb", &FRONT_END_MB.to_string(), "--fabric", fabric, "--dir"])
+        .args(["up", "--workers", "1", "--servers", "0", "--memcached", &front_ends.to_string()])
+        .args(["--kv-memory-mb", &memory_mb.to_string(), "--fabric", fabric, "--dir"])
         .arg(dir.path())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -128,10 +139,10 @@ fn start_deployment(fabric: &str) -> Result<Deployment> {
     let guard = super::ycsb::ChildGuard::new(child, Some(dir));
     let up = std::io::BufReader::new(out).lines().map_while(Result::ok).any(|l| l.starts_with("up "));
     if !up {
-        bail!("psl up --memcached {FRONT_ENDS} --fabric {fabric} did not report ready");
+        bail!("psl up --memcached {front_ends} --fabric {fabric} did not report ready");
     }
     let kv = crate::memcached::read_kv(&path)?;
-    Ok(Deployment { guard, targets: kv.front_ends.clone() })
+    Ok((guard, kv.front_ends.clone()))
 }
 
 fn spec(targets: &[SocketAddr], mix: Mix, d: Distribution, secs: f64) -> Spec {

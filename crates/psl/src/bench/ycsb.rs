@@ -161,35 +161,14 @@ pub fn start_system(name: &str) -> Result<System> {
             })
         }
         "psl-up" => {
-            let dir = tempfile::Builder::new().prefix("psl-bench-ycsb-up").tempdir()?;
-            let mut child = Command::new(exe)
-                .args(["up", "--workers", "1", "--memcached", "2", "--kv-memory-mb", "2048", "--dir"])
-                .arg(dir.path())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::null())
-                .spawn()
-                .context("starting psl up --memcached 2")?;
-            let out = child.stdout.take().context("psl up's stdout")?;
-            let path = dir.path().join("cluster.json");
-            let guard = ChildGuard { child, _dir: Some(dir) };
-            let mut ready = false;
-            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-                if line.starts_with("up ") {
-                    ready = true;
-                    break;
-                }
-            }
-            if !ready {
-                bail!("psl up --memcached 2 did not report ready");
-            }
-            let kv = crate::memcached::read_kv(&path)?;
-            for a in &kv.front_ends {
+            let (guard, front_ends) = super::cluster::start_up_kv(2, 2048, "router")?;
+            for a in &front_ends {
                 wait_port(*a, "a psl up front end")?;
             }
             Ok(System {
-                targets: kv.front_ends.clone(),
+                targets: front_ends.clone(),
                 protocol: Protocol::Memcached,
-                describe: json!({"server": "psl up --memcached 2 (router, coordinator, 3 capsule servers, CapsuleDB, 2 front ends as processes)", "front_ends": kv.front_ends.len(), "memory_mb_per_front_end": 2048}),
+                describe: json!({"server": "psl up --memcached 2 (router, coordinator, 3 capsule servers, CapsuleDB, 2 front ends as processes)", "front_ends": front_ends.len(), "memory_mb_per_front_end": 2048}),
                 _guard: vec![Box::new(guard)],
             })
         }
