@@ -11,9 +11,12 @@
 //! deployment, each followed by a round of memcached; medians reported.
 //!
 //! Besides throughput and latency (p50, p99), per deployment round:
-//! - `drain_ms`: from the end of the load until the deployment's processes are idle (their
-//!   CPU time, summed, grows by less than 20 ms over 500 ms), i.e. until every node, server and
-//!   CapsuleDB has stopped catching up; at most 60 s;
+//! - `drain_ms`: from the end of the load until the deployment's processes are idle, i.e.
+//!   until every node, server and CapsuleDB has stopped catching up; at most 60 s. Idle is
+//!   measured against the deployment's own idle rate (an idle deployment still ticks: its
+//!   processes' summed CPU time grows by `idle_cpu_ms_per_s`, measured before the load): the
+//!   processes count as idle once their CPU time grows over 500 ms by at most 1.5 times that
+//!   rate plus 10 ms;
 //! - per role: peak resident memory (`VmHWM`) against the role's budget, and CPU seconds per
 //!   1,000 operations (the load and its drain).
 //!
@@ -83,8 +86,23 @@ fn hwm_mb(pid: u32) -> f64 {
         .map_or(0.0, |kib| kib / 1024.0)
 }
 
-/// Waits until the processes are idle; returns how long that took (ms), capped at 60 s.
-fn drain_ms(rs: &[Role]) -> f64 {
+/// The processes' summed CPU rate while nothing drives them, ms per s: the median of five
+/// 400 ms samples.
+fn idle_cpu_ms_per_s(rs: &[Role]) -> f64 {
+    let samples = (0..5)
+        .map(|_| {
+            let (t, c) = (Instant::now(), cpu_total(rs));
+            std::thread::sleep(Duration::from_millis(400));
+            (cpu_total(rs) - c) * 1000.0 / t.elapsed().as_secs_f64()
+        })
+        .collect();
+    median(samples)
+}
+
+/// Waits until the processes are idle (CPU time over 500 ms at most 1.5 times the idle rate
+/// `idle_ms_per_s` plus 10 ms); returns how long that took (ms), capped at 60 s.
+fn drain_ms(rs: &[Role], idle_ms_per_s: f64) -> f64 {
+    let idle_s = (idle_ms_per_s * 1.5 * 0.5 + 10.0) / 1000.0;
     let t0 = Instant::now();
     let mut window: std::collections::VecDeque<(Instant, f64)> = std::collections::VecDeque::new();
     loop {
@@ -94,7 +112,7 @@ fn drain_ms(rs: &[Role]) -> f64 {
             window.pop_front();
         }
         if let (Some(a), Some(b)) = (window.front(), window.back()) {
-            if b.0.duration_since(a.0) >= Duration::from_millis(450) && b.1 - a.1 < 0.02 {
+            if b.0.duration_since(a.0) >= Duration::from_millis(450) && b.1 - a.1 <= idle_s {
                 // Idle since the window's start.
                 return a.0.duration_since(t0).as_secs_f64() * 1000.0;
             }
@@ -193,12 +211,13 @@ pub fn run(secs: f64, cases: &[String], reps: usize, show_progress: bool) -> Res
     for fabric in &fabrics {
         let dep = start_deployment(fabric)?;
         let rs = roles(dep.guard.pid());
+        let idle = idle_cpu_ms_per_s(&rs);
         let l = loadgen::load(&spec(&dep.targets, Mix::read_update(0.0), Distribution::Uniform, secs))
             .with_context(|| format!("loading the deployment on {fabric}"))?;
         if l.errors > 0 {
             bail!("loading the deployment on {fabric}: {} errors: {:?}", l.errors, l.first_error);
         }
-        let load_drain = drain_ms(&rs);
+        let load_drain = drain_ms(&rs, idle);
         pb.inc(1);
         let mut runs = Vec::new();
         let mut cpu_by_role: BTreeMap<String, f64> = BTreeMap::new();
@@ -213,7 +232,7 @@ pub fn run(secs: f64, cases: &[String], reps: usize, show_progress: bool) -> Res
                     if o.errors > 0 {
                         bail!("{fabric}, {mname}, {}: {} errors: {:?}", d.name(), o.errors, o.first_error);
                     }
-                    drains.push(drain_ms(&rs));
+                    drains.push(drain_ms(&rs, idle));
                     for (r, b) in rs.iter().zip(before) {
                         *cpu_by_role.entry(r.name.clone()).or_default() += super::pid_cpu_seconds(r.pid) - b;
                     }
@@ -253,7 +272,8 @@ pub fn run(secs: f64, cases: &[String], reps: usize, show_progress: bool) -> Res
         out.insert(format!("rss_mb_max_{fabric}"), json!(rss_max));
         detail.insert(
             (*fabric).into(),
-            json!({"roles": roles_json, "runs": runs, "load_ops_per_s": l.ops_per_s(), "load_drain_ms": load_drain}),
+            json!({"roles": roles_json, "runs": runs, "load_ops_per_s": l.ops_per_s(), "load_drain_ms": load_drain,
+                   "idle_cpu_ms_per_s": idle}),
         );
         drop(dep);
     }

@@ -72,12 +72,12 @@ pub const SECTIONS: [Section; 12] = [
     Section {
         name: "cluster",
         title: "The process deployment against memcached (psl bench cluster)",
-        mirrors: "issue #17's comparison, once `psl bench cluster` exists in this tree",
+        mirrors: "issue #17's comparison: the KV store as separate processes against memcached",
     },
     Section {
         name: "fabric",
         title: "The NATS fabric (psl bench fabric)",
-        mirrors: "the fabric's benchmark, once `psl bench fabric` exists in this tree",
+        mirrors: "the router tree against a local nats-server: messages and SCL puts",
     },
 ];
 
@@ -187,7 +187,7 @@ pub fn plan(mode: Mode, only: &[String]) -> Vec<Case> {
     if mode != Tiny {
         v.push(case("capsule", "capsule", "capsule", &["--seconds", f(mode, "", "0.2", "1")], f(mode, 0.0, 4.0, 12.0)));
     }
-    // Benchmarks other branches are adding: run if this binary has them.
+    // The process deployment and the fabric.
     v.push(case("cluster", "cluster", "cluster", &["--seconds", f(mode, "0.2", "1", "4")], f(mode, 1.0, 60.0, 240.0)));
     v.push(case("fabric", "fabric", "fabric", &["--seconds", f(mode, "0.2", "1", "2")], f(mode, 1.0, 30.0, 90.0)));
     if !only.is_empty() {
