@@ -138,6 +138,10 @@ struct Cluster {
     starting: Mutex<BTreeMap<Proc, Starting>>,
     /// Killed by the schedule, or allowed to die (a server whose disk is full).
     may_be_down: Mutex<BTreeSet<Proc>>,
+    /// Servers whose disk the schedule filled and has not freed yet: they may exit (or fail to
+    /// start) at any time until then, whatever else came up meanwhile (a restart that finishes
+    /// after the fill must not make their exit unexpected: seed 1135).
+    disk_full: Mutex<BTreeSet<Proc>>,
     unexpected: Mutex<Vec<String>>,
     /// Highest resident memory seen per process, KiB.
     rss: Mutex<BTreeMap<String, u64>>,
@@ -311,8 +315,11 @@ impl Cluster {
             while let Ok(l) = st.rx.try_recv() {
                 ready |= l.starts_with(&prefix);
             }
+            let full = lock(&self.disk_full).contains(p);
             if ready {
-                lock(&self.may_be_down).remove(p);
+                if !full {
+                    lock(&self.may_be_down).remove(p);
+                }
                 done.push(*p);
                 continue;
             }
@@ -320,6 +327,11 @@ impl Cluster {
                 Some(r) => matches!(r.child.try_wait(), Ok(Some(_))),
                 None => true,
             };
+            if exited && full {
+                // It failed on its full disk: freeing the disk restarts it.
+                done.push(*p);
+                continue;
+            }
             let why = if exited {
                 Some("exited".to_string())
             } else if Instant::now() > st.deadline {
@@ -339,6 +351,16 @@ impl Cluster {
             starting.remove(&p);
         }
         errors
+    }
+
+    /// The schedule filled `p`'s disk: it may exit until [`Cluster::disk_freed`].
+    fn disk_filled(&self, p: Proc) {
+        lock(&self.disk_full).insert(p);
+        lock(&self.may_be_down).insert(p);
+    }
+
+    fn disk_freed(&self, p: Proc) {
+        lock(&self.disk_full).remove(&p);
     }
 
     fn starting_count(&self) -> usize {
@@ -402,7 +424,7 @@ impl Cluster {
         }
         for (p, st) in gone {
             procs.remove(&p);
-            if !lock(&self.may_be_down).contains(&p) {
+            if !lock(&self.may_be_down).contains(&p) && !lock(&self.disk_full).contains(&p) {
                 let log = self.logs.join(format!("{p}.log"));
                 lock(&self.unexpected).push(format!(
                     "{p} exited at t+{} ms ({st}) although the schedule did not stop it; log {}: {}",
@@ -887,7 +909,7 @@ impl Nemesis<'_> {
                     self.skipped.push(a.to_string());
                     return Ok(());
                 }
-                lock(&cl.may_be_down).insert(Proc::Server(server));
+                cl.disk_filled(Proc::Server(server));
                 let f = self.server_dir(server).join("filler");
                 fill(&f)?;
                 self.fillers.insert(server, f);
@@ -899,6 +921,7 @@ impl Nemesis<'_> {
                     return Ok(());
                 };
                 std::fs::remove_file(&f).with_context(|| format!("removing {}", f.display()))?;
+                cl.disk_freed(Proc::Server(server));
                 // A server whose group commit failed on the full disk acks nothing more until
                 // it is restarted, and exits a moment later: restart it whether or not it has
                 // exited yet (checking only for an exit raced with it, and left it down).
@@ -1062,6 +1085,7 @@ pub fn run(sched: &Schedule, wl: &Workload, o: &RunOpts) -> Result<SeedRun> {
         procs: Mutex::new(BTreeMap::new()),
         starting: Mutex::new(BTreeMap::new()),
         may_be_down: Mutex::new(BTreeSet::new()),
+        disk_full: Mutex::new(BTreeSet::new()),
         unexpected: Mutex::new(Vec::new()),
         rss: Mutex::new(BTreeMap::new()),
         server_read: (0..shape.servers).map(|_| free_port()).collect::<Result<_>>()?,
@@ -1453,4 +1477,79 @@ fn server_puts(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bare_cluster(dir: &Path) -> Cluster {
+        Cluster {
+            exe: PathBuf::from("psl"),
+            dir: dir.to_path_buf(),
+            logs: dir.to_path_buf(),
+            t0: Instant::now(),
+            router: ([127, 0, 0, 1], 9).into(),
+            router_faults: Vec::new(),
+            proxies: BTreeMap::new(),
+            procs: Mutex::new(BTreeMap::new()),
+            starting: Mutex::new(BTreeMap::new()),
+            may_be_down: Mutex::new(BTreeSet::new()),
+            disk_full: Mutex::new(BTreeSet::new()),
+            unexpected: Mutex::new(Vec::new()),
+            rss: Mutex::new(BTreeMap::new()),
+            server_read: Vec::new(),
+            node_ctl: Vec::new(),
+            mc_listen: Vec::new(),
+            mc_peer: Vec::new(),
+            capsuledb_writer: 0,
+            shape_nodes: 0,
+        }
+    }
+
+    /// A stand-in server process that says it is ready, then exits with status 2 (as a
+    /// server whose group commit failed on a full disk does).
+    fn starting_then_exiting(cl: &Cluster, p: Proc) -> std::sync::mpsc::Sender<String> {
+        let child = Command::new("sh").args(["-c", "sleep 0.2; exit 2"]).spawn().expect("sh runs");
+        let (tx, rx) = std::sync::mpsc::channel();
+        lock(&cl.may_be_down).insert(p);
+        lock(&cl.procs).insert(p, Running { child });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        lock(&cl.starting).insert(p, Starting { rx, ready: "ready", deadline, log: cl.dir.join("x.log") });
+        tx
+    }
+
+    fn wait_exit_seen(cl: &Cluster, p: Proc) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while lock(&cl.procs).contains_key(&p) {
+            assert!(Instant::now() < deadline, "the stand-in did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+            cl.monitor();
+        }
+    }
+
+    #[test]
+    fn a_filled_server_may_exit_even_when_its_restart_came_up_after_the_fill() {
+        let t = tempfile::tempdir().unwrap();
+        let cl = bare_cluster(t.path());
+        let p = Proc::Server(0);
+        // Seed 1135: a restart under way, then the fill, then the restart comes up.
+        let tx = starting_then_exiting(&cl, p);
+        cl.disk_filled(p);
+        tx.send("ready 32768 records=330".into()).unwrap();
+        assert!(cl.poll_starting().is_empty(), "it came up");
+        wait_exit_seen(&cl, p);
+        assert!(lock(&cl.unexpected).is_empty(), "{:?}", lock(&cl.unexpected));
+        // A start that fails on the full disk is no failure of the restart either.
+        let _tx = starting_then_exiting(&cl, p);
+        std::thread::sleep(Duration::from_millis(400));
+        assert!(cl.poll_starting().is_empty(), "an exit on a full disk is not a failed restart");
+        // Once the disk is freed (and the server restarted), an exit is unexpected again.
+        cl.disk_freed(p);
+        let tx = starting_then_exiting(&cl, p);
+        tx.send("ready 32768 records=330".into()).unwrap();
+        assert!(cl.poll_starting().is_empty());
+        wait_exit_seen(&cl, p);
+        assert_eq!(lock(&cl.unexpected).len(), 1, "{:?}", lock(&cl.unexpected));
+    }
 }
