@@ -14,7 +14,7 @@ use crate::error::FaasError;
 use crate::leader::{Grant, Leader, Offer};
 use crate::program::{JobId, Payload, SealedProgram};
 use crate::scheduler::{Scheduler, SealedJob};
-use crate::worker::{Worker, WorkerDebug, WorkerRun};
+use crate::worker::{DurableEnd, Worker, WorkerDebug, WorkerRun};
 use parking_lot::Mutex;
 use psl_capsule::{new_capsule, Limits, Record, SignedMetadata};
 use psl_crypto::{Hash256, OwnerKey};
@@ -38,6 +38,15 @@ pub struct DeploymentConfig {
     pub rogue_workers: Vec<u32>,
     /// Keep every record of the job for `capsule()`.
     pub record_capsule: bool,
+    /// Capsule servers for each job (server ids `0 .. servers`; a write is durable once a
+    /// majority acked it), run in this process on the deployment's fabric. 0: none, and
+    /// nothing a job writes can be made durable.
+    pub servers: u32,
+    /// Where the servers keep their stores (`DIR/<capsule>/server-<id>`); `None`: a temporary
+    /// directory, removed with the deployment.
+    pub store_dir: Option<std::path::PathBuf>,
+    /// Test hook: servers (ids) that are never started, as if down for the whole job.
+    pub down_servers: Vec<u32>,
 }
 
 impl Default for DeploymentConfig {
@@ -48,6 +57,9 @@ impl Default for DeploymentConfig {
             min_workers: 1,
             rogue_workers: Vec::new(),
             record_capsule: true,
+            servers: 0,
+            store_dir: None,
+            down_servers: Vec::new(),
         }
     }
 }
@@ -112,6 +124,27 @@ pub struct JobReport {
     /// Application key rotations done during the job.
     #[serde(default)]
     pub key_rotations: Vec<KeyRotationReport>,
+    /// Whether the job ended durable: every granted worker reported that, after its lambdas
+    /// ended, every write of its node was acked by f + 1 of the job's capsule servers. False
+    /// for a job without capsule servers.
+    #[serde(default)]
+    pub durable: bool,
+    /// Each worker's durable end, as it reported it (sealed with its results).
+    #[serde(default)]
+    pub durability: Vec<(u32, DurableEnd)>,
+}
+
+/// What a worker seals for the client at the end of a job (over the network).
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct WorkerResultBody {
+    pub lambdas: Vec<LambdaReport>,
+    pub durable: DurableEnd,
+}
+
+/// Whether a job ended durable, from what its granted workers reported: all of them did
+/// (`reported` lists one entry per worker that reported; `granted` how many were granted).
+pub fn job_durable(reported: &[(u32, DurableEnd)], granted: usize) -> bool {
+    granted > 0 && reported.len() == granted && reported.iter().all(|(_, d)| d.is_durable())
 }
 
 /// One application key rotation of a job.
@@ -147,6 +180,22 @@ pub struct Deployment {
     pub measurement: Measurement,
     /// The client's check of the leader (the development sim policy).
     verifier: PolicyVerifier,
+    /// The servers' stores: `config.store_dir`, or a temporary directory held here.
+    stores: Stores,
+}
+
+enum Stores {
+    Dir(std::path::PathBuf),
+    Temp(tempfile::TempDir),
+}
+
+impl Stores {
+    fn path(&self) -> &std::path::Path {
+        match self {
+            Stores::Dir(p) => p,
+            Stores::Temp(t) => t.path(),
+        }
+    }
 }
 
 /// The runtime configuration a worker's measurement covers (with the binary's hash).
@@ -164,6 +213,19 @@ impl Deployment {
         if config.workers == 0 || config.workers > 255 {
             return Err(FaasError::Config(format!("workers must be 1 ..= 255, got {}", config.workers)));
         }
+        if config.servers > crate::leader::JOB_SERVERS_MAX {
+            return Err(FaasError::Config(format!(
+                "servers must be 0 ..= {}, got {}",
+                crate::leader::JOB_SERVERS_MAX,
+                config.servers
+            )));
+        }
+        let stores = match &config.store_dir {
+            Some(d) => Stores::Dir(d.clone()),
+            None => Stores::Temp(tempfile::Builder::new().prefix("psl-embedded-").tempdir().map_err(|e| {
+                FaasError::Config(format!("a temporary directory for the capsule servers' stores: {e}"))
+            })?),
+        };
         let hub = InProcHub::new(FabricConfig::default()).map_err(|e| FaasError::Config(e.to_string()))?;
         let platform = SimPlatform::new();
         let measurement = measure(&binary_hash(), &runtime_config(&config.limits));
@@ -186,7 +248,7 @@ impl Deployment {
             workers.push(Arc::new(Worker::new(i, Box::new(SimAttester::new(platform.clone(), m)), config.limits)));
             scheduler.register(i);
         }
-        Ok(Deployment { hub, leader, scheduler, workers, measurement, verifier: verifier()?, config })
+        Ok(Deployment { hub, leader, scheduler, workers, measurement, verifier: verifier()?, config, stores })
     }
 
     fn worker(&self, id: u32) -> Option<&Arc<Worker>> {
@@ -240,12 +302,31 @@ impl Deployment {
         } else {
             None
         };
-        self.leader.begin_job(job, owner, meta.clone(), Arc::new(self.hub.endpoint(format!("coordinator-{job}"))))?;
+        let ep = Arc::new(self.hub.endpoint(format!("coordinator-{job}")));
+        self.leader.begin_job(job, owner, meta.clone(), ep, self.config.servers)?;
+        let servers = match self.start_servers(&meta) {
+            Ok(s) => s,
+            Err(e) => {
+                self.leader.end_job();
+                return Err(e);
+            }
+        };
         let sealed = SealedJob { job, program, input, lambdas: req.lambdas };
         let t_sched = Instant::now();
         let result = self.launch(&sealed, t0, t_sched, req.rotate_after_ms.map(Duration::from_millis));
         // RESET every worker that took part, whatever happened; the leader forgets the job.
         self.leader.end_job();
+        let stored_records: Vec<(u32, u64)> = servers
+            .into_iter()
+            .map(|(id, s)| {
+                let n = s.len() as u64;
+                if let Some(e) = s.failed() {
+                    tracing::warn!("capsule server {id}: {e}");
+                }
+                s.shutdown();
+                (id, n)
+            })
+            .collect();
         let mut resets = Vec::new();
         for w in &self.workers {
             if w.debug()
@@ -262,6 +343,7 @@ impl Deployment {
         b.scheduler_to_workers_ms = ms(t_sent.saturating_duration_since(t_sched));
         b.attestation_ms = ms(t_admitted.saturating_duration_since(t_sent));
         let mut ok = true;
+        let durability: Vec<(u32, DurableEnd)> = runs.iter().map(|r| (r.worker, r.durable.clone())).collect();
         let mut last_start = t_admitted;
         let mut last_first_op = t_admitted;
         for r in &runs {
@@ -294,9 +376,26 @@ impl Deployment {
             capsule_file: capsule_file.map(|(f, _)| f),
             capsule_records,
             resets,
-            stored_records: Vec::new(),
+            stored_records,
             key_rotations,
+            durable: job_durable(&durability, runs.len()),
+            durability,
         })
+    }
+
+    /// Starts the job's capsule servers (those not marked down), each on its own fabric
+    /// endpoint with its key from the leader and a new store.
+    fn start_servers(&self, meta: &SignedMetadata) -> Result<Vec<(u32, psl_server::Server)>, FaasError> {
+        let mut out = Vec::new();
+        for id in (0..self.config.servers).filter(|id| !self.config.down_servers.contains(id)) {
+            let dir = self.stores.path().join(meta.name().to_string()).join(format!("server-{id}"));
+            let ep = Arc::new(self.hub.endpoint(format!("capsule-server-{id}")));
+            let opts = psl_server::ServerOptions { id, ..psl_server::ServerOptions::default() };
+            let s = psl_server::Server::start(&dir, meta.clone(), self.leader.server_key(id)?, ep, opts)
+                .map_err(|e| FaasError::Config(format!("capsule server {id} in {}: {e}", dir.display())))?;
+            out.push((id, s));
+        }
+        Ok(out)
     }
 
     #[allow(clippy::type_complexity)]

@@ -58,6 +58,9 @@ struct LeaderJob {
     owner: OwnerKey,
     app: AppKey,
     meta: SignedMetadata,
+    /// The job's capsule servers `n` (ids `0 .. n`): every worker counts a write durable once
+    /// `n / 2 + 1` of them acked it. Sealed into each grant, so no one on the way can lower it.
+    servers: u32,
     coordinator: Option<Node>,
     granted: Vec<Granted>,
     /// Application indices this capsule has used (generation 0 first).
@@ -79,6 +82,10 @@ pub struct Leader {
 
 /// Most lambda slots one worker runs (one writer actor each; a node has at most 16).
 pub const SLOTS_PER_WORKER_MAX: usize = 16;
+
+/// Most capsule servers one job may have (a grant carries the count as a u16; acks need a
+/// server writer index each).
+pub const JOB_SERVERS_MAX: u32 = 255;
 
 impl Leader {
     /// A leader that attests itself with `attester` and admits the parties `verifier` (which
@@ -102,13 +109,19 @@ impl Leader {
 
     /// Takes the owner key for one job (in process, the move stands for the attested channel),
     /// derives the application key, and starts the job's coordinator on the fabric endpoint `ep`.
+    /// `servers`: the job's capsule servers (ids `0 .. servers`; 0: none, and nothing the job
+    /// writes can be made durable).
     pub fn begin_job(
         &self,
         job: JobId,
         owner: OwnerKey,
         meta: SignedMetadata,
         ep: Arc<dyn Fabric>,
+        servers: u32,
     ) -> Result<(), FaasError> {
+        if servers > JOB_SERVERS_MAX {
+            return Err(FaasError::Config(format!("{servers} capsule servers: at most {JOB_SERVERS_MAX} per job")));
+        }
         let app = owner.app(meta.meta.app_index).map_err(|e| FaasError::Config(e.to_string()))?;
         if app.public() != meta.meta.app {
             return Err(FaasError::Config("the capsule was not made for this owner key's application".into()));
@@ -131,6 +144,7 @@ impl Leader {
             owner,
             app,
             meta,
+            servers,
             coordinator: Some(coordinator),
             granted: Vec::new(),
             app_indices,
@@ -212,6 +226,7 @@ impl Leader {
             bundle.extend_from_slice(&job.job.0);
             bundle.extend_from_slice(&node_id.to_le_bytes());
             bundle.extend_from_slice(data_key.expose_bytes());
+            bundle.extend_from_slice(&(job.servers as u16).to_le_bytes());
             bundle.extend_from_slice(&(lambdas.len() as u16).to_le_bytes());
             for a in 0..lambdas.len() as u32 {
                 let w = psl_scl::writer_index(node_id, 0, a)

@@ -21,10 +21,11 @@
 //!   application key, its data key and writer keys, and the owner-signed certificate.
 //! - [`scheduler`]: the untrusted scheduler: a registry of workers; forwards sealed programs.
 //! - [`worker`]: a worker: attests, receives its keys, runs lambda slots on a `psl_node::Node`,
-//!   installs key rotations in that node.
+//!   waits for its writes to be durable on the job's capsule servers, installs key rotations
+//!   in that node.
 //! - [`kv`]: [`NodeKv`], the sandbox's [`psl_sandbox::KvHost`] over a `psl_node::Node`.
-//! - [`deploy`]: [`Deployment`]: every role in one process over an `InProcHub`; `run_job`
-//!   (with an optional key rotation mid-job, `rotate_keys`).
+//! - [`deploy`]: [`Deployment`]: every role in one process over an `InProcHub`, with the
+//!   job's capsule servers; `run_job` (with an optional key rotation mid-job, `rotate_keys`).
 //! - [`net`]: the roles as processes over TCP (`psl leader`, `psl scheduler`, `psl worker`),
 //!   the client of `psl run --cluster`, the wire frames and the cluster file.
 //! - [`error`] holds [`FaasError`].

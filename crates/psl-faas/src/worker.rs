@@ -45,6 +45,26 @@ pub struct WorkerRun {
     pub lambdas_started: Instant,
     pub outcomes: Vec<LambdaOutcome>,
     pub final_sync: Result<(), String>,
+    /// Whether every write of the worker's node ended acked by f + 1 of the job's capsule
+    /// servers.
+    pub durable: DurableEnd,
+}
+
+/// How a worker's writes ended: once its lambdas are done (and their writes covered by a SYNC),
+/// a worker whose job has capsule servers waits, bounded by the sandbox's `durable_timeout`,
+/// until every write its node accepted is acked by a majority (f + 1) of them.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DurableEnd {
+    /// The job's capsule servers (0: none, and nothing was made durable).
+    pub servers: u32,
+    /// Why the writes did not end durable (the wait's error, with the acks that arrived).
+    pub error: Option<String>,
+}
+
+impl DurableEnd {
+    pub fn is_durable(&self) -> bool {
+        self.servers > 0 && self.error.is_none()
+    }
 }
 
 /// What a worker holds, for tests and debug dumps (no secret is shown, only its presence).
@@ -98,7 +118,7 @@ impl Worker {
             channel.open(&grant.sealed_keys, &grant_aad(job.job, self.id, &grant.lambdas))?
         };
         let t = Instant::now();
-        let (meta, data_key, writers) = parse_bundle(&bundle, job.job, grant)?;
+        let (meta, data_key, writers, servers) = parse_bundle(&bundle, job.job, grant)?;
         drop(bundle);
         tracing::debug!("worker {}: key bundle checked in {:?}", self.id, t.elapsed());
         {
@@ -126,6 +146,7 @@ impl Worker {
             verifiers: 1,
             ..NodeOptions::default()
         };
+        let opts = NodeOptions { core: psl_scl::NodeConfig { servers, ..opts.core }, ..opts };
         let keys = NodeKeys { meta, data_key: data_key.clone(), writers, coordinator: None };
         let t = Instant::now();
         let node = Arc::new(Node::start(keys, ep, opts)?);
@@ -146,7 +167,15 @@ impl Worker {
         let outcomes: Vec<LambdaOutcome> = handles.into_iter().map(|h| h.join()).collect();
         // Seal and publish every write, covered by a SYNC, before reporting.
         let final_sync = node.sync(self.sync_timeout).map_err(|e| e.to_string());
-        Ok(WorkerRun { worker: self.id, keys_ready, lambdas_started, outcomes, final_sync })
+        let error = match servers {
+            0 => Some("the job has no capsule servers".to_string()),
+            _ => node.sync_durable(self.limits.durable_timeout).err().map(|e| e.to_string()),
+        };
+        if let Some(e) = error.as_ref().filter(|_| servers > 0) {
+            tracing::warn!("worker {}: the job's writes did not end durable: {e}", self.id);
+        }
+        let durable = DurableEnd { servers, error };
+        Ok(WorkerRun { worker: self.id, keys_ready, lambdas_started, outcomes, final_sync, durable })
     }
 
     /// A key rotation from the leader: opens the bundle with this job's channel key, checks it
@@ -243,9 +272,9 @@ fn parse_bundle(
     b: &[u8],
     job: JobId,
     grant: &Grant,
-) -> Result<(SignedMetadata, DataKey, Vec<(u32, SigningKey)>), FaasError> {
+) -> Result<(SignedMetadata, DataKey, Vec<(u32, SigningKey)>, u32), FaasError> {
     let bad = |why: &str| FaasError::Malformed { what: "key bundle", why: why.into() };
-    if b.len() < 16 + 4 + 32 + 2 || b[..16] != job.0 {
+    if b.len() < 16 + 4 + 32 + 2 + 2 || b[..16] != job.0 {
         return Err(bad("wrong job or too short"));
     }
     let node_id = u32::from_le_bytes(b[16..20].try_into().expect("4"));
@@ -254,19 +283,23 @@ fn parse_bundle(
     }
     let dk: [u8; 32] = b[20..52].try_into().expect("32");
     let data_key = DataKey::from_bytes(dk);
-    let n = u16::from_le_bytes(b[52..54].try_into().expect("2")) as usize;
-    if n != grant.lambdas.len() || n > crate::leader::SLOTS_PER_WORKER_MAX || b.len() < 54 + 36 * n {
+    let servers = u16::from_le_bytes(b[52..54].try_into().expect("2")) as u32;
+    if servers > crate::leader::JOB_SERVERS_MAX {
+        return Err(bad("capsule server count"));
+    }
+    let n = u16::from_le_bytes(b[54..56].try_into().expect("2")) as usize;
+    if n != grant.lambdas.len() || n > crate::leader::SLOTS_PER_WORKER_MAX || b.len() < 56 + 36 * n {
         return Err(bad("writer count"));
     }
     let mut writers = Vec::with_capacity(n);
     for i in 0..n {
-        let o = 54 + 36 * i;
+        let o = 56 + 36 * i;
         let w = u32::from_le_bytes(b[o..o + 4].try_into().expect("4"));
         let mut sk = zeroize::Zeroizing::new([0u8; 32]);
         sk.copy_from_slice(&b[o + 4..o + 36]);
         writers.push((w, SigningKey::from_bytes(&sk).map_err(|_| bad("writer key"))?));
     }
-    let meta = SignedMetadata::decode(&b[54 + 36 * n..]).map_err(|e| FaasError::Capsule(e.to_string()))?;
+    let meta = SignedMetadata::decode(&b[56 + 36 * n..]).map_err(|e| FaasError::Capsule(e.to_string()))?;
     if meta.meta.policy.data_key_fp != data_key.fingerprint() {
         return Err(bad("data key does not match the capsule"));
     }
@@ -275,7 +308,7 @@ fn parse_bundle(
             return Err(bad("writer key is not the application's"));
         }
     }
-    Ok((meta, data_key, writers))
+    Ok((meta, data_key, writers, servers))
 }
 
 /// A rotation bundle: `job id (16) ‖ node id u32 ‖ certificate (214) ‖ data key (32) ‖ n u16 ‖

@@ -23,7 +23,7 @@ fn faas_offer_on_another_tls_certificate_is_refused() {
     let hub = InProcHub::new(FabricConfig::default()).unwrap();
     let owner = OwnerKey::generate();
     let meta = new_capsule(&owner, 7, "tls-binding", 0, Limits::default()).unwrap();
-    leader.begin_job(JobId::random(), owner, meta, Arc::new(hub.endpoint("coordinator"))).unwrap();
+    leader.begin_job(JobId::random(), owner, meta, Arc::new(hub.endpoint("coordinator")), 0).unwrap();
     let worker = Worker::new(1, Box::new(SimAttester::new(platform.clone(), m)), SandboxLimits::default());
     let (mine, other) = (TlsIdentity::generate("w").unwrap(), TlsIdentity::generate("x").unwrap());
 

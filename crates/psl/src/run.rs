@@ -61,6 +61,16 @@ pub struct RunArgs {
     /// file's.
     #[arg(long, requires = "cluster")]
     pub attest_policy: Option<PathBuf>,
+    /// Embedded deployment: capsule servers for the job (f = (N - 1) / 2), run in this process;
+    /// lambdas' durable puts and syncs wait for a majority of them. 0: none (nothing can be
+    /// made durable). With --cluster the deployment's capsule hosts serve the job.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(0..=255))]
+    pub servers: u32,
+    /// Embedded deployment: where the capsule servers keep the job's stores
+    /// (DIR/<capsule>/server-<id>, checked by `psl capsule-server check`). Default: a temporary
+    /// directory removed when the run ends.
+    #[arg(long)]
+    pub store_dir: Option<PathBuf>,
 }
 
 /// Reads a cluster file (or `DIR/cluster.json`).
@@ -102,6 +112,9 @@ pub fn run(a: RunArgs) -> Result<i32> {
         if a.workers.is_some() || a.memory_mib != 64 || a.cpu_ms != 10_000 || a.wall_ms != 60_000 {
             bail!("--workers and the limits are the deployment's with --cluster (set them on `psl up`)");
         }
+        if a.servers != 3 || a.store_dir.is_some() {
+            bail!("--servers and --store-dir are for the embedded deployment; with --cluster its capsule hosts serve the job");
+        }
         let info = read_cluster(c)?;
         let policy = a.attest_policy.clone().unwrap_or_else(|| info.attest_policy.clone());
         let verifier = crate::attest::load_policy(&policy, "client")?;
@@ -133,6 +146,8 @@ pub fn run(a: RunArgs) -> Result<i32> {
             workers,
             limits,
             record_capsule: a.capsule_out.is_some(),
+            servers: a.servers,
+            store_dir: a.store_dir.clone(),
             ..DeploymentConfig::default()
         })?;
         let cold_ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -189,7 +204,16 @@ pub fn run(a: RunArgs) -> Result<i32> {
         println!("  {:<22} {:>8.2}  (after the last lambda started)", "first op", b.first_op_ms);
         println!("  {:<22} {:>8.2}", "job total", b.total_ms);
         for (id, n) in &r.stored_records {
-            println!("capsule host {id}: {n} records stored");
+            println!("capsule server {id}: {n} records stored");
+        }
+        match r.durability.iter().find(|(_, d)| d.servers > 0) {
+            _ if r.durable => println!("durable: every write acked by a majority of the job's capsule servers"),
+            None => println!("not durable: the job had no capsule servers"),
+            Some(_) => {
+                for (w, d) in r.durability.iter().filter(|(_, d)| !d.is_durable()) {
+                    println!("NOT durable: worker {w}: {}", d.error.as_deref().unwrap_or("did not report"));
+                }
+            }
         }
         for k in &r.key_rotations {
             let failed = k.workers.iter().chain(&k.hosts).filter(|(_, e)| e.is_some()).count();

@@ -670,8 +670,10 @@ pub fn run(a: UpArgs) -> Result<i32> {
         for k in kids.iter_mut().filter(|k| !k.gone) {
             if let Ok(Some(st)) = k.child.try_wait() {
                 k.gone = true;
-                if k.name.starts_with("worker") || k.name.starts_with("memcached") {
-                    // The scheduler drops it from the registry; the others carry on.
+                if k.name.starts_with("worker") || k.name.starts_with("memcached") || k.name.starts_with("capsule host")
+                {
+                    // The scheduler drops a worker from the registry; the others carry on. Jobs
+                    // run on the capsule hosts that are up, and stay durable while a majority is.
                     eprintln!("warning: {} exited ({st}); the deployment carries on without it", k.name);
                 } else {
                     eprintln!("error: {} exited ({st}); stopping the deployment", k.name);

@@ -270,3 +270,62 @@ fn faas_multiprocess_worker_without_heartbeats_is_dropped() {
     assert_eq!(v["ok"], true, "{v}");
     assert!(v["lambdas"].as_array().unwrap().iter().all(|l| l["worker"] == 1), "{v}");
 }
+
+/// Durability inside lambdas against the deployment's real capsule hosts (three, f = 1): with
+/// one host killed, durable syncs and puts succeed and the job ends durable; with a second one
+/// killed, they throw a `DurabilityError` after their bound with the acks that arrived (at most
+/// one: never durable on fewer than f + 1), and the report says the job did not end durable.
+#[test]
+fn faas_multiprocess_durable_lambdas_survive_one_host_down_and_fail_with_two() {
+    let u = up(&["--workers", "2"]);
+    let program = u.dir.path().join("durable.js");
+    std::fs::write(
+        &program,
+        r#"
+for (let i = 0; i < 20; i++) put("k/" + lambda.id + "/" + i, "v" + i);
+const out = {};
+try { sync({ durable: true, timeoutMs: 1500 }); out.sync = "durable"; }
+catch (e) { out.sync = { name: e.name, acked: e.acked, quorum: e.quorum, servers: e.servers }; }
+try { put("last/" + lambda.id, "x", { durable: true, timeoutMs: 1500 }); out.put = "durable"; }
+catch (e) { out.put = { name: e.name, acked: e.acked }; }
+emit(JSON.stringify(out));
+"#,
+    )
+    .unwrap();
+    let program = program.to_str().unwrap();
+    let kill = |host: u32| {
+        let name = format!("capsule host {host}");
+        let pid = u.info.pids.iter().find(|(n, _)| *n == name).unwrap().1.to_string();
+        assert!(Command::new("kill").args(["-KILL", &pid]).status().unwrap().success());
+    };
+    let outs = |v: &serde_json::Value| -> Vec<serde_json::Value> {
+        let ls = v["lambdas"].as_array().unwrap();
+        assert_eq!(ls.len(), 2, "{v}");
+        ls.iter().map(|l| serde_json::from_str(l["emitted"][0].as_str().unwrap()).unwrap()).collect()
+    };
+
+    kill(2);
+    let v = json(&u.run(program, 2, &[]));
+    for o in outs(&v) {
+        assert_eq!((o["sync"].as_str(), o["put"].as_str()), (Some("durable"), Some("durable")), "{v}");
+    }
+    assert_eq!(v["durable"], true, "{v}");
+    let stored: Vec<u64> = v["stored_records"].as_array().unwrap().iter().map(|p| p[0].as_u64().unwrap()).collect();
+    assert_eq!(stored, vec![0, 1], "the killed host takes no part: {v}");
+
+    kill(1);
+    let v = json(&u.run(program, 2, &[]));
+    for o in outs(&v) {
+        let s = &o["sync"];
+        assert_eq!(s["name"], "DurabilityError", "{v}");
+        assert!(s["acked"].as_u64().unwrap() <= 1, "{v}");
+        assert_eq!((s["quorum"].as_u64(), s["servers"].as_u64()), (Some(2), Some(3)), "{v}");
+        assert_eq!(o["put"]["name"], "DurabilityError", "{v}");
+    }
+    assert_eq!(v["ok"], true, "the lambdas caught their errors: {v}");
+    assert_eq!(v["durable"], false, "{v}");
+    for d in v["durability"].as_array().unwrap() {
+        let e = d[1]["error"].as_str().unwrap_or_default();
+        assert!(e.contains("of the 3 capsule servers acked") && e.contains("2 must"), "{v}");
+    }
+}

@@ -12,7 +12,7 @@ use super::unix_us;
 use super::wire::{read_msg, unhex, write_msg, Msg, WorkerTimes};
 use crate::attest::{bind_channel_key, AttestVerifier, VerifyTime};
 use crate::attest_policy::{Policy, PolicyVerifier};
-use crate::deploy::{JobReport, LambdaReport, LaunchBreakdown, Recorder, LAMBDAS_MAX};
+use crate::deploy::{job_durable, JobReport, LambdaReport, LaunchBreakdown, Recorder, WorkerResultBody, LAMBDAS_MAX};
 use crate::error::FaasError;
 use crate::program::{JobId, Payload, SealedProgram};
 use crate::tls::{self, TlsIdentity};
@@ -212,6 +212,7 @@ pub fn run_remote_with(
     };
     let mut lambdas: Vec<LambdaReport> = Vec::new();
     let mut errors = Vec::new();
+    let mut durability = Vec::new();
     let (mut last_start, mut last_first_op) = (0u64, 0u64);
     for o in outcomes {
         let Msg::WorkerDone { worker, sealed_result, error, times, .. } = o else { continue };
@@ -229,8 +230,9 @@ pub fn run_remote_with(
             Payload::Result,
             RESULT_BYTES_MAX,
         )?;
-        let mut mine: Vec<LambdaReport> =
+        let WorkerResultBody { lambdas: mut mine, durable } =
             serde_json::from_slice(&body).map_err(|e| FaasError::Malformed { what: "result", why: e.to_string() })?;
+        durability.push((worker, durable));
         let WorkerTimes { forwarded_us, granted_us, keys_ready_us, started_us, first_op_us } = times;
         b.scheduler_to_workers_ms = b.scheduler_to_workers_ms.max(ms_us(received_us, forwarded_us));
         b.attestation_ms = b.attestation_ms.max(ms_us(forwarded_us, granted_us));
@@ -267,5 +269,7 @@ pub fn run_remote_with(
         resets,
         stored_records: stored,
         key_rotations,
+        durable: job_durable(&durability, granted.len()),
+        durability,
     })
 }

@@ -210,23 +210,21 @@ fn begin(
         .connect(&format!("coordinator-{job}"), &psl_fabric::Interest::coordinator(meta.name().0 .0))
         .map_err(|e| FaasError::Net(format!("leader: attaching to the fabric {}: {e}", sh.cfg.fabric)))?;
     tracing::debug!("leader: keys decoded, fabric attached in {:?}", t.elapsed());
-    sh.leader.begin_job(job, owner, meta.clone(), ep)?;
+    // Server ids are the hosts' positions; every worker counts a write durable once a majority
+    // of them acked it, whichever hosts are up.
+    sh.leader.begin_job(job, owner, meta.clone(), ep, sh.cfg.capsule_hosts.len() as u32)?;
     tracing::debug!("leader: coordinator started in {:?}", t.elapsed());
-    let hosts = match open_hosts(sh, &meta) {
-        Ok(h) => h,
-        Err(e) => {
-            sh.leader.end_job();
-            return Err(e);
-        }
-    };
+    let hosts = open_hosts(sh, &meta);
     tracing::debug!("leader: capsule hosts opened in {:?}", t.elapsed());
     *st = JobState { job: Some(job), lambdas, min_workers, hosts, ..JobState::default() };
     tracing::info!(%job, lambdas, "leader: job begun");
     Ok(job)
 }
 
-/// Opens the job's capsule on every capsule host (server id = its position).
-fn open_hosts(sh: &Arc<Shared>, meta: &SignedMetadata) -> Result<Vec<(u32, tls::ClientStream)>, FaasError> {
+/// Opens the job's capsule on every capsule host (server id = its position). A host that is
+/// down, fails its attestation or refuses is left out of the job (and logged): the others serve
+/// it, and the job's writes are durable while a majority of all the hosts acks them.
+fn open_hosts(sh: &Arc<Shared>, meta: &SignedMetadata) -> Vec<(u32, tls::ClientStream)> {
     let meta_hex = hex::encode(meta.encode());
     let open = |id: u32, addr: SocketAddr| -> Result<(u32, tls::ClientStream), FaasError> {
         let (mut s, host_spki) = tls::connect(addr, &sh.identity)?;
@@ -272,9 +270,23 @@ fn open_hosts(sh: &Arc<Shared>, meta: &SignedMetadata) -> Result<Vec<(u32, tls::
                 sc.spawn(move || open(i as u32, *addr))
             })
             .collect();
-        hs.into_iter()
+        let opened: Vec<_> = hs
+            .into_iter()
             .map(|h| h.join().unwrap_or_else(|_| Err(FaasError::Net("capsule host thread panicked".into()))))
-            .collect()
+            .filter_map(|r| r.map_err(|e| tracing::warn!("leader: the job runs without a capsule host: {e}")).ok())
+            .collect();
+        let n = sh.cfg.capsule_hosts.len();
+        if opened.len() <= n / 2 && n > 0 {
+            // The job still runs (writing does not wait for servers), but nothing it writes
+            // can be made durable: durable syncs in lambdas fail after their bound, and the
+            // job's report says it did not end durable.
+            tracing::warn!(
+                "leader: only {} of the {n} capsule hosts opened the job's capsule; {} are needed for durability",
+                opened.len(),
+                n / 2 + 1
+            );
+        }
+        opened
     })
 }
 

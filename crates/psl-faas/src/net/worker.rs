@@ -324,7 +324,9 @@ impl Agent {
                 if let Err(e) = &run.final_sync {
                     tracing::warn!("worker {}: final sync: {e}", self.cfg.id);
                 }
-                let body = serde_json::to_vec(&lambda_reports(&run)).map_err(|e| FaasError::Net(e.to_string()))?;
+                let body =
+                    crate::deploy::WorkerResultBody { lambdas: lambda_reports(&run), durable: run.durable.clone() };
+                let body = serde_json::to_vec(&body).map_err(|e| FaasError::Net(e.to_string()))?;
                 self.worker.seal_result(job, &body)
             })();
             match outcome {
