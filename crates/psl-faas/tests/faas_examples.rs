@@ -51,4 +51,14 @@ fn faas_rrt_finds_collision_free_paths_and_shares_the_best() {
     let shared: serde_json::Value = serde_json::from_str(r.lambdas[0].emitted.last().unwrap()).unwrap();
     let sb = shared["shared_best"]["cost"].as_f64().unwrap();
     assert!((sb - best).abs() < 1e-9, "shared best {sb} vs best {best}");
+    // Every lambda's final tree came back to lambda 0 as bytes, whole: 24 bytes of header and
+    // 24 per node, as many nodes as the lambda grew.
+    let trees = shared["trees"].as_array().unwrap();
+    assert_eq!(trees.len(), 3);
+    for (t, l) in trees.iter().zip(&r.lambdas) {
+        let v: serde_json::Value = serde_json::from_str(&l.emitted[0]).unwrap();
+        let n = v["nodes"].as_u64().unwrap();
+        assert_eq!(t["nodes"].as_u64(), Some(n.min(40000)), "{t} vs {v}");
+        assert_eq!(t["bytes"].as_u64(), Some(24 + 24 * n.min(40000)), "{t}");
+    }
 }
