@@ -186,6 +186,13 @@ impl FrontEnd {
                 // Entries this front end's node holds (tombstones included): what the memory
                 // limit bounds in the end, beyond its accounting.
                 w("psl_memtable_entries", &self.node().memtable().held());
+                // What crossing the fabric cost: repairs this node asked for and answered, and
+                // messages it lost on full queues (each made up for by a repair).
+                let m = self.node().metrics();
+                w("psl_repair_requests_sent", &psl_scl::Metrics::get(&m.repair_requests_sent));
+                w("psl_repair_records_sent", &psl_scl::Metrics::get(&m.repair_records_sent));
+                w("psl_inbound_dropped", &self.node().inbound_dropped());
+                w("psl_outbound_dropped", &self.node().fabric_stats().dropped_send_full);
                 line(out, "END");
             }
             b"settings" => {

@@ -185,6 +185,8 @@ pub fn stats_json(node: &Node) -> serde_json::Value {
         "syncs_applied": Metrics::get(&m.syncs_applied),
         "withholding_reports": Metrics::get(&m.withholding_reports),
         "repair_cache_bytes": Metrics::get(&m.repair_cache_bytes),
+        "inbound_dropped": node.inbound_dropped(),
+        "fabric_dropped_send_full": node.fabric_stats().dropped_send_full,
         "rejected": rejected,
     })
 }

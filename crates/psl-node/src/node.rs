@@ -117,6 +117,8 @@ pub struct Node {
     clock: Arc<LamportClock>,
     metrics: Arc<Metrics>,
     host_stats: Arc<HostStats>,
+    /// The node's fabric endpoint, for its counters (messages dropped on full queues).
+    fabric: Arc<dyn Fabric>,
     limits: Limits,
     actors: Vec<(Arc<ActorQueue>, Sender<ActorCtl>)>,
     api: Sender<CoreMsg>,
@@ -200,7 +202,7 @@ impl Node {
 
         // Boundary and host.
         let (core_ring, mut inbound, host_out, host_in) = crate::ring::split(opts.ring_items, opts.ring_backoff);
-        threads.extend(crate::host::spawn(fabric, host_out, host_in, stop.clone(), host_stats.clone())?);
+        threads.extend(crate::host::spawn(fabric.clone(), host_out, host_in, stop.clone(), host_stats.clone())?);
 
         // CapsuleDB's miss path (and, for the role, its request queue).
         let db = match opts.capsuledb {
@@ -333,6 +335,7 @@ impl Node {
             clock,
             metrics,
             host_stats,
+            fabric,
             limits,
             actors,
             api: api_tx,
@@ -821,6 +824,19 @@ impl Node {
         &self.metrics
     }
 
+    /// The fabric endpoint's counters: what it sent and received, and what it dropped because
+    /// a queue was full or the link was down.
+    pub fn fabric_stats(&self) -> psl_fabric::FabricStats {
+        self.fabric.stats()
+    }
+
+    /// Messages this node lost on the way in: dropped by its fabric endpoint (receive queue
+    /// full) or by its host thread (inbound ring full). Each is a record, ack or hint that a
+    /// repair or the next heads hint must make up for.
+    pub fn inbound_dropped(&self) -> u64 {
+        self.fabric.stats().dropped_full + self.host_stats.inbound_dropped.load(Ordering::Relaxed)
+    }
+
     pub fn host_stats(&self) -> &Arc<HostStats> {
         &self.host_stats
     }
@@ -847,6 +863,14 @@ impl Node {
             ("host_publish_errors_total", &self.host_stats.publish_errors),
         ] {
             s.push_str(&format!("# TYPE psl_node_{name} counter\npsl_node_{name} {}\n", v.load(Ordering::Relaxed)));
+        }
+        let f = self.fabric.stats();
+        for (name, v) in [
+            ("fabric_dropped_full_total", f.dropped_full),
+            ("fabric_dropped_send_full_total", f.dropped_send_full),
+            ("fabric_dropped_disconnected_total", f.dropped_disconnected),
+        ] {
+            s.push_str(&format!("# TYPE psl_node_{name} counter\npsl_node_{name} {v}\n"));
         }
         if let Some(db) = &self.db {
             let st = &db.stats;

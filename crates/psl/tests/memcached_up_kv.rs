@@ -122,6 +122,12 @@ fn front_ends_joining_psl_up_kv_by_its_dir_share_items_and_cas_arbitration() {
         assert_eq!(replies, vec!["EXISTS".to_string(), "STORED".to_string()], "round {round}");
     }
     assert!(c2.stat("forwarded") >= 16, "a joined front end forwards every conditional command");
+    // Every front end reports what crossing the fabric cost it (`psl bench cluster` reads
+    // these); this light load lost nothing on a full queue.
+    for c in [&mut c1, &mut c2] {
+        let _ = (c.stat("psl_repair_requests_sent"), c.stat("psl_repair_records_sent"));
+        assert_eq!((c.stat("psl_inbound_dropped"), c.stat("psl_outbound_dropped")), (0, 0));
+    }
 
     // The joined front end with CapsuleDB and a 1 MiB limit loses nothing by evicting.
     assert_eq!(write_many_then_read_back(&mut c1, "big", 2500), 0);

@@ -18,7 +18,13 @@
 //!   processes count as idle once their CPU time grows over 500 ms by at most 1.5 times that
 //!   rate plus 10 ms;
 //! - per role: peak resident memory (`VmHWM`) against the role's budget, and CPU seconds per
-//!   1,000 operations (the load and its drain).
+//!   1,000 operations (the load and its drain);
+//! - what crossing the fabric cost, as the front ends' nodes count it (`stats`): repair
+//!   requests sent and records sent in answer, and messages dropped on full queues (inbound:
+//!   the fabric endpoint's receive queue or the node's ring; outbound: the endpoint's send
+//!   queue), during the initial load and in steady state (the measured rounds):
+//!   `records_dropped_<fabric>` and `repair_requests_<fabric>` are the steady-state totals.
+//!   The coordinator, capsule servers and CapsuleDB are not counted here.
 //!
 //! Headline: `ratio_a` and `ratio_mix` (uniform keys, router tree), the deployment over
 //! memcached in the same run. Goals (issue 17): 0.7 and 0.8; `drain_ms` under 1,000; no role
@@ -163,6 +169,50 @@ pub(super) fn start_up_kv(
     Ok((guard, kv.front_ends.clone()))
 }
 
+/// The fabric counters every front end reports in `stats` (the counters of its node).
+const FRONT_END_COUNTERS: [&str; 4] =
+    ["psl_repair_requests_sent", "psl_repair_records_sent", "psl_inbound_dropped", "psl_outbound_dropped"];
+
+/// Each front end's [`FRONT_END_COUNTERS`], read with a memcached `stats` command.
+fn front_end_counters(targets: &[SocketAddr]) -> Result<Vec<BTreeMap<String, u64>>> {
+    use std::io::Write;
+    targets
+        .iter()
+        .map(|t| {
+            let mut s = std::net::TcpStream::connect_timeout(t, Duration::from_secs(5))
+                .with_context(|| format!("connecting to front end {t} for its stats"))?;
+            s.set_read_timeout(Some(Duration::from_secs(5)))?;
+            s.write_all(b"stats\r\n")?;
+            let mut got = BTreeMap::new();
+            for line in std::io::BufReader::new(s).lines() {
+                let line = line.with_context(|| format!("reading front end {t}'s stats"))?;
+                if line.trim_end() == "END" {
+                    return Ok(got);
+                }
+                let mut w = line.split_whitespace().skip(1);
+                if let (Some(k), Some(v)) = (w.next(), w.next()) {
+                    if FRONT_END_COUNTERS.contains(&k) {
+                        got.insert(k.to_string(), v.parse().unwrap_or(0));
+                    }
+                }
+            }
+            bail!("front end {t} closed its stats reply before END")
+        })
+        .collect()
+}
+
+/// What the front ends counted between two snapshots, summed: `{counter: delta}`.
+fn counters_delta(before: &[BTreeMap<String, u64>], after: &[BTreeMap<String, u64>]) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for (b, a) in before.iter().zip(after) {
+        for k in FRONT_END_COUNTERS {
+            let d = a.get(k).copied().unwrap_or(0).saturating_sub(b.get(k).copied().unwrap_or(0));
+            *out.entry(k.trim_start_matches("psl_").to_string()).or_default() += d;
+        }
+    }
+    out
+}
+
 fn spec(targets: &[SocketAddr], mix: Mix, d: Distribution, secs: f64) -> Spec {
     Spec {
         targets: targets.to_vec(),
@@ -218,6 +268,8 @@ pub fn run(secs: f64, cases: &[String], reps: usize, show_progress: bool) -> Res
             bail!("loading the deployment on {fabric}: {} errors: {:?}", l.errors, l.first_error);
         }
         let load_drain = drain_ms(&rs, idle);
+        let zero = vec![BTreeMap::new(); dep.targets.len()];
+        let after_load = front_end_counters(&dep.targets)?;
         pb.inc(1);
         let mut runs = Vec::new();
         let mut cpu_by_role: BTreeMap<String, f64> = BTreeMap::new();
@@ -270,10 +322,21 @@ pub fn run(secs: f64, cases: &[String], reps: usize, show_progress: bool) -> Res
             .collect();
         let rss_max = rs.iter().map(|r| hwm_mb(r.pid)).fold(0.0, f64::max);
         out.insert(format!("rss_mb_max_{fabric}"), json!(rss_max));
+        // Steady state: the measured rounds, after the initial load (reported apart).
+        let at_end = front_end_counters(&dep.targets)?;
+        let steady = counters_delta(&after_load, &at_end);
+        let dropped =
+            steady.get("inbound_dropped").copied().unwrap_or(0) + steady.get("outbound_dropped").copied().unwrap_or(0);
+        out.insert(format!("records_dropped_{fabric}"), json!(dropped));
+        out.insert(
+            format!("repair_requests_{fabric}"),
+            json!(steady.get("repair_requests_sent").copied().unwrap_or(0)),
+        );
         detail.insert(
             (*fabric).into(),
             json!({"roles": roles_json, "runs": runs, "load_ops_per_s": l.ops_per_s(), "load_drain_ms": load_drain,
-                   "idle_cpu_ms_per_s": idle}),
+                   "idle_cpu_ms_per_s": idle, "front_ends_steady": steady,
+                   "front_ends_during_load": counters_delta(&zero, &after_load)}),
         );
         drop(dep);
     }
