@@ -38,7 +38,7 @@ pub use coordinator::{CoordinatorConfig, CoordinatorSm};
 pub use inline_key::InlineKey;
 pub use memtable::{Entry, EvictKey, Lookup, Memtable, Version};
 pub use metrics::{Metrics, RejectReason};
-pub use node::{DurableStatus, DurableTicket, NodeConfig, NodeCore, Output, SyncTicket};
+pub use node::{DurableStatus, DurableTicket, NodeConfig, NodeCore, Output, SyncTicket, CACHE_BYTES_MAX_DEFAULT};
 pub use orderer::{Chained, Orderer, OrdererAction, OrdererConfig, TickWork};
 pub use wire::{Ack, AckEntry, Msg, WireError};
 

@@ -20,6 +20,9 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+/// A node's repair cache bound by default ([`NodeConfig::cache_bytes_max`]).
+pub const CACHE_BYTES_MAX_DEFAULT: usize = 128 << 20;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NodeConfig {
     pub orderer: OrdererConfig,
@@ -54,7 +57,7 @@ impl Default for NodeConfig {
         NodeConfig {
             orderer: OrdererConfig::default(),
             cache_records_max: 1 << 20,
-            cache_bytes_max: 128 << 20,
+            cache_bytes_max: CACHE_BYTES_MAX_DEFAULT,
             keep_values: true,
             repair_answers_per_tick: 4096,
             heads_interval_ms: 250,

@@ -291,7 +291,7 @@ fn run_role(a: CapsuleDbArgs, config: Config, writer: u32) -> Result<i32> {
         ..NodeOptions::default()
     };
     opts.core.servers = a.open.servers.len() as u32;
-    opts.core.cache_bytes_max = crate::roles::repair_cache_bytes(None, crate::roles::REPAIR_CACHE_MB_FOLLOWER);
+    opts.core.cache_bytes_max = crate::roles::mib_bytes(crate::roles::REPAIR_CACHE_MB_FOLLOWER);
     let keys = NodeKeys::derive(&meta, &app, &opts)?;
     let interest = psl_fabric::Interest::capsuledb(crate::roles::capsule_id(&meta), a.id);
     let ep = crate::roles::fabric(&spec, &format!("capsuledb-{}", a.id), &interest)?;

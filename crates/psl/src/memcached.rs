@@ -386,7 +386,7 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
                 flush_delay: Duration::from_micros(a.flush_us.unwrap_or(500)),
                 capsuledb: db,
                 core: psl_scl::NodeConfig {
-                    cache_bytes_max: crate::roles::repair_cache_bytes(Some(a.repair_cache_mb), 0),
+                    cache_bytes_max: crate::roles::mib_bytes(a.repair_cache_mb),
                     ..psl_scl::NodeConfig::default()
                 },
                 ..NodeOptions::default()

@@ -36,12 +36,12 @@ pub struct CommonArgs {
 
 /// Repair caches (`--repair-cache-mb`): a node's, and that of a role that only follows the
 /// capsule (a coordinator, CapsuleDB), whose records every node and capsule server also holds.
-pub(crate) const REPAIR_CACHE_MB_NODE: u64 = 128;
+pub(crate) const REPAIR_CACHE_MB_NODE: u64 = (psl_scl::CACHE_BYTES_MAX_DEFAULT >> 20) as u64;
 pub(crate) const REPAIR_CACHE_MB_FOLLOWER: u64 = 16;
 
-/// `--repair-cache-mb` in bytes.
-pub(crate) fn repair_cache_bytes(mb: Option<u64>, default_mb: u64) -> usize {
-    (mb.unwrap_or(default_mb).max(1) as usize).saturating_mul(1 << 20)
+/// A `--repair-cache-mb` in bytes (at least 1 MiB).
+pub(crate) fn mib_bytes(mb: u64) -> usize {
+    (mb.max(1) as usize).saturating_mul(1 << 20)
 }
 
 #[derive(Args, Debug)]
@@ -226,7 +226,7 @@ pub fn run_node(a: NodeArgs) -> Result<i32> {
         flush_delay: Duration::from_micros(a.flush_us),
         core: psl_scl::NodeConfig {
             servers: a.servers,
-            cache_bytes_max: repair_cache_bytes(a.common.repair_cache_mb, REPAIR_CACHE_MB_NODE),
+            cache_bytes_max: mib_bytes(a.common.repair_cache_mb.unwrap_or(REPAIR_CACHE_MB_NODE)),
             ..psl_scl::NodeConfig::default()
         },
         capsuledb: a.capsuledb,
@@ -275,7 +275,7 @@ pub fn run_coordinator(a: CoordinatorArgs) -> Result<i32> {
     let core = psl_scl::NodeConfig {
         rejoin_ms: (3 * a.common.epoch_ms).max(300),
         keep_values: false,
-        cache_bytes_max: repair_cache_bytes(a.common.repair_cache_mb, REPAIR_CACHE_MB_FOLLOWER),
+        cache_bytes_max: mib_bytes(a.common.repair_cache_mb.unwrap_or(REPAIR_CACHE_MB_FOLLOWER)),
         ..psl_scl::NodeConfig::default()
     };
     let opts = NodeOptions {
