@@ -55,8 +55,13 @@ struct Role {
     name: String,
 }
 
-/// The deployment's processes: every descendant of `psl up`, named by their command line.
+/// The deployment's processes: every descendant of `psl up`, named by their command line (a
+/// `psl` role by its subcommand, whatever the binary is called: `psl up` runs its own binary).
 fn roles(root: u32) -> Vec<Role> {
+    let me = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "psl".into());
     let mut out = Vec::new();
     let mut todo = vec![root];
     while let Some(p) = todo.pop() {
@@ -67,7 +72,7 @@ fn roles(root: u32) -> Vec<Role> {
             let args: Vec<String> =
                 cmd.split(|b| *b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into()).collect();
             let exe = args.first().map(|a| a.rsplit('/').next().unwrap_or(a).to_string()).unwrap_or_default();
-            let role = if exe == "psl" { args.get(1).cloned().unwrap_or_default() } else { exe };
+            let role = if exe == "psl" || exe == me { args.get(1).cloned().unwrap_or_default() } else { exe };
             let id = ["--id", "--rank"]
                 .iter()
                 .find_map(|f| args.iter().position(|a| a == f).and_then(|i| args.get(i + 1)))
