@@ -131,7 +131,7 @@ pub fn plan(mode: Mode, only: &[String]) -> Vec<Case> {
     // YCSB: one case per system, every workload.
     let (records, ysecs, dists) = match mode {
         Tiny => ("2000", "0.5", "zipfian"),
-        Quick => ("20000", "1.5", "zipfian"),
+        Quick => ("20000", "1", "zipfian"),
         Full => ("100000", "8", "zipfian,uniform"),
     };
     let systems: &[&'static str] = if mode == Tiny { &["psl"] } else { &["psl", "psl-up", "memcached", "redis"] };
@@ -188,8 +188,23 @@ pub fn plan(mode: Mode, only: &[String]) -> Vec<Case> {
         v.push(case("capsule", "capsule", "capsule", &["--seconds", f(mode, "", "0.2", "1")], f(mode, 0.0, 4.0, 12.0)));
     }
     // The process deployment and the fabric.
-    v.push(case("cluster", "cluster", "cluster", &["--seconds", f(mode, "0.2", "1", "4")], f(mode, 1.0, 60.0, 240.0)));
-    v.push(case("fabric", "fabric", "fabric", &["--seconds", f(mode, "0.2", "1", "2")], f(mode, 1.0, 30.0, 90.0)));
+    // Quick: the router tree only, one round of each system per case (the full run: both
+    // fabrics, three rounds).
+    v.push(case(
+        "cluster",
+        "cluster",
+        "cluster",
+        &[
+            "--seconds",
+            f(mode, "0.2", "0.6", "4"),
+            "--reps",
+            f(mode, "1", "1", "3"),
+            "--cases",
+            f(mode, "router", "router", "router,nats"),
+        ],
+        f(mode, 1.0, 35.0, 240.0),
+    ));
+    v.push(case("fabric", "fabric", "fabric", &["--seconds", f(mode, "0.2", "0.5", "2")], f(mode, 1.0, 20.0, 90.0)));
     if !only.is_empty() {
         v.retain(|c| only.iter().any(|o| o == c.section));
     }
