@@ -54,12 +54,16 @@ fn setup() -> Setup {
 }
 
 fn coordinator(s: &Setup, name: &str, state: Option<&Path>, cut: Arc<AtomicBool>) -> Node {
+    coordinator_with(s, name, state, cut, NodeConfig { rejoin_ms: 300, ..NodeConfig::default() })
+}
+
+fn coordinator_with(s: &Setup, name: &str, state: Option<&Path>, cut: Arc<AtomicBool>, core: NodeConfig) -> Node {
     let opts = NodeOptions {
         node_id: 0x7000,
         writers: 0,
         coordinator: Some(CoordinatorConfig { epoch_ms: 20, eoe_timeout_ms: 200, ..CoordinatorConfig::default() }),
         coordinator_state: state.map(Path::to_path_buf),
-        core: NodeConfig { rejoin_ms: 300, ..NodeConfig::default() },
+        core,
         ..NodeOptions::default()
     };
     let keys = NodeKeys::derive(&s.meta, &s.app, &opts).unwrap();
@@ -118,4 +122,47 @@ fn without_one_it_re_signs_and_the_node_sees_the_equivocation() {
     // node's detector catches it (so the test above can fail).
     let (equivocations, _) = restart_once(None);
     assert!(equivocations > 0, "expected the node to detect the re-signed slots");
+}
+
+#[test]
+fn a_restart_whose_repair_cache_lost_the_chain_head_still_continues_the_chain() {
+    // The coordinator restarts without a state directory but with its peer up: it learns its
+    // chain from the node within its rejoin period. Its repair cache holds one record, and the
+    // node writes all along, so by the end of the rejoin the cache holds a data record, not
+    // the chain's head. It must still resume after that head (before the fix it needed the head
+    // in the cache, wrote on from seq 0, and the node saw the equivocation).
+    let s = setup();
+    let n = Arc::new(node(&s));
+    let tiny = NodeConfig { rejoin_ms: 300, cache_bytes_max: 1, ..NodeConfig::default() };
+    let c = coordinator_with(&s, "coord-a", None, Arc::new(AtomicBool::new(false)), tiny);
+    for i in 0..50u32 {
+        n.put(format!("k{i}").as_bytes(), b"before").unwrap();
+    }
+    n.sync(Duration::from_secs(20)).expect("sync through the first coordinator");
+    std::thread::sleep(Duration::from_millis(200));
+    c.shutdown();
+    let writing = Arc::new(AtomicBool::new(true));
+    let writer = {
+        let (n, writing) = (n.clone(), writing.clone());
+        std::thread::spawn(move || {
+            let mut i = 0u64;
+            while writing.load(Ordering::Acquire) {
+                n.put(format!("w{}", i % 64).as_bytes(), b"during").unwrap();
+                i += 1;
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    let c = coordinator_with(&s, "coord-b", None, Arc::new(AtomicBool::new(false)), tiny);
+    std::thread::sleep(Duration::from_millis(700));
+    writing.store(false, Ordering::Release);
+    writer.join().unwrap();
+    for i in 0..50u32 {
+        n.put(format!("k{i}").as_bytes(), b"after").unwrap();
+    }
+    let synced = n.sync(Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(n.metrics().rejected(RejectReason::Equivocation), 0, "the restarted coordinator re-signed its seqs");
+    synced.expect("the node's sync after the restart");
+    c.shutdown();
 }

@@ -194,6 +194,10 @@ pub struct NodeCore {
     local: BTreeSet<u32>,
     /// This node's coordinator writer, if it is a coordinator.
     coordinator_writer: Option<u32>,
+    /// The newest record of the coordinator writer's chain this node applied or wrote: what
+    /// a rejoin resumes from. Kept apart from the repair cache, which may have evicted it by
+    /// the end of the rejoin (a bounded cache and a stream of data records).
+    own_head: Option<psl_capsule::Head>,
     cache: Cache,
     /// Outstanding repair answers: (writer, next seq to send, last seq).
     answering: VecDeque<(u32, u64, u64)>,
@@ -249,6 +253,7 @@ impl NodeCore {
             coordinator,
             local: local_writers.into_iter().collect(),
             coordinator_writer,
+            own_head: None,
             cache: Cache::new(cfg.cache_records_max, cfg.cache_bytes_max),
             answering: VecDeque::new(),
             syncs: BTreeMap::new(),
@@ -357,6 +362,7 @@ impl NodeCore {
         self.check_own_key(&rec);
         let mut out = Vec::new();
         self.orderer.advance_own(&rec, now);
+        self.note_own_head(&rec);
         self.cache.insert(&rec);
         self.metrics.repair_cache_bytes.store(self.cache.bytes as u64, Ordering::Relaxed);
         Metrics::add(&self.metrics.records_written, 1);
@@ -628,6 +634,20 @@ impl NodeCore {
         false
     }
 
+    /// Notes `rec` as the newest of the coordinator's own chain, if it is of that chain.
+    fn note_own_head(&mut self, rec: &Record) {
+        let h = rec.header();
+        if Some(h.writer) == self.coordinator_writer && self.own_head.is_none_or(|o| h.seq > o.seq) {
+            self.own_head = Some(psl_capsule::Head {
+                writer: h.writer,
+                seq: h.seq,
+                hash: rec.hash(),
+                lamport: h.lamport,
+                epoch: h.epoch,
+            });
+        }
+    }
+
     /// Time passes: repair requests, repair answers, the coordinator's epoch clock.
     pub fn on_tick(&mut self, now: u64) -> Vec<Output> {
         let mut out = Vec::new();
@@ -637,16 +657,18 @@ impl NodeCore {
                 self.rejoined = true;
                 if let Some(w) = self.coordinator_writer {
                     if let Some(l) = self.orderer.heads().get(&w) {
-                        if let Some(r) = self.cache.by_slot.get(&(w, l.seq)) {
-                            let h = r.header();
-                            tracing::info!(writer = w, seq = l.seq, "rejoined: continuing the coordinator's chain");
-                            out.push(Output::Resume(psl_capsule::Head {
-                                writer: w,
-                                seq: l.seq,
-                                hash: l.hash,
-                                lamport: h.lamport,
-                                epoch: h.epoch,
-                            }));
+                        match self.own_head.filter(|h| h.seq == l.seq && h.hash == l.hash) {
+                            Some(head) => {
+                                tracing::info!(writer = w, seq = l.seq, "rejoined: continuing the coordinator's chain");
+                                out.push(Output::Resume(head));
+                            }
+                            // Cannot happen: every record the orderer advanced over was applied
+                            // or written here, and noted. Writing on would re-sign its seqs.
+                            None => tracing::error!(
+                                writer = w,
+                                seq = l.seq,
+                                "rejoined without the head of the coordinator's own chain"
+                            ),
                         }
                     }
                 }
@@ -796,6 +818,7 @@ impl NodeCore {
             self.cache.insert(&r.record);
             self.metrics.repair_cache_bytes.store(self.cache.bytes as u64, Ordering::Relaxed);
         }
+        self.note_own_head(&r.record);
         self.clock.observe(h.lamport);
         Metrics::add(&self.metrics.records_applied, 1);
         if let Body::Data(ops) = &r.body {
