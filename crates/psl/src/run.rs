@@ -67,7 +67,7 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(0..=255))]
     pub servers: u32,
     /// Embedded deployment: where the capsule servers keep the job's stores
-    /// (DIR/<capsule>/server-<id>, checked by `psl capsule-server check`). Default: a temporary
+    /// (`DIR/<capsule>/server-<id>`, checked by `psl capsule-server check`). Default: a temporary
     /// directory removed when the run ends.
     #[arg(long)]
     pub store_dir: Option<PathBuf>,
