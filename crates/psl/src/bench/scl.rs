@@ -29,6 +29,16 @@ use std::time::{Duration, Instant};
 const KEYS: u64 = 100_000;
 const VALUE_BYTES: usize = 100;
 
+/// Each writer's op queue: 128 records' worth at the case's batch size (at least 1,024 ops),
+/// so the backlog a load leaves behind is the same in records, batched or not, and a full
+/// queue holds the load threads back (as it would hold back clients). The default 65,536 ops
+/// are 128 records batched but 65,536 records unbatched: a quarter-second load of eight
+/// unbatched writers then queued half a million records whose sealing and verification
+/// outlasted the 120 s drain bound on a loaded machine (`psl report --quick`'s scl case).
+fn queue_ops_max(batch_ops_max: usize) -> usize {
+    batch_ops_max.saturating_mul(128).max(1024)
+}
+
 struct Case {
     writers: usize,
     batch_ops_max: usize,
@@ -125,6 +135,7 @@ fn put_case_with(c: &Case, secs: f64, keys: &Arc<Vec<Vec<u8>>>, make: MakeEndpoi
             writers: 1,
             verifiers: 1,
             batch_ops_max: c.batch_ops_max,
+            queue_ops_max: queue_ops_max(c.batch_ops_max),
             ..NodeOptions::default().shared_cores()
         };
         let e = make(&format!("w{id}"), &Interest::node(capsule, id, false))?;
