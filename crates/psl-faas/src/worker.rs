@@ -167,13 +167,15 @@ impl Worker {
         let outcomes: Vec<LambdaOutcome> = handles.into_iter().map(|h| h.join()).collect();
         // Seal and publish every write, covered by a SYNC, before reporting.
         let final_sync = node.sync(self.sync_timeout).map_err(|e| e.to_string());
-        let error = match servers {
-            0 => Some("the job has no capsule servers".to_string()),
-            _ => node.sync_durable(self.limits.durable_timeout).err().map(|e| e.to_string()),
+        let error = if servers == 0 {
+            Some("the job has no capsule servers".to_string())
+        } else {
+            let e = node.sync_durable(self.limits.durable_timeout).err().map(|e| e.to_string());
+            if let Some(e) = &e {
+                tracing::warn!("worker {}: the job's writes did not end durable: {e}", self.id);
+            }
+            e
         };
-        if let Some(e) = error.as_ref().filter(|_| servers > 0) {
-            tracing::warn!("worker {}: the job's writes did not end durable: {e}", self.id);
-        }
         let durable = DurableEnd { servers, error };
         Ok(WorkerRun { worker: self.id, keys_ready, lambdas_started, outcomes, final_sync, durable })
     }

@@ -206,13 +206,17 @@ pub fn run(a: RunArgs) -> Result<i32> {
         for (id, n) in &r.stored_records {
             println!("capsule server {id}: {n} records stored");
         }
-        match r.durability.iter().find(|(_, d)| d.servers > 0) {
-            _ if r.durable => println!("durable: every write acked by a majority of the job's capsule servers"),
-            None => println!("not durable: the job had no capsule servers"),
-            Some(_) => {
-                for (w, d) in r.durability.iter().filter(|(_, d)| !d.is_durable()) {
-                    println!("NOT durable: worker {w}: {}", d.error.as_deref().unwrap_or("did not report"));
-                }
+        if r.durable {
+            println!("durable: every write acked by a majority of the job's capsule servers");
+        } else if !r.durability.is_empty() && r.durability.iter().all(|(_, d)| d.servers == 0) {
+            println!("not durable: the job had no capsule servers");
+        } else {
+            println!("NOT durable:");
+            for (w, d) in r.durability.iter().filter(|(_, d)| !d.is_durable()) {
+                println!("  worker {w}: {}", d.error.as_deref().unwrap_or("no error reported"));
+            }
+            if r.durability.iter().all(|(_, d)| d.is_durable()) {
+                println!("  not every granted worker reported its writes");
             }
         }
         for k in &r.key_rotations {

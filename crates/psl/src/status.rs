@@ -82,25 +82,37 @@ fn http_json(addr: SocketAddr, t: Duration, path: &str) -> Result<Value> {
     Ok(serde_json::from_str(json)?)
 }
 
-fn memcached_stats(addr: SocketAddr, t: Duration) -> Result<Value> {
+/// The `STAT` lines named in `names` of a memcached `stats` reply (at most 1 MiB read), and
+/// whether the reply ended with `END` (a server that closes early leaves it false).
+pub(crate) fn memcached_stats_named(
+    addr: SocketAddr,
+    t: Duration,
+    names: &[&str],
+) -> Result<(std::collections::BTreeMap<String, String>, bool)> {
     let mut s = connect(addr, t)?;
     s.write_all(b"stats\r\n")?;
-    let mut m = serde_json::Map::new();
+    let mut m = std::collections::BTreeMap::new();
     for line in BufReader::new(s.take(1 << 20)).lines() {
         let line = line?;
-        if line == "END" {
-            break;
+        if line.trim_end() == "END" {
+            return Ok((m, true));
         }
         let mut w = line.split_whitespace();
         if let (Some("STAT"), Some(k), Some(v)) = (w.next(), w.next(), w.next()) {
-            if ["curr_items", "cmd_get", "cmd_set", "get_hits", "get_misses", "curr_connections", "evictions"]
-                .contains(&k)
-            {
-                m.insert(k.into(), v.parse::<u64>().map(Value::from).unwrap_or_else(|_| v.into()));
+            if names.contains(&k) {
+                m.insert(k.to_string(), v.to_string());
             }
         }
     }
-    Ok(Value::Object(m))
+    Ok((m, false))
+}
+
+fn memcached_stats(addr: SocketAddr, t: Duration) -> Result<Value> {
+    let names = ["curr_items", "cmd_get", "cmd_set", "get_hits", "get_misses", "curr_connections", "evictions"];
+    let (stats, _) = memcached_stats_named(addr, t, &names)?;
+    Ok(Value::Object(
+        stats.into_iter().map(|(k, v)| (k, v.parse::<u64>().map(Value::from).unwrap_or_else(|_| v.into()))).collect(),
+    ))
 }
 
 fn probe(p: &Probe, t: Duration) -> Result<Value> {

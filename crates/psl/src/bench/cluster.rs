@@ -180,28 +180,16 @@ const FRONT_END_COUNTERS: [&str; 4] =
 
 /// Each front end's [`FRONT_END_COUNTERS`], read with a memcached `stats` command.
 fn front_end_counters(targets: &[SocketAddr]) -> Result<Vec<BTreeMap<String, u64>>> {
-    use std::io::Write;
     targets
         .iter()
         .map(|t| {
-            let mut s = std::net::TcpStream::connect_timeout(t, Duration::from_secs(5))
-                .with_context(|| format!("connecting to front end {t} for its stats"))?;
-            s.set_read_timeout(Some(Duration::from_secs(5)))?;
-            s.write_all(b"stats\r\n")?;
-            let mut got = BTreeMap::new();
-            for line in std::io::BufReader::new(s).lines() {
-                let line = line.with_context(|| format!("reading front end {t}'s stats"))?;
-                if line.trim_end() == "END" {
-                    return Ok(got);
-                }
-                let mut w = line.split_whitespace().skip(1);
-                if let (Some(k), Some(v)) = (w.next(), w.next()) {
-                    if FRONT_END_COUNTERS.contains(&k) {
-                        got.insert(k.to_string(), v.parse().unwrap_or(0));
-                    }
-                }
+            let (stats, complete) =
+                crate::status::memcached_stats_named(*t, Duration::from_secs(5), &FRONT_END_COUNTERS)
+                    .with_context(|| format!("reading front end {t}'s stats"))?;
+            if !complete {
+                bail!("front end {t} closed its stats reply before END");
             }
-            bail!("front end {t} closed its stats reply before END")
+            Ok(stats.into_iter().map(|(k, v)| (k, v.parse().unwrap_or(0))).collect())
         })
         .collect()
 }
