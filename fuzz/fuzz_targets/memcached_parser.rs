@@ -3,10 +3,14 @@
 //! same stream whose tail arrives later (Incomplete never hides a decision).
 //! Input: 1 byte of line limit (×64, at least 64), 1 byte of item limit (×16), then the stream.
 //! The same bytes also feed the decoders of forwarded commands between front ends
-//! (`psl_memcached::peer`): they never panic, and what they accept re-encodes to itself.
+//! (`psl_memcached::peer`), and of home failover's control requests and replies: they never
+//! panic, and what they accept re-encodes to itself.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use psl_memcached::peer::{decode_outcome, decode_request, encode_outcome, encode_request};
+use psl_memcached::peer::{
+    decode_ctl, decode_ctl_reply, decode_outcome, decode_request, decode_routed, encode_ctl, encode_ctl_reply,
+    encode_outcome, encode_request, encode_routed,
+};
 use psl_memcached::proto::{parse, valid_key, Command, Limits, Parsed};
 
 fn run(stream: &[u8], limits: &Limits) -> Vec<String> {
@@ -78,6 +82,22 @@ fn peer_codecs(data: &[u8]) {
         let mut again = Vec::new();
         encode_outcome(&o, &mut again);
         assert_eq!(decode_outcome(&again).as_ref(), Ok(&o));
+    }
+    if let Ok(r) = decode_routed(data) {
+        let mut again = Vec::new();
+        encode_routed(&r, &mut again);
+        assert_eq!(decode_routed(&again).as_ref(), Ok(&r));
+    }
+    // Home failover's control requests and replies: exact re-encoding.
+    if let Ok(c) = decode_ctl(data) {
+        let mut again = Vec::new();
+        encode_ctl(&c, &mut again);
+        assert_eq!(again, data);
+    }
+    if let Ok(r) = decode_ctl_reply(data) {
+        let mut again = Vec::new();
+        encode_ctl_reply(&r, &mut again);
+        assert_eq!(again, data);
     }
 }
 

@@ -193,6 +193,20 @@ impl FrontEnd {
                 w("psl_repair_records_sent", &psl_scl::Metrics::get(&m.repair_records_sent));
                 w("psl_inbound_dropped", &self.node().inbound_dropped());
                 w("psl_outbound_dropped", &self.node().fabric_stats().dropped_send_full);
+                // Home failover (a group of three or more processes): slots served here now,
+                // hand-overs, and commands bounced or failed on the way to a home.
+                if let Some(f) = self.failover() {
+                    let g = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+                    w("psl_home_members", &f.members());
+                    w("psl_home_slots_served", &f.serving());
+                    w("psl_home_takeovers", &g(&f.stats.takeovers));
+                    w("psl_home_takeovers_failed", &g(&f.stats.takeovers_failed));
+                    w("psl_home_rewrites", &g(&f.stats.rewrites));
+                    w("psl_home_redirects", &g(&f.stats.redirects));
+                    w("psl_home_replicate_failures", &g(&f.stats.replicate_failures));
+                    w("psl_home_lease_lost", &g(&f.stats.lease_lost));
+                    w("psl_home_prunes", &g(&f.stats.prunes));
+                }
                 line(out, "END");
             }
             b"settings" => {

@@ -2,7 +2,7 @@
 //! of each *slot* (the keys with `hash(key) mod n = s`) at each moment, decided by a majority
 //! of the group, and what a new home must learn before it decides anything. Free of I/O and
 //! of threads: requests and replies in, actions out, every time passed in as milliseconds of
-//! the caller's monotonic clock. No runtime drives it yet (front ends do not fail over);
+//! the caller's monotonic clock. [`crate::failover`] drives it between front-end processes;
 //! `tests/home_sim.rs` drives n members of this machine from a seed through message loss,
 //! duplication, reordering, clock drift, pauses and crashes, and checks the invariants below
 //! at every step.
@@ -793,6 +793,13 @@ impl Member {
     pub fn note_hint(&mut self, slot: usize, hint: Option<usize>) {
         if let Some(h) = hint.filter(|h| *h < self.cfg.n && *h != self.cfg.me) {
             self.slots[slot].hint = Some(h);
+        }
+    }
+
+    /// Forgets a hint that named `m` (it could not be reached, or said it is not home).
+    pub fn forget_hint(&mut self, slot: usize, m: usize) {
+        if self.slots[slot].hint == Some(m) {
+            self.slots[slot].hint = None;
         }
     }
 

@@ -25,7 +25,10 @@
 //!   sealed frames over TCP, their codec (fuzzed with the parser), bounded timeouts.
 //! - [`home`]: home failover as an I/O-free state machine (leases per slot granted by a
 //!   majority, Lamport fences, hand-over of acknowledged writes), tested in a seeded
-//!   simulation; not yet driven by the front ends.
+//!   simulation.
+//! - [`failover`]: its runtime in a group of front-end processes (three or more): a driver
+//!   thread, hand-overs and prunes, control messages on the peer channel, and the routing of
+//!   conditional commands to each slot's current home.
 //! - [`deploy`]: in-process deployments (the embedded default, test and bench groups; the
 //!   caller may add a CapsuleDB role on their hub).
 //!
@@ -50,8 +53,10 @@
 //! has not applied yet fails with `EXISTS` (safe; the client retries after the replication
 //! delay, one `sync` at most). Plain `get`, `set` and `delete` are never forwarded: a `set` on
 //! another front end racing a `cas` is ordered by record version, as if it came before or after.
-//! A home that cannot be reached within the peer timeout makes the command fail with
-//! `SERVER_ERROR` (never a hang, never a local decision). See `docs/protocol/memcached.md`.
+//! With static homes, a home that cannot be reached within the peer timeout makes the command
+//! fail with `SERVER_ERROR` (never a hang, never a local decision). A group of three
+//! processes or more fails homes over instead ([`failover`]): another member takes a dead
+//! home's keys over after a safe hand-over. See `docs/protocol/memcached.md` §6.
 //!
 //! **Expiry**: relative seconds up to 30 days, absolute Unix time above, negative = expired
 //! at once; stored as an absolute time in the item, checked on every read.
@@ -75,6 +80,7 @@
 pub mod deploy;
 mod evloop;
 pub mod exec;
+pub mod failover;
 pub mod home;
 pub mod item;
 mod lru;

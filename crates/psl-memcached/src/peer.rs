@@ -31,10 +31,12 @@
 //! the command fail with `SERVER_ERROR` (never a hang, never a local guess, which could break
 //! CAS atomicity). The decoders are fuzzed by `fuzz/fuzz_targets/memcached_parser.rs`.
 
+use crate::home::{Ctl, CtlReply, Held, Refusal, MEMBERS_MAX};
 use crate::proto::StoreMode;
 use crate::store::{FrontEnd, Outcome, Rmw};
 use parking_lot::Mutex;
 use psl_crypto::{sha256, DataKey};
+use psl_scl::Version;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -335,6 +337,246 @@ pub fn decode_outcome(b: &[u8]) -> Result<Outcome, PeerError> {
     Ok(o)
 }
 
+/// A forwarded command's answer: run, or refused by a member that is not the key's home now
+/// (home failover), naming the member it believes is (`None`: it does not know).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Routed {
+    Done(Outcome),
+    NotHome(Option<u16>),
+}
+
+/// Appends the answer `r` to a forwarded command to `out` (reply tag 12: not home).
+pub fn encode_routed(r: &Routed, out: &mut Vec<u8>) {
+    match r {
+        Routed::Done(o) => encode_outcome(o, out),
+        Routed::NotHome(h) => {
+            out.push(12);
+            put_opt_u16(out, *h);
+        }
+    }
+}
+
+pub fn decode_routed(b: &[u8]) -> Result<Routed, PeerError> {
+    if b.first() == Some(&12) {
+        let mut r = Rd { b, pos: 1 };
+        let h = r.opt_u16()?;
+        r.end()?;
+        return Ok(Routed::NotHome(h));
+    }
+    decode_outcome(b).map(Routed::Done)
+}
+
+fn put_opt_u16(o: &mut Vec<u8>, v: Option<u16>) {
+    match v {
+        Some(v) => {
+            o.push(1);
+            o.extend_from_slice(&v.to_le_bytes());
+        }
+        None => o.push(0),
+    }
+}
+
+fn put_held(o: &mut Vec<u8>, h: &Held) {
+    o.push(h.key.len().min(255) as u8);
+    o.extend_from_slice(&h.key[..h.key.len().min(255)]);
+    o.extend_from_slice(&h.version.lamport.to_le_bytes());
+    o.extend_from_slice(&h.version.writer.to_le_bytes());
+    match &h.value {
+        Some(v) => {
+            o.push(1);
+            put_bytes(o, v);
+        }
+        None => o.push(0),
+    }
+}
+
+fn put_entries(o: &mut Vec<u8>, es: &[Held]) {
+    o.extend_from_slice(&(es.len() as u32).to_le_bytes());
+    for h in es {
+        put_held(o, h);
+    }
+}
+
+/// Appends a home-failover request to `o`: a `0` byte (no key is empty, so it never starts a
+/// forwarded command), then the request. Layout (integers little-endian):
+///
+/// ```text
+/// 1 Acquire    slot u16 ballot u64 lease_ms u32 ceiling u64 renew u8
+/// 2 Replicate  slot u16 ballot u64 count u32 (key_len u8 key lamport u64 writer u32 value?)*
+/// 3 Prune      slot u16 ballot u64 upto u64 count u16 instance u64*
+/// 4 Release    slot u16 ballot u64
+/// 5 Entries    slot u16 ballot u64 after? (key_len u8 key)
+/// (value? = 0, or 1 then len u32 and the bytes)
+/// ```
+pub fn encode_ctl(c: &Ctl, o: &mut Vec<u8>) {
+    o.push(0);
+    let head = |o: &mut Vec<u8>, tag: u8, slot: u16, ballot: u64| {
+        o.push(tag);
+        o.extend_from_slice(&slot.to_le_bytes());
+        o.extend_from_slice(&ballot.to_le_bytes());
+    };
+    match c {
+        Ctl::Acquire { slot, ballot, lease_ms, ceiling, renew } => {
+            head(o, 1, *slot, *ballot);
+            o.extend_from_slice(&lease_ms.to_le_bytes());
+            o.extend_from_slice(&ceiling.to_le_bytes());
+            o.push(u8::from(*renew));
+        }
+        Ctl::Replicate { slot, ballot, entries } => {
+            head(o, 2, *slot, *ballot);
+            put_entries(o, entries);
+        }
+        Ctl::Prune { slot, ballot, upto, instances } => {
+            head(o, 3, *slot, *ballot);
+            o.extend_from_slice(&upto.to_le_bytes());
+            let n = instances.len().min(MEMBERS_MAX);
+            o.extend_from_slice(&(n as u16).to_le_bytes());
+            for i in &instances[..n] {
+                o.extend_from_slice(&i.to_le_bytes());
+            }
+        }
+        Ctl::Release { slot, ballot } => head(o, 4, *slot, *ballot),
+        Ctl::Entries { slot, ballot, after } => {
+            head(o, 5, *slot, *ballot);
+            match after {
+                Some(k) => {
+                    o.push(1);
+                    o.push(k.len().min(255) as u8);
+                    o.extend_from_slice(&k[..k.len().min(255)]);
+                }
+                None => o.push(0),
+            }
+        }
+    }
+}
+
+impl Rd<'_> {
+    fn u16(&mut self) -> Result<u16, PeerError> {
+        let mut a = [0u8; 2];
+        a.copy_from_slice(self.take(2)?);
+        Ok(u16::from_le_bytes(a))
+    }
+    fn opt_u16(&mut self) -> Result<Option<u16>, PeerError> {
+        Ok(if self.flag()? { Some(self.u16()?) } else { None })
+    }
+    fn key(&mut self) -> Result<Vec<u8>, PeerError> {
+        let n = self.u8()? as usize;
+        let k = self.take(n)?;
+        if !crate::proto::valid_key(k, &crate::proto::Limits::default()) {
+            return Err(PeerError::Bad { what: "key length or byte", value: n as u64 });
+        }
+        Ok(k.to_vec())
+    }
+    fn entries(&mut self) -> Result<Vec<Held>, PeerError> {
+        let n = self.u32()? as usize;
+        // Each entry takes at least 14 bytes: a count beyond what the frame holds is a lie.
+        if n > (self.b.len() - self.pos) / 14 {
+            return Err(PeerError::Bad { what: "entry count", value: n as u64 });
+        }
+        let mut es = Vec::with_capacity(n);
+        for _ in 0..n {
+            let key = self.key()?;
+            let version = Version { lamport: self.u64()?, writer: self.u32()? };
+            let value = if self.flag()? { Some(Arc::<[u8]>::from(self.bytes()?)) } else { None };
+            es.push(Held { key, version, value });
+        }
+        Ok(es)
+    }
+}
+
+/// Decodes what [`encode_ctl`] wrote.
+pub fn decode_ctl(b: &[u8]) -> Result<Ctl, PeerError> {
+    let mut r = Rd { b, pos: 0 };
+    if r.u8()? != 0 {
+        return Err(PeerError::Bad { what: "control marker", value: b[0].into() });
+    }
+    let tag = r.u8()?;
+    let (slot, ballot) = (r.u16()?, r.u64()?);
+    let c = match tag {
+        1 => Ctl::Acquire { slot, ballot, lease_ms: r.u32()?, ceiling: r.u64()?, renew: r.flag()? },
+        2 => Ctl::Replicate { slot, ballot, entries: r.entries()? },
+        3 => {
+            let upto = r.u64()?;
+            let n = r.u16()? as usize;
+            if n > MEMBERS_MAX {
+                return Err(PeerError::Bad { what: "instance count", value: n as u64 });
+            }
+            let instances = (0..n).map(|_| r.u64()).collect::<Result<_, _>>()?;
+            Ctl::Prune { slot, ballot, upto, instances }
+        }
+        4 => Ctl::Release { slot, ballot },
+        5 => Ctl::Entries { slot, ballot, after: if r.flag()? { Some(r.key()?) } else { None } },
+        v => return Err(PeerError::Bad { what: "control request", value: v.into() }),
+    };
+    r.end()?;
+    Ok(c)
+}
+
+/// Appends an acceptor's answer to `o`:
+///
+/// ```text
+/// 1 Granted  ceiling u64 complete u8 instance u64
+/// 2 Refused  why u8 (0 starting 1 held 2 stale 3 full 4 invalid) holder? u16 promised u64 instance u64
+/// 3 Ack      instance u64
+/// 4 Page     count u32 entries (as Replicate) more u8 instance u64
+/// ```
+pub fn encode_ctl_reply(r: &CtlReply, o: &mut Vec<u8>) {
+    match r {
+        CtlReply::Granted { ceiling, complete, instance } => {
+            o.push(1);
+            o.extend_from_slice(&ceiling.to_le_bytes());
+            o.push(u8::from(*complete));
+            o.extend_from_slice(&instance.to_le_bytes());
+        }
+        CtlReply::Refused { why, holder, promised, instance } => {
+            o.push(2);
+            o.push(match why {
+                Refusal::Starting => 0,
+                Refusal::Held => 1,
+                Refusal::Stale => 2,
+                Refusal::Full => 3,
+                Refusal::Invalid => 4,
+            });
+            put_opt_u16(o, *holder);
+            o.extend_from_slice(&promised.to_le_bytes());
+            o.extend_from_slice(&instance.to_le_bytes());
+        }
+        CtlReply::Ack { instance } => {
+            o.push(3);
+            o.extend_from_slice(&instance.to_le_bytes());
+        }
+        CtlReply::Page { entries, more, instance } => {
+            o.push(4);
+            put_entries(o, entries);
+            o.push(u8::from(*more));
+            o.extend_from_slice(&instance.to_le_bytes());
+        }
+    }
+}
+
+pub fn decode_ctl_reply(b: &[u8]) -> Result<CtlReply, PeerError> {
+    let mut r = Rd { b, pos: 0 };
+    let c = match r.u8()? {
+        1 => CtlReply::Granted { ceiling: r.u64()?, complete: r.flag()?, instance: r.u64()? },
+        2 => {
+            let why = match r.u8()? {
+                0 => Refusal::Starting,
+                1 => Refusal::Held,
+                2 => Refusal::Stale,
+                3 => Refusal::Full,
+                4 => Refusal::Invalid,
+                v => return Err(PeerError::Bad { what: "refusal", value: v.into() }),
+            };
+            CtlReply::Refused { why, holder: r.opt_u16()?, promised: r.u64()?, instance: r.u64()? }
+        }
+        3 => CtlReply::Ack { instance: r.u64()? },
+        4 => CtlReply::Page { entries: r.entries()?, more: r.flag()?, instance: r.u64()? },
+        v => return Err(PeerError::Bad { what: "control reply", value: v.into() }),
+    };
+    r.end()?;
+    Ok(c)
+}
+
 // ---------------------------------------------------------------------------------------------
 // Transport
 
@@ -446,11 +688,21 @@ fn serve_peer(fe: &Weak<FrontEnd>, mut s: TcpStream, key: &PeerKey) -> std::io::
             Err(e) => return Err(e),
         }
         let plain = key.open(b'q', &nonce, seq, &buf).map_err(invalid)?;
-        let (k, op) = decode_request(&plain).map_err(invalid)?;
         let Some(fe) = fe.upgrade() else { return Ok(()) };
-        let o = fe.rmw_local(k, op);
         out.clear();
-        encode_outcome(&o, &mut out);
+        if plain.first() == Some(&0) {
+            let ctl = decode_ctl(&plain).map_err(invalid)?;
+            let Some(f) = fe.failover() else {
+                return Err(invalid(PeerError::Bad {
+                    what: "control request to a front end without failover",
+                    value: 0,
+                }));
+            };
+            encode_ctl_reply(&f.handle(&ctl), &mut out);
+        } else {
+            let (k, op) = decode_request(&plain).map_err(invalid)?;
+            encode_routed(&fe.serve_forwarded(k, op), &mut out);
+        }
         s.write_all(&key.seal(b'r', &nonce, seq, &out))?;
     }
     Ok(())
@@ -504,38 +756,62 @@ impl PeerClient {
         self.connect()
     }
 
-    fn exchange(&self, c: &mut Conn, req: &[u8]) -> std::io::Result<Outcome> {
+    fn exchange(&self, c: &mut Conn, req: &[u8]) -> std::io::Result<Vec<u8>> {
         c.s.write_all(&self.key.seal(b'q', &c.nonce, c.seq, req))?;
         let mut buf = Vec::new();
         read_frame(&mut c.s, &mut buf)?;
         let plain = self.key.open(b'r', &c.nonce, c.seq, &buf).map_err(invalid)?;
         c.seq += 1;
-        decode_outcome(&plain).map_err(invalid)
+        Ok(plain)
     }
 
-    /// Runs `op` at this home. Blocks for at most about three times the timeout; fails with
-    /// [`Outcome::Unavailable`] when the home cannot be reached or answers garbage.
-    pub fn call(&self, key: &[u8], op: &Rmw<'_>) -> Outcome {
-        let mut req = Vec::with_capacity(64);
-        encode_request(key, op, &mut req);
-        let run = || -> std::io::Result<Outcome> {
+    /// One request and its reply on a pooled connection.
+    fn round_trip<R>(&self, req: &[u8], decode: impl Fn(&[u8]) -> Result<R, PeerError>) -> std::io::Result<R> {
+        blocking(|| {
             let mut c = self.take()?;
-            let o = self.exchange(&mut c, &req)?;
+            let r = decode(&self.exchange(&mut c, req)?).map_err(invalid)?;
             let mut pool = self.pool.lock();
             if pool.len() < POOL_MAX {
                 pool.push(c);
             } else {
                 let _ = c.s.shutdown(Shutdown::Both);
             }
-            Ok(o)
-        };
-        match blocking(run) {
-            Ok(o) => o,
-            Err(e) => {
+            Ok(r)
+        })
+    }
+
+    /// Runs `op` at this home. Blocks for at most about three times the timeout; fails with
+    /// [`Outcome::Unavailable`] when the home cannot be reached, answers garbage, or is not
+    /// the key's home (home failover moved it).
+    pub fn call(&self, key: &[u8], op: &Rmw<'_>) -> Outcome {
+        match self.call_routed(key, op) {
+            Routed::Done(Outcome::Unavailable(e)) => {
                 tracing::warn!(home = %self.addr, "forwarding to the key's home front end failed: {e}");
-                Outcome::Unavailable(format!("home front end {} unreachable: {e}", self.addr))
+                Outcome::Unavailable(e)
+            }
+            Routed::Done(o) => o,
+            Routed::NotHome(h) => {
+                Outcome::Unavailable(format!("front end {} is not this key's home (it names {h:?})", self.addr))
             }
         }
+    }
+
+    /// Runs `op` at this member if it is the key's home ([`Routed::NotHome`] otherwise);
+    /// [`Outcome::Unavailable`] when it cannot be reached in time.
+    pub fn call_routed(&self, key: &[u8], op: &Rmw<'_>) -> Routed {
+        let mut req = Vec::with_capacity(64);
+        encode_request(key, op, &mut req);
+        match self.round_trip(&req, decode_routed) {
+            Ok(r) => r,
+            Err(e) => Routed::Done(Outcome::Unavailable(format!("home front end {} unreachable: {e}", self.addr))),
+        }
+    }
+
+    /// A home-failover request to this member's acceptor.
+    pub fn call_ctl(&self, ctl: &Ctl) -> std::io::Result<CtlReply> {
+        let mut req = Vec::with_capacity(64);
+        encode_ctl(ctl, &mut req);
+        self.round_trip(&req, decode_ctl_reply)
     }
 }
 
@@ -605,6 +881,65 @@ mod tests {
         let mut b = Vec::new();
         encode_request(b"tab\tkey", &Rmw::Delete { cas: None }, &mut b);
         assert_eq!(decode_request(&b).unwrap().0, b"tab\tkey");
+    }
+
+    #[test]
+    fn control_requests_replies_and_not_home_round_trip_exactly_and_truncations_fail() {
+        let held = |k: &[u8], v: Option<&[u8]>| Held {
+            key: k.to_vec(),
+            version: Version { lamport: 77, writer: 3 },
+            value: v.map(Arc::from),
+        };
+        let ctls = [
+            Ctl::Acquire { slot: 2, ballot: crate::home::ballot(5, 2), lease_ms: 1000, ceiling: u64::MAX, renew: true },
+            Ctl::Replicate { slot: 0, ballot: 9, entries: vec![held(b"a", Some(b"xyz")), held(b"b", None)] },
+            Ctl::Replicate { slot: 0, ballot: 9, entries: vec![] },
+            Ctl::Prune { slot: 1, ballot: 4, upto: 123, instances: vec![1, 2, 3] },
+            Ctl::Release { slot: 254, ballot: 1 },
+            Ctl::Entries { slot: 3, ballot: 8, after: Some(b"k".to_vec()) },
+            Ctl::Entries { slot: 3, ballot: 8, after: None },
+        ];
+        for c in ctls {
+            let mut b = Vec::new();
+            encode_ctl(&c, &mut b);
+            assert_eq!(decode_ctl(&b).unwrap(), c);
+            // Never taken for a forwarded command.
+            assert!(decode_request(&b).is_err());
+            for cut in 0..b.len() {
+                assert!(decode_ctl(&b[..cut]).is_err(), "{c:?} cut at {cut}");
+            }
+            b.push(0);
+            assert_eq!(decode_ctl(&b).unwrap_err(), PeerError::Trailing(1));
+        }
+        let replies = [
+            CtlReply::Granted { ceiling: 5, complete: true, instance: 6 },
+            CtlReply::Refused { why: Refusal::Held, holder: Some(2), promised: 7, instance: 8 },
+            CtlReply::Refused { why: Refusal::Starting, holder: None, promised: 0, instance: 1 },
+            CtlReply::Ack { instance: 9 },
+            CtlReply::Page { entries: vec![held(b"z", Some(b""))], more: true, instance: 4 },
+        ];
+        for r in replies {
+            let mut b = Vec::new();
+            encode_ctl_reply(&r, &mut b);
+            assert_eq!(decode_ctl_reply(&b).unwrap(), r);
+            for cut in 0..b.len() {
+                assert!(decode_ctl_reply(&b[..cut]).is_err(), "{r:?} cut at {cut}");
+            }
+        }
+        for r in [Routed::NotHome(Some(1)), Routed::NotHome(None), Routed::Done(Outcome::Exists)] {
+            let mut b = Vec::new();
+            encode_routed(&r, &mut b);
+            assert_eq!(decode_routed(&b).unwrap(), r);
+        }
+        // A count of entries beyond what the frame can hold is refused before allocating.
+        let mut b = vec![0, 2, 0, 0];
+        b.extend_from_slice(&9u64.to_le_bytes());
+        b.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(decode_ctl(&b), Err(PeerError::Bad { what: "entry count", .. })));
+        // Keys of stored writes are keys the parser accepts.
+        let mut b = Vec::new();
+        encode_ctl(&Ctl::Replicate { slot: 0, ballot: 1, entries: vec![held(b"bad key", None)] }, &mut b);
+        assert!(decode_ctl(&b).is_err());
     }
 
     #[test]

@@ -5,14 +5,17 @@
 //! and apply. Read-modify-write commands run under a striped per-key lock of the key's *home*
 //! front end (see the crate docs), so they are atomic among all front ends of a group.
 
+use crate::failover::{Failover, FailoverConfig};
+use crate::home::{Held, Lease};
 use crate::item::{self, absolute_expiry, cas_of};
 use crate::lru::{key_hash, Lru, Victim};
-use crate::peer::{PeerClient, PeerConfig, PeerKey};
+use crate::peer::{PeerClient, PeerConfig, PeerKey, Routed};
 use crate::proto::{parse_counter, Limits, StoreMode};
 use crate::stats::Stats;
 use parking_lot::{Mutex, RwLock};
 use psl_node::{Node, NodeError};
 use psl_scl::{Entry, EvictKey, Version};
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -183,6 +186,17 @@ pub struct FrontEnd {
 struct Group {
     members: Vec<Member>,
     me: usize,
+    /// Home failover (a group of three or more processes): where each slot's home is now.
+    failover: Option<Arc<Failover>>,
+    /// A forwarding-only member of a group that fails homes over.
+    client_failover: bool,
+}
+
+/// A home's fenced write: at a Lamport time below `below`; the write made is kept for the
+/// acceptors.
+struct Fence {
+    below: u64,
+    wrote: Cell<Option<Held>>,
 }
 
 /// A member of a front-end group: in this process, or behind a peer address.
@@ -291,14 +305,45 @@ impl FrontEnd {
         g.me = me;
     }
 
+    /// As [`FrontEnd::join_remote_group`], with home failover (`peers` of three or more): a
+    /// slot's home is whichever member holds its lease ([`crate::failover`]), so conditional
+    /// commands keep working when a front end is down.
+    pub fn join_remote_group_with_failover(
+        self: &Arc<Self>,
+        peers: &[SocketAddr],
+        me: usize,
+        key: PeerKey,
+        cfg: PeerConfig,
+        fcfg: FailoverConfig,
+    ) -> Result<Arc<Failover>, String> {
+        self.join_remote_group(peers, me, key.clone(), cfg);
+        let f = Failover::start(self, peers, me, key, cfg, fcfg)?;
+        self.group.write().failover = Some(f.clone());
+        Ok(f)
+    }
+
+    /// Home failover of this front end's group, if on.
+    pub fn failover(&self) -> Option<Arc<Failover>> {
+        self.group.read().failover.clone()
+    }
+
     /// Makes this front end a forwarding-only client of a group of front ends in other
     /// processes (`peers`, the group's list): every read-modify-write command runs at its
     /// key's home `peers[hash(key) % peers.len()]`, never here, so a front end that joins a
     /// running deployment keeps the group's atomicity without changing its membership.
-    pub fn join_remote_group_as_client(self: &Arc<Self>, peers: &[SocketAddr], key: PeerKey, cfg: PeerConfig) {
+    /// With `failover` (the group fails homes over), a command whose home cannot be reached
+    /// is asked of the next members, which run it if they are home now or name who is.
+    pub fn join_remote_group_as_client(
+        self: &Arc<Self>,
+        peers: &[SocketAddr],
+        key: PeerKey,
+        cfg: PeerConfig,
+        failover: bool,
+    ) {
         let mut g = self.group.write();
         g.members = peers.iter().map(|a| Member::Remote(Arc::new(PeerClient::new(*a, key.clone(), cfg)))).collect();
         g.me = usize::MAX;
+        g.client_failover = failover;
     }
 
     /// Where `key`'s read-modify-write commands run.
@@ -454,18 +499,21 @@ impl FrontEnd {
         let _g = self.lock(key);
         let t = Now::read();
         let v = item::encode(flags, absolute_expiry(exptime, t.secs), self.stamp_at(t.us), &[data]);
-        self.write(key, v, want_cas, t)
+        self.write(key, v, want_cas, t, None)
     }
 
     /// `delete` (no condition): runs here.
     pub fn delete(&self, key: &[u8]) -> Outcome {
         let _g = self.lock(key);
         let t = Now::read();
-        self.delete_locked(key, None, t, self.flush_state(t.us))
+        self.delete_locked(key, None, t, self.flush_state(t.us), None)
     }
 
     /// Runs `op` at the key's home front end.
     pub fn rmw(&self, key: &[u8], op: Rmw<'_>) -> Outcome {
+        if let Some(f) = self.failover() {
+            return f.route(self, key, op);
+        }
         match self.home(key) {
             Home::Local(home) => {
                 Stats::inc(&self.stats.forwarded);
@@ -473,7 +521,7 @@ impl FrontEnd {
             }
             Home::Remote(peer) => {
                 Stats::inc(&self.stats.forwarded);
-                let o = peer.call(key, &op);
+                let o = self.call_following_hints(peer, key, &op);
                 if matches!(o, Outcome::Unavailable(_)) {
                     Stats::inc(&self.stats.forward_failures);
                 }
@@ -483,9 +531,123 @@ impl FrontEnd {
         }
     }
 
+    /// A command forwarded by another front end of the group: run here (static homes), or,
+    /// with failover, only if this front end is the key's home now.
+    pub fn serve_forwarded(&self, key: &[u8], op: Rmw<'_>) -> Routed {
+        match self.failover() {
+            Some(f) => f.serve_forwarded(self, key, op),
+            None => Routed::Done(self.rmw_local(key, op)),
+        }
+    }
+
+    /// Runs `op` here as home of `slot` under `lease`: its write fenced below the lease's
+    /// ceiling, stored on a majority of the group's acceptors, and answered only if the lease
+    /// still holds then. The stripe lock is held throughout, so the next command on the key
+    /// decides on a write the acceptors hold.
+    pub(crate) fn rmw_home(&self, f: &Failover, key: &[u8], op: Rmw<'_>, slot: usize, lease: Lease) -> Outcome {
+        let _g = self.lock(key);
+        let fence = Fence { below: lease.ceiling, wrote: Cell::new(None) };
+        let o = self.rmw_locked(key, op, Some(&fence));
+        if let Some(h) = fence.wrote.take() {
+            f.mark_dirty(slot);
+            if !f.replicate(slot, lease.ballot, vec![h]) {
+                return Outcome::Unavailable(
+                    "home front end could not store this write on a majority of its group; it may still be applied"
+                        .into(),
+                );
+            }
+        }
+        if !f.still_home(slot, lease.ballot) {
+            return Outcome::Unavailable("home front end's lease of this key ended; retry".into());
+        }
+        o
+    }
+
+    /// A hand-over's rewrite of a write an earlier home acknowledged: if this node holds no
+    /// newer version of the key (after the hand-over's `sync()`, or in CapsuleDB), writes the
+    /// same value again below `below`, keeping its CAS unique, and returns the write made.
+    pub(crate) fn rewrite_held(&self, h: &Held, below: u64) -> Result<Option<Held>, String> {
+        let _g = self.lock(&h.key);
+        let t = Now::read();
+        let cur = self.current(&h.key, t, false)?;
+        if cur.as_ref().is_some_and(|(e, _)| e.version >= h.version) {
+            return Ok(None);
+        }
+        let value: Option<Vec<u8>> = h.value.as_ref().map(|v| match item::decode(v) {
+            Some(it) => {
+                let unique = it.cas(h.version.lamport, h.version.writer);
+                item::encode_keeping(it.flags, it.expiry, it.stored_us, unique, &[it.data])
+            }
+            None => v.to_vec(),
+        });
+        let version = self
+            .node
+            .write_below(&h.key, value.as_deref(), below)
+            .map_err(|e| format!("rewriting a held write: {e}"))?;
+        match &value {
+            Some(v) => {
+                let victims = self.lru.put(&h.key, v.len() as u64, t.us, &|k| self.read_stamp(k));
+                self.evict(victims);
+            }
+            None => self.lru.remove(&h.key),
+        }
+        Ok(Some(Held { key: h.key.clone(), version, value: value.map(Arc::from) }))
+    }
+
+    /// Forwards `op` to `peer`; if the group fails homes over and `peer` is not the key's
+    /// home now, follows the member it names (at most one hop per member, within a few
+    /// seconds), as a forwarding-only front end must.
+    fn call_following_hints(&self, first: Arc<PeerClient>, key: &[u8], op: &Rmw<'_>) -> Outcome {
+        let deadline = Instant::now() + std::time::Duration::from_secs(5);
+        let (members, failover): (Vec<Arc<PeerClient>>, bool) = {
+            let g = self.group.read();
+            let m = g
+                .members
+                .iter()
+                .filter_map(|m| match m {
+                    Member::Remote(c) => Some(c.clone()),
+                    Member::Local(_) => None,
+                })
+                .collect();
+            (m, g.client_failover)
+        };
+        let at = |c: &Arc<PeerClient>| members.iter().position(|m| Arc::ptr_eq(m, c)).unwrap_or(0);
+        let mut peer = first;
+        loop {
+            let next = match peer.call_routed(key, op) {
+                Routed::Done(Outcome::Unavailable(e)) if failover && members.len() >= 3 => {
+                    // Down: the next member runs it if it is home now, or names who is.
+                    tracing::debug!("forwarding: {e}; asking the next member");
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    members[(at(&peer) + 1) % members.len()].clone()
+                }
+                Routed::Done(o) => return o,
+                Routed::NotHome(hint) => match hint.and_then(|h| members.get(h as usize)) {
+                    Some(c) => c.clone(),
+                    None => {
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                        members[(at(&peer) + 1) % members.len()].clone()
+                    }
+                },
+            };
+            if Instant::now() >= deadline {
+                return Outcome::Unavailable(format!(
+                    "home front end of this key unavailable: no member of the group served it within 5 s (last asked {})",
+                    peer.addr()
+                ));
+            }
+            peer = next;
+        }
+    }
+
     /// Runs `op` here, under the key's stripe lock.
     pub fn rmw_local(&self, key: &[u8], op: Rmw<'_>) -> Outcome {
         let _g = self.lock(key);
+        self.rmw_locked(key, op, None)
+    }
+
+    /// Runs `op` (the caller holds the key's stripe lock); with `fence`, its write is fenced.
+    fn rmw_locked(&self, key: &[u8], op: Rmw<'_>, fence: Option<&Fence>) -> Outcome {
         let t = Now::read();
         let now = t.secs;
         let flush = self.flush_state(t.us);
@@ -522,9 +684,9 @@ impl FrontEnd {
                     }
                     _ => item::encode(flags, absolute_expiry(exptime, now), self.stamp_at(t.us), &[data]),
                 };
-                self.write(key, value, true, t)
+                self.write(key, value, true, t, fence)
             }
-            Rmw::Delete { cas } => self.delete_locked(key, cas, t, flush),
+            Rmw::Delete { cas } => self.delete_locked(key, cas, t, flush, fence),
             Rmw::Arith { incr, delta, create, ttl, cas } => {
                 let (hits, misses) =
                     if incr { (&st.incr_hits, &st.incr_misses) } else { (&st.decr_hits, &st.decr_misses) };
@@ -537,7 +699,7 @@ impl FrontEnd {
                         Stats::inc(misses);
                         let expiry = absolute_expiry(exptime, now);
                         let v = item::encode(0, expiry, self.stamp_at(t.us), &[initial.to_string().as_bytes()]);
-                        return match self.write(key, v, true, t) {
+                        return match self.write(key, v, true, t, fence) {
                             Outcome::Stored { cas } => {
                                 Outcome::Number { value: initial, cas, ttl: ttl_of(expiry, now) }
                             }
@@ -556,7 +718,7 @@ impl FrontEnd {
                 let expiry = ttl.map_or(o.expiry, |t| absolute_expiry(t, now));
                 let v = item::encode(o.flags, expiry, self.stamp_at(t.us), &[value.to_string().as_bytes()]);
                 Stats::inc(hits);
-                match self.write(key, v, true, t) {
+                match self.write(key, v, true, t, fence) {
                     Outcome::Stored { cas } => Outcome::Number { value, cas, ttl: ttl_of(expiry, now) },
                     other => other,
                 }
@@ -569,7 +731,7 @@ impl FrontEnd {
                 let Some((old, have)) = cur else {
                     if let Some(ttl) = vivify {
                         let v = item::encode(0, absolute_expiry(ttl, now), self.stamp_at(t.us), &[]);
-                        return match self.write(key, v.clone(), true, t) {
+                        return match self.write(key, v.clone(), true, t, fence) {
                             Outcome::Stored { cas } => Outcome::Item { value: v.into(), cas, won: true },
                             other => other,
                         };
@@ -584,7 +746,7 @@ impl FrontEnd {
                 let Some(o) = item::decode(&old) else { return Outcome::NotFound };
                 // memcached keeps the unique through a touch: the new version carries it.
                 let v = item::encode_keeping(o.flags, absolute_expiry(ttl, now), self.stamp_at(t.us), have, &[o.data]);
-                match self.write(key, v.clone(), true, t) {
+                match self.write(key, v.clone(), true, t, fence) {
                     Outcome::Stored { cas } => Outcome::Item { value: v.into(), cas, won: false },
                     other => other,
                 }
@@ -592,7 +754,7 @@ impl FrontEnd {
         }
     }
 
-    fn delete_locked(&self, key: &[u8], cas: Option<u64>, t: Now, flush: Flush) -> Outcome {
+    fn delete_locked(&self, key: &[u8], cas: Option<u64>, t: Now, flush: Flush, fence: Option<&Fence>) -> Outcome {
         let cur = match self.live(key, t, flush, false) {
             Ok(c) => c,
             Err(e) => return Outcome::Unreadable(e),
@@ -604,7 +766,13 @@ impl FrontEnd {
         if cas.is_some_and(|c| c != have) {
             return Outcome::Exists;
         }
-        match self.node.delete(key) {
+        let done = match fence {
+            None => self.node.delete(key),
+            Some(f) => self.node.write_below(key, None, f.below).map(|version| {
+                f.wrote.set(Some(Held { key: key.to_vec(), version, value: None }));
+            }),
+        };
+        match done {
             Ok(()) => {
                 Stats::inc(&self.stats.delete_hits);
                 self.lru.remove(key);
@@ -615,7 +783,7 @@ impl FrontEnd {
     }
 
     /// Stores an encoded item (caller holds the key's stripe lock).
-    fn write(&self, key: &[u8], value: Vec<u8>, want_cas: bool, t: Now) -> Outcome {
+    fn write(&self, key: &[u8], value: Vec<u8>, want_cas: bool, t: Now, fence: Option<&Fence>) -> Outcome {
         if value.len() > self.value_max {
             Stats::inc(&self.stats.store_too_large);
             return Outcome::TooLarge;
@@ -625,9 +793,18 @@ impl FrontEnd {
             Stats::inc(&self.stats.store_no_memory);
             return Outcome::Failed("local copies not yet held by CapsuleDB fill the memory limit".into());
         }
-        match self.node.put(key, &value) {
+        let done = match fence {
+            None => self.node.put(key, &value),
+            Some(f) => self.node.write_below(key, Some(&value), f.below).map(|version| {
+                f.wrote.set(Some(Held { key: key.to_vec(), version, value: Some(Arc::from(&value[..])) }));
+            }),
+        };
+        match done {
             Ok(()) => {}
             Err(NodeError::ValueTooLarge { .. }) => return Outcome::TooLarge,
+            Err(e @ NodeError::Fenced { .. }) => {
+                return Outcome::Unavailable(format!("home front end at its lease's ceiling ({e}); retry"))
+            }
             Err(e) => {
                 Stats::inc(&self.stats.store_no_memory);
                 return Outcome::Failed(e.to_string());

@@ -27,6 +27,8 @@
 //!   read interface (freshness-checked) before it rejoins, under an incarnation above any the
 //!   servers have seen.
 //! - [`control`]: the line-based TCP control interface (`psl node --control`) and its client.
+//! - [`memory`]: the process's memory budget: resident memory sampled against it, in every
+//!   node's metrics (`psl_process_*`).
 //!
 //! The rings' waiters park once they run out of spins; the peer's next push or pop rings them
 //! awake (`psl_boundary::BackoffPolicy::parking`).
@@ -40,6 +42,7 @@ pub mod control;
 mod core;
 mod dbclient;
 mod host;
+pub mod memory;
 pub mod node;
 pub mod options;
 pub mod recovery;

@@ -856,6 +856,7 @@ impl Node {
     /// Prometheus text of the node's counters.
     pub fn render_metrics(&self) -> String {
         let mut s = self.metrics.render("psl_node");
+        s.push_str(&crate::memory::render_metrics());
         for (name, v) in [
             ("host_published_total", &self.host_stats.published),
             ("host_received_total", &self.host_stats.received),

@@ -62,6 +62,8 @@ pub struct CapsuleDbArgs {
     /// Serve the role's node control interface here (STATS, METRICS: what `psl status` reads).
     #[arg(long, value_name = "ADDR")]
     pub control: Option<SocketAddr>,
+    #[command(flatten)]
+    pub budget: crate::roles::BudgetArgs,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -291,7 +293,9 @@ fn run_role(a: CapsuleDbArgs, config: Config, writer: u32) -> Result<i32> {
         ..NodeOptions::default()
     };
     opts.core.servers = a.open.servers.len() as u32;
-    opts.core.cache_bytes_max = crate::roles::mib_bytes(crate::roles::REPAIR_CACHE_MB_FOLLOWER);
+    let budget_mb = a.budget.watch(crate::roles::RoleKind::CapsuleDb, "capsuledb");
+    opts.core.cache_bytes_max =
+        crate::roles::mib_bytes(crate::roles::repair_cache_mb(None, crate::roles::REPAIR_CACHE_MB_FOLLOWER, budget_mb));
     let keys = NodeKeys::derive(&meta, &app, &opts)?;
     let interest = psl_fabric::Interest::capsuledb(crate::roles::capsule_id(&meta), a.id);
     let ep = crate::roles::fabric(&spec, &format!("capsuledb-{}", a.id), &interest)?;

@@ -511,6 +511,12 @@ fn cluster_file(c: &ClusterConfig, sh: &Shared, kv_dir: &Path) -> Result<serde_j
             "front_ends": mc.iter().map(|m| m.1.to_string()).collect::<Vec<_>>(),
             "servers": c.kv_server_ids().iter().map(|id| serde_json::json!([id, kv_dir.join(format!("server{id}"))])).collect::<Vec<_>>(),
             "state": kv_dir.join("joined"),
+            // The front ends run with psl memcached's default lease: failover from three on.
+            "home_lease_ms": if mc.len() >= psl_memcached::failover::MEMBERS_MIN {
+                psl_memcached::failover::HOME_LEASE_MS_DEFAULT
+            } else {
+                0
+            },
         });
     }
     Ok(v)

@@ -59,6 +59,15 @@ struct Cli {
     cmd: Cmd,
 }
 
+/// `psl router`: the fabric's router, with the memory budget every long-running role takes.
+#[derive(clap::Args, Debug)]
+struct RouterCmd {
+    #[command(flatten)]
+    router: psl_fabric::RouterArgs,
+    #[command(flatten)]
+    budget: roles::BudgetArgs,
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Create and inspect owner keys (BIP32 master keys on secp256k1).
@@ -79,7 +88,7 @@ enum Cmd {
     /// Run a coordinator (primary or shadow): RTS every epoch, SYNC over every writer's EOE.
     Coordinator(roles::CoordinatorArgs),
     /// Run a router of the multicast tree (untrusted; may inject faults for tests).
-    Router(psl_fabric::RouterArgs),
+    Router(RouterCmd),
     /// Talk to a node: put, get, del, sync, stats, dump.
     #[command(subcommand)]
     Kv(kv::KvCmd),
@@ -142,7 +151,10 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Demo(a) => demo::run(a),
         Cmd::Node(a) => roles::run_node(a),
         Cmd::Coordinator(a) => roles::run_coordinator(a),
-        Cmd::Router(a) => psl_fabric::run_router(a).map(|()| 0),
+        Cmd::Router(a) => {
+            a.budget.watch(roles::RoleKind::Router, "router");
+            psl_fabric::run_router(a.router).map(|()| 0)
+        }
         Cmd::Kv(c) => kv::run(c),
         Cmd::Sim(a) => sim::run(a),
         Cmd::Chaos(a) => chaos::run(a),

@@ -15,6 +15,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use psl_capsule::CapsuleFile;
 use psl_memcached::deploy::{Embedded, EmbeddedOptions};
+use psl_memcached::failover::FailoverConfig;
 use psl_memcached::peer::{PeerConfig, PeerKey, PeerServer};
 use psl_memcached::proto::Limits;
 use psl_memcached::{Config, FrontEnd, Server, ServerConfig};
@@ -109,6 +110,16 @@ pub struct MemcachedArgs {
     /// repair requests (oldest evicted first; peers and capsule servers hold them too).
     #[arg(long, default_value_t = crate::roles::REPAIR_CACHE_MB_NODE)]
     pub repair_cache_mb: u64,
+    /// Memory budget (`--memory-budget-mb`; the item memory is `--memory-mb`).
+    #[command(flatten)]
+    pub budget: crate::roles::BudgetArgs,
+    /// With --peers of three or more: home failover. A slot's home holds a lease granted by a
+    /// majority of the group for this long; when a front end is down, another takes its slots
+    /// over after about two leases (docs/protocol/memcached.md §6). 0: static homes (a
+    /// conditional command whose home is down fails with SERVER_ERROR). Every member must use
+    /// the same value.
+    #[arg(long, default_value_t = psl_memcached::failover::HOME_LEASE_MS_DEFAULT)]
+    pub home_lease_ms: u64,
     /// This front end's entry in --peers, when --peer-listen binds another address (0.0.0.0).
     #[arg(long, requires = "peer_listen")]
     pub peer_advertise: Option<SocketAddr>,
@@ -145,6 +156,16 @@ pub struct KvInfo {
     /// Where a joining front end draws its node id (a counter file, locked while drawn) and
     /// keeps its incarnation counter (`nodes/<id>`).
     pub state: PathBuf,
+    /// The group's home lease with failover (0: static homes; absent in files written
+    /// before failover).
+    #[serde(default)]
+    pub home_lease_ms: u64,
+    /// The control interfaces (STATS, METRICS) of the KV coordinator and CapsuleDB, where
+    /// known (`psl up` records them; `psl bench cluster` reads their counters).
+    #[serde(default)]
+    pub coordinator_control: Option<SocketAddr>,
+    #[serde(default)]
+    pub capsuledb_control: Option<SocketAddr>,
 }
 
 /// Node ids drawn by joining front ends: the group's own front ends use 1 ..= 255.
@@ -241,6 +262,14 @@ fn start_capsuledb_in_process(
 }
 
 pub fn run(a: MemcachedArgs) -> Result<i32> {
+    let budget_mb = a.budget.watch(crate::roles::RoleKind::FrontEnd, "memcached");
+    if a.memory_mb.saturating_mul(2) > budget_mb {
+        tracing::warn!(
+            memory_mb = a.memory_mb,
+            budget_mb,
+            "--memory-mb (items) is over half of --memory-budget-mb: the node's memtable, repair cache and buffers need the rest"
+        );
+    }
     let url = match (&a.cluster, &a.fabric.fabric) {
         (Some(_), Some(_)) => bail!("give --cluster or --fabric, not both"),
         (None, Some(u)) => Some(u.clone()),
@@ -386,7 +415,7 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
                 flush_delay: Duration::from_micros(a.flush_us.unwrap_or(500)),
                 capsuledb: db,
                 core: psl_scl::NodeConfig {
-                    cache_bytes_max: crate::roles::mib_bytes(a.repair_cache_mb),
+                    cache_bytes_max: crate::roles::mib_bytes(a.repair_cache_mb.min((budget_mb / 4).max(1))),
                     ..psl_scl::NodeConfig::default()
                 },
                 ..NodeOptions::default()
@@ -402,7 +431,7 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
             let peer_server = match (&join, a.peer_listen) {
                 (Join::Dir(kv), _) => {
                     if !kv.peers.is_empty() {
-                        fe.join_remote_group_as_client(&kv.peers, key, cfg);
+                        fe.join_remote_group_as_client(&kv.peers, key, cfg, kv.home_lease_ms > 0);
                         tracing::info!(peers = ?kv.peers, "forwarding conditional commands to the group's homes");
                     }
                     None
@@ -415,7 +444,16 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
                     })?;
                     let l = std::net::TcpListener::bind(listen)
                         .with_context(|| format!("binding the peer address {listen}"))?;
-                    fe.join_remote_group(&a.peers, me, key.clone(), cfg);
+                    if a.peers.len() >= psl_memcached::failover::MEMBERS_MIN && a.home_lease_ms > 0 {
+                        // A front end that ran before (its state directory counted an
+                        // incarnation) may have granted leases: it waits out a quarantine.
+                        let fresh = state.is_some() && incarnation == 1;
+                        let fcfg = FailoverConfig::new(a.home_lease_ms, fresh, cfg.timeout);
+                        fe.join_remote_group_with_failover(&a.peers, me, key.clone(), cfg, fcfg)
+                            .map_err(|e| anyhow::anyhow!("home failover: {e}"))?;
+                    } else {
+                        fe.join_remote_group(&a.peers, me, key.clone(), cfg);
+                    }
                     tracing::info!(peers = ?a.peers, me, "front-end group joined");
                     Some(PeerServer::start(&fe, l, key).context("starting the peer server")?)
                 }

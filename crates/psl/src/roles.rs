@@ -32,6 +32,79 @@ pub struct CommonArgs {
     /// coordinator, which keeps no values.
     #[arg(long)]
     pub repair_cache_mb: Option<u64>,
+    #[command(flatten)]
+    pub budget: BudgetArgs,
+}
+
+/// `--memory-budget-mb`: the resident memory a role is sized to stay within (its repair
+/// cache defaults to at most a quarter of it) and watched against (`psl_node::memory`).
+#[derive(Args, Debug, Clone, Default)]
+pub struct BudgetArgs {
+    /// Memory budget of this process in MiB: its repair cache defaults to at most a quarter of
+    /// it, and its resident memory is watched against it (a warning and the
+    /// `psl_process_over_budget_samples_total` counter when above). Default: per role (router
+    /// 64, coordinator 128, capsule server and CapsuleDB 192, node and front end 256).
+    #[arg(long, value_name = "MB")]
+    pub memory_budget_mb: Option<u64>,
+}
+
+/// A role of the deployment, for its default memory budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RoleKind {
+    Router,
+    CapsuleServer,
+    Coordinator,
+    CapsuleDb,
+    Node,
+    FrontEnd,
+}
+
+impl RoleKind {
+    /// The default budget, MiB: what the role measured at its peak in `psl bench cluster`
+    /// (300,000 keys of 100 bytes, front ends holding 64 MiB of items) with room to spare,
+    /// and none above the 256 MiB of issue 17.
+    pub(crate) fn budget_mb_default(self) -> u64 {
+        match self {
+            RoleKind::Router => 64,
+            RoleKind::Coordinator => 128,
+            RoleKind::CapsuleServer | RoleKind::CapsuleDb => 192,
+            RoleKind::Node | RoleKind::FrontEnd => 256,
+        }
+    }
+
+    /// The role a `psl` subcommand runs (`None`: not a long-running role).
+    pub(crate) fn of_subcommand(cmd: &str) -> Option<RoleKind> {
+        Some(match cmd {
+            "router" => RoleKind::Router,
+            "capsule-server" => RoleKind::CapsuleServer,
+            "coordinator" => RoleKind::Coordinator,
+            "capsuledb" => RoleKind::CapsuleDb,
+            "node" => RoleKind::Node,
+            "memcached" => RoleKind::FrontEnd,
+            _ => return None,
+        })
+    }
+}
+
+impl BudgetArgs {
+    /// The budget in MiB, this role's default if none was given.
+    pub(crate) fn mb(&self, kind: RoleKind) -> u64 {
+        self.memory_budget_mb.unwrap_or_else(|| kind.budget_mb_default()).max(1)
+    }
+
+    /// Starts watching this process against its budget; returns the budget in MiB.
+    pub(crate) fn watch(&self, kind: RoleKind, role: &str) -> u64 {
+        let mb = self.mb(kind);
+        psl_node::memory::watch(role, mb);
+        tracing::info!(role, budget_mb = mb, "memory budget");
+        mb
+    }
+}
+
+/// A repair cache of `default_mb`, at most a quarter of the budget `budget_mb`, unless
+/// `given` (`--repair-cache-mb`) says otherwise.
+pub(crate) fn repair_cache_mb(given: Option<u64>, default_mb: u64, budget_mb: u64) -> u64 {
+    given.unwrap_or_else(|| default_mb.min((budget_mb / 4).max(1)))
 }
 
 /// Repair caches (`--repair-cache-mb`): a node's, and that of a role that only follows the
@@ -177,6 +250,7 @@ pub(crate) fn capsule_id(meta: &psl_capsule::SignedMetadata) -> [u8; 32] {
 }
 
 pub fn run_node(a: NodeArgs) -> Result<i32> {
+    let budget_mb = a.common.budget.watch(RoleKind::Node, "node");
     let (meta, app) = load(&a.common)?;
     let recovery = if a.recover_from.is_empty() {
         None
@@ -226,7 +300,7 @@ pub fn run_node(a: NodeArgs) -> Result<i32> {
         flush_delay: Duration::from_micros(a.flush_us),
         core: psl_scl::NodeConfig {
             servers: a.servers,
-            cache_bytes_max: mib_bytes(a.common.repair_cache_mb.unwrap_or(REPAIR_CACHE_MB_NODE)),
+            cache_bytes_max: mib_bytes(repair_cache_mb(a.common.repair_cache_mb, REPAIR_CACHE_MB_NODE, budget_mb)),
             ..psl_scl::NodeConfig::default()
         },
         capsuledb: a.capsuledb,
@@ -255,6 +329,7 @@ pub fn run_node(a: NodeArgs) -> Result<i32> {
 }
 
 pub fn run_coordinator(a: CoordinatorArgs) -> Result<i32> {
+    let budget_mb = a.common.budget.watch(RoleKind::Coordinator, "coordinator");
     let (meta, app) = load(&a.common)?;
     let cfg = CoordinatorConfig {
         epoch_ms: a.common.epoch_ms,
@@ -275,7 +350,7 @@ pub fn run_coordinator(a: CoordinatorArgs) -> Result<i32> {
     let core = psl_scl::NodeConfig {
         rejoin_ms: (3 * a.common.epoch_ms).max(300),
         keep_values: false,
-        cache_bytes_max: mib_bytes(a.common.repair_cache_mb.unwrap_or(REPAIR_CACHE_MB_FOLLOWER)),
+        cache_bytes_max: mib_bytes(repair_cache_mb(a.common.repair_cache_mb, REPAIR_CACHE_MB_FOLLOWER, budget_mb)),
         ..psl_scl::NodeConfig::default()
     };
     let opts = NodeOptions {
@@ -339,6 +414,8 @@ pub struct CapsuleServerArgs {
     /// Attestation (`--attest`): publish a report binding this server's ack-signing key.
     #[command(flatten)]
     pub attest: crate::attest::PublishArgs,
+    #[command(flatten)]
+    pub budget: BudgetArgs,
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -379,8 +456,16 @@ pub fn run_capsule_server(a: CapsuleServerArgs) -> Result<i32> {
     if id >= a.n {
         bail!("--id {id} is not below --n {} (server ids are 0 .. n)", a.n);
     }
+    a.budget.watch(RoleKind::CapsuleServer, "capsule-server");
     let spec = a.fabric.spec("psl capsule-server")?;
-    let common = CommonArgs { capsule, owner, fabric: a.fabric, epoch_ms: 100, repair_cache_mb: None };
+    let common = CommonArgs {
+        capsule,
+        owner,
+        fabric: a.fabric,
+        epoch_ms: 100,
+        repair_cache_mb: None,
+        budget: BudgetArgs::default(),
+    };
     let (meta, app) = load(&common)?;
     let key =
         psl_server::server_key(&app, id).with_context(|| format!("server id {id} is out of range (0 to 32767)"))?;

@@ -90,6 +90,11 @@ pub struct UpArgs {
     /// Memory limit of each front end, MiB (evictions are read back through CapsuleDB).
     #[arg(long, default_value_t = 64)]
     pub kv_memory_mb: u64,
+    /// With three front ends or more: their home lease (`psl memcached --home-lease-ms`;
+    /// conditional commands fail over to another front end when a key's home is down). 0:
+    /// static homes.
+    #[arg(long, default_value_t = psl_memcached::failover::HOME_LEASE_MS_DEFAULT)]
+    pub home_lease_ms: u64,
     /// The fabric: `router` (start a router), `nats` (start a local nats-server, Debian's
     /// package), or the URL of a running one (psl://HOST:PORT, nats://H1:4222,...).
     #[arg(long, default_value = "router", value_name = "router|nats|URL")]
@@ -225,7 +230,8 @@ fn start_kv(
         servers.push((id, sdir));
     }
     let mut dargs = common("capsuledb");
-    dargs.extend(["--store".into(), s(&dir.join("capsuledb"))]);
+    // Its control interface hands out plaintext: loopback only, like the coordinator's.
+    dargs.extend(["--store".into(), s(&dir.join("capsuledb")), "--control".into(), "127.0.0.1:0".into()]);
     let (k, drx) = spawn("kv capsuledb", &dargs)?;
     kids.push(k);
     for (id, rx) in srx {
@@ -237,7 +243,8 @@ fn start_kv(
     cargs.extend(["--state".into(), s(&dir.join("coordinator"))]);
     let (k, crx) = spawn("kv coordinator", &cargs)?;
     kids.push(k);
-    wait_line("kv coordinator", &crx, "control ", deadline)?;
+    let coordinator_control: SocketAddr = wait_line("kv coordinator", &crx, "control ", deadline)?.parse()?;
+    let capsuledb_control: SocketAddr = wait_line("kv capsuledb", &drx, "control ", deadline)?.parse()?;
     let ready = wait_line("kv capsuledb", &drx, "ready ", deadline)?;
     let writer: u32 = ready
         .split_whitespace()
@@ -274,6 +281,7 @@ fn start_kv(
         // Even a group of one serves its peer address: joining front ends forward to it.
         args.extend(["--peer-listen".into(), binds[i].to_string(), "--peers".into(), list.clone()]);
         args.extend(["--peer-advertise".into(), peer.to_string()]);
+        args.extend(["--home-lease-ms".into(), a.home_lease_ms.to_string()]);
         let (k, rx) = spawn(&format!("memcached {id}"), &args)?;
         kids.push(k);
         frx.push((id, rx));
@@ -291,6 +299,9 @@ fn start_kv(
         front_ends: listen,
         servers,
         state: dir.join("joined"),
+        coordinator_control: Some(coordinator_control),
+        capsuledb_control: Some(capsuledb_control),
+        home_lease_ms: if binds.len() >= psl_memcached::failover::MEMBERS_MIN { a.home_lease_ms } else { 0 },
     })
 }
 

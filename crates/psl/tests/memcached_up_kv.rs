@@ -1,7 +1,7 @@
 //! SecureCached on the KV deployment of `psl up --kv`, and its memory limit backed by CapsuleDB.
 //!
-//! - `psl up --kv --memcached 2` (its coordinator, capsule servers, CapsuleDB and two front ends
-//!   in one peer group); two more front ends join with `psl memcached --cluster DIR` alone
+//! - `psl up --kv --memcached 3` (its coordinator, capsule servers, CapsuleDB and three front
+//!   ends in one peer group, with home failover); two more front ends join with `psl memcached --cluster DIR` alone
 //!   (fresh node ids drawn from DIR): sets through one are read through another, and two
 //!   concurrent `cas` with one unique, through a joined front end and a group member, give
 //!   exactly one STORED (the joined one forwards to the key's home); an item written before
@@ -66,14 +66,17 @@ fn front_ends_joining_psl_up_kv_by_its_dir_share_items_and_cas_arbitration() {
     let d = t.path();
     let _up: Proc = start(
         d,
-        &["up", "--kv", "--memcached", "2", "--workers", "1", "--servers", "0", "--dir", "up", "--kv-memory-mb", "1"],
+        &["up", "--kv", "--memcached", "3", "--workers", "1", "--servers", "0", "--dir", "up", "--kv-memory-mb", "1"],
         "up",
     );
     let kv = cluster_kv(&d.join("up"));
     let group: Vec<SocketAddr> =
         kv["front_ends"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().parse().unwrap()).collect();
-    assert_eq!(group.len(), 2);
-    assert_eq!(kv["peers"].as_array().unwrap().len(), 2);
+    assert_eq!(group.len(), 3);
+    assert_eq!(kv["peers"].as_array().unwrap().len(), 3);
+    // Three front ends fail homes over; the record says so for the ones that join.
+    assert_eq!(kv["home_lease_ms"], 1000);
+    assert!(kv["coordinator_control"].is_string() && kv["capsuledb_control"].is_string(), "{kv}");
     // The KV owner key is readable by its owner only.
     use std::os::unix::fs::PermissionsExt;
     let owner = kv["owner"].as_str().unwrap();

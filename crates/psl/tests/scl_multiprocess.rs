@@ -108,6 +108,17 @@ fn three_nodes_converge_through_a_lossy_reordering_router() {
     assert_eq!(cstats["keys"], 0, "{cstats}");
     assert!(cstats["ops_applied"].as_u64().unwrap() >= 10_000, "{cstats}");
     assert!(cstats["repair_cache_bytes"].as_u64().unwrap() > 0, "{cstats}");
+    // Every role runs under a memory budget (its kind's default here) and reports it.
+    let budget = |p: &Proc| {
+        let m = client(p).metrics().expect("METRICS answers");
+        let v = m
+            .lines()
+            .find_map(|l| l.strip_prefix("psl_process_memory_budget_bytes "))
+            .unwrap_or_else(|| panic!("no memory budget in {m}"));
+        v.parse::<u64>().unwrap()
+    };
+    assert_eq!(budget(&coord), 128 << 20);
+    assert_eq!(budget(&nodes[0]), 256 << 20);
     let kv_get = |p: &Proc, key: &str| {
         std::process::Command::new(env!("CARGO_BIN_EXE_psl"))
             .args(["kv", "get", "--node", &p.addr().to_string(), key])
@@ -153,5 +164,36 @@ fn a_killed_node_restarts_and_catches_up() {
             break;
         }
         assert!(Instant::now() < deadline, "the restarted node did not converge");
+    }
+}
+
+#[test]
+fn a_role_over_its_memory_budget_counts_it_in_its_metrics() {
+    let t = tempfile::tempdir().unwrap();
+    let d = t.path();
+    ok(d, &["keys", "new", "--out", "owner.key"]);
+    ok(d, &["capsule", "new", "--owner", "owner.key", "--label", "budget", "--out", "c.capsule"]);
+    let router = start(d, &["router", "--listen", "127.0.0.1:0", "--memory-budget-mb", "64"], "listening");
+    let r = router.addr().to_string();
+    #[rustfmt::skip]
+    let coord = start(
+        d,
+        &["coordinator", "--capsule", "c.capsule", "--owner", "owner.key", "--router", &r, "--memory-budget-mb", "1"],
+        "control",
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let m = client(&coord).metrics().expect("METRICS answers");
+        let get = |name: &str| {
+            m.lines().find_map(|l| l.strip_prefix(&format!("{name} "))).and_then(|v| v.parse::<u64>().ok())
+        };
+        assert_eq!(get("psl_process_memory_budget_bytes"), Some(1 << 20), "{m}");
+        // No process fits in 1 MiB: the watch counts samples above the budget.
+        if get("psl_process_over_budget_samples_total").is_some_and(|n| n > 0) {
+            assert!(get("psl_process_resident_peak_bytes").is_some_and(|p| p > 1 << 20), "{m}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no sample over budget counted: {m}");
+        std::thread::sleep(Duration::from_millis(100));
     }
 }

@@ -17,14 +17,17 @@
 //!   processes' summed CPU time grows by `idle_cpu_ms_per_s`, measured before the load): the
 //!   processes count as idle once their CPU time grows over 500 ms by at most 1.5 times that
 //!   rate plus 10 ms;
-//! - per role: peak resident memory (`VmHWM`) against the role's budget, and CPU seconds per
-//!   1,000 operations (the load and its drain);
+//! - per role: peak resident memory (`VmHWM`) against the role's budget (its
+//!   `--memory-budget-mb`, by default its kind's: `roles::RoleKind::budget_mb_default`), and
+//!   CPU seconds per 1,000 operations (the load and its drain); `roles_over_budget_<fabric>`
+//!   names every role whose peak passed its budget;
 //! - what crossing the fabric cost, as the front ends' nodes count it (`stats`): repair
 //!   requests sent and records sent in answer, and messages dropped on full queues (inbound:
 //!   the fabric endpoint's receive queue or the node's ring; outbound: the endpoint's send
 //!   queue), during the initial load and in steady state (the measured rounds):
-//!   `records_dropped_<fabric>` and `repair_requests_<fabric>` are the steady-state totals.
-//!   The coordinator, capsule servers and CapsuleDB are not counted here.
+//!   `records_dropped_<fabric>` and `repair_requests_<fabric>` are the steady-state totals of
+//!   the front ends, the coordinator and CapsuleDB (their nodes' `STATS`, apart in `detail`
+//!   as `followers_*`). The capsule servers are not counted here.
 //!
 //! Headline: `ratio_a` and `ratio_mix` (uniform keys, router tree), the deployment over
 //! memcached in the same run. Goals (issue 17): 0.7 and 0.8; `drain_ms` under 1,000; no role
@@ -44,7 +47,8 @@ const VALUE_BYTES: usize = 100;
 const CONNECTIONS: usize = 96;
 const CLIENT_THREADS: usize = 2;
 const FRONT_ENDS: u32 = 3;
-/// Each front end's memory budget (`--kv-memory-mb`), and the budget every other role is held to.
+/// Each front end's item memory (`--kv-memory-mb`; the process's budget is
+/// `RoleKind::FrontEnd`'s), and the most any role may reach (issue 17).
 const FRONT_END_MB: u64 = 64;
 const ROLE_MB_MAX: u64 = 256;
 
@@ -53,6 +57,8 @@ const ROLE_MB_MAX: u64 = 256;
 struct Role {
     pid: u32,
     name: String,
+    /// The memory budget it runs under (`None`: not a psl role, e.g. nats-server).
+    budget_mb: Option<u64>,
 }
 
 /// The deployment's processes: every descendant of `psl up`, named by their command line (a
@@ -78,7 +84,13 @@ fn roles(root: u32) -> Vec<Role> {
                 .find_map(|f| args.iter().position(|a| a == f).and_then(|i| args.get(i + 1)))
                 .map(|i| format!(" {i}"))
                 .unwrap_or_default();
-            out.push(Role { pid: k, name: format!("{role}{id}") });
+            // The role's memory budget: its --memory-budget-mb, or its kind's default.
+            let budget_mb = args
+                .iter()
+                .position(|a| a == "--memory-budget-mb")
+                .and_then(|i| args.get(i + 1)?.parse().ok())
+                .or_else(|| crate::roles::RoleKind::of_subcommand(&role).map(|k| k.budget_mb_default()));
+            out.push(Role { pid: k, name: format!("{role}{id}"), budget_mb });
         }
     }
     out
@@ -91,10 +103,7 @@ fn cpu_total(rs: &[Role]) -> f64 {
 /// Peak resident memory of a process, MiB.
 fn hwm_mb(pid: u32) -> f64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    s.lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-        .map_or(0.0, |kib| kib / 1024.0)
+    psl_node::memory::kib_field(&s, "VmHWM:").map_or(0.0, |kib| kib as f64 / 1024.0)
 }
 
 /// The processes' summed CPU rate while nothing drives them, ms per s: the median of five
@@ -139,20 +148,69 @@ fn drain_ms(rs: &[Role], idle_ms_per_s: f64) -> f64 {
 struct Deployment {
     guard: super::ycsb::ChildGuard,
     targets: Vec<SocketAddr>,
+    /// The control interfaces of its coordinator and CapsuleDB: (role, address).
+    controls: Vec<(&'static str, SocketAddr)>,
 }
 
 fn start_deployment(fabric: &str) -> Result<Deployment> {
-    let (guard, targets) = start_up_kv(FRONT_ENDS, FRONT_END_MB, fabric)?;
-    Ok(Deployment { guard, targets })
+    let (guard, kv) = start_up_kv(FRONT_ENDS, FRONT_END_MB, fabric)?;
+    let controls = [("coordinator", kv.coordinator_control), ("capsuledb", kv.capsuledb_control)]
+        .into_iter()
+        .filter_map(|(r, a)| Some((r, a?)))
+        .collect();
+    Ok(Deployment { guard, targets: kv.front_ends, controls })
+}
+
+/// The fabric counters of the coordinator's and CapsuleDB's nodes (`STATS` on their control
+/// interfaces), named as the front ends' are: `{role: {counter: value}}`.
+fn follower_counters(controls: &[(&'static str, SocketAddr)]) -> Result<BTreeMap<String, BTreeMap<String, u64>>> {
+    let mut out = BTreeMap::new();
+    for (role, addr) in controls {
+        let mut c = psl_node::control::ControlClient::connect(*addr, Duration::from_secs(5))
+            .with_context(|| format!("connecting to the {role}'s control interface {addr}"))?;
+        let line = c.call("STATS").with_context(|| format!("STATS of the {role}"))?;
+        let v: Value = serde_json::from_str(&line).with_context(|| format!("the {role}'s STATS: {line}"))?;
+        let get = |k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
+        let m: BTreeMap<String, u64> = [
+            ("repair_requests_sent", get("repair_requests_sent")),
+            ("repair_records_sent", get("repair_records_sent")),
+            ("inbound_dropped", get("inbound_dropped")),
+            ("outbound_dropped", get("fabric_dropped_send_full")),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        out.insert((*role).to_string(), m);
+    }
+    Ok(out)
+}
+
+/// What each follower counted between two snapshots.
+fn follower_delta(
+    before: &BTreeMap<String, BTreeMap<String, u64>>,
+    after: &BTreeMap<String, BTreeMap<String, u64>>,
+) -> BTreeMap<String, BTreeMap<String, u64>> {
+    after
+        .iter()
+        .map(|(role, a)| {
+            let b = before.get(role);
+            let d = a
+                .iter()
+                .map(|(k, v)| (k.clone(), v.saturating_sub(b.and_then(|b| b.get(k)).copied().unwrap_or(0))))
+                .collect();
+            (role.clone(), d)
+        })
+        .collect()
 }
 
 /// Starts `psl up --workers 1 --servers 0 --memcached N` (the KV store as processes) on
-/// `fabric` in a temporary directory; returns what stops it and the front ends' addresses.
+/// `fabric` in a temporary directory; returns what stops it and its `kv` record (the front
+/// ends' addresses, the coordinator's and CapsuleDB's control interfaces).
 pub(super) fn start_up_kv(
     front_ends: u32,
     memory_mb: u64,
     fabric: &str,
-) -> Result<(super::ycsb::ChildGuard, Vec<SocketAddr>)> {
+) -> Result<(super::ycsb::ChildGuard, crate::memcached::KvInfo)> {
     let exe = std::env::current_exe().context("finding the psl binary")?;
     let dir = tempfile::Builder::new().prefix("psl-bench-up").tempdir()?;
     let mut child = Command::new(exe)
@@ -171,7 +229,7 @@ pub(super) fn start_up_kv(
         bail!("psl up --memcached {front_ends} --fabric {fabric} did not report ready");
     }
     let kv = crate::memcached::read_kv(&path)?;
-    Ok((guard, kv.front_ends.clone()))
+    Ok((guard, kv))
 }
 
 /// The fabric counters every front end reports in `stats` (the counters of its node).
@@ -263,6 +321,7 @@ pub fn run(secs: f64, cases: &[String], reps: usize, show_progress: bool) -> Res
         let load_drain = drain_ms(&rs, idle);
         let zero = vec![BTreeMap::new(); dep.targets.len()];
         let after_load = front_end_counters(&dep.targets)?;
+        let followers_after_load = follower_counters(&dep.controls)?;
         pb.inc(1);
         let mut runs = Vec::new();
         let mut cpu_by_role: BTreeMap<String, f64> = BTreeMap::new();
@@ -307,29 +366,39 @@ pub fn run(secs: f64, cases: &[String], reps: usize, show_progress: bool) -> Res
         let roles_json: Vec<Value> = rs
             .iter()
             .map(|r| {
-                let budget = if r.name.starts_with("memcached") { FRONT_END_MB } else { ROLE_MB_MAX };
                 let cpu = cpu_by_role.get(&r.name).copied().unwrap_or(0.0);
-                json!({"role": r.name, "rss_mb_max": hwm_mb(r.pid), "budget_mb": budget,
+                let rss = hwm_mb(r.pid);
+                json!({"role": r.name, "rss_mb_max": rss, "budget_mb": r.budget_mb,
+                       "within_budget": r.budget_mb.map(|b| rss <= b as f64),
                        "cpu_s_per_1000_ops": cpu * 1000.0 / ops_all.max(1) as f64})
             })
             .collect();
         let rss_max = rs.iter().map(|r| hwm_mb(r.pid)).fold(0.0, f64::max);
         out.insert(format!("rss_mb_max_{fabric}"), json!(rss_max));
+        // Every psl role's peak against its own budget (nats-server has none of ours).
+        let over: Vec<&str> = rs
+            .iter()
+            .filter(|r| r.budget_mb.is_some_and(|b| hwm_mb(r.pid) > b as f64))
+            .map(|r| r.name.as_str())
+            .collect();
+        out.insert(format!("roles_over_budget_{fabric}"), json!(over));
         // Steady state: the measured rounds, after the initial load (reported apart).
         let at_end = front_end_counters(&dep.targets)?;
         let steady = counters_delta(&after_load, &at_end);
-        let dropped =
-            steady.get("inbound_dropped").copied().unwrap_or(0) + steady.get("outbound_dropped").copied().unwrap_or(0);
-        out.insert(format!("records_dropped_{fabric}"), json!(dropped));
-        out.insert(
-            format!("repair_requests_{fabric}"),
-            json!(steady.get("repair_requests_sent").copied().unwrap_or(0)),
-        );
+        let followers_steady = follower_delta(&followers_after_load, &follower_counters(&dep.controls)?);
+        // Front ends, coordinator and CapsuleDB together.
+        let sum = |k: &str| {
+            steady.get(k).copied().unwrap_or(0)
+                + followers_steady.values().map(|m| m.get(k).copied().unwrap_or(0)).sum::<u64>()
+        };
+        out.insert(format!("records_dropped_{fabric}"), json!(sum("inbound_dropped") + sum("outbound_dropped")));
+        out.insert(format!("repair_requests_{fabric}"), json!(sum("repair_requests_sent")));
         detail.insert(
             (*fabric).into(),
             json!({"roles": roles_json, "runs": runs, "load_ops_per_s": l.ops_per_s(), "load_drain_ms": load_drain,
                    "idle_cpu_ms_per_s": idle, "front_ends_steady": steady,
-                   "front_ends_during_load": counters_delta(&zero, &after_load)}),
+                   "front_ends_during_load": counters_delta(&zero, &after_load),
+                   "followers_steady": followers_steady, "followers_during_load": followers_after_load}),
         );
         drop(dep);
     }

@@ -161,7 +161,8 @@ pub fn start_system(name: &str) -> Result<System> {
             })
         }
         "psl-up" => {
-            let (guard, front_ends) = super::cluster::start_up_kv(2, 2048, "router")?;
+            let (guard, kv) = super::cluster::start_up_kv(2, 2048, "router")?;
+            let front_ends = kv.front_ends;
             for a in &front_ends {
                 wait_port(*a, "a psl up front end")?;
             }
