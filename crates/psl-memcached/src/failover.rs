@@ -11,7 +11,7 @@
 //! - a *hand-over* thread per slot taken over: moves the node's clock past the ceiling, renews,
 //!   fetches the stored writes of the granting members page by page, waits for the node's
 //!   `sync()`, rewrites each key's newest stored version that the node does not already hold
-//!   (keeping its CAS unique, [`FrontEnd::rewrite_held`]) and stores the rewrites on a majority;
+//!   (keeping its CAS unique, `FrontEnd::rewrite_held`) and stores the rewrites on a majority;
 //! - a *prune* thread: for each slot this member serves that has new writes, reads the node's
 //!   Lamport clock, waits for a `sync()` and tells the acceptors they may drop what it covers;
 //! - [`Failover::route`] and [`Failover::serve_forwarded`]: where a conditional command runs:
@@ -347,7 +347,13 @@ impl Failover {
         let ok = match self.hand_over(slot, ceiling, &from) {
             Ok(rewrites) => {
                 self.stats.takeovers.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(slot, ballot, rewrites, ms = t.elapsed().as_millis() as u64, "home slot taken over");
+                let ms = t.elapsed().as_millis() as u64;
+                if slot == self.me {
+                    tracing::info!(slot, ballot, rewrites, ms, "home of its own slot");
+                } else {
+                    // Another member's slot: that member stopped renewing (down, paused or cut off).
+                    tracing::warn!(slot, ballot, rewrites, ms, "took over another front end's home slot");
+                }
                 true
             }
             Err(e) => {

@@ -445,8 +445,12 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
                     let l = std::net::TcpListener::bind(listen)
                         .with_context(|| format!("binding the peer address {listen}"))?;
                     if a.peers.len() >= psl_memcached::failover::MEMBERS_MIN && a.home_lease_ms > 0 {
-                        // A front end that ran before (its state directory counted an
-                        // incarnation) may have granted leases: it waits out a quarantine.
+                        // Only the first incarnation of a state directory starts fresh (its
+                        // acceptor complete at once, no quarantine): one that ran before, or one
+                        // without a state directory, may have granted a lease that still holds
+                        // or stored writes a new home needs, so it waits out a quarantine and
+                        // counts as complete only once a home's prune names it. A wiped state
+                        // directory would pass for a first start: docs/protocol/memcached.md §6.2.
                         let fresh = state.is_some() && incarnation == 1;
                         let fcfg = FailoverConfig::new(a.home_lease_ms, fresh, cfg.timeout);
                         fe.join_remote_group_with_failover(&a.peers, me, key.clone(), cfg, fcfg)

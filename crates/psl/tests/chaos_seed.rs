@@ -30,14 +30,15 @@ fn a_seed_decides_schedule_and_workload_exactly() {
 const SEEDS: u64 = 3;
 const START: u64 = 3;
 
-#[test]
-fn a_handful_of_seeds_over_real_processes_pass_every_check() {
-    let t = tempfile::tempdir().unwrap();
-    let dir = t.path().join("chaos");
+/// Runs `psl chaos` on `seeds` seeds from `start` (3-second fault phases, no disk faults, with
+/// `extra` arguments) in `dir`, bounded; requires every seed to pass every check and its report
+/// to name how to replay it.
+fn seeds_pass(dir: &std::path::Path, start: u64, seeds: u64, extra: &[&str]) {
     #[rustfmt::skip]
     let mut child = psl()
-        .args(["chaos", "--seeds", &SEEDS.to_string(), "--start", &START.to_string(), "--fault-ms", "3000",
+        .args(["chaos", "--seeds", &seeds.to_string(), "--start", &start.to_string(), "--fault-ms", "3000",
                "--disk-faults", "off", "--json", "--dir", dir.to_str().unwrap()])
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -58,7 +59,7 @@ fn a_handful_of_seeds_over_real_processes_pass_every_check() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let reports: Vec<serde_json::Value> = stdout.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
-    for n in START..START + SEEDS {
+    for n in start..start + seeds {
         let seed = reports
             .iter()
             .find(|r| r["seed"] == n)
@@ -66,6 +67,10 @@ fn a_handful_of_seeds_over_real_processes_pass_every_check() {
         // Whatever the outcome, the report names how to replay it.
         let replay = seed["replay"].as_str().unwrap();
         assert!(replay.contains(&format!("--start {n} --fault-ms 3000 --disk-faults off")), "{replay}");
+        if let Some(i) = extra.iter().position(|a| *a == "--front-ends") {
+            let want = format!("--front-ends {}", extra[i + 1]);
+            assert!(replay.contains(&want), "{replay} lacks {want}");
+        }
         assert!(seed["writes"].as_u64().unwrap() > 0 && seed["steps"].as_u64().unwrap() > 0, "{seed}");
         assert!(
             seed["ok"] == true,
@@ -76,5 +81,30 @@ fn a_handful_of_seeds_over_real_processes_pass_every_check() {
     assert!(status.success(), "psl chaos exited with {status}\n{stderr}");
     let summary = reports.iter().find(|r| r["summary"] == true).unwrap();
     assert_eq!(summary["failed"], 0);
-    assert_eq!(summary["seeds"], SEEDS);
+    assert_eq!(summary["seeds"], seeds);
+}
+
+#[test]
+fn a_handful_of_seeds_over_real_processes_pass_every_check() {
+    let t = tempfile::tempdir().unwrap();
+    seeds_pass(&t.path().join("chaos"), START, SEEDS, &[]);
+}
+
+/// Seed 27 with three front ends kills front end 0 (the home of slot 0) for 2.5 s of its
+/// 3-second fault phase: the survivors take its slot over while the cas clients run, and the
+/// checker finds no lost or doubled `cas`. The front ends' logs show the takeover.
+#[test]
+fn a_seed_that_kills_a_home_front_end_passes_every_check_with_failover() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("chaos");
+    seeds_pass(&dir, 27, 1, &["--front-ends", "3", "--keep"]);
+    let logs = dir.join("seed-27").join("logs");
+    let took_over = std::fs::read_dir(&logs)
+        .unwrap_or_else(|e| panic!("{}: {e}", logs.display()))
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("mc"))
+        .any(|e| {
+            std::fs::read_to_string(e.path()).unwrap_or_default().contains("took over another front end's home slot")
+        });
+    assert!(took_over, "no front end took over the killed one's slot (logs in {})", logs.display());
 }

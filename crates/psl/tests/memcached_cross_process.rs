@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 mod common;
 use common::eventually;
 use common::mc::{cas_race, Client};
-use common::{ok, start, Proc};
+use common::{start, start_router_and_coordinator, Proc};
 
 fn free_addr() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
@@ -33,15 +33,8 @@ impl Group {
 fn start_group() -> Group {
     let t = tempfile::tempdir().unwrap();
     let d: &Path = t.path();
-    ok(d, &["keys", "new", "--out", "owner.key"]);
-    ok(d, &["capsule", "new", "--owner", "owner.key", "--label", "mc", "--out", "c.capsule"]);
-    let router = start(d, &["router", "--listen", "127.0.0.1:0"], "listening");
+    let (router, coord) = start_router_and_coordinator(d, "mc", &[]);
     let r = router.addr().to_string();
-    let coord = start(
-        d,
-        &["coordinator", "--capsule", "c.capsule", "--owner", "owner.key", "--router", &r, "--epoch-ms", "50"],
-        "control",
-    );
     let peers = [free_addr(), free_addr()];
     let list = format!("{},{}", peers[0], peers[1]);
     let fes = (0..2)

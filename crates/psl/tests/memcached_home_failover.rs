@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 use common::mc::Client;
-use common::{eventually, ok, start, Proc};
+use common::{eventually, start, start_router_and_coordinator, Proc};
 
 const KEYS: usize = 12;
 const LEASE_MS: &str = "400";
@@ -87,15 +87,8 @@ impl Group {
 fn start_group() -> Group {
     let t = tempfile::tempdir().unwrap();
     let d: &Path = t.path();
-    ok(d, &["keys", "new", "--out", "owner.key"]);
-    ok(d, &["capsule", "new", "--owner", "owner.key", "--label", "mc", "--out", "c.capsule"]);
-    let router = start(d, &["router", "--listen", "127.0.0.1:0"], "listening");
+    let (router, coord) = start_router_and_coordinator(d, "mc", &[]);
     let r = router.addr().to_string();
-    let coord = start(
-        d,
-        &["coordinator", "--capsule", "c.capsule", "--owner", "owner.key", "--router", &r, "--epoch-ms", "50"],
-        "control",
-    );
     let mut g = Group {
         t,
         _router: router,

@@ -54,6 +54,11 @@ pub struct ChaosArgs {
     /// Nominal length of each seed's fault phase, ms (part of what a seed replays).
     #[arg(long, default_value_t = 12_000)]
     pub fault_ms: u64,
+    /// SecureCached front ends of the deployment (one peer group): with three or more, their
+    /// homes fail over (`psl memcached --home-lease-ms`), and the schedule's kills, pauses and
+    /// cuts of front ends exercise it (part of what a seed replays).
+    #[arg(long, default_value_t = Shape::default().memcached)]
+    pub front_ends: u8,
     /// Print each seed's schedule and workload as JSON and run nothing.
     #[arg(long)]
     pub dry_run: bool,
@@ -97,12 +102,15 @@ fn replay_cmd(a: &ChaosArgs, seed: u64) -> String {
     if a.disk_faults == DiskFaults::Off {
         c.push_str(" --disk-faults off");
     }
+    if a.front_ends != Shape::default().memcached {
+        c.push_str(&format!(" --front-ends {}", a.front_ends));
+    }
     c
 }
 
 fn shapes(a: &ChaosArgs) -> (Shape, WorkloadShape) {
-    let shape = Shape { fault_ms: a.fault_ms, ..Shape::default() };
-    let wshape = WorkloadShape { span_ms: a.fault_ms, ..WorkloadShape::default() };
+    let shape = Shape { fault_ms: a.fault_ms, memcached: a.front_ends.max(1), ..Shape::default() };
+    let wshape = WorkloadShape { span_ms: a.fault_ms, fronts: shape.memcached, ..WorkloadShape::default() };
     (shape, wshape)
 }
 

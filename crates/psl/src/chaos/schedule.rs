@@ -345,12 +345,21 @@ impl Schedule {
         let coords = (0..shape.coordinators).map(Proc::Coordinator);
         let nodes = (0..shape.nodes).map(Proc::Node);
         let mcs = (0..shape.memcached).map(Proc::Memcached);
+        // A SecureCached front end is the home of its keys' conditional commands. With static
+        // homes (fewer than three front ends) a restarted home that arbitrated before catching
+        // up could let a cas succeed on a stale unique, so front ends are paused and cut off,
+        // never killed. Three or more fail homes over (docs/protocol/memcached.md §6): a killed
+        // home's slots move, and it takes them back after a quarantine and a hand-over, so
+        // they are killed and restarted too (with their state directories).
+        let killable_mcs: Vec<Proc> = if usize::from(shape.memcached) >= psl_memcached::failover::MEMBERS_MIN {
+            mcs.clone().collect()
+        } else {
+            Vec::new()
+        };
         match kind {
-            // A SecureCached front end is the home of its keys' conditional commands: a
-            // restarted home that arbitrated before catching up could let a cas succeed on a
-            // stale unique. Restarting homes is not supported yet (docs/protocol/memcached.md
-            // §6), so front ends are paused and cut off, never killed.
-            EpisodeKind::Crash => servers.chain(coords).chain(nodes).chain(std::iter::once(Proc::CapsuleDb)).collect(),
+            EpisodeKind::Crash => {
+                servers.chain(coords).chain(nodes).chain(std::iter::once(Proc::CapsuleDb)).chain(killable_mcs).collect()
+            }
             EpisodeKind::CrashWipe => servers.chain(nodes).chain(std::iter::once(Proc::CapsuleDb)).collect(),
             EpisodeKind::Pause | EpisodeKind::Cut => {
                 servers.chain(coords).chain(nodes).chain(std::iter::once(Proc::CapsuleDb)).chain(mcs).collect()
@@ -586,13 +595,19 @@ mod tests {
     }
 
     #[test]
-    fn front_ends_are_never_killed() {
+    fn front_ends_are_killed_only_when_their_homes_fail_over() {
         for seed in 0..500 {
             for st in Schedule::generate(seed, Shape::default()).steps {
                 if let Action::Kill { proc: Proc::Memcached(_) } = st.action {
-                    panic!("seed {seed} kills a front end");
+                    panic!("seed {seed} kills a front end of a group with static homes");
                 }
             }
         }
+        let three = Shape { memcached: 3, ..Shape::default() };
+        let kills = (0..500)
+            .flat_map(|seed| Schedule::generate(seed, three).steps)
+            .filter(|st| matches!(st.action, Action::Kill { proc: Proc::Memcached(_) }))
+            .count();
+        assert!(kills > 0, "no seed kills a front end of a group that fails over");
     }
 }

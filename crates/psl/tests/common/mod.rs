@@ -96,17 +96,21 @@ pub fn start_read_server(dir: &Path, router: SocketAddr, id: u32) -> Proc {
 /// coordinator (50 ms epochs) and three read servers ([`start_read_server`]). Returns
 /// (router, coordinator, servers).
 pub fn start_durable_cluster(dir: &Path, label: &str) -> (Proc, Proc, Vec<Proc>) {
+    let (router, coordinator) = start_router_and_coordinator(dir, label, &["--eoe-timeout-ms", "200"]);
+    let servers = (0..3).map(|i| start_read_server(dir, router.addr(), i)).collect();
+    (router, coordinator, servers)
+}
+
+/// In `dir`: an owner key `owner.key`, a capsule `c.capsule` labelled `label`, a router and a
+/// coordinator (50 ms epochs, with `extra` arguments). Returns (router, coordinator).
+pub fn start_router_and_coordinator(dir: &Path, label: &str, extra: &[&str]) -> (Proc, Proc) {
     ok(dir, &["keys", "new", "--out", "owner.key"]);
     ok(dir, &["capsule", "new", "--owner", "owner.key", "--label", label, "--out", "c.capsule"]);
     let router = start(dir, &["router", "--listen", "127.0.0.1:0"], "listening");
     let r = router.addr().to_string();
-    #[rustfmt::skip]
-    let coordinator = start(
-        dir,
-        &["coordinator", "--capsule", "c.capsule", "--owner", "owner.key", "--router", &r, "--epoch-ms", "50",
-          "--eoe-timeout-ms", "200"],
-        "control",
-    );
-    let servers = (0..3).map(|i| start_read_server(dir, router.addr(), i)).collect();
-    (router, coordinator, servers)
+    let mut args =
+        vec!["coordinator", "--capsule", "c.capsule", "--owner", "owner.key", "--router", &r, "--epoch-ms", "50"];
+    args.extend_from_slice(extra);
+    let coordinator = start(dir, &args, "control");
+    (router, coordinator)
 }
