@@ -383,7 +383,7 @@ impl Failover {
         // The writes the granting acceptors store for the slot, newest version per key.
         let mut newest: BTreeMap<Vec<u8>, Held> = BTreeMap::new();
         for &m in from {
-            let mut after = None;
+            let (mut after, mut prev_last): (Option<Vec<u8>>, Option<Vec<u8>>) = (None, None);
             loop {
                 let req = Ctl::Entries { slot: slot as u16, ballot: lease.ballot, after: after.take() };
                 let r = if m == self.me {
@@ -396,6 +396,14 @@ impl Failover {
                     return Err(format!("member {m} refused to hand over slot {slot}'s writes: {r:?}"));
                 };
                 let last = entries.last().map(|h| h.key.clone());
+                // Pages come in key order, each after the last: one that does not move on
+                // (a broken peer) would never end the loop.
+                if let (Some(prev), Some(first)) = (&prev_last, entries.first()) {
+                    if first.key <= *prev {
+                        return Err(format!("member {m} sent slot {slot}'s writes out of key order"));
+                    }
+                }
+                prev_last = last.clone();
                 for h in entries {
                     match newest.get(&h.key) {
                         Some(o) if o.version >= h.version => {}

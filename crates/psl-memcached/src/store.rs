@@ -598,6 +598,12 @@ impl FrontEnd {
     /// home now, follows the member it names (at most one hop per member, within a few
     /// seconds), as a forwarding-only front end must.
     fn call_following_hints(&self, first: Arc<PeerClient>, key: &[u8], op: &Rmw<'_>) -> Outcome {
+        // The common case: the home answers (static homes, or the lease where it belongs).
+        let mut answer = first.call_routed(key, op);
+        match answer {
+            Routed::Done(o) if !matches!(o, Outcome::Unavailable(_)) => return o,
+            _ => {}
+        }
         let deadline = Instant::now() + std::time::Duration::from_secs(5);
         let (members, failover): (Vec<Arc<PeerClient>>, bool) = {
             let g = self.group.read();
@@ -611,22 +617,25 @@ impl FrontEnd {
                 .collect();
             (m, g.client_failover)
         };
-        let at = |c: &Arc<PeerClient>| members.iter().position(|m| Arc::ptr_eq(m, c)).unwrap_or(0);
+        let after = |c: &Arc<PeerClient>| {
+            let at = members.iter().position(|m| Arc::ptr_eq(m, c)).unwrap_or(0);
+            members[(at + 1) % members.len()].clone()
+        };
         let mut peer = first;
         loop {
-            let next = match peer.call_routed(key, op) {
+            let next = match answer {
                 Routed::Done(Outcome::Unavailable(e)) if failover && members.len() >= 3 => {
                     // Down: the next member runs it if it is home now, or names who is.
                     tracing::debug!("forwarding: {e}; asking the next member");
                     std::thread::sleep(std::time::Duration::from_millis(10));
-                    members[(at(&peer) + 1) % members.len()].clone()
+                    after(&peer)
                 }
                 Routed::Done(o) => return o,
                 Routed::NotHome(hint) => match hint.and_then(|h| members.get(h as usize)) {
                     Some(c) => c.clone(),
                     None => {
                         std::thread::sleep(std::time::Duration::from_millis(10));
-                        members[(at(&peer) + 1) % members.len()].clone()
+                        after(&peer)
                     }
                 },
             };
@@ -637,6 +646,7 @@ impl FrontEnd {
                 ));
             }
             peer = next;
+            answer = peer.call_routed(key, op);
         }
     }
 

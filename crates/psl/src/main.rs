@@ -114,7 +114,7 @@ enum Cmd {
     /// Run a DataCapsule server (verified durable storage, signed acks), or check its storage.
     CapsuleServer(roles::CapsuleServerArgs),
     /// Serve the memcached protocol on the secure store (SecureCached).
-    Memcached(memcached::MemcachedArgs),
+    Memcached(Box<memcached::MemcachedArgs>),
     /// Run CapsuleDB (the LSM tree of DataCapsule records behind bounded memtables), or list
     /// its snapshots / read a key as of one.
     Capsuledb(capsuledb::CapsuleDbArgs),
@@ -166,7 +166,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Worker(a) => faas_roles::run_worker(a),
         Cmd::CapsuleHost(a) => faas_roles::run_capsule_host(a),
         Cmd::CapsuleServer(a) => roles::run_capsule_server(a),
-        Cmd::Memcached(a) => memcached::run(a),
+        Cmd::Memcached(a) => memcached::run(*a),
         Cmd::Capsuledb(a) => capsuledb::run(a),
         Cmd::Attest(c) => attest::run(c),
     }

@@ -108,8 +108,9 @@ pub struct MemcachedArgs {
     pub peer_timeout_ms: u64,
     /// With a fabric: MiB of recent records the front end's node keeps to answer peers'
     /// repair requests (oldest evicted first; peers and capsule servers hold them too).
-    #[arg(long, default_value_t = crate::roles::REPAIR_CACHE_MB_NODE)]
-    pub repair_cache_mb: u64,
+    /// Default: 128, at most a quarter of --memory-budget-mb.
+    #[arg(long)]
+    pub repair_cache_mb: Option<u64>,
     /// Memory budget (`--memory-budget-mb`; the item memory is `--memory-mb`).
     #[command(flatten)]
     pub budget: crate::roles::BudgetArgs,
@@ -415,7 +416,11 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
                 flush_delay: Duration::from_micros(a.flush_us.unwrap_or(500)),
                 capsuledb: db,
                 core: psl_scl::NodeConfig {
-                    cache_bytes_max: crate::roles::mib_bytes(a.repair_cache_mb.min((budget_mb / 4).max(1))),
+                    cache_bytes_max: crate::roles::mib_bytes(crate::roles::repair_cache_mb(
+                        a.repair_cache_mb,
+                        crate::roles::REPAIR_CACHE_MB_NODE,
+                        budget_mb,
+                    )),
                     ..psl_scl::NodeConfig::default()
                 },
                 ..NodeOptions::default()

@@ -237,7 +237,17 @@ fn killing_a_home_during_concurrent_cas_loops_loses_no_update_and_its_slot_moves
             std::thread::spawn(move || cas_loop(shared, i % 3, stop, t0))
         })
         .collect();
-    let python = pymemcache().then(|| {
+    // Killed if the test fails before it waits for it.
+    struct Py(Option<std::process::Child>);
+    impl Drop for Py {
+        fn drop(&mut self) {
+            if let Some(c) = self.0.as_mut() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+    let mut python = Py(pymemcache().then(|| {
         let list: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
         let keys: Vec<String> = (0..KEYS).map(key).collect();
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../psl-memcached/tests/clients/pymemcache_cas_loop.py");
@@ -247,8 +257,8 @@ fn killing_a_home_during_concurrent_cas_loops_loses_no_update_and_its_slot_moves
             .stderr(Stdio::inherit())
             .spawn()
             .expect("python3 runs")
-    });
-    if python.is_none() {
+    }));
+    if python.0.is_none() {
         eprintln!("\n!!!!!!!! pymemcache missing: only the project's client runs; run scripts/install-memcached-test-deps.sh !!!!!!!!\n");
     }
 
@@ -272,7 +282,7 @@ fn killing_a_home_during_concurrent_cas_loops_loses_no_update_and_its_slot_moves
         eprintln!("client: {} STORED, replies {replies:?}", s.len());
         stored.extend(s);
     }
-    if let Some(p) = python {
+    if let Some(p) = python.0.take() {
         let out = p.wait_with_output().unwrap();
         assert!(out.status.success(), "the pymemcache loop failed");
         let text = String::from_utf8_lossy(&out.stdout);
