@@ -114,6 +114,13 @@ pub fn audit_file_rotated(
                 problems.push(capsule_problem("rotation", format!("key generation {}: {e}", cert.key_gen)));
             }
         }
+        // Writer certificates and revocations from every Cert record, before any record is
+        // checked: a statement is signed by the application key itself, so where it sits in the
+        // file does not matter, and a record may come before its writer's certificate.
+        // Twice: a later generation's statements verify only once its rotation certificate
+        // (in a ROTATE record, below) is known; only the second pass's refusals are problems.
+        let records = s.frames.iter().filter_map(|f| f.record.as_ref().ok());
+        let first = v.learn_statements(records);
         if v.can_open() {
             // Certificates the log carries itself, in ROTATE records this auditor can open.
             for f in &s.frames {
@@ -128,6 +135,12 @@ pub fn audit_file_rotated(
                         }
                     }
                 }
+            }
+        }
+        if !first.is_empty() {
+            let records = s.frames.iter().filter_map(|f| f.record.as_ref().ok());
+            for (hash, e) in v.learn_statements(records) {
+                problems.push(capsule_problem("certificate", format!("a statement in record {hash}: {e}")));
             }
         }
     }

@@ -1,6 +1,7 @@
 //! A writer's chain state: it assigns seq, prev, Lamport times and epoch links, and seals.
 
 use crate::body::{Action, Body, Op};
+use crate::certs::{KeyStatement, WriterCert, WriterKeys};
 use crate::limits::Limits;
 use crate::meta::{CapsuleName, SignedMetadata};
 use crate::record::{Link, Record};
@@ -29,6 +30,8 @@ pub struct Author {
     epoch_link: Option<Link>,
     /// Seeded salt source for reproducible simulations; OS randomness when `None`.
     salts: Option<rand::rngs::StdRng>,
+    /// This writer's certificate, in a capsule that certifies writers.
+    cert: Option<WriterCert>,
 }
 
 /// The keys of the next application key generation, waiting for its epoch.
@@ -51,22 +54,80 @@ impl std::fmt::Debug for Author {
 }
 
 impl Author {
-    /// A writer at the start of its chain.
+    /// A writer at the start of its chain, its key made from the application key under the
+    /// capsule's scheme (in a certified capsule it issues its own certificate, valid from epoch 0:
+    /// whoever holds the application key may).
     pub fn new(meta: &SignedMetadata, app: &AppKey, writer: u32) -> Result<Author, CryptoError> {
-        Self::with_keys(meta, app.writer(writer)?, app.data_key(), writer)
+        match meta.meta.policy.writer_keys {
+            WriterKeys::Derived => Self::with_keys(meta, app.writer(writer)?, app.data_key(), writer),
+            WriterKeys::Certified => {
+                let cert =
+                    WriterCert::issue(app, meta.name(), 0, writer, 0).map_err(|_| CryptoError::WriterIndex(writer))?;
+                Self::with_certified_keys(meta, app.writer_hardened(writer)?, cert, app.data_key())
+            }
+        }
     }
 
-    /// A writer from keys handed to it (as a worker receives them from the leader).
+    /// A writer from keys handed to it (as a worker receives them from the leader), in a capsule
+    /// that derives writer keys; the key must be the derived child.
     pub fn with_keys(
         meta: &SignedMetadata,
         key: SigningKey,
         data_key: DataKey,
         writer: u32,
     ) -> Result<Author, CryptoError> {
-        if meta.meta.app.writer(writer)? != key.verifying_key() {
+        if meta.meta.policy.writer_keys != WriterKeys::Derived || meta.meta.app.writer(writer)? != key.verifying_key() {
             return Err(CryptoError::BadSignature);
         }
-        Ok(Author {
+        Ok(Self::make(meta, key, data_key, writer, None))
+    }
+
+    /// A writer of a certified capsule from its key and its certificate (of key generation 0,
+    /// signed by the metadata's application key, for this key and capsule).
+    pub fn with_certified_keys(
+        meta: &SignedMetadata,
+        key: SigningKey,
+        cert: WriterCert,
+        data_key: DataKey,
+    ) -> Result<Author, CryptoError> {
+        let ok = meta.meta.policy.writer_keys == WriterKeys::Certified
+            && cert.key_gen == 0
+            && cert.key == key.verifying_key()
+            && cert.check(meta.name(), &meta.meta.app.point()).is_ok();
+        if !ok {
+            return Err(CryptoError::BadSignature);
+        }
+        let writer = cert.writer;
+        Ok(Self::make(meta, key, data_key, writer, Some(cert)))
+    }
+
+    /// This writer's certificate (a certified capsule's writer).
+    pub fn cert(&self) -> Option<&WriterCert> {
+        self.cert.as_ref()
+    }
+
+    /// Writes a Cert record carrying `statements` (certificates and revocations the application
+    /// key signed; this writer only carries them).
+    pub fn write_certs(&mut self, statements: Vec<KeyStatement>) -> Result<Record, SealError> {
+        self.write_body(Body::Certs(statements))
+    }
+
+    /// Writes a Cert record carrying this writer's own certificate: how a certified writer
+    /// introduces itself to verifiers that have not seen its certificate. `None` in a capsule
+    /// that derives writer keys.
+    pub fn write_own_cert(&mut self) -> Option<Result<Record, SealError>> {
+        let cert = self.cert.clone()?;
+        Some(self.write_certs(vec![KeyStatement::Cert(cert)]))
+    }
+
+    fn make(
+        meta: &SignedMetadata,
+        key: SigningKey,
+        data_key: DataKey,
+        writer: u32,
+        cert: Option<WriterCert>,
+    ) -> Author {
+        Author {
             capsule: meta.name(),
             limits: meta.meta.policy.limits,
             writer,
@@ -81,7 +142,8 @@ impl Author {
             epoch: 0,
             epoch_link: None,
             salts: None,
-        })
+            cert,
+        }
     }
 
     /// Draws record salts from a generator seeded with `seed` instead of the OS: for seeded
@@ -127,7 +189,10 @@ impl Author {
                 why: "rotation does not follow the writer's key generation",
             });
         }
-        if cert.app.writer(self.writer)? != key.verifying_key() || data_key.fingerprint() != cert.data_key_fp {
+        // A certified writer's new key is known to verifiers by its certificate under the new
+        // generation (the leader publishes it); a derived writer's must be the derived child.
+        let derived_ok = self.cert.is_some() || cert.app.writer(self.writer)? == key.verifying_key();
+        if !derived_ok || data_key.fingerprint() != cert.data_key_fp {
             return Err(CryptoError::BadSignature);
         }
         // Only the generation right after the current one can be pending (checked above).

@@ -2,6 +2,7 @@
 //! trusted core and are decoded only after the AEAD has authenticated them; the decoder is
 //! bounded all the same.
 
+use crate::certs::{KeyStatement, STATEMENTS_PER_RECORD_MAX};
 use crate::codec::{DecodeError, Put, Reader};
 use crate::limits::Limits;
 use crate::record::Kind;
@@ -84,6 +85,8 @@ pub enum Body {
     /// CapsuleDB block and index bodies; their content is CapsuleDB's.
     DbBlock(Vec<u8>),
     DbIndex(Vec<u8>),
+    /// Writer certificates and revocations (a Cert record, stored in the clear).
+    Certs(Vec<KeyStatement>),
 }
 
 impl Body {
@@ -94,12 +97,22 @@ impl Body {
             Body::Control { .. } => Kind::Control,
             Body::DbBlock(_) => Kind::DbBlock,
             Body::DbIndex(_) => Kind::DbIndex,
+            Body::Certs(_) => Kind::Cert,
         }
     }
 
     /// Checks the body against `limits` and the header's Lamport time: what an encoder must
     /// hold before writing and a decoder must find after reading.
     pub fn check(&self, limits: &Limits, header_lamport: u64) -> Result<(), DecodeError> {
+        if let Body::Certs(list) = self {
+            if list.is_empty() || list.len() > STATEMENTS_PER_RECORD_MAX {
+                return Err(DecodeError::Limit {
+                    field: "statement count",
+                    len: list.len() as u64,
+                    max: STATEMENTS_PER_RECORD_MAX as u64,
+                });
+            }
+        }
         if let Body::Data(ops) = self {
             if ops.is_empty() {
                 return Err(DecodeError::Invalid { field: "ops", why: "a data record holds at least one op" });
@@ -170,6 +183,7 @@ impl Body {
                 b.extend_from_slice(payload);
             }
             Body::DbBlock(x) | Body::DbIndex(x) => b.extend_from_slice(x),
+            Body::Certs(list) => b = KeyStatement::encode_list(list),
         }
         b
     }
@@ -224,6 +238,7 @@ impl Body {
             }
             Kind::DbBlock => Body::DbBlock(bytes.to_vec()),
             Kind::DbIndex => Body::DbIndex(bytes.to_vec()),
+            Kind::Cert => return KeyStatement::decode_list(bytes).map(Body::Certs),
         };
         if matches!(kind, Kind::Data | Kind::Sync) {
             r.finish("body")?;

@@ -9,6 +9,8 @@
 //! - [`author`]: a writer's chain state (seq, prev, Lamport time, epoch links) on top of `seal`.
 //! - [`verify`]: the [`Verifier`], the only maker of [`Verified`] values, and rejection reasons.
 //! - [`replica`]: an in-memory replica (a grow-only set) with chain, link and equivocation checks.
+//! - [`certs`]: [`WriterCert`] and [`Revocation`], the application-key-signed statements by
+//!   which a capsule with hardened ([`WriterKeys::Certified`]) writer keys learns and drops writers.
 //! - [`rotation`]: [`RotationCert`], the owner-signed announcement of a new application key
 //!   generation and the epoch from which it is in force (older generations retire there).
 //! - [`proof`]: membership proofs from a signed head down to a record.
@@ -20,6 +22,7 @@
 pub mod audit;
 pub mod author;
 pub mod body;
+pub mod certs;
 pub mod codec;
 pub mod file;
 pub mod limits;
@@ -34,6 +37,7 @@ pub mod verify;
 pub use audit::{audit_file, audit_file_rotated, Audit, Problem};
 pub use author::Author;
 pub use body::{Action, Body, ControlCode, Op};
+pub use certs::{writer_credentials, CertError, KeyStatement, Revocation, WriterCert, WriterKeys};
 pub use codec::DecodeError;
 pub use file::CapsuleFile;
 pub use limits::Limits;
@@ -52,13 +56,27 @@ pub const DEFAULT_COORDINATORS: u8 = 3;
 /// otherwise; shadows use the indices just below it.
 pub const DEFAULT_COORDINATOR: u32 = (1 << 31) - 1;
 
-/// Builds and signs metadata for a new capsule under `owner`'s application `app_index`.
+/// Builds and signs metadata for a new capsule under `owner`'s application `app_index`, with
+/// writer keys derived from the application public key (version-1 metadata).
 pub fn new_capsule(
     owner: &psl_crypto::OwnerKey,
     app_index: u32,
     label: &str,
     created_ms: u64,
     limits: Limits,
+) -> Result<SignedMetadata, MetadataError> {
+    new_capsule_with(owner, app_index, label, created_ms, limits, WriterKeys::Derived)
+}
+
+/// Like [`new_capsule`], choosing how writer keys are made: [`WriterKeys::Certified`] gives
+/// hardened writer keys, each known to verifiers by a [`WriterCert`].
+pub fn new_capsule_with(
+    owner: &psl_crypto::OwnerKey,
+    app_index: u32,
+    label: &str,
+    created_ms: u64,
+    limits: Limits,
+    writer_keys: WriterKeys,
 ) -> Result<SignedMetadata, MetadataError> {
     let app = owner.app(app_index).map_err(|_| {
         MetadataError::Decode(DecodeError::Invalid { field: "application index", why: "must be below 2^31" })
@@ -74,6 +92,7 @@ pub fn new_capsule(
             coordinators: DEFAULT_COORDINATORS,
             limits,
             data_key_fp: app.data_key().fingerprint(),
+            writer_keys,
         },
     };
     SignedMetadata::sign(meta, &owner.signing_key())

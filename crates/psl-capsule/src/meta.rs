@@ -3,17 +3,21 @@
 //! The name of a capsule is SHA-256 over its canonical metadata encoding, and the owner signs
 //! that name with the owner master key, so that nobody can mint a capsule in someone else's name.
 
+use crate::certs::WriterKeys;
 use crate::codec::{DecodeError, Put, Reader};
 use crate::limits::Limits;
 use psl_crypto::{sha256, AppPublicKey, Hash256, OwnerPublicKey, Signature, SigningKey, VerifyingKey};
 use std::fmt;
 
 const META_MAGIC: &[u8; 4] = b"PSLM";
-pub const META_VERSION: u8 = 1;
+/// Version 1: writer keys derived from the application public key. Version 2 adds one byte,
+/// the [`WriterKeys`] scheme, after the data key fingerprint. A capsule whose writers are derived
+/// is still written as version 1, so its name (the hash of this encoding) never changes.
+pub const META_VERSION: u8 = 2;
 /// Most bytes a label may have.
 pub const LABEL_BYTES_MAX: usize = 255;
 /// Largest encoded metadata (with the largest label).
-pub const META_BYTES_MAX: usize = 4 + 1 + 33 + 4 + 65 + 8 + 1 + LABEL_BYTES_MAX + 4 + 1 + 5 * 4 + 32;
+pub const META_BYTES_MAX: usize = 4 + 1 + 33 + 4 + 65 + 8 + 1 + LABEL_BYTES_MAX + 4 + 1 + 5 * 4 + 32 + 1;
 
 /// The 256-bit name of a DataCapsule, printed as lowercase hex.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -43,6 +47,8 @@ pub struct Policy {
     pub limits: Limits,
     /// Fingerprint of the application data key, so a key holder can tell it has the right one.
     pub data_key_fp: Hash256,
+    /// How verifiers learn writer keys: derived (version-1 capsules) or certified.
+    pub writer_keys: WriterKeys,
 }
 
 impl Policy {
@@ -79,7 +85,8 @@ impl Metadata {
         assert!(self.label.len() <= LABEL_BYTES_MAX, "label checked by the constructor");
         let mut b = Vec::with_capacity(META_BYTES_MAX);
         b.extend_from_slice(META_MAGIC);
-        b.put_u8(META_VERSION);
+        let certified = self.policy.writer_keys == WriterKeys::Certified;
+        b.put_u8(if certified { 2 } else { 1 });
         b.extend_from_slice(&self.owner.0.to_bytes());
         b.put_u32(self.app_index);
         b.extend_from_slice(&self.app.to_bytes());
@@ -94,6 +101,9 @@ impl Metadata {
             b.put_u32(v);
         }
         b.extend_from_slice(&self.policy.data_key_fp.0);
+        if certified {
+            b.put_u8(self.policy.writer_keys as u8);
+        }
         b
     }
 
@@ -106,7 +116,7 @@ impl Metadata {
             return Err(DecodeError::Magic { what: "metadata" });
         }
         let v = r.u8("metadata version")?;
-        if v != META_VERSION {
+        if v != 1 && v != META_VERSION {
             return Err(DecodeError::Version { what: "metadata", found: v, supported: META_VERSION });
         }
         let owner = VerifyingKey::from_bytes(r.take(33, "owner public key")?)
@@ -140,6 +150,20 @@ impl Metadata {
             return Err(DecodeError::Invalid { field: "policy limits", why: "outside the hard ceilings" });
         }
         let data_key_fp = Hash256(r.array("data key fingerprint")?);
+        let writer_keys = if v == 1 {
+            WriterKeys::Derived
+        } else {
+            // Version 2 exists to name a scheme other than version 1's: one canonical encoding.
+            match WriterKeys::from_u8(r.u8("writer key scheme")?) {
+                Some(WriterKeys::Certified) => WriterKeys::Certified,
+                _ => {
+                    return Err(DecodeError::Invalid {
+                        field: "writer key scheme",
+                        why: "version 2 names certified writers",
+                    })
+                }
+            }
+        };
         r.finish("metadata")?;
         Ok(Metadata {
             owner: OwnerPublicKey(owner),
@@ -147,7 +171,7 @@ impl Metadata {
             app,
             created_ms,
             label,
-            policy: Policy { coordinator, coordinators, limits, data_key_fp },
+            policy: Policy { coordinator, coordinators, limits, data_key_fp, writer_keys },
         })
     }
 
@@ -263,9 +287,33 @@ pub(crate) mod tests {
                 coordinators: 2,
                 limits: Limits::default(),
                 data_key_fp: app.data_key().fingerprint(),
+                writer_keys: WriterKeys::Derived,
             },
         };
         SignedMetadata::sign(meta, &owner.signing_key()).unwrap()
+    }
+
+    #[test]
+    fn certified_metadata_is_version_2_and_derived_stays_version_1() {
+        let owner = OwnerKey::from_seed(&[3; 32]).unwrap();
+        let v1 = sample(&owner, "demo");
+        assert_eq!(v1.meta.encode()[4], 1, "a derived capsule keeps the version-1 encoding (and its name)");
+        let mut m = v1.meta.clone();
+        m.policy.writer_keys = WriterKeys::Certified;
+        let v2 = SignedMetadata::sign(m, &owner.signing_key()).unwrap();
+        let enc = v2.meta.encode();
+        assert_eq!(enc[4], 2);
+        assert_eq!(enc.len(), v1.meta.encode().len() + 1);
+        assert_ne!(v2.name(), v1.name());
+        assert_eq!(SignedMetadata::decode(&v2.encode()).unwrap(), v2);
+        // Version 2 naming the derived scheme is not canonical; an unknown version is named.
+        let mut bad = enc.clone();
+        *bad.last_mut().unwrap() = 1;
+        assert!(Metadata::decode(&bad).is_err());
+        let mut future = enc;
+        future[4] = 3;
+        let e = Metadata::decode(&future).unwrap_err().to_string();
+        assert!(e.contains("version") && e.contains('3'), "{e}");
     }
 
     #[test]

@@ -6,6 +6,8 @@
 //! header plus its body length and body digest: enough to recompute the record hash without the
 //! body. Step `i + 1`'s hash must appear among step `i`'s pointers (`prev` or a link).
 
+use crate::body::Body;
+use crate::certs::{CertError, KeyStatement, WriterCert, WriterKeys, WRITER_CERT_LEN};
 use crate::codec::{DecodeError, Put, Reader};
 use crate::meta::{CapsuleName, MetadataError, SignedMetadata};
 use crate::record::{record_hash, Header, Kind, Link, HEADER_FIXED_LEN, LINK_LEN};
@@ -14,7 +16,9 @@ use psl_crypto::{Hash256, Signature};
 use std::collections::{HashMap, VecDeque};
 
 const PROOF_MAGIC: &[u8; 4] = b"PSLP";
-const PROOF_VERSION: u8 = 1;
+/// Version 1: capsules with derived writer keys. Version 2 (certified capsules) carries the head
+/// writer's certificate after the head signature.
+const PROOF_VERSION: u8 = 2;
 /// Most steps a proof may hold (a path longer than this is refused on decode).
 pub const PROOF_STEPS_MAX: u32 = 1 << 20;
 
@@ -29,6 +33,10 @@ pub struct ProofStep {
 pub struct MembershipProof {
     pub metadata: SignedMetadata,
     pub head_signature: Signature,
+    /// The head writer's certificate, in a capsule that certifies writers (its public key is not
+    /// derivable). A proof shows the head was signed by a certified writer; whether that writer
+    /// was revoked before the head's epoch is a question for the log, which carries revocations.
+    pub head_cert: Option<WriterCert>,
     /// `steps[0]` is the signed head, the last step is the target.
     pub steps: Vec<ProofStep>,
 }
@@ -66,6 +74,10 @@ pub enum ProofError {
     UnknownHead(Hash256),
     #[error("no chain of pointers leads from head {head} to target {target}")]
     NoPath { head: Hash256, target: Hash256 },
+    #[error("head writer {0} has no certificate in the replica (a certified capsule's proof carries one)")]
+    NoHeadCert(u32),
+    #[error("head certificate: {0}")]
+    HeadCert(#[from] CertError),
 }
 
 impl MembershipProof {
@@ -108,7 +120,19 @@ impl MembershipProof {
                         }
                     })
                     .collect();
-                return Ok(MembershipProof { metadata: metadata.clone(), head_signature: head_rec.signature(), steps });
+                let head_cert = match metadata.meta.policy.writer_keys {
+                    WriterKeys::Derived => None,
+                    WriterKeys::Certified => Some(
+                        cert_in(metadata, replica, head_rec.header().writer)
+                            .ok_or(ProofError::NoHeadCert(head_rec.header().writer))?,
+                    ),
+                };
+                return Ok(MembershipProof {
+                    metadata: metadata.clone(),
+                    head_signature: head_rec.signature(),
+                    head_cert,
+                    steps,
+                });
             }
         }
         Err(ProofError::NoPath { head: candidates[0], target })
@@ -136,8 +160,19 @@ impl MembershipProof {
             let hash = record_hash(&s.header, s.body_len, &s.body_digest);
             match &prev {
                 None => {
-                    let key =
-                        self.metadata.meta.app.writer(h.writer).map_err(|_| ProofError::HeadSignature(h.writer))?;
+                    let key = match (&self.head_cert, self.metadata.meta.policy.writer_keys) {
+                        (None, WriterKeys::Derived) => {
+                            self.metadata.meta.app.writer(h.writer).map_err(|_| ProofError::HeadSignature(h.writer))?
+                        }
+                        (Some(c), WriterKeys::Certified) => {
+                            c.check(capsule, &self.metadata.meta.app.point())?;
+                            if c.writer != h.writer || c.key_gen != 0 || !c.covers(h.epoch) {
+                                return Err(ProofError::NoHeadCert(h.writer));
+                            }
+                            c.key
+                        }
+                        _ => return Err(ProofError::NoHeadCert(h.writer)),
+                    };
                     key.verify(&hash, &self.head_signature).map_err(|_| ProofError::HeadSignature(h.writer))?;
                     if h.kind == Kind::Sync && !self.metadata.meta.policy.is_coordinator(h.writer) {
                         return Err(ProofError::HeadSignature(h.writer));
@@ -162,9 +197,12 @@ impl MembershipProof {
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::new();
         b.extend_from_slice(PROOF_MAGIC);
-        b.put_u8(PROOF_VERSION);
+        b.put_u8(if self.head_cert.is_some() { 2 } else { 1 });
         b.extend_from_slice(&self.metadata.encode());
         b.extend_from_slice(&self.head_signature.0);
+        if let Some(c) = &self.head_cert {
+            b.extend_from_slice(&c.encode());
+        }
         b.put_u32(self.steps.len() as u32);
         for s in &self.steps {
             b.put_u32(s.header.len() as u32);
@@ -182,12 +220,14 @@ impl MembershipProof {
             return Err(DecodeError::Magic { what: "proof" }.into());
         }
         let v = r.u8("proof version")?;
-        if v != PROOF_VERSION {
+        if v != 1 && v != PROOF_VERSION {
             return Err(DecodeError::Version { what: "proof", found: v, supported: PROOF_VERSION }.into());
         }
         let mlen = SignedMetadata::encoded_len(&bytes[r.pos()..])?;
         let metadata = SignedMetadata::decode(r.take(mlen, "proof metadata")?)?;
         let head_signature = Signature(r.array("head signature")?);
+        let head_cert =
+            if v == 2 { Some(WriterCert::decode(r.take(WRITER_CERT_LEN, "head certificate")?)?) } else { None };
         let n = r.u32("step count")?;
         if n > PROOF_STEPS_MAX {
             return Err(DecodeError::Limit { field: "step count", len: n as u64, max: PROOF_STEPS_MAX as u64 }.into());
@@ -203,8 +243,20 @@ impl MembershipProof {
             steps.push(ProofStep { header, body_len, body_digest });
         }
         r.finish("proof")?;
-        Ok(MembershipProof { metadata, head_signature, steps })
+        Ok(MembershipProof { metadata, head_signature, head_cert, steps })
     }
+}
+
+/// Writer `writer`'s generation-0 certificate, from the Cert records of `replica`.
+fn cert_in(metadata: &SignedMetadata, replica: &Replica, writer: u32) -> Option<WriterCert> {
+    let limits = &metadata.meta.policy.limits;
+    replica.iter().filter(|r| r.header().kind == Kind::Cert).find_map(|r| {
+        let Ok(Body::Certs(list)) = Body::decode(Kind::Cert, r.body(), limits) else { return None };
+        list.into_iter().find_map(|s| match s {
+            KeyStatement::Cert(c) if c.writer == writer && c.key_gen == 0 => Some(c),
+            _ => None,
+        })
+    })
 }
 
 /// Breadth-first search from `head` along `prev` and link pointers to `target`.

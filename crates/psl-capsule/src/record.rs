@@ -22,6 +22,9 @@ pub enum Kind {
     Control = 3,
     DbBlock = 4,
     DbIndex = 5,
+    /// Writer certificates and revocations ([`crate::certs`]): the one kind whose body is
+    /// stored in the clear, so that verifiers without the data key learn writer keys.
+    Cert = 6,
 }
 
 impl Kind {
@@ -32,8 +35,15 @@ impl Kind {
             3 => Kind::Control,
             4 => Kind::DbBlock,
             5 => Kind::DbIndex,
+            6 => Kind::Cert,
             _ => return None,
         })
+    }
+
+    /// Whether bodies of this kind are stored in the clear rather than sealed: only
+    /// [`Kind::Cert`], whose statements are public keys and signatures meant for every verifier.
+    pub fn is_public(self) -> bool {
+        self == Kind::Cert
     }
 
     pub fn name(self) -> &'static str {
@@ -43,6 +53,7 @@ impl Kind {
             Kind::Control => "control",
             Kind::DbBlock => "db-block",
             Kind::DbIndex => "db-index",
+            Kind::Cert => "cert",
         }
     }
 }
@@ -278,7 +289,7 @@ impl Record {
         &self.raw[..self.header_len]
     }
 
-    /// The sealed body (ciphertext followed by the GCM tag).
+    /// The sealed body (ciphertext followed by the GCM tag); for a public kind, the plaintext.
     pub fn body(&self) -> &[u8] {
         &self.raw[self.header_len + 4..self.header_len + 4 + self.body_len]
     }

@@ -76,7 +76,9 @@ impl Draft {
         self.body.check(limits, self.lamport)?;
         // Encrypted in place below: the only plaintext copy, erased here if sealing stops first.
         let mut body = self.body.encode();
-        let len = HEADER_FIXED_LEN + LINK_LEN * self.links.len() + 4 + body.len() + TAG_LEN + SIGNATURE_LEN;
+        let public = self.body.kind().is_public();
+        let tag_len = if public { 0 } else { TAG_LEN };
+        let len = HEADER_FIXED_LEN + LINK_LEN * self.links.len() + 4 + body.len() + tag_len + SIGNATURE_LEN;
         if len > limits.record_bytes_max as usize {
             zeroize::Zeroize::zeroize(&mut body);
             return Err(SealError::RecordSize { len, max: limits.record_bytes_max });
@@ -96,7 +98,9 @@ impl Draft {
         let mut aad = Vec::with_capacity(header.encoded_len());
         header.encode_into(&mut aad);
         let ctx = Record::seal_context(&capsule, header.writer, header.seq);
-        data_key.seal_in_place(&salt, &ctx, &aad, &mut body);
+        if !public {
+            data_key.seal_in_place(&salt, &ctx, &aad, &mut body);
+        }
         let rec = Record::assemble(header, &body, |h| key.sign(h));
         debug_assert_eq!(rec.bytes().len(), len);
         Ok(rec)

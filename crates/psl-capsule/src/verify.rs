@@ -5,15 +5,28 @@
 #![allow(clippy::result_large_err)]
 
 use crate::body::Body;
+use crate::certs::{CertError, KeyStatement, Revocation, WriterCert, WriterKeys};
 use crate::codec::DecodeError;
 use crate::meta::{CapsuleName, SignedMetadata};
 use crate::record::{Header, Kind, Record};
 use crate::rotation::{RotationCert, RotationError, KEY_GENERATIONS_MAX};
 use psl_crypto::{DataKey, Hash256, VerifyingKey};
 use std::collections::HashMap;
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::RwLock;
+use std::sync::{Mutex, RwLock};
+
+/// Most records held back, across writers, for want of their writer's certificate.
+pub const HELD_RECORDS_MAX: usize = 4096;
+/// Most records held back for one (key generation, writer).
+pub const HELD_PER_WRITER_MAX: usize = 1024;
+/// How long a record waits for its writer's certificate before it is refused as uncertified.
+pub const CERT_WAIT_MS: u64 = 10_000;
+/// Most certified writers one verifier keeps (a bound on the certificate table).
+pub const CERTIFIED_WRITERS_MAX: usize = 1 << 16;
+/// Most revocations kept per (generation, writer).
+pub const REVOCATIONS_PER_WRITER_MAX: usize = 16;
 
 /// A value that has passed the verifier. The field is private to this module, so no other code
 /// can construct one: holding a `Verified<Record>` proves the checks ran.
@@ -73,7 +86,7 @@ pub enum Reason {
     KindNotAllowed { kind: &'static str, coordinator: u32 },
     #[error("{0}")]
     Structure(&'static str),
-    #[error("signature does not verify under writer {0}'s derived key")]
+    #[error("signature does not verify under writer {0}'s key")]
     Signature(u32),
     #[error("body does not decrypt under the application data key")]
     Decryption,
@@ -81,6 +94,14 @@ pub enum Reason {
     Body(DecodeError),
     #[error("SYNC names application key {found}, but the key in force is {expected}")]
     KeyFingerprint { found: Hash256, expected: Hash256 },
+    #[error("writer {writer} of key generation {key_gen} has no certificate (held back for it, then refused)")]
+    Uncertified { writer: u32, key_gen: u32 },
+    #[error("writer {writer}'s certificate covers epochs {from}..{until}, not the record's epoch {epoch}")]
+    CertWindow { writer: u32, epoch: u64, from: u64, until: u64 },
+    #[error("writer {writer} of key generation {key_gen} is revoked from epoch {from_epoch} or seq {from_seq}; the record is epoch {epoch}, seq {seq}")]
+    Revoked { writer: u32, key_gen: u32, epoch: u64, seq: u64, from_epoch: u64, from_seq: u64 },
+    #[error("Cert record carries a statement that is not accepted: {0}")]
+    Certificate(CertError),
 }
 
 impl Reason {
@@ -97,7 +118,17 @@ impl Reason {
             Reason::Decryption => "decryption",
             Reason::Body(_) => "body",
             Reason::KeyFingerprint { .. } => "key-fingerprint",
+            Reason::Uncertified { .. } => "uncertified",
+            Reason::CertWindow { .. } => "cert-window",
+            Reason::Revoked { .. } => "revoked",
+            Reason::Certificate(_) => "certificate",
         }
+    }
+
+    /// Whether the record may become valid once more is known (its writer's certificate has
+    /// not arrived yet): the caller holds it back ([`Verifier::hold`]) rather than drop it.
+    pub fn wants_cert(&self) -> bool {
+        matches!(self, Reason::Uncertified { .. })
     }
 }
 
@@ -137,6 +168,24 @@ pub struct Verifier {
     rotated: AtomicU32,
     /// Writer keys of generations 1.., by (generation, writer).
     rotated_keys: RwLock<HashMap<(u32, u32), VerifyingKey>>,
+    /// Certificates and revocations of a certified capsule, by (generation, writer).
+    certs: RwLock<CertTable>,
+    /// Records waiting for their writer's certificate.
+    held: Mutex<Held>,
+}
+
+#[derive(Default)]
+struct CertTable {
+    certs: HashMap<(u32, u32), WriterCert>,
+    /// Revocations by (generation, writer): a record is refused if any of them refuses it.
+    revoked: HashMap<(u32, u32), Vec<Revocation>>,
+}
+
+/// Records held back for want of a certificate, by (generation, writer), oldest first.
+#[derive(Default)]
+struct Held {
+    by_writer: HashMap<(u32, u32), VecDeque<(u64, Record)>>,
+    total: usize,
 }
 
 /// One rotated application key generation.
@@ -161,7 +210,221 @@ impl Verifier {
             rotations: RwLock::new(Vec::new()),
             rotated: AtomicU32::new(0),
             rotated_keys: RwLock::new(HashMap::new()),
+            certs: RwLock::new(CertTable::default()),
+            held: Mutex::new(Held::default()),
         }
+    }
+
+    /// How this capsule's verifiers learn writer keys.
+    pub fn writer_keys(&self) -> WriterKeys {
+        self.meta.meta.policy.writer_keys
+    }
+
+    /// The application public key point of generation `key_gen` (what signs its statements).
+    fn app_point(&self, key_gen: u32) -> Option<VerifyingKey> {
+        if key_gen == 0 {
+            return Some(self.meta.meta.app.point());
+        }
+        let gens = self.rotations.read().unwrap_or_else(|p| p.into_inner());
+        gens.get(key_gen as usize - 1).map(|g| g.cert.app.point())
+    }
+
+    /// Checks a certificate or revocation against this capsule and its generation's application key.
+    pub fn check_statement(&self, s: &KeyStatement) -> Result<(), CertError> {
+        if self.writer_keys() != WriterKeys::Certified {
+            return Err(CertError::NotCertified);
+        }
+        let point = self.app_point(s.key_gen()).ok_or(CertError::KeyGeneration(s.key_gen()))?;
+        s.check(self.name(), &point)
+    }
+
+    /// Installs a certificate or revocation learnt out of band (the leader's key bundle, a
+    /// file) or from a Cert record. Checked first; idempotent (`Ok(false)`: nothing new). A
+    /// second, different certificate for the same (generation, writer) is refused: a writer's
+    /// key changes with a new generation or a new writer index, never in place. A later
+    /// revocation of a writer replaces an earlier one only if it takes effect sooner.
+    pub fn install_statement(&self, s: &KeyStatement) -> Result<bool, CertError> {
+        self.check_statement(s)?;
+        let id = (s.key_gen(), s.writer());
+        let mut t = self.certs.write().unwrap_or_else(|p| p.into_inner());
+        match s {
+            KeyStatement::Cert(c) => match t.certs.get(&id) {
+                Some(old) if old == c => Ok(false),
+                Some(_) => Err(CertError::Conflict { writer: c.writer, key_gen: c.key_gen }),
+                None if t.certs.len() >= CERTIFIED_WRITERS_MAX => {
+                    Err(CertError::TooMany { max: CERTIFIED_WRITERS_MAX })
+                }
+                None => {
+                    t.certs.insert(id, c.clone());
+                    Ok(true)
+                }
+            },
+            KeyStatement::Revoke(r) => {
+                let known = t.revoked.get(&id);
+                // Nothing new if an installed one already refuses everything this one does.
+                if known.is_some_and(|v| v.iter().any(|o| o.from_epoch <= r.from_epoch && o.from_seq <= r.from_seq)) {
+                    return Ok(false);
+                }
+                if known.is_none() && t.revoked.len() >= CERTIFIED_WRITERS_MAX
+                    || known.is_some_and(|v| v.len() >= REVOCATIONS_PER_WRITER_MAX)
+                {
+                    return Err(CertError::TooMany { max: CERTIFIED_WRITERS_MAX });
+                }
+                t.revoked.entry(id).or_default().push(r.clone());
+                Ok(true)
+            }
+        }
+    }
+
+    /// Installs the statements of every Cert record among `records` (a whole file or store,
+    /// where a record may come before its writer's certificate), without checking the carrying
+    /// records: each statement carries the application key's own signature. Returns the
+    /// statements refused, with the hash of the record that carried each. Nothing in a capsule
+    /// that derives writer keys.
+    pub fn learn_statements<'a>(&self, records: impl IntoIterator<Item = &'a Record>) -> Vec<(Hash256, CertError)> {
+        let mut refused = Vec::new();
+        if self.writer_keys() != WriterKeys::Certified {
+            return refused;
+        }
+        let limits = &self.meta.meta.policy.limits;
+        for rec in records {
+            if rec.header().kind != Kind::Cert {
+                continue;
+            }
+            if let Ok(Body::Certs(list)) = Body::decode(Kind::Cert, rec.body(), limits) {
+                for st in &list {
+                    if let Err(e) = self.install_statement(st) {
+                        refused.push((rec.hash(), e));
+                    }
+                }
+            }
+        }
+        refused
+    }
+
+    /// The certificates installed, by generation then writer.
+    pub fn writer_certs(&self) -> Vec<WriterCert> {
+        let t = self.certs.read().unwrap_or_else(|p| p.into_inner());
+        let mut v: Vec<WriterCert> = t.certs.values().cloned().collect();
+        v.sort_by_key(|c| (c.key_gen, c.writer));
+        v
+    }
+
+    /// The revocations installed, by generation then writer.
+    pub fn revocations(&self) -> Vec<Revocation> {
+        let t = self.certs.read().unwrap_or_else(|p| p.into_inner());
+        let mut v: Vec<Revocation> = t.revoked.values().flatten().cloned().collect();
+        v.sort_by_key(|r| (r.key_gen, r.writer, r.from_epoch, r.from_seq));
+        v
+    }
+
+    /// Holds back a record refused only for want of its writer's certificate ([`Reason::wants_cert`]),
+    /// stamped with the caller's clock. When the hold is full, the oldest record of the same
+    /// writer (or, failing that, this one) is refused and returned, so the caller can count it.
+    pub fn hold(&self, rec: Record, now_ms: u64) -> Option<Rejected> {
+        let h = rec.header();
+        let id = (h.key_gen, h.writer);
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let queue_len = held.by_writer.get(&id).map_or(0, VecDeque::len);
+        let evicted = if queue_len >= HELD_PER_WRITER_MAX || held.total >= HELD_RECORDS_MAX {
+            match held.by_writer.get_mut(&id).and_then(VecDeque::pop_front) {
+                Some((_, old)) => {
+                    held.total -= 1;
+                    Some(old)
+                }
+                None => return Some(uncertified(&rec)),
+            }
+        } else {
+            None
+        };
+        held.by_writer.entry(id).or_default().push_back((now_ms, rec));
+        held.total += 1;
+        evicted.map(|old| uncertified(&old))
+    }
+
+    /// Takes the held records whose writer now has a certificate (or a revocation: they are then
+    /// refused for it), for the caller to verify again by its usual path.
+    pub fn release_held(&self) -> Vec<Record> {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        if held.total == 0 {
+            return Vec::new();
+        }
+        let t = self.certs.read().unwrap_or_else(|p| p.into_inner());
+        let ready: Vec<(u32, u32)> = held
+            .by_writer
+            .keys()
+            .filter(|id| t.certs.contains_key(id) || t.revoked.contains_key(id))
+            .copied()
+            .collect();
+        drop(t);
+        let mut out = Vec::new();
+        for id in ready {
+            if let Some(q) = held.by_writer.remove(&id) {
+                held.total -= q.len();
+                out.extend(q.into_iter().map(|(_, r)| r));
+            }
+        }
+        out
+    }
+
+    /// Whether `h`'s writer is one this verifier cannot check yet: a certified capsule, no
+    /// certificate or revocation known for (generation, writer), and not a Cert record (which
+    /// may introduce its own writer). The cheap test before [`Verifier::hold`], so that the
+    /// common path verifies a record without keeping a copy of it.
+    pub fn needs_cert(&self, h: &Header) -> bool {
+        if self.writer_keys() != WriterKeys::Certified || h.kind == Kind::Cert {
+            return false;
+        }
+        let t = self.certs.read().unwrap_or_else(|p| p.into_inner());
+        let id = (h.key_gen, h.writer);
+        !t.certs.contains_key(&id) && !t.revoked.contains_key(&id)
+    }
+
+    /// Verifies and opens `rec`, or holds it back (`Ok(None)`) if its writer's certificate has
+    /// not arrived ([`Verifier::needs_cert`]), stamped `now_ms`; a record the full hold cannot
+    /// take is refused as uncertified. What every runtime's receive path does.
+    pub fn verify_open_or_hold(&self, rec: Record, now_ms: u64) -> Result<Option<Verified<Opened>>, Rejected> {
+        if self.needs_cert(rec.header()) {
+            return match self.hold(rec, now_ms) {
+                None => Ok(None),
+                Some(rej) => Err(rej),
+            };
+        }
+        self.verify_open(rec).map(Some)
+    }
+
+    /// Like [`Verifier::verify_open_or_hold`] without opening the body (a capsule server).
+    pub fn verify_or_hold(&self, rec: Record, now_ms: u64) -> Result<Option<Verified<Record>>, Rejected> {
+        if self.needs_cert(rec.header()) {
+            return match self.hold(rec, now_ms) {
+                None => Ok(None),
+                Some(rej) => Err(rej),
+            };
+        }
+        self.verify(rec).map(Some)
+    }
+
+    /// Refuses held records older than [`CERT_WAIT_MS`] at `now_ms`, as uncertified.
+    pub fn expire_held(&self, now_ms: u64) -> Vec<Rejected> {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        if held.total == 0 {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for q in held.by_writer.values_mut() {
+            while q.front().is_some_and(|(t, _)| now_ms.saturating_sub(*t) >= CERT_WAIT_MS) {
+                let (_, r) = q.pop_front().expect("checked above");
+                out.push(uncertified(&r));
+            }
+        }
+        held.by_writer.retain(|_, q| !q.is_empty());
+        held.total -= out.len();
+        out
+    }
+
+    /// How many records are held back for want of a certificate.
+    pub fn held_count(&self) -> usize {
+        self.held.lock().unwrap_or_else(|p| p.into_inner()).total
     }
 
     pub fn metadata(&self) -> &SignedMetadata {
@@ -181,8 +444,26 @@ impl Verifier {
         key.fingerprint() == self.meta.meta.policy.data_key_fp
     }
 
-    /// The public key of writer `w`, derived from the application public key (cached).
+    /// The public key of writer `w` of generation 0: derived from the application public key
+    /// (cached), or, in a certified capsule, its certificate's; a revoked writer has none (this
+    /// key verifies acks and CapsuleDB's answers, which carry no epoch).
     pub fn writer_key(&self, w: u32) -> Result<VerifyingKey, Reason> {
+        if self.writer_keys() == WriterKeys::Certified {
+            let t = self.certs.read().unwrap_or_else(|p| p.into_inner());
+            // Acks and CapsuleDB's answers carry no epoch: a revoked writer's count for nothing
+            // from when this verifier knows the revocation.
+            if let Some(r) = t.revoked.get(&(0, w)).and_then(|v| v.first()) {
+                return Err(Reason::Revoked {
+                    writer: w,
+                    key_gen: 0,
+                    epoch: r.from_epoch,
+                    seq: r.from_seq,
+                    from_epoch: r.from_epoch,
+                    from_seq: r.from_seq,
+                });
+            }
+            return t.certs.get(&(0, w)).map(|c| c.key).ok_or(Reason::Uncertified { writer: w, key_gen: 0 });
+        }
         if let Some(k) = self.writer_keys.read().unwrap_or_else(|p| p.into_inner()).get(&w) {
             return Ok(*k);
         }
@@ -301,6 +582,10 @@ impl Verifier {
 
     /// The public key of writer `w` under key generation `key_gen`.
     pub fn writer_key_gen(&self, key_gen: u32, w: u32) -> Result<VerifyingKey, Reason> {
+        if self.writer_keys() == WriterKeys::Certified {
+            let t = self.certs.read().unwrap_or_else(|p| p.into_inner());
+            return t.certs.get(&(key_gen, w)).map(|c| c.key).ok_or(Reason::Uncertified { writer: w, key_gen });
+        }
         if key_gen == 0 {
             return self.writer_key(w);
         }
@@ -374,8 +659,12 @@ impl Verifier {
     }
 
     fn open_body(&self, rec: &Record) -> Result<Body, Reason> {
-        let key = self.data_key.as_ref().ok_or(Reason::Decryption)?;
         let h = rec.header();
+        let limits = &self.meta.meta.policy.limits;
+        if h.kind.is_public() {
+            return Body::decode(h.kind, rec.body(), limits).map_err(Reason::Body);
+        }
+        let key = self.data_key.as_ref().ok_or(Reason::Decryption)?;
         let ctx = Record::seal_context(&h.capsule, h.writer, h.seq);
         let plain = if h.key_gen == 0 {
             key.open(&h.salt, &ctx, rec.header_bytes(), rec.body())
@@ -386,7 +675,6 @@ impl Verifier {
             key.open(&h.salt, &ctx, rec.header_bytes(), rec.body())
         }
         .map_err(|_| Reason::Decryption)?;
-        let limits = &self.meta.meta.policy.limits;
         let body = Body::decode(h.kind, &plain, limits).map_err(Reason::Body)?;
         body.check(limits, h.lamport).map_err(Reason::Body)?;
         if let Body::Sync { app_key_fp } = &body {
@@ -422,12 +710,102 @@ impl Verifier {
         if h.kind == Kind::Data && h.links.iter().any(|l| !policy.is_coordinator(l.writer)) {
             return fail(Reason::Structure("a data record may link only to coordinators' records (its epoch's SYNC)"));
         }
+        if self.writer_keys() == WriterKeys::Certified {
+            return self.check_certified(rec);
+        }
+        if h.kind == Kind::Cert {
+            return fail(Reason::Structure("Cert records belong only to capsules that certify writers"));
+        }
         let key = self.writer_key_gen(h.key_gen, h.writer).map_err(|r| reject(rec, r))?;
         if key.verify(&rec.hash(), &rec.signature()).is_err() {
             return fail(Reason::Signature(h.writer));
         }
         Ok(())
     }
+
+    /// The signature check of a certified capsule: the writer's certificate (one table lookup
+    /// under a read lock, the same cost as a derived key's cache) must cover the record's epoch
+    /// and no revocation may; then the signature. A Cert record's statements are checked too,
+    /// may introduce the record's own writer, and are installed once the record verifies.
+    fn check_certified(&self, rec: &Record) -> Result<(), Rejected> {
+        let h = rec.header();
+        let id = (h.key_gen, h.writer);
+        let known = {
+            let t = self.certs.read().unwrap_or_else(|p| p.into_inner());
+            if let Some(r) = t.revoked.get(&id).and_then(|v| v.iter().find(|r| r.refuses(h.epoch, h.seq))) {
+                return Err(reject(
+                    rec,
+                    Reason::Revoked {
+                        writer: h.writer,
+                        key_gen: h.key_gen,
+                        epoch: h.epoch,
+                        seq: h.seq,
+                        from_epoch: r.from_epoch,
+                        from_seq: r.from_seq,
+                    },
+                ));
+            }
+            // Only what the check needs: no copy of the certificate on the per-record path.
+            t.certs.get(&id).map(|c| (c.key, c.valid_from_epoch, c.valid_until_epoch))
+        };
+        let statements = if h.kind == Kind::Cert {
+            let limits = &self.meta.meta.policy.limits;
+            let list = match Body::decode(Kind::Cert, rec.body(), limits) {
+                Ok(Body::Certs(list)) => list,
+                Ok(_) => return Err(reject(rec, Reason::Structure("a Cert record's body is a statement list"))),
+                Err(e) => return Err(reject(rec, Reason::Body(e))),
+            };
+            for s in &list {
+                if let Err(e) = self.check_statement(s) {
+                    return Err(reject(rec, Reason::Certificate(e)));
+                }
+            }
+            list
+        } else {
+            Vec::new()
+        };
+        // A writer unknown so far may introduce itself with its own certificate.
+        let cert = known.or_else(|| {
+            statements.iter().find_map(|s| match s {
+                KeyStatement::Cert(c) if (c.key_gen, c.writer) == id => {
+                    Some((c.key, c.valid_from_epoch, c.valid_until_epoch))
+                }
+                _ => None,
+            })
+        });
+        let Some((key, from, until)) = cert else {
+            return Err(reject(rec, Reason::Uncertified { writer: h.writer, key_gen: h.key_gen }));
+        };
+        if !(from <= h.epoch && h.epoch < until) {
+            return Err(reject(rec, Reason::CertWindow { writer: h.writer, epoch: h.epoch, from, until }));
+        }
+        if key.verify(&rec.hash(), &rec.signature()).is_err() {
+            return Err(reject(rec, Reason::Signature(h.writer)));
+        }
+        // All or nothing: a statement that would conflict refuses the record before any is kept.
+        {
+            let t = self.certs.read().unwrap_or_else(|p| p.into_inner());
+            for s in &statements {
+                if let KeyStatement::Cert(c) = s {
+                    if t.certs.get(&(c.key_gen, c.writer)).is_some_and(|old| old != c) {
+                        let e = CertError::Conflict { writer: c.writer, key_gen: c.key_gen };
+                        return Err(reject(rec, Reason::Certificate(e)));
+                    }
+                }
+            }
+        }
+        for s in &statements {
+            if let Err(e) = self.install_statement(s) {
+                return Err(reject(rec, Reason::Certificate(e)));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn uncertified(rec: &Record) -> Rejected {
+    let h = rec.header();
+    reject(rec, Reason::Uncertified { writer: h.writer, key_gen: h.key_gen })
 }
 
 fn reject(rec: &Record, reason: Reason) -> Rejected {

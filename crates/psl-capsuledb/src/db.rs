@@ -42,6 +42,12 @@ pub trait BlockStore: Send + Sync {
     fn sync(&self) -> std::io::Result<()> {
         Ok(())
     }
+    /// Writer certificates and revocations the store knows (a capsule server's `CERTS`), for a
+    /// record whose writer's certificate this process has not seen (an earlier incarnation's
+    /// block writer). Unchecked: the verifier checks each. None by default.
+    fn statements(&self) -> Vec<psl_capsule::KeyStatement> {
+        Vec::new()
+    }
 }
 
 /// One page of a scan: `(key, newest cell)` in key order, and whether more keys follow.
@@ -182,6 +188,19 @@ enum Want {
 
 impl Io {
     fn write(&self, body: Body) -> Result<RecordHash, Error> {
+        // In a certified capsule a fresh writer's chain opens with its own certificate (servers,
+        // nodes and auditors learn its key from the log); a reader that never writes adds none.
+        let intro = {
+            let a = self.author.lock();
+            a.cert().filter(|_| a.next_seq() == 0).cloned()
+        };
+        if let Some(c) = intro {
+            self.write_one(Body::Certs(vec![psl_capsule::KeyStatement::Cert(c)]))?;
+        }
+        self.write_one(body)
+    }
+
+    fn write_one(&self, body: Body) -> Result<RecordHash, Error> {
         let rec = self.author.lock().write_body(body).map_err(|e| Error::Seal(e.to_string()))?;
         let hash = rec.hash().0;
         // Written to every store; it is enough that one took it (reads try them all), but a
@@ -236,7 +255,14 @@ impl Io {
                         self.verifier.open_pinned(&rec, &Hash256(*hash)).map_err(|e| format!("open: {e}"))?
                     }
                     Want::Index => {
-                        self.verifier.verify_open(rec.clone()).map_err(|e| format!("verify: {e}"))?.into_inner().body
+                        let v = match self.verifier.verify_open(rec.clone()) {
+                            Err(e) if e.reason.wants_cert() => {
+                                self.learn_statements();
+                                self.verifier.verify_open(rec.clone())
+                            }
+                            r => r,
+                        };
+                        v.map_err(|e| format!("verify: {e}"))?.into_inner().body
                     }
                 };
                 match (want, body) {
@@ -253,6 +279,17 @@ impl Io {
             }
         }
         Err(Error::Unavailable { hash: Hash256(*hash).to_hex(), tried: self.stores.len(), last })
+    }
+
+    /// Installs what the stores know of writer certificates (each checked by the verifier).
+    fn learn_statements(&self) {
+        for s in &self.stores {
+            for st in s.statements() {
+                if let Err(e) = self.verifier.install_statement(&st) {
+                    tracing::warn!("capsuledb: a store offered a key statement that does not verify: {e}");
+                }
+            }
+        }
     }
 
     fn load_index(&self, hash: &RecordHash) -> Result<(Record, Index), Error> {
@@ -701,6 +738,12 @@ impl CapsuleDb {
             return Err(Error::Invalid("at least one store"));
         }
         let limits = verifier.metadata().meta.policy.limits;
+        if let Some(c) = author.cert() {
+            // Its own records are read back through this verifier (a certified capsule).
+            verifier
+                .install_statement(&psl_capsule::KeyStatement::Cert(c.clone()))
+                .map_err(|_| Error::Invalid("the writer's certificate does not verify"))?;
+        }
         let nz = |n: usize| NonZeroUsize::new(n.max(1)).unwrap_or(NonZeroUsize::MIN);
         let blocks = nz(config.cache_blocks_max / 2);
         let rows = nz(config.cache_blocks_max.saturating_mul(config.block_entries_max) / 4);

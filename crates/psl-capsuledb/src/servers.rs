@@ -278,6 +278,19 @@ impl BlockStore for ServerStore {
         }
     }
 
+    fn statements(&self) -> Vec<psl_capsule::KeyStatement> {
+        if lock(&self.down_until).is_some_and(|t| Instant::now() < t) {
+            return Vec::new();
+        }
+        match ReadClient::connect(self.addr).and_then(|mut c| c.statements()) {
+            Ok(list) => list,
+            Err(e) => {
+                tracing::warn!(server = %self.addr, "capsuledb: reading the server's certificates: {e}");
+                Vec::new()
+            }
+        }
+    }
+
     fn get(&self, hash: &RecordHash) -> Option<Vec<u8>> {
         if lock(&self.down_until).is_some_and(|t| Instant::now() < t) {
             return None;

@@ -261,6 +261,24 @@ impl AppKey {
         self.xprv.child(w)?.signing_key()
     }
 
+    /// The *hardened* signing key of writer `w` (`m/a'/w'`), the writer key of a capsule whose
+    /// policy certifies writers. Derived from the application *secret*, so this key, even with
+    /// the application extended public key, reveals nothing about the application key or any
+    /// sibling writer; verifiers learn its public key only from a certificate the application key
+    /// signs (`psl_capsule::WriterCert`).
+    pub fn writer_hardened(&self, w: u32) -> Result<SigningKey, CryptoError> {
+        if w > WRITER_INDEX_MAX {
+            return Err(CryptoError::WriterIndex(w));
+        }
+        self.xprv.child(w | HARDENED)?.signing_key()
+    }
+
+    /// Signs with the application key itself: writer certificates and revocations, which
+    /// verify under [`AppPublicKey::point`].
+    pub fn signing_key(&self) -> SigningKey {
+        self.xprv.signing_key().expect("valid secret by construction")
+    }
+
     /// The symmetric key that seals record bodies, derived from the application secret with
     /// HKDF-SHA256 (so it changes whenever the application key does).
     pub fn data_key(&self) -> DataKey {
@@ -389,6 +407,55 @@ mod tests {
         assert!(app.writer(HARDENED).is_err());
         assert!(app.public().writer(HARDENED).is_err());
         assert!(owner.app(HARDENED).is_err());
+    }
+
+    /// BIP32's known weakness, and why certified capsules use hardened writers: from a
+    /// non-hardened child's private key and the parent's extended public key, the parent's
+    /// private key is `k_child - IL mod n`, where `IL` is computable from public data alone.
+    /// Run against a hardened child, the same computation yields a key that is neither the
+    /// application key nor able to sign for any sibling writer.
+    #[test]
+    fn parent_recovery_works_for_derived_writers_only() {
+        let owner = OwnerKey::from_seed(&[9u8; 32]).unwrap();
+        let app = owner.app(3).unwrap();
+        let xpub = app.public();
+        // What an attacker computes: IL from the public chain code and point, for index w.
+        let recover = |leaked: &SigningKey, w: u32| -> Option<SigningKey> {
+            let key = hmac::Key::new(hmac::HMAC_SHA512, &xpub.xpub.chain_code);
+            let mut data = [0u8; 37];
+            data[..33].copy_from_slice(&xpub.xpub.pk.serialize());
+            data[33..].copy_from_slice(&w.to_be_bytes());
+            let tag = hmac::sign(&key, &data);
+            let mut il = [0u8; 32];
+            il.copy_from_slice(&tag.as_ref()[..32]);
+            let neg = secp256k1::SecretKey::from_secret_bytes(il).ok()?.negate();
+            let tweak = secp256k1::Scalar::from_be_bytes(neg.to_secret_bytes()).ok()?;
+            let child = secp256k1::SecretKey::from_secret_bytes(*leaked.expose_secret_bytes()).ok()?;
+            Some(SigningKey::from_secret(child.add_tweak(&tweak).ok()?))
+        };
+        let w = 17;
+        // Non-hardened: the leaked writer key yields the application key, and every sibling.
+        let parent = recover(&app.writer(w).unwrap(), w).unwrap();
+        assert_eq!(parent.verifying_key(), xpub.point(), "the known attack works on derived writers");
+        // Hardened: whatever comes out is not the application key...
+        let leaked = app.writer_hardened(w).unwrap();
+        let guess = recover(&leaked, w).unwrap();
+        assert_ne!(guess.verifying_key(), xpub.point());
+        assert_ne!(guess.verifying_key(), app.signing_key().verifying_key());
+        // ...and treating it as a parent (by public or private derivation) gives no sibling.
+        let digest = crate::sha256(&[b"test message"]);
+        for sib in [0u32, 16, 18, 1000] {
+            let real = app.writer_hardened(sib).unwrap().verifying_key();
+            let fake_parent =
+                XPrv { secret: guess.expose_secret_bytes(), chain_code: Zeroizing::new(xpub.xpub.chain_code) };
+            for cand in [fake_parent.child(sib).unwrap(), fake_parent.child(sib | HARDENED).unwrap()] {
+                let k = cand.signing_key().unwrap();
+                assert_ne!(k.verifying_key(), real);
+                assert!(real.verify(&digest, &k.sign(&digest)).is_err());
+            }
+            assert_ne!(leaked.verifying_key(), real, "hardened siblings differ");
+        }
+        assert!(app.writer_hardened(HARDENED).is_err());
     }
 
     #[test]

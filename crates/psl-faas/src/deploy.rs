@@ -16,7 +16,7 @@ use crate::program::{JobId, Payload, SealedProgram};
 use crate::scheduler::{Scheduler, SealedJob};
 use crate::worker::{DurableEnd, Worker, WorkerDebug, WorkerRun};
 use parking_lot::Mutex;
-use psl_capsule::{new_capsule, Limits, Record, SignedMetadata};
+use psl_capsule::{new_capsule_with, Limits, Record, SignedMetadata, WriterKeys};
 use psl_crypto::{Hash256, OwnerKey};
 use psl_fabric::{Fabric, FabricConfig, InProcHub};
 use psl_sandbox::SandboxLimits;
@@ -269,8 +269,15 @@ impl Deployment {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0);
-        let meta = new_capsule(&owner, app_index, &format!("job-{job}"), now_ms, Limits::default())
-            .map_err(|e| FaasError::Capsule(e.to_string()))?;
+        let meta = new_capsule_with(
+            &owner,
+            app_index,
+            &format!("job-{job}"),
+            now_ms,
+            Limits::default(),
+            WriterKeys::Certified,
+        )
+        .map_err(|e| FaasError::Capsule(e.to_string()))?;
         let app = owner.app(app_index).map_err(|e| FaasError::Config(e.to_string()))?;
         let nonce: [u8; 32] = rand::random();
         let ev = self.leader.attest(&nonce, &bind_channel_key(b"client-leader-inproc"))?;
@@ -314,7 +321,9 @@ impl Deployment {
         let sealed = SealedJob { job, program, input, lambdas: req.lambdas };
         let t_sched = Instant::now();
         let result = self.launch(&sealed, t0, t_sched, req.rotate_after_ms.map(Duration::from_millis));
-        // RESET every worker that took part, whatever happened; the leader forgets the job.
+        // RESET every worker that took part, whatever happened (their writers revoked first, in
+        // a certified capsule); the leader forgets the job.
+        self.leader.revoke_all();
         self.leader.end_job();
         let stored_records: Vec<(u32, u64)> = servers
             .into_iter()
@@ -390,8 +399,9 @@ impl Deployment {
         for id in (0..self.config.servers).filter(|id| !self.config.down_servers.contains(id)) {
             let dir = self.stores.path().join(meta.name().to_string()).join(format!("server-{id}"));
             let ep = Arc::new(self.hub.endpoint(format!("capsule-server-{id}")));
-            let opts = psl_server::ServerOptions { id, ..psl_server::ServerOptions::default() };
-            let s = psl_server::Server::start(&dir, meta.clone(), self.leader.server_key(id)?, ep, opts)
+            let (key, cert) = self.leader.server_credentials(id)?;
+            let opts = psl_server::ServerOptions { id, cert, ..psl_server::ServerOptions::default() };
+            let s = psl_server::Server::start(&dir, meta.clone(), key, ep, opts)
                 .map_err(|e| FaasError::Config(format!("capsule server {id} in {}: {e}", dir.display())))?;
             out.push((id, s));
         }

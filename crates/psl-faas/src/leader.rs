@@ -228,14 +228,21 @@ impl Leader {
             bundle.extend_from_slice(data_key.expose_bytes());
             bundle.extend_from_slice(&(job.servers as u16).to_le_bytes());
             bundle.extend_from_slice(&(lambdas.len() as u16).to_le_bytes());
+            let mut certs = Vec::new();
             for a in 0..lambdas.len() as u32 {
                 let w = psl_scl::writer_index(node_id, 0, a)
                     .ok_or_else(|| FaasError::Config(format!("writer index for node {node_id} actor {a}")))?;
-                let key = job.app.writer(w).map_err(|e| FaasError::Config(e.to_string()))?;
+                let (key, cert) = psl_capsule::writer_credentials(&job.meta, &job.app, w)
+                    .map_err(|e| FaasError::Config(e.to_string()))?;
                 bundle.extend_from_slice(&w.to_le_bytes());
                 bundle.extend_from_slice(&key.expose_secret_bytes()[..]);
+                certs.extend(cert);
             }
             bundle.extend_from_slice(&meta_bytes);
+            // A certified capsule: each writer's certificate, in the writers' order.
+            for c in &certs {
+                bundle.extend_from_slice(&c.encode());
+            }
             let aad = grant_aad(job.job, o.worker, &lambdas);
             let sealed_keys = seal_to(&o.channel_public, &aad, &bundle)?;
             let writers = (0..lambdas.len() as u32).filter_map(|a| psl_scl::writer_index(node_id, 0, a)).collect();
@@ -293,6 +300,7 @@ impl Leader {
                 writers: Vec::new(),
                 coordinator: None,
                 refuse_if_begun: true,
+                certs: Vec::new(),
             };
             match coordinator.install_rotation(install, t) {
                 Ok(_) => break rot,
@@ -317,6 +325,12 @@ impl Leader {
                 let key = rot.writer_key(*w).ok_or_else(|| FaasError::Config(format!("no key for writer {w}")))?;
                 bundle.extend_from_slice(&w.to_le_bytes());
                 bundle.extend_from_slice(&key.expose_secret_bytes()[..]);
+            }
+            // A certified capsule: each writer's new-generation certificate, in the same order.
+            for w in &g.writers {
+                if let Some(c) = rot.writer_cert(*w) {
+                    bundle.extend_from_slice(&c.encode());
+                }
             }
             let sealed_keys = seal_to(&g.channel_public, &rotation_aad(job.job, g.worker, key_gen), &bundle)?;
             out.push(RotationGrant { worker: g.worker, key_gen, sealed_keys });
@@ -343,13 +357,30 @@ impl Leader {
             .policy
             .coordinator_at(self.coordinator.rank)
             .ok_or_else(|| FaasError::Config("the capsule allows no coordinator of this rank".into()))?;
-        let key = rot.app().writer(w).map_err(|e| FaasError::Config(e.to_string()))?;
+        let key =
+            job.meta.meta.policy.writer_keys.signing_key(rot.app(), w).map_err(|e| FaasError::Config(e.to_string()))?;
+        // A certified capsule: the coordinator's own new certificate and every worker's go into
+        // the log (and its announcements) before the rotation epoch, which it holds until now.
+        let mut certs = rot.writer_certs();
+        if job.meta.meta.policy.writer_keys == psl_capsule::WriterKeys::Certified {
+            let c = psl_capsule::WriterCert::sign(
+                rot.app(),
+                job.meta.name(),
+                rot.cert.key_gen,
+                w,
+                key.verifying_key(),
+                rot.cert.from_epoch,
+                psl_capsule::certs::OPEN_ENDED,
+            );
+            certs.push(psl_capsule::KeyStatement::Cert(c));
+        }
         let install = NodeRotation {
             cert: rot.cert.clone(),
             data_key: Some(rot.data_key()),
             writers: Vec::new(),
             coordinator: Some(key),
             refuse_if_begun: false,
+            certs,
         };
         coordinator.install_rotation(install, std::time::Duration::from_secs(5))?;
         let cert = rot.cert.clone();
@@ -367,10 +398,69 @@ impl Leader {
     /// Capsule server `id`'s ack-signing key for the current job (the application key's child
     /// `server_writer(id)`), for the host that stores the job's capsule.
     pub fn server_key(&self, id: u32) -> Result<psl_crypto::SigningKey, FaasError> {
+        Ok(self.server_credentials(id)?.0)
+    }
+
+    /// Capsule server `id`'s key and, in a certified capsule, its certificate
+    /// (`psl_server::ServerOptions::cert`).
+    pub fn server_credentials(
+        &self,
+        id: u32,
+    ) -> Result<(psl_crypto::SigningKey, Option<psl_capsule::WriterCert>), FaasError> {
         let guard = self.job.lock();
         let job = guard.as_ref().ok_or_else(|| FaasError::Config("no job in progress".into()))?;
-        let w = psl_scl::server_writer(id).ok_or_else(|| FaasError::Config(format!("server id {id} out of range")))?;
-        job.app.writer(w).map_err(|e| FaasError::Config(e.to_string()))
+        if !job.certs.is_empty() {
+            // Server keys stay generation 0 (acks carry no generation); the job's application
+            // key is a newer generation now.
+            return Err(FaasError::Config("capsule servers are opened before any key rotation".into()));
+        }
+        psl_server::server_credentials(&job.meta, &job.app, id)
+            .ok_or_else(|| FaasError::Config(format!("server id {id} out of range")))
+    }
+
+    /// Revokes every granted worker's writers ([`Leader::revoke_worker`]): what the end of a
+    /// job does before it RESETs them. Errors are logged (the job ends anyway).
+    pub fn revoke_all(&self) {
+        let workers: Vec<u32> =
+            self.job.lock().as_ref().map(|j| j.granted.iter().map(|g| g.worker).collect()).unwrap_or_default();
+        for w in workers {
+            if let Err(e) = self.revoke_worker(w) {
+                tracing::warn!(worker = w, "revoking the worker's writers at its RESET: {e}");
+            }
+        }
+    }
+
+    /// RESET of a worker revokes its writers (a certified capsule): the application key signs
+    /// a revocation of each, of every key generation so far, from two epochs past the
+    /// coordinator's; the coordinator announces them and carries them into the log. A worker
+    /// lost to a side channel then writes nothing valid from that epoch on, and the others go on.
+    /// Returns the revocation epoch (`None`: a derived capsule, or the worker held no grant).
+    pub fn revoke_worker(&self, worker: u32) -> Result<Option<u64>, FaasError> {
+        let guard = self.job.lock();
+        let Some(job) = guard.as_ref() else { return Ok(None) };
+        if job.meta.meta.policy.writer_keys != psl_capsule::WriterKeys::Certified {
+            return Ok(None);
+        }
+        let Some(g) = job.granted.iter().find(|g| g.worker == worker) else { return Ok(None) };
+        let coordinator = job.coordinator.as_ref().ok_or_else(|| FaasError::Config("no coordinator".into()))?;
+        let t = std::time::Duration::from_secs(5);
+        let from = coordinator.rotation_state(std::time::Instant::now() + t)?.epoch + 2;
+        // The writers' keys of the generation in force (the leader keeps only the newest
+        // application key; older generations are retired by the rotation itself).
+        let newest = job.certs.len() as u32;
+        let mut list = Vec::new();
+        for w in &g.writers {
+            // And from the first seq the coordinator has not applied: a leaked key cannot go on
+            // appending records that claim an earlier epoch. (At a job's end every write of
+            // the worker is covered by a SYNC, so the coordinator has applied all of them.)
+            let from_seq = coordinator.next_seq_of(*w)?;
+            let r = psl_capsule::Revocation::issue(&job.app, job.meta.name(), newest, *w, from, from_seq)
+                .map_err(|e| FaasError::Config(e.to_string()))?;
+            list.push(psl_capsule::KeyStatement::Revoke(r));
+        }
+        coordinator.add_statements(list, t)?;
+        tracing::info!(worker, from_epoch = from, writers = g.writers.len(), "leader: worker's writers revoked");
+        Ok(Some(from))
     }
 
     pub fn meta(&self) -> Option<SignedMetadata> {

@@ -23,7 +23,8 @@
 //! (`retired-key`), while records of earlier epochs stay verifiable with the old public key.
 
 use crate::error::FaasError;
-use psl_capsule::{Body, ControlCode, RotationCert, SignedMetadata};
+use psl_capsule::certs::OPEN_ENDED;
+use psl_capsule::{Body, ControlCode, KeyStatement, RotationCert, SignedMetadata, WriterCert, WriterKeys};
 use psl_crypto::{AppKey, DataKey, OwnerKey, SigningKey};
 use std::collections::BTreeMap;
 
@@ -36,6 +37,9 @@ pub struct Rotation {
     pub cert: RotationCert,
     app: AppKey,
     writers: BTreeMap<u32, SigningKey>,
+    /// In a capsule that certifies writers: each writer's certificate under the new generation
+    /// (its hardened key, signed by the new application key).
+    certs: BTreeMap<u32, WriterCert>,
 }
 
 impl std::fmt::Debug for Rotation {
@@ -73,6 +77,16 @@ impl Rotation {
         self.writers.get(&w)
     }
 
+    /// Writer `w`'s certificate under the new generation (a certified capsule).
+    pub fn writer_cert(&self, w: u32) -> Option<&WriterCert> {
+        self.certs.get(&w)
+    }
+
+    /// Every writer's certificate under the new generation (empty: derived writer keys).
+    pub fn writer_certs(&self) -> Vec<KeyStatement> {
+        self.certs.values().cloned().map(KeyStatement::Cert).collect()
+    }
+
     /// The writer indices keys were derived for.
     pub fn writers(&self) -> impl Iterator<Item = u32> + '_ {
         self.writers.keys().copied()
@@ -106,12 +120,20 @@ pub fn rotate(
         .map_err(|e| FaasError::Config(format!("key rotation: {e}")))?;
     let app = owner.app(app_index).map_err(|e| FaasError::Config(format!("key rotation: {e}")))?;
     let mut keys = BTreeMap::new();
+    let mut certs = BTreeMap::new();
+    let certified = meta.meta.policy.writer_keys == WriterKeys::Certified;
     for &w in writers {
-        let k = app.writer(w).map_err(|e| FaasError::Config(format!("key rotation, writer {w}: {e}")))?;
+        let bad = |e: String| FaasError::Config(format!("key rotation, writer {w}: {e}"));
+        let k = meta.meta.policy.writer_keys.signing_key(&app, w).map_err(|e| bad(e.to_string()))?;
+        if certified {
+            // Valid from the rotation epoch: before it the writer signs under the old key.
+            let c = WriterCert::sign(&app, meta.name(), key_gen, w, k.verifying_key(), from_epoch, OPEN_ENDED);
+            certs.insert(w, c);
+        }
         keys.insert(w, k);
     }
     tracing::info!(key_gen, app_index, from_epoch, writers = writers.len(), "application key rotated");
-    Ok(Rotation { cert, app, writers: keys })
+    Ok(Rotation { cert, app, writers: keys, certs })
 }
 
 /// A fresh hardened application index: random, below 2^31, and not in `used`.

@@ -10,7 +10,7 @@ use crate::leader::{grant_aad, rotation_aad, Grant, Leader, Offer, RotationGrant
 use crate::program::{JobId, Payload, SealedProgram};
 use crate::scheduler::SealedJob;
 use parking_lot::Mutex;
-use psl_capsule::{RotationCert, SignedMetadata};
+use psl_capsule::{KeyStatement, RotationCert, SignedMetadata, WriterCert, WriterKeys};
 use psl_crypto::{DataKey, SigningKey};
 use psl_fabric::Fabric;
 use psl_node::{Node, NodeKeys, NodeOptions, NodeRotation};
@@ -118,7 +118,7 @@ impl Worker {
             channel.open(&grant.sealed_keys, &grant_aad(job.job, self.id, &grant.lambdas))?
         };
         let t = Instant::now();
-        let (meta, data_key, writers, servers) = parse_bundle(&bundle, job.job, grant)?;
+        let (meta, data_key, writers, servers, certs) = parse_bundle(&bundle, job.job, grant)?;
         drop(bundle);
         tracing::debug!("worker {}: key bundle checked in {:?}", self.id, t.elapsed());
         {
@@ -147,7 +147,7 @@ impl Worker {
             ..NodeOptions::default()
         };
         let opts = NodeOptions { core: psl_scl::NodeConfig { servers, ..opts.core }, ..opts };
-        let keys = NodeKeys { meta, data_key: data_key.clone(), writers, coordinator: None };
+        let keys = NodeKeys { meta, data_key: data_key.clone(), writers, coordinator: None, certs };
         let t = Instant::now();
         let node = Arc::new(Node::start(keys, ep, opts)?);
         tracing::debug!("worker {}: node started in {:?}", self.id, t.elapsed());
@@ -274,7 +274,7 @@ fn parse_bundle(
     b: &[u8],
     job: JobId,
     grant: &Grant,
-) -> Result<(SignedMetadata, DataKey, Vec<(u32, SigningKey)>, u32), FaasError> {
+) -> Result<(SignedMetadata, DataKey, Vec<(u32, SigningKey)>, u32, Vec<KeyStatement>), FaasError> {
     let bad = |why: &str| FaasError::Malformed { what: "key bundle", why: why.into() };
     if b.len() < 16 + 4 + 32 + 2 + 2 || b[..16] != job.0 {
         return Err(bad("wrong job or too short"));
@@ -301,16 +301,44 @@ fn parse_bundle(
         sk.copy_from_slice(&b[o + 4..o + 36]);
         writers.push((w, SigningKey::from_bytes(&sk).map_err(|_| bad("writer key"))?));
     }
-    let meta = SignedMetadata::decode(&b[56 + 36 * n..]).map_err(|e| FaasError::Capsule(e.to_string()))?;
+    let rest = &b[56 + 36 * n..];
+    let mlen = SignedMetadata::encoded_len(rest).map_err(|e| FaasError::Capsule(e.to_string()))?;
+    if rest.len() < mlen {
+        return Err(bad("metadata cut short"));
+    }
+    let meta = SignedMetadata::decode(&rest[..mlen]).map_err(|e| FaasError::Capsule(e.to_string()))?;
     if meta.meta.policy.data_key_fp != data_key.fingerprint() {
         return Err(bad("data key does not match the capsule"));
     }
-    for (w, k) in &writers {
-        if meta.meta.app.writer(*w).ok() != Some(k.verifying_key()) {
-            return Err(bad("writer key is not the application's"));
+    let tail = &rest[mlen..];
+    let mut certs = Vec::new();
+    match meta.meta.policy.writer_keys {
+        WriterKeys::Derived => {
+            if !tail.is_empty() {
+                return Err(bad("bytes after the metadata"));
+            }
+            for (w, k) in &writers {
+                if meta.meta.app.writer(*w).ok() != Some(k.verifying_key()) {
+                    return Err(bad("writer key is not the application's"));
+                }
+            }
+        }
+        WriterKeys::Certified => {
+            const CERT: usize = psl_capsule::certs::WRITER_CERT_LEN;
+            if tail.len() != CERT * n {
+                return Err(bad("one certificate per writer"));
+            }
+            for ((w, k), c) in writers.iter().zip(tail.chunks(CERT)) {
+                let c = WriterCert::decode(c).map_err(|e| bad(&format!("certificate: {e}")))?;
+                if c.writer != *w || c.key_gen != 0 || c.key != k.verifying_key() {
+                    return Err(bad("a certificate does not match its writer's key"));
+                }
+                c.check(meta.name(), &meta.meta.app.point()).map_err(|e| bad(&format!("certificate: {e}")))?;
+                certs.push(KeyStatement::Cert(c));
+            }
         }
     }
-    Ok((meta, data_key, writers, servers))
+    Ok((meta, data_key, writers, servers, certs))
 }
 
 /// A rotation bundle: `job id (16) ‖ node id u32 ‖ certificate (214) ‖ data key (32) ‖ n u16 ‖
@@ -333,7 +361,10 @@ fn parse_rotation(b: &[u8], job: JobId, node_id: u32) -> Result<NodeRotation, Fa
         return Err(bad("data key does not match the certificate"));
     }
     let n = u16::from_le_bytes(b[o + 32..o + 34].try_into().expect("2")) as usize;
-    if n > crate::leader::SLOTS_PER_WORKER_MAX || b.len() != head + 36 * n {
+    // A certified capsule's bundle ends with one certificate per writer.
+    const WCERT: usize = psl_capsule::certs::WRITER_CERT_LEN;
+    let certified = b.len() == head + (36 + WCERT) * n && n > 0;
+    if n > crate::leader::SLOTS_PER_WORKER_MAX || !(b.len() == head + 36 * n || certified) {
         return Err(bad("writer count or length"));
     }
     let mut writers = Vec::with_capacity(n);
@@ -343,12 +374,24 @@ fn parse_rotation(b: &[u8], job: JobId, node_id: u32) -> Result<NodeRotation, Fa
         let mut sk = zeroize::Zeroizing::new([0u8; 32]);
         sk.copy_from_slice(&b[p + 4..p + 36]);
         let k = SigningKey::from_bytes(&sk).map_err(|_| bad("writer key"))?;
-        if cert.app.writer(w).ok() != Some(k.verifying_key()) {
+        if !certified && cert.app.writer(w).ok() != Some(k.verifying_key()) {
             return Err(bad("writer key is not the new application key's"));
         }
         writers.push((w, k));
     }
-    Ok(NodeRotation { cert, data_key: Some(data_key), writers, coordinator: None, refuse_if_begun: false })
+    let mut certs = Vec::new();
+    if certified {
+        for (i, (w, k)) in writers.iter().enumerate() {
+            let p = head + 36 * n + WCERT * i;
+            let c = WriterCert::decode(&b[p..p + WCERT]).map_err(|e| bad(&format!("certificate: {e}")))?;
+            if c.writer != *w || c.key_gen != cert.key_gen || c.key != k.verifying_key() {
+                return Err(bad("a certificate does not match its writer's new key"));
+            }
+            c.check(cert.capsule, &cert.app.point()).map_err(|e| bad(&format!("certificate: {e}")))?;
+            certs.push(KeyStatement::Cert(c));
+        }
+    }
+    Ok(NodeRotation { cert, data_key: Some(data_key), writers, coordinator: None, refuse_if_begun: false, certs })
 }
 
 #[cfg(test)]
@@ -369,6 +412,69 @@ mod tests {
             b.extend_from_slice(&k.expose_secret_bytes()[..]);
         }
         b
+    }
+
+    fn dup(k: &SigningKey) -> SigningKey {
+        SigningKey::from_bytes(&k.expose_secret_bytes()).unwrap()
+    }
+
+    /// A grant bundle of a certified capsule: `... ‖ metadata ‖ one certificate per writer`.
+    fn certified_grant(
+        job: JobId,
+        node_id: u32,
+        app: &psl_crypto::AppKey,
+        meta: &SignedMetadata,
+        writers: &[(u32, SigningKey, WriterCert)],
+    ) -> Vec<u8> {
+        let mut b = job.0.to_vec();
+        b.extend_from_slice(&node_id.to_le_bytes());
+        b.extend_from_slice(app.data_key().expose_bytes());
+        b.extend_from_slice(&3u16.to_le_bytes());
+        b.extend_from_slice(&(writers.len() as u16).to_le_bytes());
+        for (w, k, _) in writers {
+            b.extend_from_slice(&w.to_le_bytes());
+            b.extend_from_slice(&k.expose_secret_bytes()[..]);
+        }
+        b.extend_from_slice(&meta.encode());
+        for (_, _, c) in writers {
+            b.extend_from_slice(&c.encode());
+        }
+        b
+    }
+
+    #[test]
+    fn certified_grant_bundles_carry_a_checked_certificate_per_writer() {
+        let owner = OwnerKey::from_seed(&[4; 32]).unwrap();
+        let app = owner.app(1).unwrap();
+        let meta =
+            psl_capsule::new_capsule_with(&owner, 1, "job", 0, Limits::default(), WriterKeys::Certified).unwrap();
+        let job = JobId([9; 16]);
+        let grant = Grant { worker: 1, node_id: 1, lambdas: vec![0, 1], sealed_keys: Vec::new() };
+        let ws: Vec<(u32, SigningKey, WriterCert)> = (0..2)
+            .map(|a| {
+                let w = psl_scl::writer_index(1, 0, a).unwrap();
+                let (k, c) = psl_capsule::writer_credentials(&meta, &app, w).unwrap();
+                (w, k, c.unwrap())
+            })
+            .collect();
+        let good = certified_grant(job, 1, &app, &meta, &ws);
+        let (_, _, writers, servers, certs) = parse_bundle(&good, job, &grant).unwrap();
+        assert_eq!((writers.len(), servers, certs.len()), (2, 3, 2));
+        // Without the certificates, with one cut, swapped, or signed by another application key.
+        assert!(parse_bundle(&good[..good.len() - 2 * psl_capsule::certs::WRITER_CERT_LEN], job, &grant).is_err());
+        assert!(parse_bundle(&good[..good.len() - 1], job, &grant).is_err());
+        let swapped = vec![(ws[0].0, dup(&ws[0].1), ws[1].2.clone()), (ws[1].0, dup(&ws[1].1), ws[0].2.clone())];
+        assert!(parse_bundle(&certified_grant(job, 1, &app, &meta, &swapped), job, &grant).is_err());
+        let thief = owner.app(2).unwrap();
+        let forged: Vec<_> = ws
+            .iter()
+            .map(|(w, k, _)| {
+                let c =
+                    WriterCert::sign(&thief, meta.name(), 0, *w, k.verifying_key(), 0, psl_capsule::certs::OPEN_ENDED);
+                (*w, dup(k), c)
+            })
+            .collect();
+        assert!(parse_bundle(&certified_grant(job, 1, &app, &meta, &forged), job, &grant).is_err());
     }
 
     #[test]

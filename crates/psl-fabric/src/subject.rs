@@ -31,8 +31,9 @@
 //! | 5 | CapsuleDB get | `db.get` | CapsuleDB |
 //! | 6 | CapsuleDB answer | `db.answer` | nodes reading through CapsuleDB |
 //! | 7 | CapsuleDB heads (frontier) | `db.heads` | nodes reading through CapsuleDB |
+//! | 10 | key statements (writer certificates, revocations) | `certs` | every role that takes records |
 //!
-//! An observer (the job recorder of `psl run --cluster`) takes `rec` only. A node never
+//! An observer (the job recorder of `psl run --cluster`) takes `rec` and `certs` only. A node never
 //! receives another capsule's traffic, nor acks meant for other nodes, nor CapsuleDB gets.
 
 use std::fmt::Write as _;
@@ -53,6 +54,7 @@ const TYPE_ACK: u8 = 4;
 const TYPE_DB_GET: u8 = 5;
 const TYPE_DB_ANSWER: u8 = 6;
 const TYPE_DB_HEADS: u8 = 7;
+const TYPE_CERTS: u8 = 10;
 /// `u32 server | u16 n` after the prefix; then `n × 52` bytes of entries.
 const ACK_HEAD_LEN: usize = 6;
 const ACK_ENTRY_LEN: usize = 4 + 8 + 8 + 32;
@@ -68,6 +70,8 @@ pub enum Leaf {
     DbGet,
     DbAnswer,
     DbHeads,
+    /// Writer certificates and revocations: whoever verifies records needs them.
+    Certs,
 }
 
 impl Leaf {
@@ -82,6 +86,7 @@ impl Leaf {
             Leaf::DbGet => s.push_str("db.get"),
             Leaf::DbAnswer => s.push_str("db.answer"),
             Leaf::DbHeads => s.push_str("db.heads"),
+            Leaf::Certs => s.push_str("certs"),
         }
     }
 }
@@ -116,6 +121,7 @@ pub fn classify(msg: &[u8]) -> Route {
         TYPE_DB_GET => Leaf::DbGet,
         TYPE_DB_ANSWER => Leaf::DbAnswer,
         TYPE_DB_HEADS => Leaf::DbHeads,
+        TYPE_CERTS => Leaf::Certs,
         _ => return Route::Any,
     };
     Route::Capsule { capsule, leaves: vec![leaf] }
@@ -247,6 +253,7 @@ impl Interest {
             }
             if self.records {
                 out.push(at("rec"));
+                out.push(at("certs"));
             }
             if self.repair {
                 out.push(at("repair"));
@@ -277,7 +284,7 @@ impl Interest {
             return true;
         }
         match leaf {
-            Leaf::Record => self.records,
+            Leaf::Record | Leaf::Certs => self.records,
             Leaf::Repair | Leaf::Heads => self.repair,
             Leaf::Ack(n) => self.acks_for_node == Some(n),
             Leaf::DbGet => self.db_gets,
@@ -318,6 +325,7 @@ mod tests {
             (5, Leaf::DbGet),
             (6, Leaf::DbAnswer),
             (7, Leaf::DbHeads),
+            (10, Leaf::Certs),
         ];
         for (t, leaf) in cases {
             assert_eq!(classify(&msg(t, 3, b"x")), Route::Capsule { capsule: [3; 32], leaves: vec![leaf] });
@@ -367,8 +375,10 @@ mod tests {
         let o = Interest::observer(c);
         assert!(o.wants(&c, Leaf::Record) && !o.wants(&c, Leaf::Repair));
         assert!(Interest::everything(vec![]).wants(&[5; 32], Leaf::DbGet));
+        assert!(o.wants(&c, Leaf::Certs) && s.wants(&c, Leaf::Certs) && !Interest::default().wants(&c, Leaf::Certs));
         let subs = n.subjects("psl");
-        assert_eq!(subs.len(), 5, "{subs:?}");
+        assert_eq!(subs.len(), 6, "{subs:?}");
+        assert!(subs.contains(&subject("psl", &c, Leaf::Certs)));
         assert!(subs.contains(&"psl.any".to_string()));
         assert!(subs.contains(&subject("psl", &c, Leaf::Ack(7))));
         assert_eq!(Interest::everything(vec![]).subjects("psl"), vec!["psl.>".to_string()]);

@@ -72,6 +72,7 @@ fn each_role_receives_its_capsules_and_messages_only() {
         msg(5, a, b"db-get"),
         msg(6, a, b"db-answer"),
         msg(7, a, b"db-heads"),
+        msg(10, a, b"certs"),
         msg(1, b, b"capsule b"),
         Bytes::from_static(b"opaque"),
     ] {
@@ -86,20 +87,21 @@ fn each_role_receives_its_capsules_and_messages_only() {
         k.sort();
         k
     };
-    // node 1: records, repair, heads, its own ack (one copy although it names two writers), opaque.
-    assert_eq!(kinds(drain(&node1, q)), ["1aa", "2aa", "3aa", "4aa", "any"]);
+    // node 1: records, key statements, repair, heads, its own ack (one copy although it names
+    // two writers), opaque.
+    assert_eq!(kinds(drain(&node1, q)), ["10aa", "1aa", "2aa", "3aa", "4aa", "any"]);
     // node 2 reads through CapsuleDB: answers and frontiers too, but not node 1's ack.
-    assert_eq!(kinds(drain(&node2, q)), ["1aa", "2aa", "3aa", "6aa", "7aa", "any"]);
-    assert_eq!(kinds(drain(&server_a, q)), ["1aa", "2aa", "3aa", "any"]);
-    assert_eq!(kinds(drain(&db, q)), ["1aa", "2aa", "3aa", "5aa", "any"]);
-    assert_eq!(kinds(drain(&observer, q)), ["1aa", "any"]);
+    assert_eq!(kinds(drain(&node2, q)), ["10aa", "1aa", "2aa", "3aa", "6aa", "7aa", "any"]);
+    assert_eq!(kinds(drain(&server_a, q)), ["10aa", "1aa", "2aa", "3aa", "any"]);
+    assert_eq!(kinds(drain(&db, q)), ["10aa", "1aa", "2aa", "3aa", "5aa", "any"]);
+    assert_eq!(kinds(drain(&observer, q)), ["10aa", "1aa", "any"]);
     assert_eq!(kinds(drain(&other, q)), ["1bb", "any"]);
     // Never echoed to the publisher (no_echo), which subscribed to the catch-all only.
     assert!(drain(&publisher, q).is_empty());
     let st = publisher.stats();
-    assert_eq!((st.sent, st.subjects_published), (9, 9));
-    assert_eq!(node1.stats().received, 5);
-    assert_eq!(node1.subjects().len(), 5);
+    assert_eq!((st.sent, st.subjects_published), (10, 10));
+    assert_eq!(node1.stats().received, 6);
+    assert_eq!(node1.subjects().len(), 6);
 }
 
 #[test]

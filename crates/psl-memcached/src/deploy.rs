@@ -3,7 +3,7 @@
 //! several front ends on several nodes for tests and benchmarks.
 
 use crate::store::{Config, FrontEnd};
-use psl_capsule::{new_capsule, Limits, SignedMetadata};
+use psl_capsule::{new_capsule_with, Limits, SignedMetadata, WriterKeys};
 use psl_crypto::{AppKey, OwnerKey};
 use psl_fabric::{Fabric, FabricConfig, InProcHub};
 use psl_node::{Node, NodeError, NodeKeys, NodeOptions};
@@ -76,7 +76,7 @@ impl Embedded {
     pub fn start(o: &EmbeddedOptions) -> Result<Embedded, DeployError> {
         let owner = OwnerKey::generate();
         let app = owner.app(1).map_err(|e| DeployError::Other(e.to_string()))?;
-        let meta = new_capsule(&owner, 1, "securecached", 0, Limits::default())
+        let meta = new_capsule_with(&owner, 1, "securecached", 0, Limits::default(), WriterKeys::Certified)
             .map_err(|e| DeployError::Other(e.to_string()))?;
         let hub = InProcHub::new(FabricConfig { queue_msgs_max: 1 << 16, ..FabricConfig::default() })
             .map_err(|e| DeployError::Other(e.to_string()))?;

@@ -105,6 +105,22 @@ fn fitting(ops: &VecDeque<Op>, max_ops: usize, max_bytes: usize) -> usize {
 
 impl Actor {
     pub fn run(mut self) {
+        // In a certified capsule, a fresh writer's first record is its own certificate: the log
+        // then carries every writer's key for servers, CapsuleDB and auditors.
+        if self.author.next_seq() == 0 {
+            if let Some(sealed) = self.author.write_own_cert() {
+                match sealed {
+                    Ok(rec) => {
+                        self.clock.observe(rec.header().lamport);
+                        let body = psl_capsule::Body::Certs(
+                            self.author.cert().cloned().map(psl_capsule::KeyStatement::Cert).into_iter().collect(),
+                        );
+                        self.send(CoreMsg::Local { rec, body: Some(body), ops: 0 });
+                    }
+                    Err(e) => tracing::error!(writer = self.queue.writer, "cannot seal the Cert record: {e}"),
+                }
+            }
+        }
         loop {
             self.queue.ctl_waiting.store(false, Ordering::Release);
             while let Ok(c) = self.ctl.try_recv() {

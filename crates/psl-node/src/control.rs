@@ -13,6 +13,13 @@
 //! KEYGEN                   -> one line of JSON: epoch, application key generations in force
 //!                             and newest, the newest one's rotation epoch
 //! METRICS                  -> Prometheus text, then a line "END"
+//! REVOKE <writer> [<from_epoch> [<from_seq>]] -> REVOKED <writer> FROM <epoch> SEQ <seq> | ERROR <why>
+//!                             (a role holding the application key only, see [`serve_with`]:
+//!                             revokes one writer of a certified capsule from that epoch (default
+//!                             the node's epoch + 2) and from that seq of its chain (default the
+//!                             next this node expects of it: whatever it has not applied yet is
+//!                             refused too); the node announces the revocation and, running a
+//!                             coordinator, carries it into the log)
 //! QUIT
 //! ```
 //! Lines are at most `LINE_BYTES_MAX` bytes; at most `CONNECTIONS_MAX` clients at once. The
@@ -28,8 +35,22 @@ use std::time::Duration;
 pub const LINE_BYTES_MAX: usize = 2 << 20;
 pub const CONNECTIONS_MAX: usize = 64;
 
+/// Signs a writer's revocation from an epoch (`REVOKE`): held by a role that holds the
+/// application key (the leader's coordinator, or one started with `--owner`).
+pub type Revoker = Arc<dyn Fn(u32, u64, u64) -> Result<psl_capsule::KeyStatement, String> + Send + Sync>;
+
 /// Serves the control interface on `listener` until `stop` is set.
 pub fn serve(node: Arc<Node>, listener: TcpListener, stop: Arc<AtomicBool>) -> std::io::Result<()> {
+    serve_with(node, listener, stop, None)
+}
+
+/// Like [`serve`], with `REVOKE` signed by `revoker`.
+pub fn serve_with(
+    node: Arc<Node>,
+    listener: TcpListener,
+    stop: Arc<AtomicBool>,
+    revoker: Option<Revoker>,
+) -> std::io::Result<()> {
     listener.set_nonblocking(true)?;
     let live = Arc::new(AtomicUsize::new(0));
     while !stop.load(Ordering::Acquire) {
@@ -43,8 +64,9 @@ pub fn serve(node: Arc<Node>, listener: TcpListener, stop: Arc<AtomicBool>) -> s
                 live.fetch_add(1, Ordering::AcqRel);
                 let node = node.clone();
                 let live = live.clone();
+                let revoker = revoker.clone();
                 std::thread::spawn(move || {
-                    if let Err(e) = handle(&node, s) {
+                    if let Err(e) = handle(&node, s, revoker.as_ref()) {
                         tracing::debug!("control connection: {e}");
                     }
                     live.fetch_sub(1, Ordering::AcqRel);
@@ -57,7 +79,7 @@ pub fn serve(node: Arc<Node>, listener: TcpListener, stop: Arc<AtomicBool>) -> s
     Ok(())
 }
 
-fn handle(node: &Node, s: TcpStream) -> std::io::Result<()> {
+fn handle(node: &Node, s: TcpStream, revoker: Option<&Revoker>) -> std::io::Result<()> {
     s.set_nonblocking(false)?;
     s.set_nodelay(true)?;
     let mut w = std::io::BufWriter::new(s.try_clone()?);
@@ -77,7 +99,7 @@ fn handle(node: &Node, s: TcpStream) -> std::io::Result<()> {
         while line.last().is_some_and(|c| *c == b'\n' || *c == b'\r') {
             line.pop();
         }
-        let reply = command(node, &line);
+        let reply = command(node, &line, revoker);
         match reply {
             Reply::Line(l) => {
                 w.write_all(l.as_bytes())?;
@@ -100,7 +122,7 @@ enum Reply {
     Quit,
 }
 
-fn command(node: &Node, line: &[u8]) -> Reply {
+fn command(node: &Node, line: &[u8], revoker: Option<&Revoker>) -> Reply {
     let (cmd, rest) = split(line);
     let ok = |r: Result<(), crate::NodeError>| {
         Reply::Line(match r {
@@ -159,9 +181,30 @@ fn command(node: &Node, line: &[u8]) -> Reply {
             Err(e) => format!("ERROR {e}"),
         }),
         b"METRICS" => Reply::Line(format!("{}END", node.render_metrics())),
+        b"REVOKE" => Reply::Line(match revoke(node, rest, revoker) {
+            Ok((w, e, q)) => format!("REVOKED {w} FROM {e} SEQ {q}"),
+            Err(e) => format!("ERROR {e}"),
+        }),
         b"QUIT" => Reply::Quit,
         _ => Reply::Line(format!("ERROR unknown command {:?}", String::from_utf8_lossy(cmd))),
     }
+}
+
+fn revoke(node: &Node, rest: &[u8], revoker: Option<&Revoker>) -> Result<(u32, u64, u64), String> {
+    let revoker = revoker.ok_or("this process holds no application key: it cannot sign a revocation")?;
+    let usage = "usage: REVOKE <writer> [<from_epoch> [<from_seq>]]";
+    let text = std::str::from_utf8(rest).map_err(|_| usage)?;
+    let mut args = text.split_ascii_whitespace();
+    let w: u32 = args.next().and_then(|a| a.parse().ok()).ok_or(usage)?;
+    let mut num = |default: &dyn Fn() -> Result<u64, String>| match args.next() {
+        Some(a) => a.parse::<u64>().map_err(|_| format!("{a:?} is not a number; {usage}")),
+        None => default(),
+    };
+    let from = num(&|| node.epoch().map(|e| e + 2).map_err(|e| e.to_string()))?;
+    let from_seq = num(&|| node.next_seq_of(w).map_err(|e| e.to_string()))?;
+    let st = revoker(w, from, from_seq)?;
+    node.add_statement(st, Duration::from_secs(5)).map_err(|e| e.to_string())?;
+    Ok((w, from, from_seq))
 }
 
 /// The node's counters as JSON.

@@ -52,6 +52,11 @@ pub(crate) enum CoreMsg {
     Rotate(Box<CoreRotation>, Sender<Result<RotationState, String>>),
     /// The rotation state (epoch, key generations), for debug lines and the leader.
     RotationState(Sender<RotationState>),
+    /// A key statement from the leader (a revocation): installed, announced, and carried into
+    /// the log by this node's coordinator, if it runs one.
+    Statement(Vec<psl_capsule::KeyStatement>, Sender<Result<u64, String>>),
+    /// The next seq this node expects of a writer (how far it has applied that writer's chain).
+    NextSeq(u32, Sender<u64>),
     Stop,
 }
 
@@ -96,9 +101,10 @@ impl RotationState {
 }
 
 /// Verifies and opens one incoming record: a verify actor's work, or the core's when the node
-/// has none.
-pub(crate) fn verify(v: &Verifier, rec: Record) -> Result<Box<Verified<Opened>>, RejectReason> {
-    v.verify_open(rec).map(Box::new).map_err(|rej| {
+/// has none. `Ok(None)`: held back until its writer's certificate arrives (a certified capsule;
+/// see `Verifier::hold`), stamped with `now_ms` on the core's clock.
+pub(crate) fn verify(v: &Verifier, rec: Record, now_ms: u64) -> Result<Option<Box<Verified<Opened>>>, RejectReason> {
+    v.verify_open_or_hold(rec, now_ms).map(|o| o.map(Box::new)).map_err(|rej| {
         tracing::debug!("rejected: {rej}");
         RejectReason::from_verifier(&rej.reason)
     })
@@ -129,6 +135,9 @@ pub(crate) struct Core {
     pub metrics: Arc<Metrics>,
     pub tick: Duration,
     pub start: Instant,
+    /// Whether the coordinator writer has carried its own certificate into its chain in this
+    /// process (a certified capsule): it does so before its first other record.
+    pub coordinator_introduced: bool,
 }
 
 impl Core {
@@ -201,30 +210,15 @@ impl Core {
                     };
                     self.outputs(out);
                 }
-                CoreMsg::Incoming(rec) => {
-                    if !self.core.precheck(&rec) {
-                        match &self.verify_tx {
-                            // Room was checked before receiving, and the core is the only sender.
-                            Some(tx) => {
-                                if tx.try_send(rec).is_err() {
-                                    self.core.on_rejected(RejectReason::Overload);
-                                }
-                            }
-                            None => match verify(&self.verifier, rec) {
-                                Ok(v) => {
-                                    let out = self.core.on_verified(*v, now);
-                                    self.outputs(out);
-                                }
-                                Err(r) => self.core.on_rejected(r),
-                            },
-                        }
+                CoreMsg::Incoming(rec) => self.incoming(rec, now, false),
+                CoreMsg::Message(m) => {
+                    let certs = matches!(m, Msg::Certs { .. });
+                    self.core.on_message(m);
+                    if certs {
+                        self.release_held(now);
                     }
                 }
-                CoreMsg::Message(m) => self.core.on_message(m),
-                CoreMsg::Verified(v) => {
-                    let out = self.core.on_verified(*v, now);
-                    self.outputs(out);
-                }
+                CoreMsg::Verified(v) => self.verified(*v, now),
                 CoreMsg::Rejected(r) => self.core.on_rejected(r),
                 CoreMsg::Sync { next_seqs, reply, deadline } => {
                     let t = self.core.begin_sync(next_seqs);
@@ -250,6 +244,13 @@ impl Core {
                 CoreMsg::RotationState(reply) => {
                     let _ = reply.send(self.rotation_state());
                 }
+                CoreMsg::NextSeq(w, reply) => {
+                    let _ = reply.send(self.core.orderer().next_seq(w));
+                }
+                CoreMsg::Statement(st, reply) => {
+                    let r = self.statement(st);
+                    let _ = reply.send(r);
+                }
                 CoreMsg::Stop => return,
             }
             // Barriers complete when SYNCs apply; answer the callers whose barrier is done, and
@@ -267,6 +268,94 @@ impl Core {
                 }
             });
         }
+    }
+
+    /// A record from the fabric (or released from the hold-back): precheck, then verification
+    /// by the verify actors, or here when there are none or (`inline`) their queue is full.
+    fn incoming(&mut self, rec: Record, now: u64, inline: bool) {
+        if self.core.precheck(&rec) {
+            return;
+        }
+        let rec = match &self.verify_tx {
+            Some(tx) => match tx.try_send(rec) {
+                Ok(()) => return,
+                Err(e) if inline => e.into_inner(),
+                // Room was checked before receiving, and the core is the only sender.
+                Err(_) => {
+                    self.core.on_rejected(RejectReason::Overload);
+                    return;
+                }
+            },
+            None => rec,
+        };
+        match verify(&self.verifier, rec, now) {
+            Ok(Some(v)) => self.verified(*v, now),
+            Ok(None) => {}
+            Err(r) => self.core.on_rejected(r),
+        }
+    }
+
+    fn verified(&mut self, v: Verified<Opened>, now: u64) {
+        let certs = v.record.header().kind == psl_capsule::Kind::Cert;
+        let out = self.core.on_verified(v, now);
+        self.outputs(out);
+        if certs {
+            self.release_held(now);
+        }
+    }
+
+    /// New certificates were installed: records held back for them are verified again.
+    fn release_held(&mut self, now: u64) {
+        for rec in self.verifier.release_held() {
+            self.incoming(rec, now, true);
+        }
+    }
+
+    /// Before the coordinator's first record in this process, in a certified capsule, a Cert
+    /// record with its own certificate: servers and auditors learn its key from the log.
+    fn introduce_coordinator(&mut self, work: &mut std::collections::VecDeque<Output>) {
+        if self.coordinator_introduced {
+            return;
+        }
+        let Some(c) = &mut self.coordinator else { return };
+        self.coordinator_introduced = true;
+        let Some(sealed) = c.write_own_cert() else { return };
+        match sealed {
+            Ok(rec) if !Self::persist(&mut self.chain_log, &rec) => self.coordinator = None,
+            Ok(rec) => {
+                self.core.clock().observe(rec.header().lamport);
+                let body = Body::Certs(c.cert().cloned().map(psl_capsule::KeyStatement::Cert).into_iter().collect());
+                let now = self.start.elapsed().as_millis() as u64;
+                work.extend(self.core.on_local_record(rec, &body, now));
+            }
+            Err(e) => tracing::error!("cannot seal the coordinator's Cert record: {e}"),
+        }
+    }
+
+    /// Installs and announces statements; a coordinator also writes them into its chain (Cert
+    /// records of at most 64). Returns the node's epoch.
+    fn statement(&mut self, list: Vec<psl_capsule::KeyStatement>) -> Result<u64, String> {
+        for st in &list {
+            self.core.add_announcement(st.clone()).map_err(|e| format!("statement refused: {e}"))?;
+        }
+        let mut work = std::collections::VecDeque::new();
+        self.introduce_coordinator(&mut work);
+        for chunk in list.chunks(psl_capsule::certs::STATEMENTS_PER_RECORD_MAX) {
+            let Some(c) = &mut self.coordinator else { break };
+            let body = Body::Certs(chunk.to_vec());
+            c.observe(self.core.clock().tick());
+            match c.write_certs(chunk.to_vec()) {
+                Ok(rec) if !Self::persist(&mut self.chain_log, &rec) => self.coordinator = None,
+                Ok(rec) => {
+                    self.core.clock().observe(rec.header().lamport);
+                    let now = self.now();
+                    work.extend(self.core.on_local_record(rec, &body, now));
+                }
+                Err(e) => return Err(format!("cannot seal the Cert record: {e}")),
+            }
+        }
+        self.outputs(work.into());
+        Ok(self.core.epoch())
     }
 
     fn rotation_state(&self) -> RotationState {
@@ -373,6 +462,7 @@ impl Core {
                     }
                 }
                 Output::WriteRts { epoch } => {
+                    self.introduce_coordinator(&mut work);
                     if let Some(c) = &mut self.coordinator {
                         let body =
                             Body::Control { code: ControlCode::Rts, payload: psl_scl::node::epoch_payload(epoch) };
@@ -391,6 +481,9 @@ impl Core {
                     }
                 }
                 Output::WriteSync { epoch, heads } => {
+                    if self.coordinator.as_ref().is_some_and(|c| epoch > c.epoch()) {
+                        self.introduce_coordinator(&mut work);
+                    }
                     if let Some(c) = &mut self.coordinator {
                         if epoch <= c.epoch() {
                             continue;

@@ -32,7 +32,9 @@ pub(crate) type Answered = Option<(psl_scl::Version, Option<Arc<[u8]>>)>;
 pub(crate) struct DbClient {
     pub capsule: CapsuleName,
     pub signer: u32,
-    pub key: VerifyingKey,
+    /// Where CapsuleDB's signing key comes from: derived, or (a certified capsule) its
+    /// certificate, which may arrive after this client starts.
+    pub verifier: Arc<psl_capsule::Verifier>,
     pub data_key: DataKey,
     pub memtable: Arc<Memtable>,
     /// Request id -> key, for requests still waiting.
@@ -52,14 +54,14 @@ impl DbClient {
     pub fn new(
         capsule: CapsuleName,
         signer: u32,
-        key: VerifyingKey,
+        verifier: Arc<psl_capsule::Verifier>,
         data_key: DataKey,
         memtable: Arc<Memtable>,
     ) -> DbClient {
         DbClient {
             capsule,
             signer,
-            key,
+            verifier,
             data_key,
             memtable,
             pending: Mutex::new(FxHashMap::default()),
@@ -69,6 +71,11 @@ impl DbClient {
             wake: Condvar::new(),
             stats: DbClientStats::default(),
         }
+    }
+
+    /// CapsuleDB's public key, once known (a certified capsule learns it from a certificate).
+    fn signer_key(&self) -> Option<VerifyingKey> {
+        self.verifier.writer_key(self.signer).ok()
     }
 
     /// Registers a request for `key` and returns its wire bytes.
@@ -151,7 +158,11 @@ impl DbClient {
         if !self.scans.lock().get(&a.req_id).is_some_and(Option::is_none) {
             return;
         }
-        match a.verify_open(&self.key, &self.data_key) {
+        let Some(key) = self.signer_key() else {
+            self.stats.rejected.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        match a.verify_open(&key, &self.data_key) {
             Ok(body) => {
                 if let Some(slot) = self.scans.lock().get_mut(&a.req_id) {
                     *slot = Some((a.index_seq, body));
@@ -176,7 +187,11 @@ impl DbClient {
         if !a.req_ids.iter().any(|r| self.is_pending(*r)) {
             return;
         }
-        let body = match a.verify_open(&self.key, &self.data_key) {
+        let Some(signer_key) = self.signer_key() else {
+            self.stats.rejected.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let body = match a.verify_open(&signer_key, &self.data_key) {
             Ok(b) => b,
             Err(e) => {
                 tracing::debug!("CapsuleDB answer rejected: {e}");
@@ -222,7 +237,8 @@ impl DbClient {
     }
 
     fn on_heads(&self, h: DbHeads) {
-        if h.capsule != self.capsule || h.signer != self.signer || h.verify(&self.key).is_err() {
+        let verified = self.signer_key().is_some_and(|k| h.verify(&k).is_ok());
+        if h.capsule != self.capsule || h.signer != self.signer || !verified {
             self.stats.rejected.fetch_add(1, Ordering::Relaxed);
             return;
         }

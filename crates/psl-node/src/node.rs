@@ -5,7 +5,10 @@ use crate::core::{Core, CoreMsg, CoreRotation, RotationState};
 use crate::host::HostStats;
 use crate::options::NodeOptions;
 use crossbeam_channel::{bounded, Sender};
-use psl_capsule::{Action, Author, Limits, Op, Record, RotationCert, SignedMetadata, Verifier};
+use psl_capsule::{
+    writer_credentials, Action, Author, KeyStatement, Limits, Op, Record, RotationCert, SignedMetadata, Verifier,
+    WriterKeys,
+};
 use psl_crypto::{AppKey, DataKey, Hash256, SigningKey};
 use psl_fabric::Fabric;
 use psl_scl::memtable::key_shard;
@@ -63,12 +66,17 @@ pub struct NodeKeys {
     pub data_key: DataKey,
     pub writers: Vec<(u32, SigningKey)>,
     pub coordinator: Option<(u32, SigningKey)>,
+    /// In a capsule that certifies writers: the certificates of `writers` and `coordinator`
+    /// (the node announces them and carries each into its writer's chain), and any other
+    /// statements it should know from the start. Empty for a capsule that derives writer keys.
+    pub certs: Vec<KeyStatement>,
 }
 
 impl NodeKeys {
     /// Derives the keys `opts` calls for from the application key.
     pub fn derive(meta: &SignedMetadata, app: &AppKey, opts: &NodeOptions) -> Result<NodeKeys, NodeError> {
         let mut writers = Vec::new();
+        let mut certs = Vec::new();
         for a in 0..opts.writers as u32 {
             let w = psl_scl::writer_index(opts.node_id, opts.incarnation, a).ok_or_else(|| {
                 NodeError::Keys(format!(
@@ -76,7 +84,9 @@ impl NodeKeys {
                     opts.node_id, opts.incarnation
                 ))
             })?;
-            writers.push((w, app.writer(w).map_err(|e| NodeError::Keys(e.to_string()))?));
+            let (key, cert) = writer_credentials(meta, app, w).map_err(|e| NodeError::Keys(e.to_string()))?;
+            writers.push((w, key));
+            certs.extend(cert.map(KeyStatement::Cert));
         }
         let coordinator = match &opts.coordinator {
             Some(c) => {
@@ -84,12 +94,38 @@ impl NodeKeys {
                     meta.meta.policy.coordinator_at(c.rank).ok_or_else(|| {
                         NodeError::Keys(format!("the capsule allows no coordinator of rank {}", c.rank))
                     })?;
-                Some((w, app.writer(w).map_err(|e| NodeError::Keys(e.to_string()))?))
+                let (key, cert) = writer_credentials(meta, app, w).map_err(|e| NodeError::Keys(e.to_string()))?;
+                certs.extend(cert.map(KeyStatement::Cert));
+                Some((w, key))
             }
             None => None,
         };
-        Ok(NodeKeys { meta: meta.clone(), data_key: app.data_key(), writers, coordinator })
+        Ok(NodeKeys { meta: meta.clone(), data_key: app.data_key(), writers, coordinator, certs })
     }
+}
+
+/// A writer's chain state from its key: with its certificate in a certified capsule.
+fn make_author(
+    meta: &SignedMetadata,
+    data_key: &DataKey,
+    certs: &[KeyStatement],
+    key: SigningKey,
+    w: u32,
+) -> Result<Author, NodeError> {
+    let r = match meta.meta.policy.writer_keys {
+        WriterKeys::Derived => Author::with_keys(meta, key, data_key.clone(), w),
+        WriterKeys::Certified => {
+            let cert = certs
+                .iter()
+                .find_map(|s| match s {
+                    KeyStatement::Cert(c) if c.writer == w && c.key_gen == 0 => Some(c.clone()),
+                    _ => None,
+                })
+                .ok_or_else(|| NodeError::Keys(format!("writer {w} has no certificate")))?;
+            Author::with_certified_keys(meta, key, cert, data_key.clone())
+        }
+    };
+    r.map_err(|e| NodeError::Keys(format!("writer {w}: {e}")))
 }
 
 /// An application key rotation for a running node: what the leader hands it, on the attested
@@ -109,6 +145,10 @@ pub struct NodeRotation {
     /// Install nothing if the rotation epoch has already begun on this node (the leader's
     /// coordinator node: it must learn a rotation before its epoch).
     pub refuse_if_begun: bool,
+    /// In a capsule that certifies writers: the new generation's certificates of this node's
+    /// writers (installed after the rotation certificate, then announced; a coordinator node
+    /// also carries them into the log).
+    pub certs: Vec<KeyStatement>,
 }
 
 pub struct Node {
@@ -144,6 +184,8 @@ impl Node {
     /// Starts a node on `fabric`.
     pub fn start(keys: NodeKeys, fabric: Arc<dyn Fabric>, opts: NodeOptions) -> Result<Node, NodeError> {
         let verifier = Arc::new(Verifier::new(keys.meta.clone(), Some(keys.data_key.clone())));
+        // The core's clock: also the time base of records held back for a certificate.
+        let start = Instant::now();
         let memtable = Arc::new(Memtable::with_options(opts.memtable_keys_max, opts.capsuledb_role));
         let clock = Arc::new(LamportClock::new(0));
         let metrics = Arc::new(Metrics::default());
@@ -164,8 +206,7 @@ impl Node {
             let batch_ops_max = opts.batch_ops_max.clamp(1, limits.ops_per_record_max as usize);
             let q = Arc::new(ActorQueue::new(w, opts.queue_ops_max.max(opts.batch_ops_max), batch_ops_max));
             let (ctl_tx, ctl_rx) = bounded(1024);
-            let author = Author::with_keys(&keys.meta, key, keys.data_key.clone(), w)
-                .map_err(|e| NodeError::Keys(e.to_string()))?;
+            let author = make_author(&keys.meta, &keys.data_key, &keys.certs, key, w)?;
             let actor = Actor {
                 queue: q.clone(),
                 author,
@@ -187,8 +228,10 @@ impl Node {
             let v = verifier.clone();
             threads.push(std::thread::Builder::new().name(format!("verify-{i}")).spawn(move || {
                 while let Ok(rec) = rx.recv() {
-                    let m = match crate::core::verify(&v, rec) {
-                        Ok(o) => CoreMsg::Verified(o),
+                    let now = start.elapsed().as_millis() as u64;
+                    let m = match crate::core::verify(&v, rec, now) {
+                        Ok(Some(o)) => CoreMsg::Verified(o),
+                        Ok(None) => continue,
                         Err(r) => CoreMsg::Rejected(r),
                     };
                     if tx.send(m).is_err() {
@@ -207,12 +250,13 @@ impl Node {
         // CapsuleDB's miss path (and, for the role, its request queue).
         let db = match opts.capsuledb {
             Some(w) => {
-                let key =
+                if verifier.writer_keys() == WriterKeys::Derived {
                     verifier.writer_key(w).map_err(|e| NodeError::Keys(format!("CapsuleDB writer {w}: {e:?}")))?;
+                }
                 Some(Arc::new(crate::dbclient::DbClient::new(
                     verifier.name(),
                     w,
-                    key,
+                    verifier.clone(),
                     keys.data_key.clone(),
                     memtable.clone(),
                 )))
@@ -284,9 +328,7 @@ impl Node {
         // Core.
         let coordinator = match (&opts.coordinator, keys.coordinator) {
             (Some(cfg), Some((w, key))) => {
-                let author = Author::with_keys(&keys.meta, key, keys.data_key.clone(), w)
-                    .map_err(|e| NodeError::Keys(e.to_string()))?;
-                Some((w, *cfg, author))
+                Some((w, *cfg, make_author(&keys.meta, &keys.data_key, &keys.certs, key, w)?))
             }
             _ => None,
         };
@@ -299,6 +341,7 @@ impl Node {
             coordinator.as_ref().map(|(w, cfg, _)| (*w, CoordinatorSm::new(*cfg, 0))),
             opts.core,
         );
+        core.set_announcements(keys.certs.clone());
         let mut restored = Vec::new();
         let chain_log = match (&coordinator, &opts.coordinator_state) {
             (Some((w, _, _)), Some(dir)) => {
@@ -323,7 +366,8 @@ impl Node {
             ring: core_ring,
             metrics: metrics.clone(),
             tick: opts.tick,
-            start: Instant::now(),
+            start,
+            coordinator_introduced: false,
         };
         core.restored(restored);
         threads.push(std::thread::Builder::new().name("core".into()).spawn(move || core.run())?);
@@ -764,7 +808,7 @@ impl Node {
     pub fn install_rotation(&self, r: NodeRotation, timeout: Duration) -> Result<RotationState, NodeError> {
         let deadline = Instant::now() + timeout;
         let gone = || NodeError::Rotation(format!("the node did not answer within {timeout:?}"));
-        let NodeRotation { cert, data_key, writers, coordinator, refuse_if_begun } = r;
+        let NodeRotation { cert, data_key, writers, coordinator, refuse_if_begun, certs } = r;
         if let Some(dk) = &data_key {
             if dk.fingerprint() != cert.data_key_fp {
                 return Err(NodeError::Rotation("the data key is not the certificate's".into()));
@@ -798,6 +842,9 @@ impl Node {
             q.poke();
             rrx.recv_deadline(deadline).map_err(|_| gone())?.map_err(NodeError::Rotation)?;
         }
+        if !certs.is_empty() {
+            self.add_statements(certs, deadline.saturating_duration_since(Instant::now()))?;
+        }
         self.rotation_state(deadline)
     }
 
@@ -806,6 +853,34 @@ impl Node {
         let (rtx, rrx) = bounded(1);
         self.api.send_deadline(CoreMsg::RotationState(rtx), deadline).map_err(|_| NodeError::Stopped)?;
         rrx.recv_deadline(deadline).map_err(|_| NodeError::Stopped)
+    }
+
+    /// Installs and announces a key statement (the leader's revocation of a writer); a node
+    /// running a coordinator also carries it into the log. Returns the node's epoch.
+    pub fn add_statement(&self, s: KeyStatement, timeout: Duration) -> Result<u64, NodeError> {
+        self.add_statements(vec![s], timeout)
+    }
+
+    /// Like [`Node::add_statement`] for several (one Cert record per 64).
+    pub fn add_statements(&self, s: Vec<KeyStatement>, timeout: Duration) -> Result<u64, NodeError> {
+        let deadline = Instant::now() + timeout;
+        let (rtx, rrx) = bounded(1);
+        self.api.send_deadline(CoreMsg::Statement(s, rtx), deadline).map_err(|_| NodeError::Stopped)?;
+        rrx.recv_deadline(deadline).map_err(|_| NodeError::Stopped)?.map_err(NodeError::Keys)
+    }
+
+    /// The next seq this node expects of writer `w`: every earlier record of its chain is
+    /// applied here (a revocation's `from_seq` on the leader's coordinator).
+    pub fn next_seq_of(&self, w: u32) -> Result<u64, NodeError> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let (rtx, rrx) = bounded(1);
+        self.api.send_deadline(CoreMsg::NextSeq(w, rtx), deadline).map_err(|_| NodeError::Stopped)?;
+        rrx.recv_deadline(deadline).map_err(|_| NodeError::Stopped)
+    }
+
+    /// The node's epoch (the newest SYNC applied).
+    pub fn epoch(&self) -> Result<u64, NodeError> {
+        Ok(self.rotation_state(Instant::now() + Duration::from_secs(5))?.epoch)
     }
 
     /// How many capsule servers the node counts acks from (0: durability off).
@@ -950,8 +1025,11 @@ fn restore_own_chain(
         }
         prev = Some((h.seq, rec.hash()));
         clock.observe(h.lamport);
-        match crate::core::verify(verifier, rec) {
-            Ok(v) => out.extend(core.on_verified(*v, 0)),
+        match crate::core::verify(verifier, rec, 0) {
+            Ok(Some(v)) => out.extend(core.on_verified(*v, 0)),
+            Ok(None) => {
+                tracing::warn!(writer, seq = h.seq, "coordinator state: a logged record waits for a certificate")
+            }
             Err(r) => tracing::warn!(
                 writer,
                 seq = h.seq,

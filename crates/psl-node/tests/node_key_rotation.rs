@@ -113,6 +113,7 @@ fn rotation_mid_load_converges_and_retires_the_old_key() {
                 writers: Vec::new(),
                 coordinator: None,
                 refuse_if_begun: true,
+                certs: Vec::new(),
             },
             t,
         )
@@ -130,6 +131,7 @@ fn rotation_mid_load_converges_and_retires_the_old_key() {
         )],
         coordinator: None,
         refuse_if_begun: false,
+        certs: Vec::new(),
     };
     assert!(nodes[0].install_rotation(wrong, t).is_err());
     // 2. Each node: the certificate, the new data key and its own writers' keys.
@@ -143,6 +145,7 @@ fn rotation_mid_load_converges_and_retires_the_old_key() {
                     writers,
                     coordinator: None,
                     refuse_if_begun: false,
+                    certs: Vec::new(),
                 },
                 t,
             )
@@ -159,6 +162,7 @@ fn rotation_mid_load_converges_and_retires_the_old_key() {
                 writers: Vec::new(),
                 coordinator: Some(new_app.writer(coordinator_writer).unwrap()),
                 refuse_if_begun: false,
+                certs: Vec::new(),
             },
             t,
         )

@@ -35,10 +35,18 @@ pub enum RejectReason {
     HoldFull,
     /// The verify queue was full (the node is overloaded); repair fetches it again.
     Overload,
+    /// A record whose writer has no certificate, after its hold-back wait (certified capsules).
+    Uncertified,
+    /// A record outside its writer's certificate's epochs.
+    CertWindow,
+    /// A record of a revoked writer at or after the revocation's epoch.
+    Revoked,
+    /// A Cert record carrying a statement the application key did not sign.
+    Certificate,
 }
 
 impl RejectReason {
-    pub const ALL: [RejectReason; 19] = [
+    pub const ALL: [RejectReason; 23] = [
         RejectReason::Encoding,
         RejectReason::Capsule,
         RejectReason::Writer,
@@ -58,6 +66,10 @@ impl RejectReason {
         RejectReason::StaleSync,
         RejectReason::HoldFull,
         RejectReason::Overload,
+        RejectReason::Uncertified,
+        RejectReason::CertWindow,
+        RejectReason::Revoked,
+        RejectReason::Certificate,
     ];
 
     pub fn name(self) -> &'static str {
@@ -81,6 +93,10 @@ impl RejectReason {
             RejectReason::StaleSync => "stale-sync",
             RejectReason::HoldFull => "hold-full",
             RejectReason::Overload => "overload",
+            RejectReason::Uncertified => "uncertified",
+            RejectReason::CertWindow => "cert-window",
+            RejectReason::Revoked => "revoked",
+            RejectReason::Certificate => "certificate",
         }
     }
 
@@ -99,6 +115,10 @@ impl RejectReason {
             R::Body(_) => RejectReason::Body,
             R::KeyFingerprint { .. } => RejectReason::KeyFingerprint,
             R::RetiredKey { .. } => RejectReason::RetiredKey,
+            R::Uncertified { .. } => RejectReason::Uncertified,
+            R::CertWindow { .. } => RejectReason::CertWindow,
+            R::Revoked { .. } => RejectReason::Revoked,
+            R::Certificate(_) => RejectReason::Certificate,
         }
     }
 
@@ -110,7 +130,7 @@ impl RejectReason {
 /// A node's counters. Shared between threads; every field is a relaxed atomic.
 #[derive(Debug, Default)]
 pub struct Metrics {
-    rejected: [AtomicU64; 19],
+    rejected: [AtomicU64; 23],
     pub records_applied: AtomicU64,
     pub ops_applied: AtomicU64,
     pub records_written: AtomicU64,

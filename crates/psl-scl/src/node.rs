@@ -13,7 +13,8 @@ use crate::orderer::{Orderer, OrdererAction, OrdererConfig};
 use crate::wire::{Ack, Msg};
 use crate::LamportClock;
 use psl_capsule::{
-    Action, Body, ControlCode, Kind, Link, Opened, Record, RotationCert, RotationError, Verified, Verifier,
+    Action, Body, ControlCode, KeyStatement, Kind, Link, Opened, Record, RotationCert, RotationError, Verified,
+    Verifier,
 };
 use psl_crypto::{DataKey, Hash256};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -222,7 +223,14 @@ pub struct NodeCore {
     durables: BTreeMap<u64, BTreeMap<u32, u64>>,
     /// The application key generation this node's coordinator writer holds keys for.
     coordinator_key_gen: u32,
+    /// Certificates of this node's own writers (a certified capsule), announced on the fabric
+    /// every [`CERTS_ANNOUNCE_MS`] so that late joiners learn them (`wire` module docs).
+    announce: Vec<KeyStatement>,
+    last_announce_at: Option<u64>,
 }
+
+/// How often a node (and a capsule server) announces its own writers' certificates.
+pub const CERTS_ANNOUNCE_MS: u64 = 1000;
 
 impl std::fmt::Debug for NodeCore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -269,8 +277,52 @@ impl NodeCore {
             acked: BTreeMap::new(),
             durables: BTreeMap::new(),
             coordinator_key_gen: 0,
+            announce: Vec::new(),
+            last_announce_at: None,
             cfg,
         }
+    }
+
+    /// Sets the certificates (and any revocations) this node announces: its own writers'.
+    /// Each is installed in the verifier too. Ignored in a capsule that derives writer keys.
+    pub fn set_announcements(&mut self, statements: Vec<KeyStatement>) {
+        for s in &statements {
+            if let Err(e) = self.verifier.install_statement(s) {
+                tracing::error!(writer = s.writer(), "own certificate refused: {e}");
+            }
+        }
+        self.announce = statements;
+        self.last_announce_at = None;
+    }
+
+    /// Adds a statement (the leader's revocation of a writer) to what this node announces,
+    /// installs it, and announces at the next tick. Its carrying into the log is the runtime's
+    /// (a coordinator writes a Cert record with it).
+    pub fn add_announcement(&mut self, s: KeyStatement) -> Result<(), psl_capsule::CertError> {
+        self.verifier.install_statement(&s)?;
+        if !self.announce.contains(&s) {
+            self.announce.push(s);
+        }
+        self.last_announce_at = None;
+        Ok(())
+    }
+
+    /// Key statements from the fabric (a `Msg::Certs`): each is checked and installed; a bad one
+    /// is counted as a `certificate` rejection. Returns how many were new: the caller then
+    /// releases records held back for them (`Verifier::release_held`).
+    pub fn on_statements(&mut self, statements: &[KeyStatement]) -> usize {
+        let mut new = 0;
+        for s in statements {
+            match self.verifier.install_statement(s) {
+                Ok(true) => new += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::debug!(writer = s.writer(), "key statement refused: {e}");
+                    self.metrics.reject(RejectReason::Certificate);
+                }
+            }
+        }
+        new
     }
 
     pub fn orderer(&self) -> &Orderer {
@@ -501,7 +553,12 @@ impl NodeCore {
                 }
             }
             Msg::Ack(a) if a.capsule == self.verifier.name() => self.on_ack(a),
-            Msg::Repair { .. } | Msg::Heads { .. } | Msg::Ack(_) => self.metrics.reject(RejectReason::Capsule),
+            Msg::Certs { capsule, statements } if capsule == self.verifier.name() => {
+                self.on_statements(&statements);
+            }
+            Msg::Repair { .. } | Msg::Heads { .. } | Msg::Ack(_) | Msg::Certs { .. } => {
+                self.metrics.reject(RejectReason::Capsule)
+            }
             Msg::Record { .. } => {}
         }
     }
@@ -530,6 +587,16 @@ impl NodeCore {
         }
         match self.verifier.writer_key(a.server) {
             Ok(k) if a.verify(&k) => {}
+            Err(r) if r.wants_cert() => {
+                // The server's certificate has not arrived yet (it is announced every second);
+                // its next ack covers this one.
+                self.metrics.reject(RejectReason::Uncertified);
+                return;
+            }
+            Err(psl_capsule::Reason::Revoked { .. }) => {
+                self.metrics.reject(RejectReason::Revoked);
+                return;
+            }
             _ => {
                 tracing::debug!(server = id, "ack with a bad signature");
                 self.metrics.reject(RejectReason::Signature);
@@ -686,6 +753,17 @@ impl NodeCore {
         }
         for (writer, from_seq, to_seq) in work.withholding {
             out.push(Output::Withholding { writer, from_seq, to_seq });
+        }
+        if !self.announce.is_empty() && self.last_announce_at.is_none_or(|t| now.saturating_sub(t) >= CERTS_ANNOUNCE_MS)
+        {
+            self.last_announce_at = Some(now);
+            for chunk in self.announce.chunks(psl_capsule::certs::STATEMENTS_PER_RECORD_MAX) {
+                out.push(Output::Publish(Msg::Certs { capsule: name, statements: chunk.to_vec() }.encode()));
+            }
+        }
+        for _ in self.verifier.expire_held(now) {
+            // Held back for a certificate that never came (see `Verifier::hold`).
+            self.metrics.reject(RejectReason::Uncertified);
         }
         if now.saturating_sub(self.last_heads_at) >= self.cfg.heads_interval_ms {
             self.last_heads_at = now;

@@ -9,7 +9,15 @@
 //!   type 3, heads hint:      u16 n | n × (u32 writer | u64 seq)     (n <= HEADS_MAX)
 //!   type 4, ack:             u32 server | u16 n | n × (u32 writer | u64 from_seq | u64 to_seq
 //!                            | [32] hash of to_seq) | [64] signature    (1 <= n <= ACK_ENTRIES_MAX)
+//!   type 10, key statements:  a statement list as in a Cert record's body (writer certificates
+//!                            and revocations, each signed by the application key)
 //! ```
+//!
+//! Key statements authenticate themselves like records (the application key signs each), so
+//! anyone may relay them. In a capsule that certifies writers, every node and server announces
+//! its own writers' certificates this way at start and then periodically, so that a process
+//! that joins late, or missed a Cert record, learns the keys of writers (and servers, which
+//! write no records) without reading the log first.
 //!
 //! An ack is a capsule server's signed statement "writer `writer`'s chain up to `to_seq`, whose
 //! record `to_seq` has this hash, is on my disk, fsync'd" (`from_seq` only says which part the
@@ -23,7 +31,7 @@
 //! receiver ask, at a bounded rate, for records it may lack. It closes the last path to
 //! divergence: a record of a writer that crashed, which only some nodes received.
 
-use psl_capsule::CapsuleName;
+use psl_capsule::{CapsuleName, KeyStatement};
 use psl_crypto::{sha256, Hash256, Signature, SigningKey, VerifyingKey};
 use std::sync::Arc;
 
@@ -32,6 +40,8 @@ const TYPE_RECORD: u8 = 1;
 const TYPE_REPAIR: u8 = 2;
 const TYPE_HEADS: u8 = 3;
 const TYPE_ACK: u8 = 4;
+/// Types 5 to 9 are CapsuleDB's (`crate::dbwire`).
+const TYPE_CERTS: u8 = 10;
 /// Most entries in one ack.
 pub const ACK_ENTRIES_MAX: usize = 1024;
 const ACK_ENTRY_LEN: usize = 4 + 8 + 8 + 32;
@@ -51,6 +61,8 @@ pub enum Msg {
     Heads { capsule: CapsuleName, heads: Vec<(u32, u64)> },
     /// A capsule server's signed durability ack (see the module documentation).
     Ack(Ack),
+    /// Writer certificates and revocations (1 to `psl_capsule::certs::STATEMENTS_PER_RECORD_MAX`).
+    Certs { capsule: CapsuleName, statements: Vec<KeyStatement> },
 }
 
 /// One acked range: writer `writer`'s records `from_seq ..= to_seq` are durable at the server,
@@ -126,12 +138,17 @@ pub enum WireError {
     Heads(&'static str),
     #[error("ack: {0}")]
     Ack(&'static str),
+    #[error("key statements: {0}")]
+    Certs(psl_capsule::DecodeError),
 }
 
 impl Msg {
     pub fn capsule(&self) -> CapsuleName {
         match self {
-            Msg::Record { capsule, .. } | Msg::Repair { capsule, .. } | Msg::Heads { capsule, .. } => *capsule,
+            Msg::Record { capsule, .. }
+            | Msg::Repair { capsule, .. }
+            | Msg::Heads { capsule, .. }
+            | Msg::Certs { capsule, .. } => *capsule,
             Msg::Ack(a) => a.capsule,
         }
     }
@@ -166,6 +183,11 @@ impl Msg {
             Msg::Ack(a) => {
                 b = ack_body(&a.capsule, a.server, &a.entries);
                 b.extend_from_slice(&a.signature.0);
+            }
+            Msg::Certs { capsule, statements } => {
+                b.push(TYPE_CERTS);
+                b.extend_from_slice(&capsule.0 .0);
+                b.extend_from_slice(&KeyStatement::encode_list(statements));
             }
         }
         b
@@ -248,6 +270,10 @@ impl Msg {
                 sig.copy_from_slice(&p[p.len() - 64..]);
                 Ok(Msg::Ack(Ack { capsule, server, entries, signature: Signature(sig) }))
             }
+            TYPE_CERTS => {
+                let statements = KeyStatement::decode_list(p).map_err(WireError::Certs)?;
+                Ok(Msg::Certs { capsule, statements })
+            }
             t => Err(WireError::Type(t)),
         }
     }
@@ -281,6 +307,21 @@ mod tests {
         }
         // Another server's key does not verify it.
         assert!(!ack.verify(&app.public().writer(w + 1).unwrap()));
+    }
+
+    #[test]
+    fn key_statements_round_trip() {
+        let owner = psl_crypto::OwnerKey::from_seed(&[4; 32]).unwrap();
+        let app = owner.app(1).unwrap();
+        let capsule = CapsuleName(Hash256([7; 32]));
+        let statements = vec![
+            KeyStatement::Cert(psl_capsule::WriterCert::issue(&app, capsule, 0, 0x10000, 0).unwrap()),
+            KeyStatement::Revoke(psl_capsule::Revocation::issue(&app, capsule, 0, 0x10001, 4, 17).unwrap()),
+        ];
+        let m = Msg::Certs { capsule, statements };
+        assert_eq!(Msg::decode(&m.encode()), Ok(m.clone()));
+        let bytes = m.encode();
+        assert!(Msg::decode(&bytes[..bytes.len() - 1]).is_err());
     }
 
     proptest! {

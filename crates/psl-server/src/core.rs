@@ -8,7 +8,7 @@
 //! runtime calls after the `fsync` of the batch that [`ServerCore::take_batch`] handed out
 //! returned successfully. Nothing else creates an ack, so none can precede its fsync.
 
-use psl_capsule::{Kind, Link, Record, Verified, Verifier};
+use psl_capsule::{KeyStatement, Kind, Link, Record, Verified, Verifier};
 use psl_crypto::{Hash256, SigningKey};
 use psl_scl::wire::ACK_ENTRIES_MAX;
 use psl_scl::{Ack, AckEntry, Msg, Orderer, OrdererConfig};
@@ -85,6 +85,10 @@ pub struct ServerStats {
     pub server_range_refused: u64,
     pub withholding_reports: u64,
     pub equivocations: u64,
+    /// Records refused because their writer's certificate never came (certified capsules).
+    pub uncertified: u64,
+    /// Key statements (certificates, revocations) refused from the fabric.
+    pub statements_refused: u64,
 }
 
 pub struct ServerCore {
@@ -109,6 +113,11 @@ pub struct ServerCore {
     latest_sync: Option<(u64, Link)>,
     failed: Option<String>,
     pub stats: ServerStats,
+    /// This server's own certificate (a certified capsule), announced every
+    /// `psl_scl::node::CERTS_ANNOUNCE_MS`: servers write no records, so nodes learn the key
+    /// that signs its acks this way.
+    announce: Vec<KeyStatement>,
+    last_announce_at: Option<u64>,
 }
 
 impl std::fmt::Debug for ServerCore {
@@ -137,7 +146,20 @@ impl ServerCore {
             latest_sync: None,
             failed: None,
             stats: ServerStats::default(),
+            announce: Vec::new(),
+            last_announce_at: None,
         }
+    }
+
+    /// Sets the statements this server announces (its own certificate), installing them too.
+    pub fn set_announcements(&mut self, statements: Vec<KeyStatement>) {
+        for s in &statements {
+            if let Err(e) = self.verifier.install_statement(s) {
+                tracing::error!(writer = s.writer(), "own certificate refused: {e}");
+            }
+        }
+        self.announce = statements;
+        self.last_announce_at = None;
     }
 
     /// At start: what the store already holds (re-verified when it was opened) is durable.
@@ -159,6 +181,10 @@ impl ServerCore {
 
     pub fn server_writer(&self) -> u32 {
         self.me
+    }
+
+    pub fn verifier(&self) -> &Arc<Verifier> {
+        &self.verifier
     }
 
     pub fn orderer(&self) -> &Orderer<Verified<Record>> {
@@ -322,6 +348,14 @@ impl ServerCore {
                     self.hinted.pop_last();
                 }
             }
+            Msg::Certs { capsule, statements } if capsule == name => {
+                for st in &statements {
+                    if let Err(e) = self.verifier.install_statement(st) {
+                        tracing::debug!(writer = st.writer(), "key statement refused: {e}");
+                        self.stats.statements_refused += 1;
+                    }
+                }
+            }
             // Other servers' acks and records are not this method's business.
             _ => {}
         }
@@ -332,6 +366,15 @@ impl ServerCore {
     pub fn on_tick(&mut self, now: u64) -> Vec<Output> {
         let mut out = Vec::new();
         let name = self.verifier.name();
+        if !self.announce.is_empty()
+            && self.last_announce_at.is_none_or(|t| now.saturating_sub(t) >= psl_scl::node::CERTS_ANNOUNCE_MS)
+        {
+            self.last_announce_at = Some(now);
+            out.push(Output::Publish(Msg::Certs { capsule: name, statements: self.announce.clone() }.encode()));
+        }
+        let expired = self.verifier.expire_held(now).len() as u64;
+        self.stats.uncertified += expired;
+        self.stats.records_rejected += expired;
         let work = self.orderer.tick_with_hints(&mut self.hinted, self.cfg.hint_requests_per_tick, now);
         self.stats.repair_requests_sent += work.repairs.len() as u64;
         self.stats.withholding_reports += work.withholding.len() as u64;

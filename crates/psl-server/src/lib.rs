@@ -35,3 +35,14 @@ pub use runtime::{open_store, Server, ServerError, ServerOptions, StartReport};
 pub fn server_key(app: &psl_crypto::AppKey, id: u32) -> Option<psl_crypto::SigningKey> {
     psl_scl::server_writer(id).and_then(|w| app.writer(w).ok())
 }
+
+/// Server `id`'s signing key under the capsule's writer-key scheme and, in a capsule that
+/// certifies writers, its certificate (`ServerOptions::cert`): the development path's way to
+/// equip a server from the owner's tree.
+pub fn server_credentials(
+    meta: &psl_capsule::SignedMetadata,
+    app: &psl_crypto::AppKey,
+    id: u32,
+) -> Option<(psl_crypto::SigningKey, Option<psl_capsule::WriterCert>)> {
+    psl_scl::server_writer(id).and_then(|w| psl_capsule::writer_credentials(meta, app, w).ok())
+}

@@ -13,6 +13,11 @@
 //! | `RANGE <writer> <from> <to>` | the writer's records `from ..= to` held (at most [`RANGE_RECORDS_MAX`]) |
 //! | `PROOF <hash hex>` | a membership proof (`psl_capsule::MembershipProof` bytes) of the record |
 //! | `CHECK` | one frame: JSON of the server's own end-to-end check of its store ([`RemoteCheck`]) |
+//! | `CERTS` | the key statements the server knows (a certified capsule), as statement lists (a Cert record's body), up to 64 a frame |
+//!
+//! A client that reads a record whose writer's certificate it lacks asks `CERTS` once and tries
+//! again: statements carry the application key's signature, so the server can only withhold
+//! them, not forge them.
 //!
 //! `CHECK` is how an operator checks a running server (`psl capsule-server check --read`): the
 //! server takes a consistent view of its store under its store lock (`DiskStore::check_view`),
@@ -26,7 +31,7 @@
 //! are fresh.
 
 use crate::freshness::{check_fresh, ServerView, Stale};
-use psl_capsule::{Kind, Link, MembershipProof, Record, Verified, Verifier};
+use psl_capsule::{KeyStatement, Kind, Link, MembershipProof, Record, Verified, Verifier};
 use psl_crypto::Hash256;
 use psl_store::DiskStore;
 use std::collections::BTreeMap;
@@ -135,6 +140,7 @@ pub enum Request {
     Range(u32, u64, u64),
     Proof(Hash256),
     Check,
+    Certs,
 }
 
 /// Parses one request line (without its newline). Never panics.
@@ -159,7 +165,8 @@ pub fn parse_request(req: &str) -> Result<Request, String> {
         }
         ["PROOF", h] => Ok(Request::Proof(hash(h)?)),
         ["CHECK"] => Ok(Request::Check),
-        _ => Err(format!("unknown request {req:?}: HEADS, SYNC, GET h, RANGE w from to, PROOF h, CHECK")),
+        ["CERTS"] => Ok(Request::Certs),
+        _ => Err(format!("unknown request {req:?}: HEADS, SYNC, GET h, RANGE w from to, PROOF h, CHECK, CERTS")),
     }
 }
 
@@ -238,6 +245,13 @@ fn answer(st: &DiskStore, req: &str) -> Result<Vec<Vec<u8>>, String> {
                 .map_err(|e| e.to_string())
         }
         Request::Check => Err("CHECK is answered without the store lock".into()),
+        Request::Certs => {
+            let v = st.verifier();
+            let certs = v.writer_certs().into_iter().map(KeyStatement::Cert);
+            let revoked = v.revocations().into_iter().map(KeyStatement::Revoke);
+            let all: Vec<KeyStatement> = certs.chain(revoked).collect();
+            Ok(all.chunks(psl_capsule::certs::STATEMENTS_PER_RECORD_MAX).map(KeyStatement::encode_list).collect())
+        }
     }
 }
 
@@ -344,6 +358,8 @@ pub struct ReadClient {
     addr: SocketAddr,
     r: BufReader<TcpStream>,
     w: TcpStream,
+    /// Whether this connection already asked for the server's key statements.
+    certs_learnt: bool,
 }
 
 impl ReadClient {
@@ -353,7 +369,7 @@ impl ReadClient {
         s.set_read_timeout(Some(IO_TIMEOUT)).map_err(io("setting a timeout"))?;
         s.set_write_timeout(Some(IO_TIMEOUT)).map_err(io("setting a timeout"))?;
         let w = s.try_clone().map_err(io("cloning the socket"))?;
-        Ok(ReadClient { addr, r: BufReader::new(s), w })
+        Ok(ReadClient { addr, r: BufReader::new(s), w, certs_learnt: false })
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -377,8 +393,51 @@ impl ReadClient {
         }
     }
 
-    fn record(&self, v: &Verifier, bytes: &[u8]) -> Result<Verified<Record>, ReadError> {
-        v.verify_bytes(bytes).map_err(|e| ReadError::Unverified { addr: self.addr, what: e.to_string() })
+    /// Verifies a record the server sent. If its writer's certificate is unknown here (a
+    /// certified capsule), learns the server's statements once (`CERTS`) and tries again.
+    fn record(&mut self, v: &Verifier, bytes: &[u8]) -> Result<Verified<Record>, ReadError> {
+        match v.verify_bytes(bytes) {
+            Err(e) if e.reason.wants_cert() && !self.certs_learnt => {
+                self.certs_learnt = true;
+                self.learn_certs(v)?;
+                v.verify_bytes(bytes)
+            }
+            r => r,
+        }
+        .map_err(|e| ReadError::Unverified { addr: self.addr, what: e.to_string() })
+    }
+
+    /// Installs every key statement the server knows (`CERTS`) in `v`. Each is checked against
+    /// the application key; a bad one makes the answer malformed. Returns how many were new.
+    pub fn learn_certs(&mut self, v: &Verifier) -> Result<usize, ReadError> {
+        let addr = self.addr;
+        let mut new = 0;
+        for s in self.statements()? {
+            match v.install_statement(&s) {
+                Ok(n) => new += n as usize,
+                Err(e) => {
+                    return Err(ReadError::Unverified {
+                        addr,
+                        what: format!("key statement for writer {}: {e}", s.writer()),
+                    })
+                }
+            }
+        }
+        Ok(new)
+    }
+
+    /// The key statements the server knows (`CERTS`), decoded but NOT checked: a verifier checks
+    /// each when it installs it.
+    pub fn statements(&mut self) -> Result<Vec<KeyStatement>, ReadError> {
+        let addr = self.addr;
+        let mut out = Vec::new();
+        for f in self.ask("CERTS")? {
+            out.extend(
+                KeyStatement::decode_list(&f)
+                    .map_err(|e| ReadError::Malformed { addr, what: format!("a key statement: {e}") })?,
+            );
+        }
+        Ok(out)
     }
 
     /// Each writer's newest durable record: writer -> (seq, hash). Unverified claims: use them

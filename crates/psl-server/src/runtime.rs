@@ -38,6 +38,12 @@ pub enum ServerError {
     CoordinatorClash(u32),
     #[error("starting a thread: {0}")]
     Spawn(#[from] std::io::Error),
+    #[error(
+        "capsule {0} certifies writers: the server needs the certificate of its key (ServerOptions::cert, or --owner)"
+    )]
+    NoCert(String),
+    #[error("the server's certificate does not match: {0}")]
+    BadCert(String),
 }
 
 #[derive(Debug, Clone)]
@@ -53,6 +59,9 @@ pub struct ServerOptions {
     pub fsync: FsyncPolicy,
     /// Where to serve reads for other processes (`crate::read`); none if `None`.
     pub read_listen: Option<std::net::SocketAddr>,
+    /// The certificate of the server's key, in a capsule that certifies writers (required
+    /// there; see [`crate::server_credentials`]).
+    pub cert: Option<psl_capsule::WriterCert>,
 }
 
 impl Default for ServerOptions {
@@ -65,6 +74,7 @@ impl Default for ServerOptions {
             core: ServerConfig::default(),
             fsync: FsyncPolicy::Group,
             read_listen: None,
+            cert: None,
         }
     }
 }
@@ -159,13 +169,33 @@ impl Server {
         if meta.meta.policy.is_coordinator(writer) {
             return Err(ServerError::CoordinatorClash(writer));
         }
+        let certified = meta.meta.policy.writer_keys == psl_capsule::WriterKeys::Certified;
+        let announce = match (&opts.cert, certified) {
+            (None, true) => return Err(ServerError::NoCert(meta.name().0.to_hex())),
+            (Some(c), true) => {
+                if c.writer != writer || c.key != key.verifying_key() {
+                    return Err(ServerError::BadCert(format!(
+                        "it certifies writer {}, not this server's key",
+                        c.writer
+                    )));
+                }
+                vec![psl_capsule::KeyStatement::Cert(c.clone())]
+            }
+            (_, false) => Vec::new(),
+        };
         let (store, start_report) = open_store(dir, &meta)?;
-        let verifier = Arc::new(Verifier::new(meta, None));
+        // The store's own verifier: certificates learnt from records or the fabric, and
+        // rotations, are then known to reads from the store too.
+        let verifier = store.shared_verifier();
+        if let Some(s) = announce.first() {
+            verifier.install_statement(s).map_err(|e| ServerError::BadCert(e.to_string()))?;
+        }
         let mut core_cfg = opts.core;
         if opts.fsync == FsyncPolicy::Always {
             core_cfg.batch_records_max = 1;
         }
         let mut core = ServerCore::new(verifier.clone(), key, writer, core_cfg);
+        core.set_announcements(announce);
         let t0 = Instant::now();
         disk::adopt(&mut core, &store, 0);
         let store = Arc::new(Mutex::new(store));
@@ -183,12 +213,9 @@ impl Server {
             let (rx, tx, v) = (verify_rx.clone(), res_tx.clone(), verifier.clone());
             threads.push(std::thread::Builder::new().name(format!("srv-verify-{i}")).spawn(move || {
                 while let Ok(rec) = rx.recv() {
-                    let r = match v.verify(rec) {
-                        Ok(r) => Some(r),
-                        Err(rej) => {
-                            tracing::debug!("rejected: {rej}");
-                            None
-                        }
+                    let r = match verify_or_hold(&v, rec, t0) {
+                        Some(r) => r,
+                        None => continue,
                     };
                     if tx.send(r).is_err() {
                         return;
@@ -372,6 +399,8 @@ impl Server {
             "server_range_refused": s.server_range_refused,
             "withholding_reports": s.withholding_reports,
             "equivocations": s.equivocations,
+            "uncertified": s.uncertified,
+            "statements_refused": s.statements_refused,
             "received": c.received.load(Ordering::Relaxed),
             "bad_messages": c.bad_messages.load(Ordering::Relaxed),
             "in_dropped": c.in_dropped.load(Ordering::Relaxed),
@@ -398,6 +427,18 @@ impl Drop for Server {
     fn drop(&mut self) {
         if !self.threads.is_empty() {
             self.stop_threads();
+        }
+    }
+}
+
+/// Verifies one record; `None`: held back for its writer's certificate (`Verifier::hold`), on
+/// the core's clock started at `t0`. A record the hold cannot take is refused (`Some(None)`).
+fn verify_or_hold(v: &Verifier, rec: Record, t0: Instant) -> Option<Option<Verified<Record>>> {
+    match v.verify_or_hold(rec, t0.elapsed().as_millis() as u64) {
+        Ok(r) => r.map(Some),
+        Err(rej) => {
+            tracing::debug!("rejected: {rej}");
+            Some(None)
         }
     }
 }
@@ -481,8 +522,12 @@ impl CoreLoop {
             let now = self.now();
             match r {
                 Some(v) => {
+                    let certs = v.header().kind == psl_capsule::Kind::Cert;
                     let out = self.core.on_verified(v, now);
                     self.outputs(out);
+                    if certs {
+                        self.release_held();
+                    }
                 }
                 None => self.core.on_rejected(),
             }
@@ -505,10 +550,36 @@ impl CoreLoop {
                 true
             }
             Ok(In::Msg(m)) => {
+                let certs = matches!(m, Msg::Certs { .. });
                 self.core.on_message(m);
+                if certs {
+                    self.release_held();
+                }
                 true
             }
             Err(_) => false,
+        }
+    }
+
+    /// New certificates: records held back for them go through verification again (here, when
+    /// the verify pool's queue is full).
+    fn release_held(&mut self) {
+        let v = self.core.verifier().clone();
+        for rec in v.release_held() {
+            if self.core.precheck(&rec) {
+                continue;
+            }
+            if let Err(TrySendError::Full(rec)) = self.verify_tx.try_send(rec) {
+                match verify_or_hold(&v, rec, self.t0) {
+                    Some(Some(r)) => {
+                        let now = self.now();
+                        let out = self.core.on_verified(r, now);
+                        self.outputs(out);
+                    }
+                    Some(None) => self.core.on_rejected(),
+                    None => {}
+                }
+            }
         }
     }
 

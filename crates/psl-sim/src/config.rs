@@ -53,6 +53,16 @@ pub struct SimConfig {
     pub torn_write: f64,
     /// Deliberately broken servers that ack before the fsync (to show the checker catches it).
     pub bug_ack_before_sync: bool,
+    /// Certified (hardened) writer keys, each known by a certificate; `false`: the derived
+    /// keys of version-1 capsules.
+    pub certified: bool,
+    /// At this time (certified runs), the leader revokes one writer of the first node from two
+    /// epochs ahead and from the seq after the last record it sealed, and RESETs that node (it
+    /// restarts under a new incarnation); from when an endpoint has learnt the revocation, an
+    /// adversary holding the revoked key sends it forged records that continue the writer's
+    /// chain and claim the epoch before the revocation's (backdated: only the seq bound refuses
+    /// them), through the same lossy, reordering network.
+    pub revoke_at_ms: Option<u64>,
 }
 
 impl Default for SimConfig {
@@ -86,6 +96,8 @@ impl Default for SimConfig {
             fsync_ms: 3,
             torn_write: 0.5,
             bug_ack_before_sync: false,
+            certified: true,
+            revoke_at_ms: None,
         }
     }
 }
@@ -96,6 +108,12 @@ impl SimConfig {
     /// must stay on f + 1 servers' synced storage, and reach every memtable in the end.
     pub fn durability() -> SimConfig {
         SimConfig { servers: 3, server_crash: 0.002, crash: 0.0006, loss: 0.1, work_ms: 1_200, ..SimConfig::default() }
+    }
+
+    /// The revocation scenario: the durability faults, certified writers, and one writer revoked
+    /// mid-run while an adversary with its key keeps sending records.
+    pub fn revocation() -> SimConfig {
+        SimConfig { revoke_at_ms: Some(500), ..SimConfig::durability() }
     }
 
     /// A fault-free configuration (for checking the simulator itself).

@@ -101,6 +101,18 @@ impl Net {
         }
     }
 
+    /// One message to one endpoint (an adversary's direct send), with the link's loss, delay and
+    /// partition, but kept out of the replay history.
+    pub fn send_to(&mut self, rng: &mut StdRng, f: &Faults, now: u64, to: usize, bytes: &[u8]) {
+        self.stats.sent += 1;
+        if rng.random_bool(f.loss) {
+            self.stats.dropped += 1;
+            return;
+        }
+        let at = now + 1 + rng.random_range(0..=f.delay_ms_max);
+        self.push(at, to, bytes.to_vec());
+    }
+
     /// Messages due at or before `now`, in delivery order.
     pub fn due(&mut self, now: u64) -> Vec<(usize, Vec<u8>)> {
         let mut out = Vec::new();

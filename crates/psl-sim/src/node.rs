@@ -1,6 +1,6 @@
 //! One simulated node: the real protocol core, driven inline.
 
-use psl_capsule::{Action, Author, Body, ControlCode, Op, Record, SignedMetadata, Verifier};
+use psl_capsule::{Action, Author, Body, ControlCode, KeyStatement, Op, Record, SignedMetadata, Verifier};
 use psl_crypto::AppKey;
 use psl_scl::memtable::key_shard;
 use psl_scl::{
@@ -23,6 +23,12 @@ pub struct SimNode {
     pub batch_ops_max: usize,
     /// No puts before this time (a restarted node catching up first).
     pub quiet_until: u64,
+    /// Whether the writers (a certified capsule) have written their own Cert records yet, and
+    /// whether the coordinator has (before its first RTS or SYNC, as `psl-node` does).
+    introduced: bool,
+    coordinator_introduced: bool,
+    /// What the core announces (own certificates, and statements handed to it).
+    core_announcements: Vec<KeyStatement>,
 }
 
 /// Something a node produced that the run loop must act on.
@@ -68,7 +74,12 @@ impl SimNode {
             Some((w, a, sm)) => (Some((w, sm)), Some(a)),
             None => (None, None),
         };
-        let core = NodeCore::new(
+        let own_certs: Vec<KeyStatement> = authors
+            .iter()
+            .chain(coord_author.iter())
+            .filter_map(|a| a.cert().cloned().map(KeyStatement::Cert))
+            .collect();
+        let mut core = NodeCore::new(
             verifier.clone(),
             memtable.clone(),
             clock.clone(),
@@ -77,6 +88,7 @@ impl SimNode {
             core_coord,
             NodeConfig { servers, ..NodeConfig::default() },
         );
+        core.set_announcements(own_certs.clone());
         SimNode {
             id,
             incarnation,
@@ -91,7 +103,56 @@ impl SimNode {
             coordinator: coord_author,
             batch_ops_max,
             quiet_until: 0,
+            introduced: false,
+            coordinator_introduced: false,
+            core_announcements: own_certs,
         }
+    }
+
+    /// Adds a statement (the leader's revocation) to what this node announces and, on a
+    /// coordinator, carries it into the log in a Cert record.
+    pub fn announce(&mut self, s: KeyStatement, now: u64, fx: &mut Vec<Effect>) {
+        let mut list = self.core_announcements.clone();
+        list.push(s.clone());
+        self.core_announcements = list.clone();
+        self.core.set_announcements(list);
+        if let Some(c) = &mut self.coordinator {
+            c.observe(self.clock.tick());
+            let rec = c.write_certs(vec![s.clone()]).expect("a Cert record fits");
+            self.clock.observe(rec.header().lamport);
+            self.local_record(rec, &Body::Certs(vec![s]), now, fx);
+        }
+    }
+
+    /// Each fresh writer's first record is its own certificate (a certified capsule).
+    fn introduce(&mut self, now: u64, fx: &mut Vec<Effect>) {
+        if self.introduced {
+            return;
+        }
+        self.introduced = true;
+        for i in 0..self.authors.len() {
+            if self.authors[i].next_seq() != 0 {
+                continue;
+            }
+            let Some(sealed) = self.authors[i].write_own_cert() else { continue };
+            let rec = sealed.expect("a Cert record fits");
+            self.clock.observe(rec.header().lamport);
+            let body = Body::Certs(self.authors[i].cert().cloned().map(KeyStatement::Cert).into_iter().collect());
+            self.local_record(rec, &body, now, fx);
+        }
+    }
+
+    fn introduce_coordinator(&mut self, now: u64, fx: &mut Vec<Effect>) {
+        if self.coordinator_introduced {
+            return;
+        }
+        let Some(c) = &mut self.coordinator else { return };
+        self.coordinator_introduced = true;
+        let Some(sealed) = c.write_own_cert() else { return };
+        let rec = sealed.expect("a Cert record fits");
+        self.clock.observe(rec.header().lamport);
+        let body = Body::Certs(c.cert().cloned().map(KeyStatement::Cert).into_iter().collect());
+        self.local_record(rec, &body, now, fx);
     }
 
     /// A local put (`Some`) or delete (`None`): visible locally at once, sealed later.
@@ -114,6 +175,7 @@ impl SimNode {
     }
 
     pub fn flush(&mut self, now: u64, fx: &mut Vec<Effect>) {
+        self.introduce(now, fx);
         for i in 0..self.authors.len() {
             self.flush_one(i, now, fx);
         }
@@ -176,6 +238,7 @@ impl SimNode {
                     }
                 }
                 Output::WriteRts { epoch } => {
+                    self.introduce_coordinator(now, fx);
                     if let Some(c) = &mut self.coordinator {
                         let body =
                             Body::Control { code: ControlCode::Rts, payload: psl_scl::node::epoch_payload(epoch) };
@@ -186,6 +249,9 @@ impl SimNode {
                     }
                 }
                 Output::WriteSync { epoch, heads } => {
+                    if self.coordinator.as_ref().is_some_and(|c| epoch > c.epoch()) {
+                        self.introduce_coordinator(now, fx);
+                    }
                     if let Some(c) = &mut self.coordinator {
                         if epoch > c.epoch() {
                             c.observe(self.clock.tick());
@@ -214,17 +280,42 @@ impl SimNode {
                 let limits = self.verifier.metadata().meta.policy.limits;
                 match psl_capsule::Record::decode(&bytes, &limits) {
                     Err(_) => self.core.on_rejected(psl_scl::RejectReason::Encoding),
-                    Ok(rec) if self.core.precheck(&rec) => {}
-                    Ok(rec) => match self.verifier.verify_open(rec) {
-                        Err(rej) => self.core.on_rejected(psl_scl::RejectReason::from_verifier(&rej.reason)),
-                        Ok(opened) => {
-                            let out = self.core.on_verified(opened, now);
-                            self.outputs(out, now, fx);
-                        }
-                    },
+                    Ok(rec) => self.incoming(rec, now, fx),
                 }
             }
-            Ok(m) => self.core.on_message(m),
+            Ok(m) => {
+                let certs = matches!(m, psl_scl::Msg::Certs { .. });
+                self.core.on_message(m);
+                if certs {
+                    self.release_held(now, fx);
+                }
+            }
+        }
+    }
+
+    /// A record from the network (or released from the hold-back): verified, or held back for
+    /// its writer's certificate, as `psl-node`'s verify path does.
+    fn incoming(&mut self, rec: Record, now: u64, fx: &mut Vec<Effect>) {
+        if self.core.precheck(&rec) {
+            return;
+        }
+        match self.verifier.verify_open_or_hold(rec, now) {
+            Ok(None) => {}
+            Err(rej) => self.core.on_rejected(psl_scl::RejectReason::from_verifier(&rej.reason)),
+            Ok(Some(opened)) => {
+                let certs = opened.record.header().kind == psl_capsule::Kind::Cert;
+                let out = self.core.on_verified(opened, now);
+                self.outputs(out, now, fx);
+                if certs {
+                    self.release_held(now, fx);
+                }
+            }
+        }
+    }
+
+    fn release_held(&mut self, now: u64, fx: &mut Vec<Effect>) {
+        for rec in self.verifier.release_held() {
+            self.incoming(rec, now, fx);
         }
     }
 

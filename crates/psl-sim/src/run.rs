@@ -21,7 +21,7 @@ use crate::config::SimConfig;
 use crate::net::{Faults, Net, NetStats};
 use crate::node::{Effect, SimNode};
 use crate::server::{ServerEffect, SimDisk, SimServer};
-use psl_capsule::{new_capsule, Limits};
+use psl_capsule::{new_capsule_with, Author, KeyStatement, Limits, Revocation, WriterCert, WriterKeys};
 use psl_crypto::Hash256;
 use psl_crypto::OwnerKey;
 use psl_scl::{CoordinatorConfig, Output, RejectReason, Version};
@@ -50,6 +50,11 @@ pub struct SimReport {
     pub recoveries: u64,
     pub rejected: BTreeMap<&'static str, u64>,
     pub net: NetStats,
+    /// The revoked writer and the epoch its revocation takes effect (`revoke_at_ms` runs).
+    pub revoked: Option<(u32, u64)>,
+    /// Forged records the adversary sent with the revoked writer's key (none may be applied
+    /// or stored: the invariants above catch one that is).
+    pub forged_sent: u64,
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -72,6 +77,8 @@ pub enum Violation {
     NotRecovered { seed: u64, at_ms: u64, node: u32, key: String, held: Option<Version>, expected: Version },
     #[error("seed {seed}: node {node}, key {key:?}: holds {held:?}, but {expected:?} is in a record counted durable")]
     DurableLost { seed: u64, node: u32, key: String, held: Option<Version>, expected: Version },
+    #[error("seed {seed}: {who} never learnt the revocation of writer {writer}")]
+    RevocationNotLearnt { seed: u64, who: String, writer: u32 },
 }
 
 /// The data ops of one record: (key, version).
@@ -102,7 +109,8 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SimReport, Violation> {
     seed_bytes[8] = 0x51;
     let owner = OwnerKey::from_seed(&seed_bytes).expect("32-byte seed");
     let app = owner.app(1).expect("index below 2^31");
-    let meta = new_capsule(&owner, 1, "sim", 0, Limits::default()).expect("valid metadata");
+    let scheme = if cfg.certified { WriterKeys::Certified } else { WriterKeys::Derived };
+    let meta = new_capsule_with(&owner, 1, "sim", 0, Limits::default(), scheme).expect("valid metadata");
     let ccfg = |rank: u8| CoordinatorConfig {
         epoch_ms: cfg.epoch_ms,
         eoe_timeout_ms: cfg.epoch_ms * 3,
@@ -183,7 +191,11 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SimReport, Violation> {
         recoveries: 0,
         rejected: BTreeMap::new(),
         net: NetStats::default(),
+        revoked: None,
+        forged_sent: 0,
     };
+    // The adversary holding the revoked writer's key, once it is revoked.
+    let mut adversary: Option<Author> = None;
     let faults_on = Faults {
         loss: cfg.loss,
         duplicate: cfg.duplicate,
@@ -341,6 +353,71 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SimReport, Violation> {
                 }
                 heal_at = Some(now + cfg.heal_ms);
                 report.partitions += 1;
+            }
+        }
+        // Revocation: the leader revokes one writer of the first node from two epochs ahead,
+        // hands the revocation to the coordinators (they announce it and carry it into the log)
+        // and RESETs the node (it restarts under a new incarnation, with new writers).
+        // (At the first millisecond from `revoke_at_ms` on at which that node is up.)
+        let due = cfg.revoke_at_ms.is_some_and(|t| now >= t) && report.revoked.is_none() && adversary.is_none();
+        if cfg.certified && active && due && eps[0].node.is_some() {
+            let ep = &mut eps[0];
+            if let Some(node) = ep.node.take() {
+                let w = node.authors.first().map(|a| a.writer());
+                let epoch = eps.iter().filter_map(|e| e.node.as_ref()).map(|x| x.core.epoch()).max().unwrap_or(0);
+                let ep = &mut eps[0];
+                dead_writers.extend(node.authors.iter().map(|a| a.writer()));
+                retired_metrics.push(node.metrics.clone());
+                ep.restart_at = Some(now + cfg.restart_ms);
+                ep.ever_crashed = true;
+                ep.last.clear();
+                report.crashes += 1;
+                if let Some(w) = w {
+                    let from_epoch = epoch + 2;
+                    // The seq bound: everything the worker sealed before its RESET stays valid
+                    // (the leader learns its writers' heads at the RESET); nothing after it does.
+                    let top = honest.keys().filter(|(hw, _)| *hw == w).map(|(_, s)| *s).max();
+                    let from_seq = top.map_or(0, |s| s + 1);
+                    let rev = Revocation::issue(&app, meta.name(), 0, w, from_epoch, from_seq).expect("a writer index");
+                    for (i, e) in eps.iter_mut().enumerate() {
+                        if let Some(x) = e.node.as_mut().filter(|x| x.coordinator.is_some()) {
+                            x.announce(KeyStatement::Revoke(rev.clone()), now, &mut fx);
+                            carried.extend(fx.drain(..).map(|e| (i, e)));
+                        }
+                    }
+                    let cert = WriterCert::issue(&app, meta.name(), 0, w, 0).expect("a writer index");
+                    let key = app.writer_hardened(w).expect("a writer index");
+                    let mut a =
+                        Author::with_certified_keys(&meta, key, cert, app.data_key()).expect("its own certificate");
+                    // The adversary backdates: its records claim the epoch before the revocation's,
+                    // so only the seq bound refuses them.
+                    if let Some(seq) = top {
+                        let hash = honest[&(w, seq)].0;
+                        let back = from_epoch - 1;
+                        a.resume(&psl_capsule::Head { writer: w, seq, hash, lamport: 1 << 40, epoch: back });
+                    }
+                    adversary = Some(a.with_salt_seed(seed ^ 0xBAD));
+                    report.revoked = Some((w, from_epoch));
+                }
+            }
+        }
+        // The adversary writes as the revoked writer to every endpoint that has learnt the
+        // revocation (a node or server that has not yet could not tell; see the threat model).
+        if let (Some(a), true) = (adversary.as_mut(), now % 20 == 0) {
+            let key = keys[rng.random_range(0..keys.len())].clone();
+            let rec = a.write_ops([(key, Some(format!("forged@{now}").into_bytes()))]).expect("a small record");
+            let bytes = psl_scl::Msg::Record { capsule: meta.name(), bytes: rec.shared_bytes() }.encode();
+            let f = if active { &faults_on } else { &faults_off };
+            for to in 0..total {
+                let knows = if to < n {
+                    eps[to].node.as_ref().is_some_and(|x| !x.verifier.revocations().is_empty())
+                } else {
+                    slots[to - n].server.as_ref().is_some_and(|x| !x.verifier().revocations().is_empty())
+                };
+                if knows {
+                    net.send_to(&mut rng, f, now, to, &bytes);
+                    report.forged_sent += 1;
+                }
             }
         }
         if heal_at.is_some_and(|t| now >= t || !active) {
@@ -592,6 +669,18 @@ dead writers: {:?}",
             let held = node.memtable.entry(k).map(|e| e.version);
             if held.is_none_or(|h| h < *v) {
                 return Err(Violation::Lost { seed, node: ep.id, key: show(k), held, expected: *v });
+            }
+        }
+    }
+    if let Some((w, _)) = report.revoked {
+        for ep in eps.iter() {
+            if ep.node.as_ref().is_some_and(|x| x.verifier.revocations().is_empty()) {
+                return Err(Violation::RevocationNotLearnt { seed, who: format!("node {}", ep.id), writer: w });
+            }
+        }
+        for (i, slot) in slots.iter().enumerate() {
+            if slot.server.as_ref().is_some_and(|x| x.verifier().revocations().is_empty()) {
+                return Err(Violation::RevocationNotLearnt { seed, who: format!("server {i}"), writer: w });
             }
         }
     }

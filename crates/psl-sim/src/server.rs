@@ -174,9 +174,12 @@ impl SimServer {
         ack_before_sync: bool,
     ) -> SimServer {
         let verifier = Arc::new(Verifier::new(meta.clone(), None));
-        let key = psl_server::server_key(app, id).expect("simulated server ids are small");
+        let (key, cert) = psl_server::server_credentials(meta, app, id).expect("simulated server ids are small");
         let me = psl_scl::server_writer(id).expect("simulated server ids are small");
         let mut core = ServerCore::new(verifier.clone(), key, me, ServerConfig::default());
+        core.set_announcements(cert.map(psl_capsule::KeyStatement::Cert).into_iter().collect());
+        // What its disk holds was verified when written: its statements are known again.
+        verifier.learn_statements(disk.synced_chains().flat_map(|(_, c)| c.iter().map(|r| &**r)));
         disk::adopt(&mut core, disk, now);
         SimServer { id, core, verifier, syncing: None, ack_before_sync }
     }
@@ -188,18 +191,45 @@ impl SimServer {
                 let limits = self.verifier.metadata().meta.policy.limits;
                 match Record::decode(&bytes, &limits) {
                     Err(_) => self.core.on_rejected(),
-                    Ok(rec) if self.core.precheck(&rec) => {}
-                    Ok(rec) => match self.verifier.verify(rec) {
-                        Err(_) => self.core.on_rejected(),
-                        Ok(v) => {
-                            let out = self.core.on_verified(v, now);
-                            self.outputs(out, disk, fx);
-                        }
-                    },
+                    Ok(rec) => self.incoming(rec, now, disk, fx),
                 }
             }
             Ok(psl_scl::Msg::Ack(_)) | Ok(psl_scl::Msg::Record { .. }) => {}
-            Ok(m) => self.core.on_message(m),
+            Ok(m) => {
+                let certs = matches!(m, psl_scl::Msg::Certs { .. });
+                self.core.on_message(m);
+                if certs {
+                    self.release_held(now, disk, fx);
+                }
+            }
+        }
+    }
+
+    pub fn verifier(&self) -> &Arc<Verifier> {
+        &self.verifier
+    }
+
+    fn incoming(&mut self, rec: Record, now: u64, disk: &SimDisk, fx: &mut Vec<ServerEffect>) {
+        if self.core.precheck(&rec) {
+            return;
+        }
+        match self.verifier.verify_or_hold(rec, now) {
+            Ok(None) => {}
+            Err(_) => self.core.on_rejected(),
+            Ok(Some(v)) => {
+                let certs = v.header().kind == Kind::Cert;
+                let out = self.core.on_verified(v, now);
+                self.outputs(out, disk, fx);
+                if certs {
+                    self.release_held(now, disk, fx);
+                }
+            }
+        }
+    }
+
+    fn release_held(&mut self, now: u64, disk: &SimDisk, fx: &mut Vec<ServerEffect>) {
+        for rec in self.verifier.release_held() {
+            self.incoming(rec, now, disk, fx);
         }
     }
 

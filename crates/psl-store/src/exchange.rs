@@ -26,6 +26,8 @@ impl DiskStore {
             return Err(StoreError::WrongCapsule { expected: self.name(), found: file.metadata.name() });
         }
         let mut known = 0;
+        // Certificates first: a file may hold a record before its writer's certificate.
+        self.verifier().learn_statements(&file.records);
         let mut recs: Vec<Verified<Record>> = Vec::with_capacity(file.records.len());
         for (index, r) in file.records.iter().enumerate() {
             if self.contains(&r.hash()) {

@@ -291,18 +291,41 @@ pub(crate) fn scan(r: &mut LogReader<'_>, verifier: &Verifier, mut on: impl FnMu
     let name = verifier.name();
     let mut pos = 0u64;
     let mut index = 0u64;
+    // Records of a certified capsule whose writer's certificate comes later in the log wait
+    // here (a statement's place in the log does not matter: the application key signs it).
+    let mut held: Vec<(u64, u64, u32, Record)> = Vec::new();
     while pos < r.len() {
         let (fault, stated_len) = match probe(r, pos, &limits)? {
             Probe::Ok { len, record } => {
                 let next = pos + FRAME_HEADER_LEN + len as u64;
-                match verifier.verify(record) {
+                let is_cert = record.header().kind == psl_capsule::Kind::Cert;
+                match verifier.verify(record.clone()) {
                     Ok(record) => on(Event::Good { index, offset: pos, len, record }),
+                    Err(rej) if rej.reason.wants_cert() && held.len() < psl_capsule::verify::HELD_RECORDS_MAX => {
+                        held.push((index, pos, len, record))
+                    }
                     Err(rej) => on(Event::Damaged(DamagedFrame {
                         index,
                         offset: pos,
                         len,
                         fault: FrameFault::Verify(Box::new(rej)),
                     })),
+                }
+                if is_cert && !held.is_empty() {
+                    let mut waiting = Vec::new();
+                    for (i, off, l, rec) in std::mem::take(&mut held) {
+                        match verifier.verify(rec.clone()) {
+                            Ok(record) => on(Event::Good { index: i, offset: off, len: l, record }),
+                            Err(rej) if rej.reason.wants_cert() => waiting.push((i, off, l, rec)),
+                            Err(rej) => on(Event::Damaged(DamagedFrame {
+                                index: i,
+                                offset: off,
+                                len: l,
+                                fault: FrameFault::Verify(Box::new(rej)),
+                            })),
+                        }
+                    }
+                    held = waiting;
                 }
                 index += 1;
                 pos = next;
@@ -327,6 +350,17 @@ pub(crate) fn scan(r: &mut LogReader<'_>, verifier: &Verifier, mut on: impl FnMu
                     pos = q;
                 }
             },
+        }
+    }
+    for (i, off, l, rec) in held {
+        match verifier.verify(rec) {
+            Ok(record) => on(Event::Good { index: i, offset: off, len: l, record }),
+            Err(rej) => on(Event::Damaged(DamagedFrame {
+                index: i,
+                offset: off,
+                len: l,
+                fault: FrameFault::Verify(Box::new(rej)),
+            })),
         }
     }
     Ok(index)

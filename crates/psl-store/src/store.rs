@@ -257,6 +257,12 @@ impl DiskStore {
     }
 
     /// The verifier every record is checked with, on open and on every read.
+    /// The verifier itself, to share: a server checking incoming records with the store's own
+    /// verifier means every certificate either learns is known to both.
+    pub fn shared_verifier(&self) -> Arc<Verifier> {
+        self.verifier.clone()
+    }
+
     pub fn verifier(&self) -> &Verifier {
         &self.verifier
     }

@@ -3,9 +3,10 @@
 use crate::util::{data_key_for, now_ms, read_owner_key, show_bytes, write_atomic};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Subcommand;
+use psl_capsule::certs::OPEN_ENDED;
 use psl_capsule::{
-    audit_file, file, new_capsule, Action, Author, Body, CapsuleFile, Kind, Limits, MembershipProof, Record, Replica,
-    SignedMetadata, Verifier,
+    audit_file, file, new_capsule_with, Action, Author, Body, CapsuleFile, KeyStatement, Kind, Limits, MembershipProof,
+    Record, Replica, Revocation, SignedMetadata, Verifier, WriterCert, WriterKeys,
 };
 use psl_crypto::{DataKey, Hash256};
 use serde_json::json;
@@ -30,6 +31,11 @@ pub enum CapsuleCmd {
         /// Largest value in bytes.
         #[arg(long, default_value_t = Limits::default().value_bytes_max)]
         value_bytes_max: u32,
+        /// How writer keys are made: `certified` (hardened keys, each known by a certificate the
+        /// application key signs; one leaked writer key forges nothing for another writer) or
+        /// `derived` (the version-1 format: public derivation from the application key).
+        #[arg(long, default_value = "certified", value_parser = ["certified", "derived"])]
+        writer_keys: String,
         #[arg(long)]
         force: bool,
         #[arg(long)]
@@ -42,6 +48,10 @@ pub enum CapsuleCmd {
         owner: PathBuf,
         #[arg(long)]
         writer: u32,
+        /// The writer's certificate (from `psl keys cert`), in a capsule that certifies writers.
+        /// Without it, a writer the file has no certificate for is certified by the owner key.
+        #[arg(long)]
+        cert: Option<PathBuf>,
         /// KEY=VALUE to put (repeatable).
         #[arg(long = "put", value_name = "KEY=VALUE")]
         puts: Vec<String>,
@@ -56,6 +66,25 @@ pub enum CapsuleCmd {
         capsule: PathBuf,
         #[arg(long)]
         owner: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke one writer from an epoch on (a capsule that certifies writers): appends a Cert
+    /// record, carried by the coordinator, with the application key's revocation.
+    Revoke {
+        capsule: PathBuf,
+        #[arg(long)]
+        owner: PathBuf,
+        #[arg(long)]
+        writer: u32,
+        /// First epoch whose records of this writer are refused (default: the current epoch + 1).
+        #[arg(long)]
+        from_epoch: Option<u64>,
+        /// First seq of the writer's chain that is refused, whatever epoch it claims (default:
+        /// the one after its newest record in the file, so that nothing it signs from now on
+        /// counts; `none`: no seq bound).
+        #[arg(long)]
+        from_seq: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -129,25 +158,33 @@ pub enum CapsuleCmd {
 
 pub fn run(cmd: CapsuleCmd) -> Result<i32> {
     match cmd {
-        CapsuleCmd::New { owner, label, out, app_index, key_bytes_max, value_bytes_max, force, json } => {
+        CapsuleCmd::New { owner, label, out, app_index, key_bytes_max, value_bytes_max, writer_keys, force, json } => {
             if out.exists() && !force {
                 bail!("{} exists; pass --force to overwrite it", out.display());
             }
             let owner = read_owner_key(&owner)?;
             let app_index = app_index.unwrap_or_else(|| rand::random::<u32>() >> 1);
             let limits = Limits { key_bytes_max, value_bytes_max, ..Limits::default() };
-            let meta = new_capsule(&owner, app_index, &label, now_ms(), limits)?;
+            let scheme = if writer_keys == "derived" { WriterKeys::Derived } else { WriterKeys::Certified };
+            let meta = new_capsule_with(&owner, app_index, &label, now_ms(), limits, scheme)?;
             write_atomic(&out, &file::encode(&meta, []), 0o644)?;
             let name = meta.name();
             if json {
-                println!("{}", json!({ "name": name.to_string(), "app_index": app_index, "file": out }));
+                println!(
+                    "{}",
+                    json!({ "name": name.to_string(), "app_index": app_index, "writer_keys": scheme.name(), "file": out })
+                );
             } else {
                 println!("capsule {name}");
-                println!("label {label:?}, application index {app_index}, written to {}", out.display());
+                println!(
+                    "label {label:?}, application index {app_index}, {} writer keys, written to {}",
+                    scheme.name(),
+                    out.display()
+                );
             }
             Ok(0)
         }
-        CapsuleCmd::Append { capsule, owner, writer, puts, dels, json } => {
+        CapsuleCmd::Append { capsule, owner, writer, cert, puts, dels, json } => {
             let owner = read_owner_key(&owner)?;
             let (meta, mut records, replica) = load_verified(&capsule, Some(&owner))?;
             let app = owner.app(meta.meta.app_index)?;
@@ -165,7 +202,10 @@ pub fn run(cmd: CapsuleCmd) -> Result<i32> {
             if ops.is_empty() {
                 bail!("nothing to append: give --put KEY=VALUE or --del KEY");
             }
-            let mut author = author_at(&meta, &app, writer, &replica)?;
+            let cert = cert.map(|p| read_cert(&p)).transpose()?;
+            let mut author = author_at(&meta, &app, writer, cert, &replica)?;
+            let intro = introduce(&mut author, &meta, &records)?;
+            records.extend(intro);
             let rec = author.write_ops(ops).context("sealing the record")?;
             let h = rec.header().clone();
             records.push(rec.clone());
@@ -191,7 +231,9 @@ pub fn run(cmd: CapsuleCmd) -> Result<i32> {
             let (meta, mut records, replica) = load_verified(&capsule, Some(&owner))?;
             let app = owner.app(meta.meta.app_index)?;
             let coordinator = meta.meta.policy.coordinator;
-            let mut author = author_at(&meta, &app, coordinator, &replica)?;
+            let mut author = author_at(&meta, &app, coordinator, None, &replica)?;
+            let intro = introduce(&mut author, &meta, &records)?;
+            records.extend(intro);
             let heads: Vec<_> = replica
                 .heads()
                 .values()
@@ -206,6 +248,40 @@ pub fn run(cmd: CapsuleCmd) -> Result<i32> {
                 println!("{}", json!({ "hash": rec.hash().to_hex(), "epoch": rec.header().epoch, "writers": n }));
             } else {
                 println!("SYNC {} closes epoch {} over {n} writers", rec.hash(), rec.header().epoch);
+            }
+            Ok(0)
+        }
+        CapsuleCmd::Revoke { capsule, owner, writer, from_epoch, from_seq, json } => {
+            let owner = read_owner_key(&owner)?;
+            let (meta, mut records, replica) = load_verified(&capsule, Some(&owner))?;
+            if meta.meta.policy.writer_keys != WriterKeys::Certified {
+                bail!(
+                    "capsule {} derives its writer keys: one writer cannot be revoked (rotate the application key)",
+                    meta.name()
+                );
+            }
+            let app = owner.app(meta.meta.app_index)?;
+            let coordinator = meta.meta.policy.coordinator;
+            let mut author = author_at(&meta, &app, coordinator, None, &replica)?;
+            let intro = introduce(&mut author, &meta, &records)?;
+            records.extend(intro);
+            let from_epoch = from_epoch.unwrap_or(author.epoch() + 1);
+            let from_seq = match from_seq.as_deref() {
+                None => replica.heads().get(&writer).map_or(0, |h| h.seq + 1),
+                Some("none") => psl_capsule::certs::ANY_SEQ,
+                Some(s) => s.parse().with_context(|| format!("--from-seq {s:?}: a number or `none`"))?,
+            };
+            let revocation = Revocation::issue(&app, meta.name(), 0, writer, from_epoch, from_seq)?;
+            let rec = author.write_certs(vec![KeyStatement::Revoke(revocation)]).context("sealing the Cert record")?;
+            records.push(rec.clone());
+            write_atomic(&capsule, &file::encode(&meta, &records), 0o644)?;
+            if json {
+                println!(
+                    "{}",
+                    json!({ "hash": rec.hash().to_hex(), "writer": writer, "from_epoch": from_epoch, "from_seq": from_seq })
+                );
+            } else {
+                println!("writer {writer} revoked from epoch {from_epoch} and seq {from_seq} (record {})", rec.hash());
             }
             Ok(0)
         }
@@ -224,6 +300,7 @@ pub fn run(cmd: CapsuleCmd) -> Result<i32> {
                 );
             }
             let v = Verifier::new(ma.clone(), None);
+            v.learn_statements(ra.iter().chain(&rb));
             let mut rep = Replica::new(ma.name());
             for r in ra.into_iter().chain(rb) {
                 rep.insert(v.verify(r).map_err(|e| anyhow!("{e}"))?)?;
@@ -380,8 +457,27 @@ fn load_verified(path: &Path, owner: Option<&psl_crypto::OwnerKey>) -> Result<(S
     Ok((f.metadata, f.records, replica))
 }
 
-fn author_at(meta: &SignedMetadata, app: &psl_crypto::AppKey, writer: u32, replica: &Replica) -> Result<Author> {
-    let mut a = Author::new(meta, app, writer)?;
+fn author_at(
+    meta: &SignedMetadata,
+    app: &psl_crypto::AppKey,
+    writer: u32,
+    cert: Option<WriterCert>,
+    replica: &Replica,
+) -> Result<Author> {
+    let mut a = match cert {
+        Some(c) => {
+            if meta.meta.policy.writer_keys != WriterKeys::Certified {
+                bail!("--cert: capsule {} derives its writer keys and takes no certificates", meta.name());
+            }
+            if c.writer != writer {
+                bail!("--cert: the certificate is for writer {}, not {writer}", c.writer);
+            }
+            Author::with_certified_keys(meta, app.writer_hardened(writer)?, c, app.data_key()).map_err(|_| {
+                anyhow!("--cert: not a certificate of this capsule's application key for writer {writer}'s key")
+            })?
+        }
+        None => Author::new(meta, app, writer)?,
+    };
     if let Some(h) = replica.heads().get(&writer) {
         a.resume(h);
     }
@@ -390,6 +486,35 @@ fn author_at(meta: &SignedMetadata, app: &psl_crypto::AppKey, writer: u32, repli
         a.enter_epoch(s.link(), s.header().epoch);
     }
     Ok(a)
+}
+
+/// In a capsule that certifies writers, the Cert record that introduces `author` (its own
+/// certificate) when `records` hold no certificate of it yet; nothing otherwise.
+fn introduce(author: &mut Author, meta: &SignedMetadata, records: &[Record]) -> Result<Vec<Record>> {
+    let Some(cert) = author.cert() else { return Ok(Vec::new()) };
+    let v = Verifier::new(meta.clone(), None);
+    v.learn_statements(records);
+    if let Some(r) = v.revocations().iter().find(|r| r.writer == cert.writer && r.key_gen == cert.key_gen) {
+        if author.epoch() >= r.from_epoch {
+            bail!(
+                "writer {} is revoked from epoch {}; the capsule is at epoch {}",
+                r.writer,
+                r.from_epoch,
+                author.epoch()
+            );
+        }
+    }
+    if v.writer_certs().iter().any(|c| c.writer == cert.writer && c.key_gen == cert.key_gen) {
+        return Ok(Vec::new());
+    }
+    let rec = author.write_own_cert().expect("a certified author").context("sealing the Cert record")?;
+    Ok(vec![rec])
+}
+
+/// Reads a certificate file written by `psl keys cert`.
+pub fn read_cert(path: &Path) -> Result<WriterCert> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    WriterCert::decode(&bytes).with_context(|| format!("{} is not a writer certificate", path.display()))
 }
 
 fn parse_hash(replica: &Replica, s: &str) -> Result<Hash256> {
@@ -515,15 +640,52 @@ fn show(path: &Path, key: Option<&Path>, json: bool) -> Result<i32> {
     let f = CapsuleFile::parse(&bytes).with_context(|| format!("{}", path.display()))?;
     let data_key = key.map(|k| read_owner_key(k).and_then(|o| data_key_for(&o, &f.metadata))).transpose()?;
     let v = Verifier::new(f.metadata.clone(), data_key);
+    let mut refused = v.learn_statements(&f.records);
+    if !refused.is_empty() && v.can_open() {
+        // A later generation's certificates verify once its rotation certificate (in a ROTATE
+        // record, which the key opens) is known: as the audit does, learn those, then again.
+        for r in f.records.iter().filter(|r| r.header().kind == Kind::Control) {
+            if let Ok(o) = v.verify_open(r.clone()) {
+                if let Body::Control { code: psl_capsule::ControlCode::Rotate, payload } = &o.body {
+                    if let Ok(cert) = psl_capsule::RotationCert::decode(payload) {
+                        let _ = v.install_rotation(&cert, None);
+                    }
+                }
+            }
+        }
+        refused = v.learn_statements(&f.records);
+    }
     let m = &f.metadata.meta;
     let mut rows = Vec::new();
+    let certs = v.writer_certs();
+    let revocations = v.revocations();
     if !json {
         println!("capsule {}", f.metadata.name());
         println!(
             "  label {:?}, owner {}, application index {}, created {} ms",
             m.label, m.owner, m.app_index, m.created_ms
         );
-        println!("  coordinator writer {}, limits {:?}", m.policy.coordinator, m.policy.limits);
+        println!(
+            "  coordinator writer {}, {} writer keys, limits {:?}",
+            m.policy.coordinator,
+            m.policy.writer_keys.name(),
+            m.policy.limits
+        );
+        for c in &certs {
+            println!("  certificate: writer {} (key generation {}) key {} {}", c.writer, c.key_gen, c.key, epochs(c));
+        }
+        for r in &revocations {
+            println!(
+                "  revocation: writer {} (key generation {}) from epoch {}{}",
+                r.writer,
+                r.key_gen,
+                r.from_epoch,
+                seq_bound(r.from_seq)
+            );
+        }
+        for (hash, e) in &refused {
+            println!("  refused statement in record {}: {e}", hash.short());
+        }
         println!(
             "{:>4}  {:<8}  {:<8}  {:>10}  {:>6}  {:>8}  {:>5}  {:>6}",
             "#", "hash", "kind", "writer", "seq", "lamport", "epoch", "bytes"
@@ -572,7 +734,21 @@ fn show(path: &Path, key: Option<&Path>, json: bool) -> Result<i32> {
     if json {
         println!(
             "{}",
-            json!({ "capsule": f.metadata.name().to_string(), "label": m.label, "owner": m.owner.to_string(), "app_index": m.app_index, "records": rows })
+            json!({
+                "capsule": f.metadata.name().to_string(), "label": m.label, "owner": m.owner.to_string(),
+                "app_index": m.app_index, "writer_keys": m.policy.writer_keys.name(),
+                "certificates": certs.iter().map(|c| json!({
+                    "writer": c.writer, "key_gen": c.key_gen, "key": c.key.to_string(),
+                    "valid_from_epoch": c.valid_from_epoch,
+                    "valid_until_epoch": (c.valid_until_epoch != OPEN_ENDED).then_some(c.valid_until_epoch),
+                })).collect::<Vec<_>>(),
+                "revocations": revocations.iter().map(|r| json!({
+                    "writer": r.writer, "key_gen": r.key_gen, "from_epoch": r.from_epoch,
+                    "from_seq": (r.from_seq != psl_capsule::certs::ANY_SEQ).then_some(r.from_seq),
+                })).collect::<Vec<_>>(),
+                "refused_statements": refused.iter().map(|(h, e)| json!({ "record": h.to_hex(), "error": e.to_string() })).collect::<Vec<_>>(),
+                "records": rows,
+            })
         );
     }
     Ok(0)
@@ -591,5 +767,36 @@ fn describe_body(b: &Body) -> Vec<String> {
         Body::Control { code, payload } => vec![format!("control {code:?}, {} payload bytes", payload.len())],
         Body::DbBlock(x) => vec![format!("db-block, {} bytes", x.len())],
         Body::DbIndex(x) => vec![format!("db-index, {} bytes", x.len())],
+        Body::Certs(list) => list
+            .iter()
+            .map(|s| match s {
+                KeyStatement::Cert(c) => {
+                    format!("certifies writer {} (key generation {}) {}", c.writer, c.key_gen, epochs(c))
+                }
+                KeyStatement::Revoke(r) => format!(
+                    "revokes writer {} (key generation {}) from epoch {}{}",
+                    r.writer,
+                    r.key_gen,
+                    r.from_epoch,
+                    seq_bound(r.from_seq)
+                ),
+            })
+            .collect(),
+    }
+}
+
+fn seq_bound(from_seq: u64) -> String {
+    if from_seq == psl_capsule::certs::ANY_SEQ {
+        String::new()
+    } else {
+        format!(" and seq {from_seq}")
+    }
+}
+
+fn epochs(c: &WriterCert) -> String {
+    if c.valid_until_epoch == OPEN_ENDED {
+        format!("from epoch {}", c.valid_from_epoch)
+    } else {
+        format!("for epochs {}..{}", c.valid_from_epoch, c.valid_until_epoch)
     }
 }

@@ -296,7 +296,16 @@ fn run_role(a: CapsuleDbArgs, config: Config, writer: u32) -> Result<i32> {
     let budget_mb = a.budget.watch(crate::roles::RoleKind::CapsuleDb, "capsuledb");
     opts.core.cache_bytes_max =
         crate::roles::mib_bytes(crate::roles::repair_cache_mb(None, crate::roles::REPAIR_CACHE_MB_FOLLOWER, budget_mb));
-    let keys = NodeKeys::derive(&meta, &app, &opts)?;
+    let mut keys = NodeKeys::derive(&meta, &app, &opts)?;
+    // The role writer signs answers and frontiers (workers check them with its key); the block
+    // writer (with servers, a new incarnation's) signs the records. Both are announced with
+    // the node's own; the block writer also opens its chain with its certificate.
+    let (db_signing, db_cert) = psl_capsule::writer_credentials(&meta, &app, writer)?;
+    keys.certs.extend(db_cert.clone().map(psl_capsule::KeyStatement::Cert));
+    if stores.writer(writer) != writer {
+        let (_, block_cert) = psl_capsule::writer_credentials(&meta, &app, stores.writer(writer))?;
+        keys.certs.extend(block_cert.map(psl_capsule::KeyStatement::Cert));
+    }
     let interest = psl_fabric::Interest::capsuledb(crate::roles::capsule_id(&meta), a.id);
     let ep = crate::roles::fabric(&spec, &format!("capsuledb-{}", a.id), &interest)?;
     let node = Arc::new(Node::start(keys, ep, opts)?);
@@ -313,8 +322,11 @@ fn run_role(a: CapsuleDbArgs, config: Config, writer: u32) -> Result<i32> {
     };
     let start_seq = db.index_seq();
     let frontier = db.frontier().clone();
-    let role_keys = RoleKeys { writer, signing: app.writer(writer)?, data_key: app.data_key() };
+    let role_keys = RoleKeys { writer, signing: db_signing, data_key: app.data_key() };
     let keyed = Verifier::new(meta.clone(), Some(app.data_key()));
+    if let Some(c) = db_cert {
+        keyed.install_statement(&psl_capsule::KeyStatement::Cert(c))?;
+    }
     drop(app);
     let replaying = stores.survey.is_some();
     let role_opts = RoleOptions { idle_flush: Duration::from_millis(a.idle_flush_ms.max(1)), ..RoleOptions::default() };

@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use psl_capsule::{audit_file, file, new_capsule, Author, Limits, MembershipProof, Record};
+use psl_capsule::{audit_file, file, new_capsule_with, Author, Limits, MembershipProof, Record, WriterKeys};
 use psl_crypto::OwnerKey;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -37,12 +37,19 @@ pub fn run(a: DemoArgs) -> Result<i32> {
     crate::util::write_atomic(&dir.join("owner.key"), owner.to_file_string().as_bytes(), 0o600)?;
     let app_index = rand::random::<u32>() >> 1;
     let app = owner.app(app_index)?;
-    let meta = new_capsule(&owner, app_index, "demo", crate::util::now_ms(), Limits::default())?;
+    let meta =
+        new_capsule_with(&owner, app_index, "demo", crate::util::now_ms(), Limits::default(), WriterKeys::Certified)?;
     println!("1. owner key {} -> application {app_index} -> capsule {}", owner.public(), meta.name());
 
     let mut authors: Vec<Author> = (1..=a.writers).map(|w| Author::new(&meta, &app, w)).collect::<Result<_, _>>()?;
     let mut coord = Author::new(&meta, &app, meta.meta.policy.coordinator)?;
     let mut records: Vec<Record> = Vec::new();
+    // Certified writer keys: each writer's first record is its own certificate.
+    for au in authors.iter_mut().chain(std::iter::once(&mut coord)) {
+        if let Some(intro) = au.write_own_cert() {
+            records.push(intro?);
+        }
+    }
     let mut ops = 0u64;
     for epoch in 0..2u64 {
         for _ in 0..a.records {

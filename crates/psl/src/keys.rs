@@ -1,7 +1,7 @@
 //! `psl keys`: owner key files.
 
 use crate::util::{read_owner_key, write_atomic};
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Subcommand;
 use psl_crypto::OwnerKey;
 use std::path::PathBuf;
@@ -24,9 +24,31 @@ pub enum KeysCmd {
         /// Application index (hardened child of the owner key).
         #[arg(long)]
         app: Option<u32>,
-        /// Also print the public key of this writer of the application (needs --app).
+        /// Also print the public keys of this writer of the application (needs --app): the
+        /// derived key (capsules with derived writer keys) and the hardened one (certified).
         #[arg(long, requires = "app")]
         writer: Option<u32>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Issue a writer certificate offline: the application key of CAPSULE's owner signs writer
+    /// WRITER's hardened public key, for `psl capsule append --writer WRITER --cert FILE`.
+    Cert {
+        /// The owner key file.
+        key: PathBuf,
+        /// The capsule file (names the capsule and the application).
+        #[arg(long)]
+        capsule: PathBuf,
+        #[arg(long)]
+        writer: u32,
+        /// First epoch the certificate covers.
+        #[arg(long, default_value_t = 0)]
+        from_epoch: u64,
+        /// First epoch it no longer covers (default: no end).
+        #[arg(long)]
+        until_epoch: Option<u64>,
+        #[arg(long)]
+        out: PathBuf,
         #[arg(long)]
         json: bool,
     },
@@ -59,6 +81,7 @@ pub fn run(cmd: KeysCmd) -> Result<i32> {
                 if let Some(w) = writer {
                     out["writer"] = w.into();
                     out["writer_public_key"] = ak.public().writer(w)?.to_string().into();
+                    out["writer_public_key_hardened"] = ak.writer_hardened(w)?.verifying_key().to_string().into();
                 }
             }
             if json {
@@ -67,6 +90,36 @@ pub fn run(cmd: KeysCmd) -> Result<i32> {
                 for (k, v) in out.as_object().expect("built as an object") {
                     println!("{k}: {}", v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string()));
                 }
+            }
+        }
+        KeysCmd::Cert { key, capsule, writer, from_epoch, until_epoch, out, json } => {
+            let owner = read_owner_key(&key)?;
+            let bytes = std::fs::read(&capsule).with_context(|| format!("reading {}", capsule.display()))?;
+            let meta =
+                psl_capsule::CapsuleFile::parse(&bytes).with_context(|| format!("{}", capsule.display()))?.metadata;
+            if owner.public() != meta.meta.owner {
+                bail!("the key file is not the owner key of capsule {}", meta.name());
+            }
+            if meta.meta.policy.writer_keys != psl_capsule::WriterKeys::Certified {
+                bail!("capsule {} derives its writer keys; it takes no certificates", meta.name());
+            }
+            let app = owner.app(meta.meta.app_index)?;
+            let until = until_epoch.unwrap_or(psl_capsule::certs::OPEN_ENDED);
+            let wkey = app.writer_hardened(writer)?.verifying_key();
+            let cert = psl_capsule::WriterCert::sign(&app, meta.name(), 0, writer, wkey, from_epoch, until);
+            cert.check(meta.name(), &meta.meta.app.point())?;
+            write_atomic(&out, &cert.encode(), 0o644)?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "capsule": meta.name().to_string(), "writer": writer, "key": wkey.to_string(), "from_epoch": from_epoch, "until_epoch": until_epoch, "file": out })
+                );
+            } else {
+                println!(
+                    "certificate of writer {writer} (key {wkey}) in capsule {} written to {}",
+                    meta.name(),
+                    out.display()
+                );
             }
         }
     }

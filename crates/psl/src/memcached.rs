@@ -256,8 +256,11 @@ fn start_capsuledb_in_process(
         ..NodeOptions::default()
     }
     .shared_cores();
-    let node = Node::start(NodeKeys::derive(meta, app, &opts)?, fabric, opts)?;
-    let keys = RoleKeys { writer, signing: app.writer(writer)?, data_key: app.data_key() };
+    let mut node_keys = NodeKeys::derive(meta, app, &opts)?;
+    let (signing, cert) = psl_capsule::writer_credentials(meta, app, writer)?;
+    node_keys.certs.extend(cert.map(psl_capsule::KeyStatement::Cert));
+    let node = Node::start(node_keys, fabric, opts)?;
+    let keys = RoleKeys { writer, signing, data_key: app.data_key() };
     let role = Role::start(node, db, keys, vec![store], RoleOptions::default())?;
     Ok((role, writer))
 }

@@ -220,6 +220,26 @@ pub(crate) fn next_incarnation(dir: &Path) -> Result<u32> {
 }
 
 pub(crate) fn serve(node: Node, control: SocketAddr, what: &str) -> Result<i32> {
+    serve_with(node, control, what, None)
+}
+
+/// A revoker for the control interface's `REVOKE`, from the application key this role holds.
+pub(crate) fn revoker(meta: &psl_capsule::SignedMetadata, app: psl_crypto::AppKey) -> psl_node::control::Revoker {
+    let name = meta.name();
+    let app = Arc::new(app);
+    Arc::new(move |w, from, from_seq| {
+        psl_capsule::Revocation::issue(&app, name, 0, w, from, from_seq)
+            .map(psl_capsule::KeyStatement::Revoke)
+            .map_err(|e| e.to_string())
+    })
+}
+
+pub(crate) fn serve_with(
+    node: Node,
+    control: SocketAddr,
+    what: &str,
+    revoker: Option<psl_node::control::Revoker>,
+) -> Result<i32> {
     let listener =
         std::net::TcpListener::bind(control).with_context(|| format!("binding the control address {control}"))?;
     let addr = listener.local_addr()?;
@@ -230,7 +250,7 @@ pub(crate) fn serve(node: Node, control: SocketAddr, what: &str) -> Result<i32> 
     tracing::info!(%addr, "{what} ready; writers {:?}", node.writers());
     let node = Arc::new(node);
     let stop = Arc::new(AtomicBool::new(false));
-    psl_node::control::serve(node, listener, stop)?;
+    psl_node::control::serve_with(node, listener, stop, revoker)?;
     Ok(0)
 }
 
@@ -365,7 +385,10 @@ pub fn run_coordinator(a: CoordinatorArgs) -> Result<i32> {
     let spec = a.common.fabric.spec("psl coordinator")?;
     let ep = fabric(&spec, &format!("coordinator-{}", a.rank), &psl_fabric::Interest::coordinator(capsule_id(&meta)))?;
     let node = Node::start(keys, ep, opts)?;
-    serve(node, a.control, "coordinator")
+    // On the development path the coordinator holds the application key, as the leader does:
+    // it signs `REVOKE`s (certified capsules), announces them and carries them into the log.
+    let revoker = (meta.meta.policy.writer_keys == psl_capsule::WriterKeys::Certified).then(|| revoker(&meta, app));
+    serve_with(node, a.control, "coordinator", revoker)
 }
 
 /// `psl capsule-server`: run a DataCapsule server, or `check` a server's storage.
@@ -467,8 +490,8 @@ pub fn run_capsule_server(a: CapsuleServerArgs) -> Result<i32> {
         budget: BudgetArgs::default(),
     };
     let (meta, app) = load(&common)?;
-    let key =
-        psl_server::server_key(&app, id).with_context(|| format!("server id {id} is out of range (0 to 32767)"))?;
+    let (key, cert) = psl_server::server_credentials(&meta, &app, id)
+        .with_context(|| format!("server id {id} is out of range (0 to 32767)"))?;
     drop(app);
     let ack_public = key.verifying_key().to_bytes();
     let opts = psl_server::ServerOptions {
@@ -476,6 +499,7 @@ pub fn run_capsule_server(a: CapsuleServerArgs) -> Result<i32> {
         verifiers: a.verifiers,
         fsync: a.fsync,
         read_listen: a.read,
+        cert,
         ..psl_server::ServerOptions::default()
     };
     tracing::info!(id, n = a.n, f, fsync = %a.fsync, "capsule server configuration");

@@ -27,7 +27,8 @@ pub struct SimArgs {
     /// `scl` (nodes and coordinators), `durability` (plus three capsule servers whose disks
     /// lose unsynced writes on a crash; servers and nodes crash and restart), or `scale` (N
     /// nodes over several capsules with NATS-style subject fan-out: what each node receives
-    /// and holds as N grows).
+    /// and holds as N grows), or `revocation` (durability, and one writer revoked mid-run while
+    /// an adversary with its key keeps writing).
     #[arg(long, default_value = "scl")]
     scenario: Scenario,
     /// Scale: capsules the nodes are spread over (default: one per ten nodes).
@@ -49,6 +50,7 @@ pub struct SimArgs {
 enum Scenario {
     Scl,
     Durability,
+    Revocation,
     Scale,
 }
 
@@ -59,12 +61,14 @@ pub fn run(a: SimArgs) -> Result<i32> {
     let [nodes] = a.nodes[..] else { bail!("--nodes takes one count for the {:?} scenario", a.scenario) };
     let base = match a.scenario {
         Scenario::Durability => SimConfig::durability(),
+        Scenario::Revocation => SimConfig::revocation(),
         _ => SimConfig::default(),
     };
     let loss = a.loss.unwrap_or(base.loss);
     let cfg = SimConfig { nodes, loss, ..base };
     let scenario = match a.scenario {
         Scenario::Durability => "durability",
+        Scenario::Revocation => "revocation",
         _ => "scl",
     };
     let pb = crate::bench::progress(a.seeds, "sim seeds");

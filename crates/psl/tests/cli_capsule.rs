@@ -69,17 +69,21 @@ fn issue_command_forms_work_end_to_end() {
 
     let v = json(&d, &["capsule", "verify", "demo.capsule", "--json"]);
     assert_eq!(v["ok"], true);
-    assert_eq!(v["records"], 4);
+    // Certified writer keys (the default): each writer's first record is its own certificate.
+    assert_eq!(v["records"], 7);
     assert_eq!(v["decrypted"], false);
     let v = json(&d, &["capsule", "verify", "demo.capsule", "--key", "owner.key", "--json"]);
     assert_eq!(v["decrypted"], true);
 
     let show = json(&d, &["capsule", "show", "demo.capsule", "--key", "owner.key", "--json"]);
     let recs = show["records"].as_array().unwrap();
-    assert_eq!(recs.len(), 4);
-    assert_eq!(recs[0]["body"][0], "@1 put k1 = v1");
-    assert_eq!(recs[0]["body"][2], "@3 del k0");
-    assert_eq!(recs[2]["kind"], "sync");
+    assert_eq!(recs.len(), 7);
+    assert_eq!(show["writer_keys"], "certified");
+    assert_eq!(show["certificates"].as_array().unwrap().len(), 3, "writers 3, 4 and the coordinator");
+    assert_eq!(recs[0]["kind"], "cert");
+    assert_eq!(recs[1]["body"][0], "@2 put k1 = v1");
+    assert_eq!(recs[1]["body"][2], "@4 del k0");
+    assert_eq!(recs[5]["kind"], "sync");
     // Without the key, no plaintext.
     let plain = ok(&d, &["capsule", "show", "demo.capsule"]);
     assert!(!plain.contains("v1") && !plain.contains("k1"), "{plain}");
@@ -87,7 +91,7 @@ fn issue_command_forms_work_end_to_end() {
 
     // Proof of the first record, from the SYNC, checked against the capsule name.
     let name = show["capsule"].as_str().unwrap().to_string();
-    let first = recs[0]["hash"].as_str().unwrap().to_string();
+    let first = recs[1]["hash"].as_str().unwrap().to_string();
     let p = json(&d, &["capsule", "prove", "demo.capsule", "--record", &first, "--out", "r.proof", "--json"]);
     assert_eq!(p["head_kind"], "sync");
     assert_eq!(json(&d, &["capsule", "check-proof", "r.proof", "--name", &name, "--json"])["ok"], true);
@@ -99,7 +103,7 @@ fn issue_command_forms_work_end_to_end() {
     ok(&d, &["capsule", "append", "a.capsule", "--owner", "owner.key", "--writer", "5", "--put", "z=1"]);
     ok(&d, &["capsule", "append", "demo.capsule", "--owner", "owner.key", "--writer", "6", "--put", "y=2"]);
     let m = json(&d, &["capsule", "merge", "a.capsule", "demo.capsule", "--out", "c.capsule", "--json"]);
-    assert_eq!(m["records"], 6);
+    assert_eq!(m["records"], 11);
     assert_eq!(json(&d, &["capsule", "verify", "c.capsule", "--key", "owner.key", "--json"])["ok"], true);
     // Merging in either order gives the same replica.
     ok(&d, &["capsule", "merge", "demo.capsule", "a.capsule", "--out", "c2.capsule"]);
@@ -107,8 +111,8 @@ fn issue_command_forms_work_end_to_end() {
 
     // Store round trip.
     let i = json(&d, &["capsule", "import", "c.capsule", "--into", "store", "--json"]);
-    assert_eq!(i["appended"], 6);
-    assert_eq!(json(&d, &["capsule", "import", "c.capsule", "--into", "store", "--json"])["duplicates"], 6);
+    assert_eq!(i["appended"], 11);
+    assert_eq!(json(&d, &["capsule", "import", "c.capsule", "--into", "store", "--json"])["duplicates"], 11);
     assert_eq!(json(&d, &["capsule", "verify", "store", "--key", "owner.key", "--json"])["ok"], true);
     ok(&d, &["capsule", "export", "store", "--out", "x.capsule"]);
     assert_eq!(std::fs::read(d.join("x.capsule")).unwrap(), std::fs::read(d.join("c.capsule")).unwrap());
@@ -177,7 +181,9 @@ fn verify_names_every_tampered_byte_of_a_stored_replica() {
     let t = tempfile::tempdir().unwrap();
     let d = t.path();
     ok(d, &["keys", "new", "--out", "owner.key"]);
-    ok(d, &["capsule", "new", "--owner", "owner.key", "--out", "s.capsule"]);
+    // Version-1 (derived) metadata: old capsules keep verifying, and two frames keep this
+    // exhaustive test short.
+    ok(d, &["capsule", "new", "--owner", "owner.key", "--writer-keys", "derived", "--out", "s.capsule"]);
     ok(d, &["capsule", "append", "s.capsule", "--owner", "owner.key", "--writer", "1", "--put", "a=1"]);
     ok(d, &["capsule", "append", "s.capsule", "--owner", "owner.key", "--writer", "2", "--del", "b"]);
     ok(d, &["capsule", "import", "s.capsule", "--into", "store"]);
@@ -206,4 +212,98 @@ fn verify_names_every_tampered_byte_of_a_stored_replica() {
     }
     std::fs::write(&log, &orig).unwrap();
     assert!(psl(d, &["capsule", "verify", "store"]).status.success());
+}
+
+#[test]
+fn one_writer_is_revoked_and_an_offline_certificate_admits_another() {
+    let t = tempfile::tempdir().unwrap();
+    let d = t.path();
+    ok(d, &["keys", "new", "--out", "owner.key"]);
+    ok(d, &["capsule", "new", "--owner", "owner.key", "--out", "r.capsule"]);
+    ok(d, &["capsule", "append", "r.capsule", "--owner", "owner.key", "--writer", "1", "--put", "a=1"]);
+    ok(d, &["capsule", "append", "r.capsule", "--owner", "owner.key", "--writer", "2", "--put", "b=1"]);
+    ok(d, &["capsule", "sync", "r.capsule", "--owner", "owner.key"]);
+    let r = json(d, &["capsule", "revoke", "r.capsule", "--owner", "owner.key", "--writer", "1", "--json"]);
+    assert_eq!(r["from_epoch"], 2);
+    assert_eq!(r["from_seq"], 2, "after its certificate (seq 0) and its one data record (seq 1)");
+    ok(d, &["capsule", "sync", "r.capsule", "--owner", "owner.key"]);
+    // The revoked writer cannot append any more; the other one continues.
+    let o = psl(d, &["capsule", "append", "r.capsule", "--owner", "owner.key", "--writer", "1", "--put", "a=2"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("revoked from epoch 2"), "{o:?}");
+    ok(d, &["capsule", "append", "r.capsule", "--owner", "owner.key", "--writer", "2", "--put", "b=2"]);
+    // An offline certificate for writer 7, used by the append path; a wrong one is refused.
+    ok(
+        d,
+        &[
+            "keys",
+            "cert",
+            "owner.key",
+            "--capsule",
+            "r.capsule",
+            "--writer",
+            "7",
+            "--from-epoch",
+            "2",
+            "--out",
+            "w7.cert",
+        ],
+    );
+    let o = psl(
+        d,
+        &[
+            "capsule",
+            "append",
+            "r.capsule",
+            "--owner",
+            "owner.key",
+            "--writer",
+            "8",
+            "--cert",
+            "w7.cert",
+            "--put",
+            "x=1",
+        ],
+    );
+    assert!(!o.status.success());
+    ok(
+        d,
+        &[
+            "capsule",
+            "append",
+            "r.capsule",
+            "--owner",
+            "owner.key",
+            "--writer",
+            "7",
+            "--cert",
+            "w7.cert",
+            "--put",
+            "x=1",
+        ],
+    );
+    let show = json(d, &["capsule", "show", "r.capsule", "--json"]);
+    let certs = show["certificates"].as_array().unwrap();
+    assert!(certs.iter().any(|c| c["writer"] == 7 && c["valid_from_epoch"] == 2), "{certs:?}");
+    let revs = show["revocations"].as_array().unwrap();
+    assert_eq!(revs.len(), 1);
+    assert_eq!(revs[0]["writer"], 1);
+    assert_eq!(json(d, &["capsule", "verify", "r.capsule", "--key", "owner.key", "--json"])["ok"], true);
+    // A record of the revoked writer after its epoch, slipped into the file, is named.
+    let bytes = std::fs::read(d.join("r.capsule")).unwrap();
+    let f = psl_capsule::CapsuleFile::parse(&bytes).unwrap();
+    let (meta, mut records) = (f.metadata, f.records);
+    let owner = psl_crypto::OwnerKey::from_file_string(&std::fs::read_to_string(d.join("owner.key")).unwrap()).unwrap();
+    let app = owner.app(meta.meta.app_index).unwrap();
+    let mut a = psl_capsule::Author::new(&meta, &app, 1).unwrap();
+    let last = records.iter().rfind(|r| r.header().writer == 1).unwrap();
+    let h = last.header();
+    a.resume(&psl_capsule::Head { writer: 1, seq: h.seq, hash: last.hash(), lamport: h.lamport, epoch: 2 });
+    records.push(a.write_ops([("a", Some("stolen"))]).unwrap());
+    std::fs::write(d.join("bad.capsule"), psl_capsule::file::encode(&meta, &records)).unwrap();
+    let o = psl(d, &["capsule", "verify", "bad.capsule", "--json"]);
+    assert_eq!(o.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["ok"], false);
+    assert_eq!(v["problems"][0]["check"], "revoked", "{v}");
 }

@@ -44,4 +44,24 @@ fn run_wordcount_cli_json_and_capsule_verifies() {
         let st = Command::new(psl).args(["capsule", "verify"]).arg(&cap).args(&extra).status().unwrap();
         assert!(st.success(), "capsule verify {extra:?}");
     }
+    // The job capsule certifies its writers, and the workers' RESET at the job's end revoked
+    // every worker writer (the coordinator carried the revocations into the log).
+    let o = Command::new(psl).args(["capsule", "show", "--json"]).arg(&cap).output().unwrap();
+    let show: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(show["writer_keys"], "certified");
+    let coordinator = psl_capsule::DEFAULT_COORDINATOR as u64;
+    let workers: Vec<u64> = show["certificates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["writer"].as_u64().unwrap())
+        .filter(|w| *w != coordinator)
+        .collect();
+    assert!(!workers.is_empty(), "{show}");
+    let revoked: Vec<u64> =
+        show["revocations"].as_array().unwrap().iter().map(|r| r["writer"].as_u64().unwrap()).collect();
+    for w in &workers {
+        assert!(revoked.contains(w), "worker writer {w} not revoked at RESET: {revoked:?}");
+    }
+    assert!(!revoked.contains(&coordinator));
 }

@@ -17,7 +17,7 @@ use crate::error::FaasError;
 use crate::program::{JobId, Payload, SealedProgram};
 use crate::tls::{self, TlsIdentity};
 use crate::worker::RESULT_BYTES_MAX;
-use psl_capsule::{new_capsule, Limits};
+use psl_capsule::{new_capsule_with, Limits, WriterKeys};
 use psl_crypto::OwnerKey;
 use psl_sandbox::SandboxLimits;
 use serde::{Deserialize, Serialize};
@@ -103,8 +103,9 @@ pub fn run_remote_with(
     let job = JobId::random();
     let owner = req.owner.unwrap_or_else(OwnerKey::generate);
     let app_index = rand::random::<u32>() >> 1;
-    let meta = new_capsule(&owner, app_index, &format!("job-{job}"), t0 / 1000, Limits::default())
-        .map_err(|e| FaasError::Capsule(e.to_string()))?;
+    let meta =
+        new_capsule_with(&owner, app_index, &format!("job-{job}"), t0 / 1000, Limits::default(), WriterKeys::Certified)
+            .map_err(|e| FaasError::Capsule(e.to_string()))?;
     let app = owner.app(app_index).map_err(|e| FaasError::Config(e.to_string()))?;
     let data_key = app.data_key();
     drop(app);

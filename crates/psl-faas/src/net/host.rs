@@ -74,7 +74,7 @@ fn job(cfg: &HostConfig, spki: &[u8; 32], mut s: ServerStream) -> Result<(), Faa
         write_msg(&mut s, &reply)?;
         first = read_msg(&mut s)?;
     }
-    let Msg::HostOpen { id, meta, key } = first else {
+    let Msg::HostOpen { id, meta, key, cert } = first else {
         return Err(FaasError::Net("expected HostOpen".into()));
     };
     if id != cfg.id {
@@ -88,7 +88,14 @@ fn job(cfg: &HostConfig, spki: &[u8; 32], mut s: ServerStream) -> Result<(), Faa
         .fabric
         .connect(&format!("capsule-host-{id}"), &psl_fabric::Interest::server(meta.name().0 .0))
         .map_err(|e| FaasError::Net(format!("attaching to the fabric {}: {e}", cfg.fabric)))?;
-    let opts = psl_server::ServerOptions { id, ..psl_server::ServerOptions::default() };
+    let cert = match cert {
+        Some(c) => Some(
+            psl_capsule::WriterCert::decode(&unhex("cert", &c)?)
+                .map_err(|e| FaasError::Config(format!("server certificate: {e}")))?,
+        ),
+        None => None,
+    };
+    let opts = psl_server::ServerOptions { id, cert, ..psl_server::ServerOptions::default() };
     let server = match psl_server::Server::start(&dir, meta, key, ep, opts) {
         Ok(x) => x,
         Err(e) => return write_msg(&mut s, &Msg::Error { why: format!("starting the capsule server: {e}") }),

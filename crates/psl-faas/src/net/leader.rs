@@ -245,8 +245,10 @@ fn open_hosts(sh: &Arc<Shared>, meta: &SignedMetadata) -> Vec<(u32, tls::ClientS
                 )?;
             tracing::info!("capsule host {id} attested: {} measurement {}", v.kind, v.measurement.short());
         }
-        let key = sh.leader.server_key(id)?;
-        let mut m = Msg::HostOpen { id, meta: meta_hex.clone(), key: hex::encode(&key.expose_secret_bytes()[..]) };
+        let (key, cert) = sh.leader.server_credentials(id)?;
+        let cert = cert.map(|c| hex::encode(c.encode()));
+        let mut m =
+            Msg::HostOpen { id, meta: meta_hex.clone(), key: hex::encode(&key.expose_secret_bytes()[..]), cert };
         let sent = write_msg(&mut s, &m);
         if let Msg::HostOpen { key, .. } = &mut m {
             zeroize::Zeroize::zeroize(key);
@@ -450,7 +452,9 @@ fn end(sh: &Arc<Shared>) -> (Resets, Vec<(u32, u64)>) {
         }
         let g = std::mem::take(&mut st.granted);
         let h = std::mem::take(&mut st.hosts);
-        // Keys dropped and coordinator stopped before the next job may begin.
+        // RESET revokes the workers' writers (a certified capsule), then keys are dropped and
+        // the coordinator stopped before the next job may begin.
+        sh.leader.revoke_all();
         sh.leader.end_job();
         *st = JobState::default();
         sh.cv.notify_all();

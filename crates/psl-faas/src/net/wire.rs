@@ -130,6 +130,9 @@ pub enum Msg {
         id: u32,
         meta: String,
         key: String,
+        /// The server key's certificate (hex), in a capsule that certifies writers.
+        #[serde(default)]
+        cert: Option<String>,
     },
     HostClosed {
         records: u64,

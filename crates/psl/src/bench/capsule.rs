@@ -2,10 +2,16 @@
 //!
 //! Baseline in the same run: one bare secp256k1 sign and verify of a 32-byte digest, the floor
 //! that batching amortizes. Headline: `ratio_b1_b128`, the per-op cost of a 1-op record over
-//! that of a 128-op record (seal+sign plus verify+open).
+//! that of a 128-op record (seal+sign plus verify+open). The batches run in a capsule with
+//! certified (hardened) writer keys, the default.
+//!
+//! Writer keys: `ratio_verify_certified_derived` is the per-record verify+open cost of 1-op
+//! records in a certified capsule (the writer's key from its cached certificate) over the same
+//! in a version-1 capsule (the key derived from the application key, cached): rounds of each
+//! alternate, and the medians are compared, so that drift on a noisy machine hits both.
 
 use anyhow::Result;
-use psl_capsule::{new_capsule, Author, Limits, Record, Verifier};
+use psl_capsule::{new_capsule_with, Author, Limits, Record, Verifier, WriterKeys};
 use psl_crypto::{sha256, OwnerKey};
 use serde_json::{json, Map, Value};
 use std::time::{Duration, Instant};
@@ -17,9 +23,9 @@ pub fn run(seconds: f64, show_progress: bool) -> Result<Value> {
     let budget = Duration::from_secs_f64(seconds.max(0.05));
     let owner = OwnerKey::generate();
     let app = owner.app(1)?;
-    let meta = new_capsule(&owner, 1, "bench", 0, Limits::default())?;
+    let meta = new_capsule_with(&owner, 1, "bench", 0, Limits::default(), WriterKeys::Certified)?;
     let verifier = Verifier::new(meta.clone(), Some(app.data_key()));
-    let pb = progress_bar(show_progress, BATCHES.len() as u64 * 2 + 2);
+    let pb = progress_bar(show_progress, BATCHES.len() as u64 * 2 + 3);
 
     // Baseline: the bare signature primitives.
     let key = app.writer(1)?;
@@ -42,6 +48,9 @@ pub fn run(seconds: f64, show_progress: bool) -> Result<Value> {
     let value = vec![b'v'; VALUE_BYTES];
     for &b in &BATCHES {
         let mut author = Author::new(&meta, &app, 1)?;
+        if let Some(intro) = author.write_own_cert() {
+            verifier.verify(intro?).map_err(|e| anyhow::anyhow!("{e}"))?;
+        }
         let mut k = 0u64;
         let mut recs: Vec<Record> = Vec::new();
         let start = Instant::now();
@@ -88,7 +97,11 @@ pub fn run(seconds: f64, show_progress: bool) -> Result<Value> {
             }),
         );
     }
+    let keys = writer_keys(&owner, budget)?;
+    pb.inc(1);
     pb.finish_and_clear();
+    out.insert("ratio_verify_certified_derived".into(), keys["ratio_verify_certified_derived"].clone());
+    out.insert("writer_keys".into(), keys);
     let get = |b: usize| per_op.iter().find(|x| x.0 == b).copied().expect("measured");
     let (_, s1, v1) = get(1);
     let (_, s128, v128) = get(128);
@@ -100,6 +113,55 @@ pub fn run(seconds: f64, show_progress: bool) -> Result<Value> {
     out.insert("value_bytes".into(), json!(VALUE_BYTES));
     out.insert("machine".into(), super::machine());
     Ok(Value::Object(out))
+}
+
+/// Verify+open of 1-op records, certified against derived writer keys (module docs).
+fn writer_keys(owner: &OwnerKey, budget: Duration) -> Result<Value> {
+    const RECORDS: usize = 512;
+    const ROUNDS: usize = 7;
+    let app = owner.app(2)?;
+    let mut sides = Vec::new();
+    for scheme in [WriterKeys::Derived, WriterKeys::Certified] {
+        let meta = new_capsule_with(owner, 2, "bench-keys", 0, Limits::default(), scheme)?;
+        let verifier = Verifier::new(meta.clone(), Some(app.data_key()));
+        let mut author = Author::new(&meta, &app, 7)?;
+        if let Some(intro) = author.write_own_cert() {
+            verifier.verify(intro?).map_err(|e| anyhow::anyhow!("{e}"))?;
+        }
+        let recs: Vec<Record> = (0..RECORDS)
+            .map(|i| author.write_ops([(format!("key{i:010}"), Some(vec![b'v'; VALUE_BYTES]))]))
+            .collect::<Result<_, _>>()?;
+        // Warm the key cache (derived) or check the certificate is installed (certified).
+        verifier.verify_open(recs[0].clone()).map_err(|e| anyhow::anyhow!("{e}"))?;
+        sides.push((scheme, verifier, recs, Vec::new()));
+    }
+    let round_budget = budget / (2 * ROUNDS as u32);
+    for _ in 0..ROUNDS {
+        for (_, verifier, recs, times) in sides.iter_mut() {
+            let start = Instant::now();
+            let mut n = 0usize;
+            while start.elapsed() < round_budget || n < RECORDS {
+                let r = &recs[n % RECORDS];
+                std::hint::black_box(verifier.verify_open(r.clone()).expect("verifies"));
+                n += 1;
+            }
+            times.push(start.elapsed().as_secs_f64() * 1e6 / n as f64);
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let mut m = Map::new();
+    let mut us = Vec::new();
+    for (scheme, _, _, times) in sides.iter_mut() {
+        let med = median(times);
+        m.insert(format!("verify_us_per_record_{}", scheme.name()), json!(med));
+        us.push(med);
+    }
+    m.insert("ratio_verify_certified_derived".into(), json!(us[1] / us[0]));
+    m.insert("rounds".into(), json!(ROUNDS));
+    Ok(Value::Object(m))
 }
 
 fn timed(budget: Duration, mut f: impl FnMut()) -> (u64, Duration) {

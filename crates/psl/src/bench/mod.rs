@@ -48,7 +48,7 @@ pub struct BenchArgs {
     /// Seconds to spend on each measured case.
     #[arg(long, default_value_t = 1.0)]
     pub seconds: f64,
-    /// Run only these cases (comma-separated; `scl`: w1,w2,w4,w8,ablation,gets,ring, and the
+    /// Run only these cases (comma-separated; `scl`: w1,w2,w4,w8,ablation,keys,gets,ring, and the
     /// unbatched u1,u2,u4,u8 only when named; `rrt`: l1,l2,l4,l8; `fabric`: router,nats and
     /// messages,scl; `cluster`: router,nats). Default: all.
     #[arg(long, value_delimiter = ',')]

@@ -13,10 +13,15 @@
 //! behind loses records and every holder answers its repairs, so losses, not the per-op cost,
 //! are what collapse the many-writer cases. `PSL_BENCH_TRACE=1` prints the writers' and the
 //! receiver's progress every 250 ms to stderr.
+//!
+//! Capsules certify their writers (hardened keys known by certificates). The `keys` case runs
+//! the unbatched single-writer load in a certified and in a version-1 (derived keys) capsule,
+//! alternating, three rounds each: `ratio_u1_certified_derived`, of the medians, is what
+//! certificates cost a whole put pipeline where per-record verification weighs most.
 
 use super::zipf::Zipf;
 use anyhow::{bail, Result};
-use psl_capsule::{new_capsule, Limits};
+use psl_capsule::{new_capsule_with, Limits, WriterKeys};
 use psl_crypto::OwnerKey;
 use psl_fabric::{Fabric, FabricConfig, InProcHub, Interest};
 use psl_node::{Node, NodeKeys, NodeOptions};
@@ -42,19 +47,30 @@ fn queue_ops_max(batch_ops_max: usize) -> usize {
 struct Case {
     writers: usize,
     batch_ops_max: usize,
+    /// Certified writer keys (the default) or the version-1 derived ones (the `keys` case's
+    /// baseline).
+    writer_keys: WriterKeys,
 }
 
 pub fn run(seconds: f64, cases: &[String], show_progress: bool) -> Result<Value> {
     let secs = seconds.max(0.2);
     let want = |c: &str| cases.is_empty() || cases.iter().any(|x| x == c);
-    let pb = if show_progress { super::progress(7, "bench scl") } else { indicatif::ProgressBar::hidden() };
+    let pb = if show_progress { super::progress(8, "bench scl") } else { indicatif::ProgressBar::hidden() };
     let keys: Arc<Vec<Vec<u8>>> = Arc::new((0..KEYS).map(|i| format!("user{i:012}").into_bytes()).collect());
     let mut out = Map::new();
     for w in [1usize, 2, 4, 8] {
         if !want(&format!("w{w}")) {
             continue;
         }
-        let r = put_case(&Case { writers: w, batch_ops_max: NodeOptions::default().batch_ops_max }, secs, &keys)?;
+        let r = put_case(
+            &Case {
+                writers: w,
+                batch_ops_max: NodeOptions::default().batch_ops_max,
+                writer_keys: WriterKeys::Certified,
+            },
+            secs,
+            &keys,
+        )?;
         out.insert(format!("puts_per_s_w{w}"), json!(r.puts_per_s));
         out.insert(format!("records_per_s_w{w}"), json!(r.records_per_s));
         out.insert(format!("detail_w{w}"), r.detail);
@@ -67,16 +83,36 @@ pub fn run(seconds: f64, cases: &[String], show_progress: bool) -> Result<Value>
         if !named(&format!("u{w}")) {
             continue;
         }
-        let r = put_case(&Case { writers: w, batch_ops_max: 1 }, secs, &keys)?;
+        let r = put_case(&Case { writers: w, batch_ops_max: 1, writer_keys: WriterKeys::Certified }, secs, &keys)?;
         out.insert(format!("puts_per_s_u{w}"), json!(r.puts_per_s));
         out.insert(format!("detail_u{w}"), r.detail);
     }
     if want("ablation") {
-        let unbatched = put_case(&Case { writers: 1, batch_ops_max: 1 }, secs, &keys)?;
+        let unbatched =
+            put_case(&Case { writers: 1, batch_ops_max: 1, writer_keys: WriterKeys::Certified }, secs, &keys)?;
         out.insert("puts_per_s_w1_unbatched".into(), json!(unbatched.puts_per_s));
         if let Some(batched) = out.get("puts_per_s_w1").and_then(Value::as_f64) {
             out.insert("ablation_ratio".into(), json!(batched / unbatched.puts_per_s.max(1e-9)));
         }
+    }
+    if want("keys") {
+        // Writer keys: one op per record (so per-record verification weighs most), certified
+        // against derived, alternating, three rounds each; the medians are compared.
+        let mut runs: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+        for _ in 0..3 {
+            for (i, k) in [WriterKeys::Derived, WriterKeys::Certified].into_iter().enumerate() {
+                let r = put_case(&Case { writers: 1, batch_ops_max: 1, writer_keys: k }, secs / 2.0, &keys)?;
+                runs[i].push(r.puts_per_s);
+            }
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (d, c) = (median(&mut runs[0]), median(&mut runs[1]));
+        out.insert("puts_per_s_u1_derived".into(), json!(d));
+        out.insert("puts_per_s_u1_certified".into(), json!(c));
+        out.insert("ratio_u1_certified_derived".into(), json!(c / d.max(1e-9)));
     }
     pb.inc(1);
     if want("gets") {
@@ -119,13 +155,14 @@ fn put_case(c: &Case, secs: f64, keys: &Arc<Vec<Vec<u8>>>) -> Result<PutResult> 
 /// The put case with `writers` writer nodes on endpoints `make` gives (`psl bench fabric`).
 pub(crate) fn put_case_on(writers: usize, secs: f64, make: MakeEndpoint) -> Result<PutResult> {
     let keys: Arc<Vec<Vec<u8>>> = Arc::new((0..KEYS).map(|i| format!("user{i:012}").into_bytes()).collect());
-    put_case_with(&Case { writers, batch_ops_max: NodeOptions::default().batch_ops_max }, secs, &keys, make)
+    let c = Case { writers, batch_ops_max: NodeOptions::default().batch_ops_max, writer_keys: WriterKeys::Certified };
+    put_case_with(&c, secs, &keys, make)
 }
 
 fn put_case_with(c: &Case, secs: f64, keys: &Arc<Vec<Vec<u8>>>, make: MakeEndpoint) -> Result<PutResult> {
     let owner = OwnerKey::generate();
     let app = owner.app(1)?;
-    let meta = new_capsule(&owner, 1, "bench", 0, Limits::default())?;
+    let meta = new_capsule_with(&owner, 1, "bench", 0, Limits::default(), c.writer_keys)?;
     let capsule = meta.name().0 .0;
     let mut writers = Vec::new();
     let mut eps: Vec<Arc<dyn Fabric>> = Vec::new();
@@ -257,7 +294,7 @@ fn put_case_with(c: &Case, secs: f64, keys: &Arc<Vec<Vec<u8>>>, make: MakeEndpoi
 fn get_case(secs: f64, keys: &Arc<Vec<Vec<u8>>>) -> Result<f64> {
     let owner = OwnerKey::generate();
     let app = owner.app(1)?;
-    let meta = new_capsule(&owner, 1, "bench", 0, Limits::default())?;
+    let meta = new_capsule_with(&owner, 1, "bench", 0, Limits::default(), WriterKeys::Certified)?;
     let hub = InProcHub::new(FabricConfig::default())?;
     let o = NodeOptions { node_id: 1, writers: 1, ..NodeOptions::default() };
     let node = Arc::new(Node::start(NodeKeys::derive(&meta, &app, &o)?, ep(&hub, "n"), o)?);
