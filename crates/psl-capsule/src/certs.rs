@@ -168,8 +168,44 @@ pub enum CertError {
     Conflict { writer: u32, key_gen: u32 },
     #[error("this capsule derives writer keys; it takes no writer certificates")]
     NotCertified,
-    #[error("more than {max} certified writers")]
+    #[error("more than {max} certificates or revocations (in all, or of one writer)")]
     TooMany { max: usize },
+}
+
+/// The layout both statements open with: magic, version, capsule, writer, key generation.
+fn put_prefix(b: &mut Vec<u8>, magic: &[u8; 4], capsule: &CapsuleName, writer: u32, key_gen: u32) {
+    b.extend_from_slice(magic);
+    b.put_u8(CERT_VERSION);
+    b.extend_from_slice(&capsule.0 .0);
+    b.put_u32(writer);
+    b.put_u32(key_gen);
+}
+
+fn read_prefix(
+    r: &mut Reader<'_>,
+    magic: &[u8; 4],
+    what: &'static str,
+) -> Result<(CapsuleName, u32, u32), DecodeError> {
+    if &r.array::<4>("statement magic")? != magic {
+        return Err(DecodeError::Magic { what });
+    }
+    let v = r.u8("statement version")?;
+    if v != CERT_VERSION {
+        return Err(DecodeError::Version { what, found: v, supported: CERT_VERSION });
+    }
+    Ok((CapsuleName(Hash256(r.array("capsule")?)), r.u32("writer")?, r.u32("key generation")?))
+}
+
+/// Decodes exactly one statement of one kind from `bytes`.
+fn decode_exact<T>(
+    bytes: &[u8],
+    what: &'static str,
+    f: impl FnOnce(&mut Reader<'_>) -> Result<T, DecodeError>,
+) -> Result<T, DecodeError> {
+    let mut r = Reader::new(bytes);
+    let t = f(&mut r)?;
+    r.finish(what)?;
+    Ok(t)
 }
 
 fn check_writer(w: u32) -> Result<(), CertError> {
@@ -182,11 +218,7 @@ fn check_writer(w: u32) -> Result<(), CertError> {
 impl WriterCert {
     fn signed_bytes(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(WRITER_CERT_LEN);
-        b.extend_from_slice(CERT_MAGIC);
-        b.put_u8(CERT_VERSION);
-        b.extend_from_slice(&self.capsule.0 .0);
-        b.put_u32(self.writer);
-        b.put_u32(self.key_gen);
+        put_prefix(&mut b, CERT_MAGIC, &self.capsule, self.writer, self.key_gen);
         b.extend_from_slice(&self.key.to_bytes());
         b.put_u64(self.valid_from_epoch);
         b.put_u64(self.valid_until_epoch);
@@ -281,23 +313,11 @@ impl WriterCert {
 
     /// Decodes exactly one certificate. Checks the encoding only; see [`WriterCert::check`].
     pub fn decode(bytes: &[u8]) -> Result<WriterCert, DecodeError> {
-        let mut r = Reader::new(bytes);
-        let c = Self::decode_from(&mut r)?;
-        r.finish("writer certificate")?;
-        Ok(c)
+        decode_exact(bytes, "writer certificate", Self::decode_from)
     }
 
     fn decode_from(r: &mut Reader<'_>) -> Result<WriterCert, DecodeError> {
-        if &r.array::<4>("writer certificate magic")? != CERT_MAGIC {
-            return Err(DecodeError::Magic { what: "writer certificate" });
-        }
-        let v = r.u8("writer certificate version")?;
-        if v != CERT_VERSION {
-            return Err(DecodeError::Version { what: "writer certificate", found: v, supported: CERT_VERSION });
-        }
-        let capsule = CapsuleName(Hash256(r.array("capsule")?));
-        let writer = r.u32("writer")?;
-        let key_gen = r.u32("key generation")?;
+        let (capsule, writer, key_gen) = read_prefix(r, CERT_MAGIC, "writer certificate")?;
         let key = VerifyingKey::from_bytes(r.take(33, "writer public key")?)
             .map_err(|_| DecodeError::Invalid { field: "writer public key", why: "not a secp256k1 point" })?;
         let valid_from_epoch = r.u64("valid_from_epoch")?;
@@ -310,11 +330,7 @@ impl WriterCert {
 impl Revocation {
     fn signed_bytes(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(REVOCATION_LEN);
-        b.extend_from_slice(REVOKE_MAGIC);
-        b.put_u8(CERT_VERSION);
-        b.extend_from_slice(&self.capsule.0 .0);
-        b.put_u32(self.writer);
-        b.put_u32(self.key_gen);
+        put_prefix(&mut b, REVOKE_MAGIC, &self.capsule, self.writer, self.key_gen);
         b.put_u64(self.from_epoch);
         b.put_u64(self.from_seq);
         b
@@ -363,23 +379,11 @@ impl Revocation {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Revocation, DecodeError> {
-        let mut r = Reader::new(bytes);
-        let c = Self::decode_from(&mut r)?;
-        r.finish("revocation")?;
-        Ok(c)
+        decode_exact(bytes, "revocation", Self::decode_from)
     }
 
     fn decode_from(r: &mut Reader<'_>) -> Result<Revocation, DecodeError> {
-        if &r.array::<4>("revocation magic")? != REVOKE_MAGIC {
-            return Err(DecodeError::Magic { what: "revocation" });
-        }
-        let v = r.u8("revocation version")?;
-        if v != CERT_VERSION {
-            return Err(DecodeError::Version { what: "revocation", found: v, supported: CERT_VERSION });
-        }
-        let capsule = CapsuleName(Hash256(r.array("capsule")?));
-        let writer = r.u32("writer")?;
-        let key_gen = r.u32("key generation")?;
+        let (capsule, writer, key_gen) = read_prefix(r, REVOKE_MAGIC, "revocation")?;
         let from_epoch = r.u64("from_epoch")?;
         let from_seq = r.u64("from_seq")?;
         let signature = Signature(r.array("revocation signature")?);

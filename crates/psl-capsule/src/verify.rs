@@ -265,15 +265,23 @@ impl Verifier {
                 if known.is_some_and(|v| v.iter().any(|o| o.from_epoch <= r.from_epoch && o.from_seq <= r.from_seq)) {
                     return Ok(false);
                 }
-                if known.is_none() && t.revoked.len() >= CERTIFIED_WRITERS_MAX
-                    || known.is_some_and(|v| v.len() >= REVOCATIONS_PER_WRITER_MAX)
-                {
+                if known.is_none() && t.revoked.len() >= CERTIFIED_WRITERS_MAX {
                     return Err(CertError::TooMany { max: CERTIFIED_WRITERS_MAX });
+                }
+                if known.is_some_and(|v| v.len() >= REVOCATIONS_PER_WRITER_MAX) {
+                    return Err(CertError::TooMany { max: REVOCATIONS_PER_WRITER_MAX });
                 }
                 t.revoked.entry(id).or_default().push(r.clone());
                 Ok(true)
             }
         }
+    }
+
+    /// Installs a role's own statements (its writers' certificates, as handed to it) and
+    /// returns those refused, by writer, for the role to report: it runs on, but records signed
+    /// under a refused certificate will be refused everywhere.
+    pub fn install_own(&self, statements: &[KeyStatement]) -> Vec<(u32, CertError)> {
+        statements.iter().filter_map(|s| self.install_statement(s).err().map(|e| (s.writer(), e))).collect()
     }
 
     /// Installs the statements of every Cert record among `records` (a whole file or store,
@@ -384,24 +392,27 @@ impl Verifier {
     /// not arrived ([`Verifier::needs_cert`]), stamped `now_ms`; a record the full hold cannot
     /// take is refused as uncertified. What every runtime's receive path does.
     pub fn verify_open_or_hold(&self, rec: Record, now_ms: u64) -> Result<Option<Verified<Opened>>, Rejected> {
-        if self.needs_cert(rec.header()) {
-            return match self.hold(rec, now_ms) {
-                None => Ok(None),
-                Some(rej) => Err(rej),
-            };
-        }
-        self.verify_open(rec).map(Some)
+        self.or_hold(rec, now_ms, Self::verify_open)
     }
 
     /// Like [`Verifier::verify_open_or_hold`] without opening the body (a capsule server).
     pub fn verify_or_hold(&self, rec: Record, now_ms: u64) -> Result<Option<Verified<Record>>, Rejected> {
-        if self.needs_cert(rec.header()) {
-            return match self.hold(rec, now_ms) {
-                None => Ok(None),
-                Some(rej) => Err(rej),
-            };
+        self.or_hold(rec, now_ms, Self::verify)
+    }
+
+    fn or_hold<T>(
+        &self,
+        rec: Record,
+        now_ms: u64,
+        verify: impl FnOnce(&Self, Record) -> Result<T, Rejected>,
+    ) -> Result<Option<T>, Rejected> {
+        if !self.needs_cert(rec.header()) {
+            return verify(self, rec).map(Some);
         }
-        self.verify(rec).map(Some)
+        match self.hold(rec, now_ms) {
+            None => Ok(None),
+            Some(rej) => Err(rej),
+        }
     }
 
     /// Refuses held records older than [`CERT_WAIT_MS`] at `now_ms`, as uncertified.

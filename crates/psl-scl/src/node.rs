@@ -286,10 +286,8 @@ impl NodeCore {
     /// Sets the certificates (and any revocations) this node announces: its own writers'.
     /// Each is installed in the verifier too. Ignored in a capsule that derives writer keys.
     pub fn set_announcements(&mut self, statements: Vec<KeyStatement>) {
-        for s in &statements {
-            if let Err(e) = self.verifier.install_statement(s) {
-                tracing::error!(writer = s.writer(), "own certificate refused: {e}");
-            }
+        for (writer, e) in self.verifier.install_own(&statements) {
+            tracing::error!(writer, "own certificate refused: {e}");
         }
         self.announce = statements;
         self.last_announce_at = None;

@@ -153,10 +153,8 @@ impl ServerCore {
 
     /// Sets the statements this server announces (its own certificate), installing them too.
     pub fn set_announcements(&mut self, statements: Vec<KeyStatement>) {
-        for s in &statements {
-            if let Err(e) = self.verifier.install_statement(s) {
-                tracing::error!(writer = s.writer(), "own certificate refused: {e}");
-            }
+        for (writer, e) in self.verifier.install_own(&statements) {
+            tracing::error!(writer, "own certificate refused: {e}");
         }
         self.announce = statements;
         self.last_announce_at = None;

@@ -318,12 +318,8 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SimReport, Violation> {
             for ep in eps.iter_mut() {
                 if ep.writers > 0 && ep.node.is_some() && rng.random_bool(cfg.crash) {
                     let node = ep.node.take().expect("checked");
-                    dead_writers.extend(node.authors.iter().map(|a| a.writer()));
-                    retired_metrics.push(node.metrics.clone());
-                    ep.restart_at = Some(now + cfg.restart_ms);
-                    ep.ever_crashed = true;
-                    ep.last.clear();
-                    report.crashes += 1;
+                    let restart_at = now + cfg.restart_ms;
+                    take_down(ep, &node, restart_at, &mut dead_writers, &mut retired_metrics, &mut report);
                 }
             }
             let primary_alive = eps.iter().any(|e| e.rank == Some(0) && e.node.is_some());
@@ -365,13 +361,8 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SimReport, Violation> {
             if let Some(node) = ep.node.take() {
                 let w = node.authors.first().map(|a| a.writer());
                 let epoch = eps.iter().filter_map(|e| e.node.as_ref()).map(|x| x.core.epoch()).max().unwrap_or(0);
-                let ep = &mut eps[0];
-                dead_writers.extend(node.authors.iter().map(|a| a.writer()));
-                retired_metrics.push(node.metrics.clone());
-                ep.restart_at = Some(now + cfg.restart_ms);
-                ep.ever_crashed = true;
-                ep.last.clear();
-                report.crashes += 1;
+                let restart_at = now + cfg.restart_ms;
+                take_down(&mut eps[0], &node, restart_at, &mut dead_writers, &mut retired_metrics, &mut report);
                 if let Some(w) = w {
                     let from_epoch = epoch + 2;
                     // The seq bound: everything the worker sealed before its RESET stays valid
@@ -696,6 +687,24 @@ dead writers: {:?}",
     report.epochs = eps.iter().filter_map(|e| e.node.as_ref()).map(|x| x.core.epoch() & 0xffff_ffff).max().unwrap_or(0);
     report.net = net.stats;
     Ok(report)
+}
+
+/// A node crashes (or is RESET): its writers die with it, and it restarts empty at `restart_at`
+/// under a new incarnation.
+fn take_down(
+    ep: &mut Endpoint,
+    node: &SimNode,
+    restart_at: u64,
+    dead_writers: &mut std::collections::BTreeSet<u32>,
+    retired_metrics: &mut Vec<std::sync::Arc<psl_scl::Metrics>>,
+    report: &mut SimReport,
+) {
+    dead_writers.extend(node.authors.iter().map(|a| a.writer()));
+    retired_metrics.push(node.metrics.clone());
+    ep.restart_at = Some(restart_at);
+    ep.ever_crashed = true;
+    ep.last.clear();
+    report.crashes += 1;
 }
 
 fn show(k: &[u8]) -> String {

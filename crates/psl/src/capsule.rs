@@ -494,15 +494,19 @@ fn introduce(author: &mut Author, meta: &SignedMetadata, records: &[Record]) -> 
     let Some(cert) = author.cert() else { return Ok(Vec::new()) };
     let v = Verifier::new(meta.clone(), None);
     v.learn_statements(records);
-    if let Some(r) = v.revocations().iter().find(|r| r.writer == cert.writer && r.key_gen == cert.key_gen) {
-        if author.epoch() >= r.from_epoch {
-            bail!(
-                "writer {} is revoked from epoch {}; the capsule is at epoch {}",
-                r.writer,
-                r.from_epoch,
-                author.epoch()
-            );
-        }
+    let revoked = v
+        .revocations()
+        .into_iter()
+        .find(|r| r.writer == cert.writer && r.key_gen == cert.key_gen && r.refuses(author.epoch(), author.next_seq()));
+    if let Some(r) = revoked {
+        bail!(
+            "writer {} is revoked from epoch {} and seq {}; its next record would be epoch {}, seq {}",
+            r.writer,
+            r.from_epoch,
+            r.from_seq,
+            author.epoch(),
+            author.next_seq()
+        );
     }
     if v.writer_certs().iter().any(|c| c.writer == cert.writer && c.key_gen == cert.key_gen) {
         return Ok(Vec::new());
