@@ -8,6 +8,7 @@ use crate::error::FaasError;
 use crate::program::JobId;
 use crate::rotation::{fresh_app_index, rotate, rotation_epoch, Rotation};
 use parking_lot::Mutex;
+use psl_capsule::certs::ANY_SEQ;
 use psl_capsule::{RotationCert, SignedMetadata};
 use psl_crypto::{AppKey, OwnerKey};
 use psl_fabric::Fabric;
@@ -430,10 +431,11 @@ impl Leader {
         }
     }
 
-    /// RESET of a worker revokes its writers (a certified capsule): the application key signs
-    /// a revocation of each, of every key generation so far, from two epochs past the
-    /// coordinator's; the coordinator announces them and carries them into the log. A worker
-    /// lost to a side channel then writes nothing valid from that epoch on, and the others go on.
+    /// RESET of a worker revokes its writers (a certified capsule): the application key signs a
+    /// revocation of each under the generation in force (the newest the leader holds; older ones
+    /// retire with their rotation), from two epochs past the coordinator's, with no seq bound
+    /// (below); the coordinator announces them and carries them into the log. A worker lost to
+    /// a side channel then writes nothing valid from that epoch on, and the others go on.
     /// Returns the revocation epoch (`None`: a derived capsule, or the worker held no grant).
     pub fn revoke_worker(&self, worker: u32) -> Result<Option<u64>, FaasError> {
         let guard = self.job.lock();
@@ -450,11 +452,12 @@ impl Leader {
         let newest = job.certs.len() as u32;
         let mut list = Vec::new();
         for w in &g.writers {
-            // And from the first seq the coordinator has not applied: a leaked key cannot go on
-            // appending records that claim an earlier epoch. (At a job's end every write of
-            // the worker is covered by a SYNC, so the coordinator has applied all of them.)
-            let from_seq = coordinator.next_seq_of(*w)?;
-            let r = psl_capsule::Revocation::issue(&job.app, job.meta.name(), newest, *w, from, from_seq)
+            // From the epoch only (no seq bound): until its RESET a worker still answers the
+            // coordinator's RTS with EOE records after its last SYNC, and one of those may not
+            // have reached the coordinator yet, so a seq bound taken from the coordinator's view
+            // could refuse an honest record of the job (docs/security/threat-model.md §5 on what
+            // an epoch-only revocation leaves open).
+            let r = psl_capsule::Revocation::issue(&job.app, job.meta.name(), newest, *w, from, ANY_SEQ)
                 .map_err(|e| FaasError::Config(e.to_string()))?;
             list.push(psl_capsule::KeyStatement::Revoke(r));
         }
