@@ -1,5 +1,6 @@
-//! The embedded deployment: client, leader, scheduler, workers, coordinator and a capsule
-//! recorder in one process over an `InProcHub`.
+//! The embedded deployment: client, leader, scheduler, workers, coordinator hosts (the job's
+//! primary coordinator and its shadows), capsule servers and a capsule recorder in one process
+//! over an `InProcHub`.
 //!
 //! Every role runs in one process, so there is nothing hardware could attest between them: the
 //! embedded deployment always uses the INSECURE sim backend, under a development policy that
@@ -10,6 +11,7 @@ use crate::attest::{
     binary_hash, bind_channel_key, measure, AttestVerifier, Measurement, SimAttester, SimPlatform, VerifyTime,
 };
 use crate::attest_policy::{dev_sim_policy_text, Policy, PolicyVerifier};
+use crate::coordinator::{CoordinatorHost, CoordinatorStats, LocalCoordinator};
 use crate::error::FaasError;
 use crate::leader::{Grant, Leader, Offer};
 use crate::program::{JobId, Payload, SealedProgram};
@@ -47,6 +49,12 @@ pub struct DeploymentConfig {
     pub store_dir: Option<std::path::PathBuf>,
     /// Test hook: servers (ids) that are never started, as if down for the whole job.
     pub down_servers: Vec<u32>,
+    /// The job's coordinators: a primary and `coordinators - 1` shadows, each on its own
+    /// coordinator host (1 ..= 3, the ranks a job capsule allows).
+    pub coordinators: u8,
+    /// Test hook: stop the primary coordinator this long after the workers were admitted (its
+    /// host killed mid-job); the shadow takes over.
+    pub kill_primary_coordinator_after_ms: Option<u64>,
 }
 
 impl Default for DeploymentConfig {
@@ -60,6 +68,8 @@ impl Default for DeploymentConfig {
             servers: 0,
             store_dir: None,
             down_servers: Vec::new(),
+            coordinators: 2,
+            kill_primary_coordinator_after_ms: None,
         }
     }
 }
@@ -132,6 +142,10 @@ pub struct JobReport {
     /// Each worker's durable end, as it reported it (sealed with its results).
     #[serde(default)]
     pub durability: Vec<(u32, DurableEnd)>,
+    /// What each of the job's coordinators (primary first) did: a shadow that took over wrote
+    /// records, and the job ended in an epoch of a term above 0.
+    #[serde(default)]
+    pub coordinators: Vec<CoordinatorStats>,
 }
 
 /// What a worker seals for the client at the end of a job (over the network).
@@ -176,6 +190,8 @@ pub struct Deployment {
     pub leader: Leader,
     pub scheduler: Scheduler,
     pub workers: Vec<Arc<Worker>>,
+    /// Coordinator hosts (ids 0 ..): rank r of each job runs on host r.
+    pub coordinator_hosts: Vec<Arc<CoordinatorHost>>,
     pub config: DeploymentConfig,
     pub measurement: Measurement,
     /// The client's check of the leader (the development sim policy).
@@ -226,6 +242,13 @@ impl Deployment {
                 FaasError::Config(format!("a temporary directory for the capsule servers' stores: {e}"))
             })?),
         };
+        if !(1..=psl_capsule::DEFAULT_COORDINATORS).contains(&config.coordinators) {
+            return Err(FaasError::Config(format!(
+                "coordinators must be 1 ..= {}, got {}",
+                psl_capsule::DEFAULT_COORDINATORS,
+                config.coordinators
+            )));
+        }
         let hub = InProcHub::new(FabricConfig::default()).map_err(|e| FaasError::Config(e.to_string()))?;
         let platform = SimPlatform::new();
         let measurement = measure(&binary_hash(), &runtime_config(&config.limits));
@@ -248,7 +271,20 @@ impl Deployment {
             workers.push(Arc::new(Worker::new(i, Box::new(SimAttester::new(platform.clone(), m)), config.limits)));
             scheduler.register(i);
         }
-        Ok(Deployment { hub, leader, scheduler, workers, measurement, verifier: verifier()?, config, stores })
+        let coordinator_hosts = (0..config.coordinators as u32)
+            .map(|i| Arc::new(CoordinatorHost::new(i, Box::new(SimAttester::new(platform.clone(), measurement)))))
+            .collect();
+        Ok(Deployment {
+            hub,
+            leader,
+            scheduler,
+            workers,
+            coordinator_hosts,
+            measurement,
+            verifier: verifier()?,
+            config,
+            stores,
+        })
     }
 
     fn worker(&self, id: u32) -> Option<&Arc<Worker>> {
@@ -309,9 +345,8 @@ impl Deployment {
         } else {
             None
         };
-        let ep = Arc::new(self.hub.endpoint(format!("coordinator-{job}")));
-        self.leader.begin_job(job, owner, meta.clone(), ep, self.config.servers)?;
-        let servers = match self.start_servers(&meta) {
+        self.leader.begin_job(job, owner, meta.clone(), self.config.servers)?;
+        let servers = match self.start_coordinators(job).and_then(|()| self.start_servers(&meta)) {
             Ok(s) => s,
             Err(e) => {
                 self.leader.end_job();
@@ -324,7 +359,7 @@ impl Deployment {
         // RESET every worker that took part, whatever happened (their writers revoked first, in
         // a certified capsule); the leader forgets the job.
         self.leader.revoke_all();
-        self.leader.end_job();
+        let coordinators = self.leader.end_job();
         let stored_records: Vec<(u32, u64)> = servers
             .into_iter()
             .map(|(id, s)| {
@@ -389,7 +424,29 @@ impl Deployment {
             key_rotations,
             durable: job_durable(&durability, runs.len()),
             durability,
+            coordinators,
         })
+    }
+
+    /// Places the job's coordinators: each coordinator host attests to the leader, opens the
+    /// keys of its rank sealed to its channel key, and starts its coordinator node.
+    fn start_coordinators(&self, job: JobId) -> Result<(), FaasError> {
+        for (rank, host) in self.coordinator_hosts.iter().enumerate() {
+            let rank = rank as u8;
+            let offer = host.offer_for(&self.leader.coordinator_challenge(host.id), None)?;
+            let sealed = self.leader.grant_coordinator(&offer, rank)?;
+            let ep = |_: &SignedMetadata| -> Result<Arc<dyn Fabric>, FaasError> {
+                Ok(Arc::new(self.hub.endpoint(format!("coordinator-{job}-{rank}"))))
+            };
+            host.open(job, rank, &sealed, ep, None)?;
+            self.leader.attach_coordinator(
+                host.id,
+                rank,
+                offer.channel_public,
+                Box::new(LocalCoordinator(host.clone())),
+            )?;
+        }
+        Ok(())
     }
 
     /// Starts the job's capsule servers (those not marked down), each on its own fabric
@@ -453,6 +510,15 @@ impl Deployment {
         // the leader rotates the application key meanwhile if asked to.
         let mut rotations = Vec::new();
         let runs: Vec<Result<WorkerRun, FaasError>> = std::thread::scope(|s| {
+            if let (Some(ms), Some(primary)) =
+                (self.config.kill_primary_coordinator_after_ms, self.coordinator_hosts.first())
+            {
+                s.spawn(move || {
+                    std::thread::sleep(Duration::from_millis(ms));
+                    tracing::warn!("TEST FAULT: the primary coordinator's host is killed");
+                    primary.close();
+                });
+            }
             let rot = rotate_after.map(|d| {
                 s.spawn(move || {
                     std::thread::sleep(d);

@@ -1,9 +1,12 @@
 //! The leader (trusted): holds the owner key for a job, derives the application key and one
-//! writer key per lambda slot, attests each worker before handing it exactly its own keys, runs
-//! the job's coordinator, and forgets everything at the end of the job.
+//! writer key per lambda slot, attests each worker before handing it exactly its own keys,
+//! attests the job's coordinator hosts and hands each the keys of one coordinator rank (the
+//! primary and its shadows run there, not in the leader: [`crate::coordinator`]), and forgets
+//! everything at the end of the job.
 
 use crate::attest::{bind_offer, AttestError, AttestVerifier, Attester, Evidence, VerifiedReport};
 use crate::channel::seal_to;
+use crate::coordinator::{grant_bundle, rotation_bundle, CoordinatorLink, CoordinatorStats, RotationStage};
 use crate::error::FaasError;
 use crate::program::JobId;
 use crate::rotation::{fresh_app_index, rotate, rotation_epoch, Rotation};
@@ -11,11 +14,8 @@ use parking_lot::Mutex;
 use psl_capsule::certs::ANY_SEQ;
 use psl_capsule::{RotationCert, SignedMetadata};
 use psl_crypto::{AppKey, OwnerKey};
-use psl_fabric::Fabric;
-use psl_node::{Node, NodeKeys, NodeOptions, NodeRotation};
 use psl_scl::CoordinatorConfig;
 use std::collections::HashMap;
-use std::sync::Arc;
 use zeroize::Zeroizing;
 
 /// A worker's bid for a job: its report, binding its channel key.
@@ -27,6 +27,26 @@ pub struct Offer {
     /// connection the offer came in on (filled in by the leader from the session, never taken
     /// from the worker's message). The report must bind it.
     pub tls_spki: Option<[u8; 32]>,
+}
+
+impl Offer {
+    /// A party's offer under the verifier's `nonce`: a fresh channel key, and `attester`'s report
+    /// binding it (and, over TLS, `tls_spki`, the hash of the party's certificate key). `who`
+    /// names the party in an error. Returns the channel key to keep with the offer.
+    pub fn make(
+        attester: &dyn crate::attest::Attester,
+        id: u32,
+        who: &str,
+        nonce: &[u8; 32],
+        tls_spki: Option<[u8; 32]>,
+    ) -> Result<(crate::channel::ChannelKey, Offer), FaasError> {
+        let channel = crate::channel::ChannelKey::generate()?;
+        let evidence = attester
+            .attest(nonce, &bind_offer(&channel.public(), tls_spki.as_ref()))
+            .map_err(|e| FaasError::Attestation { who: who.to_string(), why: e.to_string() })?;
+        let channel_public = channel.public();
+        Ok((channel, Offer { worker: id, channel_public, evidence, tls_spki }))
+    }
 }
 
 /// What the leader sends one admitted worker.
@@ -62,7 +82,8 @@ struct LeaderJob {
     /// The job's capsule servers `n` (ids `0 .. n`): every worker counts a write durable once
     /// `n / 2 + 1` of them acked it. Sealed into each grant, so no one on the way can lower it.
     servers: u32,
-    coordinator: Option<Node>,
+    /// The job's coordinators (primary first), each on its own attested host.
+    coordinators: Vec<Attached>,
     granted: Vec<Granted>,
     /// Application indices this capsule has used (generation 0 first).
     app_indices: Vec<u32>,
@@ -73,10 +94,20 @@ struct LeaderJob {
     pending: Option<Rotation>,
 }
 
+/// One of the job's coordinators, as the leader reaches it.
+struct Attached {
+    host: u32,
+    rank: u8,
+    channel_public: [u8; 32],
+    link: Box<dyn CoordinatorLink>,
+}
+
 pub struct Leader {
     attester: Box<dyn Attester>,
     verifier: Box<dyn AttestVerifier>,
     nonces: Mutex<HashMap<u32, [u8; 32]>>,
+    /// Nonces issued to coordinator hosts (by host id).
+    coordinator_nonces: Mutex<HashMap<u32, [u8; 32]>>,
     job: Mutex<Option<LeaderJob>>,
     pub coordinator: CoordinatorConfig,
 }
@@ -96,8 +127,17 @@ impl Leader {
             attester,
             verifier,
             nonces: Mutex::new(HashMap::new()),
+            coordinator_nonces: Mutex::new(HashMap::new()),
             job: Mutex::new(None),
-            coordinator: CoordinatorConfig { epoch_ms: 20, eoe_timeout_ms: 200, ..CoordinatorConfig::default() },
+            // A shadow of rank r takes over after `10 × (1 + r)` epochs without a SYNC (400 ms
+            // for rank 1): long enough that a loaded two-core machine's stalls rarely cause a
+            // takeover (which is safe, but moves the job to another term for nothing).
+            coordinator: CoordinatorConfig {
+                epoch_ms: 20,
+                eoe_timeout_ms: 200,
+                takeover_after_epochs: 10,
+                ..CoordinatorConfig::default()
+            },
         }
     }
 
@@ -108,18 +148,12 @@ impl Leader {
             .map_err(|e| FaasError::Attestation { who: "leader".into(), why: e.to_string() })
     }
 
-    /// Takes the owner key for one job (in process, the move stands for the attested channel),
-    /// derives the application key, and starts the job's coordinator on the fabric endpoint `ep`.
-    /// `servers`: the job's capsule servers (ids `0 .. servers`; 0: none, and nothing the job
-    /// writes can be made durable).
-    pub fn begin_job(
-        &self,
-        job: JobId,
-        owner: OwnerKey,
-        meta: SignedMetadata,
-        ep: Arc<dyn Fabric>,
-        servers: u32,
-    ) -> Result<(), FaasError> {
+    /// Takes the owner key for one job (in process, the move stands for the attested channel)
+    /// and derives the application key. The job's coordinators are placed next
+    /// ([`Leader::coordinator_challenge`], [`Leader::grant_coordinator`],
+    /// [`Leader::attach_coordinator`]). `servers`: the job's capsule servers (ids
+    /// `0 .. servers`; 0: none, and nothing the job writes can be made durable).
+    pub fn begin_job(&self, job: JobId, owner: OwnerKey, meta: SignedMetadata, servers: u32) -> Result<(), FaasError> {
         if servers > JOB_SERVERS_MAX {
             return Err(FaasError::Config(format!("{servers} capsule servers: at most {JOB_SERVERS_MAX} per job")));
         }
@@ -127,32 +161,115 @@ impl Leader {
         if app.public() != meta.meta.app {
             return Err(FaasError::Config("the capsule was not made for this owner key's application".into()));
         }
-        let opts = NodeOptions {
-            node_id: 0x7000,
-            writers: 0,
-            verifiers: 1,
-            coordinator: Some(self.coordinator),
-            ..NodeOptions::default()
-        };
-        if self.job.lock().is_some() {
+        let mut guard = self.job.lock();
+        if guard.is_some() {
             return Err(FaasError::Config("the leader is already running a job".into()));
         }
-        let keys = NodeKeys::derive(&meta, &app, &opts)?;
-        let coordinator = Node::start(keys, ep, opts)?;
         let app_indices = vec![meta.meta.app_index];
-        *self.job.lock() = Some(LeaderJob {
+        *guard = Some(LeaderJob {
             job,
             owner,
             app,
             meta,
             servers,
-            coordinator: Some(coordinator),
+            coordinators: Vec::new(),
             granted: Vec::new(),
             app_indices,
             certs: Vec::new(),
             pending: None,
         });
         Ok(())
+    }
+
+    /// A fresh nonce for coordinator host `host`'s report.
+    pub fn coordinator_challenge(&self, host: u32) -> [u8; 32] {
+        let n: [u8; 32] = rand::random();
+        self.coordinator_nonces.lock().insert(host, n);
+        n
+    }
+
+    /// Checks a coordinator host's offer (its report over the nonce of
+    /// [`Leader::coordinator_challenge`], binding its channel key and, over TLS, its
+    /// certificate key) and seals to its channel key the keys of coordinator rank `rank`:
+    /// the data key, that rank's writer key and certificate, and the epoch configuration.
+    pub fn grant_coordinator(&self, offer: &Offer, rank: u8) -> Result<Vec<u8>, FaasError> {
+        let who = || format!("coordinator host {}", offer.worker);
+        let nonce = self
+            .coordinator_nonces
+            .lock()
+            .remove(&offer.worker)
+            .ok_or_else(|| FaasError::Attestation { who: who(), why: "no challenge was issued to this host".into() })?;
+        let v = self
+            .verifier
+            .verify(&offer.evidence, &nonce, &bind_offer(&offer.channel_public, offer.tls_spki.as_ref()))
+            .map_err(|e| FaasError::Attestation { who: who(), why: e.to_string() })?;
+        tracing::info!("{} attested: {} measurement {}", who(), v.kind, v.measurement.short());
+        let guard = self.job.lock();
+        let job = guard.as_ref().ok_or_else(|| FaasError::Config("no job in progress".into()))?;
+        if !job.certs.is_empty() {
+            return Err(FaasError::Config("coordinators are placed before any key rotation".into()));
+        }
+        let w = job
+            .meta
+            .meta
+            .policy
+            .coordinator_at(rank)
+            .ok_or_else(|| FaasError::Config(format!("the capsule allows no coordinator of rank {rank}")))?;
+        let (key, cert) =
+            psl_capsule::writer_credentials(&job.meta, &job.app, w).map_err(|e| FaasError::Config(e.to_string()))?;
+        let cfg = CoordinatorConfig { rank, ranks: job.meta.meta.policy.coordinators, ..self.coordinator };
+        grant_bundle(
+            job.job,
+            offer.worker,
+            &cfg,
+            &job.app.data_key(),
+            w,
+            &key,
+            &job.meta,
+            cert.as_ref(),
+            &offer.channel_public,
+        )
+    }
+
+    /// Adds a coordinator that opened its grant: the leader reaches it through `link` for key
+    /// rotations, revocations and the job's end.
+    pub fn attach_coordinator(
+        &self,
+        host: u32,
+        rank: u8,
+        channel_public: [u8; 32],
+        link: Box<dyn CoordinatorLink>,
+    ) -> Result<(), FaasError> {
+        let mut guard = self.job.lock();
+        let job = guard.as_mut().ok_or_else(|| FaasError::Config("no job in progress".into()))?;
+        if job.coordinators.iter().any(|c| c.rank == rank) {
+            return Err(FaasError::Config(format!("the job already has a coordinator of rank {rank}")));
+        }
+        job.coordinators.push(Attached { host, rank, channel_public, link });
+        job.coordinators.sort_by_key(|c| c.rank);
+        Ok(())
+    }
+
+    /// A restarted leader taking back a running job (to end it): the workers its predecessor
+    /// granted, each `(worker, node id, lambda slots)` as the client was told, so that the
+    /// job's end revokes their writers. They hold no channel to this leader: key rotations
+    /// cannot reach them.
+    pub fn resume_granted(&self, granted: &[(u32, u32, u32)]) -> Result<(), FaasError> {
+        let mut guard = self.job.lock();
+        let job = guard.as_mut().ok_or_else(|| FaasError::Config("no job in progress".into()))?;
+        for &(worker, node_id, slots) in granted {
+            if slots as usize > SLOTS_PER_WORKER_MAX || node_id == 0 {
+                return Err(FaasError::Config(format!("worker {worker}: node {node_id} with {slots} slots")));
+            }
+            let writers = (0..slots).filter_map(|a| psl_scl::writer_index(node_id, 0, a)).collect();
+            job.granted.push(Granted { worker, node_id, channel_public: [0; 32], writers });
+        }
+        Ok(())
+    }
+
+    /// How many coordinators the job has attached.
+    pub fn coordinators(&self) -> usize {
+        self.job.lock().as_ref().map(|j| j.coordinators.len()).unwrap_or(0)
     }
 
     /// Checks another party's evidence (a capsule host's) under the leader's policy.
@@ -266,52 +383,56 @@ impl Leader {
         if job.pending.is_some() {
             return Err(FaasError::Config("a key rotation is already in progress".into()));
         }
-        let coordinator = job.coordinator.as_ref().ok_or_else(|| FaasError::Config("no coordinator".into()))?;
+        if job.coordinators.is_empty() {
+            return Err(FaasError::Config("the job has no coordinator".into()));
+        }
         let key_gen = job.certs.len() as u32 + 1;
-        let coordinator_writer = job
-            .meta
-            .meta
-            .policy
-            .coordinator_at(self.coordinator.rank)
-            .ok_or_else(|| FaasError::Config("the capsule allows no coordinator of this rank".into()))?;
         let mut writers: Vec<u32> = job.granted.iter().flat_map(|g| g.writers.iter().copied()).collect();
-        writers.push(coordinator_writer);
+        for c in &job.coordinators {
+            writers.extend(job.meta.meta.policy.coordinator_at(c.rank));
+        }
         let app_index = fresh_app_index(&job.app_indices);
-        let t = std::time::Duration::from_secs(5);
         // One generation pending at a time: writers hold the next keys only until they switch.
         if let Some(last) = job.certs.last() {
-            let now = coordinator.rotation_state(std::time::Instant::now() + t)?;
-            if now.epoch < last.from_epoch {
+            let (_, epoch) = lead_epoch(job)?;
+            if epoch < last.from_epoch {
                 return Err(FaasError::Config(format!(
-                    "the previous key rotation takes effect at epoch {}, the job is at epoch {}: try again then",
-                    last.from_epoch, now.epoch
+                    "the previous key rotation takes effect at epoch {}, the job is at epoch {epoch}: try again then",
+                    last.from_epoch
                 )));
             }
         }
-        // The coordinator may open an epoch between reading it and installing: try again then.
+        // The leading coordinator (the lowest rank that answers) may open an epoch between
+        // reading it and installing: it refuses then, and a later epoch is chosen.
         let mut tries = 0;
-        let rot = loop {
-            let now = coordinator.rotation_state(std::time::Instant::now() + t)?;
+        let (lead, rot) = loop {
+            let (lead, epoch) = lead_epoch(job)?;
             // At least 2: the RTS of the next epoch may already be out, under the old key.
-            let from_epoch = rotation_epoch(now.epoch, margin_epochs.max(2));
+            let from_epoch = rotation_epoch(epoch, margin_epochs.max(2));
             let rot = rotate(&job.owner, &job.meta, key_gen, app_index, from_epoch, &writers)?;
-            let install = NodeRotation {
-                cert: rot.cert.clone(),
-                data_key: Some(rot.data_key()),
-                writers: Vec::new(),
-                coordinator: None,
-                refuse_if_begun: true,
-                certs: Vec::new(),
-            };
-            match coordinator.install_rotation(install, t) {
-                Ok(_) => break rot,
+            let c = &job.coordinators[lead];
+            let stage = RotationStage::Prepare { refuse_if_begun: true };
+            let sealed =
+                rotation_bundle(job.job, c.host, stage, &rot.cert, &rot.data_key(), None, &[], &c.channel_public)?;
+            match c.link.rotate(key_gen, stage, &sealed) {
+                Ok(()) => break (lead, rot),
                 Err(e) if tries < 3 => {
                     tries += 1;
                     tracing::warn!("key rotation: {e}; choosing a later epoch");
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(e),
             }
         };
+        // The other coordinators (passive shadows, or lost) learn it too, so that a shadow that
+        // takes over holds below the rotation epoch until it has its key.
+        for (i, c) in job.coordinators.iter().enumerate().filter(|(i, _)| *i != lead) {
+            let stage = RotationStage::Prepare { refuse_if_begun: false };
+            let r = rotation_bundle(job.job, c.host, stage, &rot.cert, &rot.data_key(), None, &[], &c.channel_public)
+                .and_then(|sealed| c.link.rotate(key_gen, stage, &sealed));
+            if let Err(e) = r {
+                tracing::warn!(coordinator = i, rank = c.rank, "key rotation: the coordinator did not take it: {e}");
+            }
+        }
         let data_key = rot.data_key();
         let cert_bytes = rot.cert.encode();
         let mut out = Vec::new();
@@ -351,39 +472,56 @@ impl Leader {
         let mut guard = self.job.lock();
         let job = guard.as_mut().ok_or_else(|| FaasError::Config("no job in progress".into()))?;
         let rot = job.pending.take().ok_or_else(|| FaasError::Config("no key rotation in progress".into()))?;
-        let coordinator = job.coordinator.as_ref().ok_or_else(|| FaasError::Config("no coordinator".into()))?;
-        let w = job
-            .meta
-            .meta
-            .policy
-            .coordinator_at(self.coordinator.rank)
-            .ok_or_else(|| FaasError::Config("the capsule allows no coordinator of this rank".into()))?;
-        let key =
-            job.meta.meta.policy.writer_keys.signing_key(rot.app(), w).map_err(|e| FaasError::Config(e.to_string()))?;
-        // A certified capsule: the coordinator's own new certificate and every worker's go into
-        // the log (and its announcements) before the rotation epoch, which it holds until now.
-        let mut certs = rot.writer_certs();
-        if job.meta.meta.policy.writer_keys == psl_capsule::WriterKeys::Certified {
-            let c = psl_capsule::WriterCert::sign(
-                rot.app(),
-                job.meta.name(),
-                rot.cert.key_gen,
-                w,
-                key.verifying_key(),
-                rot.cert.from_epoch,
-                psl_capsule::certs::OPEN_ENDED,
-            );
-            certs.push(psl_capsule::KeyStatement::Cert(c));
+        // Each coordinator gets its rank's key under the new generation. In a certified capsule
+        // its own new certificate and every worker's go into the log (and its announcements)
+        // before the rotation epoch, which it holds until now.
+        let mut handed = 0;
+        for c in &job.coordinators {
+            let r = (|| -> Result<(), FaasError> {
+                let w = job.meta.meta.policy.coordinator_at(c.rank).ok_or_else(|| {
+                    FaasError::Config(format!("the capsule allows no coordinator of rank {}", c.rank))
+                })?;
+                let key = job
+                    .meta
+                    .meta
+                    .policy
+                    .writer_keys
+                    .signing_key(rot.app(), w)
+                    .map_err(|e| FaasError::Config(e.to_string()))?;
+                let mut certs = rot.writer_certs();
+                if job.meta.meta.policy.writer_keys == psl_capsule::WriterKeys::Certified {
+                    let own = psl_capsule::WriterCert::sign(
+                        rot.app(),
+                        job.meta.name(),
+                        rot.cert.key_gen,
+                        w,
+                        key.verifying_key(),
+                        rot.cert.from_epoch,
+                        psl_capsule::certs::OPEN_ENDED,
+                    );
+                    certs.push(psl_capsule::KeyStatement::Cert(own));
+                }
+                let sealed = rotation_bundle(
+                    job.job,
+                    c.host,
+                    RotationStage::Finish,
+                    &rot.cert,
+                    &rot.data_key(),
+                    Some(&key),
+                    &certs,
+                    &c.channel_public,
+                )?;
+                c.link.rotate(rot.cert.key_gen, RotationStage::Finish, &sealed)
+            })();
+            match r {
+                Ok(()) => handed += 1,
+                Err(e) => tracing::warn!(rank = c.rank, "key rotation: the coordinator did not take its key: {e}"),
+            }
         }
-        let install = NodeRotation {
-            cert: rot.cert.clone(),
-            data_key: Some(rot.data_key()),
-            writers: Vec::new(),
-            coordinator: Some(key),
-            refuse_if_begun: false,
-            certs,
-        };
-        coordinator.install_rotation(install, std::time::Duration::from_secs(5))?;
+        if handed == 0 {
+            job.pending = Some(rot);
+            return Err(FaasError::Config("key rotation: no coordinator took its new key".into()));
+        }
         let cert = rot.cert.clone();
         job.certs.push(cert.clone());
         job.app = rot.into_app();
@@ -444,9 +582,7 @@ impl Leader {
             return Ok(None);
         }
         let Some(g) = job.granted.iter().find(|g| g.worker == worker) else { return Ok(None) };
-        let coordinator = job.coordinator.as_ref().ok_or_else(|| FaasError::Config("no coordinator".into()))?;
-        let t = std::time::Duration::from_secs(5);
-        let from = coordinator.rotation_state(std::time::Instant::now() + t)?.epoch + 2;
+        let from = lead_epoch(job)?.1 + 2;
         // The writers' keys of the generation in force (the leader keeps only the newest
         // application key; older generations are retired by the rotation itself).
         let newest = job.certs.len() as u32;
@@ -461,7 +597,17 @@ impl Leader {
                 .map_err(|e| FaasError::Config(e.to_string()))?;
             list.push(psl_capsule::KeyStatement::Revoke(r));
         }
-        coordinator.add_statements(list, t)?;
+        let encoded = crate::coordinator::encode_statements(&list)?;
+        let mut told = 0;
+        for c in &job.coordinators {
+            match c.link.statements(&encoded) {
+                Ok(()) => told += 1,
+                Err(e) => tracing::warn!(rank = c.rank, "revocation: the coordinator did not take it: {e}"),
+            }
+        }
+        if told == 0 {
+            return Err(FaasError::Config("revocation: no coordinator took it".into()));
+        }
         tracing::info!(worker, from_epoch = from, writers = g.writers.len(), "leader: worker's writers revoked");
         Ok(Some(from))
     }
@@ -470,20 +616,42 @@ impl Leader {
         self.job.lock().as_ref().map(|j| j.meta.clone())
     }
 
-    /// Ends the job: stops the coordinator and erases the owner and application keys.
-    pub fn end_job(&self) {
+    /// Ends the job: stops every coordinator (returning what each did) and erases the owner
+    /// and application keys.
+    pub fn end_job(&self) -> Vec<CoordinatorStats> {
         let job = self.job.lock().take();
-        if let Some(mut j) = job {
-            if let Some(c) = j.coordinator.take() {
-                c.shutdown();
+        let mut out = Vec::new();
+        if let Some(j) = job {
+            for c in &j.coordinators {
+                match c.link.close() {
+                    Ok(s) => out.push(s),
+                    Err(e) => {
+                        tracing::warn!(rank = c.rank, host = c.host, "closing the coordinator: {e}");
+                        out.push(CoordinatorStats { host: c.host, rank: c.rank, ..CoordinatorStats::default() });
+                    }
+                }
             }
         }
         self.nonces.lock().clear();
+        self.coordinator_nonces.lock().clear();
+        out
     }
 
     pub fn holds_keys(&self) -> bool {
         self.job.lock().is_some()
     }
+}
+
+/// The leading coordinator (the lowest rank whose link answers) and its epoch.
+fn lead_epoch(job: &LeaderJob) -> Result<(usize, u64), FaasError> {
+    let mut why = Vec::new();
+    for (i, c) in job.coordinators.iter().enumerate() {
+        match c.link.epoch() {
+            Ok(e) => return Ok((i, e)),
+            Err(e) => why.push(format!("rank {}: {e}", c.rank)),
+        }
+    }
+    Err(FaasError::Config(format!("no coordinator of the job answers ({})", why.join("; "))))
 }
 
 /// Associated data of a rotation bundle: the job, the worker and the key generation.

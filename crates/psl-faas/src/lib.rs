@@ -13,10 +13,14 @@
 //! - [`channel`]: key delivery sealed to the worker's X25519 channel key bound in its report.
 //! - [`tls`]: TLS 1.3 channels whose certificate key is the one bound into the report
 //!   (self-signed Ed25519 certificates; the peer's key hash checked against the report).
-//! - [`leader`]: the trusted leader: attests workers, derives keys, runs the job's coordinator,
-//!   rotates the job's application key (`prepare_rotation` / `finish_rotation`: per-worker
-//!   bundles sealed to each channel key, the coordinator held below the rotation epoch until
+//! - [`leader`]: the trusted leader: attests workers and coordinator hosts, derives keys,
+//!   places the job's coordinators (a primary and shadows, each on its own host), rotates
+//!   the job's application key (`prepare_rotation` / `finish_rotation`: per-worker bundles
+//!   sealed to each channel key, the coordinators held below the rotation epoch until
 //!   the workers have their keys), RESETs workers.
+//! - [`coordinator`]: a job's coordinator as its own role: a coordinator host attests like a
+//!   worker, opens the keys of one coordinator rank and runs a coordinator-only node; the
+//!   [`coordinator::CoordinatorLink`] the leader reaches it through (in process or over TLS).
 //! - [`rotation`]: leader side of application key rotation: derives the next hardened
 //!   application key, its data key and writer keys, and the owner-signed certificate.
 //! - [`scheduler`]: the untrusted scheduler: a registry of workers; forwards sealed programs.
@@ -44,6 +48,7 @@ pub mod attest_snp;
 pub mod attest_testkit;
 pub mod attest_tsm;
 pub mod channel;
+pub mod coordinator;
 pub mod deploy;
 pub mod error;
 pub mod kv;

@@ -2,7 +2,7 @@
 //! that key, starts a node, opens the sealed program (integrity check), runs its lambda slots
 //! in the sandbox, and on RESET wipes its memtable and drops every key.
 
-use crate::attest::{bind_offer, Attester};
+use crate::attest::Attester;
 use crate::channel::ChannelKey;
 use crate::error::FaasError;
 use crate::kv::NodeKv;
@@ -95,14 +95,10 @@ impl Worker {
     /// An offer under `nonce`; over TLS, `tls_spki` is the hash of this worker's certificate
     /// key, bound into the report too.
     pub fn offer_for(&self, nonce: &[u8; 32], tls_spki: Option<[u8; 32]>) -> Result<Offer, FaasError> {
-        let channel = ChannelKey::generate()?;
-        let evidence = self
-            .attester
-            .attest(nonce, &bind_offer(&channel.public(), tls_spki.as_ref()))
-            .map_err(|e| FaasError::Attestation { who: format!("worker {}", self.id), why: e.to_string() })?;
-        let channel_public = channel.public();
+        let who = format!("worker {}", self.id);
+        let (channel, offer) = Offer::make(&*self.attester, self.id, &who, nonce, tls_spki)?;
         self.inner.lock().channel = Some(channel);
-        Ok(Offer { worker: self.id, channel_public, evidence, tls_spki })
+        Ok(offer)
     }
 
     /// Opens the grant, starts the node, opens the program, runs the slots, waits for them.

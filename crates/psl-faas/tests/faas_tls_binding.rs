@@ -8,9 +8,7 @@ use psl_faas::leader::Leader;
 use psl_faas::tls::TlsIdentity;
 use psl_faas::worker::Worker;
 use psl_faas::{AttestPolicy, FaasError, JobId, SimAttester, SimPlatform, SimVerifier};
-use psl_fabric::{FabricConfig, InProcHub};
 use psl_sandbox::SandboxLimits;
-use std::sync::Arc;
 
 #[test]
 fn faas_offer_on_another_tls_certificate_is_refused() {
@@ -20,10 +18,9 @@ fn faas_offer_on_another_tls_certificate_is_refused() {
         Box::new(SimAttester::new(platform.clone(), m)),
         Box::new(SimVerifier::new(platform.public(), AttestPolicy { allowed: [m].into() })),
     );
-    let hub = InProcHub::new(FabricConfig::default()).unwrap();
     let owner = OwnerKey::generate();
     let meta = new_capsule(&owner, 7, "tls-binding", 0, Limits::default()).unwrap();
-    leader.begin_job(JobId::random(), owner, meta, Arc::new(hub.endpoint("coordinator")), 0).unwrap();
+    leader.begin_job(JobId::random(), owner, meta, 0).unwrap();
     let worker = Worker::new(1, Box::new(SimAttester::new(platform.clone(), m)), SandboxLimits::default());
     let (mine, other) = (TlsIdentity::generate("w").unwrap(), TlsIdentity::generate("x").unwrap());
 

@@ -389,6 +389,12 @@ impl Core {
         }
         self.core.install_rotation(&cert, r.data_key.clone()).map_err(|e| format!("certificate refused: {e}"))?;
         if let Some(key) = r.coordinator {
+            // A shadow that never wrote yet introduces itself first (its certificate, under
+            // the generation in force), so that its Rotate record is not the first of its
+            // chain: a reader meets the certificate before any record it signs.
+            let mut work = std::collections::VecDeque::new();
+            self.introduce_coordinator(&mut work);
+            self.outputs(work.into());
             let c = self.coordinator.as_mut().ok_or("this node runs no coordinator")?;
             if c.key_gen() < cert.key_gen && self.coordinator_next_gen < cert.key_gen {
                 let dk = r.data_key.ok_or("the coordinator's rotation needs the new data key")?;

@@ -14,6 +14,7 @@
 //! | `PROOF <hash hex>` | a membership proof (`psl_capsule::MembershipProof` bytes) of the record |
 //! | `CHECK` | one frame: JSON of the server's own end-to-end check of its store ([`RemoteCheck`]) |
 //! | `CERTS` | the key statements the server knows (a certified capsule), as statement lists (a Cert record's body), up to 64 a frame |
+//! | `STATS` | one frame: JSON of the server's counters (`Server::stats_json`: records, verified, refused, held, acks, repair requests, fabric messages dropped on a full queue, ...) |
 //!
 //! A client that reads a record whose writer's certificate it lacks asks `CERTS` once and tries
 //! again: statements carry the application key's signature, so the server can only withhold
@@ -65,9 +66,14 @@ pub enum ReadError {
     NoFreshServer(String),
 }
 
-/// Serves reads from `store` on `listener` until `stop` is set. One thread per connection, at
-/// most [`CONNECTIONS_MAX`].
-pub fn serve(listener: TcpListener, store: Arc<Mutex<DiskStore>>, stop: Arc<AtomicBool>) -> std::io::Result<()> {
+/// Serves reads from `store` on `listener` until `stop` is set (`stats` answers `STATS`). One
+/// thread per connection, at most [`CONNECTIONS_MAX`].
+pub fn serve(
+    listener: TcpListener,
+    store: Arc<Mutex<DiskStore>>,
+    stop: Arc<AtomicBool>,
+    stats: StatsFn,
+) -> std::io::Result<()> {
     listener.set_nonblocking(true)?;
     let open = Arc::new(AtomicUsize::new(0));
     let checking = Arc::new(AtomicBool::new(false));
@@ -80,8 +86,9 @@ pub fn serve(listener: TcpListener, store: Arc<Mutex<DiskStore>>, stop: Arc<Atom
                 }
                 open.fetch_add(1, Ordering::AcqRel);
                 let (store, stop, open, checking) = (store.clone(), stop.clone(), open.clone(), checking.clone());
+                let stats = stats.clone();
                 std::thread::Builder::new().name("srv-read".into()).spawn(move || {
-                    if let Err(e) = connection(s, &store, &stop, &checking) {
+                    if let Err(e) = connection(s, &store, &stop, &checking, &stats) {
                         tracing::debug!(%peer, "read connection ended: {e}");
                     }
                     open.fetch_sub(1, Ordering::AcqRel);
@@ -97,7 +104,13 @@ pub fn serve(listener: TcpListener, store: Arc<Mutex<DiskStore>>, stop: Arc<Atom
     Ok(())
 }
 
-fn connection(s: TcpStream, store: &Mutex<DiskStore>, stop: &AtomicBool, checking: &AtomicBool) -> std::io::Result<()> {
+fn connection(
+    s: TcpStream,
+    store: &Mutex<DiskStore>,
+    stop: &AtomicBool,
+    checking: &AtomicBool,
+    stats: &StatsFn,
+) -> std::io::Result<()> {
     s.set_nonblocking(false)?;
     s.set_read_timeout(Some(Duration::from_millis(500)))?;
     s.set_write_timeout(Some(IO_TIMEOUT))?;
@@ -118,8 +131,12 @@ fn connection(s: TcpStream, store: &Mutex<DiskStore>, stop: &AtomicBool, checkin
             return Ok(());
         }
         let req = String::from_utf8_lossy(&line).trim().to_string();
-        let answer = if parse_request(&req) == Ok(Request::Check) {
+        let parsed = parse_request(&req);
+        let answer = if parsed == Ok(Request::Check) {
             check(store, checking)
+        } else if parsed == Ok(Request::Stats) {
+            // Without the store lock: the counters take their own.
+            Ok(vec![stats().to_string().into_bytes()])
         } else {
             let st = store.lock().unwrap_or_else(|p| p.into_inner());
             answer(&st, &req)
@@ -141,7 +158,11 @@ pub enum Request {
     Proof(Hash256),
     Check,
     Certs,
+    Stats,
 }
+
+/// What answers `STATS`: the server's counters as JSON.
+pub type StatsFn = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
 
 /// Parses one request line (without its newline). Never panics.
 pub fn parse_request(req: &str) -> Result<Request, String> {
@@ -166,7 +187,8 @@ pub fn parse_request(req: &str) -> Result<Request, String> {
         ["PROOF", h] => Ok(Request::Proof(hash(h)?)),
         ["CHECK"] => Ok(Request::Check),
         ["CERTS"] => Ok(Request::Certs),
-        _ => Err(format!("unknown request {req:?}: HEADS, SYNC, GET h, RANGE w from to, PROOF h, CHECK, CERTS")),
+        ["STATS"] => Ok(Request::Stats),
+        _ => Err(format!("unknown request {req:?}: HEADS, SYNC, GET h, RANGE w from to, PROOF h, CHECK, CERTS, STATS")),
     }
 }
 
@@ -245,6 +267,7 @@ fn answer(st: &DiskStore, req: &str) -> Result<Vec<Vec<u8>>, String> {
                 .map_err(|e| e.to_string())
         }
         Request::Check => Err("CHECK is answered without the store lock".into()),
+        Request::Stats => Err("STATS is answered without the store lock".into()),
         Request::Certs => {
             let v = st.verifier();
             let certs = v.writer_certs().into_iter().map(KeyStatement::Cert);
@@ -528,6 +551,14 @@ impl ReadClient {
             .ok_or_else(|| ReadError::Malformed { addr, what: "CHECK answered something that is not a check".into() })
     }
 
+    /// The server's counters (`STATS`; unverified, for operators and benchmarks).
+    pub fn stats(&mut self) -> Result<serde_json::Value, ReadError> {
+        let addr = self.addr;
+        let f = self.ask("STATS")?;
+        let b = f.first().ok_or_else(|| ReadError::Malformed { addr, what: "STATS without a frame".into() })?;
+        serde_json::from_slice(b).map_err(|e| ReadError::Malformed { addr, what: format!("STATS: {e}") })
+    }
+
     /// A membership proof of record `hash`, checked against the capsule.
     pub fn proof(&mut self, v: &Verifier, hash: &Hash256) -> Result<MembershipProof, ReadError> {
         let addr = self.addr;
@@ -788,6 +819,7 @@ mod tests {
         assert_eq!(parse_request(&format!("PROOF {}", h.to_hex())), Ok(Request::Proof(h)));
         assert_eq!(parse_request("RANGE 65536 0 9"), Ok(Request::Range(65536, 0, 9)));
         assert_eq!(parse_request("CHECK"), Ok(Request::Check));
+        assert_eq!(parse_request("STATS"), Ok(Request::Stats));
         for bad in ["", "GET zz", "RANGE 1 5 4", "RANGE 4294967296 0 1", "RANGE 1 0", "HEADS x", "DROP", "CHECK x"] {
             assert!(parse_request(bad).is_err(), "{bad:?}");
         }

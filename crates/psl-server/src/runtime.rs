@@ -100,6 +100,49 @@ struct Counters {
     serve_errors: AtomicU64,
 }
 
+/// What `Server::stats_json` (and the read interface's `STATS`) reads.
+struct StatsParts {
+    writer: u32,
+    store: Arc<Mutex<DiskStore>>,
+    verifier: Arc<Verifier>,
+    stats: Arc<Mutex<ServerStats>>,
+    counters: Arc<Counters>,
+    failed: Arc<Mutex<Option<String>>>,
+}
+
+impl StatsParts {
+    fn json(&self) -> serde_json::Value {
+        let s = *self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        let c = &self.counters;
+        let records = self.store.lock().unwrap_or_else(|p| p.into_inner()).len();
+        serde_json::json!({
+            "writer": self.writer,
+            "capsule": self.verifier.name().0.to_hex(),
+            "records": records,
+            "records_verified": s.records_verified,
+            "records_rejected": s.records_rejected,
+            "duplicates": s.duplicates,
+            "records_held": s.records_held,
+            "records_persisted": s.records_persisted,
+            "commits": s.commits,
+            "acks_sent": s.acks_sent,
+            "repair_requests_sent": s.repair_requests_sent,
+            "records_served": s.records_served,
+            "server_range_refused": s.server_range_refused,
+            "withholding_reports": s.withholding_reports,
+            "equivocations": s.equivocations,
+            "uncertified": s.uncertified,
+            "statements_refused": s.statements_refused,
+            "received": c.received.load(Ordering::Relaxed),
+            "bad_messages": c.bad_messages.load(Ordering::Relaxed),
+            "in_dropped": c.in_dropped.load(Ordering::Relaxed),
+            "published": c.published.load(Ordering::Relaxed),
+            "serve_errors": c.serve_errors.load(Ordering::Relaxed),
+            "failed": self.failed.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+        })
+    }
+}
+
 enum In {
     Record(Record),
     Msg(Msg),
@@ -294,8 +337,17 @@ impl Server {
             let listener = std::net::TcpListener::bind(a)?;
             read_addr = Some(listener.local_addr()?);
             let (store, stop) = (store.clone(), stop.clone());
+            let parts = StatsParts {
+                writer,
+                store: store.clone(),
+                verifier: verifier.clone(),
+                stats: stats.clone(),
+                counters: counters.clone(),
+                failed: failed.clone(),
+            };
+            let stats_fn: crate::read::StatsFn = Arc::new(move || parts.json());
             threads.push(std::thread::Builder::new().name("srv-read-accept".into()).spawn(move || {
-                if let Err(e) = crate::read::serve(listener, store, stop) {
+                if let Err(e) = crate::read::serve(listener, store, stop, stats_fn) {
                     tracing::error!("the read interface stopped: {e}");
                 }
             })?);
@@ -381,33 +433,15 @@ impl Server {
     }
 
     pub fn stats_json(&self) -> serde_json::Value {
-        let s = self.stats();
-        let c = &self.counters;
-        serde_json::json!({
-            "writer": self.writer,
-            "capsule": self.verifier.name().0.to_hex(),
-            "records": self.len(),
-            "records_verified": s.records_verified,
-            "records_rejected": s.records_rejected,
-            "duplicates": s.duplicates,
-            "records_held": s.records_held,
-            "records_persisted": s.records_persisted,
-            "commits": s.commits,
-            "acks_sent": s.acks_sent,
-            "repair_requests_sent": s.repair_requests_sent,
-            "records_served": s.records_served,
-            "server_range_refused": s.server_range_refused,
-            "withholding_reports": s.withholding_reports,
-            "equivocations": s.equivocations,
-            "uncertified": s.uncertified,
-            "statements_refused": s.statements_refused,
-            "received": c.received.load(Ordering::Relaxed),
-            "bad_messages": c.bad_messages.load(Ordering::Relaxed),
-            "in_dropped": c.in_dropped.load(Ordering::Relaxed),
-            "published": c.published.load(Ordering::Relaxed),
-            "serve_errors": c.serve_errors.load(Ordering::Relaxed),
-            "failed": self.failed(),
-        })
+        StatsParts {
+            writer: self.writer,
+            store: self.store.clone(),
+            verifier: self.verifier.clone(),
+            stats: self.stats.clone(),
+            counters: self.counters.clone(),
+            failed: self.failed.clone(),
+        }
+        .json()
     }
 
     /// Stops every thread. Records not yet persisted are lost (and were never acked).

@@ -271,6 +271,14 @@ fn server_reads_over_tcp_and_a_withholding_server_is_skipped() {
     assert!(c.get(&v, &psl_crypto::Hash256([7; 32])).unwrap().is_none());
     let sync = c.latest_sync(&v).unwrap().expect("a SYNC");
     assert_eq!(sync.header().kind, psl_capsule::Kind::Sync);
+    // STATS over TCP: the server's own counters, as its in-process view gives them.
+    let before = servers[0].len() as u64;
+    let st = c.stats().unwrap();
+    assert_eq!(st["writer"], servers[0].stats_json()["writer"], "{st}");
+    // The coordinator keeps writing RTS and SYNC records meanwhile.
+    assert!(st["records"].as_u64().unwrap() >= before && before > 0, "{st}");
+    assert!(st["acks_sent"].as_u64().unwrap() > 0, "{st}");
+    assert_eq!(st["in_dropped"], 0, "{st}");
 
     // Wait for a SYNC that the cut-off server cannot have: one linking the node's later writes.
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -99,6 +99,8 @@ pub struct Ports {
     pub leader: u16,
     /// + capsule host id.
     pub capsule_host: u16,
+    /// + coordinator host id.
+    pub coordinator_host: u16,
     /// + worker id.
     pub worker_control: u16,
     /// + KV capsule server id.
@@ -123,6 +125,7 @@ impl Default for Ports {
             scheduler: 7500,
             leader: 7501,
             capsule_host: 7600,
+            coordinator_host: 7650,
             worker_control: 7700,
             kv_server_read: 7800,
             kv_coordinator_control: 7900,
@@ -164,6 +167,10 @@ pub struct Host {
     pub leader: bool,
     #[serde(default)]
     pub capsule_hosts: Vec<u32>,
+    /// Coordinator hosts (ids 0 ..= 2: host r runs each job's coordinator of rank r). None on
+    /// any host: ids 0 and 1 go to the first two hosts with workers.
+    #[serde(default)]
+    pub coordinator_hosts: Vec<u32>,
     #[serde(default)]
     pub workers: Vec<u32>,
     #[serde(default)]
@@ -225,6 +232,11 @@ impl ClusterConfig {
         };
         unique("capsule host", self.hosts.iter().flat_map(|h| h.capsule_hosts.clone()).collect())?;
         unique("worker", self.hosts.iter().flat_map(|h| h.workers.clone()).collect())?;
+        unique("coordinator host", self.hosts.iter().flat_map(|h| h.coordinator_hosts.clone()).collect())?;
+        let cids: BTreeSet<u32> = self.hosts.iter().flat_map(|h| h.coordinator_hosts.clone()).collect();
+        if !cids.is_empty() && (cids != (0..cids.len() as u32).collect() || cids.len() > 3) {
+            bail!("coordinator host ids must be 0 .. n, n at most 3 (host r runs each job's coordinator of rank r)");
+        }
         unique("kv server", self.hosts.iter().flat_map(|h| h.kv_servers.clone()).collect())?;
         unique(
             "kv coordinator rank",
@@ -343,6 +355,27 @@ impl ClusterConfig {
         v.sort();
         v
     }
+    /// Coordinator hosts by id, with the index of the host each runs on: as listed, or (none
+    /// listed) ids 0 and 1 on the first two hosts with workers (both on one if only one has).
+    pub fn coordinator_hosts(&self) -> Vec<(u32, usize, SocketAddr)> {
+        let at = |hi: usize, id: u32| (id, hi, self.hosts[hi].at(self.ports.coordinator_host + id as u16));
+        let mut v: Vec<(u32, usize, SocketAddr)> = self
+            .hosts
+            .iter()
+            .enumerate()
+            .flat_map(|(hi, h)| h.coordinator_hosts.iter().map(move |id| at(hi, *id)))
+            .collect();
+        if v.is_empty() {
+            let with_workers: Vec<usize> =
+                self.hosts.iter().enumerate().filter(|(_, h)| !h.workers.is_empty()).map(|(i, _)| i).collect();
+            if let Some(first) = with_workers.first() {
+                v = vec![at(*first, 0), at(*with_workers.get(1).unwrap_or(first), 1)];
+            }
+        }
+        v.sort();
+        v
+    }
+
     pub fn workers(&self) -> Vec<(u32, SocketAddr)> {
         self.hosts
             .iter()
@@ -499,6 +532,7 @@ fn cluster_file(c: &ClusterConfig, sh: &Shared, kv_dir: &Path) -> Result<serde_j
         "attest_policy": policy,
         "workers": c.workers().iter().map(|(id, a)| serde_json::json!({"id": id, "control": a.to_string()})).collect::<Vec<_>>(),
         "capsule_hosts": c.capsule_hosts().iter().map(|(id, a)| serde_json::json!([id, a.to_string(), ""])).collect::<Vec<_>>(),
+        "coordinator_hosts": c.coordinator_hosts().iter().map(|(id, _, a)| serde_json::json!([id, a.to_string()])).collect::<Vec<_>>(),
     });
     if c.has_kv() {
         let mc = c.memcached();
@@ -719,11 +753,31 @@ pub fn up_host(config: &Path, name: &str) -> Result<i32> {
             kids.push(k);
             wait_line(&format!("capsule host {id}"), &rx, &format!("capsule-host {id} "), deadline)?;
         }
+        let me = c.hosts.iter().position(|x| x.name == h.name).context("this host is not in the cluster")?;
+        for (id, _, _) in c.coordinator_hosts().into_iter().filter(|(_, hi, _)| *hi == me) {
+            let mut a = vec![
+                "coordinator-host".to_string(),
+                "--id".into(),
+                id.to_string(),
+                "--dir".into(),
+                s(&dir.join(format!("coordinator-host{id}"))),
+                "--listen".into(),
+                h.listen(plus(c.ports.coordinator_host, id)?),
+            ];
+            a.extend(ff.clone());
+            a.extend(attest.clone());
+            let (k, rx) = spawn(&format!("coordinator host {id}"), &a)?;
+            kids.push(k);
+            wait_line(&format!("coordinator host {id}"), &rx, &format!("coordinator-host {id} "), deadline)?;
+        }
         if h.leader {
             let mut a = vec!["leader".to_string(), "--listen".into(), h.listen(c.ports.leader)];
             a.extend(ff.clone());
             for (_, addr) in c.capsule_hosts() {
                 a.extend(["--capsule-host".into(), addr.to_string()]);
+            }
+            for (_, _, addr) in c.coordinator_hosts() {
+                a.extend(["--coordinator-host".into(), addr.to_string()]);
             }
             a.extend(attest.clone());
             a.extend(["--attest-policy".into(), policy.clone()]);

@@ -1,5 +1,5 @@
 //! The FaaS roles as processes: `psl leader` (trusted), `psl scheduler` (untrusted),
-//! `psl worker` and `psl capsule-host`. The protocol lives in `psl_faas::net`; this is flags,
+//! `psl worker`, `psl coordinator-host` (a job's coordinator, trusted) and `psl capsule-host`. The protocol lives in `psl_faas::net`; this is flags,
 //! keys and ready lines.
 //!
 //! Attestation: each attested role says how with `--attest sim|sgx|tdx|snp|auto` (see
@@ -13,7 +13,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use psl_faas::attest::{binary_hash, measure, Measurement, SimPlatform};
 use psl_faas::deploy::runtime_config;
-use psl_faas::net::{host, leader, scheduler, worker};
+use psl_faas::net::{coordhost, host, leader, scheduler, worker};
 use psl_sandbox::SandboxLimits;
 use std::io::Write;
 use std::net::SocketAddr;
@@ -70,6 +70,10 @@ pub struct LeaderArgs {
     /// Every job's capsule is opened on all of them.
     #[arg(long = "capsule-host")]
     pub capsule_hosts: Vec<SocketAddr>,
+    /// A coordinator host (`psl coordinator-host`); repeat for each, in id order: host r runs
+    /// each job's coordinator of rank r (0 the primary, 1 and 2 its shadows). At least one.
+    #[arg(long = "coordinator-host", required = true)]
+    pub coordinator_hosts: Vec<SocketAddr>,
 }
 
 pub fn run_leader(a: LeaderArgs) -> Result<i32> {
@@ -83,6 +87,7 @@ pub fn run_leader(a: LeaderArgs) -> Result<i32> {
         admit_wait: Duration::from_millis(a.admit_wait_ms),
         connections_max: 1024,
         capsule_hosts: a.capsule_hosts,
+        coordinator_hosts: a.coordinator_hosts,
     };
     let mut res = Ok(());
     leader::serve_leader(cfg, attester, Box::new(verifier), |addr| res = ready_line(&format!("leader {addr}")))?;
@@ -228,5 +233,52 @@ pub fn run_capsule_host(a: CapsuleHostArgs) -> Result<i32> {
     let id = a.id;
     let mut res = Ok(());
     host::serve_host(cfg, |addr| res = ready_line(&format!("capsule-host {id} {addr}")))?;
+    res.map(|()| 0)
+}
+
+#[derive(Args, Debug)]
+#[command(after_help = INSECURE)]
+pub struct CoordinatorHostArgs {
+    /// Coordinator host id: the leader runs each job's coordinator of rank `id` here (0 the
+    /// primary, 1 and 2 its shadows).
+    #[arg(long)]
+    pub id: u32,
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: SocketAddr,
+    /// The fabric each job's coordinator attaches to (`--fabric URL`, alias `--router`).
+    #[command(flatten)]
+    pub fabric: psl_fabric::FabricArgs,
+    /// How the host proves what it runs to the leader (it gets keys: always attested).
+    #[command(flatten)]
+    pub attest: AttestArgs,
+    /// Directory for each coordinator's own-chain log (so that a restarted host never signs a
+    /// seq twice); absent: it learns its chain from its peers only.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Seconds a coordinator keeps running after its leader went away, for a restarted leader
+    /// to take the job back.
+    #[arg(long, default_value_t = 120)]
+    pub orphan_s: u64,
+}
+
+pub fn run_coordinator_host(a: CoordinatorHostArgs) -> Result<i32> {
+    let id = a.id;
+    if id > 2 {
+        anyhow::bail!("--id must be 0 ..= 2 (a job capsule allows three coordinator ranks)");
+    }
+    let attester = a
+        .attest
+        .open_required(&format!("coordinator host {id}"), || measurement(a.attest.sim_binary_hash.as_deref()))?;
+    let cfg = coordhost::CoordHostConfig {
+        id,
+        listen: a.listen,
+        fabric: a.fabric.spec("psl coordinator-host")?,
+        dir: a.dir,
+        orphan: Duration::from_secs(a.orphan_s),
+    };
+    let mut res = Ok(());
+    coordhost::serve_coordinator_host(cfg, attester, |addr| {
+        res = ready_line(&format!("coordinator-host {id} {addr}"))
+    })?;
     res.map(|()| 0)
 }

@@ -11,7 +11,8 @@
 //!   (`psl router` comes from psl-fabric).
 //! - `run`: `psl run JOB.js`: a job of sandboxed lambdas on a running deployment (`--cluster`)
 //!   or on the embedded FaaS deployment.
-//! - `faas_roles`: `psl leader`, `psl scheduler`, `psl worker`, `psl capsule-host` as processes.
+//! - `faas_roles`: `psl leader`, `psl scheduler`, `psl worker`, `psl coordinator-host`,
+//!   `psl capsule-host` as processes.
 //! - `attest`: `psl attest measure|verify`, and the `--attest` flags the roles share.
 //! - `up`: `psl up`: the default deployment as child processes on loopback (or on given
 //!   interfaces), on a router, a local nats-server, or a fabric given by URL.
@@ -111,6 +112,9 @@ enum Cmd {
     Worker(faas_roles::WorkerArgs),
     /// Run a capsule server for FaaS jobs: the leader opens each job's capsule on it.
     CapsuleHost(faas_roles::CapsuleHostArgs),
+    /// Run a coordinator host: each job's coordinator of one rank (primary or shadow), placed
+    /// and keyed by the leader after attestation.
+    CoordinatorHost(faas_roles::CoordinatorHostArgs),
     /// Run a DataCapsule server (verified durable storage, signed acks), or check its storage.
     CapsuleServer(roles::CapsuleServerArgs),
     /// Serve the memcached protocol on the secure store (SecureCached).
@@ -165,6 +169,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Scheduler(a) => faas_roles::run_scheduler(a),
         Cmd::Worker(a) => faas_roles::run_worker(a),
         Cmd::CapsuleHost(a) => faas_roles::run_capsule_host(a),
+        Cmd::CoordinatorHost(a) => faas_roles::run_coordinator_host(a),
         Cmd::CapsuleServer(a) => roles::run_capsule_server(a),
         Cmd::Memcached(a) => memcached::run(*a),
         Cmd::Capsuledb(a) => capsuledb::run(a),

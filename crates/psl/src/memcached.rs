@@ -167,6 +167,10 @@ pub struct KvInfo {
     pub coordinator_control: Option<SocketAddr>,
     #[serde(default)]
     pub capsuledb_control: Option<SocketAddr>,
+    /// The capsule servers' read interfaces (by id), where known (`psl up` records them;
+    /// `psl bench cluster` reads their `STATS`).
+    #[serde(default)]
+    pub server_reads: Vec<SocketAddr>,
 }
 
 /// Node ids drawn by joining front ends: the group's own front ends use 1 ..= 255.

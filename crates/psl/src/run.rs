@@ -206,6 +206,16 @@ pub fn run(a: RunArgs) -> Result<i32> {
         for (id, n) in &r.stored_records {
             println!("capsule server {id}: {n} records stored");
         }
+        for c in &r.coordinators {
+            let role = if c.rank == 0 { "primary".to_string() } else { format!("shadow {}", c.rank) };
+            println!(
+                "coordinator {role} on host {}: {} records written, ended in term {}{}",
+                c.host,
+                c.records_written,
+                c.epoch >> 32,
+                if c.alive { "" } else { " (lost during the job)" }
+            );
+        }
         if r.durable {
             println!("durable: every write acked by a majority of the job's capsule servers");
         } else if !r.durability.is_empty() && r.durability.iter().all(|(_, d)| d.servers == 0) {

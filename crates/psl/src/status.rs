@@ -43,6 +43,7 @@ enum Kind {
     Scheduler,
     Leader,
     CapsuleHost,
+    CoordinatorHost,
     Worker,
     KvServer,
     Coordinator,
@@ -127,7 +128,7 @@ fn probe(p: &Probe, t: Duration) -> Result<Value> {
                 "in_bytes": pick("in_bytes"), "out_bytes": pick("out_bytes"), "slow_consumers": pick("slow_consumers"),
             })
         }
-        Kind::Router | Kind::Leader | Kind::CapsuleHost => {
+        Kind::Router | Kind::Leader | Kind::CapsuleHost | Kind::CoordinatorHost => {
             connect(p.addr, t)?;
             json!({})
         }
@@ -184,6 +185,9 @@ fn probes(c: &ClusterConfig) -> Vec<Probe> {
     }
     for (id, a) in c.capsule_hosts() {
         add(format!("capsule-host {id}"), Kind::CapsuleHost, a);
+    }
+    for (id, _, a) in c.coordinator_hosts() {
+        add(format!("coordinator-host {id}"), Kind::CoordinatorHost, a);
     }
     for (id, a) in c.workers() {
         add(format!("worker {id}"), Kind::Worker, a);

@@ -62,6 +62,10 @@ pub struct UpArgs {
     /// each (2f + 1 for f faults; 0 for none).
     #[arg(long, default_value_t = 3)]
     pub servers: u32,
+    /// Coordinator hosts (`psl coordinator-host`, ids 0 ..): each job's primary coordinator
+    /// runs on host 0 and its shadows on the others (1 ..= 3).
+    #[arg(long, default_value_t = 2)]
+    pub coordinators: u32,
     /// Directory for the cluster file and the sim platform key (created if missing).
     #[arg(long, default_value = "psl-up")]
     pub dir: PathBuf,
@@ -224,6 +228,8 @@ fn start_kv(
         let sdir = dir.join(format!("server{id}"));
         let mut args = common("capsule-server");
         args.extend(["--dir".into(), s(&sdir), "--id".into(), id.to_string(), "--n".into(), a.kv_servers.to_string()]);
+        // Its read interface (records, heads, STATS): loopback, for operators and benchmarks.
+        args.extend(["--read".into(), "127.0.0.1:0".into()]);
         let (k, rx) = spawn(&format!("kv capsule server {id}"), &args)?;
         kids.push(k);
         srx.push((id, rx));
@@ -234,8 +240,10 @@ fn start_kv(
     dargs.extend(["--store".into(), s(&dir.join("capsuledb")), "--control".into(), "127.0.0.1:0".into()]);
     let (k, drx) = spawn("kv capsuledb", &dargs)?;
     kids.push(k);
+    let mut server_reads = Vec::new();
     for (id, rx) in srx {
         wait_line(&format!("kv capsule server {id}"), &rx, "ready ", deadline)?;
+        server_reads.push(wait_line(&format!("kv capsule server {id}"), &rx, "reads ", deadline)?.parse()?);
     }
     // After the servers are up: a restarted coordinator (its writer index has no incarnation)
     // learns its own chain back from them during its rejoin period, so it never re-uses a seq.
@@ -301,6 +309,7 @@ fn start_kv(
         state: dir.join("joined"),
         coordinator_control: Some(coordinator_control),
         capsuledb_control: Some(capsuledb_control),
+        server_reads,
         home_lease_ms: if binds.len() >= psl_memcached::failover::MEMBERS_MIN { a.home_lease_ms } else { 0 },
     })
 }
@@ -324,6 +333,29 @@ pub(crate) struct Kid {
     pub(crate) name: String,
     pub(crate) child: Child,
     pub(crate) gone: bool,
+}
+
+/// Starts the leader again with `args` (its first start's, bound to the address it had),
+/// retrying while the old socket's port is not yet free.
+fn restart(args: &[String]) -> Result<Kid> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (k, rx) = spawn("leader", args)?;
+        match wait_line("leader", &rx, "leader ", Instant::now() + Duration::from_secs(5)) {
+            Ok(_) => {
+                eprintln!("leader started again");
+                return Ok(k);
+            }
+            Err(e) if Instant::now() < deadline => {
+                let mut k = k;
+                let _ = k.child.kill();
+                let _ = k.child.wait();
+                eprintln!("warning: the leader did not start again ({e:#}); retrying");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// Spawns `psl ARGS`; the child gets SIGTERM if this process dies (even by SIGKILL).
@@ -516,6 +548,9 @@ pub fn run(a: UpArgs) -> Result<i32> {
     if a.workers == 0 || a.workers > 255 {
         bail!("--workers must be 1 ..= 255");
     }
+    if !(1..=3).contains(&a.coordinators) {
+        bail!("--coordinators must be 1 ..= 3 (a job capsule allows three coordinator ranks)");
+    }
     if a.servers > 64 {
         bail!("--servers must be 0 ..= 64");
     }
@@ -538,6 +573,7 @@ pub fn run(a: UpArgs) -> Result<i32> {
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut kids = Vec::new();
     let mut kv = None;
+    let leader_args = std::cell::RefCell::new(Vec::<String>::new());
     let result = (|| -> Result<ClusterInfo> {
         let fabric = start_fabric(&a, &mut kids, deadline)?;
         if let Some(n) = kv_front_ends {
@@ -573,6 +609,28 @@ pub fn run(a: UpArgs) -> Result<i32> {
             kids.push(k);
             hrx.push((id, hdir, rx));
         }
+        let mut crx = Vec::new();
+        for id in 0..a.coordinators {
+            let mut args = vec![
+                "coordinator-host".to_string(),
+                "--id".into(),
+                id.to_string(),
+                "--dir".into(),
+                a.dir.join(format!("coordinator{id}")).display().to_string(),
+                "--listen".into(),
+                a.bind0(),
+            ];
+            args.extend(fabric_flags(&fabric));
+            sim(&mut args);
+            let (k, rx) = spawn(&format!("coordinator host {id}"), &args)?;
+            kids.push(k);
+            crx.push((id, rx));
+        }
+        let mut coordinator_hosts = Vec::new();
+        for (id, rx) in crx {
+            let line = wait_line(&format!("coordinator host {id}"), &rx, &format!("coordinator-host {id} "), deadline)?;
+            coordinator_hosts.push((id, a.advertised(line.parse()?)));
+        }
         let mut hosts = Vec::new();
         for (id, hdir, rx) in hrx {
             let addr: SocketAddr =
@@ -584,12 +642,19 @@ pub fn run(a: UpArgs) -> Result<i32> {
         for (_, addr, _) in &hosts {
             largs.extend(["--capsule-host".into(), addr.to_string()]);
         }
+        for (_, addr) in &coordinator_hosts {
+            largs.extend(["--coordinator-host".into(), addr.to_string()]);
+        }
         sim(&mut largs);
         largs.extend(["--attest-policy".into(), attest_policy.clone()]);
         let (k, lrx) = spawn("leader", &largs)?;
         kids.push(k);
         let scheduler: SocketAddr = a.advertised(wait_line("scheduler", &srx, "scheduler ", deadline)?.parse()?);
-        let leader: SocketAddr = a.advertised(wait_line("leader", &lrx, "leader ", deadline)?.parse()?);
+        let bound: SocketAddr = wait_line("leader", &lrx, "leader ", deadline)?.parse()?;
+        let leader: SocketAddr = a.advertised(bound);
+        // A leader that exits is started again on the same address (below).
+        largs[2] = bound.to_string();
+        *leader_args.borrow_mut() = largs;
         let mut wrx = Vec::new();
         for id in 1..=a.workers {
             let mut w = vec![
@@ -635,6 +700,7 @@ pub fn run(a: UpArgs) -> Result<i32> {
             attest_policy: policy_path.clone(),
             workers,
             capsule_hosts: hosts,
+            coordinator_hosts,
             pids: kids.iter().map(|k| (k.name.clone(), k.child.id())).collect(),
         })
     })();
@@ -658,6 +724,9 @@ pub fn run(a: UpArgs) -> Result<i32> {
     for (id, addr, dir) in &info.capsule_hosts {
         println!("capsule host {id} {addr} (stores in {})", dir.display());
     }
+    for (id, addr) in &info.coordinator_hosts {
+        println!("coordinator host {id} {addr}");
+    }
     for w in &info.workers {
         println!("worker {} control {}", w.id, w.control);
     }
@@ -676,18 +745,39 @@ pub fn run(a: UpArgs) -> Result<i32> {
     use std::io::Write;
     std::io::stdout().flush()?;
     let mut code = 0;
+    let leader_args = leader_args.into_inner();
     while !STOP.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(50));
+        let mut restart_leader = false;
         for k in kids.iter_mut().filter(|k| !k.gone) {
             if let Ok(Some(st)) = k.child.try_wait() {
                 k.gone = true;
-                if k.name.starts_with("worker") || k.name.starts_with("memcached") || k.name.starts_with("capsule host")
+                if k.name == "leader" && !leader_args.is_empty() {
+                    // The leader holds keys only while a job runs, and a running job survives
+                    // it (its coordinators, capsule hosts and workers go on; the client has a
+                    // restarted leader take the job back): start it again, same address.
+                    eprintln!("warning: the leader exited ({st}); starting it again on {}", leader_args[2]);
+                    restart_leader = true;
+                } else if k.name.starts_with("worker")
+                    || k.name.starts_with("coordinator host")
+                    || k.name.starts_with("memcached")
+                    || k.name.starts_with("capsule host")
                 {
                     // The scheduler drops a worker from the registry; the others carry on. Jobs
                     // run on the capsule hosts that are up, and stay durable while a majority is.
                     eprintln!("warning: {} exited ({st}); the deployment carries on without it", k.name);
                 } else {
                     eprintln!("error: {} exited ({st}); stopping the deployment", k.name);
+                    code = 1;
+                    STOP.store(true, Ordering::SeqCst);
+                }
+            }
+        }
+        if restart_leader {
+            match restart(&leader_args) {
+                Ok(k) => kids.push(k),
+                Err(e) => {
+                    eprintln!("error: starting the leader again: {e:#}; stopping the deployment");
                     code = 1;
                     STOP.store(true, Ordering::SeqCst);
                 }

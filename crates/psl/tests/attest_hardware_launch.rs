@@ -72,6 +72,7 @@ fn cluster(dir: &Path, p: &Arc<FakeSnpPlatform>, policy: &Path, workers: &[Optio
     let mut fakes = vec![
         FakeTsm::start(&tsm, "leader", "sev_guest", TsmFault::None, p.maker(None)),
         FakeTsm::start(&tsm, "host0", "sev_guest", TsmFault::None, p.maker(None)),
+        FakeTsm::start(&tsm, "coord0", "sev_guest", TsmFault::None, p.maker(None)),
     ];
     let mut procs = Vec::new();
     let router = start(dir, &["router", "--listen", "127.0.0.1:0"], "listening");
@@ -104,6 +105,26 @@ fn cluster(dir: &Path, p: &Arc<FakeSnpPlatform>, policy: &Path, workers: &[Optio
     let host_addr = host.addr();
     procs.push(host);
     let ha = host_addr.to_string();
+    // The job's coordinator runs on its own attested host.
+    let coord = start(
+        dir,
+        &[
+            "coordinator-host",
+            "--id",
+            "0",
+            "--router",
+            &r,
+            "--attest",
+            "snp",
+            "--tsm-root",
+            &tsm_s,
+            "--tsm-entry",
+            "coord0",
+        ],
+        "coordinator-host 0",
+    );
+    let ca = coord.addr().to_string();
+    procs.push(coord);
     let leader = start(
         dir,
         &[
@@ -112,6 +133,8 @@ fn cluster(dir: &Path, p: &Arc<FakeSnpPlatform>, policy: &Path, workers: &[Optio
             &r,
             "--capsule-host",
             &ha,
+            "--coordinator-host",
+            &ca,
             "--attest",
             "snp",
             "--tsm-root",
@@ -159,6 +182,7 @@ fn cluster(dir: &Path, p: &Arc<FakeSnpPlatform>, policy: &Path, workers: &[Optio
         attest_policy: policy.to_path_buf(),
         workers: infos,
         capsule_hosts: vec![(0, host_addr, host_dir)],
+        coordinator_hosts: Vec::new(),
         pids: Vec::new(),
     };
     let cluster_file = dir.join("cluster.json");

@@ -1,5 +1,5 @@
-//! The FaaS deployment as processes on loopback (`psl up`: router, capsule hosts, scheduler,
-//! leader, workers)
+//! The FaaS deployment as processes on loopback (`psl up`: router, capsule hosts, coordinator
+//! hosts, scheduler, leader, workers)
 //! and `psl run --cluster`: a word count end to end with its capsule verified, stored by three
 //! capsule hosts, and every worker wiped by RESET; a worker outside the policy gets no key; a scheduler that flips a program
 //! byte is caught; a worker whose heartbeats stop is dropped from the registry, and one that
@@ -166,7 +166,8 @@ fn faas_multiprocess_wordcount_capsule_reset_and_clean_stop() {
     assert_eq!(json(&b)["ok"], true);
     // SIGTERM stops every child and `psl up` itself, cleanly.
     let pids: Vec<u32> = u.info.pids.iter().map(|(_, p)| *p).collect();
-    assert_eq!(pids.len(), 3 + 3 + 4);
+    // router, scheduler, leader; three capsule hosts; two coordinator hosts; four workers.
+    assert_eq!(pids.len(), 3 + 3 + 2 + 4);
     assert!(Command::new("kill").args(["-TERM", &u.child.id().to_string()]).status().unwrap().success());
     let deadline = Instant::now() + Duration::from_secs(10);
     let st = loop {

@@ -7,58 +7,14 @@
 
 use psl_capsule::{audit_file, audit_file_rotated, Kind, RotationCert};
 use psl_crypto::OwnerKey;
-use psl_faas::net::ClusterInfo;
-use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Output;
 
-fn psl() -> &'static str {
-    env!("CARGO_BIN_EXE_psl")
-}
+mod common;
 
-struct Up {
-    child: Child,
-}
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn up(dir: &Path, workers: u32) -> (Up, ClusterInfo) {
-    let mut child = Command::new(psl())
-        .args(["up", "--workers", &workers.to_string(), "--heartbeat-timeout-ms", "5000", "--dir"])
-        .arg(dir.join("c"))
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(dir.join("up.log")).unwrap())
-        .spawn()
-        .unwrap();
-    let out = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if line.starts_with("up ") {
-                let _ = tx.send(());
-            }
-        }
-    });
-    let u = Up { child };
-    rx.recv_timeout(Duration::from_secs(30)).expect("psl up reports ready");
-    let info = serde_json::from_str(&std::fs::read_to_string(dir.join("c/cluster.json")).unwrap()).unwrap();
-    (u, info)
-}
+use common::faas::{finish, spawn, up};
 
 fn run(args: &[&str]) -> Output {
-    let mut child = Command::new(psl()).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while child.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "psl {args:?} did not finish in 60 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
+    finish(spawn(args), 60, &format!("psl {args:?}"))
 }
 
 /// Writes across the rotation, then lambda 0 reads every key back (shared with the embedded test).
@@ -67,7 +23,8 @@ const PROGRAM: &str = include_str!("../../psl-faas/tests/data/write_across_rotat
 #[test]
 fn faas_multiprocess_key_rotation_mid_job() {
     let dir = tempfile::tempdir().unwrap();
-    let (_up, info) = up(dir.path(), 3);
+    let u = up(dir.path(), &["--workers", "3", "--heartbeat-timeout-ms", "5000"]);
+    let info = &u.info;
     let prog = dir.path().join("rot.js");
     std::fs::write(&prog, PROGRAM).unwrap();
     let owner_file = dir.path().join("owner.key");

@@ -47,6 +47,9 @@ pub struct ClusterInfo {
     /// Capsule hosts: server id, address, store directory (one store per job capsule in it).
     #[serde(default)]
     pub capsule_hosts: Vec<(u32, SocketAddr, std::path::PathBuf)>,
+    /// Coordinator hosts: id (the rank each job's coordinator has there) and address.
+    #[serde(default)]
+    pub coordinator_hosts: Vec<(u32, SocketAddr)>,
     /// Process ids of the roles, for operators.
     #[serde(default)]
     pub pids: Vec<(String, u32)>,
@@ -124,35 +127,22 @@ pub fn run_remote_with(
     } else {
         None
     };
-    // 1. Attest the leader on this very TLS connection, then hand it the owner key.
-    let me = TlsIdentity::generate("psl-client")?;
-    tracing::debug!("client: capsule and sealing {:.1} ms", ms_us(t0, unix_us()));
-    let (mut lead, leader_spki) = tls::connect(c.leader, &me)?;
-    tracing::debug!("client: TLS to the leader {:.1} ms", ms_us(t0, unix_us()));
-    lead.sock.set_read_timeout(Some(Duration::from_secs(120)))?;
-    let nonce: [u8; 32] = rand::random();
-    write_msg(&mut lead, &Msg::ClientHello { nonce: hex::encode(nonce) })?;
-    let Msg::LeaderReport { backend, evidence } = expect_ok(read_msg(&mut lead)?, "leader")? else {
-        return Err(FaasError::Net("expected the leader's report".into()));
-    };
-    leader_verifier
-        .verify(&super::wire::evidence(&backend, &evidence)?, &nonce, &bind_channel_key(&leader_spki))
-        .map_err(|e| FaasError::Attestation { who: "leader".into(), why: e.to_string() })?;
-    let mut begin = Msg::BeginJob {
-        job: hex::encode(job.0),
-        owner: owner.to_file_string().to_string(),
+    // 1. Attest the leader on this very TLS connection, then hand it the owner key (kept, wiped
+    // on drop, until the job ends: a restarted leader needs it to take the job back).
+    let owner_file = zeroize::Zeroizing::new(owner.to_file_string().to_string());
+    drop(owner);
+    let session = LeaderSession {
+        addr: c.leader,
+        verifier: leader_verifier,
+        job,
+        owner: owner_file,
         meta: hex::encode(meta.encode()),
         lambdas: req.lambdas,
         min_workers: req.min_workers,
     };
-    let sent = write_msg(&mut lead, &begin);
-    if let Msg::BeginJob { owner, .. } = &mut begin {
-        zeroize::Zeroize::zeroize(owner);
-    }
-    sent?;
-    drop(owner);
-    tracing::debug!("client: leader attested {:.1} ms", ms_us(t0, unix_us()));
-    expect_ok(read_msg(&mut lead)?, "leader: begin job")?;
+    tracing::debug!("client: capsule and sealing {:.1} ms", ms_us(t0, unix_us()));
+    let mut lead = session.begin(None)?;
+    tracing::debug!("client: leader attested, job begun {:.1} ms", ms_us(t0, unix_us()));
     let t_leader = unix_us();
     // 2. Submit to the scheduler.
     let mut sched = TcpStream::connect_timeout(&c.scheduler, Duration::from_secs(5))
@@ -169,21 +159,27 @@ pub fn run_remote_with(
             lambdas: req.lambdas,
         },
     )?;
+    let admitted = std::cell::RefCell::new(Vec::<(u32, u32, u32)>::new());
     let result = (|| {
         let Msg::Dispatched { workers, received_us } = expect_ok(read_msg(&mut sched)?, "scheduler")? else {
             return Err(FaasError::Net("expected Dispatched from the scheduler".into()));
         };
         // 3. The leader admits (attests) the workers the scheduler forwarded to.
         write_msg(&mut lead, &Msg::Expect { workers: workers.clone() })?;
-        let Msg::Admitted { granted, refused } = expect_ok(read_msg(&mut lead)?, "leader: admission")? else {
+        let Msg::Admitted { granted, refused, nodes } = expect_ok(read_msg(&mut lead)?, "leader: admission")? else {
             return Err(FaasError::Net("expected Admitted from the leader".into()));
         };
+        *admitted.borrow_mut() = granted
+            .iter()
+            .filter_map(|(w, l)| nodes.iter().find(|(x, _)| x == w).map(|(_, n)| (*w, *n, l.len() as u32)))
+            .collect();
         // 3b. A key rotation while the lambdas run, if asked for (outcomes queue meanwhile).
         let mut rotations = Vec::new();
         if let Some(ms) = req.rotate_after_ms {
             std::thread::sleep(Duration::from_millis(ms));
-            write_msg(&mut lead, &Msg::RotateKey { margin_epochs: crate::rotation::ROTATION_MARGIN_EPOCHS })?;
-            match expect_ok(read_msg(&mut lead)?, "leader: key rotation") {
+            let asked =
+                write_msg(&mut lead, &Msg::RotateKey { margin_epochs: crate::rotation::ROTATION_MARGIN_EPOCHS });
+            match asked.and_then(|()| read_msg(&mut lead)).and_then(|m| expect_ok(m, "leader: key rotation")) {
                 Ok(Msg::Rotated { report }) => rotations.push(report),
                 Ok(m) => return Err(FaasError::Net(format!("leader: expected Rotated, got {}", m.name()))),
                 Err(e) => tracing::error!("{e}"),
@@ -199,11 +195,20 @@ pub fn run_remote_with(
         }
         Ok((received_us, granted, refused, outcomes, rotations))
     })();
-    // 5. End the job whatever happened: the leader erases its keys and RESETs the workers.
-    let (resets, stored) = match write_msg(&mut lead, &Msg::EndJob).and_then(|()| read_msg(&mut lead)) {
-        Ok(Msg::Ended { resets, stored }) => (resets, stored),
-        Ok(m) => return Err(FaasError::Net(format!("leader: expected Ended, got {}", m.name()))),
-        Err(e) => return Err(e),
+    // 5. End the job whatever happened: the leader erases its keys and RESETs the workers. If
+    // the leader went away meanwhile (the job ran on: its coordinators, capsule hosts and
+    // workers do not need it), a restarted one is attested and takes the job back to end it.
+    let ended = match write_msg(&mut lead, &Msg::EndJob).and_then(|()| read_msg(&mut lead)) {
+        Ok(m) => Ok(m),
+        Err(e) => {
+            tracing::warn!("client: the leader went away during the job ({e}); waiting for it to come back");
+            session.end_with_returned_leader(&admitted.borrow())
+        }
+    };
+    let (resets, stored, coordinators) = match ended? {
+        Msg::Ended { resets, stored, coordinators } => (resets, stored, coordinators),
+        Msg::Error { why } => return Err(FaasError::Net(format!("leader: ending the job: {why}"))),
+        m => return Err(FaasError::Net(format!("leader: expected Ended, got {}", m.name()))),
     };
     let (received_us, granted, refused, outcomes, key_rotations) = result?;
     let mut b = LaunchBreakdown {
@@ -272,5 +277,84 @@ pub fn run_remote_with(
         key_rotations,
         durable: job_durable(&durability, granted.len()),
         durability,
+        coordinators,
     })
+}
+
+/// How long a client waits for a leader that went away during its job to come back.
+const LEADER_RETURN_WAIT: Duration = Duration::from_secs(60);
+
+/// What the client needs to (re)attest the leader and hand it the job.
+struct LeaderSession<'a> {
+    addr: SocketAddr,
+    verifier: &'a dyn AttestVerifier,
+    job: JobId,
+    owner: zeroize::Zeroizing<String>,
+    meta: String,
+    lambdas: u32,
+    min_workers: usize,
+}
+
+impl LeaderSession<'_> {
+    /// Attests the leader on a new TLS connection (its report must bind the certificate key of
+    /// that very connection), then hands it the owner key: a new job, or (`resume`) the running
+    /// one taken back.
+    fn begin(&self, resume: Option<Vec<(u32, u32, u32)>>) -> Result<tls::ClientStream, FaasError> {
+        let me = TlsIdentity::generate("psl-client")?;
+        let (mut lead, leader_spki) = tls::connect(self.addr, &me)?;
+        lead.sock.set_read_timeout(Some(Duration::from_secs(120)))?;
+        let nonce: [u8; 32] = rand::random();
+        write_msg(&mut lead, &Msg::ClientHello { nonce: hex::encode(nonce) })?;
+        let Msg::LeaderReport { backend, evidence } = expect_ok(read_msg(&mut lead)?, "leader")? else {
+            return Err(FaasError::Net("expected the leader's report".into()));
+        };
+        self.verifier
+            .verify(&super::wire::evidence(&backend, &evidence)?, &nonce, &bind_channel_key(&leader_spki))
+            .map_err(|e| FaasError::Attestation { who: "leader".into(), why: e.to_string() })?;
+        let mut begin = Msg::BeginJob {
+            job: hex::encode(self.job.0),
+            owner: self.owner.to_string(),
+            meta: self.meta.clone(),
+            lambdas: self.lambdas,
+            min_workers: self.min_workers,
+            resume,
+        };
+        let sent = write_msg(&mut lead, &begin);
+        if let Msg::BeginJob { owner, .. } = &mut begin {
+            zeroize::Zeroize::zeroize(owner);
+        }
+        sent?;
+        expect_ok(read_msg(&mut lead)?, "leader: begin job")?;
+        Ok(lead)
+    }
+
+    /// The leader's connection broke during the job: waits (bounded) for a leader at the same
+    /// address, has it take the job back (`admitted`: each granted worker, its node and its
+    /// slots, for the revocations at the job's end) and end it.
+    fn end_with_returned_leader(&self, admitted: &[(u32, u32, u32)]) -> Result<Msg, FaasError> {
+        let deadline = std::time::Instant::now() + LEADER_RETURN_WAIT;
+        loop {
+            let r = self.begin(Some(admitted.to_vec())).and_then(|mut lead| {
+                write_msg(&mut lead, &Msg::EndJob)?;
+                read_msg(&mut lead)
+            });
+            match r {
+                Ok(m) => {
+                    tracing::info!("client: a restarted leader took the job back and ended it");
+                    return Ok(m);
+                }
+                Err(e) if std::time::Instant::now() < deadline => {
+                    tracing::debug!("client: the leader is not back yet: {e}");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => {
+                    return Err(FaasError::Net(format!(
+                        "the leader went away during job {} and did not come back within {} s: {e}",
+                        self.job,
+                        LEADER_RETURN_WAIT.as_secs()
+                    )))
+                }
+            }
+        }
+    }
 }

@@ -9,6 +9,10 @@
 //! (`HostRotate{cert}` → `Ok`): the server installs it durably (`rotations.bin`) and accepts the
 //! new generation's records from the rotation epoch on.
 //!
+//! A host whose leader connection breaks mid-job keeps serving the capsule (the job's writers
+//! go on and need their acks) for up to [`ORPHAN_WAIT`]: a restarted leader that opens the same
+//! capsule again adopts the running server; otherwise it closes.
+//!
 //! The host is untrusted storage: it verifies with public keys and never sees the data key.
 //! The link from the leader is TLS. The host is attested only where the leader's policy says
 //! `[hosts] require_attestation = true` (then the leader sends `HostHello{nonce}` first and the
@@ -20,12 +24,20 @@ use super::wire::{read_msg, unhex, unhex_n, write_msg, Msg};
 use crate::attest::{bind_channel_key, Attester};
 use crate::error::FaasError;
 use crate::tls::{self, ServerStream, TlsIdentity};
+use parking_lot::Mutex;
 use psl_capsule::SignedMetadata;
 use psl_crypto::SigningKey;
+use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// How long a host keeps serving a job's capsule after its leader went away.
+pub const ORPHAN_WAIT: Duration = Duration::from_secs(120);
+
+/// Servers whose leader went away, by capsule name, with the orphaning's serial number.
+type Orphans = Arc<Mutex<HashMap<String, (u64, psl_server::Server)>>>;
 
 pub struct HostConfig {
     pub id: u32,
@@ -46,12 +58,13 @@ pub fn serve_host(cfg: HostConfig, ready: impl FnOnce(SocketAddr)) -> Result<(),
     let tls = me.server_config(false)?;
     let spki = me.spki_hash();
     let cfg = Arc::new(cfg);
+    let orphans: Orphans = Arc::default();
     ready(addr);
     for conn in listener.incoming() {
         let Ok(tcp) = conn else { continue };
-        let (cfg, tls) = (cfg.clone(), tls.clone());
+        let (cfg, tls, orphans) = (cfg.clone(), tls.clone(), orphans.clone());
         std::thread::Builder::new().name("capsule-host-conn".into()).spawn(move || {
-            if let Err(e) = tls::accept(tcp, tls).and_then(|(s, _)| job(&cfg, &spki, s)) {
+            if let Err(e) = tls::accept(tcp, tls).and_then(|(s, _)| job(&cfg, &spki, &orphans, s)) {
                 tracing::warn!("capsule host {}: {e}", cfg.id);
             }
         })?;
@@ -59,7 +72,7 @@ pub fn serve_host(cfg: HostConfig, ready: impl FnOnce(SocketAddr)) -> Result<(),
     Ok(())
 }
 
-fn job(cfg: &HostConfig, spki: &[u8; 32], mut s: ServerStream) -> Result<(), FaasError> {
+fn job(cfg: &HostConfig, spki: &[u8; 32], orphans: &Orphans, mut s: ServerStream) -> Result<(), FaasError> {
     s.sock.set_read_timeout(Some(Duration::from_secs(30)))?;
     let mut first = read_msg(&mut s)?;
     if let Msg::HostHello { nonce } = &first {
@@ -83,22 +96,32 @@ fn job(cfg: &HostConfig, spki: &[u8; 32], mut s: ServerStream) -> Result<(), Faa
     let meta = SignedMetadata::decode(&unhex("meta", &meta)?).map_err(|e| FaasError::Capsule(e.to_string()))?;
     let secret = zeroize::Zeroizing::new(unhex_n::<32>("key", &key)?);
     let key = SigningKey::from_bytes(&secret).map_err(|_| FaasError::Config("server key is not a valid key".into()))?;
-    let dir = cfg.dir.join(meta.name().to_string());
-    let ep = cfg
-        .fabric
-        .connect(&format!("capsule-host-{id}"), &psl_fabric::Interest::server(meta.name().0 .0))
-        .map_err(|e| FaasError::Net(format!("attaching to the fabric {}: {e}", cfg.fabric)))?;
-    let cert = match cert {
-        Some(c) => Some(
-            psl_capsule::WriterCert::decode(&unhex("cert", &c)?)
-                .map_err(|e| FaasError::Config(format!("server certificate: {e}")))?,
-        ),
-        None => None,
-    };
-    let opts = psl_server::ServerOptions { id, cert, ..psl_server::ServerOptions::default() };
-    let server = match psl_server::Server::start(&dir, meta, key, ep, opts) {
-        Ok(x) => x,
-        Err(e) => return write_msg(&mut s, &Msg::Error { why: format!("starting the capsule server: {e}") }),
+    let name = meta.name().to_string();
+    let dir = cfg.dir.join(&name);
+    let adopted = orphans.lock().remove(&name).map(|(_, server)| server);
+    let server = match adopted {
+        Some(server) => {
+            tracing::info!("capsule host {id}: a new leader took back the capsule it kept serving");
+            server
+        }
+        None => {
+            let ep = cfg
+                .fabric
+                .connect(&format!("capsule-host-{id}"), &psl_fabric::Interest::server(meta.name().0 .0))
+                .map_err(|e| FaasError::Net(format!("attaching to the fabric {}: {e}", cfg.fabric)))?;
+            let cert = match cert {
+                Some(c) => Some(
+                    psl_capsule::WriterCert::decode(&unhex("cert", &c)?)
+                        .map_err(|e| FaasError::Config(format!("server certificate: {e}")))?,
+                ),
+                None => None,
+            };
+            let opts = psl_server::ServerOptions { id, cert, ..psl_server::ServerOptions::default() };
+            match psl_server::Server::start(&dir, meta, key, ep, opts) {
+                Ok(x) => x,
+                Err(e) => return write_msg(&mut s, &Msg::Error { why: format!("starting the capsule server: {e}") }),
+            }
+        }
     };
     write_msg(&mut s, &Msg::Ok)?;
     tracing::info!("capsule host {id}: serving capsule in {}", dir.display());
@@ -120,6 +143,29 @@ fn job(cfg: &HostConfig, spki: &[u8; 32], mut s: ServerStream) -> Result<(), Faa
             other => break other,
         }
     };
+    if let Err(e) = &end {
+        // The leader went away mid-job: keep serving for a new leader to take the job back.
+        static SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let serial = SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tracing::warn!(
+            "capsule host {id}: the leader went away ({e}); serving the capsule for up to {} s more",
+            ORPHAN_WAIT.as_secs()
+        );
+        orphans.lock().insert(name.clone(), (serial, server));
+        let orphans = orphans.clone();
+        std::thread::Builder::new().name("capsule-host-orphan".into()).spawn(move || {
+            std::thread::sleep(ORPHAN_WAIT);
+            let mut g = orphans.lock();
+            if g.get(&name).is_some_and(|(s, _)| *s == serial) {
+                if let Some((_, server)) = g.remove(&name) {
+                    drop(g);
+                    tracing::warn!("capsule host {id}: no leader took the capsule back; closing it");
+                    server.shutdown();
+                }
+            }
+        })?;
+        return Ok(());
+    }
     // Records still in flight: wait until the count holds still for 100 ms (at most 2 s).
     let deadline = Instant::now() + Duration::from_secs(2);
     let mut last = (server.len(), Instant::now());

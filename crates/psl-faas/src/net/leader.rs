@@ -2,7 +2,10 @@
 //! fresh per process and bound into every report it gives (report data =
 //! `bind_channel_key(SHA-256 of the certificate's public key)`).
 //!
-//! Client connection: `ClientHello{nonce}` → `LeaderReport`; `BeginJob` (owner key) → `Ok`;
+//! Client connection: `ClientHello{nonce}` → `LeaderReport`; `BeginJob` (owner key) → `Ok`
+//! (the job's coordinators placed on the coordinator hosts and its capsule opened on the
+//! capsule hosts by then; a `BeginJob` with `resume` takes back a running job whose leader
+//! went away, to end it);
 //! `Expect{workers}` (the workers the scheduler says it forwarded to) → `Admitted`; `EndJob` →
 //! `Ended{resets}`. Worker connection: `WorkerHello{nonce}` → `LeaderChallenge` (the leader's
 //! report over the worker's nonce, and a nonce for the worker); `Offer` → `Grant` or `Refused`;
@@ -38,6 +41,9 @@ pub struct LeaderConfig {
     /// Capsule hosts (`psl capsule-host`), server ids 0, 1, ...: each job's capsule is opened
     /// on every one of them.
     pub capsule_hosts: Vec<SocketAddr>,
+    /// Coordinator hosts (`psl coordinator-host`), ids 0, 1, ...: host r runs each job's
+    /// coordinator of rank r (0 the primary, the others its shadows).
+    pub coordinator_hosts: Vec<SocketAddr>,
 }
 
 /// How long a job waits for the one before it to end.
@@ -148,9 +154,9 @@ fn client(sh: &Arc<Shared>, mut s: ServerStream) -> Result<(), FaasError> {
     let r = (|| -> Result<(), FaasError> {
         loop {
             match read_msg(&mut s)? {
-                Msg::BeginJob { job, owner, meta, lambdas, min_workers } => {
+                Msg::BeginJob { job, owner, meta, lambdas, min_workers, resume } => {
                     let owner = Zeroizing::new(owner);
-                    match begin(sh, &job, &owner, &meta, lambdas, min_workers) {
+                    match begin(sh, &job, &owner, &meta, lambdas, min_workers, resume) {
                         Ok(j) => {
                             mine = Some(j);
                             write_msg(&mut s, &Msg::Ok)?
@@ -167,9 +173,9 @@ fn client(sh: &Arc<Shared>, mut s: ServerStream) -> Result<(), FaasError> {
                     Err(e) => reply_err(&mut s, &e)?,
                 },
                 Msg::EndJob if mine.is_some() => {
-                    let (resets, stored) = end(sh);
+                    let (resets, stored, coordinators) = end(sh);
                     mine = None;
-                    write_msg(&mut s, &Msg::Ended { resets, stored })?
+                    write_msg(&mut s, &Msg::Ended { resets, stored, coordinators })?
                 }
                 m => reply_err(&mut s, &FaasError::Net(format!("leader: unexpected {} from a client", m.name())))?,
             }
@@ -188,6 +194,7 @@ fn begin(
     meta: &str,
     lambdas: u32,
     min_workers: usize,
+    resume: Option<Vec<(u32, u32, u32)>>,
 ) -> Result<JobId, FaasError> {
     let t = Instant::now();
     let job = JobId(unhex_n::<16>("job", job)?);
@@ -204,21 +211,97 @@ fn begin(
             )));
         }
     }
-    let ep = sh
-        .cfg
-        .fabric
-        .connect(&format!("coordinator-{job}"), &psl_fabric::Interest::coordinator(meta.name().0 .0))
-        .map_err(|e| FaasError::Net(format!("leader: attaching to the fabric {}: {e}", sh.cfg.fabric)))?;
-    tracing::debug!("leader: keys decoded, fabric attached in {:?}", t.elapsed());
+    if sh.cfg.coordinator_hosts.is_empty() {
+        return Err(FaasError::Config(
+            "the leader has no coordinator hosts (--coordinator-host): a job needs its coordinator".into(),
+        ));
+    }
     // Server ids are the hosts' positions; every worker counts a write durable once a majority
     // of them acked it, whichever hosts are up.
-    sh.leader.begin_job(job, owner, meta.clone(), ep, sh.cfg.capsule_hosts.len() as u32)?;
-    tracing::debug!("leader: coordinator started in {:?}", t.elapsed());
+    sh.leader.begin_job(job, owner, meta.clone(), sh.cfg.capsule_hosts.len() as u32)?;
+    if let Err(e) = open_coordinators(sh, job, resume.is_some()) {
+        sh.leader.end_job();
+        return Err(e);
+    }
+    if let Some(granted) = &resume {
+        sh.leader.resume_granted(granted)?;
+    }
+    tracing::debug!("leader: coordinators placed in {:?}", t.elapsed());
     let hosts = open_hosts(sh, &meta);
     tracing::debug!("leader: capsule hosts opened in {:?}", t.elapsed());
     *st = JobState { job: Some(job), lambdas, min_workers, hosts, ..JobState::default() };
-    tracing::info!(%job, lambdas, "leader: job begun");
+    tracing::info!(%job, lambdas, resumed = resume.is_some(), "leader: job begun");
     Ok(job)
+}
+
+/// Places the job's coordinators. Every coordinator host attests (in parallel); then, for a new
+/// job, the hosts that did get ranks 0, 1, ... in id order (a host that is down or refused is
+/// left out, logged, and the next one is primary). A resumed job (`resume`) keeps exactly the
+/// coordinators still running it, each at its rank: a rank whose host is gone is never started
+/// again elsewhere, since that host would have to sign the rank's chain without knowing it.
+/// Then each gets its rank's keys (in parallel). No coordinator at all is an error.
+fn open_coordinators(sh: &Arc<Shared>, job: JobId, resume: bool) -> Result<(), FaasError> {
+    use super::coordhost::PendingCoordinator;
+    let mut why = Vec::new();
+    let attested: Vec<Result<PendingCoordinator, FaasError>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = sh
+            .cfg
+            .coordinator_hosts
+            .iter()
+            .enumerate()
+            .map(|(i, addr)| {
+                sc.spawn(move || PendingCoordinator::connect(&sh.leader, &sh.identity, i as u32, *addr, job))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(FaasError::Net("coordinator host thread panicked".into()))))
+            .collect()
+    });
+    let mut placed = Vec::new();
+    for (i, r) in attested.into_iter().enumerate() {
+        match r {
+            Err(e) => {
+                tracing::warn!("leader: coordinator host {i} is left out of the job: {e}");
+                why.push(format!("host {i}: {e}"));
+            }
+            Ok(p) if resume => match p.running {
+                Some(rank) => placed.push((rank, p)),
+                None => p.refuse("the job is resumed and this host was not running its coordinator"),
+            },
+            Ok(p) => {
+                let rank = placed.len() as u8;
+                placed.push((rank, p));
+            }
+        }
+    }
+    let opened: Vec<Result<(), FaasError>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = placed
+            .into_iter()
+            .map(|(rank, p)| {
+                sc.spawn(move || {
+                    let id = p.id;
+                    let (link, channel, adopted) = p.open(&sh.leader, rank)?;
+                    if adopted {
+                        tracing::info!(rank, "leader: coordinator host {id} kept the job's running coordinator");
+                    } else {
+                        tracing::info!(rank, "leader: coordinator host {id} runs the job's coordinator");
+                    }
+                    sh.leader.attach_coordinator(id, rank, channel, Box::new(link))
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(FaasError::Net("coordinator host thread panicked".into()))))
+            .collect()
+    });
+    for e in opened.into_iter().filter_map(Result::err) {
+        tracing::warn!("leader: a coordinator host did not take the job: {e}");
+        why.push(e.to_string());
+    }
+    if sh.leader.coordinators() == 0 {
+        return Err(FaasError::Net(format!("no coordinator host took the job ({})", why.join("; "))));
+    }
+    Ok(())
 }
 
 /// Opens the job's capsule on every capsule host (server id = its position). A host that is
@@ -335,9 +418,11 @@ fn admit(sh: &Arc<Shared>, workers: &[u32]) -> Result<Msg, FaasError> {
     match sh.leader.admit(offers, st.lambdas, st.min_workers) {
         Ok((grants, mut refused)) => {
             let mut granted = Vec::new();
+            let mut nodes = Vec::new();
             for g in grants {
                 if let Some(tx) = waiting.remove(&g.worker) {
                     granted.push((g.worker, g.lambdas.clone()));
+                    nodes.push((g.worker, g.node_id));
                     let _ = tx.send(WorkerCmd::Grant(g));
                     st.granted.push((granted.last().expect("pushed").0, tx));
                 }
@@ -352,7 +437,7 @@ fn admit(sh: &Arc<Shared>, workers: &[u32]) -> Result<Msg, FaasError> {
                 refused.push((w, "not needed for this job".into()));
             }
             refused.append(&mut missing);
-            Ok(Msg::Admitted { granted, refused })
+            Ok(Msg::Admitted { granted, refused, nodes })
         }
         Err(e) => {
             for (_, tx) in waiting {
@@ -442,10 +527,10 @@ fn rotate(sh: &Arc<Shared>, margin_epochs: u64) -> Result<crate::deploy::KeyRota
     })
 }
 
-/// Ends the job: keys erased, coordinator stopped, every granted worker RESET, the capsule
+/// Ends the job: keys erased, coordinators stopped, every granted worker RESET, the capsule
 /// closed on every host.
-fn end(sh: &Arc<Shared>) -> (Resets, Vec<(u32, u64)>) {
-    let (granted, hosts) = {
+fn end(sh: &Arc<Shared>) -> (Resets, Vec<(u32, u64)>, Vec<crate::coordinator::CoordinatorStats>) {
+    let (granted, hosts, coordinators) = {
         let mut st = sh.st.lock();
         for (_, tx) in st.waiting.drain() {
             let _ = tx.send(WorkerCmd::Refused("the job ended".into()));
@@ -455,10 +540,10 @@ fn end(sh: &Arc<Shared>) -> (Resets, Vec<(u32, u64)>) {
         // RESET revokes the workers' writers (a certified capsule), then keys are dropped and
         // the coordinator stopped before the next job may begin.
         sh.leader.revoke_all();
-        sh.leader.end_job();
+        let c = sh.leader.end_job();
         *st = JobState::default();
         sh.cv.notify_all();
-        (g, h)
+        (g, h, c)
     };
     let (tx, rx) = bounded(granted.len().max(1));
     let n = granted.len();
@@ -474,7 +559,7 @@ fn end(sh: &Arc<Shared>) -> (Resets, Vec<(u32, u64)>) {
         }
     }
     out.sort_by_key(|(w, _)| *w);
-    (out, close_hosts(hosts))
+    (out, close_hosts(hosts), coordinators)
 }
 
 fn worker_conn(

@@ -2,16 +2,20 @@
 //!
 //! - [`wire`]: length-prefixed JSON frames and every message of the roles.
 //! - [`leader`]: `psl leader` (trusted): TLS only; attests itself to clients, takes the owner
-//!   key, attests workers and grants them keys, runs the job's coordinator, sends RESET.
+//!   key, attests workers and grants them keys, places the job's coordinators on coordinator
+//!   hosts, sends RESET.
 //! - [`scheduler`]: `psl scheduler` (untrusted): worker registry with heartbeats, forwards
 //!   sealed jobs, relays sealed results. Plain TCP: it only ever sees sealed bytes.
 //! - [`worker`]: `psl worker`: registers and heartbeats, attests to the leader over TLS, runs
 //!   its slots on a `psl_node::Node` attached to the router, seals its results for the client.
+//! - [`coordhost`]: `psl coordinator-host`: a job's coordinator (primary or shadow) as its own
+//!   attested process, and the leader's link to it.
 //! - [`host`]: `psl capsule-host`: a capsule server per job (durable copies of the job's
 //!   records), opened and closed by the leader.
 //! - [`client`]: what `psl run --cluster` does, and the cluster file ([`ClusterInfo`]).
 
 pub mod client;
+pub mod coordhost;
 pub mod host;
 pub mod leader;
 pub mod scheduler;

@@ -93,6 +93,10 @@ pub enum Msg {
         meta: String,
         lambdas: u32,
         min_workers: usize,
+        /// A job already running whose leader went away (a restarted leader takes it back to
+        /// end it): each granted worker, its node id and its lambda slots, as `Admitted` said.
+        #[serde(default)]
+        resume: Option<Vec<(u32, u32, u32)>>,
     },
     Expect {
         workers: Vec<u32>,
@@ -100,6 +104,9 @@ pub enum Msg {
     Admitted {
         granted: Vec<(u32, Vec<u32>)>,
         refused: Vec<(u32, String)>,
+        /// Each granted worker's node id (for a restarted leader to take the job back).
+        #[serde(default)]
+        nodes: Vec<(u32, u32)>,
     },
     EndJob,
     /// Rotate the running job's application key, the rotation epoch `margin_epochs` ahead.
@@ -115,6 +122,9 @@ pub enum Msg {
         resets: Vec<(u32, WorkerDebug)>,
         #[serde(default)]
         stored: Vec<(u32, u64)>,
+        /// What each of the job's coordinators did (primary first).
+        #[serde(default)]
+        coordinators: Vec<crate::coordinator::CoordinatorStats>,
     },
     // leader <-> capsule host (TLS)
     /// When the policy requires attested hosts: the host's report over `nonce`, binding its TLS
@@ -140,6 +150,48 @@ pub enum Msg {
     /// A rotation certificate for the job's capsule (hex; public).
     HostRotate {
         cert: String,
+    },
+    // leader <-> coordinator host (TLS; the host attests like a worker, binding its channel key
+    // and its certificate key)
+    CoordHello {
+        id: u32,
+        job: String,
+        nonce: String,
+    },
+    CoordOffer {
+        channel_public: String,
+        backend: String,
+        evidence: String,
+        /// The rank this host already runs for the job (its leader went away), if any.
+        #[serde(default)]
+        running: Option<u8>,
+    },
+    /// The keys of coordinator rank `rank`, sealed to the host's channel key (hex).
+    CoordOpen {
+        rank: u8,
+        sealed: String,
+    },
+    /// `adopted`: the host was already running this job's coordinator of this rank (its
+    /// leader had gone away) and kept it.
+    CoordOpened {
+        adopted: bool,
+    },
+    CoordEpoch,
+    CoordEpochIs {
+        epoch: u64,
+    },
+    /// A key rotation stage sealed to the host's channel key (hex).
+    CoordRotate {
+        key_gen: u32,
+        stage: crate::coordinator::RotationStage,
+        sealed: String,
+    },
+    /// Key statements (revocations; public), `KeyStatement::encode_list` in hex.
+    CoordStatements {
+        list: String,
+    },
+    CoordClosed {
+        stats: crate::coordinator::CoordinatorStats,
     },
     // worker <-> leader (TLS, both sides attested)
     WorkerHello {
@@ -239,6 +291,15 @@ impl Msg {
             Msg::HostReport { .. } => "HostReport",
             Msg::HostOpen { .. } => "HostOpen",
             Msg::HostClosed { .. } => "HostClosed",
+            Msg::CoordHello { .. } => "CoordHello",
+            Msg::CoordOffer { .. } => "CoordOffer",
+            Msg::CoordOpen { .. } => "CoordOpen",
+            Msg::CoordOpened { .. } => "CoordOpened",
+            Msg::CoordEpoch => "CoordEpoch",
+            Msg::CoordEpochIs { .. } => "CoordEpochIs",
+            Msg::CoordRotate { .. } => "CoordRotate",
+            Msg::CoordStatements { .. } => "CoordStatements",
+            Msg::CoordClosed { .. } => "CoordClosed",
             Msg::Ok => "Ok",
             Msg::Error { .. } => "Error",
         }

@@ -26,8 +26,8 @@
 //!   the fabric endpoint's receive queue or the node's ring; outbound: the endpoint's send
 //!   queue), during the initial load and in steady state (the measured rounds):
 //!   `records_dropped_<fabric>` and `repair_requests_<fabric>` are the steady-state totals of
-//!   the front ends, the coordinator and CapsuleDB (their nodes' `STATS`, apart in `detail`
-//!   as `followers_*`). The capsule servers are not counted here.
+//!   the front ends, the coordinator, CapsuleDB and the capsule servers (their `STATS`, apart
+//!   in `detail` as `followers_*`; a server's outbound drops are not counted).
 //!
 //! Headline: `ratio_a` and `ratio_mix` (uniform keys, router tree), the deployment over
 //! memcached in the same run. Goals (issue 17): 0.7 and 0.8; `drain_ms` under 1,000; no role
@@ -150,6 +150,8 @@ struct Deployment {
     targets: Vec<SocketAddr>,
     /// The control interfaces of its coordinator and CapsuleDB: (role, address).
     controls: Vec<(&'static str, SocketAddr)>,
+    /// The capsule servers' read interfaces (their `STATS`), by id.
+    server_reads: Vec<SocketAddr>,
 }
 
 fn start_deployment(fabric: &str) -> Result<Deployment> {
@@ -158,13 +160,36 @@ fn start_deployment(fabric: &str) -> Result<Deployment> {
         .into_iter()
         .filter_map(|(r, a)| Some((r, a?)))
         .collect();
-    Ok(Deployment { guard, targets: kv.front_ends, controls })
+    Ok(Deployment { guard, targets: kv.front_ends, controls, server_reads: kv.server_reads })
 }
 
 /// The fabric counters of the coordinator's and CapsuleDB's nodes (`STATS` on their control
-/// interfaces), named as the front ends' are: `{role: {counter: value}}`.
-fn follower_counters(controls: &[(&'static str, SocketAddr)]) -> Result<BTreeMap<String, BTreeMap<String, u64>>> {
+/// interfaces) and of the capsule servers (`STATS` on their read interfaces), named as the
+/// front ends' are: `{role: {counter: value}}`. A server counts records it dropped on a full
+/// inbound queue, repair requests it sent and records it served to others' repairs; it keeps
+/// no count of outbound drops.
+fn follower_counters(
+    controls: &[(&'static str, SocketAddr)],
+    server_reads: &[SocketAddr],
+) -> Result<BTreeMap<String, BTreeMap<String, u64>>> {
     let mut out = BTreeMap::new();
+    for (id, addr) in server_reads.iter().enumerate() {
+        let role = format!("capsule server {id}");
+        let v = psl_server::read::ReadClient::connect(*addr)
+            .and_then(|mut c| c.stats())
+            .with_context(|| format!("STATS of {role} ({addr})"))?;
+        let get = |k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
+        let m: BTreeMap<String, u64> = [
+            ("repair_requests_sent", get("repair_requests_sent")),
+            ("repair_records_sent", get("records_served")),
+            ("inbound_dropped", get("in_dropped")),
+            ("outbound_dropped", 0),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        out.insert(role, m);
+    }
     for (role, addr) in controls {
         let mut c = psl_node::control::ControlClient::connect(*addr, Duration::from_secs(5))
             .with_context(|| format!("connecting to the {role}'s control interface {addr}"))?;
@@ -321,7 +346,7 @@ pub fn run(secs: f64, cases: &[String], reps: usize, show_progress: bool) -> Res
         let load_drain = drain_ms(&rs, idle);
         let zero = vec![BTreeMap::new(); dep.targets.len()];
         let after_load = front_end_counters(&dep.targets)?;
-        let followers_after_load = follower_counters(&dep.controls)?;
+        let followers_after_load = follower_counters(&dep.controls, &dep.server_reads)?;
         pb.inc(1);
         let mut runs = Vec::new();
         let mut cpu_by_role: BTreeMap<String, f64> = BTreeMap::new();
@@ -385,8 +410,9 @@ pub fn run(secs: f64, cases: &[String], reps: usize, show_progress: bool) -> Res
         // Steady state: the measured rounds, after the initial load (reported apart).
         let at_end = front_end_counters(&dep.targets)?;
         let steady = counters_delta(&after_load, &at_end);
-        let followers_steady = follower_delta(&followers_after_load, &follower_counters(&dep.controls)?);
-        // Front ends, coordinator and CapsuleDB together.
+        let followers_steady =
+            follower_delta(&followers_after_load, &follower_counters(&dep.controls, &dep.server_reads)?);
+        // Front ends, coordinator, CapsuleDB and capsule servers together.
         let sum = |k: &str| {
             steady.get(k).copied().unwrap_or(0)
                 + followers_steady.values().map(|m| m.get(k).copied().unwrap_or(0)).sum::<u64>()

@@ -2,6 +2,7 @@
 //! prints, and kill it when the test ends.
 #![allow(dead_code)]
 
+pub mod faas;
 pub mod mc;
 
 use std::io::{BufRead, BufReader};
