@@ -299,7 +299,15 @@ pub(crate) fn scan(r: &mut LogReader<'_>, verifier: &Verifier, mut on: impl FnMu
             Probe::Ok { len, record } => {
                 let next = pos + FRAME_HEADER_LEN + len as u64;
                 let is_cert = record.header().kind == psl_capsule::Kind::Cert;
-                match verifier.verify(record.clone()) {
+                let verdict = verifier.verify(record.clone());
+                if is_cert && verdict.is_ok() {
+                    // A Cert record that verified may have taught the verifier the certificate
+                    // that held records wait for. They come earlier in the log (a writer's
+                    // first record can precede its certificate): placed first, a writer's chain
+                    // stays in order even when this record is that writer's next one.
+                    release_held(&mut held, verifier, &mut on);
+                }
+                match verdict {
                     Ok(record) => on(Event::Good { index, offset: pos, len, record }),
                     Err(rej) if rej.reason.wants_cert() && held.len() < psl_capsule::verify::HELD_RECORDS_MAX => {
                         held.push((index, pos, len, record))
@@ -311,21 +319,8 @@ pub(crate) fn scan(r: &mut LogReader<'_>, verifier: &Verifier, mut on: impl FnMu
                         fault: FrameFault::Verify(Box::new(rej)),
                     })),
                 }
-                if is_cert && !held.is_empty() {
-                    let mut waiting = Vec::new();
-                    for (i, off, l, rec) in std::mem::take(&mut held) {
-                        match verifier.verify(rec.clone()) {
-                            Ok(record) => on(Event::Good { index: i, offset: off, len: l, record }),
-                            Err(rej) if rej.reason.wants_cert() => waiting.push((i, off, l, rec)),
-                            Err(rej) => on(Event::Damaged(DamagedFrame {
-                                index: i,
-                                offset: off,
-                                len: l,
-                                fault: FrameFault::Verify(Box::new(rej)),
-                            })),
-                        }
-                    }
-                    held = waiting;
+                if is_cert {
+                    release_held(&mut held, verifier, &mut on);
                 }
                 index += 1;
                 pos = next;
@@ -366,6 +361,28 @@ pub(crate) fn scan(r: &mut LogReader<'_>, verifier: &Verifier, mut on: impl FnMu
     Ok(index)
 }
 
+/// Verifies the held records again, in log order: reports those that verify now (or fail for
+/// another reason) and keeps those still waiting for a certificate.
+fn release_held(held: &mut Vec<(u64, u64, u32, Record)>, verifier: &Verifier, on: &mut impl FnMut(Event)) {
+    if held.is_empty() {
+        return;
+    }
+    let mut waiting = Vec::new();
+    for (i, off, l, rec) in std::mem::take(held) {
+        match verifier.verify(rec.clone()) {
+            Ok(record) => on(Event::Good { index: i, offset: off, len: l, record }),
+            Err(rej) if rej.reason.wants_cert() => waiting.push((i, off, l, rec)),
+            Err(rej) => on(Event::Damaged(DamagedFrame {
+                index: i,
+                offset: off,
+                len: l,
+                fault: FrameFault::Verify(Box::new(rej)),
+            })),
+        }
+    }
+    *held = waiting;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -397,5 +414,53 @@ mod tests {
             assert_eq!(find_next_frame(&mut r, 0, &meta.name(), &limits).unwrap(), Some(junk as u64), "junk {junk}");
             assert_eq!(find_next_frame(&mut r, junk as u64 + 1, &meta.name(), &limits).unwrap(), None, "junk {junk}");
         }
+    }
+}
+
+#[cfg(test)]
+mod held_order_tests {
+    use super::*;
+    use psl_capsule::{new_capsule_with, writer_credentials, Body, ControlCode, WriterKeys};
+    use psl_crypto::OwnerKey;
+    use std::io::Write;
+
+    /// A certified writer whose first record precedes its own certificate (seq 0 a control
+    /// record, seq 1 the Cert record introducing it, seq 2 data): the scan holds seq 0 until the
+    /// certificate verifies and reports it before seq 1, so every record comes out in chain
+    /// order and the index places all three.
+    #[test]
+    fn a_record_before_its_writers_certificate_comes_out_before_the_certificate() {
+        let owner = OwnerKey::from_seed(&[3; 32]).unwrap();
+        let app = owner.app(2).unwrap();
+        let meta = new_capsule_with(&owner, 2, "held", 0, Limits::default(), WriterKeys::Certified).unwrap();
+        let w = 7 << 16;
+        let (key, cert) = writer_credentials(&meta, &app, w).unwrap();
+        let mut a = psl_capsule::Author::with_certified_keys(&meta, key, cert.unwrap(), app.data_key()).unwrap();
+        let first = a.write_control(Body::Control { code: ControlCode::Rts, payload: vec![0; 8] }, Vec::new());
+        let recs = [first.unwrap(), a.write_own_cert().unwrap().unwrap(), a.write_ops([("k", Some("v"))]).unwrap()];
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        let mut f = File::create(&path).unwrap();
+        for r in &recs {
+            let mut frame = Vec::new();
+            encode_frame(r.bytes(), &mut frame);
+            f.write_all(&frame).unwrap();
+        }
+        drop(f);
+        let f = File::open(&path).unwrap();
+        let len = f.metadata().unwrap().len();
+        let v = Verifier::new(meta.clone(), None);
+        let mut seqs = Vec::new();
+        let mut idx = crate::index::Index::default();
+        scan(&mut LogReader::new(&f, len), &v, |ev| match ev {
+            Event::Good { record, offset, len, .. } => {
+                seqs.push(record.header().seq);
+                assert!(matches!(idx.place(&record), crate::index::Placement::Extends), "seq {}", record.header().seq);
+                idx.push(&record, crate::index::Loc { offset, len });
+            }
+            _ => panic!("every frame verifies"),
+        })
+        .unwrap();
+        assert_eq!(seqs, vec![0, 1, 2]);
     }
 }
