@@ -193,6 +193,12 @@ impl FrontEnd {
                 w("psl_repair_records_sent", &psl_scl::Metrics::get(&m.repair_records_sent));
                 w("psl_inbound_dropped", &self.node().inbound_dropped());
                 w("psl_outbound_dropped", &self.node().fabric_stats().dropped_send_full);
+                // What the writers sealed (ops per record: how well sets are batched) and how
+                // often the capsule servers' acks held them back (flow control).
+                w("psl_records_written", &psl_scl::Metrics::get(&m.records_written));
+                w("psl_ops_written", &psl_scl::Metrics::get(&m.ops_written));
+                w("psl_flow_waits", &psl_scl::Metrics::get(&m.flow_waits));
+                w("psl_flow_opened", &psl_scl::Metrics::get(&m.flow_opened));
                 // Home failover (a group of three or more processes): slots served here now,
                 // hand-overs, and commands bounced or failed on the way to a home.
                 if let Some(f) = self.failover() {

@@ -5,6 +5,7 @@
 //! fill), seals one record and hands it to the core thread.
 
 use crate::core::CoreMsg;
+use crate::flow::Reserved;
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
 use psl_capsule::{Author, Body, ControlCode, Link, Op, RotationCert};
@@ -37,6 +38,8 @@ pub(crate) enum ActorCtl {
 
 pub(crate) struct ActorQueue {
     pub writer: u32,
+    /// What the writer has in flight to the capsule servers (flow control).
+    pub flow: crate::flow::Flow,
     pub ops: Mutex<VecDeque<Op>>,
     /// Signalled when ops or control arrive.
     pub work: Condvar,
@@ -50,9 +53,10 @@ pub(crate) struct ActorQueue {
 }
 
 impl ActorQueue {
-    pub fn new(writer: u32, cap: usize, batch_ops: usize) -> ActorQueue {
+    pub fn new(writer: u32, cap: usize, batch_ops: usize, flow: crate::flow::FlowOptions) -> ActorQueue {
         ActorQueue {
             writer,
+            flow: crate::flow::Flow::new(flow),
             ops: Mutex::new(VecDeque::new()),
             work: Condvar::new(),
             space: Condvar::new(),
@@ -154,24 +158,26 @@ impl Actor {
                     ActorCtl::Stop => return,
                 }
             }
-            let batch = self.take_batch();
+            let (batch, r) = self.take_batch();
             if !batch.is_empty() {
-                self.seal(batch);
+                self.seal(batch, r);
             }
         }
     }
 
-    /// Waits for ops, then for a full batch or `flush_delay`, whichever first.
-    fn take_batch(&mut self) -> Vec<Op> {
+    /// Waits for ops, then for a full batch or `flush_delay`, whichever first. The ops taken
+    /// are counted in flight (flow control) before the queue's lock is released.
+    fn take_batch(&mut self) -> (Vec<Op>, Reserved) {
         let q = &self.queue;
+        let none = (Vec::new(), q.flow.reserve(0));
         let mut ops = q.ops.lock();
         if ops.is_empty() {
             if q.ctl_waiting.load(Ordering::Acquire) {
-                return Vec::new();
+                return none;
             }
             q.work.wait_for(&mut ops, Duration::from_millis(20));
             if ops.is_empty() {
-                return Vec::new();
+                return none;
             }
         }
         if ops.len() < self.batch_ops_max {
@@ -184,33 +190,41 @@ impl Actor {
         }
         let n = fitting(&ops, self.batch_ops_max, self.batch_bytes_max);
         let batch: Vec<Op> = ops.drain(..n).collect();
+        let r = q.flow.reserve(n);
         drop(ops);
         q.space.notify_all();
-        batch
+        (batch, r)
     }
 
     fn drain_all(&mut self) {
         loop {
-            let batch: Vec<Op> = {
+            let (batch, r): (Vec<Op>, Reserved) = {
                 let mut ops = self.queue.ops.lock();
                 let n = fitting(&ops, self.batch_ops_max, self.batch_bytes_max);
-                ops.drain(..n).collect()
+                (ops.drain(..n).collect(), self.queue.flow.reserve(n))
             };
             self.queue.space.notify_all();
             if batch.is_empty() {
                 return;
             }
-            self.seal(batch);
+            self.seal(batch, r);
         }
     }
 
-    fn seal(&mut self, batch: Vec<Op>) {
+    fn seal(&mut self, batch: Vec<Op>, r: Reserved) {
         let n = batch.len();
         match self.author.write_stamped(batch) {
-            Ok(rec) => self.send(CoreMsg::Local { rec, body: None, ops: n }),
+            Ok(rec) => {
+                // Tracked before the core can publish it, so its ack cannot come first.
+                self.queue.flow.sealed(r, self.author.next_seq());
+                self.send(CoreMsg::Local { rec, body: None, ops: n })
+            }
             // Ops were checked against the limits at `put`; failing here is a bug, and the ops
             // stay applied locally only. Say so loudly.
-            Err(e) => tracing::error!(writer = self.queue.writer, ops = n, "cannot seal a batch: {e}"),
+            Err(e) => {
+                self.queue.flow.unseal(r);
+                tracing::error!(writer = self.queue.writer, ops = n, "cannot seal a batch: {e}")
+            }
         }
     }
 
@@ -226,11 +240,12 @@ mod tests {
 
     #[test]
     fn put_wakes_the_actor_to_start_a_batch_and_when_one_is_full() {
-        let q = ActorQueue::new(1, 4096, 512);
+        let off = crate::flow::FlowOptions { window_ops: 0, ..Default::default() };
+        let q = ActorQueue::new(1, 4096, 512, off);
         let wakes: Vec<usize> = (1..=1536).filter(|&n| q.wakes_at(n)).collect();
         assert_eq!(wakes, vec![1, 512, 1024, 1536]);
         // A batch of one op: every put is a full batch.
-        let one = ActorQueue::new(1, 16, 0);
+        let one = ActorQueue::new(1, 16, 0, off);
         assert!((1..=16).all(|n| one.wakes_at(n)));
     }
 }

@@ -183,6 +183,8 @@ impl Core {
                 let now = self.now();
                 let out = self.core.on_tick(now);
                 self.outputs(out);
+                // Acks are counted at the tick (one signature check per server per tick).
+                self.flow_acked();
             }
             // Durability barriers complete on acks (messages) and time out on their own clock.
             if !durable.is_empty() {
@@ -267,6 +269,17 @@ impl Core {
                     true
                 }
             });
+        }
+    }
+
+    /// Tells each writer's flow window what a quorum of servers now holds, and wakes the `put`s
+    /// waiting for room when it moved.
+    fn flow_acked(&self) {
+        for (q, _) in &self.actors {
+            if q.flow.window_ops > 0 && q.flow.acked(self.core.durable_next(q.writer)) {
+                let _g = q.ops.lock();
+                q.space.notify_all();
+            }
         }
     }
 

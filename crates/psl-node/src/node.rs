@@ -204,7 +204,13 @@ impl Node {
         let mut actors = Vec::new();
         for (w, key) in keys.writers {
             let batch_ops_max = opts.batch_ops_max.clamp(1, limits.ops_per_record_max as usize);
-            let q = Arc::new(ActorQueue::new(w, opts.queue_ops_max.max(opts.batch_ops_max), batch_ops_max));
+            // Without servers nothing acks: flow control is off.
+            let flow = if opts.core.servers == 0 {
+                crate::flow::FlowOptions { window_ops: 0, ..opts.flow }
+            } else {
+                opts.flow
+            };
+            let q = Arc::new(ActorQueue::new(w, opts.queue_ops_max.max(opts.batch_ops_max), batch_ops_max, flow));
             let (ctl_tx, ctl_rx) = bounded(1024);
             let author = make_author(&keys.meta, &keys.data_key, &keys.certs, key, w)?;
             let actor = Actor {
@@ -484,11 +490,41 @@ impl Node {
         }
         let (q, _) = &self.actors[key_shard(key, self.actors.len())];
         let mut ops = q.ops.lock();
-        if ops.len() >= q.cap {
+        if ops.len() >= q.cap || !q.flow.has_room(ops.len()) {
             let deadline = Instant::now() + self.put_timeout;
-            while ops.len() >= q.cap {
-                if q.space.wait_until(&mut ops, deadline).timed_out() && ops.len() >= q.cap {
-                    return Err(NodeError::Backpressure(self.put_timeout));
+            let mut waited_for_acks = false;
+            loop {
+                if ops.len() >= q.cap {
+                    if q.space.wait_until(&mut ops, deadline).timed_out() && ops.len() >= q.cap {
+                        return Err(NodeError::Backpressure(self.put_timeout));
+                    }
+                    continue;
+                }
+                let now = Instant::now();
+                let mut opened = false;
+                match q.flow.admit(ops.len(), now, &mut opened) {
+                    crate::flow::Admit::Go => {
+                        if opened {
+                            Metrics::add(&self.metrics.flow_opened, 1);
+                            tracing::warn!(
+                                writer = q.writer,
+                                stall_ms = q.flow.stall.as_millis() as u64,
+                                "no quorum of capsule servers acked this writer's records while it waited: \
+                                 writes go on without flow control until their acks move again"
+                            );
+                        }
+                        break;
+                    }
+                    crate::flow::Admit::WaitUntil(t) => {
+                        if !waited_for_acks {
+                            waited_for_acks = true;
+                            Metrics::add(&self.metrics.flow_waits, 1);
+                        }
+                        if now >= deadline {
+                            return Err(NodeError::Backpressure(self.put_timeout));
+                        }
+                        q.space.wait_until(&mut ops, t.min(deadline));
+                    }
                 }
             }
         }
@@ -928,9 +964,19 @@ impl Node {
         self.clock.now()
     }
 
+    /// Ops sealed by this node's writers and not yet durable at a quorum of capsule servers
+    /// (0 without servers or with flow control off; see [`crate::flow`]).
+    pub fn flow_unacked_ops(&self) -> usize {
+        self.actors.iter().map(|(q, _)| q.flow.unacked_ops()).sum()
+    }
+
     /// Prometheus text of the node's counters.
     pub fn render_metrics(&self) -> String {
         let mut s = self.metrics.render("psl_node");
+        s.push_str(&format!(
+            "# TYPE psl_node_flow_unacked_ops gauge\npsl_node_flow_unacked_ops {}\n",
+            self.flow_unacked_ops()
+        ));
         s.push_str(&crate::memory::render_metrics());
         for (name, v) in [
             ("host_published_total", &self.host_stats.published),

@@ -54,6 +54,9 @@ pub struct NodeOptions {
     /// CapsuleDB role only: journal every applied update (this many at most in flight) and hand
     /// read requests to [`crate::Node::db_requests`].
     pub capsuledb_role: Option<usize>,
+    /// Flow control from the capsule servers' acks back to the writers (only with
+    /// `core.servers > 0`): see [`crate::flow`].
+    pub flow: crate::flow::FlowOptions,
 }
 
 impl NodeOptions {
@@ -90,6 +93,7 @@ impl Default for NodeOptions {
             db_get_timeout: Duration::from_secs(5),
             db_get_retry: Duration::from_millis(300),
             capsuledb_role: None,
+            flow: crate::flow::FlowOptions::default(),
         }
     }
 }

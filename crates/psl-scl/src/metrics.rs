@@ -147,6 +147,10 @@ pub struct Metrics {
     pub key_gen: AtomicU64,
     /// Bytes of records the node keeps to answer repairs (`NodeConfig::cache_bytes_max`).
     pub repair_cache_bytes: AtomicU64,
+    /// Writes that waited for capsule servers' acks (flow control; `psl_node::flow`).
+    pub flow_waits: AtomicU64,
+    /// Times a writer's flow window opened because no quorum acked while it waited.
+    pub flow_opened: AtomicU64,
 }
 
 impl Metrics {
@@ -184,6 +188,8 @@ impl Metrics {
             ("repair_records_sent_total", &self.repair_records_sent),
             ("syncs_applied_total", &self.syncs_applied),
             ("withholding_reports_total", &self.withholding_reports),
+            ("flow_waits_total", &self.flow_waits),
+            ("flow_opened_total", &self.flow_opened),
             ("epoch", &self.epoch),
             ("key_gen", &self.key_gen),
             ("repair_cache_bytes", &self.repair_cache_bytes),

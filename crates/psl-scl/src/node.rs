@@ -219,6 +219,10 @@ pub struct NodeCore {
     last_probe: Option<u64>,
     /// Per server id, per own writer: the server's durable next seq (everything below is acked).
     acked: BTreeMap<u32, BTreeMap<u32, u64>>,
+    /// The newest unverified ack per server, verified at the next tick: acks are cumulative,
+    /// so one signature check per server per tick stands for all those that came meanwhile
+    /// (a server acks every group commit, a front end would otherwise verify thousands a second).
+    pending_acks: BTreeMap<u32, Ack>,
     /// Durability barriers: own writers' next seqs that must be acked by a quorum.
     durables: BTreeMap<u64, BTreeMap<u32, u64>>,
     /// The application key generation this node's coordinator writer holds keys for.
@@ -275,6 +279,7 @@ impl NodeCore {
             last_floor_log: 0,
             last_probe: None,
             acked: BTreeMap::new(),
+            pending_acks: BTreeMap::new(),
             durables: BTreeMap::new(),
             coordinator_key_gen: 0,
             announce: Vec::new(),
@@ -563,7 +568,8 @@ impl NodeCore {
 
     /// A capsule server's ack. Only entries for this node's own writers matter; the signature is
     /// checked only if one of them would advance what that server is known to hold (so repeated
-    /// and foreign acks cost no signature check). An entry counts only if its hash is the own
+    /// and foreign acks cost no signature check), and at the next tick ([`NodeCore::on_tick`]),
+    /// once for the newest ack of each server. An entry counts only if its hash is the own
     /// chain's record at that seq.
     pub fn on_ack(&mut self, a: Ack) {
         let n = self.cfg.servers;
@@ -583,6 +589,31 @@ impl NodeCore {
         if !useful {
             return;
         }
+        // The newer ack stands for the older unless it leaves out an own writer the older one
+        // acked further: then the older is checked now rather than lost.
+        if let Some(old) = self.pending_acks.get(&id) {
+            let covered = old
+                .entries
+                .iter()
+                .filter(|e| self.local.contains(&e.writer))
+                .all(|e| a.entries.iter().any(|n| n.writer == e.writer && n.to_seq >= e.to_seq));
+            if !covered {
+                if let Some(old) = self.pending_acks.remove(&id) {
+                    self.apply_ack(id, old);
+                }
+            }
+        }
+        self.pending_acks.insert(id, a);
+    }
+
+    /// Checks the pending acks' signatures and counts their entries.
+    fn apply_pending_acks(&mut self) {
+        for (id, a) in std::mem::take(&mut self.pending_acks) {
+            self.apply_ack(id, a);
+        }
+    }
+
+    fn apply_ack(&mut self, id: u32, a: Ack) {
         match self.verifier.writer_key(a.server) {
             Ok(k) if a.verify(&k) => {}
             Err(r) if r.wants_cert() => {
@@ -716,6 +747,7 @@ impl NodeCore {
     /// Time passes: repair requests, repair answers, the coordinator's epoch clock.
     pub fn on_tick(&mut self, now: u64) -> Vec<Output> {
         let mut out = Vec::new();
+        self.apply_pending_acks();
         if !self.rejoined {
             let start = *self.started_at.get_or_insert(now);
             if now.saturating_sub(start) >= self.cfg.rejoin_ms && self.own_floor_reached(now) {
@@ -1255,9 +1287,11 @@ mod tests {
         let e = crate::wire::AckEntry { writer: 0x10000, from_seq: 0, to_seq: 0, hash: Hash256([1; 32]) };
         let ack = crate::wire::Ack::sign(meta.name(), w, vec![e], &app.writer(w).unwrap());
         c.on_ack(ack.clone());
+        c.on_tick(10);
         assert_eq!(metrics.rejected(RejectReason::Writer), 0, "a node that waits for no server ignores acks");
         let (mut c, metrics, _, _) = core_with(&owner, NodeConfig { servers: 3, ..Default::default() });
         c.on_ack(ack);
+        c.on_tick(10);
         assert_eq!(metrics.rejected(RejectReason::Writer), 1, "server 5 is not one of this node's 3");
     }
 }

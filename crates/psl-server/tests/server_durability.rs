@@ -1,12 +1,13 @@
 //! Capsule servers with a node on the in-process fabric: quorum acks, a server down, two down,
 //! a cut-off server catching up, a corrupted log repaired from peers, a stale server caught by
-//! the freshness check. Every wait is bounded.
+//! the freshness check, slow servers pacing a writer (flow control). Every wait is bounded.
 
 use psl_capsule::{new_capsule, Limits, SignedMetadata};
 use psl_crypto::{AppKey, OwnerKey};
 use psl_fabric::{FabricConfig, InProcHub, Switch};
+use psl_node::flow::FlowOptions;
 use psl_node::{Node, NodeError, NodeKeys, NodeOptions};
-use psl_scl::CoordinatorConfig;
+use psl_scl::{CoordinatorConfig, Metrics};
 use psl_server::read::{fetch_fresh, fetch_quorum, fetch_quorum_within, Patience, ReadClient};
 use psl_server::{check_fresh, server_key, FsyncPolicy, Server, ServerOptions, ServerView, Stale};
 use std::path::{Path, PathBuf};
@@ -44,8 +45,13 @@ impl World {
     }
 
     fn node(&self, id: u32) -> Node {
+        self.node_with(id, |_| {})
+    }
+
+    fn node_with(&self, id: u32, f: impl FnOnce(&mut NodeOptions)) -> Node {
         let mut o = NodeOptions { node_id: id, writers: 2, ..NodeOptions::default() };
         o.core.servers = 3;
+        f(&mut o);
         Node::start(
             NodeKeys::derive(&self.meta, &self.app, &o).unwrap(),
             Arc::new(self.hub.endpoint(format!("n{id}"))),
@@ -340,4 +346,55 @@ fn server_reads_over_tcp_and_a_withholding_server_is_skipped() {
     assert_eq!(q.servers.len(), 3);
     let held: std::collections::HashSet<_> = q.records.iter().map(|r| r.hash()).collect();
     assert!(newest.1.iter().all(|l| held.contains(&l.hash)));
+}
+
+/// Puts `count` one-op writes as fast as they are admitted; returns the most ops the node had in
+/// flight to the servers right after any of them.
+fn put_fast(n: &Node, tag: &str, count: usize) -> usize {
+    let mut most = 0;
+    for i in 0..count {
+        n.put(format!("{tag}-{i}").as_bytes(), b"v").unwrap();
+        most = most.max(n.flow_unacked_ops());
+    }
+    most
+}
+
+#[test]
+fn server_acks_pace_a_writer_and_a_lost_quorum_opens_its_window_until_acks_move() {
+    let w = World::new();
+    let ups: Vec<_> = (0..3).map(|_| up()).collect();
+    // Servers that sync, and so ack, only every 150 ms: far behind a writer of small records.
+    let slow = |id| ServerOptions { id, fsync: FsyncPolicy::IntervalMs(150), ..Default::default() };
+    let _servers: Vec<Server> = (0..3).map(|i| w.server_with(i, &ups[i as usize], slow(i))).collect();
+    const WINDOW: usize = 200;
+    let node = w.node_with(7, |o| {
+        o.writers = 1;
+        o.batch_ops_max = 4;
+        o.flow = FlowOptions { window_ops: WINDOW, stall: Duration::from_secs(2) };
+    });
+    let m = node.metrics().clone();
+    // Paced: never more than the window in flight (without flow control all 1,200 would be).
+    let most = put_fast(&node, "a", 1200);
+    assert!(most <= WINDOW, "{most} ops in flight, window {WINDOW}");
+    let waits = Metrics::get(&m.flow_waits);
+    assert!(waits > 0, "the writer never waited for the servers");
+    assert_eq!(Metrics::get(&m.flow_opened), 0, "acks kept moving: the window must not open");
+    node.sync_durable(Duration::from_secs(20)).expect("durable");
+
+    // Two of three servers cut off: no quorum acks. The writer waits one stall, then goes on.
+    ups[1].store(false, Ordering::Release);
+    ups[2].store(false, Ordering::Release);
+    let t0 = Instant::now();
+    put_fast(&node, "b", 1200);
+    assert_eq!(Metrics::get(&m.flow_opened), 1, "the window opens once");
+    assert!(t0.elapsed() >= Duration::from_secs(2), "it waited the stall first");
+
+    // Back: acks move, the window closes and paces the writer again.
+    ups[1].store(true, Ordering::Release);
+    ups[2].store(true, Ordering::Release);
+    node.sync_durable(Duration::from_secs(30)).expect("durable once the servers are back");
+    let most = put_fast(&node, "c", 1200);
+    assert!(most <= WINDOW, "{most} ops in flight after the window closed, window {WINDOW}");
+    assert!(Metrics::get(&m.flow_waits) > waits, "paced again");
+    assert_eq!(Metrics::get(&m.flow_opened), 1);
 }

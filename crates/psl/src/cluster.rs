@@ -838,6 +838,10 @@ pub fn up_host(config: &Path, name: &str) -> Result<i32> {
                 let w = psl_scl::writer_index(CAPSULEDB_ID, 0, 15).context("CapsuleDB's writer index")?;
                 a.extend(["--capsuledb-writer".into(), w.to_string()]);
             }
+            if c.kv_servers() > 0 {
+                // The capsule servers' acks pace the front end's writers (flow control).
+                a.extend(["--servers".into(), c.kv_servers().to_string()]);
+            }
             let (k, rx) = spawn(&format!("memcached {id}"), &a)?;
             kids.push(k);
             ready.push((format!("memcached {id}"), rx, "listening "));

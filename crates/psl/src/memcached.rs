@@ -59,7 +59,7 @@ pub struct MemcachedArgs {
     /// Embedded default only: receive-only replica nodes that verify and apply every write.
     #[arg(long, default_value_t = 0)]
     pub replicas: usize,
-    /// Writer actors of the front end's node (default: 1 embedded, 2 with --cluster).
+    /// Writer actors of the front end's node (default: 1).
     #[arg(long)]
     pub writers: Option<usize>,
     /// Join a running deployment instead of running the embedded default: DIR (or
@@ -89,7 +89,7 @@ pub struct MemcachedArgs {
     /// Most ops per record.
     #[arg(long, default_value_t = 512)]
     pub batch_ops_max: usize,
-    /// Microseconds a writer waits for a batch to fill (default: 5000 embedded, 500 with --cluster).
+    /// Microseconds a writer waits for a batch to fill (default: 5000 embedded, 2000 with --cluster).
     #[arg(long)]
     pub flush_us: Option<u64>,
     /// With --cluster: where this front end serves read-modify-write commands forwarded by the
@@ -134,7 +134,28 @@ pub struct MemcachedArgs {
     /// the memory limit with it, as --capsuledb.
     #[arg(long)]
     pub capsuledb_writer: Option<u32>,
+    /// Joining through a fabric (`--cluster ROUTER`, as `psl up` starts its front ends): the
+    /// capsule's servers (ids 0..N), whose acks pace the writers (`--flow-window-ops`).
+    /// `--cluster DIR` takes the deployment's. 0: none counted.
+    #[arg(long, default_value_t = 0)]
+    pub servers: u32,
+    /// With capsule servers: ops each writer may have sealed or queued and not yet durable at
+    /// a quorum of them; beyond it a set waits for their acks, so the writers run at the
+    /// servers' pace (0: off). When no quorum acks for a second the window opens until acks
+    /// move again.
+    #[arg(long, default_value_t = psl_node::flow::WINDOW_OPS_DEFAULT)]
+    pub flow_window_ops: usize,
 }
+
+/// A front end's writer actors when it joins a deployment. One writer signs every record of
+/// the front end: with batching it seals far more ops than a front end serves (one core signs
+/// about 20,000 records/s), and each extra writer halves the ops per record, which every other
+/// role then verifies once per record (`psl bench cluster`: 1 writer 0.68-0.69 of memcached
+/// on 50/50 against 0.38-0.50 with 2; docs/protocol/scale.md §7).
+pub const CLUSTER_WRITERS_DEFAULT: usize = 1;
+/// How long a joined front end's writer waits for a batch to fill, µs: the replication delay
+/// a set may see on its way to the other front ends, traded for ops per record.
+pub const CLUSTER_FLUSH_US_DEFAULT: u64 = 2000;
 
 /// What a front end needs to join the KV deployment of `psl up --kv` (the `kv` object of
 /// DIR/cluster.json).
@@ -388,9 +409,9 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
             (d.front_ends[0].clone(), Box::new((role, d, db_dir)))
         }
         Some(join) => {
-            let (fabric, capsule, owner, id, state, db) = match &join {
+            let (fabric, capsule, owner, id, state, db, servers) = match &join {
                 Join::Router { fabric, capsule, owner, id, state, db } => {
-                    (fabric.clone(), capsule.clone(), owner.clone(), *id, state.clone(), *db)
+                    (fabric.clone(), capsule.clone(), owner.clone(), *id, state.clone(), *db, a.servers)
                 }
                 Join::Dir(kv) => {
                     let id = draw_node_id(&kv.state)?;
@@ -399,7 +420,15 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
                     // and SCL does not replay history to a new node, so only CapsuleDB can serve
                     // what was written before it joined (and what its memory limit evicts).
                     let db = Some(kv.capsuledb_writer);
-                    (kv.fabric.clone(), kv.capsule.clone(), kv.owner.clone(), id, Some(state), db)
+                    (
+                        kv.fabric.clone(),
+                        kv.capsule.clone(),
+                        kv.owner.clone(),
+                        id,
+                        Some(state),
+                        db,
+                        kv.servers.len() as u32,
+                    )
                 }
             };
             let bytes = std::fs::read(&capsule).with_context(|| format!("reading {}", capsule.display()))?;
@@ -417,10 +446,10 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
             let opts = NodeOptions {
                 node_id: id,
                 incarnation,
-                writers: a.writers.unwrap_or(2),
+                writers: a.writers.unwrap_or(CLUSTER_WRITERS_DEFAULT),
                 verifiers: a.verifiers.unwrap_or(2),
                 batch_ops_max: a.batch_ops_max,
-                flush_delay: Duration::from_micros(a.flush_us.unwrap_or(500)),
+                flush_delay: Duration::from_micros(a.flush_us.unwrap_or(CLUSTER_FLUSH_US_DEFAULT)),
                 capsuledb: db,
                 core: psl_scl::NodeConfig {
                     cache_bytes_max: crate::roles::mib_bytes(crate::roles::repair_cache_mb(
@@ -428,7 +457,12 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
                         crate::roles::REPAIR_CACHE_MB_NODE,
                         budget_mb,
                     )),
+                    servers,
                     ..psl_scl::NodeConfig::default()
+                },
+                flow: psl_node::flow::FlowOptions {
+                    window_ops: a.flow_window_ops,
+                    ..psl_node::flow::FlowOptions::default()
                 },
                 ..NodeOptions::default()
             };

@@ -147,6 +147,11 @@ pub struct NodeArgs {
     /// 2f + 1). 0 turns durability off.
     #[arg(long, default_value_t = 0)]
     pub servers: u32,
+    /// With --servers: ops each writer may have sealed or queued and not yet durable at a
+    /// quorum; beyond it a put waits for the servers' acks (0: off). When no quorum acks for a
+    /// second the window opens until acks move again.
+    #[arg(long, default_value_t = psl_node::flow::WINDOW_OPS_DEFAULT)]
+    pub flow_window_ops: usize,
     /// Capsule servers' read addresses (`psl capsule-server --read`), comma-separated: the
     /// node starts by rebuilding its memtable from the first fresh one (not from peers), under
     /// an incarnation above any the servers have seen, and serves clients only after that.
@@ -325,6 +330,7 @@ pub fn run_node(a: NodeArgs) -> Result<i32> {
         },
         capsuledb: a.capsuledb,
         memtable_keys_max: a.memtable_keys_max,
+        flow: psl_node::flow::FlowOptions { window_ops: a.flow_window_ops, ..psl_node::flow::FlowOptions::default() },
         ..NodeOptions::default()
     };
     let keys = NodeKeys::derive(&meta, &app, &opts)?;

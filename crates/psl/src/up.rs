@@ -283,8 +283,9 @@ fn start_kv(
         ]);
         if a.kv_servers > 0 {
             // The capsule servers hold every record and answer repairs: a front end keeps
-            // only a short window of them for its peers.
+            // only a short window of them for its peers. Their acks pace its writers.
             args.extend(["--repair-cache-mb".into(), crate::roles::REPAIR_CACHE_MB_FOLLOWER.to_string()]);
+            args.extend(["--servers".into(), a.kv_servers.to_string()]);
         }
         // Even a group of one serves its peer address: joining front ends forward to it.
         args.extend(["--peer-listen".into(), binds[i].to_string(), "--peers".into(), list.clone()]);

@@ -27,7 +27,17 @@
 //!   queue), during the initial load and in steady state (the measured rounds):
 //!   `records_dropped_<fabric>` and `repair_requests_<fabric>` are the steady-state totals of
 //!   the front ends, the coordinator, CapsuleDB and the capsule servers (their `STATS`, apart
-//!   in `detail` as `followers_*`; a server's outbound drops are not counted).
+//!   in `detail` as `followers_*`; a server's outbound drops are not counted);
+//! - how the front ends batched sets in steady state, `ops_per_record_<fabric>` (every record
+//!   is verified once by each other role, so this divides most of the replication's CPU), and
+//!   `flow_waits_<fabric>`: sets that waited for the capsule servers' acks (flow control,
+//!   `psl_node::flow`).
+//!
+//! And what bounds the ratio on this machine: every process of both systems, the load
+//! generator included, shares the same cores, so when both are CPU-bound the best ratio is the
+//! CPU per operation of memcached's rounds (memcached and the load generator) over that of the
+//! deployment's rounds (its roles and the load generator). `detail.<fabric>.cpu_us_per_op`
+//! gives the four parts and `ratio_cpu_bound_<fabric>` that quotient (all mixes together).
 //!
 //! Headline: `ratio_a` and `ratio_mix` (uniform keys, router tree), the deployment over
 //! memcached in the same run. Goals (issue 17): 0.7 and 0.8; `drain_ms` under 1,000; no role
@@ -258,8 +268,16 @@ pub(super) fn start_up_kv(
 }
 
 /// The fabric counters every front end reports in `stats` (the counters of its node).
-const FRONT_END_COUNTERS: [&str; 4] =
-    ["psl_repair_requests_sent", "psl_repair_records_sent", "psl_inbound_dropped", "psl_outbound_dropped"];
+const FRONT_END_COUNTERS: [&str; 8] = [
+    "psl_repair_requests_sent",
+    "psl_repair_records_sent",
+    "psl_inbound_dropped",
+    "psl_outbound_dropped",
+    "psl_records_written",
+    "psl_ops_written",
+    "psl_flow_waits",
+    "psl_flow_opened",
+];
 
 /// Each front end's [`FRONT_END_COUNTERS`], read with a memcached `stats` command.
 fn front_end_counters(targets: &[SocketAddr]) -> Result<Vec<BTreeMap<String, u64>>> {
@@ -326,7 +344,8 @@ pub fn run(secs: f64, cases: &[String], reps: usize, show_progress: bool) -> Res
     let steps = (fabrics.len() * (1 + mixes.len() * dists.len() * reps)) as u64;
     let pb = if show_progress { super::progress(steps, "bench cluster") } else { indicatif::ProgressBar::hidden() };
 
-    let (_mc_guard, mc_port) = super::memcached::start_memcached(1)?;
+    let (mc_guard, mc_port) = super::memcached::start_memcached(1)?;
+    let me = std::process::id();
     let mc: SocketAddr = ([127, 0, 0, 1], mc_port).into();
     let l = loadgen::load(&spec(&[mc], Mix::read_update(0.0), Distribution::Uniform, secs))?;
     if l.errors > 0 {
@@ -351,13 +370,18 @@ pub fn run(secs: f64, cases: &[String], reps: usize, show_progress: bool) -> Res
         let mut runs = Vec::new();
         let mut cpu_by_role: BTreeMap<String, f64> = BTreeMap::new();
         let mut ops_all = 0u64;
+        // CPU seconds of the load generator (this process) in the deployment's and memcached's
+        // rounds, memcached's own, and memcached's operations.
+        let (mut gen_psl, mut gen_mc, mut mc_cpu, mut mc_ops) = (0.0, 0.0, 0.0, 0u64);
         for (mname, mix) in mixes {
             for d in dists {
                 let (mut p, mut m, mut drains, mut p50, mut p99, mut mp50, mut mp99) =
                     (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
                 for _ in 0..reps {
                     let before: Vec<f64> = rs.iter().map(|r| super::pid_cpu_seconds(r.pid)).collect();
+                    let g0 = super::pid_cpu_seconds(me);
                     let o = loadgen::run(&spec(&dep.targets, mix, d, secs))?;
+                    gen_psl += super::pid_cpu_seconds(me) - g0;
                     if o.errors > 0 {
                         bail!("{fabric}, {mname}, {}: {} errors: {:?}", d.name(), o.errors, o.first_error);
                     }
@@ -369,7 +393,11 @@ pub fn run(secs: f64, cases: &[String], reps: usize, show_progress: bool) -> Res
                     p.push(o.ops_per_s());
                     p50.push(o.quantile_us(0.5));
                     p99.push(o.quantile_us(0.99));
+                    let (g0, m0) = (super::pid_cpu_seconds(me), super::pid_cpu_seconds(mc_guard.pid()));
                     let om = loadgen::run(&spec(&[mc], mix, d, secs))?;
+                    gen_mc += super::pid_cpu_seconds(me) - g0;
+                    mc_cpu += super::pid_cpu_seconds(mc_guard.pid()) - m0;
+                    mc_ops += om.ops;
                     m.push(om.ops_per_s());
                     mp50.push(om.quantile_us(0.5));
                     mp99.push(om.quantile_us(0.99));
@@ -398,6 +426,17 @@ pub fn run(secs: f64, cases: &[String], reps: usize, show_progress: bool) -> Res
                        "cpu_s_per_1000_ops": cpu * 1000.0 / ops_all.max(1) as f64})
             })
             .collect();
+        let us_per_op = |cpu_s: f64, ops: u64| cpu_s * 1e6 / ops.max(1) as f64;
+        let psl_roles_cpu: f64 = cpu_by_role.values().sum();
+        let cpu_us = json!({
+            "psl_roles": us_per_op(psl_roles_cpu, ops_all),
+            "load_generator_with_psl": us_per_op(gen_psl, ops_all),
+            "memcached": us_per_op(mc_cpu, mc_ops),
+            "load_generator_with_memcached": us_per_op(gen_mc, mc_ops),
+        });
+        let bound = (us_per_op(mc_cpu, mc_ops) + us_per_op(gen_mc, mc_ops))
+            / (us_per_op(psl_roles_cpu, ops_all) + us_per_op(gen_psl, ops_all)).max(1e-9);
+        out.insert(format!("ratio_cpu_bound_{fabric}"), json!(bound));
         let rss_max = rs.iter().map(|r| hwm_mb(r.pid)).fold(0.0, f64::max);
         out.insert(format!("rss_mb_max_{fabric}"), json!(rss_max));
         // Every psl role's peak against its own budget (nats-server has none of ours).
@@ -419,10 +458,16 @@ pub fn run(secs: f64, cases: &[String], reps: usize, show_progress: bool) -> Res
         };
         out.insert(format!("records_dropped_{fabric}"), json!(sum("inbound_dropped") + sum("outbound_dropped")));
         out.insert(format!("repair_requests_{fabric}"), json!(sum("repair_requests_sent")));
+        // How well the front ends batched sets in steady state, and how often the servers'
+        // acks held a set back (flow control).
+        let (records, ops) =
+            (steady.get("records_written").copied().unwrap_or(0), steady.get("ops_written").copied().unwrap_or(0));
+        out.insert(format!("ops_per_record_{fabric}"), json!(ops as f64 / records.max(1) as f64));
+        out.insert(format!("flow_waits_{fabric}"), json!(steady.get("flow_waits").copied().unwrap_or(0)));
         detail.insert(
             (*fabric).into(),
             json!({"roles": roles_json, "runs": runs, "load_ops_per_s": l.ops_per_s(), "load_drain_ms": load_drain,
-                   "idle_cpu_ms_per_s": idle, "front_ends_steady": steady,
+                   "idle_cpu_ms_per_s": idle, "front_ends_steady": steady, "cpu_us_per_op": cpu_us,
                    "front_ends_during_load": counters_delta(&zero, &after_load),
                    "followers_steady": followers_steady, "followers_during_load": followers_after_load}),
         );

@@ -83,6 +83,12 @@ pub(super) fn free_port() -> Result<u16> {
 
 pub(super) struct Killed(Child);
 
+impl Killed {
+    pub(super) fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
 impl Drop for Killed {
     fn drop(&mut self) {
         let _ = self.0.kill();
