@@ -242,19 +242,10 @@ pub fn parse_grant_bundle(
     let mut sk = Zeroizing::new([0u8; 32]);
     sk.copy_from_slice(&b[85..117]);
     let key = SigningKey::from_bytes(&sk).map_err(|_| bad("signing key"))?;
-    let rest = &b[HEAD..];
-    let mlen = SignedMetadata::encoded_len(rest).map_err(|e| FaasError::Capsule(e.to_string()))?;
-    if rest.len() < mlen {
-        return Err(bad("metadata cut short"));
-    }
-    let meta = SignedMetadata::decode(&rest[..mlen]).map_err(|e| FaasError::Capsule(e.to_string()))?;
-    if meta.meta.policy.data_key_fp != data_key.fingerprint() {
-        return Err(bad("data key does not match the capsule"));
-    }
+    let (meta, tail) = crate::worker::job_metadata(&b[HEAD..], &data_key, bad)?;
     if meta.meta.policy.coordinator_at(rank) != Some(writer) {
         return Err(bad("the writer is not the capsule's coordinator of this rank"));
     }
-    let tail = &rest[mlen..];
     let mut certs = Vec::new();
     match meta.meta.policy.writer_keys {
         WriterKeys::Derived => {

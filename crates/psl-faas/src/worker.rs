@@ -297,16 +297,7 @@ fn parse_bundle(
         sk.copy_from_slice(&b[o + 4..o + 36]);
         writers.push((w, SigningKey::from_bytes(&sk).map_err(|_| bad("writer key"))?));
     }
-    let rest = &b[56 + 36 * n..];
-    let mlen = SignedMetadata::encoded_len(rest).map_err(|e| FaasError::Capsule(e.to_string()))?;
-    if rest.len() < mlen {
-        return Err(bad("metadata cut short"));
-    }
-    let meta = SignedMetadata::decode(&rest[..mlen]).map_err(|e| FaasError::Capsule(e.to_string()))?;
-    if meta.meta.policy.data_key_fp != data_key.fingerprint() {
-        return Err(bad("data key does not match the capsule"));
-    }
-    let tail = &rest[mlen..];
+    let (meta, tail) = job_metadata(&b[56 + 36 * n..], &data_key, bad)?;
     let mut certs = Vec::new();
     match meta.meta.policy.writer_keys {
         WriterKeys::Derived => {
@@ -335,6 +326,25 @@ fn parse_bundle(
         }
     }
     Ok((meta, data_key, writers, servers, certs))
+}
+
+/// A key bundle's capsule metadata, at the start of `rest`: decoded, checked against the job's
+/// data key, and returned with the bytes after it (the worker's and the coordinator's bundles
+/// both carry it).
+pub(crate) fn job_metadata<'a>(
+    rest: &'a [u8],
+    data_key: &DataKey,
+    bad: impl Fn(&str) -> FaasError,
+) -> Result<(SignedMetadata, &'a [u8]), FaasError> {
+    let mlen = SignedMetadata::encoded_len(rest).map_err(|e| FaasError::Capsule(e.to_string()))?;
+    if rest.len() < mlen {
+        return Err(bad("metadata cut short"));
+    }
+    let meta = SignedMetadata::decode(&rest[..mlen]).map_err(|e| FaasError::Capsule(e.to_string()))?;
+    if meta.meta.policy.data_key_fp != data_key.fingerprint() {
+        return Err(bad("data key does not match the capsule"));
+    }
+    Ok((meta, &rest[mlen..]))
 }
 
 /// A rotation bundle: `job id (16) ‖ node id u32 ‖ certificate (214) ‖ data key (32) ‖ n u16 ‖

@@ -6,24 +6,18 @@
 //! stalls and resumes registers again.
 
 use psl_faas::net::wire::{read_msg, write_msg, Msg};
-use psl_faas::net::ClusterInfo;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-struct Up {
-    child: Child,
-    dir: tempfile::TempDir,
-    info: ClusterInfo,
-}
+mod common;
 
-impl Drop for Up {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `psl up` in a directory of its own; the deployment stops before the directory goes.
+struct Up {
+    up: common::faas::Up,
+    dir: tempfile::TempDir,
 }
 
 fn psl() -> &'static str {
@@ -37,28 +31,7 @@ fn example(name: &str) -> PathBuf {
 /// Starts `psl up ARGS` and waits (bounded) for it to report ready.
 fn up(args: &[&str]) -> Up {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(psl())
-        .arg("up")
-        .args(args)
-        .arg("--dir")
-        .arg(dir.path().join("c"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let out = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if line.starts_with("up ") {
-                let _ = tx.send(());
-            }
-        }
-    });
-    rx.recv_timeout(Duration::from_secs(30)).expect("psl up reports ready");
-    let text = std::fs::read_to_string(dir.path().join("c/cluster.json")).unwrap();
-    let info: ClusterInfo = serde_json::from_str(&text).unwrap();
-    Up { child, dir, info }
+    Up { up: common::faas::up(dir.path(), args), dir }
 }
 
 impl Up {
@@ -76,7 +49,7 @@ impl Up {
     }
 
     fn debug(&self, worker: usize) -> serde_json::Value {
-        let mut s = TcpStream::connect(self.info.workers[worker].control).unwrap();
+        let mut s = TcpStream::connect(self.up.info.workers[worker].control).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         s.write_all(b"DEBUG\n").unwrap();
         let mut line = String::new();
@@ -86,7 +59,7 @@ impl Up {
 
     /// The worker ids in the scheduler's registry.
     fn registered(&self) -> Vec<u32> {
-        let mut s = TcpStream::connect(self.info.scheduler).unwrap();
+        let mut s = TcpStream::connect(self.up.info.scheduler).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         write_msg(&mut s, &Msg::Status).unwrap();
         match read_msg(&mut s).unwrap() {
@@ -134,7 +107,7 @@ fn faas_multiprocess_wordcount_capsule_reset_and_clean_stop() {
     // Each of the three capsule hosts stored the job's capsule; each store checks clean.
     let stored = v["stored_records"].as_array().unwrap();
     assert_eq!(stored.len(), 3, "{v}");
-    for (id, addr, dir) in &u.info.capsule_hosts {
+    for (id, addr, dir) in &u.up.info.capsule_hosts {
         let _ = addr;
         let n = stored.iter().find(|s| s[0] == *id).unwrap()[1].as_u64().unwrap();
         assert!(n > 4, "host {id} stored {n} records");
@@ -165,13 +138,13 @@ fn faas_multiprocess_wordcount_capsule_reset_and_clean_stop() {
     assert_eq!(json(&a)["ok"], true);
     assert_eq!(json(&b)["ok"], true);
     // SIGTERM stops every child and `psl up` itself, cleanly.
-    let pids: Vec<u32> = u.info.pids.iter().map(|(_, p)| *p).collect();
+    let pids: Vec<u32> = u.up.info.pids.iter().map(|(_, p)| *p).collect();
     // router, scheduler, leader; three capsule hosts; two coordinator hosts; four workers.
     assert_eq!(pids.len(), 3 + 3 + 2 + 4);
-    assert!(Command::new("kill").args(["-TERM", &u.child.id().to_string()]).status().unwrap().success());
+    assert!(Command::new("kill").args(["-TERM", &u.up.child.id().to_string()]).status().unwrap().success());
     let deadline = Instant::now() + Duration::from_secs(10);
     let st = loop {
-        if let Some(st) = u.child.try_wait().unwrap() {
+        if let Some(st) = u.up.child.try_wait().unwrap() {
             break st;
         }
         assert!(Instant::now() < deadline, "psl up did not stop on SIGTERM");
@@ -198,7 +171,7 @@ fn faas_multiprocess_worker_outside_policy_gets_no_key() {
     assert_wiped(&d);
     // A client whose policy does not hold the leader's measurement refuses the leader before
     // it hands over the owner key; no worker is ever forwarded the job.
-    let mut info = u.info.clone();
+    let mut info = u.up.info.clone();
     let policy = std::fs::read_to_string(&info.attest_policy).unwrap();
     let m = policy.lines().find_map(|l| l.strip_prefix("measurement = ")).unwrap().trim_matches('"').to_string();
     let other_policy = u.dir.path().join("other-policy.toml");
@@ -254,7 +227,7 @@ fn faas_multiprocess_worker_without_heartbeats_is_dropped() {
     }
     // Worker 1 stalls (SIGSTOP) past the timeout: dropped; it resumes (SIGCONT): it notices
     // and registers again.
-    let pid = u.info.pids.iter().find(|(n, _)| n == "worker 1").unwrap().1.to_string();
+    let pid = u.up.pid("worker 1").to_string();
     assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
     let deadline = Instant::now() + Duration::from_secs(15);
     while !u.registered().is_empty() {
@@ -296,7 +269,7 @@ emit(JSON.stringify(out));
     let program = program.to_str().unwrap();
     let kill = |host: u32| {
         let name = format!("capsule host {host}");
-        let pid = u.info.pids.iter().find(|(n, _)| *n == name).unwrap().1.to_string();
+        let pid = u.up.pid(&name).to_string();
         assert!(Command::new("kill").args(["-KILL", &pid]).status().unwrap().success());
     };
     let outs = |v: &serde_json::Value| -> Vec<serde_json::Value> {
