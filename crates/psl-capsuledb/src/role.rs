@@ -7,7 +7,11 @@
 //! - *apply*: drains the node's update journal into the tree; when the index changes (a freeze,
 //!   maybe compactions) it records the newest index and multicasts a signed frontier (`heads`)
 //!   naming that index; it also freezes an idle memtable after `idle_flush` so that workers'
-//!   pinned keys become evictable, and re-sends the frontier every `heads_every`.
+//!   pinned keys become evictable, and re-sends the frontier every `heads_every`. Every
+//!   `ack_every`, while its backlog (journaled and spilled updates) is within
+//!   `ack_backlog_max`, it signs and multicasts an ack of what the node has applied, which
+//!   paces the writers (flow control: a CapsuleDB that falls behind stops acking, and the
+//!   writers wait for it instead of its queues overflowing).
 //! - *answer*: takes read requests, groups them by key, reads each key once (memtable, L0
 //!   newest first, one block per level) and multicasts one signed, sealed answer per key with
 //!   the original `(lamport, writer)` version and every request id it answers.
@@ -22,6 +26,8 @@ use psl_scl::dbwire::{
     AnswerBody, DbAnswer, DbHeads, DbMsg, DbRequest, DbScan, DbScanAnswer, ScanBody, ANSWER_KEYS_MAX, ANSWER_REQS_MAX,
     DB_HEADS_MAX, SCAN_BODY_BYTES_MAX,
 };
+use psl_scl::wire::{Ack, AckEntry, ACK_ENTRIES_MAX};
+use psl_scl::Msg;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -37,6 +43,11 @@ pub struct RoleOptions {
     pub heads_every: Duration,
     /// Most journaled updates applied per lock hold.
     pub apply_batch_max: usize,
+    /// How often to ack what the node has taken in (`Duration::ZERO`: never; writers then are
+    /// not paced by CapsuleDB).
+    pub ack_every: Duration,
+    /// Acks are held while more updates than this wait for the tree (journaled or spilled).
+    pub ack_backlog_max: usize,
 }
 
 impl Default for RoleOptions {
@@ -45,9 +56,15 @@ impl Default for RoleOptions {
             idle_flush: Duration::from_millis(500),
             heads_every: Duration::from_millis(250),
             apply_batch_max: 4096,
+            ack_every: Duration::from_millis(ACK_EVERY_MS_DEFAULT),
+            ack_backlog_max: 4096,
         }
     }
 }
+
+/// Default interval between CapsuleDB's acks: short beside a writer's flow window (16,384
+/// ops), so that a healthy CapsuleDB never makes a writer wait.
+pub const ACK_EVERY_MS_DEFAULT: u64 = 20;
 
 /// Counters of the role.
 #[derive(Debug, Default)]
@@ -58,6 +75,17 @@ pub struct RoleStats {
     pub misses: AtomicU64,
     pub errors: AtomicU64,
     pub heads_sent: AtomicU64,
+    /// Acks multicast (flow control).
+    pub acks_sent: AtomicU64,
+    /// Acks held back because the backlog was above `ack_backlog_max`.
+    pub acks_held: AtomicU64,
+}
+
+/// What the last acks said: per writer, the newest seq acked.
+struct AckState {
+    sent: BTreeMap<u32, u64>,
+    last: Instant,
+    last_full: Instant,
 }
 
 /// What signs answers and heads: CapsuleDB's writer index and key, and the data key that
@@ -119,10 +147,52 @@ impl Shared {
         Ok(())
     }
 
+    /// Acks what the node has applied (every writer whose head moved, all of them every
+    /// `heads_every`), unless the backlog toward the tree is above `ack_backlog_max`. The
+    /// acks name each writer's newest applied record and its hash; writers count them for
+    /// their own chains only (`NodeCore::flow_next`), never toward durability.
+    fn ack(&self, st: &mut AckState, opts: &RoleOptions) {
+        if opts.ack_every.is_zero() || st.last.elapsed() < opts.ack_every {
+            return;
+        }
+        st.last = Instant::now();
+        let backlog = self.node.memtable().journal_len() + self.publisher.as_ref().map_or(0, |p| p.spilled());
+        if backlog > opts.ack_backlog_max {
+            self.stats.acks_held.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let heads = self.node.applied_heads();
+        let full = st.last_full.elapsed() >= opts.heads_every;
+        if full {
+            st.last_full = Instant::now();
+        }
+        let entries: Vec<AckEntry> = heads
+            .iter()
+            .filter(|l| full || st.sent.get(&l.writer).is_none_or(|s| *s < l.seq))
+            .map(|l| AckEntry {
+                writer: l.writer,
+                from_seq: st.sent.get(&l.writer).map_or(0, |s| s + 1).min(l.seq),
+                to_seq: l.seq,
+                hash: l.hash,
+            })
+            .collect();
+        for chunk in entries.chunks(ACK_ENTRIES_MAX) {
+            let a = Ack::sign(self.node.capsule(), self.keys.writer, chunk.to_vec(), &self.keys.signing);
+            if self.node.publish(Msg::Ack(a).encode()).is_ok() {
+                self.stats.acks_sent.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        for e in entries {
+            st.sent.insert(e.writer, e.to_seq);
+        }
+    }
+
     fn apply_loop(&self, opts: RoleOptions) {
         let mut last_change = Instant::now();
         let mut last_heads = Instant::now();
+        let mut acks = AckState { sent: BTreeMap::new(), last: Instant::now(), last_full: Instant::now() };
         while !self.stop.load(Ordering::Acquire) {
+            self.ack(&mut acks, &opts);
             // With servers, what was spilled while the tree waited for acks comes first.
             let wait = Duration::from_millis(20);
             let batch = match &self.publisher {

@@ -138,6 +138,11 @@ impl Publisher {
         lock(&self.pending).is_empty()
     }
 
+    /// Updates spilled while `sync` waited for acks, not yet taken by the apply thread.
+    pub fn spilled(&self) -> usize {
+        lock(&self.spill).len()
+    }
+
     /// The next journaled updates for the tree, in journal order: first what was spilled while
     /// [`BlockStore::sync`] waited for acks, else up to `max` from `node`'s journal (waiting up
     /// to `timeout` for the first).

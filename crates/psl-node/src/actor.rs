@@ -188,6 +188,16 @@ impl Actor {
                 }
             }
         }
+        // Flow control in messages: with `window_records` records in flight, wait (up to a
+        // stall) for acks; the batch grows meanwhile.
+        if q.flow.records_full() {
+            let deadline = Instant::now() + q.flow.stall;
+            while q.flow.records_full() && !q.ctl_waiting.load(Ordering::Acquire) {
+                if q.work.wait_until(&mut ops, deadline).timed_out() {
+                    break;
+                }
+            }
+        }
         let n = fitting(&ops, self.batch_ops_max, self.batch_bytes_max);
         let batch: Vec<Op> = ops.drain(..n).collect();
         let r = q.flow.reserve(n);

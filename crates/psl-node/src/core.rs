@@ -138,6 +138,10 @@ pub(crate) struct Core {
     /// Whether the coordinator writer has carried its own certificate into its chain in this
     /// process (a certified capsule): it does so before its first other record.
     pub coordinator_introduced: bool,
+    /// The CapsuleDB role's node: the newest applied record of every writer, refreshed every
+    /// tick, read without asking the core ([`crate::Node::applied_heads`]: the role's apply
+    /// thread must never wait for a core that may be waiting for it on a full journal).
+    pub applied: Option<Arc<parking_lot::Mutex<Vec<psl_capsule::Link>>>>,
 }
 
 impl Core {
@@ -181,10 +185,15 @@ impl Core {
             if Instant::now() >= next_tick {
                 next_tick = Instant::now() + self.tick;
                 let now = self.now();
+                let backlog = self.incoming_rx.len() + self.verify_tx.as_ref().map_or(0, |t| t.len());
+                self.core.set_inbound_backlog(backlog);
                 let out = self.core.on_tick(now);
                 self.outputs(out);
                 // Acks are counted at the tick (one signature check per server per tick).
                 self.flow_acked();
+                if let Some(a) = &self.applied {
+                    *a.lock() = self.core.orderer().heads().into_values().collect();
+                }
             }
             // Durability barriers complete on acks (messages) and time out on their own clock.
             if !durable.is_empty() {
@@ -272,13 +281,22 @@ impl Core {
         }
     }
 
-    /// Tells each writer's flow window what a quorum of servers now holds, and wakes the `put`s
+    /// Tells each writer's flow window what a quorum of servers now holds, CapsuleDB has taken
+    /// in and the pacing peers have applied ([`NodeCore::flow_next`]), and wakes the `put`s
     /// waiting for room when it moved.
     fn flow_acked(&self) {
         for (q, _) in &self.actors {
-            if q.flow.window_ops > 0 && q.flow.acked(self.core.durable_next(q.writer)) {
+            let stall_ms = q.flow.stall.as_millis() as u64;
+            // A peer may lag a window's records behind its last hint before it slows the
+            // writer; one further behind than 64 windows is catching up by repair and does not
+            // pace.
+            let slack = q.flow.window_records as u64;
+            let peer_lag_max = 64 * slack;
+            if q.flow.window_ops > 0 && q.flow.acked(self.core.flow_next(q.writer, stall_ms, slack, peer_lag_max)) {
                 let _g = q.ops.lock();
                 q.space.notify_all();
+                // The actor may wait for records in flight to be acked.
+                q.work.notify_all();
             }
         }
     }

@@ -9,6 +9,13 @@
 //! `stall` while a writer waits (no quorum reachable: servers down or cut off), the window opens:
 //! writes go on as they would without servers, `sync_durable` fails as before, and the window
 //! closes again at the next ack that moves.
+//!
+//! On a node that uses CapsuleDB, CapsuleDB's acks (what it has taken in) pace the writers
+//! too, and so do peer nodes through their tagged heads hints: the window is released up to
+//! `NodeCore::flow_next`, the lowest of the quorum's, a live CapsuleDB's and the pacing peers'
+//! next seq (one whose acks or hints stalled for `stall` stops counting until they move).
+//! Beside ops, at most `window_records` records are in flight: the receivers' queues count
+//! messages.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -20,19 +27,29 @@ pub struct FlowOptions {
     /// Ops per writer sealed or queued and not yet durable at a quorum; 0 turns flow control off
     /// (it is off anyway for a node without servers).
     pub window_ops: usize,
+    /// Records per writer sealed and not yet acked: a bound in messages, for the receivers'
+    /// queues (which count messages), when records are small (`batch_ops_max` 1, or a
+    /// trickle of writes). Only with `window_ops` above 0.
+    pub window_records: usize,
     /// How long a writer waits for acks that do not move before it opens the window.
     pub stall: Duration,
 }
 
 impl Default for FlowOptions {
     fn default() -> Self {
-        FlowOptions { window_ops: WINDOW_OPS_DEFAULT, stall: Duration::from_millis(STALL_MS_DEFAULT) }
+        FlowOptions {
+            window_ops: WINDOW_OPS_DEFAULT,
+            window_records: WINDOW_RECORDS_DEFAULT,
+            stall: Duration::from_millis(STALL_MS_DEFAULT),
+        }
     }
 }
 
 /// Default window: far above what a writer has in flight at the servers' pace on a healthy
 /// deployment (a few milliseconds of group commit), so it only bites when they fall behind.
 pub const WINDOW_OPS_DEFAULT: usize = 16_384;
+/// Default bound on records in flight: a quarter of a fabric receive queue (4,096 messages).
+pub const WINDOW_RECORDS_DEFAULT: usize = 1_024;
 /// Default stall before the window opens.
 pub const STALL_MS_DEFAULT: u64 = 1_000;
 /// Most records tracked per writer; beyond it the newest entries merge (a merged entry is freed
@@ -46,9 +63,12 @@ const TRACKED_RECORDS_MAX: usize = 4_096;
 #[derive(Debug)]
 pub(crate) struct Flow {
     pub window_ops: usize,
+    pub window_records: usize,
     pub stall: Duration,
     /// Ops taken from the queue and not yet durable at a quorum.
     unacked_ops: AtomicUsize,
+    /// Records sealed and not yet durable at a quorum.
+    unacked_records: AtomicUsize,
     /// The window is open: acks stopped moving while a writer waited.
     open: AtomicBool,
     state: parking_lot::Mutex<FlowState>,
@@ -56,8 +76,9 @@ pub(crate) struct Flow {
 
 #[derive(Debug, Default)]
 struct FlowState {
-    /// Sealed records not yet durable, oldest first: (the writer's next seq after it, its ops).
-    inflight: VecDeque<(u64, usize)>,
+    /// Sealed records not yet durable, oldest first: (the writer's next seq after it, its ops,
+    /// the records it stands for: 1, or more once entries merged).
+    inflight: VecDeque<(u64, usize, usize)>,
     /// The quorum's durable next seq for this writer, as last told by the core.
     durable_next: u64,
     /// When a `put` first waited for acks since they last moved.
@@ -89,8 +110,10 @@ impl Flow {
     pub fn new(o: FlowOptions) -> Flow {
         Flow {
             window_ops: o.window_ops,
+            window_records: o.window_records.max(1),
             stall: o.stall,
             unacked_ops: AtomicUsize::new(0),
+            unacked_records: AtomicUsize::new(0),
             open: AtomicBool::new(false),
             state: parking_lot::Mutex::new(FlowState::default()),
         }
@@ -108,10 +131,24 @@ impl Flow {
         let _ = self.unacked_ops.fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| Some(u.saturating_sub(ops)));
     }
 
+    fn release_records(&self, n: usize) {
+        let _ = self.unacked_records.fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| Some(u.saturating_sub(n)));
+    }
+
+    pub fn unacked_records(&self) -> usize {
+        self.unacked_records.load(Ordering::Acquire)
+    }
+
     /// The fast path of `put`, without the lock: flow control is off or open, or the window has
     /// room for one more op beside `queued`.
     pub fn has_room(&self, queued: usize) -> bool {
         self.window_ops == 0 || self.is_open() || queued + self.unacked_ops() < self.window_ops
+    }
+
+    /// Whether the writer has `window_records` records in flight: its actor then waits (up to
+    /// `stall`) before it seals the next one, and the ops queue up into larger records meanwhile.
+    pub fn records_full(&self) -> bool {
+        self.window_ops > 0 && !self.is_open() && self.unacked_records() >= self.window_records
     }
 
     /// Whether a `put` that finds `queued` ops in the writer's queue may add one now. Called
@@ -133,6 +170,7 @@ impl Flow {
         st.inflight.clear();
         st.generation += 1;
         self.unacked_ops.store(0, Ordering::Release);
+        self.unacked_records.store(0, Ordering::Release);
         self.open.store(true, Ordering::Release);
         *opened = true;
         Admit::Go
@@ -158,13 +196,14 @@ impl Flow {
         if st.generation != r.generation {
             return; // the window opened meanwhile and dropped the count
         }
+        self.unacked_records.fetch_add(1, Ordering::AcqRel);
         if st.inflight.len() >= TRACKED_RECORDS_MAX {
             if let Some(last) = st.inflight.back_mut() {
-                *last = (next_seq, last.1 + r.ops);
+                *last = (next_seq, last.1 + r.ops, last.2 + 1);
                 return;
             }
         }
-        st.inflight.push_back((next_seq, r.ops));
+        st.inflight.push_back((next_seq, r.ops, 1));
     }
 
     /// Sealing failed: the reserved ops are not in flight.
@@ -186,11 +225,15 @@ impl Flow {
         }
         st.durable_next = durable_next;
         st.waiting_since = None;
-        let mut freed = 0;
-        while st.inflight.front().is_some_and(|(next, _)| *next <= durable_next) {
-            freed += st.inflight.pop_front().map_or(0, |(_, n)| n);
+        let (mut freed, mut records) = (0, 0);
+        while st.inflight.front().is_some_and(|(next, _, _)| *next <= durable_next) {
+            if let Some((_, n, r)) = st.inflight.pop_front() {
+                freed += n;
+                records += r;
+            }
         }
         self.release(freed);
+        self.release_records(records);
         self.open.store(false, Ordering::Release);
         true
     }
@@ -201,7 +244,7 @@ mod tests {
     use super::*;
 
     fn flow(window_ops: usize) -> Flow {
-        Flow::new(FlowOptions { window_ops, stall: Duration::from_millis(100) })
+        Flow::new(FlowOptions { window_ops, window_records: 1_000_000, stall: Duration::from_millis(100) })
     }
 
     /// The actor's side: take `ops` from the queue, seal them as the record ending before `next`.
@@ -234,6 +277,31 @@ mod tests {
         f.unseal(r);
         assert_eq!(f.unacked_ops(), 0);
         assert!(!opened);
+    }
+
+    #[test]
+    fn small_records_are_bounded_in_number_too() {
+        let f = Flow::new(FlowOptions { window_ops: 1_000, window_records: 3, stall: Duration::from_millis(100) });
+        let now = Instant::now();
+        let mut opened = false;
+        for next in 1..=3 {
+            assert!(!f.records_full());
+            assert_eq!(f.admit(0, now, &mut opened), Admit::Go);
+            seal(&f, 1, next);
+        }
+        assert_eq!((f.unacked_ops(), f.unacked_records()), (3, 3));
+        assert!(f.records_full());
+        assert!(f.acked(2));
+        assert_eq!((f.unacked_ops(), f.unacked_records()), (1, 1));
+        assert!(!f.records_full());
+        // Merged entries free every record they stand for.
+        let tracked = Flow::new(FlowOptions { window_ops: 1_000, window_records: 1_000_000, stall: Duration::ZERO });
+        for next in 1..=(TRACKED_RECORDS_MAX as u64 + 10) {
+            seal(&tracked, 1, next);
+        }
+        assert_eq!(tracked.unacked_records(), TRACKED_RECORDS_MAX + 10);
+        assert!(tracked.acked(TRACKED_RECORDS_MAX as u64 + 10));
+        assert_eq!(tracked.unacked_records(), 0);
     }
 
     #[test]

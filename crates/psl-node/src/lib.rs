@@ -18,8 +18,10 @@
 //! - [`options`]: [`NodeOptions`] and the limits of every queue.
 //! - `actor`: writer actors (one [`psl_capsule::Author`] each) and their bounded op queues.
 //! - `core`: the core thread that owns the [`psl_scl::NodeCore`].
-//! - [`flow`]: flow control from the capsule servers' acks back to the writers: a writer runs at
-//!   most [`flow::FlowOptions::window_ops`] ahead of what a quorum holds.
+//! - [`flow`]: flow control from the capsule servers', CapsuleDB's and peers' acks back to the
+//!   writers: a writer runs at most [`flow::FlowOptions::window_ops`] ops and
+//!   [`flow::FlowOptions::window_records`] records ahead of what a quorum holds, a live
+//!   CapsuleDB has taken in and its pacing peers have applied.
 //! - [`chainlog`]: a coordinator's own-chain log (write-ahead of every record it signs), so a
 //!   coordinator restarted on its state directory never signs a seq twice.
 //! - `dbclient`: the CapsuleDB miss path: sealed requests, verified answers and frontiers

@@ -172,6 +172,8 @@ pub struct Node {
     db_get_timeout: Duration,
     db_get_retry: Duration,
     db_requests: Option<crossbeam_channel::Receiver<psl_scl::dbwire::DbRequest>>,
+    /// The CapsuleDB role's applied heads (see [`Node::applied_heads`]).
+    applied: Option<Arc<parking_lot::Mutex<Vec<psl_capsule::Link>>>>,
 }
 
 impl std::fmt::Debug for Node {
@@ -204,13 +206,9 @@ impl Node {
         let mut actors = Vec::new();
         for (w, key) in keys.writers {
             let batch_ops_max = opts.batch_ops_max.clamp(1, limits.ops_per_record_max as usize);
-            // Without servers nothing acks: flow control is off.
-            let flow = if opts.core.servers == 0 {
-                crate::flow::FlowOptions { window_ops: 0, ..opts.flow }
-            } else {
-                opts.flow
-            };
-            let q = Arc::new(ActorQueue::new(w, opts.queue_ops_max.max(opts.batch_ops_max), batch_ops_max, flow));
+            // Servers, CapsuleDB and peers pace the writer (without any of them the window is
+            // released as fast as the core applies the own records).
+            let q = Arc::new(ActorQueue::new(w, opts.queue_ops_max.max(opts.batch_ops_max), batch_ops_max, opts.flow));
             let (ctl_tx, ctl_rx) = bounded(1024);
             let author = make_author(&keys.meta, &keys.data_key, &keys.certs, key, w)?;
             let actor = Actor {
@@ -345,7 +343,16 @@ impl Node {
             metrics.clone(),
             actors.iter().map(|(q, _)| q.writer),
             coordinator.as_ref().map(|(w, cfg, _)| (*w, CoordinatorSm::new(*cfg, 0))),
-            opts.core,
+            // The CapsuleDB this node reads from also paces its writers (its acks), and so do
+            // its peers (tagged heads hints; the id is random, so restarts get a new one).
+            psl_scl::NodeConfig {
+                capsuledb: opts.core.capsuledb.or(opts.capsuledb),
+                peer_id: match opts.core.peer_id {
+                    0 => rand::random::<u64>() | 1,
+                    id => id,
+                },
+                ..opts.core
+            },
         );
         core.set_announcements(keys.certs.clone());
         let mut restored = Vec::new();
@@ -357,6 +364,7 @@ impl Node {
             }
             _ => None,
         };
+        let applied = opts.capsuledb_role.map(|_| Arc::new(parking_lot::Mutex::new(Vec::new())));
         let mut core = Core {
             core,
             chain_log,
@@ -374,6 +382,7 @@ impl Node {
             tick: opts.tick,
             start,
             coordinator_introduced: false,
+            applied: applied.clone(),
         };
         core.restored(restored);
         threads.push(std::thread::Builder::new().name("core".into()).spawn(move || core.run())?);
@@ -398,6 +407,7 @@ impl Node {
             db_get_timeout: opts.db_get_timeout,
             db_get_retry: opts.db_get_retry,
             db_requests,
+            applied,
         })
     }
 
@@ -914,6 +924,13 @@ impl Node {
         rrx.recv_deadline(deadline).map_err(|_| NodeError::Stopped)
     }
 
+    /// CapsuleDB role only (`NodeOptions::capsuledb_role`): the newest record this node has
+    /// applied of every writer, as of the core's last tick (what CapsuleDB's acks name). Never
+    /// waits for the core. Empty on other nodes.
+    pub fn applied_heads(&self) -> Vec<psl_capsule::Link> {
+        self.applied.as_ref().map(|a| a.lock().clone()).unwrap_or_default()
+    }
+
     /// The node's epoch (the newest SYNC applied).
     pub fn epoch(&self) -> Result<u64, NodeError> {
         Ok(self.rotation_state(Instant::now() + Duration::from_secs(5))?.epoch)
@@ -965,9 +982,15 @@ impl Node {
     }
 
     /// Ops sealed by this node's writers and not yet durable at a quorum of capsule servers
-    /// (0 without servers or with flow control off; see [`crate::flow`]).
+    /// and taken in by CapsuleDB (0 without either, or with flow control off; see
+    /// [`crate::flow`]).
     pub fn flow_unacked_ops(&self) -> usize {
         self.actors.iter().map(|(q, _)| q.flow.unacked_ops()).sum()
+    }
+
+    /// Records sealed by this node's writers and not yet acked (see [`crate::flow`]).
+    pub fn flow_unacked_records(&self) -> usize {
+        self.actors.iter().map(|(q, _)| q.flow.unacked_records()).sum()
     }
 
     /// Prometheus text of the node's counters.

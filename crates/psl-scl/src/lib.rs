@@ -8,8 +8,8 @@
 //!   optionally bounded (evicts cold keys CapsuleDB holds), with an optional update journal.
 //! - [`inline_key`]: [`InlineKey`], a map key that keeps short keys in the table's slot.
 //! - [`clock`]: the node's Lamport clock.
-//! - [`wire`]: the messages nodes exchange over the untrusted fabric (records, repair requests,
-//!   heads hints).
+//! - [`wire`]: the messages nodes exchange over the untrusted fabric (records, repair requests
+//!   with an optional origin-only flag, heads hints, capsule servers' and CapsuleDB's acks).
 //! - [`dbwire`]: CapsuleDB's messages: sealed read requests, signed sealed answers carrying the
 //!   original version, signed frontiers (what bounded memtables may evict).
 //! - [`orderer`]: the receive state machine: per-writer `seq` order, hold-back, gap repair,
@@ -18,7 +18,8 @@
 //!   primary or shadow; it holds before a key rotation epoch until it has its new key.
 //! - [`node`]: [`NodeCore`], one node's protocol logic: orderer + optional coordinator + the
 //!   record cache that answers repairs + the `sync()` barrier + application key rotation
-//!   (installing certificates, refusing retired-key records before any signature check).
+//!   (installing certificates, refusing retired-key records before any signature check) +
+//!   ack counting (durability from the servers, flow control from them and CapsuleDB).
 //! - [`metrics`]: counters, rejections by reason, Prometheus text.
 //!
 //! The protocol is described in `docs/protocol/scl.md`.

@@ -480,6 +480,11 @@ impl Memtable {
         out
     }
 
+    /// Updates journaled and not yet drained (0 without a journal).
+    pub fn journal_len(&self) -> usize {
+        self.journal.as_ref().map_or(0, |j| j.q.lock().len())
+    }
+
     /// Stops journaling (the consumer is gone): appliers never block on it again.
     pub fn close_journal(&self) {
         if let Some(j) = &self.journal {

@@ -137,6 +137,8 @@ pub struct Metrics {
     pub ops_written: AtomicU64,
     pub records_held: AtomicU64,
     pub repair_requests_sent: AtomicU64,
+    /// Of those, first tries asked of the records' writer only (`origin_only`).
+    pub repair_requests_origin: AtomicU64,
     pub repair_records_sent: AtomicU64,
     pub syncs_applied: AtomicU64,
     pub withholding_reports: AtomicU64,
@@ -185,6 +187,7 @@ impl Metrics {
             ("records_held_total", &self.records_held),
             ("outbound_dropped_total", &self.outbound_dropped),
             ("repair_requests_sent_total", &self.repair_requests_sent),
+            ("repair_requests_origin_total", &self.repair_requests_origin),
             ("repair_records_sent_total", &self.repair_records_sent),
             ("syncs_applied_total", &self.syncs_applied),
             ("withholding_reports_total", &self.withholding_reports),

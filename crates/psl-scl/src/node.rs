@@ -51,6 +51,16 @@ pub struct NodeConfig {
     /// `n / 2 + 1` (f + 1 for n = 2f + 1), of them has acked it. See
     /// `docs/protocol/durability.md`.
     pub servers: u32,
+    /// CapsuleDB's writer index (the one that signs its answers and frontiers), on a node that
+    /// uses CapsuleDB: its signed acks of what it has taken in pace this node's writers beside
+    /// the servers' quorum ([`NodeCore::flow_next`]). They never count toward durability.
+    pub capsuledb: Option<u32>,
+    /// This node's peer id in its heads hints (0: untagged, and no pacing by peers): peers
+    /// that hint a tagged id pace this node's writers ([`NodeCore::flow_next`]). The runtime
+    /// draws it at random.
+    pub peer_id: u64,
+    /// How often a node with a peer id hints the heads that moved (flow control toward peers).
+    pub flow_hint_ms: u64,
 }
 
 impl Default for NodeConfig {
@@ -65,6 +75,9 @@ impl Default for NodeConfig {
             hint_requests_per_tick: 64,
             rejoin_ms: 0,
             servers: 0,
+            capsuledb: None,
+            peer_id: 0,
+            flow_hint_ms: 50,
         }
     }
 }
@@ -223,6 +236,22 @@ pub struct NodeCore {
     /// so one signature check per server per tick stands for all those that came meanwhile
     /// (a server acks every group commit, a front end would otherwise verify thousands a second).
     pending_acks: BTreeMap<u32, Ack>,
+    /// Per own writer: CapsuleDB's taken-in next seq (its acks, see [`NodeConfig::capsuledb`]).
+    db_acked: BTreeMap<u32, u64>,
+    /// When (the core's clock, ms) CapsuleDB's acks last moved for an own writer; 0 before
+    /// the first (so a node counts on its CapsuleDB from the start, and waits at most one
+    /// stall if it is absent).
+    db_moved_at: u64,
+    /// The core's clock at the last tick.
+    now_ms: u64,
+    /// Incoming messages waiting for the core, as the runtime last said.
+    inbound_backlog: usize,
+    /// Per peer id (tagged heads hints): per own writer, the peer's applied next seq and when
+    /// it last moved; and when the peer last hinted. At most [`PEERS_MAX`] peers.
+    peers: BTreeMap<u64, PeerFlow>,
+    /// Own heads as last hinted for flow control, and when.
+    flow_hinted: BTreeMap<u32, u64>,
+    last_flow_hint_at: u64,
     /// Durability barriers: own writers' next seqs that must be acked by a quorum.
     durables: BTreeMap<u64, BTreeMap<u32, u64>>,
     /// The application key generation this node's coordinator writer holds keys for.
@@ -231,6 +260,24 @@ pub struct NodeCore {
     /// every [`CERTS_ANNOUNCE_MS`] so that late joiners learn them (`wire` module docs).
     announce: Vec<KeyStatement>,
     last_announce_at: Option<u64>,
+}
+
+/// The key of CapsuleDB's pending ack beside the servers' ids (which are below 2^15).
+const DB_ACKER: u32 = u32::MAX;
+
+/// Above this many incoming messages waiting, hints make no repair requests.
+pub const INBOUND_BACKLOG_HINTS_MAX: usize = 64;
+
+/// Most peers whose hints pace this node's writers; beyond it the one silent longest is
+/// forgotten.
+pub const PEERS_MAX: usize = 64;
+
+/// What one peer said of this node's writers (flow control toward peers).
+#[derive(Debug, Default)]
+struct PeerFlow {
+    /// Per own writer: the peer's applied next seq, and when (ms) it last moved.
+    writers: BTreeMap<u32, (u64, u64)>,
+    last_seen: u64,
 }
 
 /// How often a node (and a capsule server) announces its own writers' certificates.
@@ -280,6 +327,13 @@ impl NodeCore {
             last_probe: None,
             acked: BTreeMap::new(),
             pending_acks: BTreeMap::new(),
+            db_acked: BTreeMap::new(),
+            db_moved_at: 0,
+            now_ms: 0,
+            inbound_backlog: 0,
+            peers: BTreeMap::new(),
+            flow_hinted: BTreeMap::new(),
+            last_flow_hint_at: 0,
             durables: BTreeMap::new(),
             coordinator_key_gen: 0,
             announce: Vec::new(),
@@ -525,6 +579,11 @@ impl NodeCore {
         certs.get(self.coordinator_key_gen as usize).map(|c| c.from_epoch)
     }
 
+    /// Whether this node wrote `writer`'s records (one of its writers, or its coordinator's).
+    fn is_origin(&self, writer: u32) -> bool {
+        self.local.contains(&writer) || self.coordinator_writer == Some(writer)
+    }
+
     /// A repair request arrived: queue the records we hold in that range.
     pub fn on_repair(&mut self, writer: u32, from_seq: u64, to_seq: u64) {
         let to = to_seq.min(from_seq.saturating_add(self.cfg.orderer.repair_chunk.max(1) - 1));
@@ -540,10 +599,15 @@ impl NodeCore {
     /// A message from the fabric that is not a record (records go through the verifier).
     pub fn on_message(&mut self, msg: Msg) {
         match msg {
-            Msg::Repair { capsule, writer, from_seq, to_seq } if capsule == self.verifier.name() => {
-                self.on_repair(writer, from_seq, to_seq)
+            Msg::Repair { capsule, writer, from_seq, to_seq, origin_only } if capsule == self.verifier.name() => {
+                if !origin_only || self.is_origin(writer) {
+                    self.on_repair(writer, from_seq, to_seq)
+                }
             }
-            Msg::Heads { capsule, heads } if capsule == self.verifier.name() => {
+            Msg::Heads { capsule, heads, sender } if capsule == self.verifier.name() => {
+                if let Some(id) = sender.filter(|id| *id != 0 && *id != self.cfg.peer_id) {
+                    self.on_peer_heads(id, &heads);
+                }
                 for (w, s) in heads {
                     if s >= self.orderer.next_seq(w) {
                         let e = self.hinted.entry(w).or_insert(s);
@@ -566,23 +630,60 @@ impl NodeCore {
         }
     }
 
-    /// A capsule server's ack. Only entries for this node's own writers matter; the signature is
-    /// checked only if one of them would advance what that server is known to hold (so repeated
-    /// and foreign acks cost no signature check), and at the next tick ([`NodeCore::on_tick`]),
-    /// once for the newest ack of each server. An entry counts only if its hash is the own
-    /// chain's record at that seq.
-    pub fn on_ack(&mut self, a: Ack) {
-        let n = self.cfg.servers;
-        if n == 0 {
-            // This node counts no acks (a coordinator, or a node run without servers), yet a
-            // fabric that floods every message brings it every server's: not a rejection.
-            return;
+    /// How many incoming messages wait for the core (the runtime's queues), before a tick.
+    pub fn set_inbound_backlog(&mut self, msgs: usize) {
+        self.inbound_backlog = msgs;
+    }
+
+    /// A tagged heads hint from peer `id`: how far it has applied this node's own writers.
+    /// Unauthenticated, like every hint: it can only make the writers wait (at most one stall
+    /// per pause, like dropping messages would) or not wait.
+    fn on_peer_heads(&mut self, id: u64, heads: &[(u32, u64)]) {
+        let now = self.now_ms;
+        if !self.peers.contains_key(&id) && self.peers.len() >= PEERS_MAX {
+            if let Some(old) = self.peers.iter().min_by_key(|(_, p)| p.last_seen).map(|(k, _)| *k) {
+                self.peers.remove(&old);
+            }
         }
-        let Some(id) = crate::server_id(a.server).filter(|id| *id < n) else {
-            self.metrics.reject(RejectReason::Writer);
-            return;
+        let p = self.peers.entry(id).or_default();
+        p.last_seen = now;
+        for (w, seq) in heads.iter().filter(|(w, _)| self.local.contains(w)) {
+            let e = p.writers.entry(*w).or_insert((0, now));
+            if seq + 1 > e.0 {
+                *e = (seq + 1, now);
+            }
+        }
+    }
+
+    /// A capsule server's ack, or CapsuleDB's. Only entries for this node's own writers matter;
+    /// the signature is checked only if one of them would advance what that server is known to
+    /// hold (so repeated and foreign acks cost no signature check), and at the next tick
+    /// ([`NodeCore::on_tick`]), once for the newest ack of each server. An entry counts only if
+    /// its hash is the own chain's record at that seq.
+    pub fn on_ack(&mut self, a: Ack) {
+        let id = if self.cfg.capsuledb == Some(a.server) {
+            DB_ACKER
+        } else {
+            let n = self.cfg.servers;
+            if n == 0 {
+                // This node counts no server acks (a coordinator, or a node run without
+                // servers), yet a fabric that floods every message brings it every server's:
+                // not a rejection.
+                return;
+            }
+            match crate::server_id(a.server).filter(|id| *id < n) {
+                Some(id) => id,
+                None if self.cfg.capsuledb.is_none() && crate::server_id(a.server).is_none() => {
+                    // Another node's CapsuleDB (this node uses none): not for it.
+                    return;
+                }
+                None => {
+                    self.metrics.reject(RejectReason::Writer);
+                    return;
+                }
+            }
         };
-        let known = self.acked.get(&id);
+        let known = if id == DB_ACKER { Some(&self.db_acked) } else { self.acked.get(&id) };
         let useful = a.entries.iter().any(|e| {
             self.local.contains(&e.writer) && known.and_then(|m| m.get(&e.writer)).is_none_or(|next| e.to_seq >= *next)
         });
@@ -632,20 +733,74 @@ impl NodeCore {
                 return;
             }
         }
-        let m = self.acked.entry(id).or_default();
+        let mut moved = false;
+        let m = if id == DB_ACKER { &mut self.db_acked } else { self.acked.entry(id).or_default() };
         for e in a.entries.iter().filter(|e| self.local.contains(&e.writer)) {
             if self.orderer.applied_hash(e.writer, e.to_seq) != Some(e.hash) {
                 tracing::warn!(
                     server = id,
                     writer = e.writer,
                     seq = e.to_seq,
-                    "server acked a record this node did not write"
+                    "server or CapsuleDB acked a record this node did not write"
                 );
                 continue;
             }
             let next = m.entry(e.writer).or_insert(0);
+            moved |= e.to_seq + 1 > *next;
             *next = (*next).max(e.to_seq + 1);
         }
+        if moved && id == DB_ACKER {
+            self.db_moved_at = self.now_ms;
+        }
+    }
+
+    /// How far own writer `writer` may count its records as taken in (flow control, see
+    /// `psl_node::flow`): every record below the returned seq is durable at a quorum of the
+    /// servers (if there are any), taken in by CapsuleDB (if this node uses it and it is
+    /// live), and applied by every peer that paces (below). CapsuleDB counts while its acks moved within the last `stall_ms` (or the node
+    /// started less than `stall_ms` ago) or it is not behind: a CapsuleDB that stopped acking
+    /// (down, or cut off) stops pacing the writers after one stall instead of holding them,
+    /// and paces them again at its next ack that moves.
+    ///
+    /// A peer (a node whose tagged heads hints name this writer) paces it while it is behind
+    /// by at most `peer_lag_max` records and its applied next seq for the writer moved within
+    /// the last `stall_ms`: a peer that is down, paused or cut off stops pacing after one
+    /// stall, and one far behind (just started, catching up by repair) does not pace until it
+    /// is near. A pacing peer releases `peer_slack` records beyond what it last hinted: its
+    /// hints come periodically, so a peer that keeps up always looks a little behind, and
+    /// only one that falls further back slows the writer. Without any of these, every record
+    /// this node applied is released.
+    pub fn flow_next(&self, writer: u32, stall_ms: u64, peer_slack: u64, peer_lag_max: u64) -> u64 {
+        let own = self.orderer.next_seq(writer);
+        let mut next = own;
+        let servers = (self.cfg.servers > 0).then(|| self.durable_next(writer));
+        if let Some(s) = servers {
+            next = next.min(s);
+        }
+        if self.cfg.capsuledb.is_some() {
+            let d = self.db_acked.get(&writer).copied().unwrap_or(0);
+            let live = self.now_ms.saturating_sub(self.db_moved_at) < stall_ms || servers.is_some_and(|s| d >= s);
+            if live {
+                next = next.min(d);
+            }
+        }
+        for p in self.peers.values() {
+            let Some((n, at)) = p.writers.get(&writer).copied() else { continue };
+            if n < own && own - n <= peer_lag_max && self.now_ms.saturating_sub(at) < stall_ms {
+                next = next.min(n.saturating_add(peer_slack));
+            }
+        }
+        next
+    }
+
+    /// Peers whose hints pace this node's writers now (see [`NodeCore::flow_next`]).
+    pub fn pacing_peers(&self) -> usize {
+        self.peers.len()
+    }
+
+    /// CapsuleDB's taken-in next seq of own writer `writer` (0 before its first ack).
+    pub fn db_acked_next(&self, writer: u32) -> u64 {
+        self.db_acked.get(&writer).copied().unwrap_or(0)
     }
 
     /// Majority of the configured servers.
@@ -747,6 +902,7 @@ impl NodeCore {
     /// Time passes: repair requests, repair answers, the coordinator's epoch clock.
     pub fn on_tick(&mut self, now: u64) -> Vec<Output> {
         let mut out = Vec::new();
+        self.now_ms = self.now_ms.max(now);
         self.apply_pending_acks();
         if !self.rejoined {
             let start = *self.started_at.get_or_insert(now);
@@ -775,11 +931,20 @@ impl NodeCore {
             }
         }
         let name = self.verifier.name();
-        let work = self.orderer.tick_with_hints(&mut self.hinted, self.cfg.hint_requests_per_tick, now);
+        // A node with a backlog of incoming messages is behind, not missing records: what its
+        // peers hint is most likely queued for it, so it does not ask for it (an answer would
+        // go to everyone and fill their queues). Gaps proven by later records still are.
+        let hint_budget =
+            if self.inbound_backlog > INBOUND_BACKLOG_HINTS_MAX { 0 } else { self.cfg.hint_requests_per_tick };
+        let work = self.orderer.tick_with_hints(&mut self.hinted, hint_budget, now);
         Metrics::add(&self.metrics.repair_requests_sent, work.repairs.len() as u64);
         Metrics::add(&self.metrics.withholding_reports, work.withholding.len() as u64);
         for (writer, from_seq, to_seq) in work.repairs {
-            out.push(Output::Publish(Msg::Repair { capsule: name, writer, from_seq, to_seq }.encode()));
+            let origin_only = self.orderer.first_ask(writer, from_seq, now);
+            if origin_only {
+                Metrics::add(&self.metrics.repair_requests_origin, 1);
+            }
+            out.push(Output::Publish(Msg::Repair { capsule: name, writer, from_seq, to_seq, origin_only }.encode()));
         }
         for (writer, from_seq, to_seq) in work.withholding {
             out.push(Output::Withholding { writer, from_seq, to_seq });
@@ -795,12 +960,30 @@ impl NodeCore {
             // Held back for a certificate that never came (see `Verifier::hold`).
             self.metrics.reject(RejectReason::Uncertified);
         }
+        let sender = (self.cfg.peer_id != 0).then_some(self.cfg.peer_id);
         if now.saturating_sub(self.last_heads_at) >= self.cfg.heads_interval_ms {
             self.last_heads_at = now;
+            self.last_flow_hint_at = now;
             let heads: Vec<(u32, u64)> =
                 self.orderer.heads().into_values().map(|l| (l.writer, l.seq)).take(crate::wire::HEADS_MAX).collect();
             if !heads.is_empty() {
-                out.push(Output::Publish(Msg::Heads { capsule: name, heads }.encode()));
+                self.flow_hinted.extend(heads.iter().copied());
+                out.push(Output::Publish(Msg::Heads { capsule: name, heads, sender }.encode()));
+            }
+        } else if sender.is_some() && now.saturating_sub(self.last_flow_hint_at) >= self.cfg.flow_hint_ms {
+            // Between full hints, the heads that moved: what pacing writers need to know.
+            self.last_flow_hint_at = now;
+            let moved: Vec<(u32, u64)> = self
+                .orderer
+                .heads()
+                .into_values()
+                .filter(|l| self.flow_hinted.get(&l.writer).is_none_or(|s| *s < l.seq))
+                .map(|l| (l.writer, l.seq))
+                .take(crate::wire::HEADS_MAX)
+                .collect();
+            if !moved.is_empty() {
+                self.flow_hinted.extend(moved.iter().copied());
+                out.push(Output::Publish(Msg::Heads { capsule: name, heads: moved, sender }.encode()));
             }
         }
         let mut budget = self.cfg.repair_answers_per_tick;
@@ -847,7 +1030,10 @@ impl NodeCore {
             .map(|w| match self.orderer.probe(w, now) {
                 OrdererAction::Repair { writer, from_seq, to_seq }
                 | OrdererAction::Withholding { writer, from_seq, to_seq } => {
-                    Output::Publish(Msg::Repair { capsule: name, writer, from_seq, to_seq }.encode())
+                    // The own chain: asked of every holder (this node is its origin).
+                    Output::Publish(
+                        Msg::Repair { capsule: name, writer, from_seq, to_seq, origin_only: false }.encode(),
+                    )
                 }
             })
             .collect()
@@ -1044,6 +1230,8 @@ impl NodeCore {
         self.last_sync = None;
         self.hinted.clear();
         self.durables.clear();
+        self.peers.clear();
+        self.flow_hinted.clear();
         if let Some(c) = &mut self.coordinator {
             c.reset(now);
         }
@@ -1276,6 +1464,91 @@ mod tests {
             vec![(0x30000, 7), (0x30000, 8), (0x30000, 9)],
             "only the newest records are served from the cache"
         );
+    }
+
+    #[test]
+    fn a_first_repair_request_is_answered_by_the_records_writer_only_and_a_second_by_every_holder() {
+        let owner = OwnerKey::from_seed(&[15; 32]).unwrap();
+        let meta = new_capsule(&owner, 1, "node-rotation", 0, Limits::default()).unwrap();
+        let app = owner.app(1).unwrap();
+        let mut wr = Author::new(&meta, &app, 0x30000).unwrap();
+        let recs: Vec<Record> = (0..3u8).map(|i| wr.write_ops([(vec![b'k', i], Some(vec![i; 20]))]).unwrap()).collect();
+        let (mut c, _, _, _) = core_with(&owner, NodeConfig::default());
+        let v = Verifier::new(meta.clone(), Some(app.data_key()));
+        for r in &recs {
+            c.on_verified(v.verify_open(r.clone()).unwrap(), 0);
+        }
+        let ask =
+            |origin_only| Msg::Repair { capsule: meta.name(), writer: 0x30000, from_seq: 0, to_seq: 2, origin_only };
+        // This node holds the records but did not write them: it leaves a first try to their writer.
+        c.on_message(ask(true));
+        assert!(published_records(&c.on_tick(1), &meta.meta.policy.limits).is_empty());
+        c.on_message(ask(false));
+        assert_eq!(published_records(&c.on_tick(2), &meta.meta.policy.limits).len(), 3);
+
+        // The requester's side: the first request at a seq is origin-only, a repeat is not, and
+        // after a repeat the writer's requests go to every holder for a while.
+        let mut o: Orderer<Verified<Opened>> = Orderer::new(OrdererConfig::default());
+        o.note_link(&Link { writer: 0x30000, seq: 9, hash: Hash256([1; 32]) }, 0);
+        assert!(o.first_ask(0x30000, 0, 100));
+        assert!(!o.first_ask(0x30000, 0, 250), "no answer from the origin: ask everyone");
+        assert!(!o.first_ask(0x30000, 5, 300), "the origin stays skipped for a while");
+        assert!(o.first_ask(0x30000, 6, 250 + crate::orderer::ORIGIN_QUIET_MS));
+        assert!(!o.first_ask(0x40000, 0, 0), "an unknown writer is asked of everyone");
+    }
+
+    #[test]
+    fn tagged_peer_hints_pace_own_writers_while_near_and_moving() {
+        let owner = OwnerKey::from_seed(&[16; 32]).unwrap();
+        let meta = new_capsule(&owner, 1, "node-rotation", 0, Limits::default()).unwrap();
+        let app = owner.app(1).unwrap();
+        let w = 0x10000;
+        let verifier = Arc::new(Verifier::new(meta.clone(), Some(app.data_key())));
+        let cfg = NodeConfig { peer_id: 99, ..NodeConfig::default() };
+        let mut c = NodeCore::new(
+            verifier,
+            Arc::new(Memtable::new()),
+            Arc::new(LamportClock::new(0)),
+            Arc::new(Metrics::default()),
+            [w],
+            None,
+            cfg,
+        );
+        let mut a = Author::new(&meta, &app, w).unwrap();
+        for i in 0..10u8 {
+            c.on_local_data(a.write_ops([(vec![b'k', i], Some(vec![i]))]).unwrap(), 1, 0);
+        }
+        let hint = |sender, seq| Msg::Heads { capsule: meta.name(), heads: vec![(w, seq), (0x20000, 3)], sender };
+        // This node tags its own hints: between full hints, the heads that moved.
+        let sent: Vec<Msg> = c
+            .on_tick(100)
+            .into_iter()
+            .filter_map(|o| match o {
+                Output::Publish(b) => Msg::decode(&b).ok(),
+                _ => None,
+            })
+            .collect();
+        assert!(sent.iter().any(|m| matches!(m, Msg::Heads { sender: Some(99), heads, .. } if heads == &vec![(w, 9)])));
+        assert_eq!(c.flow_next(w, 1000, 0, 64), 10, "no peer yet: everything applied is released");
+        c.on_message(hint(Some(7), 4));
+        c.on_message(hint(None, 1)); // untagged (a capsule server's): not a peer
+        c.on_message(hint(Some(99), 0)); // this node's own id: ignored
+        c.on_message(hint(Some(8), 30)); // a peer that claims to be ahead never holds a writer
+        assert_eq!(c.flow_next(w, 1000, 0, 64), 5, "peer 7 applied seqs 0..=4");
+        assert_eq!(c.flow_next(w, 1000, 0, 4), 10, "too far behind to pace");
+        c.on_tick(1_050);
+        assert_eq!(c.flow_next(w, 1000, 0, 64), 5);
+        c.on_tick(1_100);
+        assert_eq!(c.flow_next(w, 1000, 0, 64), 10, "silent for a stall: no longer pacing");
+        c.on_message(hint(Some(7), 6));
+        assert_eq!(c.flow_next(w, 1000, 0, 64), 7, "moving again: pacing again");
+        assert_eq!(c.flow_next(w, 1000, 2, 64), 9, "with slack, two records beyond the hint");
+        assert_eq!(c.flow_next(w, 1000, 5, 64), 10, "never beyond what this node applied");
+        // At most PEERS_MAX peers: the one silent longest is forgotten.
+        for id in 1_000..1_000 + PEERS_MAX as u64 {
+            c.on_message(hint(Some(id), 8));
+        }
+        assert_eq!(c.pacing_peers(), PEERS_MAX);
     }
 
     #[test]

@@ -82,6 +82,13 @@ struct WriterState<T> {
     hint_since: Option<(u64, u64)>,
     last_progress: u64,
     withholding_reported: bool,
+    /// The next seq at which the last repair request was sent: a second request there (no
+    /// progress since) goes to every holder, the first to the writer's own node only.
+    asked_at: Option<u64>,
+    /// After the origin failed to answer, requests for this writer go to every holder until
+    /// this time (ms): a writer that is gone, or whose old records only the servers still
+    /// hold, does not cost every chunk of a catch-up a second round.
+    origin_quiet_until: u64,
 }
 
 impl<T> Default for WriterState<T> {
@@ -100,9 +107,15 @@ impl<T> Default for WriterState<T> {
             hint_since: None,
             last_progress: 0,
             withholding_reported: false,
+            asked_at: None,
+            origin_quiet_until: 0,
         }
     }
 }
+
+/// How long a writer whose node did not answer a repair request is asked through every holder
+/// ([`Orderer::first_ask`]).
+pub const ORIGIN_QUIET_MS: u64 = 5_000;
 
 /// Evidence of equivocation: (writer, seq, hash already held, hash offered).
 pub type Conflict = (u32, u64, Hash256, Hash256);
@@ -440,6 +453,24 @@ impl<T: Chained> Orderer<T> {
         }
         st.last_hint_request = Some(now);
         Some(OrdererAction::Repair { writer, from_seq: st.next_seq, to_seq: seq.min(st.next_seq + chunk - 1) })
+    }
+
+    /// Whether a repair request for `writer` from `from_seq` is the first one there (no request
+    /// since the chain last reached `from_seq`): then only the writer's own node should answer
+    /// it; a second one (the origin did not answer within `repair_retry_ms`: down, or its
+    /// repair cache evicted them) goes to every holder. Every holder answering every request
+    /// multiplies the repair traffic by the number of holders, which under load fills the
+    /// receive queues again (a repair storm).
+    /// After a second request, the writer's requests go to every holder for
+    /// [`ORIGIN_QUIET_MS`].
+    pub fn first_ask(&mut self, writer: u32, from_seq: u64, now: u64) -> bool {
+        let Some(st) = self.writers.get_mut(&writer) else { return false };
+        let again = st.asked_at == Some(from_seq);
+        st.asked_at = Some(from_seq);
+        if again {
+            st.origin_quiet_until = now + ORIGIN_QUIET_MS;
+        }
+        !again && now >= st.origin_quiet_until
     }
 
     /// Asks for the records of `writer` from its next seq on, whether or not a gap is known

@@ -6,7 +6,8 @@
 //! u8 version (1) | u8 type | [32] capsule name | payload
 //!   type 1, record:          the record's bytes
 //!   type 2, repair request:  u32 writer | u64 from_seq | u64 to_seq (inclusive)
-//!   type 3, heads hint:      u16 n | n × (u32 writer | u64 seq)     (n <= HEADS_MAX)
+//!                            [| u8 flags: 1 = origin only]     (20 or 21 bytes)
+//!   type 3, heads hint:      u16 n | n × (u32 writer | u64 seq) [| u64 sender]  (n <= HEADS_MAX)
 //!   type 4, ack:             u32 server | u16 n | n × (u32 writer | u64 from_seq | u64 to_seq
 //!                            | [32] hash of to_seq) | [64] signature    (1 <= n <= ACK_ENTRIES_MAX)
 //!   type 10, key statements:  a statement list as in a Cert record's body (writer certificates
@@ -40,6 +41,8 @@ const TYPE_RECORD: u8 = 1;
 const TYPE_REPAIR: u8 = 2;
 const TYPE_HEADS: u8 = 3;
 const TYPE_ACK: u8 = 4;
+/// The repair request's optional flags byte: only the records' writer answers.
+const REPAIR_ORIGIN_ONLY: u8 = 1;
 /// Types 5 to 9 are CapsuleDB's (`crate::dbwire`).
 const TYPE_CERTS: u8 = 10;
 /// Most entries in one ack.
@@ -55,10 +58,13 @@ const PREFIX_LEN: usize = 2 + 32;
 pub enum Msg {
     /// A record's exact bytes (not yet verified).
     Record { capsule: CapsuleName, bytes: Arc<[u8]> },
-    /// Please re-send records `from_seq ..= to_seq` of `writer`.
-    Repair { capsule: CapsuleName, writer: u32, from_seq: u64, to_seq: u64 },
-    /// Hint: the sender has applied each `(writer, seq)` listed.
-    Heads { capsule: CapsuleName, heads: Vec<(u32, u64)> },
+    /// Please re-send records `from_seq ..= to_seq` of `writer`. With `origin_only`, only the
+    /// node that wrote them answers (a requester's first try; see `docs/protocol/scl.md` §6).
+    Repair { capsule: CapsuleName, writer: u32, from_seq: u64, to_seq: u64, origin_only: bool },
+    /// Hint: the sender has applied each `(writer, seq)` listed. `sender` (a node's random
+    /// peer id) lets writers pace themselves to the peers that hint (flow control toward peer
+    /// nodes, `NodeCore::flow_next`); capsule servers send none.
+    Heads { capsule: CapsuleName, heads: Vec<(u32, u64)>, sender: Option<u64> },
     /// A capsule server's signed durability ack (see the module documentation).
     Ack(Ack),
     /// Writer certificates and revocations (1 to `psl_capsule::certs::STATEMENTS_PER_RECORD_MAX`).
@@ -130,7 +136,7 @@ pub enum WireError {
     Version(u8),
     #[error("unknown message type {0}")]
     Type(u8),
-    #[error("repair request payload is {0} bytes, expected 20")]
+    #[error("repair request payload is {0} bytes, expected 20, or 21 ending in flags 1")]
     RepairLen(usize),
     #[error("repair request range {from}..={to} is empty")]
     RepairRange { from: u64, to: u64 },
@@ -163,14 +169,17 @@ impl Msg {
                 b.extend_from_slice(&capsule.0 .0);
                 b.extend_from_slice(bytes);
             }
-            Msg::Repair { capsule, writer, from_seq, to_seq } => {
+            Msg::Repair { capsule, writer, from_seq, to_seq, origin_only } => {
                 b.push(TYPE_REPAIR);
                 b.extend_from_slice(&capsule.0 .0);
                 b.extend_from_slice(&writer.to_le_bytes());
                 b.extend_from_slice(&from_seq.to_le_bytes());
                 b.extend_from_slice(&to_seq.to_le_bytes());
+                if *origin_only {
+                    b.push(REPAIR_ORIGIN_ONLY);
+                }
             }
-            Msg::Heads { capsule, heads } => {
+            Msg::Heads { capsule, heads, sender } => {
                 assert!(heads.len() <= HEADS_MAX, "callers cap hints at HEADS_MAX");
                 b.push(TYPE_HEADS);
                 b.extend_from_slice(&capsule.0 .0);
@@ -178,6 +187,9 @@ impl Msg {
                 for (w, s) in heads {
                     b.extend_from_slice(&w.to_le_bytes());
                     b.extend_from_slice(&s.to_le_bytes());
+                }
+                if let Some(id) = sender {
+                    b.extend_from_slice(&id.to_le_bytes());
                 }
             }
             Msg::Ack(a) => {
@@ -209,16 +221,18 @@ impl Msg {
         match b[1] {
             TYPE_RECORD => Ok(Msg::Record { capsule, bytes: p.into() }),
             TYPE_REPAIR => {
-                if p.len() != 20 {
-                    return Err(WireError::RepairLen(p.len()));
-                }
+                let origin_only = match p.get(20) {
+                    None if p.len() == 20 => false,
+                    Some(&REPAIR_ORIGIN_ONLY) if p.len() == 21 => true,
+                    _ => return Err(WireError::RepairLen(p.len())),
+                };
                 let writer = u32::from_le_bytes(p[0..4].try_into().expect("4 bytes"));
                 let from_seq = u64::from_le_bytes(p[4..12].try_into().expect("8 bytes"));
                 let to_seq = u64::from_le_bytes(p[12..20].try_into().expect("8 bytes"));
                 if to_seq < from_seq {
                     return Err(WireError::RepairRange { from: from_seq, to: to_seq });
                 }
-                Ok(Msg::Repair { capsule, writer, from_seq, to_seq })
+                Ok(Msg::Repair { capsule, writer, from_seq, to_seq, origin_only })
             }
             TYPE_HEADS => {
                 if p.len() < 2 {
@@ -228,10 +242,12 @@ impl Msg {
                 if n > HEADS_MAX {
                     return Err(WireError::Heads("too many entries"));
                 }
-                if p.len() != 2 + 12 * n {
-                    return Err(WireError::Heads("length does not match the count"));
-                }
-                let heads = p[2..]
+                let sender = match p.len().checked_sub(2 + 12 * n) {
+                    Some(0) => None,
+                    Some(8) => Some(u64::from_le_bytes(p[p.len() - 8..].try_into().expect("8 bytes"))),
+                    _ => return Err(WireError::Heads("length does not match the count")),
+                };
+                let heads = p[2..2 + 12 * n]
                     .chunks_exact(12)
                     .map(|c| {
                         (
@@ -240,7 +256,7 @@ impl Msg {
                         )
                     })
                     .collect();
-                Ok(Msg::Heads { capsule, heads })
+                Ok(Msg::Heads { capsule, heads, sender })
             }
             TYPE_ACK => {
                 if p.len() < 6 + 64 {
@@ -324,12 +340,30 @@ mod tests {
         assert!(Msg::decode(&bytes[..bytes.len() - 1]).is_err());
     }
 
+    #[test]
+    fn repair_requests_carry_an_optional_origin_only_flag_and_refuse_other_flags() {
+        let capsule = CapsuleName(Hash256([7; 32]));
+        let any = Msg::Repair { capsule, writer: 3, from_seq: 5, to_seq: 9, origin_only: false };
+        let origin = Msg::Repair { capsule, writer: 3, from_seq: 5, to_seq: 9, origin_only: true };
+        assert_eq!(any.encode().len(), 34 + 20);
+        assert_eq!(origin.encode().len(), 34 + 21);
+        assert_eq!(Msg::decode(&origin.encode()), Ok(origin.clone()));
+        for flags in [0u8, 2, 255] {
+            let mut b = any.encode();
+            b.push(flags);
+            assert_eq!(Msg::decode(&b), Err(WireError::RepairLen(21)));
+        }
+        let mut b = origin.encode();
+        b.push(1);
+        assert_eq!(Msg::decode(&b), Err(WireError::RepairLen(22)));
+    }
+
     proptest! {
         #[test]
         fn round_trip(name in any::<[u8; 32]>(), bytes in proptest::collection::vec(any::<u8>(), 0..300), w in any::<u32>(), a in any::<u64>(), n in 0u64..1000) {
             let capsule = CapsuleName(Hash256(name));
             let heads: Vec<(u32, u64)> = bytes.iter().map(|b| ((*b as u32).wrapping_mul(w), a ^ *b as u64)).collect();
-            for m in [Msg::Record { capsule, bytes: bytes.clone().into() }, Msg::Repair { capsule, writer: w, from_seq: a / 2, to_seq: a / 2 + n }, Msg::Heads { capsule, heads }] {
+            for m in [Msg::Record { capsule, bytes: bytes.clone().into() }, Msg::Repair { capsule, writer: w, from_seq: a / 2, to_seq: a / 2 + n, origin_only: n % 2 == 0 }, Msg::Heads { capsule, heads: heads.clone(), sender: None }, Msg::Heads { capsule, heads, sender: Some(a) }] {
                 prop_assert_eq!(Msg::decode(&m.encode()), Ok(m));
             }
         }

@@ -326,7 +326,8 @@ impl ServerCore {
     pub fn on_message(&mut self, msg: Msg) {
         let name = self.verifier.name();
         match msg {
-            Msg::Repair { capsule, writer, from_seq, to_seq } if capsule == name => {
+            // A server never wrote the records: it answers only a request to every holder.
+            Msg::Repair { capsule, writer, from_seq, to_seq, origin_only: false } if capsule == name => {
                 let to = to_seq.min(from_seq.saturating_add(self.cfg.orderer.repair_chunk.max(1) - 1));
                 if !self.answering.contains(&(writer, from_seq, to)) {
                     self.answering.push_back((writer, from_seq, to));
@@ -335,7 +336,7 @@ impl ServerCore {
                     self.answering.pop_front();
                 }
             }
-            Msg::Heads { capsule, heads } if capsule == name => {
+            Msg::Heads { capsule, heads, .. } if capsule == name => {
                 for (w, s) in heads {
                     if psl_scl::server_id(w).is_none() && s >= self.orderer.next_seq(w) {
                         let e = self.hinted.entry(w).or_insert(s);
@@ -377,7 +378,8 @@ impl ServerCore {
         self.stats.repair_requests_sent += work.repairs.len() as u64;
         self.stats.withholding_reports += work.withholding.len() as u64;
         for (writer, from_seq, to_seq) in work.repairs {
-            out.push(Output::Publish(Msg::Repair { capsule: name, writer, from_seq, to_seq }.encode()));
+            let origin_only = self.orderer.first_ask(writer, from_seq, now);
+            out.push(Output::Publish(Msg::Repair { capsule: name, writer, from_seq, to_seq, origin_only }.encode()));
         }
         for (writer, from_seq, to_seq) in work.withholding {
             out.push(Output::Withholding { writer, from_seq, to_seq });
@@ -387,7 +389,7 @@ impl ServerCore {
             let heads: Vec<(u32, u64)> =
                 self.durable.iter().map(|(w, (next, _))| (*w, next - 1)).take(psl_scl::wire::HEADS_MAX).collect();
             if !heads.is_empty() {
-                out.push(Output::Publish(Msg::Heads { capsule: name, heads }.encode()));
+                out.push(Output::Publish(Msg::Heads { capsule: name, heads, sender: None }.encode()));
             }
         }
         if now.saturating_sub(self.last_reack_at) >= self.cfg.reack_interval_ms {

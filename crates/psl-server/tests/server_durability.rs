@@ -370,7 +370,7 @@ fn server_acks_pace_a_writer_and_a_lost_quorum_opens_its_window_until_acks_move(
     let node = w.node_with(7, |o| {
         o.writers = 1;
         o.batch_ops_max = 4;
-        o.flow = FlowOptions { window_ops: WINDOW, stall: Duration::from_secs(2) };
+        o.flow = FlowOptions { window_ops: WINDOW, stall: Duration::from_secs(2), ..FlowOptions::default() };
     });
     let m = node.metrics().clone();
     // Paced: never more than the window in flight (without flow control all 1,200 would be).

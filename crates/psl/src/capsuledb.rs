@@ -375,6 +375,8 @@ fn run_role(a: CapsuleDbArgs, config: Config, writer: u32) -> Result<i32> {
             applied = s.applied.load(std::sync::atomic::Ordering::Relaxed),
             answers = s.answers.load(std::sync::atomic::Ordering::Relaxed),
             errors = s.errors.load(std::sync::atomic::Ordering::Relaxed),
+            acks_sent = s.acks_sent.load(std::sync::atomic::Ordering::Relaxed),
+            acks_held = s.acks_held.load(std::sync::atomic::Ordering::Relaxed),
             index = role.db().lock().index_seq(),
             rejected_copies = role.db().lock().stats().rejected_copies,
             missing_copies = role.db().lock().stats().missing_copies,
