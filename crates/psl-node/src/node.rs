@@ -982,7 +982,7 @@ impl Node {
     }
 
     /// Ops sealed by this node's writers and not yet durable at a quorum of capsule servers
-    /// and taken in by CapsuleDB (0 without either, or with flow control off; see
+    /// and taken in by CapsuleDB and the pacing peers (0 with flow control off; see
     /// [`crate::flow`]).
     pub fn flow_unacked_ops(&self) -> usize {
         self.actors.iter().map(|(q, _)| q.flow.unacked_ops()).sum()

@@ -46,7 +46,8 @@ pub struct NodeOptions {
     /// (see `psl_scl::Memtable`), so a bound needs `capsuledb`.
     pub memtable_keys_max: Option<usize>,
     /// CapsuleDB's writer index: turns on the miss path (a get the memtable cannot answer asks
-    /// CapsuleDB) and the eviction floor from CapsuleDB's signed frontiers.
+    /// CapsuleDB), the eviction floor from CapsuleDB's signed frontiers, and flow control from
+    /// its acks.
     pub capsuledb: Option<u32>,
     /// How long a get waits for CapsuleDB before failing, and how often it re-sends its request.
     pub db_get_timeout: Duration,
@@ -54,8 +55,8 @@ pub struct NodeOptions {
     /// CapsuleDB role only: journal every applied update (this many at most in flight) and hand
     /// read requests to [`crate::Node::db_requests`].
     pub capsuledb_role: Option<usize>,
-    /// Flow control from the capsule servers' acks back to the writers (only with
-    /// `core.servers > 0`): see [`crate::flow`].
+    /// Flow control back to the writers from the capsule servers' acks, CapsuleDB's acks and
+    /// the peers' tagged hints: see [`crate::flow`].
     pub flow: crate::flow::FlowOptions,
 }
 

@@ -648,9 +648,11 @@ impl NodeCore {
         let p = self.peers.entry(id).or_default();
         p.last_seen = now;
         for (w, seq) in heads.iter().filter(|(w, _)| self.local.contains(w)) {
+            // A forged hint may name seq u64::MAX: never overflow on it.
+            let next = seq.saturating_add(1);
             let e = p.writers.entry(*w).or_insert((0, now));
-            if seq + 1 > e.0 {
-                *e = (seq + 1, now);
+            if next > e.0 {
+                *e = (next, now);
             }
         }
     }
@@ -757,10 +759,11 @@ impl NodeCore {
     /// How far own writer `writer` may count its records as taken in (flow control, see
     /// `psl_node::flow`): every record below the returned seq is durable at a quorum of the
     /// servers (if there are any), taken in by CapsuleDB (if this node uses it and it is
-    /// live), and applied by every peer that paces (below). CapsuleDB counts while its acks moved within the last `stall_ms` (or the node
-    /// started less than `stall_ms` ago) or it is not behind: a CapsuleDB that stopped acking
-    /// (down, or cut off) stops pacing the writers after one stall instead of holding them,
-    /// and paces them again at its next ack that moves.
+    /// live), and applied by every peer that paces (below). CapsuleDB counts while its acks
+    /// moved within the last `stall_ms` (or the node started less than `stall_ms` ago) or it
+    /// is not behind: a CapsuleDB that stopped acking (down, or cut off) stops pacing the
+    /// writers after one stall instead of holding them, and paces them again at its next ack
+    /// that moves.
     ///
     /// A peer (a node whose tagged heads hints name this writer) paces it while it is behind
     /// by at most `peer_lag_max` records and its applied next seq for the writer moved within
@@ -793,14 +796,10 @@ impl NodeCore {
         next
     }
 
-    /// Peers whose hints pace this node's writers now (see [`NodeCore::flow_next`]).
-    pub fn pacing_peers(&self) -> usize {
+    /// Peers whose tagged hints this node keeps (at most [`PEERS_MAX`]); whether each paces a
+    /// writer now is decided per writer by [`NodeCore::flow_next`].
+    pub fn peers_tracked(&self) -> usize {
         self.peers.len()
-    }
-
-    /// CapsuleDB's taken-in next seq of own writer `writer` (0 before its first ack).
-    pub fn db_acked_next(&self, writer: u32) -> u64 {
-        self.db_acked.get(&writer).copied().unwrap_or(0)
     }
 
     /// Majority of the configured servers.
@@ -1548,7 +1547,11 @@ mod tests {
         for id in 1_000..1_000 + PEERS_MAX as u64 {
             c.on_message(hint(Some(id), 8));
         }
-        assert_eq!(c.pacing_peers(), PEERS_MAX);
+        assert_eq!(c.peers_tracked(), PEERS_MAX);
+        // A forged hint at the last seq is taken without overflow, and holds no writer back.
+        let before = c.flow_next(w, 1000, 0, 64);
+        c.on_message(hint(Some(2_000), u64::MAX));
+        assert_eq!(c.flow_next(w, 1000, 0, 64), before);
     }
 
     #[test]
