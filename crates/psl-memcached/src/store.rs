@@ -803,37 +803,36 @@ impl FrontEnd {
             Stats::inc(&self.stats.store_no_memory);
             return Outcome::Failed("local copies not yet held by CapsuleDB fill the memory limit".into());
         }
-        let done = match fence {
-            None => self.node.put(key, &value),
-            Some(f) => self.node.write_below(key, Some(&value), f.below).map(|version| {
-                f.wrote.set(Some(Held { key: key.to_vec(), version, value: Some(Arc::from(&value[..])) }));
-            }),
-        };
-        match done {
-            Ok(()) => {}
+        // Unfenced writes take any Lamport time (u64::MAX is never reached).
+        let below = fence.map_or(u64::MAX, |f| f.below);
+        let version = match self.node.write_below(key, Some(&value), below) {
+            Ok(version) => version,
             Err(NodeError::ValueTooLarge { .. }) => return Outcome::TooLarge,
             Err(e @ NodeError::Fenced { .. }) => {
                 return Outcome::Unavailable(format!("home front end at its lease's ceiling ({e}); retry"))
             }
+            Err(e @ NodeError::Superseded { .. }) => return Outcome::Failed(e.to_string()),
             Err(e) => {
                 Stats::inc(&self.stats.store_no_memory);
                 return Outcome::Failed(e.to_string());
             }
-        }
+        };
         Stats::inc(&self.stats.total_items);
         let victims = self.lru.put(key, size, t.us, &|k| self.read_stamp(k));
         self.evict(victims);
+        // The unique of the version this write made (not of whatever the memtable shows by
+        // now: a newer write from elsewhere may already have replaced it).
         let cas = if want_cas {
-            self.node
-                .entry(key)
-                .map(|e| match e.value.as_deref().and_then(item::decode) {
-                    Some(it) => it.cas(e.version.lamport, e.version.writer),
-                    None => cas_of(e.version.lamport, e.version.writer),
-                })
-                .unwrap_or(0)
+            match item::decode(&value) {
+                Some(it) => it.cas(version.lamport, version.writer),
+                None => cas_of(version.lamport, version.writer),
+            }
         } else {
             0
         };
+        if let Some(f) = fence {
+            f.wrote.set(Some(Held { key: key.to_vec(), version, value: Some(Arc::from(value)) }));
+        }
         Outcome::Stored { cas }
     }
 

@@ -11,7 +11,7 @@ use parking_lot::{Condvar, Mutex};
 use psl_capsule::CapsuleName;
 use psl_crypto::{DataKey, VerifyingKey};
 use psl_scl::dbwire::{DbAnswer, DbGet, DbHeads, DbMsg, DbRequest, DbScan, DbScanAnswer, ScanBody, ScanQuery};
-use psl_scl::Memtable;
+use psl_scl::{LamportClock, Memtable};
 use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -37,6 +37,9 @@ pub(crate) struct DbClient {
     pub verifier: Arc<psl_capsule::Verifier>,
     pub data_key: DataKey,
     pub memtable: Arc<Memtable>,
+    /// The node's Lamport clock: it observes every version an answer brings, before the
+    /// memtable shows it, so that a later write of the key is newer than what was read.
+    clock: Arc<LamportClock>,
     /// Request id -> key, for requests still waiting.
     pending: Mutex<FxHashMap<u64, Arc<[u8]>>>,
     /// Request id -> what CapsuleDB answered: the newest version with its value (`None`: a
@@ -57,6 +60,7 @@ impl DbClient {
         verifier: Arc<psl_capsule::Verifier>,
         data_key: DataKey,
         memtable: Arc<Memtable>,
+        clock: Arc<LamportClock>,
     ) -> DbClient {
         DbClient {
             capsule,
@@ -64,6 +68,7 @@ impl DbClient {
             verifier,
             data_key,
             memtable,
+            clock,
             pending: Mutex::new(FxHashMap::default()),
             done: Mutex::new(FxHashMap::default()),
             scans: Mutex::new(FxHashMap::default()),
@@ -164,6 +169,10 @@ impl DbClient {
         };
         match a.verify_open(&key, &self.data_key) {
             Ok(body) => {
+                // What a scan reads, a later write must supersede (Lamport: observed first).
+                if let Some(l) = body.entries.iter().map(|(_, v, _)| v.lamport).max() {
+                    self.clock.observe(l);
+                }
                 if let Some(slot) = self.scans.lock().get_mut(&a.req_id) {
                     *slot = Some((a.index_seq, body));
                 }
@@ -209,6 +218,15 @@ impl DbClient {
                 continue;
             }
             let found = found.map(|(v, val)| (v, val.map(Arc::<[u8]>::from)));
+            // The clock passes the answer's version before the memtable can show it: a write
+            // of this key after the read (a `cas` at its home) gets a newer version. Without
+            // this, a node that learned a key from CapsuleDB before applying the record that
+            // wrote it (its clock still below that record's) wrote the key *below* what it had
+            // just read: the write was sealed but never applied anywhere, and two `cas` on one
+            // unique were both answered STORED (psl chaos seed 5, cas_stale).
+            if let Some((v, _)) = &found {
+                self.clock.observe(v.lamport);
+            }
             if self.memtable.learn(&key, found.clone(), a.index_seq).is_none() {
                 // Older than the frontier this node evicted under: the waiters ask again.
                 self.stats.rejected.fetch_add(1, Ordering::Relaxed);

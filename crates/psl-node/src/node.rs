@@ -56,7 +56,13 @@ pub enum NodeError {
     StateRecord { index: usize, count: usize, what: String },
     #[error("the write would get Lamport time {lamport}, not below the caller's fence {below}: nothing was written")]
     Fenced { lamport: u64, below: u64 },
+    #[error("other writers kept writing this key newer than each of {tries} Lamport times this write took: nothing was written; retry")]
+    Superseded { tries: u32 },
 }
+
+/// How many Lamport times a write takes at most before [`NodeError::Superseded`]: each retry
+/// needs another writer's newer version of the key to arrive between two ticks.
+const WRITE_TRIES_MAX: u32 = 16;
 
 /// The keys a node works with: the capsule's public metadata, the data key, one signing key
 /// per writer actor, and the coordinator's key if it runs one. Today they are derived from the
@@ -263,6 +269,7 @@ impl Node {
                     verifier.clone(),
                     keys.data_key.clone(),
                     memtable.clone(),
+                    clock.clone(),
                 )))
             }
             None => None,
@@ -538,12 +545,30 @@ impl Node {
                 }
             }
         }
-        let lamport = self.clock.tick();
-        if lamport >= below {
-            return Err(NodeError::Fenced { lamport, below });
-        }
-        let version = Version { lamport, writer: q.writer };
-        self.memtable.apply(key, version, value.map(Arc::from));
+        // A local write must be newer than every version of the key this node shows, or it
+        // would be sealed and sent but applied nowhere (last writer wins), while its caller
+        // was told it was stored. The clock passes every version the node applies or learns,
+        // so the first tick is normally enough; a version that arrived between the tick and
+        // the apply is observed and the write takes a later time.
+        let mut tries = 0;
+        let version = loop {
+            tries += 1;
+            let lamport = self.clock.tick();
+            if lamport >= below {
+                return Err(NodeError::Fenced { lamport, below });
+            }
+            let version = Version { lamport, writer: q.writer };
+            if self.memtable.apply(key, version, value.map(Arc::from)) {
+                break version;
+            }
+            if tries >= WRITE_TRIES_MAX {
+                return Err(NodeError::Superseded { tries });
+            }
+            if let Some(held) = self.memtable.entry(key) {
+                self.clock.observe(held.version.lamport);
+            }
+        };
+        let lamport = version.lamport;
         ops.push_back(Op {
             lamport,
             key: key.to_vec(),
