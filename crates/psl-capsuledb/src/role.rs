@@ -57,7 +57,7 @@ impl Default for RoleOptions {
             heads_every: Duration::from_millis(250),
             apply_batch_max: 4096,
             ack_every: Duration::from_millis(ACK_EVERY_MS_DEFAULT),
-            ack_backlog_max: 4096,
+            ack_backlog_max: ACK_BACKLOG_MAX_DEFAULT,
         }
     }
 }
@@ -65,6 +65,8 @@ impl Default for RoleOptions {
 /// Default interval between CapsuleDB's acks: short beside a writer's flow window (16,384
 /// ops), so that a healthy CapsuleDB never makes a writer wait.
 pub const ACK_EVERY_MS_DEFAULT: u64 = 20;
+/// Default backlog (updates waiting for the tree) above which the acks are held.
+pub const ACK_BACKLOG_MAX_DEFAULT: usize = 4096;
 
 /// Counters of the role.
 #[derive(Debug, Default)]

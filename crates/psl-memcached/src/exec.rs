@@ -199,6 +199,12 @@ impl FrontEnd {
                 w("psl_ops_written", &psl_scl::Metrics::get(&m.ops_written));
                 w("psl_flow_waits", &psl_scl::Metrics::get(&m.flow_waits));
                 w("psl_flow_opened", &psl_scl::Metrics::get(&m.flow_opened));
+                // What the writers run with (`--writers`, `--flow-window-ops/records`).
+                w("psl_writers", &self.node().writers().len());
+                if let Some(f) = self.node().flow_options() {
+                    w("psl_flow_window_ops", &f.window_ops);
+                    w("psl_flow_window_records", &f.window_records);
+                }
                 // Home failover (a group of three or more processes): slots served here now,
                 // hand-overs, and commands bounced or failed on the way to a home.
                 if let Some(f) = self.failover() {

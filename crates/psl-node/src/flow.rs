@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 /// How far a writer may run ahead of its servers' acks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FlowOptions {
-    /// Ops per writer sealed or queued and not yet durable at a quorum; 0 turns flow control off
-    /// (it is off anyway for a node without servers).
+    /// Ops per writer sealed or queued and not yet acked by what paces it (a quorum of
+    /// capsule servers, a live CapsuleDB, the pacing peers); 0 turns flow control off.
     pub window_ops: usize,
     /// Records per writer sealed and not yet acked: a bound in messages, for the receivers'
     /// queues (which count messages), when records are small (`batch_ops_max` 1, or a

@@ -1018,6 +1018,15 @@ impl Node {
         self.actors.iter().map(|(q, _)| q.flow.unacked_records()).sum()
     }
 
+    /// The flow control its writers run with (`None`: a receive-only node).
+    pub fn flow_options(&self) -> Option<crate::flow::FlowOptions> {
+        self.actors.first().map(|(q, _)| crate::flow::FlowOptions {
+            window_ops: q.flow.window_ops,
+            window_records: q.flow.window_records,
+            stall: q.flow.stall,
+        })
+    }
+
     /// Prometheus text of the node's counters.
     pub fn render_metrics(&self) -> String {
         let mut s = self.metrics.render("psl_node");

@@ -59,6 +59,15 @@ pub struct CapsuleDbArgs {
     /// Freeze a non-empty memtable that has not changed the index for this long.
     #[arg(long, default_value_t = 500)]
     pub idle_flush_ms: u64,
+    /// How often to ack what this role has taken in: writers that use CapsuleDB are paced by
+    /// these acks (docs/protocol/capsuledb.md §1). 0: never ack (writers are then not paced
+    /// by CapsuleDB, and a full queue here drops records that must be repaired).
+    #[arg(long, default_value_t = psl_capsuledb::role::ACK_EVERY_MS_DEFAULT)]
+    pub ack_every_ms: u64,
+    /// Hold the acks while more updates than this wait for the tree (journaled, or spilled
+    /// while blocks wait for the servers).
+    #[arg(long, default_value_t = psl_capsuledb::role::ACK_BACKLOG_MAX_DEFAULT)]
+    pub ack_backlog_max: usize,
     /// Serve the role's node control interface here (STATS, METRICS: what `psl status` reads).
     #[arg(long, value_name = "ADDR")]
     pub control: Option<SocketAddr>,
@@ -329,7 +338,12 @@ fn run_role(a: CapsuleDbArgs, config: Config, writer: u32) -> Result<i32> {
     }
     drop(app);
     let replaying = stores.survey.is_some();
-    let role_opts = RoleOptions { idle_flush: Duration::from_millis(a.idle_flush_ms.max(1)), ..RoleOptions::default() };
+    let role_opts = RoleOptions {
+        idle_flush: Duration::from_millis(a.idle_flush_ms.max(1)),
+        ack_every: Duration::from_millis(a.ack_every_ms),
+        ack_backlog_max: a.ack_backlog_max,
+        ..RoleOptions::default()
+    };
     if let Some(addr) = a.control {
         let l = std::net::TcpListener::bind(addr).with_context(|| format!("binding the control address {addr}"))?;
         println!("control {}", l.local_addr()?);

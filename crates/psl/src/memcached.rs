@@ -139,12 +139,16 @@ pub struct MemcachedArgs {
     /// `--cluster DIR` takes the deployment's. 0: none counted.
     #[arg(long, default_value_t = 0)]
     pub servers: u32,
-    /// With capsule servers: ops each writer may have sealed or queued and not yet durable at
-    /// a quorum of them; beyond it a set waits for their acks, so the writers run at the
-    /// servers' pace (0: off). When no quorum acks for a second the window opens until acks
-    /// move again.
+    /// Ops each writer may have sealed or queued and not yet acked by a quorum of capsule
+    /// servers, by CapsuleDB and by the peer nodes that pace it; beyond it a set waits for
+    /// their acks, so the writers run at their pace (0: off). When acks stop moving for a
+    /// second the window opens until they move again (docs/protocol/scl.md §4).
     #[arg(long, default_value_t = psl_node::flow::WINDOW_OPS_DEFAULT)]
     pub flow_window_ops: usize,
+    /// Records each writer may have in flight under the same acks: the receivers' queues count
+    /// messages, so this bounds them when records are small (at least 1).
+    #[arg(long, default_value_t = psl_node::flow::WINDOW_RECORDS_DEFAULT)]
+    pub flow_window_records: usize,
 }
 
 /// A front end's writer actors when it joins a deployment. One writer signs every record of
@@ -462,6 +466,7 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
                 },
                 flow: psl_node::flow::FlowOptions {
                     window_ops: a.flow_window_ops,
+                    window_records: a.flow_window_records.max(1),
                     ..psl_node::flow::FlowOptions::default()
                 },
                 ..NodeOptions::default()

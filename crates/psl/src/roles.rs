@@ -147,11 +147,15 @@ pub struct NodeArgs {
     /// 2f + 1). 0 turns durability off.
     #[arg(long, default_value_t = 0)]
     pub servers: u32,
-    /// With --servers: ops each writer may have sealed or queued and not yet durable at a
-    /// quorum; beyond it a put waits for the servers' acks (0: off). When no quorum acks for a
-    /// second the window opens until acks move again.
+    /// Ops each writer may have sealed or queued and not yet acked by a quorum of capsule
+    /// servers (--servers), by CapsuleDB (--capsuledb) and by the peer nodes that pace it;
+    /// beyond it a put waits for their acks (0: off). When acks stop moving for a second the
+    /// window opens until they move again (docs/protocol/scl.md §4).
     #[arg(long, default_value_t = psl_node::flow::WINDOW_OPS_DEFAULT)]
     pub flow_window_ops: usize,
+    /// Records each writer may have in flight under the same acks (at least 1).
+    #[arg(long, default_value_t = psl_node::flow::WINDOW_RECORDS_DEFAULT)]
+    pub flow_window_records: usize,
     /// Capsule servers' read addresses (`psl capsule-server --read`), comma-separated: the
     /// node starts by rebuilding its memtable from the first fresh one (not from peers), under
     /// an incarnation above any the servers have seen, and serves clients only after that.
@@ -330,7 +334,11 @@ pub fn run_node(a: NodeArgs) -> Result<i32> {
         },
         capsuledb: a.capsuledb,
         memtable_keys_max: a.memtable_keys_max,
-        flow: psl_node::flow::FlowOptions { window_ops: a.flow_window_ops, ..psl_node::flow::FlowOptions::default() },
+        flow: psl_node::flow::FlowOptions {
+            window_ops: a.flow_window_ops,
+            window_records: a.flow_window_records.max(1),
+            ..psl_node::flow::FlowOptions::default()
+        },
         ..NodeOptions::default()
     };
     let keys = NodeKeys::derive(&meta, &app, &opts)?;

@@ -94,6 +94,20 @@ pub struct UpArgs {
     /// Memory limit of each front end, MiB (evictions are read back through CapsuleDB).
     #[arg(long, default_value_t = 64)]
     pub kv_memory_mb: u64,
+    /// Writer actors of each front end's node (`psl memcached --writers`; its default if not
+    /// given).
+    #[arg(long)]
+    pub kv_writers: Option<usize>,
+    /// Microseconds each front end's writers wait for a batch to fill (`psl memcached
+    /// --flush-us`; its default if not given).
+    #[arg(long)]
+    pub kv_flush_us: Option<u64>,
+    /// Each front end's flow window in ops (`psl memcached --flow-window-ops`).
+    #[arg(long, default_value_t = psl_node::flow::WINDOW_OPS_DEFAULT)]
+    pub kv_flow_window_ops: usize,
+    /// Each front end's flow window in records (`psl memcached --flow-window-records`).
+    #[arg(long, default_value_t = psl_node::flow::WINDOW_RECORDS_DEFAULT)]
+    pub kv_flow_window_records: usize,
     /// With three front ends or more: their home lease (`psl memcached --home-lease-ms`;
     /// conditional commands fail over to another front end when a key's home is down). 0:
     /// static homes.
@@ -280,7 +294,17 @@ fn start_kv(
             writer.to_string(),
             "--memory-mb".into(),
             a.kv_memory_mb.to_string(),
+            "--flow-window-ops".into(),
+            a.kv_flow_window_ops.to_string(),
+            "--flow-window-records".into(),
+            a.kv_flow_window_records.to_string(),
         ]);
+        if let Some(w) = a.kv_writers {
+            args.extend(["--writers".into(), w.to_string()]);
+        }
+        if let Some(us) = a.kv_flush_us {
+            args.extend(["--flush-us".into(), us.to_string()]);
+        }
         if a.kv_servers > 0 {
             // The capsule servers hold every record and answer repairs: a front end keeps
             // only a short window of them for its peers. Their acks pace its writers.

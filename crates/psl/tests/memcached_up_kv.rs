@@ -64,11 +64,10 @@ fn cluster_kv(dir: &Path) -> serde_json::Value {
 fn front_ends_joining_psl_up_kv_by_its_dir_share_items_and_cas_arbitration() {
     let t = tempfile::tempdir().unwrap();
     let d = t.path();
-    let _up: Proc = start(
-        d,
-        &["up", "--kv", "--memcached", "3", "--workers", "1", "--servers", "0", "--dir", "up", "--kv-memory-mb", "1"],
-        "up",
-    );
+    #[rustfmt::skip]
+    let args = ["up", "--kv", "--memcached", "3", "--workers", "1", "--servers", "0", "--dir", "up", "--kv-memory-mb", "1",
+                "--kv-writers", "2", "--kv-flush-us", "1000", "--kv-flow-window-records", "256"];
+    let _up: Proc = start(d, &args, "up");
     let kv = cluster_kv(&d.join("up"));
     let group: Vec<SocketAddr> =
         kv["front_ends"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().parse().unwrap()).collect();
@@ -84,6 +83,10 @@ fn front_ends_joining_psl_up_kv_by_its_dir_share_items_and_cas_arbitration() {
 
     // Written before anyone joins: a joined node never received it, CapsuleDB did.
     let mut g0 = Client::connect(group[0]);
+    // The group's front ends run with the writers and flow window `psl up` was given.
+    assert_eq!(g0.stat("psl_writers"), 2);
+    assert_eq!(g0.stat("psl_flow_window_records"), 256);
+    assert_eq!(g0.stat("psl_flow_window_ops"), psl_node::flow::WINDOW_OPS_DEFAULT as u64);
     assert_eq!(g0.set("early", 7, b"before"), "STORED");
     let early = g0.gets("early").unwrap();
 
