@@ -53,6 +53,19 @@ pub struct Settings {
     /// Memory limit of each memcached front end, MiB.
     #[serde(default = "default_memory_mb")]
     pub kv_memory_mb: u64,
+    /// Writer actors of each front end's node (`psl memcached --writers`; its default if
+    /// absent).
+    #[serde(default)]
+    pub kv_writers: Option<usize>,
+    /// Microseconds each front end's writers wait for a batch to fill (`--flush-us`).
+    #[serde(default)]
+    pub kv_flush_us: Option<u64>,
+    /// Each front end's flow window in ops (`--flow-window-ops`).
+    #[serde(default)]
+    pub kv_flow_window_ops: Option<usize>,
+    /// Each front end's flow window in records (`--flow-window-records`).
+    #[serde(default)]
+    pub kv_flow_window_records: Option<usize>,
 }
 
 impl Default for Settings {
@@ -66,6 +79,10 @@ impl Default for Settings {
             nats_prefix: default_prefix(),
             epoch_ms: default_epoch_ms(),
             kv_memory_mb: default_memory_mb(),
+            kv_writers: None,
+            kv_flush_us: None,
+            kv_flow_window_ops: None,
+            kv_flow_window_records: None,
         }
     }
 }
@@ -841,6 +858,19 @@ pub fn up_host(config: &Path, name: &str) -> Result<i32> {
             if c.kv_servers() > 0 {
                 // The capsule servers' acks pace the front end's writers (flow control).
                 a.extend(["--servers".into(), c.kv_servers().to_string()]);
+            }
+            let set = &c.cluster;
+            #[rustfmt::skip]
+            let tuning = [
+                ("--writers", set.kv_writers.map(|v| v.to_string())),
+                ("--flush-us", set.kv_flush_us.map(|v| v.to_string())),
+                ("--flow-window-ops", set.kv_flow_window_ops.map(|v| v.to_string())),
+                ("--flow-window-records", set.kv_flow_window_records.map(|v| v.to_string())),
+            ];
+            for (flag, v) in tuning {
+                if let Some(v) = v {
+                    a.extend([flag.to_string(), v]);
+                }
             }
             let (k, rx) = spawn(&format!("memcached {id}"), &a)?;
             kids.push(k);

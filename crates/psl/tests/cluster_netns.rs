@@ -224,6 +224,7 @@ dir = "state"
 shared = "shared"
 epoch_ms = 100
 kv_memory_mb = 16
+kv_flow_window_records = 512
 
 [[host]]
 name = "h1"
@@ -406,6 +407,8 @@ fn a_four_host_deployment_on_nats_survives_failover_partition_and_a_host_crash()
     let set_many = |ns: String, at: SocketAddr, tag: &'static str| {
         in_ns(&ns, move || {
             let mut c = common::mc::Client::connect(at);
+            // The front ends run with the cluster file's tuning.
+            assert_eq!(c.stat("psl_flow_window_records"), 512);
             for i in 0..50 {
                 assert_eq!(c.set(&format!("mc-{tag}-{i}"), i, format!("{tag}{i}").as_bytes()), "STORED");
             }
