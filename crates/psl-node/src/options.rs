@@ -27,7 +27,8 @@ pub struct NodeOptions {
     /// How ring waiters spin, yield and park. The default spins ~20-40 µs and yields before it
     /// parks (the peer's next push or pop rings it awake: `BackoffPolicy::parking`), right for
     /// a node with cores of its own; many nodes sharing a few cores (the embedded deployment,
-    /// benchmarks) should use [`NodeOptions::shared_cores`].
+    /// the process roles unless `--dedicated-cores`, benchmarks) should use
+    /// [`NodeOptions::shared_cores`] (docs/protocol/scale.md §9).
     pub ring_backoff: psl_boundary::BackoffPolicy,
     /// Messages between the dispatcher, the core and the verify actors.
     pub channel_msgs_max: usize,

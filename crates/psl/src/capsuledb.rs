@@ -73,6 +73,8 @@ pub struct CapsuleDbArgs {
     pub control: Option<SocketAddr>,
     #[command(flatten)]
     pub budget: crate::roles::BudgetArgs,
+    #[command(flatten)]
+    pub cores: crate::roles::CoresArgs,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -301,6 +303,7 @@ fn run_role(a: CapsuleDbArgs, config: Config, writer: u32) -> Result<i32> {
         capsuledb_role: Some(65_536),
         ..NodeOptions::default()
     };
+    opts = a.cores.apply(opts);
     opts.core.servers = a.open.servers.len() as u32;
     let budget_mb = a.budget.watch(crate::roles::RoleKind::CapsuleDb, "capsuledb");
     opts.core.cache_bytes_max =

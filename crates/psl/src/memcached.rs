@@ -114,6 +114,8 @@ pub struct MemcachedArgs {
     /// Memory budget (`--memory-budget-mb`; the item memory is `--memory-mb`).
     #[command(flatten)]
     pub budget: crate::roles::BudgetArgs,
+    #[command(flatten)]
+    pub cores: crate::roles::CoresArgs,
     /// With --peers of three or more: home failover. A slot's home holds a lease granted by a
     /// majority of the group for this long; when a front end is down, another takes its slots
     /// over after about two leases (docs/protocol/memcached.md §6). 0: static homes (a
@@ -471,6 +473,7 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
                 },
                 ..NodeOptions::default()
             };
+            let opts = a.cores.apply(opts);
             let keys = NodeKeys::derive(&f.metadata, &app, &opts)?;
             let interest = psl_fabric::Interest::node(f.metadata.name().0 .0, id, db.is_some());
             let ep = crate::roles::fabric(&fabric, &format!("memcached-{id}"), &interest)?;

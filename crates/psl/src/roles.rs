@@ -34,6 +34,30 @@ pub struct CommonArgs {
     pub repair_cache_mb: Option<u64>,
     #[command(flatten)]
     pub budget: BudgetArgs,
+    #[command(flatten)]
+    pub cores: CoresArgs,
+}
+
+/// `--dedicated-cores`: how a role's ring threads wait for work.
+#[derive(Args, Debug, Clone, Default)]
+pub struct CoresArgs {
+    /// This process has cores of its own: its ring threads spin (~20-40 µs) and yield before
+    /// they park, for lower wake-up latency at the price of CPU. Without it they park after 32
+    /// spins (`NodeOptions::shared_cores`), which is right when roles share a machine's cores,
+    /// as under `psl up` (docs/protocol/scale.md §9).
+    #[arg(long)]
+    pub dedicated_cores: bool,
+}
+
+impl CoresArgs {
+    /// `opts` with the ring waits this process should use.
+    pub fn apply(&self, opts: NodeOptions) -> NodeOptions {
+        if self.dedicated_cores {
+            opts
+        } else {
+            opts.shared_cores()
+        }
+    }
 }
 
 /// `--memory-budget-mb`: the resident memory a role is sized to stay within (its repair
@@ -341,6 +365,7 @@ pub fn run_node(a: NodeArgs) -> Result<i32> {
         },
         ..NodeOptions::default()
     };
+    let opts = a.common.cores.apply(opts);
     let keys = NodeKeys::derive(&meta, &app, &opts)?;
     let spec = a.common.fabric.spec("psl node")?;
     let interest = psl_fabric::Interest::node(capsule_id(&meta), a.id, a.capsuledb.is_some());
@@ -395,6 +420,7 @@ pub fn run_coordinator(a: CoordinatorArgs) -> Result<i32> {
         core,
         ..NodeOptions::default()
     };
+    let opts = a.common.cores.apply(opts);
     let keys = NodeKeys::derive(&meta, &app, &opts)?;
     let spec = a.common.fabric.spec("psl coordinator")?;
     let ep = fabric(&spec, &format!("coordinator-{}", a.rank), &psl_fabric::Interest::coordinator(capsule_id(&meta)))?;
@@ -502,6 +528,7 @@ pub fn run_capsule_server(a: CapsuleServerArgs) -> Result<i32> {
         epoch_ms: 100,
         repair_cache_mb: None,
         budget: BudgetArgs::default(),
+        cores: CoresArgs::default(),
     };
     let (meta, app) = load(&common)?;
     let (key, cert) = psl_server::server_credentials(&meta, &app, id)
@@ -665,4 +692,18 @@ fn check_running_server(addr: SocketAddr, json: bool) -> Result<i32> {
         json: j,
     }
     .print(json))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roles_park_at_once_unless_their_cores_are_their_own() {
+        let shared = NodeOptions::default().shared_cores().ring_backoff;
+        assert_ne!(shared, NodeOptions::default().ring_backoff, "the two policies differ");
+        assert_eq!(CoresArgs::default().apply(NodeOptions::default()).ring_backoff, shared);
+        let own = CoresArgs { dedicated_cores: true }.apply(NodeOptions::default());
+        assert_eq!(own.ring_backoff, NodeOptions::default().ring_backoff);
+    }
 }

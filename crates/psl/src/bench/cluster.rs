@@ -5,7 +5,7 @@
 //! front ends, each with `--kv-memory-mb`), once on the router tree and once on a local
 //! nats-server (`--cases router,nats`; default both). The baseline is Debian's memcached with one
 //! worker thread. One load generator ([`super::loadgen`]: 2 client threads, 96 connections spread
-//! over the endpoints, 100-byte values over 300,000 keys, loaded first) drives both in
+//! over the endpoints (`--connections N` for the measured rounds), 100-byte values over 300,000 keys, loaded first) drives both in
 //! alternating rounds: for each mix (`a`: 50 % get / 50 % set; `mix`: 90 % get / 10 % set) and
 //! each key distribution (uniform; YCSB's scrambled zipfian 0.99), `--reps` rounds of the
 //! deployment, each followed by a round of memcached; medians reported.
@@ -307,12 +307,12 @@ fn counters_delta(before: &[BTreeMap<String, u64>], after: &[BTreeMap<String, u6
     out
 }
 
-fn spec(targets: &[SocketAddr], mix: Mix, d: Distribution, secs: f64) -> Spec {
+fn spec(targets: &[SocketAddr], mix: Mix, d: Distribution, secs: f64, connections: usize) -> Spec {
     Spec {
         targets: targets.to_vec(),
         protocol: Protocol::Memcached,
         threads: CLIENT_THREADS,
-        connections: CONNECTIONS,
+        connections,
         keys: KEYS,
         value_bytes: VALUE_BYTES,
         distribution: d,
@@ -332,7 +332,8 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-pub fn run(secs: f64, cases: &[String], reps: usize, show_progress: bool) -> Result<Value> {
+pub fn run(secs: f64, cases: &[String], reps: usize, connections: Option<usize>, show_progress: bool) -> Result<Value> {
+    let connections = connections.unwrap_or(CONNECTIONS).max(CLIENT_THREADS);
     let secs = secs.max(0.5);
     let fabrics: Vec<&str> =
         ["router", "nats"].into_iter().filter(|f| cases.is_empty() || cases.iter().any(|c| c == f)).collect();
@@ -347,7 +348,7 @@ pub fn run(secs: f64, cases: &[String], reps: usize, show_progress: bool) -> Res
     let (mc_guard, mc_port) = super::memcached::start_memcached(1)?;
     let me = std::process::id();
     let mc: SocketAddr = ([127, 0, 0, 1], mc_port).into();
-    let l = loadgen::load(&spec(&[mc], Mix::read_update(0.0), Distribution::Uniform, secs))?;
+    let l = loadgen::load(&spec(&[mc], Mix::read_update(0.0), Distribution::Uniform, secs, CONNECTIONS))?;
     if l.errors > 0 {
         bail!("loading memcached: {} errors: {:?}", l.errors, l.first_error);
     }
@@ -357,7 +358,7 @@ pub fn run(secs: f64, cases: &[String], reps: usize, show_progress: bool) -> Res
         let dep = start_deployment(fabric)?;
         let rs = roles(dep.guard.pid());
         let idle = idle_cpu_ms_per_s(&rs);
-        let l = loadgen::load(&spec(&dep.targets, Mix::read_update(0.0), Distribution::Uniform, secs))
+        let l = loadgen::load(&spec(&dep.targets, Mix::read_update(0.0), Distribution::Uniform, secs, CONNECTIONS))
             .with_context(|| format!("loading the deployment on {fabric}"))?;
         if l.errors > 0 {
             bail!("loading the deployment on {fabric}: {} errors: {:?}", l.errors, l.first_error);
@@ -373,15 +374,25 @@ pub fn run(secs: f64, cases: &[String], reps: usize, show_progress: bool) -> Res
         // CPU seconds of the load generator (this process) in the deployment's and memcached's
         // rounds, memcached's own, and memcached's operations.
         let (mut gen_psl, mut gen_mc, mut mc_cpu, mut mc_ops) = (0.0, 0.0, 0.0, 0u64);
+        // Seconds runnable but waiting for a CPU, per role and memcached's (where latency
+        // queues). The load generator's threads exit with each round, taking theirs along.
+        let mut wait_by_role: BTreeMap<String, f64> = BTreeMap::new();
+        let mut wait_mc = 0.0;
         for (mname, mix) in mixes {
             for d in dists {
                 let (mut p, mut m, mut drains, mut p50, mut p99, mut mp50, mut mp99) =
                     (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+                // p99 of reads and of updates, PSL then memcached: where the tail is.
+                let mut tails: [Vec<f64>; 4] = Default::default();
                 for _ in 0..reps {
                     let before: Vec<f64> = rs.iter().map(|r| super::pid_cpu_seconds(r.pid)).collect();
                     let g0 = super::pid_cpu_seconds(me);
-                    let o = loadgen::run(&spec(&dep.targets, mix, d, secs))?;
+                    let w0: Vec<f64> = rs.iter().map(|r| super::pid_runq_wait_seconds(r.pid)).collect();
+                    let o = loadgen::run(&spec(&dep.targets, mix, d, secs, connections))?;
                     gen_psl += super::pid_cpu_seconds(me) - g0;
+                    for (r, w) in rs.iter().zip(w0) {
+                        *wait_by_role.entry(r.name.clone()).or_default() += super::pid_runq_wait_seconds(r.pid) - w;
+                    }
                     if o.errors > 0 {
                         bail!("{fabric}, {mname}, {}: {} errors: {:?}", d.name(), o.errors, o.first_error);
                     }
@@ -393,14 +404,20 @@ pub fn run(secs: f64, cases: &[String], reps: usize, show_progress: bool) -> Res
                     p.push(o.ops_per_s());
                     p50.push(o.quantile_us(0.5));
                     p99.push(o.quantile_us(0.99));
+                    tails[0].push(o.quantile_us_of(false, 0.99));
+                    tails[1].push(o.quantile_us_of(true, 0.99));
                     let (g0, m0) = (super::pid_cpu_seconds(me), super::pid_cpu_seconds(mc_guard.pid()));
-                    let om = loadgen::run(&spec(&[mc], mix, d, secs))?;
+                    let wm0 = super::pid_runq_wait_seconds(mc_guard.pid());
+                    let om = loadgen::run(&spec(&[mc], mix, d, secs, connections))?;
                     gen_mc += super::pid_cpu_seconds(me) - g0;
                     mc_cpu += super::pid_cpu_seconds(mc_guard.pid()) - m0;
+                    wait_mc += super::pid_runq_wait_seconds(mc_guard.pid()) - wm0;
                     mc_ops += om.ops;
                     m.push(om.ops_per_s());
                     mp50.push(om.quantile_us(0.5));
                     mp99.push(om.quantile_us(0.99));
+                    tails[2].push(om.quantile_us_of(false, 0.99));
+                    tails[3].push(om.quantile_us_of(true, 0.99));
                     pb.inc(1);
                 }
                 let (pm, mm) = (median(p.clone()), median(m.clone()));
@@ -413,6 +430,8 @@ pub fn run(secs: f64, cases: &[String], reps: usize, show_progress: bool) -> Res
                     "mix": mname, "distribution": d.name(), "psl_ops_per_s": p, "memcached_ops_per_s": m,
                     "psl_p50_us": median(p50), "psl_p99_us": median(p99),
                     "memcached_p50_us": median(mp50), "memcached_p99_us": median(mp99), "drain_ms": drains,
+                    "psl_p99_get_us": median(tails[0].clone()), "psl_p99_set_us": median(tails[1].clone()),
+                    "memcached_p99_get_us": median(tails[2].clone()), "memcached_p99_set_us": median(tails[3].clone()),
                 }));
             }
         }
@@ -420,10 +439,12 @@ pub fn run(secs: f64, cases: &[String], reps: usize, show_progress: bool) -> Res
             .iter()
             .map(|r| {
                 let cpu = cpu_by_role.get(&r.name).copied().unwrap_or(0.0);
+                let wait = wait_by_role.get(&r.name).copied().unwrap_or(0.0);
                 let rss = hwm_mb(r.pid);
                 json!({"role": r.name, "rss_mb_max": rss, "budget_mb": r.budget_mb,
                        "within_budget": r.budget_mb.map(|b| rss <= b as f64),
-                       "cpu_s_per_1000_ops": cpu * 1000.0 / ops_all.max(1) as f64})
+                       "cpu_s_per_1000_ops": cpu * 1000.0 / ops_all.max(1) as f64,
+                       "runq_wait_s_per_1000_ops": wait * 1000.0 / ops_all.max(1) as f64})
             })
             .collect();
         let us_per_op = |cpu_s: f64, ops: u64| cpu_s * 1e6 / ops.max(1) as f64;
@@ -434,6 +455,14 @@ pub fn run(secs: f64, cases: &[String], reps: usize, show_progress: bool) -> Res
             "memcached": us_per_op(mc_cpu, mc_ops),
             "load_generator_with_memcached": us_per_op(gen_mc, mc_ops),
         });
+        // Run-queue waits per op: a closed loop's latency tail on a saturated machine.
+        out.insert(
+            format!("runq_wait_us_per_op_{fabric}"),
+            json!({
+                "psl_roles": us_per_op(wait_by_role.values().sum(), ops_all),
+                "memcached": us_per_op(wait_mc, mc_ops),
+            }),
+        );
         let bound = (us_per_op(mc_cpu, mc_ops) + us_per_op(gen_mc, mc_ops))
             / (us_per_op(psl_roles_cpu, ops_all) + us_per_op(gen_psl, ops_all)).max(1e-9);
         out.insert(format!("ratio_cpu_bound_{fabric}"), json!(bound));
@@ -485,7 +514,7 @@ pub fn run(secs: f64, cases: &[String], reps: usize, show_progress: bool) -> Res
     out.insert("goals".into(), json!({"ratio_a": 0.7, "ratio_mix": 0.8, "drain_ms": 1000, "rss_mb_max": ROLE_MB_MAX}));
     out.insert(
         "load".into(),
-        json!({"keys": KEYS, "value_bytes": VALUE_BYTES, "connections": CONNECTIONS, "client_threads": CLIENT_THREADS,
+        json!({"keys": KEYS, "value_bytes": VALUE_BYTES, "connections": connections, "client_threads": CLIENT_THREADS,
                "seconds_per_round": secs, "rounds": reps, "front_ends": FRONT_ENDS, "front_end_memory_mb": FRONT_END_MB}),
     );
     out.insert("detail".into(), Value::Object(detail));

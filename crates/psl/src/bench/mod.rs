@@ -74,7 +74,7 @@ pub fn run(a: BenchArgs) -> Result<i32> {
         "scl" => scl::run(a.seconds * 2.0, &a.cases, !a.json)?,
         "memcached" => memcached::run(a.seconds, !a.json)?,
         "fabric" => fabric::run(a.seconds, &a.cases, !a.json)?,
-        "cluster" => cluster::run(a.seconds * 5.0, &a.cases, a.reps.unwrap_or(3), !a.json)?,
+        "cluster" => cluster::run(a.seconds * 5.0, &a.cases, a.reps.unwrap_or(3), a.ycsb.connections, !a.json)?,
         "replication" => replication::run(a.seconds * 2.0, !a.json)?,
         "launch" => launch::run((a.seconds * 20.0) as usize, !a.json)?,
         "capsuledb" => capsuledb::run(a.seconds, a.keys, !a.json)?,
@@ -126,6 +126,18 @@ pub fn process_cpu_seconds() -> f64 {
 /// zero if it is gone or `/proc` is missing.
 pub fn pid_cpu_seconds(pid: u32) -> f64 {
     cpu_seconds_of(&format!("/proc/{pid}/stat"))
+}
+
+/// Seconds the threads of process `pid` have waited on a CPU's run queue, runnable but not
+/// running (the second field of each thread's `schedstat`; threads that exited are not counted).
+pub fn pid_runq_wait_seconds(pid: u32) -> f64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0.0 };
+    let ns: f64 = tasks
+        .filter_map(|t| t.ok())
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().nth(1).and_then(|x| x.parse::<f64>().ok()))
+        .sum();
+    ns / 1e9
 }
 
 fn cpu_seconds_of(path: &str) -> f64 {

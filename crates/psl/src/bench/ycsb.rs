@@ -30,6 +30,9 @@ use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// `ycsb`'s connections unless `--connections` is given.
+const CONNECTIONS_DEFAULT: usize = 50;
+
 #[derive(Args, Debug, Clone)]
 pub struct YcsbArgs {
     /// `ycsb`: workloads to run, comma-separated (a, b, c, d, f).
@@ -53,9 +56,9 @@ pub struct YcsbArgs {
     /// `ycsb`: bytes per value (YCSB's default record: 10 fields of 100 bytes).
     #[arg(long, default_value_t = 1000)]
     pub value_bytes: usize,
-    /// `ycsb`: connections in all.
-    #[arg(long, default_value_t = 50)]
-    pub connections: usize,
+    /// Connections in all (`ycsb`: 50; `cluster`: 96, split over its 2 client threads).
+    #[arg(long)]
+    pub connections: Option<usize>,
     /// `ycsb`: client threads driving them.
     #[arg(long, default_value_t = 1)]
     pub client_threads: usize,
@@ -216,7 +219,7 @@ fn distributions(a: &YcsbArgs) -> Result<Vec<Distribution>> {
 
 fn base_spec(a: &YcsbArgs, seconds: f64) -> Spec {
     Spec {
-        connections: a.connections,
+        connections: a.connections.unwrap_or(CONNECTIONS_DEFAULT),
         threads: a.client_threads,
         pipeline: a.pipeline,
         keys: a.records,
@@ -342,7 +345,7 @@ pub fn run(a: &YcsbArgs, seconds: f64, json_lines: bool, show_progress: bool) ->
     out.insert("systems".into(), Value::Object(systems));
     out.insert(
         "load_generator".into(),
-        json!({"connections": a.connections, "client_threads": a.client_threads, "pipeline": a.pipeline,
+        json!({"connections": a.connections.unwrap_or(CONNECTIONS_DEFAULT), "client_threads": a.client_threads, "pipeline": a.pipeline,
                "records": a.records, "value_bytes": a.value_bytes, "seconds_per_run": seconds,
                "zipfian": "YCSB scrambled zipfian, theta 0.99", "latency": "from queueing on the connection to the last reply"}),
     );

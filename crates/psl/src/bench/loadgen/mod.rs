@@ -340,6 +340,11 @@ impl Outcome {
         self.latency.value_at_quantile(q) as f64 / 1e3
     }
 
+    /// Microseconds at quantile `q` of the reads (`update: false`) or the updates.
+    pub fn quantile_us_of(&self, update: bool, q: f64) -> f64 {
+        self.latency_by_kind[usize::from(update)].value_at_quantile(q) as f64 / 1e3
+    }
+
     /// Throughput, latency percentiles (µs) over all operations and per kind, counts, and the
     /// client threads' CPU per operation.
     pub fn to_json(&self) -> Value {
