@@ -5,12 +5,13 @@
 //! front ends, each with `--kv-memory-mb`), once on the router tree and once on a local
 //! nats-server (`--cases router,nats`; default both). The baseline is Debian's memcached with one
 //! worker thread. One load generator ([`super::loadgen`]: 2 client threads, 96 connections spread
-//! over the endpoints (`--connections N` for the measured rounds), 100-byte values over 300,000 keys, loaded first) drives both in
-//! alternating rounds: for each mix (`a`: 50 % get / 50 % set; `mix`: 90 % get / 10 % set) and
-//! each key distribution (uniform; YCSB's scrambled zipfian 0.99), `--reps` rounds of the
-//! deployment, each followed by a round of memcached; medians reported.
+//! over the endpoints, or `--connections N` in the measured rounds; 100-byte values over 300,000
+//! keys, loaded first) drives both in alternating rounds: for each mix (`a`: 50 % get / 50 %
+//! set; `mix`: 90 % get / 10 % set) and each key distribution (uniform; YCSB's scrambled zipfian
+//! 0.99), `--reps` rounds of the deployment, each followed by a round of memcached; medians
+//! reported.
 //!
-//! Besides throughput and latency (p50, p99), per deployment round:
+//! Besides throughput and latency (p50, p99, and p99 of gets and of sets), per deployment round:
 //! - `drain_ms`: from the end of the load until the deployment's processes are idle, i.e.
 //!   until every node, server and CapsuleDB has stopped catching up; at most 60 s. Idle is
 //!   measured against the deployment's own idle rate (an idle deployment still ticks: its
@@ -38,6 +39,8 @@
 //! CPU per operation of memcached's rounds (memcached and the load generator) over that of the
 //! deployment's rounds (its roles and the load generator). `detail.<fabric>.cpu_us_per_op`
 //! gives the four parts and `ratio_cpu_bound_<fabric>` that quotient (all mixes together).
+//! Where the latency queues: `runq_wait_us_per_op_<fabric>` (the roles' threads and memcached's,
+//! runnable but waiting for a core; per role in `detail.<fabric>.roles`).
 //!
 //! Headline: `ratio_a` and `ratio_mix` (uniform keys, router tree), the deployment over
 //! memcached in the same run. Goals (issue 17): 0.7 and 0.8; `drain_ms` under 1,000; no role
