@@ -119,6 +119,11 @@ impl Flow {
         }
     }
 
+    /// The options this window runs with (`window_records` at least 1).
+    pub fn options(&self) -> FlowOptions {
+        FlowOptions { window_ops: self.window_ops, window_records: self.window_records, stall: self.stall }
+    }
+
     pub fn unacked_ops(&self) -> usize {
         self.unacked_ops.load(Ordering::Acquire)
     }

@@ -1020,11 +1020,7 @@ impl Node {
 
     /// The flow control its writers run with (`None`: a receive-only node).
     pub fn flow_options(&self) -> Option<crate::flow::FlowOptions> {
-        self.actors.first().map(|(q, _)| crate::flow::FlowOptions {
-            window_ops: q.flow.window_ops,
-            window_records: q.flow.window_records,
-            stall: q.flow.stall,
-        })
+        self.actors.first().map(|(q, _)| q.flow.options())
     }
 
     /// Prometheus text of the node's counters.

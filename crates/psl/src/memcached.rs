@@ -468,7 +468,7 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
                 },
                 flow: psl_node::flow::FlowOptions {
                     window_ops: a.flow_window_ops,
-                    window_records: a.flow_window_records.max(1),
+                    window_records: a.flow_window_records,
                     ..psl_node::flow::FlowOptions::default()
                 },
                 ..NodeOptions::default()

@@ -360,7 +360,7 @@ pub fn run_node(a: NodeArgs) -> Result<i32> {
         memtable_keys_max: a.memtable_keys_max,
         flow: psl_node::flow::FlowOptions {
             window_ops: a.flow_window_ops,
-            window_records: a.flow_window_records.max(1),
+            window_records: a.flow_window_records,
             ..psl_node::flow::FlowOptions::default()
         },
         ..NodeOptions::default()
