@@ -14,13 +14,18 @@ use psl_crypto::{DataKey, Hash256, VerifyingKey};
 use std::collections::HashMap;
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 
 /// Most records held back, across writers, for want of their writer's certificate.
 pub const HELD_RECORDS_MAX: usize = 4096;
 /// Most records held back for one (key generation, writer).
 pub const HELD_PER_WRITER_MAX: usize = 1024;
+/// Most bytes (encoded records) held back, across writers, for want of a certificate. With the
+/// count bound alone, 4,096 records of the capsule's largest size would pin gigabytes.
+pub const HELD_BYTES_MAX: usize = 32 << 20;
+/// Most bytes held back for one (key generation, writer).
+pub const HELD_BYTES_PER_WRITER_MAX: usize = 8 << 20;
 /// How long a record waits for its writer's certificate before it is refused as uncertified.
 pub const CERT_WAIT_MS: u64 = 10_000;
 /// Most certified writers one verifier keeps (a bound on the certificate table).
@@ -172,6 +177,8 @@ pub struct Verifier {
     certs: RwLock<CertTable>,
     /// Records waiting for their writer's certificate.
     held: Mutex<Held>,
+    /// Held records refused to make room for newer ones.
+    held_evicted: AtomicU64,
 }
 
 #[derive(Default)]
@@ -184,8 +191,32 @@ struct CertTable {
 /// Records held back for want of a certificate, by (generation, writer), oldest first.
 #[derive(Default)]
 struct Held {
-    by_writer: HashMap<(u32, u32), VecDeque<(u64, Record)>>,
+    by_writer: HashMap<(u32, u32), HeldQueue>,
     total: usize,
+    bytes: usize,
+}
+
+/// One writer's held records (stamped with the caller's clock), oldest first, and their bytes.
+#[derive(Default)]
+struct HeldQueue {
+    records: VecDeque<(u64, Record)>,
+    bytes: usize,
+}
+
+impl Held {
+    /// Takes the oldest record of `id`, keeping the totals true.
+    fn pop_oldest(&mut self, id: (u32, u32)) -> Option<Record> {
+        let q = self.by_writer.get_mut(&id)?;
+        let (_, r) = q.records.pop_front()?;
+        let n = r.bytes().len();
+        q.bytes -= n;
+        self.total -= 1;
+        self.bytes -= n;
+        if q.records.is_empty() {
+            self.by_writer.remove(&id);
+        }
+        Some(r)
+    }
 }
 
 /// One rotated application key generation.
@@ -212,6 +243,7 @@ impl Verifier {
             rotated_keys: RwLock::new(HashMap::new()),
             certs: RwLock::new(CertTable::default()),
             held: Mutex::new(Held::default()),
+            held_evicted: AtomicU64::new(0),
         }
     }
 
@@ -327,27 +359,48 @@ impl Verifier {
     }
 
     /// Holds back a record refused only for want of its writer's certificate ([`Reason::wants_cert`]),
-    /// stamped with the caller's clock. When the hold is full, the oldest record of the same
-    /// writer (or, failing that, this one) is refused and returned, so the caller can count it.
-    pub fn hold(&self, rec: Record, now_ms: u64) -> Option<Rejected> {
+    /// stamped with the caller's clock. Only a record that passes every check that needs no
+    /// certificate is held ([`Verifier::check_before_hold`]: capsule, writer range, key
+    /// generation, kind, structure, links); anything else is refused at once. The hold is
+    /// bounded by count and by bytes, in total and per writer: when full, the oldest records of
+    /// the same writer make room (or, failing that, this one is refused). Returns the records
+    /// refused, for the caller to count.
+    pub fn hold(&self, rec: Record, now_ms: u64) -> Vec<Rejected> {
+        if let Err(r) = self.check_before_hold(&rec) {
+            return vec![reject(&rec, r)];
+        }
         let h = rec.header();
         let id = (h.key_gen, h.writer);
+        let n = rec.bytes().len();
+        if n > HELD_BYTES_PER_WRITER_MAX {
+            return vec![uncertified(&rec)];
+        }
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        let queue_len = held.by_writer.get(&id).map_or(0, VecDeque::len);
-        let evicted = if queue_len >= HELD_PER_WRITER_MAX || held.total >= HELD_RECORDS_MAX {
-            match held.by_writer.get_mut(&id).and_then(VecDeque::pop_front) {
-                Some((_, old)) => {
-                    held.total -= 1;
-                    Some(old)
-                }
-                None => return Some(uncertified(&rec)),
+        let mut refused = Vec::new();
+        loop {
+            let q = held.by_writer.get(&id);
+            let (q_len, q_bytes) = q.map_or((0, 0), |q| (q.records.len(), q.bytes));
+            let full = q_len >= HELD_PER_WRITER_MAX
+                || q_bytes + n > HELD_BYTES_PER_WRITER_MAX
+                || held.total >= HELD_RECORDS_MAX
+                || held.bytes + n > HELD_BYTES_MAX;
+            if !full {
+                break;
             }
-        } else {
-            None
-        };
-        held.by_writer.entry(id).or_default().push_back((now_ms, rec));
+            match held.pop_oldest(id) {
+                Some(old) => refused.push(uncertified(&old)),
+                None => {
+                    refused.push(uncertified(&rec));
+                    return refused;
+                }
+            }
+        }
+        let q = held.by_writer.entry(id).or_default();
+        q.records.push_back((now_ms, rec));
+        q.bytes += n;
         held.total += 1;
-        evicted.map(|old| uncertified(&old))
+        held.bytes += n;
+        refused
     }
 
     /// Takes the held records whose writer now has a certificate (or a revocation: they are then
@@ -368,8 +421,9 @@ impl Verifier {
         let mut out = Vec::new();
         for id in ready {
             if let Some(q) = held.by_writer.remove(&id) {
-                held.total -= q.len();
-                out.extend(q.into_iter().map(|(_, r)| r));
+                held.total -= q.records.len();
+                held.bytes -= q.bytes;
+                out.extend(q.records.into_iter().map(|(_, r)| r));
             }
         }
         out
@@ -409,9 +463,16 @@ impl Verifier {
         if !self.needs_cert(rec.header()) {
             return verify(self, rec).map(Some);
         }
-        match self.hold(rec, now_ms) {
-            None => Ok(None),
-            Some(rej) => Err(rej),
+        let hash = rec.hash();
+        // Only this record's own refusal is the caller's to report here; older records the
+        // hold evicted to make room are counted with it (`held_evicted`).
+        let mut refused = self.hold(rec, now_ms);
+        match refused.iter().position(|r| r.hash == Some(hash)) {
+            Some(i) => Err(refused.swap_remove(i)),
+            None => {
+                self.held_evicted.fetch_add(refused.len() as u64, Ordering::Relaxed);
+                Ok(None)
+            }
         }
     }
 
@@ -422,20 +483,81 @@ impl Verifier {
             return Vec::new();
         }
         let mut out = Vec::new();
+        let mut freed = 0;
         for q in held.by_writer.values_mut() {
-            while q.front().is_some_and(|(t, _)| now_ms.saturating_sub(*t) >= CERT_WAIT_MS) {
-                let (_, r) = q.pop_front().expect("checked above");
+            while q.records.front().is_some_and(|(t, _)| now_ms.saturating_sub(*t) >= CERT_WAIT_MS) {
+                let Some((_, r)) = q.records.pop_front() else { break };
+                q.bytes -= r.bytes().len();
+                freed += r.bytes().len();
                 out.push(uncertified(&r));
             }
         }
-        held.by_writer.retain(|_, q| !q.is_empty());
+        held.by_writer.retain(|_, q| !q.records.is_empty());
         held.total -= out.len();
+        held.bytes -= freed;
         out
     }
 
     /// How many records are held back for want of a certificate.
     pub fn held_count(&self) -> usize {
         self.held.lock().unwrap_or_else(|p| p.into_inner()).total
+    }
+
+    /// How many bytes (encoded records) are held back for want of a certificate.
+    pub fn held_bytes(&self) -> usize {
+        self.held.lock().unwrap_or_else(|p| p.into_inner()).bytes
+    }
+
+    /// How many held records were refused to make room for newer ones (see [`Verifier::hold`]).
+    pub fn held_evicted(&self) -> u64 {
+        self.held_evicted.load(Ordering::Relaxed)
+    }
+
+    /// The apply-time check: what may have changed since `h`'s record was verified, possibly on
+    /// another thread before this verifier learnt it. A record verified, then held (by an
+    /// orderer, a hold-back, a queue), is refused when it is applied or stored if, by then, its
+    /// key generation is retired at its epoch or a revocation of its writer refuses its epoch
+    /// or seq. Every place that applies or stores records calls this; it costs one atomic load,
+    /// plus a read-locked table lookup in a certified capsule.
+    pub fn recheck(&self, h: &Header) -> Result<(), Reason> {
+        if let Some(r) = self.retired(h) {
+            return Err(r);
+        }
+        self.revoked(h).map_or(Ok(()), Err)
+    }
+
+    /// Whether a heads hint that writer `writer` has records from `next_seq` on can only be
+    /// about records a revocation refuses (its seq bound, under the generation in force now):
+    /// then there is nothing worth asking for.
+    pub fn hint_refused(&self, writer: u32, next_seq: u64) -> bool {
+        self.writer_keys() == WriterKeys::Certified
+            && self.revoked_at(self.key_gen_newest(), writer, 0, next_seq).is_some_and(
+                |r| matches!(r, Reason::Revoked { from_seq, .. } if next_seq >= from_seq),
+            )
+    }
+
+    /// Whether a revocation installed here refuses `h` (its writer, generation, epoch, seq).
+    pub fn revoked(&self, h: &Header) -> Option<Reason> {
+        if self.writer_keys() != WriterKeys::Certified {
+            return None;
+        }
+        self.revoked_at(h.key_gen, h.writer, h.epoch, h.seq)
+    }
+
+    /// Whether a revocation installed here refuses a record of (`key_gen`, `writer`) at `epoch`
+    /// and `seq`. `epoch` may be 0 to ask about the seq bound alone (a heads hint, which names no
+    /// epoch, only refuses what the seq bound covers from then on).
+    pub fn revoked_at(&self, key_gen: u32, writer: u32, epoch: u64, seq: u64) -> Option<Reason> {
+        let t = self.certs.read().unwrap_or_else(|p| p.into_inner());
+        let r = t.revoked.get(&(key_gen, writer))?.iter().find(|r| r.refuses(epoch, seq))?;
+        Some(Reason::Revoked {
+            writer,
+            key_gen,
+            epoch,
+            seq,
+            from_epoch: r.from_epoch,
+            from_seq: r.from_seq,
+        })
     }
 
     pub fn metadata(&self) -> &SignedMetadata {
@@ -698,29 +820,42 @@ impl Verifier {
         Ok(body)
     }
 
-    fn check_public(&self, rec: &Record) -> Result<(), Rejected> {
+    /// Every check of a record that needs no writer key: capsule, writer range, key generation
+    /// in force at its epoch, kind allowed for its writer, chain structure, links. Run before a
+    /// record is held for its certificate, so that the hold keeps only records that a
+    /// certificate could still make valid.
+    pub fn check_before_hold(&self, rec: &Record) -> Result<(), Reason> {
         let h = rec.header();
-        let fail = |reason| Err(reject(rec, reason));
         if h.capsule != self.meta.name() {
-            return fail(Reason::Capsule { found: h.capsule.0 });
+            return Err(Reason::Capsule { found: h.capsule.0 });
         }
         if h.writer >= 1 << 31 {
-            return fail(Reason::Writer(h.writer));
+            return Err(Reason::Writer(h.writer));
         }
-        if let Err(r) = self.check_generation(h) {
-            return fail(r);
-        }
+        self.check_generation(h)?;
         let policy = &self.meta.meta.policy;
         let coordinator = policy.coordinator;
         if h.kind == Kind::Sync && !policy.is_coordinator(h.writer) {
-            return fail(Reason::KindNotAllowed { kind: "sync", coordinator });
+            return Err(Reason::KindNotAllowed { kind: "sync", coordinator });
         }
         if (h.seq == 0) != h.prev.is_zero() {
-            return fail(Reason::Structure("seq 0 must have a zero prev, and every later seq a non-zero one"));
+            return Err(Reason::Structure("seq 0 must have a zero prev, and every later seq a non-zero one"));
         }
         if h.kind == Kind::Data && h.links.iter().any(|l| !policy.is_coordinator(l.writer)) {
-            return fail(Reason::Structure("a data record may link only to coordinators' records (its epoch's SYNC)"));
+            return Err(Reason::Structure("a data record may link only to coordinators' records (its epoch's SYNC)"));
         }
+        if self.writer_keys() == WriterKeys::Certified {
+            if let Some(r) = self.revoked(h) {
+                return Err(r);
+            }
+        }
+        Ok(())
+    }
+
+    fn check_public(&self, rec: &Record) -> Result<(), Rejected> {
+        let h = rec.header();
+        let fail = |reason| Err(reject(rec, reason));
+        self.check_before_hold(rec).map_err(|r| reject(rec, r))?;
         if self.writer_keys() == WriterKeys::Certified {
             return self.check_certified(rec);
         }
@@ -736,26 +871,13 @@ impl Verifier {
 
     /// The signature check of a certified capsule: the writer's certificate (one table lookup
     /// under a read lock, the same cost as a derived key's cache) must cover the record's epoch
-    /// and no revocation may; then the signature. A Cert record's statements are checked too,
+    /// (revocations were checked before, in [`Verifier::check_before_hold`]); then the signature. A Cert record's statements are checked too,
     /// may introduce the record's own writer, and are installed once the record verifies.
     fn check_certified(&self, rec: &Record) -> Result<(), Rejected> {
         let h = rec.header();
         let id = (h.key_gen, h.writer);
         let known = {
             let t = self.certs.read().unwrap_or_else(|p| p.into_inner());
-            if let Some(r) = t.revoked.get(&id).and_then(|v| v.iter().find(|r| r.refuses(h.epoch, h.seq))) {
-                return Err(reject(
-                    rec,
-                    Reason::Revoked {
-                        writer: h.writer,
-                        key_gen: h.key_gen,
-                        epoch: h.epoch,
-                        seq: h.seq,
-                        from_epoch: r.from_epoch,
-                        from_seq: r.from_seq,
-                    },
-                ));
-            }
             // Only what the check needs: no copy of the certificate on the per-record path.
             t.certs.get(&id).map(|c| (c.key, c.valid_from_epoch, c.valid_until_epoch))
         };

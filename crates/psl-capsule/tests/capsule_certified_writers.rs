@@ -100,7 +100,7 @@ fn certificates_after_their_records_release_them() {
     for r in &recs {
         let rej = v.verify(r.clone()).unwrap_err();
         assert!(rej.reason.wants_cert());
-        assert!(v.hold(r.clone(), 100).is_none());
+        assert!(v.hold(r.clone(), 100).is_empty());
     }
     assert_eq!(v.held_count(), 5);
     assert!(v.release_held().is_empty(), "nothing is released before the certificate");
@@ -114,7 +114,7 @@ fn certificates_after_their_records_release_them() {
     // A writer whose certificate never comes: refused as uncertified after the wait.
     let mut stranger = Author::new(&meta, &app, 10).unwrap();
     let r = stranger.write_ops([("x", Some("y"))]).unwrap();
-    assert!(v.hold(r, 1_000).is_none());
+    assert!(v.hold(r, 1_000).is_empty());
     assert!(v.expire_held(1_000 + psl_capsule::verify::CERT_WAIT_MS - 1).is_empty());
     let refused = v.expire_held(1_000 + psl_capsule::verify::CERT_WAIT_MS);
     assert_eq!(refused.len(), 1);
@@ -130,10 +130,70 @@ fn the_hold_is_bounded() {
     let mut evicted = 0;
     for i in 0..psl_capsule::verify::HELD_PER_WRITER_MAX + 3 {
         let r = w.write_ops([(format!("k{i}"), Some("v"))]).unwrap();
-        evicted += v.hold(r, 0).is_some() as usize;
+        evicted += v.hold(r, 0).len();
     }
     assert_eq!(evicted, 3);
     assert_eq!(v.held_count(), psl_capsule::verify::HELD_PER_WRITER_MAX);
+}
+
+/// The attacker floods a receiver with large records of writers it has no certificate for
+/// (anyone can make those: the hold-back runs before any signature check). The hold stays
+/// within its byte bound, and an honest writer whose records arrived before its certificate
+/// still gets them verified.
+#[test]
+fn adversary_a_flood_of_uncertified_large_records_stays_within_the_byte_bound() {
+    use psl_capsule::verify::{HELD_BYTES_MAX, HELD_BYTES_PER_WRITER_MAX};
+    let (_, app, meta) = capsule();
+    let v = Verifier::new(meta.clone(), None);
+    // The honest writer's first record arrives before its certificate and is held.
+    let mut honest = Author::new(&meta, &app, 30).unwrap();
+    let honest_cert = honest.write_own_cert().unwrap().unwrap();
+    let honest_data = honest.write_ops([("k", Some("v"))]).unwrap();
+    assert!(v.verify_or_hold(honest_data.clone(), 0).unwrap().is_none(), "held for its certificate");
+    // The flood: 96 records of ~1 MiB from 24 writers no certificate will ever cover.
+    let big = vec![7u8; 1000 * 1024];
+    let mut refused = 0;
+    for w in 0..24u32 {
+        let mut a = Author::new(&meta, &app, 100 + w).unwrap();
+        for i in 0..4 {
+            let r = a.write_ops([(format!("k{i}"), Some(big.as_slice()))]).unwrap();
+            refused += v.verify_or_hold(r, 1).is_err() as usize;
+            assert!(v.held_bytes() <= HELD_BYTES_MAX, "held {} bytes", v.held_bytes());
+        }
+    }
+    assert!(refused > 0, "the flood outgrew the hold, so some of it was refused");
+    assert!(v.held_bytes() <= HELD_BYTES_MAX);
+    assert!(HELD_BYTES_PER_WRITER_MAX <= HELD_BYTES_MAX);
+    // Honest traffic still flows: its certificate releases its held record, which verifies.
+    v.verify(honest_cert).unwrap();
+    let released = v.release_held();
+    assert!(released.iter().any(|r| r.hash() == honest_data.hash()), "the honest record was not displaced");
+    for r in released {
+        if r.header().writer == 30 {
+            v.verify(r).unwrap();
+        }
+    }
+    let next = honest.write_ops([("k2", Some("v2"))]).unwrap();
+    assert!(v.verify_or_hold(next, 2).unwrap().is_some());
+}
+
+/// A record that no certificate could make valid is refused at once, not held: another
+/// capsule's, a SYNC from a writer that is not a coordinator, a broken chain start.
+#[test]
+fn adversary_records_no_certificate_could_save_are_not_held() {
+    let (owner, app, meta) = capsule();
+    let v = Verifier::new(meta.clone(), None);
+    let other = new_capsule_with(&owner, APP, "other", 2, Limits::default(), WriterKeys::Certified).unwrap();
+    let mut foreign = Author::new(&other, &app, 40).unwrap();
+    let r = foreign.write_ops([("k", Some("v"))]).unwrap();
+    let rej = v.verify_or_hold(r, 0).unwrap_err();
+    assert_eq!(rej.reason.name(), "capsule");
+    let mut not_coordinator = Author::new(&meta, &app, 41).unwrap();
+    let r = not_coordinator.write_sync(Vec::new()).unwrap();
+    let rej = v.verify_or_hold(r, 0).unwrap_err();
+    assert_eq!(rej.reason.name(), "kind");
+    assert_eq!(v.held_count(), 0);
+    assert_eq!(v.held_bytes(), 0);
 }
 
 #[test]

@@ -607,7 +607,7 @@ pub fn replay(
         for (head, addr) in holders {
             match fetch_tail(addr, public, w, head, floor, &links) {
                 Ok(chunks) => {
-                    let (records, ops) = apply_tail(db, keyed, chunks, floor)?;
+                    let (records, ops) = apply_tail(db, public, keyed, chunks, floor)?;
                     if records > 0 {
                         report.writers += 1;
                     }
@@ -642,6 +642,9 @@ fn fetch_tail(
     links: &[Link],
 ) -> Result<Vec<Vec<Verified<Record>>>, String> {
     let mut c = ReadClient::connect(addr).map_err(|e| e.to_string())?;
+    // The revocations the server knows, before any record is applied (statements carry the
+    // application key's signature: the server can withhold them, not forge them).
+    c.learn_certs(public).map_err(|e| e.to_string())?;
     let mut chunks: Vec<Vec<Verified<Record>>> = Vec::new();
     let mut hi = head;
     let chunk = RANGE_RECORDS_MAX.min(1024);
@@ -675,6 +678,7 @@ fn fetch_tail(
 
 fn apply_tail(
     db: &parking_lot::Mutex<CapsuleDb>,
+    public: &Verifier,
     keyed: &Verifier,
     chunks: Vec<Vec<Verified<Record>>>,
     floor: Option<u64>,
@@ -685,6 +689,12 @@ fn apply_tail(
         for rec in chunk {
             let h = rec.header();
             if h.kind != Kind::Data || floor.is_some_and(|f| h.lamport <= f) {
+                continue;
+            }
+            // Verified as it arrived; a revocation learnt since (from this answer's Cert
+            // records or another server) refuses it now: never applied.
+            if let Err(reason) = public.recheck(h).and_then(|()| keyed.recheck(h)) {
+                tracing::warn!(writer = h.writer, seq = h.seq, "capsuledb replay: refused at apply time: {reason}");
                 continue;
             }
             let writer = h.writer;

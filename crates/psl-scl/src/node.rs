@@ -356,7 +356,9 @@ impl NodeCore {
     /// installs it, and announces at the next tick. Its carrying into the log is the runtime's
     /// (a coordinator writes a Cert record with it).
     pub fn add_announcement(&mut self, s: KeyStatement) -> Result<(), psl_capsule::CertError> {
-        self.verifier.install_statement(&s)?;
+        if self.verifier.install_statement(&s)? && matches!(s, KeyStatement::Revoke(_)) {
+            self.purge_refused();
+        }
         if !self.announce.contains(&s) {
             self.announce.push(s);
         }
@@ -369,9 +371,13 @@ impl NodeCore {
     /// releases records held back for them (`Verifier::release_held`).
     pub fn on_statements(&mut self, statements: &[KeyStatement]) -> usize {
         let mut new = 0;
+        let mut revoked = false;
         for s in statements {
             match self.verifier.install_statement(s) {
-                Ok(true) => new += 1,
+                Ok(true) => {
+                    new += 1;
+                    revoked |= matches!(s, KeyStatement::Revoke(_));
+                }
                 Ok(false) => {}
                 Err(e) => {
                     tracing::debug!(writer = s.writer(), "key statement refused: {e}");
@@ -379,7 +385,20 @@ impl NodeCore {
                 }
             }
         }
+        if revoked {
+            self.purge_refused();
+        }
         new
+    }
+
+    /// Drops the records held for ordering that the verifier refuses now (a revocation learnt
+    /// after they were verified), so they are never applied and hold no memory.
+    fn purge_refused(&mut self) {
+        let verifier = &self.verifier;
+        let recheck = |r: &Record| verifier.recheck(r.header()).err().map(|e| RejectReason::from_verifier(&e));
+        for r in self.orderer.purge_all(&recheck) {
+            self.metrics.reject(r);
+        }
     }
 
     pub fn orderer(&self) -> &Orderer {
@@ -418,6 +437,11 @@ impl NodeCore {
             self.metrics.reject(RejectReason::Writer);
             return true;
         }
+        if self.verifier.revoked(rec.header()).is_some() {
+            // A revoked writer's record: refused before any signature check.
+            self.metrics.reject(RejectReason::Revoked);
+            return true;
+        }
         match self.orderer.known(rec) {
             Some(r) => {
                 self.metrics.reject(r);
@@ -439,12 +463,12 @@ impl NodeCore {
             self.metrics.reject(RejectReason::Writer);
             return out;
         }
-        if self.verifier.retired(rec.record.header()).is_some() {
-            // Verified in parallel before this node installed the rotation that retires its key.
-            self.metrics.reject(RejectReason::RetiredKey);
-            return out;
-        }
-        let d = self.orderer.deliver(rec, now);
+        // Verified in parallel, possibly before this node installed the rotation that retires
+        // its key or the revocation that refuses its writer: checked again here, before it is
+        // held or applied, and for every held record it releases.
+        let verifier = &self.verifier;
+        let recheck = |r: &Record| verifier.recheck(r.header()).err().map(|e| RejectReason::from_verifier(&e));
+        let d = self.orderer.deliver(rec, now, recheck);
         if let Some(r) = d.rejected {
             self.metrics.reject(r);
         }
@@ -609,7 +633,10 @@ impl NodeCore {
                     self.on_peer_heads(id, &heads);
                 }
                 for (w, s) in heads {
-                    if s >= self.orderer.next_seq(w) {
+                    // Unauthenticated claims: none about a capsule server's writer (servers
+                    // write no records), and none that only a revoked writer could fulfil.
+                    let next = self.orderer.next_seq(w);
+                    if s >= next && crate::server_id(w).is_none() && !self.verifier.hint_refused(w, next) {
                         let e = self.hinted.entry(w).or_insert(s);
                         *e = (*e).max(s);
                     }
@@ -1300,6 +1327,91 @@ mod tests {
         assert!(c.on_verified(opened, 0).is_empty());
         assert_eq!(metrics.rejected(RejectReason::RetiredKey), 2);
         assert!(memtable.get(b"b").is_none());
+    }
+
+    /// A certified capsule's node: the verifier has the data key and knows no writer yet.
+    fn certified_core(owner: &OwnerKey) -> (NodeCore, Arc<Metrics>, Arc<Memtable>, psl_capsule::SignedMetadata) {
+        let meta = psl_capsule::new_capsule_with(
+            owner,
+            1,
+            "node-revocation",
+            0,
+            Limits::default(),
+            psl_capsule::WriterKeys::Certified,
+        )
+        .unwrap();
+        let verifier = Arc::new(Verifier::new(meta.clone(), Some(owner.app(1).unwrap().data_key())));
+        let metrics = Arc::new(Metrics::default());
+        let memtable = Arc::new(Memtable::new());
+        let c = NodeCore::new(
+            verifier,
+            memtable.clone(),
+            Arc::new(LamportClock::new(0)),
+            metrics.clone(),
+            [],
+            None,
+            NodeConfig::default(),
+        );
+        (c, metrics, memtable, meta)
+    }
+
+    /// The attacker holds a leaked writer key and a record it signed before the revocation, and
+    /// delays it on the fabric: the record is verified (in parallel, before the node learns the
+    /// revocation), then the revocation is installed, then the record reaches the core.
+    #[test]
+    fn adversary_a_record_verified_before_its_revocation_is_not_applied() {
+        let owner = OwnerKey::from_seed(&[31; 32]).unwrap();
+        let (mut c, metrics, memtable, meta) = certified_core(&owner);
+        let app = owner.app(1).unwrap();
+        let w = 0x10007;
+        let mut a = Author::new(&meta, &app, w).unwrap();
+        let cert = a.write_own_cert().unwrap().unwrap();
+        let before = a.write_ops([("honest", Some("1"))]).unwrap();
+        let forged = a.write_ops([("forged", Some("x"))]).unwrap();
+        let v = Verifier::new(meta.clone(), Some(app.data_key()));
+        let (cert, before, forged) =
+            (v.verify_open(cert).unwrap(), v.verify_open(before).unwrap(), v.verify_open(forged).unwrap());
+        c.on_verified(cert, 0);
+        c.on_verified(before, 0);
+        assert!(memtable.get(b"honest").is_some());
+        // The leader revokes the writer from seq 2 on (its chain's next record).
+        let rev = psl_capsule::Revocation::issue(&app, meta.name(), 0, w, u64::MAX, 2).unwrap();
+        assert_eq!(c.on_statements(&[KeyStatement::Revoke(rev)]), 1);
+        c.on_verified(forged, 1);
+        assert!(memtable.get(b"forged").is_none(), "a revoked writer's record was applied");
+        assert_eq!(metrics.rejected(RejectReason::Revoked), 1);
+        assert_eq!(c.orderer().next_seq(w), 2);
+    }
+
+    /// The same, through the orderer's hold-back: a later record waits for a missing one, the
+    /// revocation arrives, then the missing one: only what the revocation allows is applied, and
+    /// the refused record is dropped from the hold.
+    #[test]
+    fn adversary_a_held_record_released_after_its_revocation_is_not_applied() {
+        let owner = OwnerKey::from_seed(&[32; 32]).unwrap();
+        let (mut c, metrics, memtable, meta) = certified_core(&owner);
+        let app = owner.app(1).unwrap();
+        let w = 0x10008;
+        let mut a = Author::new(&meta, &app, w).unwrap();
+        let v = Verifier::new(meta.clone(), Some(app.data_key()));
+        let cert = v.verify_open(a.write_own_cert().unwrap().unwrap()).unwrap();
+        let one = v.verify_open(a.write_ops([("one", Some("1"))]).unwrap()).unwrap();
+        let two = v.verify_open(a.write_ops([("two", Some("2"))]).unwrap()).unwrap();
+        let three = v.verify_open(a.write_ops([("three", Some("3"))]).unwrap()).unwrap();
+        c.on_verified(cert, 0);
+        c.on_verified(three, 0);
+        c.on_verified(two, 0);
+        assert_eq!(c.orderer().held_total(), 2, "seq 2 and 3 wait for seq 1");
+        let rev = psl_capsule::Revocation::issue(&app, meta.name(), 0, w, u64::MAX, 3).unwrap();
+        c.add_announcement(KeyStatement::Revoke(rev)).unwrap();
+        assert_eq!(c.orderer().held_total(), 1, "the revoked seq 3 left the hold at once");
+        c.on_verified(one, 1);
+        assert!(memtable.get(b"one").is_some());
+        assert!(memtable.get(b"two").is_some());
+        assert!(memtable.get(b"three").is_none(), "a held record was applied after its revocation");
+        assert_eq!(metrics.rejected(RejectReason::Revoked), 1);
+        assert_eq!(c.orderer().held_total(), 0);
+        assert!(!c.orderer().has_gaps(), "no repair is asked for a revoked record");
     }
 
     #[test]

@@ -30,6 +30,15 @@ pub struct OrdererConfig {
     /// merely behind (the records are in its queue) would otherwise ask, and every holder would
     /// answer to everyone: a repair storm that grows with the square of the number of nodes.
     pub hint_grace_ms: u64,
+    /// Most bytes (encoded records) held back across all writers: a bound a writer with large
+    /// records reaches long before `held_records_max`.
+    pub held_bytes_max: usize,
+    /// Most writers tracked only because a heads hint named them (no record of theirs seen
+    /// yet). Hints are unauthenticated: beyond the bound, hints about new writers are ignored
+    /// until older ones expire.
+    pub hinted_writers_max: usize,
+    /// How long a writer known only from hints is tracked without a record of its arriving.
+    pub hinted_writer_ttl_ms: u64,
 }
 
 impl Default for OrdererConfig {
@@ -41,6 +50,9 @@ impl Default for OrdererConfig {
             repair_chunk: 512,
             withholding_after_ms: 5_000,
             hint_grace_ms: 250,
+            held_bytes_max: 128 << 20,
+            hinted_writers_max: 4096,
+            hinted_writer_ttl_ms: 30_000,
         }
     }
 }
@@ -156,12 +168,30 @@ pub struct Orderer<T = Verified<Opened>> {
     cfg: OrdererConfig,
     writers: BTreeMap<u32, WriterState<T>>,
     held_total: usize,
+    held_bytes: usize,
+    /// Writers named by heads hints and not (yet) by any record: when first hinted, and when
+    /// last asked for. Bounded by `hinted_writers_max`, expired after `hinted_writer_ttl_ms`.
+    hinted_only: BTreeMap<u32, HintOnly>,
     current_epoch: u64,
+}
+
+/// A writer known only from hints.
+#[derive(Debug, Clone, Copy)]
+struct HintOnly {
+    since: u64,
+    last_request: Option<u64>,
 }
 
 impl<T> Default for Orderer<T> {
     fn default() -> Self {
-        Orderer { cfg: OrdererConfig::default(), writers: BTreeMap::new(), held_total: 0, current_epoch: 0 }
+        Orderer {
+            cfg: OrdererConfig::default(),
+            writers: BTreeMap::new(),
+            held_total: 0,
+            held_bytes: 0,
+            hinted_only: BTreeMap::new(),
+            current_epoch: 0,
+        }
     }
 }
 
@@ -181,6 +211,17 @@ impl<T: Chained> Orderer<T> {
 
     pub fn held_total(&self) -> usize {
         self.held_total
+    }
+
+    /// Bytes (encoded records) held back across all writers.
+    pub fn held_bytes(&self) -> usize {
+        self.held_bytes
+    }
+
+    /// How many writers this orderer keeps state for: those it saw a record of (or was told
+    /// of by a link or a probe), and those only hints named.
+    pub fn writers_tracked(&self) -> (usize, usize) {
+        (self.writers.len(), self.hinted_only.len())
     }
 
     /// The next seq expected from `writer`.
@@ -233,11 +274,25 @@ impl<T: Chained> Orderer<T> {
     }
 
     /// Takes a verified record. Returns the records it makes ready, in order.
-    pub fn deliver(&mut self, rec: T, now: u64) -> Delivery<T> {
+    ///
+    /// `recheck` is the apply-time check (`Verifier::recheck`): what may have changed since the
+    /// record was verified, possibly on another thread, such as a revocation of its writer or
+    /// the retirement of its key generation. It runs on the record given, before it is held or
+    /// applied, and on every held record this one releases; a record it refuses is neither held
+    /// nor made ready, and the writer's held records it refuses are dropped with it.
+    pub fn deliver(&mut self, rec: T, now: u64, recheck: impl Fn(&Record) -> Option<RejectReason>) -> Delivery<T> {
+        if let Some(reason) = recheck(rec.record()) {
+            let writer = rec.record().header().writer;
+            let mut out =
+                Delivery { ready: Vec::new(), rejected: Some(reason), held: false, conflicts: Vec::new(), dropped: Vec::new() };
+            out.dropped = self.purge_writer(writer, &recheck);
+            return out;
+        }
         let h = rec.record().header();
         let (writer, seq, hash) = (h.writer, h.seq, rec.record().hash());
         let epoch = h.epoch;
         let current_epoch = self.current_epoch;
+        self.hinted_only.remove(&writer);
         let st = self.writers.entry(writer).or_insert_with(|| WriterState { last_progress: now, ..Default::default() });
         let mut out =
             Delivery { ready: Vec::new(), rejected: None, held: false, conflicts: Vec::new(), dropped: Vec::new() };
@@ -263,8 +318,13 @@ impl<T: Chained> Orderer<T> {
                     out.rejected = Some(RejectReason::Equivocation);
                     out.conflicts.push((writer, seq, x.record().hash(), hash));
                 }
-                None if self.held_total >= self.cfg.held_records_max => out.rejected = Some(RejectReason::HoldFull),
+                None if self.held_total >= self.cfg.held_records_max
+                    || self.held_bytes + rec.record().bytes().len() > self.cfg.held_bytes_max =>
+                {
+                    out.rejected = Some(RejectReason::HoldFull)
+                }
                 None => {
+                    self.held_bytes += rec.record().bytes().len();
                     st.held.insert(seq, rec);
                     self.held_total += 1;
                     out.held = true;
@@ -295,6 +355,16 @@ impl<T: Chained> Orderer<T> {
             }
             if let Some(h) = st.held.remove(&st.next_seq) {
                 self.held_total -= 1;
+                self.held_bytes -= h.record().bytes().len();
+                if let Some(reason) = recheck(h.record()) {
+                    // Verified before a revocation (or a rotation) that now refuses it.
+                    out.dropped.push(reason);
+                    let (n, bytes, reasons) = Self::purge(st, &recheck);
+                    self.held_total -= n;
+                    self.held_bytes -= bytes;
+                    out.dropped.extend(reasons);
+                    break;
+                }
                 next = Some(h);
             }
         }
@@ -303,6 +373,55 @@ impl<T: Chained> Orderer<T> {
             st.last_request = None;
         }
         out
+    }
+
+    /// Drops `writer`'s held records that `recheck` refuses (a revocation or a rotation learnt
+    /// after they were verified) and returns why, one reason a record. The writer's target
+    /// shrinks to what is still known to exist, so no repair is asked for refused records.
+    pub fn purge_writer(&mut self, writer: u32, recheck: &impl Fn(&Record) -> Option<RejectReason>) -> Vec<RejectReason> {
+        let Some(st) = self.writers.get_mut(&writer) else { return Vec::new() };
+        let (n, bytes, reasons) = Self::purge(st, recheck);
+        self.held_total -= n;
+        self.held_bytes -= bytes;
+        reasons
+    }
+
+    /// [`Orderer::purge_writer`] for every writer (after a revocation is installed).
+    pub fn purge_all(&mut self, recheck: &impl Fn(&Record) -> Option<RejectReason>) -> Vec<RejectReason> {
+        let mut out = Vec::new();
+        for st in self.writers.values_mut() {
+            let (n, bytes, reasons) = Self::purge(st, recheck);
+            self.held_total -= n;
+            self.held_bytes -= bytes;
+            out.extend(reasons);
+        }
+        out
+    }
+
+    fn purge(
+        st: &mut WriterState<T>,
+        recheck: &impl Fn(&Record) -> Option<RejectReason>,
+    ) -> (usize, usize, Vec<RejectReason>) {
+        let mut reasons = Vec::new();
+        let mut bytes = 0;
+        st.held.retain(|_, r| match recheck(r.record()) {
+            Some(reason) => {
+                reasons.push(reason);
+                bytes += r.record().bytes().len();
+                false
+            }
+            None => true,
+        });
+        if !reasons.is_empty() {
+            let held_top = st.held.keys().next_back().map_or(0, |s| s + 1);
+            let expected_top = st.expected.keys().next_back().map_or(0, |s| s + 1);
+            st.target = st.next_seq.max(held_top).max(expected_top);
+            if st.next_seq >= st.target {
+                st.gap_since = None;
+                st.last_request = None;
+            }
+        }
+        (reasons.len(), bytes, reasons)
     }
 
     fn accept(st: &mut WriterState<T>, r: &T, now: u64) -> Result<Option<Conflict>, (RejectReason, Option<Conflict>)> {
@@ -437,7 +556,19 @@ impl<T: Chained> Orderer<T> {
         let retry = self.cfg.repair_retry_ms;
         let chunk = self.cfg.repair_chunk;
         let grace = self.cfg.hint_grace_ms;
-        let st = self.writers.entry(writer).or_insert_with(|| WriterState { last_progress: now, ..Default::default() });
+        let Some(st) = self.writers.get_mut(&writer) else {
+            // A writer no record has named yet: tracked apart, bounded and expiring, so that
+            // hints naming made-up writers cost a bounded table and nothing else.
+            if !self.hinted_only.contains_key(&writer) && self.hinted_only.len() >= self.cfg.hinted_writers_max {
+                return None;
+            }
+            let h = self.hinted_only.entry(writer).or_insert(HintOnly { since: now, last_request: None });
+            if now.saturating_sub(h.since) < grace || h.last_request.is_some_and(|t| now.saturating_sub(t) < retry) {
+                return None;
+            }
+            h.last_request = Some(now);
+            return Some(OrdererAction::Repair { writer, from_seq: 0, to_seq: seq.min(chunk - 1) });
+        };
         if seq < st.next_seq {
             st.hint_since = None;
             return None;
@@ -483,6 +614,8 @@ impl<T: Chained> Orderer<T> {
     /// Time passes: repair requests for old gaps, withholding reports for stuck ones.
     pub fn tick(&mut self, now: u64) -> Vec<OrdererAction> {
         let mut out = Vec::new();
+        let ttl = self.cfg.hinted_writer_ttl_ms;
+        self.hinted_only.retain(|_, h| now.saturating_sub(h.since) < ttl);
         for (w, st) in self.writers.iter_mut() {
             if st.next_seq >= st.target {
                 continue;
@@ -518,6 +651,78 @@ impl<T: Chained> Orderer<T> {
     pub fn clear(&mut self) {
         self.writers.clear();
         self.held_total = 0;
+        self.held_bytes = 0;
+        self.hinted_only.clear();
         self.current_epoch = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use psl_capsule::{new_capsule, Author, Limits, Verifier};
+    use psl_crypto::OwnerKey;
+
+    fn no_recheck(_: &Record) -> Option<RejectReason> {
+        None
+    }
+
+    /// Heads hints are unauthenticated: the attacker names a new made-up writer in every hint.
+    /// The orderer's state for writers known only from hints stays bounded and expires, and
+    /// an honest writer's hint and records are still served.
+    #[test]
+    fn adversary_hints_naming_made_up_writers_cost_bounded_state_that_expires() {
+        let cfg = OrdererConfig::default();
+        let mut o: Orderer<Verified<Record>> = Orderer::new(cfg);
+        let honest = 0x10000;
+        assert!(o.hint(honest, 3, 0).is_none(), "within the grace");
+        for w in 0..200_000u32 {
+            o.hint(0x20000 + w, 1_000_000, 1 + (w as u64 % 100));
+        }
+        let (writers, hinted) = o.writers_tracked();
+        assert_eq!(writers, 0, "hints create no per-writer chain state");
+        assert!(hinted <= cfg.hinted_writers_max, "{hinted} hinted writers tracked");
+        // The honest writer, hinted before the flood, is still asked for after the grace.
+        let ask = o.hint(honest, 3, cfg.hint_grace_ms + 1);
+        assert_eq!(ask, Some(OrdererAction::Repair { writer: honest, from_seq: 0, to_seq: 3 }));
+        // Hinted-only state expires.
+        o.tick(cfg.hinted_writer_ttl_ms + 200);
+        assert_eq!(o.writers_tracked(), (0, 0));
+        // And records still flow.
+        let owner = OwnerKey::from_seed(&[5; 32]).unwrap();
+        let meta = new_capsule(&owner, 1, "orderer-hints", 0, Limits::default()).unwrap();
+        let app = owner.app(1).unwrap();
+        let v = Verifier::new(meta.clone(), None);
+        let mut a = Author::new(&meta, &app, honest).unwrap();
+        let r = v.verify(a.write_ops([("k", Some("v"))]).unwrap()).unwrap();
+        assert_eq!(o.deliver(r, cfg.hinted_writer_ttl_ms + 300, no_recheck).ready.len(), 1);
+    }
+
+    /// A writer (one with a valid key: a compromised one) sends large records out of order to
+    /// fill the hold-back: it stops at its byte bound, and the records it holds are released in
+    /// order once the gap fills.
+    #[test]
+    fn adversary_large_early_records_fill_the_hold_only_to_its_byte_bound() {
+        let cfg = OrdererConfig { held_bytes_max: 4 << 20, ..OrdererConfig::default() };
+        let mut o: Orderer<Verified<Record>> = Orderer::new(cfg);
+        let owner = OwnerKey::from_seed(&[6; 32]).unwrap();
+        let meta = new_capsule(&owner, 1, "orderer-bytes", 0, Limits::default()).unwrap();
+        let app = owner.app(1).unwrap();
+        let v = Verifier::new(meta.clone(), None);
+        let mut a = Author::new(&meta, &app, 0x10001).unwrap();
+        let big = vec![9u8; 512 * 1024];
+        let first = v.verify(a.write_ops([("k0", Some(big.as_slice()))]).unwrap()).unwrap();
+        let mut full = 0;
+        for i in 1..20 {
+            let r = v.verify(a.write_ops([(format!("k{i}"), Some(big.as_slice()))]).unwrap()).unwrap();
+            let d = o.deliver(r, 0, no_recheck);
+            full += (d.rejected == Some(RejectReason::HoldFull)) as usize;
+            assert!(o.held_bytes() <= cfg.held_bytes_max);
+        }
+        assert!(full > 0, "the bound was reached");
+        let held = o.held_total();
+        let d = o.deliver(first, 1, no_recheck);
+        assert_eq!(d.ready.len(), held + 1, "the held records follow the first, in order");
+        assert_eq!((o.held_total(), o.held_bytes()), (0, 0));
     }
 }

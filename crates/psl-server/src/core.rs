@@ -236,7 +236,15 @@ impl ServerCore {
             return out;
         }
         self.stats.records_verified += 1;
-        let d = self.orderer.deliver(rec, now);
+        // Verified in parallel, possibly before this server learnt a revocation of its writer
+        // (or a rotation retiring its key): checked again before it is held, stored or acked.
+        let verifier = &self.verifier;
+        let recheck = |r: &Record| verifier.recheck(r.header()).err().map(|e| psl_scl::RejectReason::from_verifier(&e));
+        let d = self.orderer.deliver(rec, now, recheck);
+        if d.rejected.is_some_and(|r| matches!(r, psl_scl::RejectReason::Revoked | psl_scl::RejectReason::RetiredKey)) {
+            self.stats.records_rejected += 1;
+        }
+        self.stats.records_rejected += d.dropped.len() as u64;
         if d.rejected.is_some_and(|r| r == psl_scl::RejectReason::Duplicate) {
             self.stats.duplicates += 1;
         }
@@ -275,7 +283,17 @@ impl ServerCore {
             return None;
         }
         let n = self.ready.len().min(self.cfg.batch_records_max.max(1));
-        let batch: Vec<Verified<Record>> = self.ready.drain(..n).collect();
+        // Ordered, but not stored yet: a revocation learnt since refuses them here, so nothing
+        // it covers is stored or acked. Within one writer and key generation a revocation
+        // refuses a suffix of the chain, so what is stored still extends each chain.
+        let verifier = &self.verifier;
+        let before = n;
+        let batch: Vec<Verified<Record>> =
+            self.ready.drain(..n).filter(|r| verifier.recheck(r.header()).is_ok()).collect();
+        self.stats.records_rejected += (before - batch.len()) as u64;
+        if batch.is_empty() {
+            return None;
+        }
         let mut summary: BTreeMap<u32, (u64, u64, Hash256)> = BTreeMap::new();
         for r in &batch {
             let h = r.header();
@@ -338,7 +356,8 @@ impl ServerCore {
             }
             Msg::Heads { capsule, heads, .. } if capsule == name => {
                 for (w, s) in heads {
-                    if psl_scl::server_id(w).is_none() && s >= self.orderer.next_seq(w) {
+                    let next = self.orderer.next_seq(w);
+                    if psl_scl::server_id(w).is_none() && s >= next && !self.verifier.hint_refused(w, next) {
                         let e = self.hinted.entry(w).or_insert(s);
                         *e = (*e).max(s);
                     }
@@ -348,11 +367,23 @@ impl ServerCore {
                 }
             }
             Msg::Certs { capsule, statements } if capsule == name => {
+                let mut revoked = false;
                 for st in &statements {
-                    if let Err(e) = self.verifier.install_statement(st) {
-                        tracing::debug!(writer = st.writer(), "key statement refused: {e}");
-                        self.stats.statements_refused += 1;
+                    match self.verifier.install_statement(st) {
+                        Ok(new) => revoked |= new && matches!(st, KeyStatement::Revoke(_)),
+                        Err(e) => {
+                            tracing::debug!(writer = st.writer(), "key statement refused: {e}");
+                            self.stats.statements_refused += 1;
+                        }
                     }
+                }
+                if revoked {
+                    // Records held for ordering that the revocation refuses are never stored.
+                    let verifier = &self.verifier;
+                    let recheck = |r: &Record| {
+                        verifier.recheck(r.header()).err().map(|e| psl_scl::RejectReason::from_verifier(&e))
+                    };
+                    self.stats.records_rejected += self.orderer.purge_all(&recheck).len() as u64;
                 }
             }
             // Other servers' acks and records are not this method's business.
@@ -429,5 +460,61 @@ impl ServerCore {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use psl_capsule::{new_capsule_with, Author, Limits, Revocation, WriterKeys};
+    use psl_crypto::OwnerKey;
+
+    /// The attacker holds a leaked writer key: its records were verified (in parallel, before
+    /// the server learnt the revocation), one is ordered and waiting for its group commit and one
+    /// is held for a missing predecessor. The revocation arrives first on the fabric. Nothing it
+    /// covers may be stored or acked.
+    #[test]
+    fn adversary_records_verified_before_their_revocation_are_not_stored_or_acked() {
+        let owner = OwnerKey::from_seed(&[41; 32]).unwrap();
+        let app = owner.app(2).unwrap();
+        let meta = new_capsule_with(&owner, 2, "server-revocation", 0, Limits::default(), WriterKeys::Certified).unwrap();
+        let verifier = Arc::new(Verifier::new(meta.clone(), None));
+        let key = app.writer(psl_scl::server_writer(0).unwrap()).unwrap();
+        let mut core = ServerCore::new(verifier, key, 0, ServerConfig::default());
+        let w = 0x10009;
+        let mut a = Author::new(&meta, &app, w).unwrap();
+        let v = Verifier::new(meta.clone(), None);
+        let cert = v.verify(a.write_own_cert().unwrap().unwrap()).unwrap();
+        let one = v.verify(a.write_ops([("one", Some("1"))]).unwrap()).unwrap();
+        let two = v.verify(a.write_ops([("two", Some("2"))]).unwrap()).unwrap();
+        let three = v.verify(a.write_ops([("three", Some("3"))]).unwrap()).unwrap();
+        let four = v.verify(a.write_ops([("four", Some("4"))]).unwrap()).unwrap();
+        core.on_verified(cert, 0);
+        core.on_verified(one, 0);
+        core.on_verified(two, 0);
+        core.on_verified(four, 0);
+        assert_eq!(core.orderer().held_total(), 1, "seq 4 waits for seq 3");
+        // The leader revokes the writer from seq 2: seq 2 is ordered, not yet stored.
+        let rev = Revocation::issue(&app, meta.name(), 0, w, u64::MAX, 2).unwrap();
+        core.on_message(Msg::Certs { capsule: meta.name(), statements: vec![KeyStatement::Revoke(rev)] });
+        assert_eq!(core.orderer().held_total(), 0, "the held seq 4 was dropped");
+        core.on_verified(three, 1);
+        let batch = core.take_batch().expect("the records before the revocation");
+        let stored: Vec<u64> = batch.iter().map(|r| r.header().seq).collect();
+        assert_eq!(stored, vec![0, 1], "a revoked record was handed out to be stored");
+        let out = core.on_persisted(Ok(batch.len()), 2);
+        let acked: Vec<(u64, u64)> = out
+            .iter()
+            .filter_map(|o| match o {
+                Output::Publish(bytes) => match Msg::decode(bytes) {
+                    Ok(Msg::Ack(ack)) => Some(ack.entries.iter().map(|e| (e.from_seq, e.to_seq)).collect::<Vec<_>>()),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        assert!(acked.iter().all(|(_, to)| *to < 2), "an ack covers a revoked record: {acked:?}");
+        assert!(core.take_batch().is_none());
     }
 }

@@ -50,6 +50,13 @@ pub const RANGE_RECORDS_MAX: u64 = 1024;
 pub const CONNECTIONS_MAX: usize = 32;
 /// Largest frame a client accepts.
 pub const FRAME_BYTES_MAX: usize = 64 << 20;
+/// Most bytes of frames in one answer a client accepts: a server answers `RANGE` with fewer
+/// records rather than more bytes (always at least one), and the client asks again from where
+/// the answer stopped. Without it, one answer could hold 65,536 frames of 64 MiB.
+pub const ANSWER_BYTES_MAX: usize = 64 << 20;
+/// Most bytes of records one fetch from one server ([`fetch_fresh`] and its kin) gathers before
+/// it gives up on that server: what a recovering node may buffer in memory from one answerer.
+pub const FETCH_BYTES_MAX: usize = 2 << 30;
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
@@ -194,8 +201,14 @@ pub fn parse_request(req: &str) -> Result<Request, String> {
 
 /// Reads one answer (`u32 count`, frames) from `r`: `Ok(Ok(frames))`, `Ok(Err(message))` for
 /// an error answer, `Err` for I/O errors and malformed framing (too many frames, a frame
-/// larger than [`FRAME_BYTES_MAX`]). Never panics on any bytes.
+/// larger than [`FRAME_BYTES_MAX`], frames adding up to more than [`ANSWER_BYTES_MAX`]).
+/// Never panics on any bytes, and never buffers more than [`ANSWER_BYTES_MAX`].
 pub fn read_answer(r: &mut impl Read) -> std::io::Result<Result<Vec<Vec<u8>>, String>> {
+    read_answer_within(r, ANSWER_BYTES_MAX)
+}
+
+/// [`read_answer`] with another bound on the answer's bytes.
+pub fn read_answer_within(r: &mut impl Read, bytes_max: usize) -> std::io::Result<Result<Vec<Vec<u8>>, String>> {
     let bad = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
     let mut u = [0u8; 4];
     r.read_exact(&mut u)?;
@@ -205,11 +218,16 @@ pub fn read_answer(r: &mut impl Read) -> std::io::Result<Result<Vec<Vec<u8>>, St
         return Err(bad(format!("{count} frames")));
     }
     let mut out = Vec::with_capacity(frames.min(1024));
+    let mut total = 0usize;
     for _ in 0..frames {
         r.read_exact(&mut u)?;
         let len = u32::from_be_bytes(u) as usize;
         if len > FRAME_BYTES_MAX {
             return Err(bad(format!("a frame of {len} bytes")));
+        }
+        total = total.saturating_add(len);
+        if total > bytes_max {
+            return Err(bad(format!("an answer of more than {bytes_max} bytes")));
         }
         let mut b = Vec::new();
         r.by_ref().take(len as u64).read_to_end(&mut b)?;
@@ -222,6 +240,21 @@ pub fn read_answer(r: &mut impl Read) -> std::io::Result<Result<Vec<Vec<u8>>, St
         return Ok(Err(String::from_utf8_lossy(&out[0]).into_owned()));
     }
     Ok(Ok(out))
+}
+
+/// The frames of an answer, in order, up to `bytes_max` bytes in all (at least the first, which
+/// is below [`FRAME_BYTES_MAX`] as every record is): what a client accepts in one answer.
+fn cap_answer(frames: impl Iterator<Item = Vec<u8>>, bytes_max: usize) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut total = 0usize;
+    for f in frames {
+        total = total.saturating_add(f.len());
+        if total > bytes_max && !out.is_empty() {
+            break;
+        }
+        out.push(f);
+    }
+    out
 }
 
 /// Decodes one `HEADS` entry: (writer, seq, hash).
@@ -257,7 +290,7 @@ fn answer(st: &DiskStore, req: &str) -> Result<Vec<Vec<u8>>, String> {
         Request::Range(w, from, to) => {
             let to = to.min(from.saturating_add(RANGE_RECORDS_MAX - 1));
             st.range(w, from, to.saturating_add(1))
-                .map(|v| v.iter().map(|r| r.bytes().to_vec()).collect())
+                .map(|v| cap_answer(v.iter().map(|r| r.bytes().to_vec()), ANSWER_BYTES_MAX))
                 .map_err(|e| e.to_string())
         }
         Request::Proof(target) => {
@@ -782,8 +815,17 @@ fn fetch_from(
     let heads = c.heads()?;
     let mut records = Vec::new();
     let mut at: BTreeMap<(u32, u64), Hash256> = BTreeMap::new();
+    let mut bytes = 0usize;
     for (w, (seq, hash)) in &heads {
         let chain = c.range(v, *w, 0, *seq)?;
+        bytes = bytes.saturating_add(chain.iter().map(|r| r.bytes().len()).sum::<usize>());
+        if bytes > FETCH_BYTES_MAX {
+            return Err(ReadError::Malformed {
+                addr: c.addr(),
+                what: format!("the records it holds pass the fetch bound of {FETCH_BYTES_MAX} bytes"),
+            }
+            .into());
+        }
         if chain.len() as u64 != seq + 1 || chain.last().map(|r| r.hash()) != Some(*hash) {
             return Err(ReadError::Malformed {
                 addr: c.addr(),
@@ -842,6 +884,30 @@ mod tests {
         let mut huge = 1u32.to_be_bytes().to_vec();
         huge.extend_from_slice(&u32::MAX.to_be_bytes());
         assert!(read_answer(&mut &huge[..]).is_err());
+    }
+
+    /// A hostile server answers with frames that each pass the frame bound but add up to more
+    /// than one answer may hold: the client stops reading at the bound. An honest server cuts
+    /// a RANGE answer at the same bound instead, and the client asks again from there.
+    #[test]
+    fn adversary_an_answer_too_large_in_all_is_refused_before_it_is_buffered() {
+        let frame = 1u32 << 20;
+        let count = 9u32;
+        let mut hostile = count.to_be_bytes().to_vec();
+        for _ in 0..count {
+            hostile.extend_from_slice(&frame.to_be_bytes());
+            hostile.extend(std::iter::repeat_n(0u8, frame as usize));
+        }
+        let err = read_answer_within(&mut &hostile[..], 8 << 20).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
+        assert!(err.to_string().contains("more than"), "{err}");
+        // Within the bound, the same answer reads.
+        assert_eq!(read_answer_within(&mut &hostile[..], 9 << 20).unwrap().unwrap().len(), 9);
+        // The server side: an answer cut at the bound, never empty.
+        let frames = (0..9).map(|_| vec![1u8; frame as usize]);
+        assert_eq!(cap_answer(frames, 8 << 20).len(), 8);
+        assert_eq!(cap_answer(std::iter::once(vec![0u8; 100]), 10).len(), 1);
+        const { assert!(ANSWER_BYTES_MAX >= FRAME_BYTES_MAX) };
     }
 
     #[test]

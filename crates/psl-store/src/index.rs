@@ -42,7 +42,14 @@ pub enum OrphanCause {
     Prev { expected: Hash256 },
     /// Another record already holds its (writer, seq) slot.
     SlotTaken { stored: Hash256 },
+    /// A revocation found in the log refuses it (its writer, from that epoch or seq on): it was
+    /// stored before the revocation was known. It and its writer's later records are not loaded.
+    Revoked { from_epoch: u64, from_seq: u64 },
 }
+
+/// [`Orphan::index`] of a record cut by a revocation found later in the log: the open keeps
+/// no frame numbers once a record is loaded, so only its offset is named.
+pub const FRAME_INDEX_UNKNOWN: u64 = u64::MAX;
 
 /// A record that verified but was not loaded, because it cannot extend its writer's chain.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,11 +64,12 @@ pub struct Orphan {
 
 impl fmt::Display for Orphan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "records.log frame #{} at offset {}: record {} (writer {}, seq {}) is orphaned: ",
-            self.index, self.offset, self.hash, self.writer, self.seq
-        )?;
+        if self.index == FRAME_INDEX_UNKNOWN {
+            write!(f, "records.log frame at offset {}: ", self.offset)?;
+        } else {
+            write!(f, "records.log frame #{} at offset {}: ", self.index, self.offset)?;
+        }
+        write!(f, "record {} (writer {}, seq {}) is orphaned: ", self.hash, self.writer, self.seq)?;
         match &self.cause {
             OrphanCause::Gap { expected } => {
                 write!(f, "the writer's chain ends before seq {expected}")
@@ -71,6 +79,9 @@ impl fmt::Display for Orphan {
             }
             OrphanCause::SlotTaken { stored } => {
                 write!(f, "the slot is already held by record {stored}")
+            }
+            OrphanCause::Revoked { from_epoch, from_seq } => {
+                write!(f, "its writer is revoked from epoch {from_epoch} or seq {from_seq} on")
             }
         }
     }
@@ -128,6 +139,24 @@ impl Index {
         if h.kind == Kind::Sync && self.latest_sync.is_none_or(|(e, s, _)| (h.epoch, h.seq) > (e, s)) {
             self.latest_sync = Some((h.epoch, h.seq, rec.hash()));
         }
+    }
+
+    /// Cuts `writer`'s chain to its first `seq` records, returning the hashes removed, newest
+    /// last. The caller sets the chain's head fields (`lamport`, `epoch`) and the newest SYNC
+    /// from the records kept.
+    pub fn truncate(&mut self, writer: u32, seq: u64) -> Vec<Hash256> {
+        let Some(chain) = self.chains.get_mut(&writer) else { return Vec::new() };
+        let cut: Vec<Hash256> = chain.hashes.split_off((seq as usize).min(chain.hashes.len()));
+        for h in &cut {
+            self.locs.remove(h);
+        }
+        if chain.hashes.is_empty() {
+            self.chains.remove(&writer);
+        }
+        if self.latest_sync.is_some_and(|(_, _, h)| cut.contains(&h)) {
+            self.latest_sync = None;
+        }
+        cut
     }
 
     pub fn heads(&self) -> BTreeMap<u32, Head> {

@@ -82,6 +82,6 @@ pub mod store;
 pub use error::StoreError;
 pub use exchange::import_into;
 pub use frame::{DamagedFrame, FrameFault, TornTail, Unreadable, FRAME_HEADER_LEN, MIN_RECORD_LEN};
-pub use index::{Orphan, OrphanCause};
+pub use index::{Orphan, OrphanCause, FRAME_INDEX_UNKNOWN};
 pub use report::{AppendOutcome, CheckReport, LostRecord, OpenReport, RepairReport};
 pub use store::{read_metadata, DiskStore, LOCK_FILE, LOG_FILE, METADATA_FILE, ROTATIONS_FILE};

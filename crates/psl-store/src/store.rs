@@ -6,7 +6,7 @@ use crate::fsutil::{read_exact_at, replace_atomic, sync_dir, write_all_at, write
 use crate::index::{Index, Loc, Orphan, Placement};
 use crate::report::{AppendOutcome, CheckReport, LostRecord, OpenReport, RepairReport};
 use psl_capsule::meta::META_BYTES_MAX;
-use psl_capsule::{CapsuleName, Head, Record, Replica, SignedMetadata, Verified, Verifier};
+use psl_capsule::{CapsuleName, Head, Kind, Record, Replica, SignedMetadata, Verified, Verifier};
 use psl_crypto::{DataKey, Hash256};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
@@ -371,6 +371,11 @@ impl DiskStore {
             if r.bytes().len() > max as usize {
                 return Err(StoreError::RecordTooLarge { hash, len: r.bytes().len(), max });
             }
+            // Verified earlier, possibly before a revocation this store's verifier knows now.
+            if let Err(reason) = self.verifier.recheck(h) {
+                let source = psl_capsule::Rejected { hash: Some(hash), writer: Some(h.writer), seq: Some(h.seq), reason };
+                return Err(StoreError::Rejected { index, source: Box::new(source) });
+            }
             if self.index.locs.contains_key(&hash) || seen.contains(&hash) {
                 duplicates += 1;
                 continue;
@@ -719,8 +724,89 @@ fn load(file: &File, path: &Path, verifier: &Verifier) -> Result<(Index, OpenRep
         }
     })
     .map_err(|e| StoreError::io(path, "reading", None, e))?;
+    drop_revoked(&mut reader, &mut idx, &mut report, verifier).map_err(|e| StoreError::io(path, "reading", None, e))?;
     Ok((idx, report, len))
 }
+
+/// After a scan: a revocation may come later in the log than records it refuses (a server
+/// stored them before it learnt it). Each revoked writer's chain is cut at its first record
+/// that a revocation now refuses; that record and the rest of the chain are reported as
+/// orphans and not loaded. Only revoked writers' records are read again.
+fn drop_revoked(
+    reader: &mut LogReader<'_>,
+    idx: &mut Index,
+    report: &mut OpenReport,
+    verifier: &Verifier,
+) -> io::Result<()> {
+    let limits = verifier.metadata().meta.policy.limits;
+    let writers: std::collections::BTreeSet<u32> = verifier.revocations().iter().map(|r| r.writer).collect();
+    let header_at = |reader: &mut LogReader<'_>, idx: &Index, hash: &Hash256| -> io::Result<Option<Record>> {
+        let Some(loc) = idx.locs.get(hash) else { return Ok(None) };
+        Ok(match crate::frame::probe(reader, loc.offset, &limits)? {
+            crate::frame::Probe::Ok { record, .. } => Some(record),
+            crate::frame::Probe::Bad { .. } => None,
+        })
+    };
+    let mut cut_any = false;
+    for w in writers {
+        let hashes = match idx.chain(w) {
+            Some(c) => c.hashes.clone(),
+            None => continue,
+        };
+        let mut first = None;
+        for (seq, hash) in hashes.iter().enumerate() {
+            let Some(rec) = header_at(reader, idx, hash)? else { continue };
+            if let Err(psl_capsule::Reason::Revoked { from_epoch, from_seq, .. }) = verifier.recheck(rec.header()) {
+                first = Some((seq as u64, from_epoch, from_seq));
+                break;
+            }
+        }
+        let Some((seq, from_epoch, from_seq)) = first else { continue };
+        let offsets: Vec<u64> =
+            hashes[seq as usize..].iter().map(|h| idx.locs.get(h).map_or(0, |l| l.offset)).collect();
+        let cut = idx.truncate(w, seq);
+        cut_any = true;
+        report.records -= cut.len();
+        for (i, hash) in cut.iter().enumerate() {
+            report.orphaned.push(Orphan {
+                index: crate::index::FRAME_INDEX_UNKNOWN,
+                offset: offsets.get(i).copied().unwrap_or(0),
+                writer: w,
+                seq: seq + i as u64,
+                hash: *hash,
+                cause: if i == 0 {
+                    crate::index::OrphanCause::Revoked { from_epoch, from_seq }
+                } else {
+                    crate::index::OrphanCause::Gap { expected: seq }
+                },
+            });
+        }
+        // The chain's head fields come from its new newest record.
+        if let Some(last) = idx.chain(w).and_then(|c| c.hashes.last().copied()) {
+            if let Some(rec) = header_at(reader, idx, &last)? {
+                let h = rec.header();
+                if let Some(c) = idx.chains.get_mut(&w) {
+                    c.lamport = h.lamport;
+                    c.epoch = h.epoch;
+                }
+            }
+        }
+    }
+    if cut_any && idx.latest_sync.is_none() {
+        // The newest SYNC was cut (a revoked coordinator): find the newest one kept.
+        let heads: Vec<Hash256> = idx.chains.values().flat_map(|c| c.hashes.iter().copied()).collect();
+        for hash in heads {
+            if let Some(rec) = header_at(reader, idx, &hash)? {
+                let h = rec.header();
+                if h.kind == Kind::Sync && idx.latest_sync.is_none_or(|(e, s, _)| (h.epoch, h.seq) > (e, s)) {
+                    idx.latest_sync = Some((h.epoch, h.seq, hash));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 
 /// Name of the lock file in a store directory.
 pub const LOCK_FILE: &str = "LOCK";
