@@ -42,7 +42,7 @@ pub use codec::DecodeError;
 pub use file::CapsuleFile;
 pub use limits::Limits;
 pub use meta::{CapsuleName, Metadata, MetadataError, Policy, SignedMetadata};
-pub use proof::{MembershipProof, ProofError, ProofOutcome};
+pub use proof::{MembershipProof, ProofError, ProofOutcome, ProofStep};
 pub use record::{Header, Kind, Link, Record};
 pub use replica::{ChainProblem, Head, Replica};
 pub use rotation::{RotationCert, RotationError, ROTATION_CERT_LEN};
@@ -55,6 +55,27 @@ pub const DEFAULT_COORDINATORS: u8 = 3;
 /// Writer index the primary coordinator signs SYNC records with, unless a capsule's policy says
 /// otherwise; shadows use the indices just below it.
 pub const DEFAULT_COORDINATOR: u32 = (1 << 31) - 1;
+
+/// First writer index reserved for capsule servers' keys. Server `id` signs its acks with the
+/// application's child key at index `SERVER_WRITER_BASE + id` (`id < SERVERS_MAX`), i.e.
+/// indices 32 768 to 65 535: below every worker writer (`writer_index` in `psl-scl` starts at
+/// 2^16) and far from the coordinators' default indices (just below 2^31). Servers never write
+/// records: a record signed with a key in this range is refused by servers and nodes, and never
+/// heads or appears in a membership proof ([`MembershipProof::verify`]). Re-exported by
+/// `psl-scl`.
+pub const SERVER_WRITER_BASE: u32 = 1 << 15;
+/// Most capsule servers (ids `0 .. SERVERS_MAX`).
+pub const SERVERS_MAX: u32 = 1 << 15;
+
+/// The writer index of capsule server `id`'s signing key.
+pub fn server_writer(id: u32) -> Option<u32> {
+    (id < SERVERS_MAX).then_some(SERVER_WRITER_BASE + id)
+}
+
+/// The server id of a writer index in the servers' range.
+pub fn server_id(writer: u32) -> Option<u32> {
+    (SERVER_WRITER_BASE..SERVER_WRITER_BASE + SERVERS_MAX).contains(&writer).then(|| writer - SERVER_WRITER_BASE)
+}
 
 /// Builds and signs metadata for a new capsule under `owner`'s application `app_index`, with
 /// writer keys derived from the application public key (version-1 metadata).

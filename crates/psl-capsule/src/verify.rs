@@ -829,7 +829,9 @@ impl Verifier {
         if h.capsule != self.meta.name() {
             return Err(Reason::Capsule { found: h.capsule.0 });
         }
-        if h.writer >= 1 << 31 {
+        if h.writer >= 1 << 31 || crate::server_id(h.writer).is_some() {
+            // Capsule servers' keys sign acks only, never records: a server (or its stolen
+            // key) must not be able to write.
             return Err(Reason::Writer(h.writer));
         }
         self.check_generation(h)?;

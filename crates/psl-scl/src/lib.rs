@@ -43,25 +43,10 @@ pub use node::{DurableStatus, DurableTicket, NodeConfig, NodeCore, Output, SyncT
 pub use orderer::{Chained, Orderer, OrdererAction, OrdererConfig, TickWork};
 pub use wire::{Ack, AckEntry, Msg, WireError};
 
-/// First writer index reserved for capsule servers' keys. Server `id` signs its acks with the
-/// application's child key at index `SERVER_WRITER_BASE + id` (`id < SERVERS_MAX`), i.e.
-/// indices 32 768 to 65 535: below every worker writer (`writer_index` starts at 2^16) and far
-/// from the coordinators' default indices (just below 2^31). Servers never write records; a
-/// record signed with a key in this range is refused by servers (`server_writer` docs in
-/// `docs/protocol/durability.md`).
-pub const SERVER_WRITER_BASE: u32 = 1 << 15;
-/// Most capsule servers (ids `0 .. SERVERS_MAX`).
-pub const SERVERS_MAX: u32 = 1 << 15;
-
-/// The writer index of capsule server `id`'s signing key.
-pub fn server_writer(id: u32) -> Option<u32> {
-    (id < SERVERS_MAX).then_some(SERVER_WRITER_BASE + id)
-}
-
-/// The server id of a writer index in the servers' range.
-pub fn server_id(writer: u32) -> Option<u32> {
-    (SERVER_WRITER_BASE..SERVER_WRITER_BASE + SERVERS_MAX).contains(&writer).then(|| writer - SERVER_WRITER_BASE)
-}
+/// Capsule servers' writer indices (`SERVER_WRITER_BASE + id`, `id < SERVERS_MAX`): servers sign
+/// acks with these keys and never write records (see `docs/protocol/durability.md`). Defined in
+/// `psl-capsule`, whose membership proofs refuse them, and re-exported here under the same names.
+pub use psl_capsule::{server_id, server_writer, SERVERS_MAX, SERVER_WRITER_BASE};
 
 /// The writer index of actor `actor` of node `node` in its `incarnation`:
 /// `node << 16 | incarnation << 4 | actor` (node 1 to 32766, incarnation below 2^12, actor

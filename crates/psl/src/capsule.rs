@@ -381,12 +381,35 @@ pub fn run(cmd: CapsuleCmd) -> Result<i32> {
                     if json {
                         println!(
                             "{}",
-                            json!({ "ok": true, "capsule": o.capsule.to_string(), "target": o.target.hash.to_hex(), "writer": o.target.writer, "seq": o.target.seq, "head": o.head.hash.to_hex() })
+                            json!({
+                                "ok": true,
+                                "capsule": o.capsule.to_string(),
+                                "target": o.target.hash.to_hex(),
+                                "target_writer": o.target.writer,
+                                "target_seq": o.target.seq,
+                                // The target's writer and seq, under their older names.
+                                "writer": o.target.writer,
+                                "seq": o.target.seq,
+                                "head": o.head.hash.to_hex(),
+                                "head_writer": o.head.writer,
+                                "head_seq": o.head.seq,
+                                "head_kind": o.head_kind.name(),
+                            })
                         );
                     } else {
                         println!(
                             "proof OK: record {} (writer {}, seq {}) is in capsule {}",
                             o.target.hash, o.target.writer, o.target.seq, o.capsule
+                        );
+                        // Who vouches for it: the head's signer.
+                        let by =
+                            if o.head_kind == Kind::Sync { "a coordinator's SYNC" } else { "its writer's own chain" };
+                        println!(
+                            "as fixed by head {} {} (writer {}, seq {}): {by}",
+                            o.head_kind.name(),
+                            o.head.hash,
+                            o.head.writer,
+                            o.head.seq
                         );
                         if expected.is_none() {
                             println!("note: no --name given; the proof is only as good as the capsule name you compare it with");
