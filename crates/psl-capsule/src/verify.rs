@@ -531,9 +531,9 @@ impl Verifier {
     /// then there is nothing worth asking for.
     pub fn hint_refused(&self, writer: u32, next_seq: u64) -> bool {
         self.writer_keys() == WriterKeys::Certified
-            && self.revoked_at(self.key_gen_newest(), writer, 0, next_seq).is_some_and(
-                |r| matches!(r, Reason::Revoked { from_seq, .. } if next_seq >= from_seq),
-            )
+            && self
+                .revoked_at(self.key_gen_newest(), writer, 0, next_seq)
+                .is_some_and(|r| matches!(r, Reason::Revoked { from_seq, .. } if next_seq >= from_seq))
     }
 
     /// Whether a revocation installed here refuses `h` (its writer, generation, epoch, seq).
@@ -550,14 +550,7 @@ impl Verifier {
     pub fn revoked_at(&self, key_gen: u32, writer: u32, epoch: u64, seq: u64) -> Option<Reason> {
         let t = self.certs.read().unwrap_or_else(|p| p.into_inner());
         let r = t.revoked.get(&(key_gen, writer))?.iter().find(|r| r.refuses(epoch, seq))?;
-        Some(Reason::Revoked {
-            writer,
-            key_gen,
-            epoch,
-            seq,
-            from_epoch: r.from_epoch,
-            from_seq: r.from_seq,
-        })
+        Some(Reason::Revoked { writer, key_gen, epoch, seq, from_epoch: r.from_epoch, from_seq: r.from_seq })
     }
 
     pub fn metadata(&self) -> &SignedMetadata {

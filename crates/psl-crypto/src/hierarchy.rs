@@ -16,89 +16,92 @@
 //! private-key type does not erase the libsecp256k1 secret on drop. The `bip32` crate is the test
 //! oracle: the tests check our derivations against it.
 
-use crate::sign::{SigningKey, VerifyingKey, PUBLIC_KEY_LEN};
+use crate::secret::{overwrite, Secret32};
+use crate::sign::{public_key_of, secret_is_valid, tweak_add_in_place, SigningKey, VerifyingKey, PUBLIC_KEY_LEN};
 use crate::{sha256, CryptoError, DataKey, Hash256};
 use aws_lc_rs::hmac;
 use std::fmt;
-use zeroize::{Zeroize, Zeroizing};
+use zeroize::Zeroizing;
 
 /// Non-hardened child indices are `0 ..= WRITER_INDEX_MAX`.
 pub const WRITER_INDEX_MAX: u32 = (1 << 31) - 1;
 const HARDENED: u32 = 1 << 31;
 
-type Secret32 = Zeroizing<[u8; 32]>;
-
-/// An extended private key: a secret scalar and a chain code, both erased on drop.
+/// An extended private key: a secret scalar and a chain code, each in its own heap buffer
+/// ([`Secret32`]) that moves with the key without being copied and is zeroed on drop.
 struct XPrv {
-    secret: Zeroizing<[u8; 32]>,
-    chain_code: Zeroizing<[u8; 32]>,
+    secret: Secret32,
+    chain_code: Secret32,
+}
+
+/// Splits an HMAC-SHA512 output into `(IL, IR)`, each copied straight into a [`Secret32`], then
+/// overwrites the tag itself (aws-lc-rs's `hmac::Tag` is a plain `Copy` value on the stack).
+fn split_tag(tag: &mut hmac::Tag, index: u32) -> Result<(Secret32, Secret32), CryptoError> {
+    let i = tag.as_ref();
+    if i.len() != 64 {
+        return Err(CryptoError::Derivation { index, why: "HMAC output length" });
+    }
+    let mut il = Secret32::zero();
+    let mut ir = Secret32::zero();
+    il.bytes_mut().copy_from_slice(&i[..32]);
+    ir.bytes_mut().copy_from_slice(&i[32..]);
+    overwrite(tag, blank_tag());
+    Ok((il, ir))
+}
+
+/// A public HMAC-SHA512 tag (of nothing, under the empty key) to overwrite secret ones with.
+fn blank_tag() -> hmac::Tag {
+    static BLANK: std::sync::OnceLock<hmac::Tag> = std::sync::OnceLock::new();
+    *BLANK.get_or_init(|| hmac::sign(&hmac::Key::new(hmac::HMAC_SHA512, &[]), &[]))
 }
 
 impl XPrv {
     fn master(seed: &[u8]) -> Result<XPrv, CryptoError> {
         let key = hmac::Key::new(hmac::HMAC_SHA512, b"Bitcoin seed");
-        let tag = hmac::sign(&key, seed);
-        Self::from_i(tag.as_ref(), 0).and_then(|(il, ir)| {
-            // The master secret is IL itself; it must be a valid non-zero scalar.
-            secp256k1::SecretKey::from_secret_bytes(*il)
-                .map_err(|_| CryptoError::Derivation { index: 0, why: "master key out of range" })?;
-            Ok(XPrv { secret: il, chain_code: ir })
-        })
-    }
-
-    fn from_i(i: &[u8], index: u32) -> Result<(Secret32, Secret32), CryptoError> {
-        if i.len() != 64 {
-            return Err(CryptoError::Derivation { index, why: "HMAC output length" });
+        let mut tag = hmac::sign(&key, seed);
+        let (il, ir) = split_tag(&mut tag, 0)?;
+        // The master secret is IL itself; it must be a valid non-zero scalar.
+        if !secret_is_valid(il.bytes()) {
+            return Err(CryptoError::Derivation { index: 0, why: "master key out of range" });
         }
-        let mut il = Zeroizing::new([0u8; 32]);
-        let mut ir = Zeroizing::new([0u8; 32]);
-        il.copy_from_slice(&i[..32]);
-        ir.copy_from_slice(&i[32..]);
-        Ok((il, ir))
-    }
-
-    fn secret_key(&self) -> Result<secp256k1::SecretKey, CryptoError> {
-        secp256k1::SecretKey::from_secret_bytes(*self.secret).map_err(|_| CryptoError::MalformedSecretKey)
+        Ok(XPrv { secret: il, chain_code: ir })
     }
 
     fn public_key(&self) -> Result<secp256k1::PublicKey, CryptoError> {
-        let mut sk = self.secret_key()?;
-        let pk = sk.public_key();
-        sk.non_secure_erase();
-        Ok(pk)
+        public_key_of(self.secret.bytes())
     }
 
-    /// BIP32 CKDpriv.
+    /// BIP32 CKDpriv: `k_child = k_parent + IL mod n`, computed in the child's own buffer.
     fn child(&self, index: u32) -> Result<XPrv, CryptoError> {
-        let key = hmac::Key::new(hmac::HMAC_SHA512, &self.chain_code[..]);
+        let key = hmac::Key::new(hmac::HMAC_SHA512, &self.chain_code.bytes()[..]);
         let mut data = Zeroizing::new([0u8; 37]);
         if index & HARDENED != 0 {
-            data[1..33].copy_from_slice(&self.secret[..]);
+            data[1..33].copy_from_slice(&self.secret.bytes()[..]);
         } else {
             data[..33].copy_from_slice(&self.public_key()?.serialize());
         }
         data[33..].copy_from_slice(&index.to_be_bytes());
-        let tag = hmac::sign(&key, &data[..]);
-        let (il, ir) = Self::from_i(tag.as_ref(), index)?;
-        let tweak = secp256k1::Scalar::from_be_bytes(*il)
-            .map_err(|_| CryptoError::Derivation { index, why: "IL is not below the curve order" })?;
-        let mut parent = self.secret_key()?;
-        let child =
-            parent.add_tweak(&tweak).map_err(|_| CryptoError::Derivation { index, why: "derived key is zero" })?;
-        parent.non_secure_erase();
-        let mut secret = Zeroizing::new([0u8; 32]);
-        secret.copy_from_slice(&child.to_secret_bytes());
-        let mut child = child;
-        child.non_secure_erase();
+        let mut tag = hmac::sign(&key, &data[..]);
+        let (il, ir) = split_tag(&mut tag, index)?;
+        let mut secret = self.secret.clone();
+        if !tweak_add_in_place(secret.bytes_mut(), il.bytes()) {
+            // Either case has probability below 2^-127; tell them apart only then.
+            let why = if secp256k1::Scalar::from_be_bytes(*il.bytes()).is_err() {
+                "IL is not below the curve order"
+            } else {
+                "derived key is zero"
+            };
+            return Err(CryptoError::Derivation { index, why });
+        }
         Ok(XPrv { secret, chain_code: ir })
     }
 
     fn xpub(&self) -> Result<XPub, CryptoError> {
-        Ok(XPub { pk: self.public_key()?, chain_code: *self.chain_code })
+        Ok(XPub { pk: self.public_key()?, chain_code: *self.chain_code.bytes() })
     }
 
     fn signing_key(&self) -> Result<SigningKey, CryptoError> {
-        Ok(SigningKey::from_secret(self.secret_key()?))
+        SigningKey::from_secret(self.secret.clone())
     }
 }
 
@@ -119,15 +122,15 @@ impl XPub {
         let mut data = [0u8; 37];
         data[..33].copy_from_slice(&self.pk.serialize());
         data[33..].copy_from_slice(&index.to_be_bytes());
-        let tag = hmac::sign(&key, &data);
-        let (il, ir) = XPrv::from_i(tag.as_ref(), index)?;
-        let tweak = secp256k1::Scalar::from_be_bytes(*il)
+        let mut tag = hmac::sign(&key, &data);
+        let (il, ir) = split_tag(&mut tag, index)?;
+        let tweak = secp256k1::Scalar::from_be_bytes(*il.bytes())
             .map_err(|_| CryptoError::Derivation { index, why: "IL is not below the curve order" })?;
         let pk = self
             .pk
             .add_exp_tweak(&tweak)
             .map_err(|_| CryptoError::Derivation { index, why: "derived point is infinity" })?;
-        Ok(XPub { pk, chain_code: *ir })
+        Ok(XPub { pk, chain_code: *ir.bytes() })
     }
 
     fn to_bytes(self) -> [u8; 65] {
@@ -154,6 +157,7 @@ pub struct OwnerKey {
 }
 
 const OWNER_FILE_MAGIC: &str = "psl-owner-key-v1";
+const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
 
 impl OwnerKey {
     /// A new master key from 32 bytes of OS randomness.
@@ -197,8 +201,11 @@ impl OwnerKey {
         let mut s = Zeroizing::new(String::with_capacity(200));
         s.push_str(OWNER_FILE_MAGIC);
         s.push('\n');
-        s.push_str(&hex::encode(&self.xprv.secret[..]));
-        s.push_str(&hex::encode(&self.xprv.chain_code[..]));
+        // Hex digits appended in place (no intermediate String holding the secret).
+        for b in self.xprv.secret.bytes().iter().chain(self.xprv.chain_code.bytes()) {
+            s.push(char::from(HEX_DIGITS[usize::from(b >> 4)]));
+            s.push(char::from(HEX_DIGITS[usize::from(b & 0xf)]));
+        }
         s.push('\n');
         s
     }
@@ -212,13 +219,14 @@ impl OwnerKey {
         let mut raw = Zeroizing::new([0u8; 64]);
         hex::decode_to_slice(body, &mut raw[..])
             .map_err(|_| CryptoError::KeyFile("second line must be 128 hex digits".into()))?;
-        let mut secret = Zeroizing::new([0u8; 32]);
-        let mut chain_code = Zeroizing::new([0u8; 32]);
-        secret.copy_from_slice(&raw[..32]);
-        chain_code.copy_from_slice(&raw[32..]);
-        let xprv = XPrv { secret, chain_code };
-        xprv.secret_key().map_err(|_| CryptoError::KeyFile("secret is not a valid scalar".into()))?;
-        Ok(OwnerKey { xprv })
+        let mut secret = Secret32::zero();
+        let mut chain_code = Secret32::zero();
+        secret.bytes_mut().copy_from_slice(&raw[..32]);
+        chain_code.bytes_mut().copy_from_slice(&raw[32..]);
+        if !secret_is_valid(secret.bytes()) {
+            return Err(CryptoError::KeyFile("secret is not a valid scalar".into()));
+        }
+        Ok(OwnerKey { xprv: XPrv { secret, chain_code } })
     }
 }
 
@@ -283,8 +291,8 @@ impl AppKey {
     /// HKDF-SHA256 (so it changes whenever the application key does).
     pub fn data_key(&self) -> DataKey {
         let mut ikm = Zeroizing::new([0u8; 64]);
-        ikm[..32].copy_from_slice(&self.xprv.secret[..]);
-        ikm[32..].copy_from_slice(&self.xprv.chain_code[..]);
+        ikm[..32].copy_from_slice(&self.xprv.secret.bytes()[..]);
+        ikm[32..].copy_from_slice(&self.xprv.chain_code.bytes()[..]);
         DataKey::derive_from(&ikm[..], b"psl/data-key/v1")
     }
 }
@@ -339,13 +347,9 @@ impl fmt::Debug for AppPublicKey {
     }
 }
 
-impl Drop for XPrv {
-    fn drop(&mut self) {
-        // Zeroizing already erases both buffers; this makes the intent explicit.
-        self.secret.zeroize();
-        self.chain_code.zeroize();
-    }
-}
+// `XPrv` needs no `Drop` of its own: both `Secret32`s zero their bytes when dropped.
+impl zeroize::ZeroizeOnDrop for OwnerKey {}
+impl zeroize::ZeroizeOnDrop for AppKey {}
 
 const _: () = assert!(PUBLIC_KEY_LEN == 33);
 
@@ -431,7 +435,7 @@ mod tests {
             let neg = secp256k1::SecretKey::from_secret_bytes(il).ok()?.negate();
             let tweak = secp256k1::Scalar::from_be_bytes(neg.to_secret_bytes()).ok()?;
             let child = secp256k1::SecretKey::from_secret_bytes(*leaked.expose_secret_bytes()).ok()?;
-            Some(SigningKey::from_secret(child.add_tweak(&tweak).ok()?))
+            SigningKey::from_bytes(&child.add_tweak(&tweak).ok()?.to_secret_bytes()).ok()
         };
         let w = 17;
         // Non-hardened: the leaked writer key yields the application key, and every sibling.
@@ -446,8 +450,10 @@ mod tests {
         let digest = crate::sha256(&[b"test message"]);
         for sib in [0u32, 16, 18, 1000] {
             let real = app.writer_hardened(sib).unwrap().verifying_key();
-            let fake_parent =
-                XPrv { secret: guess.expose_secret_bytes(), chain_code: Zeroizing::new(xpub.xpub.chain_code) };
+            let fake_parent = XPrv {
+                secret: Secret32::copy_of(&guess.expose_secret_bytes()),
+                chain_code: Secret32::copy_of(&xpub.xpub.chain_code),
+            };
             for cand in [fake_parent.child(sib).unwrap(), fake_parent.child(sib | HARDENED).unwrap()] {
                 let k = cand.signing_key().unwrap();
                 assert_ne!(k.verifying_key(), real);
@@ -470,6 +476,34 @@ mod tests {
         }
         assert!(OwnerKey::from_file_string("nope\n00").is_err());
         assert!(OwnerKey::from_file_string("psl-owner-key-v1\nabc").is_err());
+    }
+
+    #[test]
+    fn tree_keys_stay_in_place_and_erase() {
+        use zeroize::Zeroize;
+        let owner = OwnerKey::from_seed(&[3u8; 32]).unwrap();
+        let at = owner.xprv.secret.bytes().as_ptr();
+        let owners = Box::new(vec![owner]);
+        assert_eq!(owners[0].xprv.secret.bytes().as_ptr(), at, "a move must not copy the master key");
+        let app = owners[0].app(1).unwrap();
+        let (s_at, c_at) = (app.xprv.secret.bytes().as_ptr(), app.xprv.chain_code.bytes().as_ptr());
+        let mut apps = [app];
+        let app = &mut apps[0];
+        assert_eq!((app.xprv.secret.bytes().as_ptr(), app.xprv.chain_code.bytes().as_ptr()), (s_at, c_at));
+        // What dropping an extended private key does, read while the key is alive.
+        app.xprv.secret.zeroize();
+        app.xprv.chain_code.zeroize();
+        assert_eq!((app.xprv.secret.bytes(), app.xprv.chain_code.bytes()), (&[0u8; 32], &[0u8; 32]));
+    }
+
+    #[test]
+    fn split_tag_overwrites_the_hmac_output() {
+        let mut tag = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA512, b"chain code"), b"data");
+        let want = tag.as_ref().to_vec();
+        let (il, ir) = split_tag(&mut tag, 0).unwrap();
+        assert_eq!((&il.bytes()[..], &ir.bytes()[..]), (&want[..32], &want[32..]));
+        assert_eq!(tag.as_ref(), blank_tag().as_ref());
+        assert_ne!(tag.as_ref(), &want[..]);
     }
 
     #[test]

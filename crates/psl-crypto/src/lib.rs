@@ -7,13 +7,72 @@
 //!   writer keys ([`OwnerKey`], [`AppKey`], [`AppPublicKey`]), and the owner key file.
 //! - [`aead`]: AES-256-GCM sealing with a fresh HKDF-derived key per record ([`DataKey`]).
 //!
-//! Secrets live in zeroizing buffers, are erased on drop and never implement `Debug`/`Display`
-//! with their contents.
+//! Secrets ([`SigningKey`], [`OwnerKey`], [`AppKey`], [`DataKey`]) are not `Copy`: each keeps
+//! its bytes in one heap buffer of its own (`secret::Secret32`) that moves with it without being
+//! copied and is zeroed when dropped, and none implements `Debug`/`Display` with its contents.
+//! The checks below hold at compile time; these do not compile:
+//!
+//! ```compile_fail
+//! fn copy<T: Copy>() {}
+//! copy::<psl_crypto::SigningKey>();
+//! ```
+//! ```compile_fail
+//! fn copy<T: Copy>() {}
+//! copy::<psl_crypto::DataKey>();
+//! ```
+//! ```compile_fail
+//! fn copy<T: Copy>() {}
+//! copy::<psl_crypto::OwnerKey>();
+//! ```
+//! ```compile_fail
+//! fn copy<T: Copy>() {}
+//! copy::<psl_crypto::AppKey>();
+//! ```
+//! ```compile_fail
+//! fn clone<T: Clone>() {}
+//! clone::<psl_crypto::SigningKey>();
+//! ```
 
 pub mod aead;
 pub mod hash;
 pub mod hierarchy;
+mod secret;
 pub mod sign;
+
+/// Fails to compile if `$t` implements `$tr` (two impls of `Ambiguous` then apply, and the
+/// call cannot pick one): the trick of the `static_assertions` crate, without the crate.
+macro_rules! assert_not_impl {
+    ($t:ty, $tr:path) => {
+        const _: fn() = || {
+            trait Ambiguous<A> {
+                fn some_item() {}
+            }
+            impl<T: ?Sized> Ambiguous<()> for T {}
+            impl<T: ?Sized + $tr> Ambiguous<u8> for T {}
+            let _ = <$t as Ambiguous<_>>::some_item;
+        };
+    };
+}
+
+// No secret is `Copy` (a copy would outlive the original's erasure); the signing and tree keys
+// are not even `Clone` (a copy goes through `expose_secret_bytes`, deliberately); each zeroes its
+// bytes on drop.
+assert_not_impl!(SigningKey, Copy);
+assert_not_impl!(OwnerKey, Copy);
+assert_not_impl!(AppKey, Copy);
+assert_not_impl!(DataKey, Copy);
+assert_not_impl!(secret::Secret32, Copy);
+assert_not_impl!(SigningKey, Clone);
+assert_not_impl!(OwnerKey, Clone);
+assert_not_impl!(AppKey, Clone);
+const _: fn() = || {
+    fn zeroized_on_drop<T: zeroize::ZeroizeOnDrop>() {}
+    zeroized_on_drop::<SigningKey>();
+    zeroized_on_drop::<OwnerKey>();
+    zeroized_on_drop::<AppKey>();
+    zeroized_on_drop::<DataKey>();
+    zeroized_on_drop::<secret::Secret32>();
+};
 
 pub use aead::{DataKey, SALT_LEN, TAG_LEN};
 pub use hash::{sha256, Hash256};

@@ -412,12 +412,7 @@ pub struct SimPlatform {
 impl SimPlatform {
     pub fn new() -> Arc<SimPlatform> {
         tracing::warn!("attestation backend 'sim' in use: INSECURE, reports can be forged by anyone holding the simulated platform key; never use in production");
-        loop {
-            let seed: [u8; 32] = rand::random();
-            if let Ok(key) = SigningKey::from_bytes(&seed) {
-                return Arc::new(SimPlatform { key });
-            }
-        }
+        Arc::new(SimPlatform { key: SigningKey::generate() })
     }
 
     /// The simulated platform from a 32-byte secret shared by the processes of one deployment

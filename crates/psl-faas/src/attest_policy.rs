@@ -216,6 +216,11 @@ pub struct HostsSection {
     /// job's server key.
     #[serde(default)]
     pub require_attestation: bool,
+    /// INSECURE: the leader sends a capsule host its key even when it can authenticate it
+    /// neither by attestation nor by the TLS key pinned for it (`psl up --init` pins one per
+    /// host). Without it such a host is refused. Development only; warned about.
+    #[serde(default)]
+    pub allow_insecure_unauthenticated: bool,
 }
 
 /// Why a policy file was refused.
@@ -294,6 +299,18 @@ impl Policy {
         for k in p.allowed_kinds.clone() {
             p.measurements(k).map_err(invalid)?;
         }
+        if p.file.hosts.allow_insecure_unauthenticated {
+            if p.file.hosts.require_attestation {
+                return Err(invalid(
+                    "[hosts] says both require_attestation = true and allow_insecure_unauthenticated = true".into(),
+                ));
+            }
+            tracing::warn!(
+                "attestation policy {origin}: [hosts] allow_insecure_unauthenticated = true: capsule hosts that are \
+                 neither attested nor pinned get their keys (anyone answering at a host's address can take them); \
+                 development only"
+            );
+        }
         if p.allowed_kinds.contains(&TeeKind::Sim) {
             tracing::warn!(
                 "attestation policy {origin}: allow_insecure_sim = true: reports of the INSECURE sim backend are \
@@ -332,6 +349,12 @@ impl Policy {
 
     pub fn require_host_attestation(&self) -> bool {
         self.file.hosts.require_attestation
+    }
+
+    /// `[hosts] allow_insecure_unauthenticated`: capsule hosts neither attested nor pinned get
+    /// their keys (INSECURE).
+    pub fn allow_unauthenticated_hosts(&self) -> bool {
+        self.file.hosts.allow_insecure_unauthenticated
     }
 
     fn max_age_secs(&self) -> Option<u64> {
@@ -641,7 +664,11 @@ pub fn dev_sim_policy_text(
          allowed_kinds = [\"sim\"]\n\
          allow_insecure_sim = true\n\n",
     );
-    s.push_str(&format!("[hosts]\nrequire_attestation = {require_host_attestation}\n\n"));
+    s.push_str(&format!(
+        "[hosts]\n# Capsule hosts that do not attest must present the TLS key pinned for them (psl up pins the\n\
+         # keys it makes); allow_insecure_unauthenticated = true would accept any (INSECURE).\n\
+         require_attestation = {require_host_attestation}\n\n"
+    ));
     s.push_str(&format!("[sim]\nplatform_public = \"{platform_public_hex}\"\n"));
     for m in measurements {
         s.push_str(&format!("\n[[sim.allow]]\nmeasurement = \"{m}\"\n"));
@@ -680,6 +707,19 @@ mod tests {
         let ev = crate::attest::SimAttester::new(platform, Hash256([1; 32]));
         let ev = crate::attest::Attester::attest(&ev, &[0; 32], &[0; 32]).unwrap();
         assert_eq!(v.verify(&ev, &[0; 32], &[0; 32]), Err(AttestError::InsecureSim));
+    }
+
+    #[test]
+    fn unauthenticated_capsule_hosts_are_allowed_only_in_words() {
+        let pk = psl_crypto::SigningKey::from_bytes(&[7; 32]).unwrap().verifying_key();
+        let text = dev_sim_policy_text(&hex::encode(pk.to_bytes()), &[Hash256([1; 32])], false);
+        let p = parse(&text).unwrap();
+        assert!(!p.require_host_attestation() && !p.allow_unauthenticated_hosts(), "the default refuses them");
+        let insecure = text.replace("[hosts]\n", "[hosts]\nallow_insecure_unauthenticated = true\n");
+        assert!(parse(&insecure).unwrap().allow_unauthenticated_hosts());
+        let both = insecure.replace("require_attestation = false", "require_attestation = true");
+        let e = parse(&both).unwrap_err().to_string();
+        assert!(e.contains("both"), "{e}");
     }
 
     #[test]

@@ -64,8 +64,10 @@ fn agree(
 }
 
 fn kdf(shared: &[u8], eph: &[u8; 32], recipient: &[u8; 32]) -> DataKey {
-    let h = sha256(&[b"psl/keychan-key/v1", shared, eph, recipient]);
-    DataKey::from_bytes(h.0)
+    let mut h = sha256(&[b"psl/keychan-key/v1", shared, eph, recipient]);
+    let key = DataKey::from_bytes(&h.0);
+    zeroize::Zeroize::zeroize(&mut h.0);
+    key
 }
 
 /// Seals `plaintext` to `recipient` (an X25519 public key): `ephemeral public ‖ salt ‖ AES-GCM`.

@@ -634,7 +634,7 @@ mod tests {
         // A prepare bundle presented as a finish is refused (the stage is in the associated data).
         let (cert, _) = s.leader.prepare_rotation(2).unwrap();
         let key = SigningKey::from_bytes(&[5; 32]).unwrap();
-        let dk = DataKey::from_bytes([7; 32]);
+        let dk = DataKey::from_bytes(&[7; 32]);
         let prep = RotationStage::Prepare { refuse_if_begun: false };
         let sealed = rotation_bundle(s.job, 0, prep, &cert, &dk, None, &[], &offer.channel_public).unwrap();
         assert!(h0.rotate(cert.key_gen, RotationStage::Finish, &sealed).is_err());

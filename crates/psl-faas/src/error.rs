@@ -24,6 +24,10 @@ pub enum FaasError {
     Worker { worker: u32, why: String },
     #[error("network: {0}")]
     Net(String),
+    #[error("TLS handshake with {addr}: its certificate's key is not the one pinned for it ({pin}): refused")]
+    NotPinned { addr: String, pin: String },
+    #[error("{who} is not authenticated: {why}")]
+    Unauthenticated { who: String, why: String },
     #[error("starting a thread: {0}")]
     Spawn(#[from] std::io::Error),
 }

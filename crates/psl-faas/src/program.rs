@@ -140,7 +140,7 @@ mod tests {
 
     #[test]
     fn every_flipped_byte_is_caught() {
-        let k = DataKey::from_bytes([7; 32]);
+        let k = DataKey::from_bytes(&[7; 32]);
         let job = JobId([1; 16]);
         let s = SealedProgram::seal(&k, job, Payload::Program, b"emit(1)", 1024).unwrap();
         assert_eq!(&s.open(&k, job, Payload::Program, 1024).unwrap()[..], b"emit(1)");
@@ -151,7 +151,7 @@ mod tests {
         }
         assert!(s.open(&k, JobId([2; 16]), Payload::Program, 1024).is_err());
         assert!(s.open(&k, job, Payload::Input, 1024).is_err());
-        assert!(s.open(&DataKey::from_bytes([8; 32]), job, Payload::Program, 1024).is_err());
+        assert!(s.open(&DataKey::from_bytes(&[8; 32]), job, Payload::Program, 1024).is_err());
         for n in 0..s.bytes.len() {
             let t = SealedProgram { bytes: s.bytes[..n].to_vec() };
             assert!(t.open(&k, job, Payload::Program, 1024).is_err());

@@ -55,13 +55,50 @@ fn der(tag: u8, body: &[u8]) -> Vec<u8> {
 
 const ED25519_ALG: &[u8] = &[0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70];
 
+/// The PEM label of a key file ([`TlsIdentity::key_pem`]).
+const KEY_PEM_TAG: &str = "PRIVATE KEY";
+/// Largest key file read.
+const KEY_FILE_MAX: u64 = 16 << 10;
+
 impl TlsIdentity {
     pub fn generate(common_name: &str) -> Result<TlsIdentity, FaasError> {
-        use aws_lc_rs::signature::{Ed25519KeyPair, KeyPair};
+        use aws_lc_rs::signature::Ed25519KeyPair;
         let rng = aws_lc_rs::rand::SystemRandom::new();
         let doc = Ed25519KeyPair::generate_pkcs8(&rng).map_err(|_| tls_err("key", "Ed25519 generation failed"))?;
-        let pkcs8 = zeroize::Zeroizing::new(doc.as_ref().to_vec());
-        let kp = Ed25519KeyPair::from_pkcs8(&pkcs8).map_err(|_| tls_err("key", "Ed25519 PKCS#8"))?;
+        Self::from_pkcs8(zeroize::Zeroizing::new(doc.as_ref().to_vec()), common_name)
+    }
+
+    /// A persistent identity: the Ed25519 key of a PEM `PRIVATE KEY` (PKCS#8) file, such as
+    /// [`TlsIdentity::key_pem`] wrote (what `psl up --init` makes for a capsule host, whose
+    /// [`TlsIdentity::spki_hash`] the leader pins). The certificate is made afresh.
+    pub fn from_key_pem(text: &str, common_name: &str) -> Result<TlsIdentity, FaasError> {
+        let p = pem::parse(text.trim()).map_err(|e| tls_err("key file", e))?;
+        if p.tag() != KEY_PEM_TAG {
+            return Err(tls_err("key file", format!("expected a PEM {KEY_PEM_TAG}, found {}", p.tag())));
+        }
+        Self::from_pkcs8(zeroize::Zeroizing::new(p.into_contents()), common_name)
+    }
+
+    /// [`TlsIdentity::from_key_pem`] of a file.
+    pub fn load(path: &std::path::Path, common_name: &str) -> Result<TlsIdentity, FaasError> {
+        let what = format!("key file {}", path.display());
+        let len = std::fs::metadata(path).map_err(|e| tls_err(&what, e))?.len();
+        if len > KEY_FILE_MAX {
+            return Err(tls_err(&what, format!("{len} bytes, over {KEY_FILE_MAX}")));
+        }
+        let text = zeroize::Zeroizing::new(std::fs::read_to_string(path).map_err(|e| tls_err(&what, e))?);
+        Self::from_key_pem(&text, common_name).map_err(|e| tls_err(&what, e))
+    }
+
+    /// The private key as a PEM `PRIVATE KEY` (PKCS#8): secret, for a file only its owner reads.
+    pub fn key_pem(&self) -> zeroize::Zeroizing<String> {
+        zeroize::Zeroizing::new(pem::encode(&pem::Pem::new(KEY_PEM_TAG, self.pkcs8.to_vec())))
+    }
+
+    fn from_pkcs8(pkcs8: zeroize::Zeroizing<Vec<u8>>, common_name: &str) -> Result<TlsIdentity, FaasError> {
+        use aws_lc_rs::signature::{Ed25519KeyPair, KeyPair};
+        let kp = Ed25519KeyPair::from_pkcs8_maybe_unchecked(&pkcs8)
+            .map_err(|_| tls_err("key", "not an Ed25519 PKCS#8 key"))?;
         let public = kp.public_key().as_ref().to_vec();
         let mut bits = vec![0u8];
         bits.extend_from_slice(&public);
@@ -98,7 +135,7 @@ impl TlsIdentity {
         let cfg = rustls::ServerConfig::builder_with_provider(p.clone())
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| tls_err("config", e))?
-            .with_client_cert_verifier(Arc::new(AnyCert { provider: p, mandatory: require_client_cert }))
+            .with_client_cert_verifier(Arc::new(AnyCert { provider: p, mandatory: require_client_cert, pin: None }))
             .with_single_cert(vec![self.cert.clone()], self.key())
             .map_err(|e| tls_err("certificate", e))?;
         Ok(Arc::new(cfg))
@@ -106,12 +143,18 @@ impl TlsIdentity {
 
     /// Client side presenting this identity.
     pub fn client_config(&self) -> Result<Arc<rustls::ClientConfig>, FaasError> {
+        self.client_config_pinned(None)
+    }
+
+    /// Client side presenting this identity; with `pin`, the handshake fails unless the
+    /// server's certificate key hashes ([`TlsIdentity::spki_hash`]) to it.
+    pub fn client_config_pinned(&self, pin: Option<[u8; 32]>) -> Result<Arc<rustls::ClientConfig>, FaasError> {
         let p = provider();
         let cfg = rustls::ClientConfig::builder_with_provider(p.clone())
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| tls_err("config", e))?
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AnyCert { provider: p, mandatory: true }))
+            .with_custom_certificate_verifier(Arc::new(AnyCert { provider: p, mandatory: true, pin }))
             .with_client_auth_cert(vec![self.cert.clone()], self.key())
             .map_err(|e| tls_err("certificate", e))?;
         Ok(Arc::new(cfg))
@@ -129,12 +172,14 @@ pub fn peer_spki_hash(certs: Option<&[CertificateDer<'_>]>) -> Result<[u8; 32], 
     Ok(hash_spki(parsed.subject_public_key_info().as_ref()))
 }
 
-/// Accepts any well-formed certificate; still checks every handshake signature. The binding
-/// to an attestation report is checked after the handshake, by the caller.
+/// Accepts any well-formed certificate (a server's: only one whose key hashes to `pin`, when
+/// set); still checks every handshake signature. The binding to an attestation report is
+/// checked after the handshake, by the caller.
 #[derive(Debug)]
 struct AnyCert {
     provider: Arc<rustls::crypto::CryptoProvider>,
     mandatory: bool,
+    pin: Option<[u8; 32]>,
 }
 
 impl ServerCertVerifier for AnyCert {
@@ -146,7 +191,14 @@ impl ServerCertVerifier for AnyCert {
         _ocsp: &[u8],
         _now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        rustls::server::ParsedCertificate::try_from(end_entity)?;
+        let parsed = rustls::server::ParsedCertificate::try_from(end_entity)?;
+        if let Some(pin) = &self.pin {
+            if hash_spki(parsed.subject_public_key_info().as_ref()) != *pin {
+                return Err(rustls::Error::InvalidCertificate(
+                    rustls::CertificateError::ApplicationVerificationFailure,
+                ));
+            }
+        }
         Ok(ServerCertVerified::assertion())
     }
     fn verify_tls12_signature(
@@ -210,16 +262,38 @@ impl ClientCertVerifier for AnyCert {
 /// Connects to `addr` as a TLS client presenting `me`; returns the stream (handshake done) and
 /// the hash of the server certificate's public key.
 pub fn connect(addr: std::net::SocketAddr, me: &TlsIdentity) -> Result<(ClientStream, [u8; 32]), FaasError> {
+    connect_pinned(addr, me, None)
+}
+
+/// [`connect`]; with `pin`, the handshake fails (and nothing is sent but the handshake) unless
+/// the server's certificate key hashes to `pin` ([`FaasError::NotPinned`]).
+pub fn connect_pinned(
+    addr: std::net::SocketAddr,
+    me: &TlsIdentity,
+    pin: Option<[u8; 32]>,
+) -> Result<(ClientStream, [u8; 32]), FaasError> {
     let tcp = TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(5))
         .map_err(|e| tls_err(&format!("connecting to {addr}"), e))?;
     tcp.set_nodelay(true).ok();
     let name = ServerName::try_from("psl-leader").map_err(|e| tls_err("server name", e))?;
-    let conn = rustls::ClientConnection::new(me.client_config()?, name).map_err(|e| tls_err("client", e))?;
+    let conn = rustls::ClientConnection::new(me.client_config_pinned(pin)?, name).map_err(|e| tls_err("client", e))?;
     let mut s = rustls::StreamOwned::new(conn, tcp);
     while s.conn.is_handshaking() {
-        s.conn.complete_io(&mut s.sock).map_err(|e| tls_err(&format!("handshake with {addr}"), e))?;
+        if let Err(e) = s.conn.complete_io(&mut s.sock) {
+            let refused = e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()).is_some_and(|r| {
+                matches!(r, rustls::Error::InvalidCertificate(rustls::CertificateError::ApplicationVerificationFailure))
+            });
+            return Err(match pin {
+                Some(pin) if refused => FaasError::NotPinned { addr: addr.to_string(), pin: hex::encode(pin) },
+                _ => tls_err(&format!("handshake with {addr}"), e),
+            });
+        }
     }
     let h = peer_spki_hash(s.conn.peer_certificates())?;
+    if pin.is_some_and(|p| p != h) {
+        // The verifier refused it already; checked again on the connection's own certificate.
+        return Err(FaasError::NotPinned { addr: addr.to_string(), pin: hex::encode(pin.unwrap_or_default()) });
+    }
     Ok((s, h))
 }
 

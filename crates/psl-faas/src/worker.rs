@@ -279,8 +279,7 @@ fn parse_bundle(
     if node_id != grant.node_id {
         return Err(bad("node id does not match the grant"));
     }
-    let dk: [u8; 32] = b[20..52].try_into().expect("32");
-    let data_key = DataKey::from_bytes(dk);
+    let data_key = DataKey::from_bytes(b[20..52].try_into().expect("32"));
     let servers = u16::from_le_bytes(b[52..54].try_into().expect("2")) as u32;
     if servers > crate::leader::JOB_SERVERS_MAX {
         return Err(bad("capsule server count"));

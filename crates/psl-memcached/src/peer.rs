@@ -73,7 +73,10 @@ pub struct PeerKey(DataKey);
 
 impl PeerKey {
     pub fn derive(data_key: &DataKey) -> PeerKey {
-        PeerKey(DataKey::from_bytes(sha256(&[b"psl-memcached/peer-key/v1", &data_key.expose_bytes()[..]]).0))
+        let mut h = sha256(&[b"psl-memcached/peer-key/v1", &data_key.expose_bytes()[..]]);
+        let key = PeerKey(DataKey::from_bytes(&h.0));
+        zeroize::Zeroize::zeroize(&mut h.0);
+        key
     }
 
     fn aad(dir: u8, nonce: &[u8; NONCE], seq: u64) -> [u8; 1 + NONCE + 8] {
@@ -944,7 +947,7 @@ mod tests {
 
     #[test]
     fn frames_bind_key_direction_connection_and_sequence() {
-        let k = PeerKey::derive(&DataKey::from_bytes([3; 32]));
+        let k = PeerKey::derive(&DataKey::from_bytes(&[3; 32]));
         let n = [1u8; NONCE];
         let f = k.seal(b'q', &n, 5, b"hello");
         let body = &f[4..];
@@ -952,7 +955,7 @@ mod tests {
         assert_eq!(k.open(b'r', &n, 5, body), Err(PeerError::Seal));
         assert_eq!(k.open(b'q', &n, 6, body), Err(PeerError::Seal));
         assert_eq!(k.open(b'q', &[2; NONCE], 5, body), Err(PeerError::Seal));
-        let other = PeerKey::derive(&DataKey::from_bytes([4; 32]));
+        let other = PeerKey::derive(&DataKey::from_bytes(&[4; 32]));
         assert_eq!(other.open(b'q', &n, 5, body), Err(PeerError::Seal));
     }
 }

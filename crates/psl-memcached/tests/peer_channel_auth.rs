@@ -15,7 +15,7 @@ use std::time::Duration;
 fn only_holders_of_the_peer_key_get_commands_run_at_the_home() {
     let d = Embedded::start(&EmbeddedOptions::default()).unwrap();
     let home = d.front_ends[0].clone();
-    let key = PeerKey::derive(&DataKey::from_bytes([7; 32]));
+    let key = PeerKey::derive(&DataKey::from_bytes(&[7; 32]));
     let server = PeerServer::start(&home, TcpListener::bind("127.0.0.1:0").unwrap(), key.clone()).unwrap();
     let cfg = PeerConfig { timeout: Duration::from_secs(2) };
     let add = Rmw::Store { mode: StoreMode::Add, flags: 3, exptime: 0, cas: None, data: b"v" };
@@ -32,7 +32,7 @@ fn only_holders_of_the_peer_key_get_commands_run_at_the_home() {
     }
 
     // A wrong key: nothing runs, the forwarder reports the home unavailable.
-    let bad = PeerClient::new(server.addr(), PeerKey::derive(&DataKey::from_bytes([8; 32])), cfg);
+    let bad = PeerClient::new(server.addr(), PeerKey::derive(&DataKey::from_bytes(&[8; 32])), cfg);
     assert!(matches!(bad.call(b"other", &add), Outcome::Unavailable(_)));
     assert!(matches!(home.lookup(b"other"), Lookup::Miss));
 

@@ -1,6 +1,8 @@
 //! The node's control interface: a line protocol over TCP, for tests, scripts and people.
 //!
 //! ```text
+//! HELLO                    -> HELLO psl-control/1 <nonce hex>   (this connection's nonce)
+//! AUTH <n> <sig hex> <command line> -> the command's answer      (see "Authentication")
 //! PUT <key> <value...>     -> OK | ERROR <why>        (value: rest of the line)
 //! DEL <key>                -> OK | ERROR <why>
 //! GET <key>                -> VALUE <value> | NOT_FOUND | ERROR <why> (CapsuleDB unreachable)
@@ -14,7 +16,7 @@
 //!                             and newest, the newest one's rotation epoch
 //! METRICS                  -> Prometheus text, then a line "END"
 //! REVOKE <writer> [<from_epoch> [<from_seq>]] -> REVOKED <writer> FROM <epoch> SEQ <seq> | ERROR <why>
-//!                             (a role holding the application key only, see [`serve_with`]:
+//!                             (a role holding the application key only, see [`ControlOptions`]:
 //!                             revokes one writer of a certified capsule from that epoch (default
 //!                             the node's epoch + 2) and from that seq of its chain (default the
 //!                             next this node expects of it: whatever it has not applied yet is
@@ -22,10 +24,33 @@
 //!                             coordinator, carries it into the log)
 //! QUIT
 //! ```
-//! Lines are at most `LINE_BYTES_MAX` bytes; at most `CONNECTIONS_MAX` clients at once. The
-//! interface is for a trusted operator on loopback: it hands out plaintext.
+//!
+//! # Authentication
+//!
+//! Every command that signs, revokes or returns plaintext (`PUT`, `DEL`, `GET`, `SYNC`,
+//! `SYNC_DURABLE`, `PUT_DURABLE`, `DIGEST`, `DUMP`, `REVOKE`) runs only inside `AUTH`: its line
+//! must carry a signature by the operator's control key ([`ControlOptions::operator`], the
+//! public half; the secret half never leaves the operator) over
+//! [`command_digest`]`(nonce, n, line)`, where `nonce` is this connection's 32 random bytes
+//! (`HELLO`) and `n` counts this connection's accepted `AUTH` lines from 0. A recorded line is
+//! useless on another connection (another nonce) and on this one (`n` has moved on), and a
+//! connection taken over mid-way cannot inject (it cannot sign). A role given no operator key
+//! refuses those commands. `STATS`, `KEYGEN`, `METRICS` (counters, what `psl status` reads),
+//! `HELLO` and `QUIT` need no signature. A refused `AUTH` (bad signature, wrong `n`) is
+//! answered `ERROR unauthenticated: ...` and the connection is closed.
+//!
+//! The channel is not encrypted: answers (`GET`'s values) cross it in the clear. Roles bind
+//! it to loopback unless told otherwise; reach a remote one through an SSH tunnel.
+//!
+//! # Limits
+//!
+//! Lines are at most `LINE_BYTES_MAX` bytes; at most `CONNECTIONS_MAX` clients at once; a
+//! connection on which nothing arrives for [`ControlOptions::idle_ms`] (default 30 s) is
+//! answered `ERROR idle` and closed, and an answer the client does not read within as long
+//! closes it too.
 
 use crate::node::Node;
+use psl_crypto::{Hash256, Signature, SigningKey, VerifyingKey};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -34,40 +59,132 @@ use std::time::Duration;
 
 pub const LINE_BYTES_MAX: usize = 2 << 20;
 pub const CONNECTIONS_MAX: usize = 64;
+/// How long a connection may stay silent before it is closed, by default.
+pub const IDLE_MS_DEFAULT: u64 = 30_000;
+/// The protocol's name in `HELLO` and in every signed digest.
+pub const PROTOCOL: &str = "psl-control/1";
+/// Bytes of a connection's nonce.
+pub const NONCE_BYTES: usize = 32;
 
 /// Signs a writer's revocation from an epoch (`REVOKE`): held by a role that holds the
 /// application key (the leader's coordinator, or one started with `--owner`).
 pub type Revoker = Arc<dyn Fn(u32, u64, u64) -> Result<psl_capsule::KeyStatement, String> + Send + Sync>;
 
-/// Serves the control interface on `listener` until `stop` is set.
-pub fn serve(node: Arc<Node>, listener: TcpListener, stop: Arc<AtomicBool>) -> std::io::Result<()> {
-    serve_with(node, listener, stop, None)
+/// How a control interface serves.
+#[derive(Clone)]
+pub struct ControlOptions {
+    /// The operator's control public key: the commands that sign, revoke or return plaintext
+    /// need its signature (`AUTH`). None: those commands are refused.
+    pub operator: Option<VerifyingKey>,
+    /// Signs `REVOKE`s: only a role that holds the application key has one.
+    pub revoker: Option<Revoker>,
+    /// A connection silent this long (and a client that does not read an answer this long)
+    /// is closed.
+    pub idle_ms: u64,
 }
 
-/// Like [`serve`], with `REVOKE` signed by `revoker`.
+impl Default for ControlOptions {
+    fn default() -> Self {
+        ControlOptions { operator: None, revoker: None, idle_ms: IDLE_MS_DEFAULT }
+    }
+}
+
+/// A malformed operator control key file.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlKeyError {
+    #[error("an operator control key is 64 hex digits (32 bytes)")]
+    SecretMalformed,
+    #[error("an operator control public key is 66 hex digits (a compressed secp256k1 key)")]
+    PublicMalformed,
+}
+
+/// A fresh operator control key.
+pub fn generate_operator_key() -> SigningKey {
+    loop {
+        let mut b = zeroize::Zeroizing::new([0u8; 32]);
+        rand::Rng::fill(&mut rand::rng(), &mut b[..]);
+        if let Ok(k) = SigningKey::from_bytes(&b) {
+            return k;
+        }
+    }
+}
+
+/// The operator control key's file text (secret: keep it mode 0600).
+pub fn operator_key_text(key: &SigningKey) -> zeroize::Zeroizing<String> {
+    // No unwiped intermediate: the hex goes into a wiped buffer with room for the newline.
+    let mut text = zeroize::Zeroizing::new(String::with_capacity(65));
+    text.push_str(&zeroize::Zeroizing::new(hex::encode(key.expose_secret_bytes().as_slice())));
+    text.push('\n');
+    text
+}
+
+/// Reads an operator control key from its file text.
+pub fn operator_key_from_text(text: &str) -> Result<SigningKey, ControlKeyError> {
+    let mut b = zeroize::Zeroizing::new([0u8; 32]);
+    hex::decode_to_slice(text.trim(), &mut b[..]).map_err(|_| ControlKeyError::SecretMalformed)?;
+    SigningKey::from_bytes(&b).map_err(|_| ControlKeyError::SecretMalformed)
+}
+
+/// The operator control public key's file text (what roles get).
+pub fn operator_pub_text(key: &VerifyingKey) -> String {
+    format!("{}\n", hex::encode(key.to_bytes()))
+}
+
+/// Reads an operator control public key from its file text.
+pub fn operator_pub_from_text(text: &str) -> Result<VerifyingKey, ControlKeyError> {
+    let b = hex::decode(text.trim()).map_err(|_| ControlKeyError::PublicMalformed)?;
+    VerifyingKey::from_bytes(&b).map_err(|_| ControlKeyError::PublicMalformed)
+}
+
+/// What the operator signs for one command: the protocol, the connection's nonce, the
+/// command's number on the connection and its line (without the line end).
+pub fn command_digest(nonce: &[u8; NONCE_BYTES], n: u64, line: &[u8]) -> Hash256 {
+    psl_crypto::sha256(&[PROTOCOL.as_bytes(), b" command\0", nonce, &n.to_be_bytes(), line])
+}
+
+/// Serves the control interface on `listener` until `stop` is set, with no operator key:
+/// only the counters (`STATS`, `KEYGEN`, `METRICS`) answer.
+pub fn serve(node: Arc<Node>, listener: TcpListener, stop: Arc<AtomicBool>) -> std::io::Result<()> {
+    serve_opts(node, listener, stop, ControlOptions::default())
+}
+
+/// Like [`serve`], with `REVOKE` signed by `revoker` (still only for an authenticated caller:
+/// with no operator key, never).
 pub fn serve_with(
     node: Arc<Node>,
     listener: TcpListener,
     stop: Arc<AtomicBool>,
     revoker: Option<Revoker>,
 ) -> std::io::Result<()> {
+    serve_opts(node, listener, stop, ControlOptions { revoker, ..ControlOptions::default() })
+}
+
+/// Serves the control interface on `listener` until `stop` is set, as `opts` says.
+pub fn serve_opts(
+    node: Arc<Node>,
+    listener: TcpListener,
+    stop: Arc<AtomicBool>,
+    opts: ControlOptions,
+) -> std::io::Result<()> {
     listener.set_nonblocking(true)?;
     let live = Arc::new(AtomicUsize::new(0));
+    let opts = Arc::new(opts);
     while !stop.load(Ordering::Acquire) {
         match listener.accept() {
-            Ok((s, _)) => {
+            Ok((s, peer)) => {
                 if live.load(Ordering::Acquire) >= CONNECTIONS_MAX {
                     let mut s = s;
+                    let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
                     let _ = s.write_all(b"ERROR too many connections\n");
                     continue;
                 }
                 live.fetch_add(1, Ordering::AcqRel);
                 let node = node.clone();
                 let live = live.clone();
-                let revoker = revoker.clone();
+                let opts = opts.clone();
                 std::thread::spawn(move || {
-                    if let Err(e) = handle(&node, s, revoker.as_ref()) {
-                        tracing::debug!("control connection: {e}");
+                    if let Err(e) = handle(&node, s, &opts) {
+                        tracing::debug!(%peer, "control connection: {e}");
                     }
                     live.fetch_sub(1, Ordering::AcqRel);
                 });
@@ -79,15 +196,34 @@ pub fn serve_with(
     Ok(())
 }
 
-fn handle(node: &Node, s: TcpStream, revoker: Option<&Revoker>) -> std::io::Result<()> {
+/// One connection's authentication state.
+struct Session {
+    nonce: [u8; NONCE_BYTES],
+    /// The number the next `AUTH` line must carry.
+    next: u64,
+}
+
+fn handle(node: &Node, s: TcpStream, opts: &ControlOptions) -> std::io::Result<()> {
     s.set_nonblocking(false)?;
     s.set_nodelay(true)?;
+    let idle = Duration::from_millis(opts.idle_ms.max(1));
+    s.set_read_timeout(Some(idle))?;
+    s.set_write_timeout(Some(idle))?;
     let mut w = std::io::BufWriter::new(s.try_clone()?);
     let mut r = BufReader::new(s.take(u64::MAX));
     let mut line = Vec::new();
+    let mut session = Session { nonce: rand::random(), next: 0 };
     loop {
         line.clear();
-        let n = r.by_ref().take(LINE_BYTES_MAX as u64 + 1).read_until(b'\n', &mut line)?;
+        let n = match r.by_ref().take(LINE_BYTES_MAX as u64 + 1).read_until(b'\n', &mut line) {
+            Ok(n) => n,
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                let _ = w.write_all(format!("ERROR idle for {} ms: closing\n", opts.idle_ms).as_bytes());
+                let _ = w.flush();
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
         if n == 0 {
             return Ok(());
         }
@@ -99,11 +235,17 @@ fn handle(node: &Node, s: TcpStream, revoker: Option<&Revoker>) -> std::io::Resu
         while line.last().is_some_and(|c| *c == b'\n' || *c == b'\r') {
             line.pop();
         }
-        let reply = command(node, &line, revoker);
+        let reply = session_command(node, &line, opts, &mut session);
         match reply {
             Reply::Line(l) => {
                 w.write_all(l.as_bytes())?;
                 w.write_all(b"\n")?;
+            }
+            Reply::Close(l) => {
+                w.write_all(l.as_bytes())?;
+                w.write_all(b"\n")?;
+                w.flush()?;
+                return Ok(());
             }
             Reply::Quit => {
                 w.flush()?;
@@ -117,8 +259,59 @@ fn handle(node: &Node, s: TcpStream, revoker: Option<&Revoker>) -> std::io::Resu
     }
 }
 
+/// Whether `cmd` runs without the operator's signature: counters only.
+fn open_command(cmd: &[u8]) -> bool {
+    matches!(cmd.to_ascii_uppercase().as_slice(), b"STATS" | b"KEYGEN" | b"METRICS" | b"QUIT" | b"HELLO")
+}
+
+fn session_command(node: &Node, line: &[u8], opts: &ControlOptions, session: &mut Session) -> Reply {
+    let (cmd, rest) = split(line);
+    if cmd.eq_ignore_ascii_case(b"HELLO") {
+        return Reply::Line(format!("HELLO {PROTOCOL} {}", hex::encode(session.nonce)));
+    }
+    if cmd.eq_ignore_ascii_case(b"AUTH") {
+        return match authenticate(rest, opts, session) {
+            Ok(inner) => command(node, inner, opts.revoker.as_ref()),
+            Err(why) => {
+                tracing::warn!("control: refused an AUTH line: {why}");
+                Reply::Close(format!("ERROR unauthenticated: {why}"))
+            }
+        };
+    }
+    if !open_command(cmd) {
+        let why = if opts.operator.is_some() {
+            "needs the operator's signature (AUTH)"
+        } else {
+            "this role has no operator control key (--control-pub), so it runs no such command"
+        };
+        return Reply::Line(format!("ERROR unauthenticated: {} {why}", String::from_utf8_lossy(cmd)));
+    }
+    command(node, line, opts.revoker.as_ref())
+}
+
+/// Checks `AUTH <n> <sig hex> <line>`; returns the line.
+fn authenticate<'a>(rest: &'a [u8], opts: &ControlOptions, session: &mut Session) -> Result<&'a [u8], String> {
+    let operator = opts.operator.as_ref().ok_or("this role has no operator control key (--control-pub)")?;
+    let usage = "usage: AUTH <n> <signature hex> <command>";
+    let (n, rest) = split(rest);
+    let (sig, inner) = split(rest);
+    let n: u64 = std::str::from_utf8(n).ok().and_then(|n| n.parse().ok()).ok_or(usage)?;
+    if n != session.next {
+        return Err(format!("command number {n}, expected {} (a replay?)", session.next));
+    }
+    let mut sb = [0u8; psl_crypto::SIGNATURE_LEN];
+    hex::decode_to_slice(sig, &mut sb).map_err(|_| usage.to_string())?;
+    operator
+        .verify(&command_digest(&session.nonce, n, inner), &Signature(sb))
+        .map_err(|_| "not signed by the operator's control key for this connection".to_string())?;
+    session.next += 1;
+    Ok(inner)
+}
+
 enum Reply {
     Line(String),
+    /// Answer, then close the connection.
+    Close(String),
     Quit,
 }
 
@@ -244,31 +437,71 @@ fn split(b: &[u8]) -> (&[u8], &[u8]) {
     }
 }
 
-/// A client of the control interface.
+/// A client of the control interface. Made with [`ControlClient::connect_as`], it signs every
+/// command but `QUIT` with the operator's control key.
 pub struct ControlClient {
     w: TcpStream,
     r: BufReader<TcpStream>,
+    auth: Option<ClientSession>,
+}
+
+struct ClientSession {
+    key: Arc<SigningKey>,
+    nonce: [u8; NONCE_BYTES],
+    next: u64,
 }
 
 impl ControlClient {
+    /// An unauthenticated client: only `STATS`, `KEYGEN` and `METRICS` answer.
     pub fn connect(addr: SocketAddr, timeout: Duration) -> std::io::Result<ControlClient> {
         let s = TcpStream::connect_timeout(&addr, timeout)?;
         s.set_nodelay(true)?;
         s.set_read_timeout(Some(Duration::from_secs(120)))?;
-        Ok(ControlClient { r: BufReader::new(s.try_clone()?), w: s })
+        Ok(ControlClient { r: BufReader::new(s.try_clone()?), w: s, auth: None })
+    }
+
+    /// A client that signs its commands with the operator's control key `key` (after `HELLO`).
+    pub fn connect_as(addr: SocketAddr, timeout: Duration, key: Arc<SigningKey>) -> std::io::Result<ControlClient> {
+        let mut c = ControlClient::connect(addr, timeout)?;
+        let hello = c.raw_call("HELLO")?;
+        let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, format!("unexpected greeting {hello:?}"));
+        let nonce_hex = hello.strip_prefix(&format!("HELLO {PROTOCOL} ")).ok_or_else(bad)?;
+        let mut nonce = [0u8; NONCE_BYTES];
+        hex::decode_to_slice(nonce_hex.trim(), &mut nonce).map_err(|_| bad())?;
+        c.auth = Some(ClientSession { key, nonce, next: 0 });
+        Ok(c)
+    }
+
+    /// The line to send for `line`: signed when this client holds a key.
+    fn wrap(&mut self, line: &str) -> String {
+        match &mut self.auth {
+            Some(a) if !line.trim().eq_ignore_ascii_case("QUIT") => {
+                let sig = a.key.sign(&command_digest(&a.nonce, a.next, line.as_bytes()));
+                let out = format!("AUTH {} {} {line}", a.next, hex::encode(sig.0));
+                a.next += 1;
+                out
+            }
+            _ => line.to_string(),
+        }
+    }
+
+    fn raw_call(&mut self, line: &str) -> std::io::Result<String> {
+        self.w.write_all(line.as_bytes())?;
+        self.w.write_all(b"\n")?;
+        self.read_line()
     }
 
     /// Sends one command and reads its one-line answer.
     pub fn call(&mut self, line: &str) -> std::io::Result<String> {
-        self.w.write_all(line.as_bytes())?;
-        self.w.write_all(b"\n")?;
-        self.read_line()
+        let line = self.wrap(line);
+        self.raw_call(&line)
     }
 
     /// Sends many commands before reading any answer (pipelining); returns the answers.
     pub fn pipeline(&mut self, lines: &[String]) -> std::io::Result<Vec<String>> {
         let mut buf = Vec::new();
         for l in lines {
+            let l = self.wrap(l);
             buf.extend_from_slice(l.as_bytes());
             buf.push(b'\n');
         }
@@ -295,12 +528,17 @@ impl ControlClient {
 
     /// METRICS: reads until END.
     pub fn metrics(&mut self) -> std::io::Result<String> {
-        self.w.write_all(b"METRICS\n")?;
+        let line = self.wrap("METRICS");
+        self.w.write_all(line.as_bytes())?;
+        self.w.write_all(b"\n")?;
         let mut out = String::new();
         loop {
             let l = self.read_line()?;
             if l == "END" {
                 return Ok(out);
+            }
+            if l.starts_with("ERROR ") && out.is_empty() {
+                return Err(std::io::Error::other(l));
             }
             out.push_str(&l);
             out.push('\n');

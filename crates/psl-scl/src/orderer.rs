@@ -283,8 +283,13 @@ impl<T: Chained> Orderer<T> {
     pub fn deliver(&mut self, rec: T, now: u64, recheck: impl Fn(&Record) -> Option<RejectReason>) -> Delivery<T> {
         if let Some(reason) = recheck(rec.record()) {
             let writer = rec.record().header().writer;
-            let mut out =
-                Delivery { ready: Vec::new(), rejected: Some(reason), held: false, conflicts: Vec::new(), dropped: Vec::new() };
+            let mut out = Delivery {
+                ready: Vec::new(),
+                rejected: Some(reason),
+                held: false,
+                conflicts: Vec::new(),
+                dropped: Vec::new(),
+            };
             out.dropped = self.purge_writer(writer, &recheck);
             return out;
         }
@@ -378,7 +383,11 @@ impl<T: Chained> Orderer<T> {
     /// Drops `writer`'s held records that `recheck` refuses (a revocation or a rotation learnt
     /// after they were verified) and returns why, one reason a record. The writer's target
     /// shrinks to what is still known to exist, so no repair is asked for refused records.
-    pub fn purge_writer(&mut self, writer: u32, recheck: &impl Fn(&Record) -> Option<RejectReason>) -> Vec<RejectReason> {
+    pub fn purge_writer(
+        &mut self,
+        writer: u32,
+        recheck: &impl Fn(&Record) -> Option<RejectReason>,
+    ) -> Vec<RejectReason> {
         let Some(st) = self.writers.get_mut(&writer) else { return Vec::new() };
         let (n, bytes, reasons) = Self::purge(st, recheck);
         self.held_total -= n;

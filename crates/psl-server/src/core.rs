@@ -477,7 +477,8 @@ mod tests {
     fn adversary_records_verified_before_their_revocation_are_not_stored_or_acked() {
         let owner = OwnerKey::from_seed(&[41; 32]).unwrap();
         let app = owner.app(2).unwrap();
-        let meta = new_capsule_with(&owner, 2, "server-revocation", 0, Limits::default(), WriterKeys::Certified).unwrap();
+        let meta =
+            new_capsule_with(&owner, 2, "server-revocation", 0, Limits::default(), WriterKeys::Certified).unwrap();
         let verifier = Arc::new(Verifier::new(meta.clone(), None));
         let key = app.writer(psl_scl::server_writer(0).unwrap()).unwrap();
         let mut core = ServerCore::new(verifier, key, 0, ServerConfig::default());

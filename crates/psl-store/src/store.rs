@@ -373,7 +373,8 @@ impl DiskStore {
             }
             // Verified earlier, possibly before a revocation this store's verifier knows now.
             if let Err(reason) = self.verifier.recheck(h) {
-                let source = psl_capsule::Rejected { hash: Some(hash), writer: Some(h.writer), seq: Some(h.seq), reason };
+                let source =
+                    psl_capsule::Rejected { hash: Some(hash), writer: Some(h.writer), seq: Some(h.seq), reason };
                 return Err(StoreError::Rejected { index, source: Box::new(source) });
             }
             if self.index.locs.contains_key(&hash) || seen.contains(&hash) {
@@ -806,7 +807,6 @@ fn drop_revoked(
     }
     Ok(())
 }
-
 
 /// Name of the lock file in a store directory.
 pub const LOCK_FILE: &str = "LOCK";

@@ -114,6 +114,13 @@ pub fn load_policy(path: &Path, role: &str) -> Result<PolicyVerifier> {
             path.display()
         );
     }
+    if p.allow_unauthenticated_hosts() {
+        eprintln!(
+            "WARNING: {role}: the attestation policy {} says [hosts] allow_insecure_unauthenticated = true: capsule \
+             hosts that are neither attested nor pinned get their keys, INSECURE (development only)",
+            path.display()
+        );
+    }
     Ok(PolicyVerifier::new(p, VerifyTime::Now)?)
 }
 

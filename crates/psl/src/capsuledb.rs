@@ -68,9 +68,12 @@ pub struct CapsuleDbArgs {
     /// while blocks wait for the servers).
     #[arg(long, default_value_t = psl_capsuledb::role::ACK_BACKLOG_MAX_DEFAULT)]
     pub ack_backlog_max: usize,
-    /// Serve the role's node control interface here (STATS, METRICS: what `psl status` reads).
+    /// Serve the role's node control interface here (STATS, METRICS: what `psl status` reads;
+    /// GET, DUMP and DIGEST for the operator, see --control-pub).
     #[arg(long, value_name = "ADDR")]
     pub control: Option<SocketAddr>,
+    #[command(flatten)]
+    pub control_auth: crate::roles::ControlArgs,
     #[command(flatten)]
     pub budget: crate::roles::BudgetArgs,
     #[command(flatten)]
@@ -348,11 +351,12 @@ fn run_role(a: CapsuleDbArgs, config: Config, writer: u32) -> Result<i32> {
         ..RoleOptions::default()
     };
     if let Some(addr) = a.control {
+        let opts = a.control_auth.options(None)?;
         let l = std::net::TcpListener::bind(addr).with_context(|| format!("binding the control address {addr}"))?;
         println!("control {}", l.local_addr()?);
         let (n, stop) = (node.clone(), Arc::new(std::sync::atomic::AtomicBool::new(false)));
         std::thread::Builder::new().name("capsuledb-control".into()).spawn(move || {
-            if let Err(e) = psl_node::control::serve(n, l, stop) {
+            if let Err(e) = psl_node::control::serve_opts(n, l, stop, opts) {
                 tracing::warn!("capsuledb control interface: {e}");
             }
         })?;

@@ -40,6 +40,11 @@ pub struct Settings {
     /// then copied): the sim platform key, the KV capsule and its owner key.
     #[serde(default = "default_shared")]
     pub shared: PathBuf,
+    /// The operator's private directory (mode 0700): `--init` writes the control key there
+    /// (`control.key`, mode 0600), which signs control commands (`psl kv --control-key`).
+    /// Never copy it to the hosts: they get only `control.pub`, in `shared`.
+    #[serde(default = "default_operator")]
+    pub operator: PathBuf,
     /// The fabric; default: the NATS servers of the hosts with `nats = "cluster"`, else the
     /// host with `router = true`.
     pub fabric: Option<String>,
@@ -73,6 +78,7 @@ impl Default for Settings {
         Settings {
             dir: default_dir(),
             shared: default_shared(),
+            operator: default_operator(),
             fabric: None,
             nats_creds: None,
             nats_tls_ca: None,
@@ -92,6 +98,9 @@ fn default_dir() -> PathBuf {
 }
 fn default_shared() -> PathBuf {
     "psl-cluster/shared".into()
+}
+fn default_operator() -> PathBuf {
+    "psl-operator".into()
 }
 fn default_prefix() -> String {
     psl_fabric::subject::SUBJECT_PREFIX_DEFAULT.into()
@@ -173,6 +182,10 @@ pub struct Host {
     pub address: IpAddr,
     /// Where its roles listen (default: `address`; `0.0.0.0` for every interface).
     pub bind: Option<IpAddr>,
+    /// Where its KV coordinators' and CapsuleDB's control interfaces listen (default
+    /// 127.0.0.1: reachable from this host only; the commands that matter need the
+    /// operator's control key whatever the address).
+    pub control_bind: Option<IpAddr>,
     /// This host's fabric, if not the cluster's (an edge site's own leaf node, say).
     pub fabric: Option<String>,
     pub nats: Option<NatsRole>,
@@ -212,6 +225,20 @@ impl Host {
     }
     fn listen(&self, port: u16) -> String {
         SocketAddr::new(self.bind(), port).to_string()
+    }
+    fn control_bind(&self) -> IpAddr {
+        self.control_bind.unwrap_or(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST))
+    }
+    /// Where a control interface listens.
+    fn control_listen(&self, port: u16) -> String {
+        SocketAddr::new(self.control_bind(), port).to_string()
+    }
+    /// Where a control interface is reached: loopback (on this host only) by default.
+    pub fn control_at(&self, port: u16) -> SocketAddr {
+        match self.control_bind() {
+            a if a.is_unspecified() => self.at(port),
+            a => SocketAddr::new(a, port),
+        }
     }
 }
 
@@ -408,14 +435,8 @@ impl ClusterConfig {
         v.sort();
         v
     }
-    pub fn kv_coordinators(&self) -> Vec<(u8, SocketAddr)> {
-        self.hosts
-            .iter()
-            .flat_map(|h| h.kv_coordinators.iter().map(|r| (*r, h.at(self.ports.kv_coordinator_control + *r as u16))))
-            .collect()
-    }
     pub fn capsuledb(&self) -> Option<SocketAddr> {
-        self.hosts.iter().find(|h| h.capsuledb).map(|h| h.at(self.ports.capsuledb_control))
+        self.hosts.iter().find(|h| h.capsuledb).map(|h| h.control_at(self.ports.capsuledb_control))
     }
     /// Front ends by id: (id, memcached address, peer address).
     pub fn memcached(&self) -> Vec<(u32, SocketAddr, SocketAddr)> {
@@ -446,6 +467,10 @@ impl ClusterConfig {
     fn shared(&self, base: &Path) -> PathBuf {
         base.join(&self.cluster.shared)
     }
+    /// The operator's private directory (`[cluster] operator`).
+    pub fn operator_dir(&self, base: &Path) -> PathBuf {
+        base.join(&self.cluster.operator)
+    }
 }
 
 /// The shared files under `[cluster] shared`.
@@ -459,6 +484,8 @@ struct Shared {
     policy: PathBuf,
     kv_owner: PathBuf,
     kv_capsule: PathBuf,
+    /// The operator's control public key (the secret half stays in `[cluster] operator`).
+    control_pub: PathBuf,
 }
 
 impl Shared {
@@ -468,6 +495,7 @@ impl Shared {
             policy: dir.join("attest-policy.toml"),
             kv_owner: dir.join("kv-owner.key"),
             kv_capsule: dir.join("kv.capsule"),
+            control_pub: dir.join("control.pub"),
         }
     }
 }
@@ -489,13 +517,9 @@ pub fn init(config: &Path) -> Result<i32> {
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let sh = Shared::at(&dir);
     if !sh.sim_key.exists() {
-        let secret = loop {
-            let s: [u8; 32] = rand::random();
-            if psl_crypto::SigningKey::from_bytes(&s).is_ok() {
-                break zeroize::Zeroizing::new(s);
-            }
-        };
-        crate::util::write_atomic(&sh.sim_key, hex::encode(&secret[..]).as_bytes(), 0o600)?;
+        let secret = psl_crypto::SigningKey::generate().expose_secret_bytes();
+        let text = zeroize::Zeroizing::new(hex::encode(&secret[..]));
+        crate::util::write_atomic(&sh.sim_key, text.as_bytes(), 0o600)?;
     }
     if !sh.policy.exists() {
         let platform = sim_platform(&sh)?;
@@ -506,6 +530,7 @@ pub fn init(config: &Path) -> Result<i32> {
         );
         crate::util::write_atomic(&sh.policy, text.as_bytes(), 0o644)?;
     }
+    capsule_host_keys(&c, base, &dir)?;
     if c.has_kv() {
         let s = |p: &Path| p.display().to_string();
         if !sh.kv_owner.exists() {
@@ -524,8 +549,62 @@ pub fn init(config: &Path) -> Result<i32> {
             ])?;
         }
     }
+    // The operator's control key: the secret in the operator's own directory, never in the
+    // shared one; the hosts get the public half.
+    let op = c.operator_dir(base);
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&op)
+            .with_context(|| format!("creating {}", op.display()))?;
+    }
+    let key = op.join("control.key");
+    crate::util::write_control_keys(&key, &sh.control_pub)?;
     println!("shared files in {} (copy this directory to every host; its keys are secret)", dir.display());
+    println!("operator control key {} (keep it here: never copy it to a host)", key.display());
     Ok(0)
+}
+
+/// Capsule host `id`'s TLS key pin (public: the hash of its key), in the shared directory.
+fn tls_pin_path(shared: &Path, id: u32) -> PathBuf {
+    shared.join(format!("capsule-host{id}.tls-pin"))
+}
+
+/// Capsule host `id`'s TLS private key, in its own host's directory only.
+fn tls_key_path(host_dir: &Path, id: u32) -> PathBuf {
+    host_dir.join(format!("capsule-host{id}.tls-key"))
+}
+
+/// `--init`: each capsule host's TLS key (in its host's directory, `[cluster] dir/NAME/`, mode
+/// 0600: copied to that host only) and the pin the leader checks it by (in the shared
+/// directory). A key that exists is kept and its pin rewritten from it; a pin whose key is not
+/// here (made earlier, and moved to its host) is kept.
+fn capsule_host_keys(c: &ClusterConfig, base: &Path, shared: &Path) -> Result<()> {
+    use psl_faas::tls::TlsIdentity;
+    for h in &c.hosts {
+        let host_dir = base.join(&c.cluster.dir).join(&h.name);
+        for id in &h.capsule_hosts {
+            let (key, pin) = (tls_key_path(&host_dir, *id), tls_pin_path(shared, *id));
+            let me = if key.exists() {
+                TlsIdentity::load(&key, "psl-capsule-host")?
+            } else if pin.exists() {
+                continue;
+            } else {
+                std::fs::create_dir_all(&host_dir).with_context(|| format!("creating {}", host_dir.display()))?;
+                let me = TlsIdentity::generate("psl-capsule-host")?;
+                crate::util::write_atomic(&key, me.key_pem().as_bytes(), 0o600)?;
+                println!("capsule host {id}'s TLS key {} (copy it to host {} only)", key.display(), h.name);
+                me
+            };
+            let want = format!("{}\n", hex::encode(me.spki_hash()));
+            if std::fs::read_to_string(&pin).ok().as_deref() != Some(want.as_str()) {
+                crate::util::write_atomic(&pin, want.as_bytes(), 0o644)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The shared sim platform (its key is in the shared directory).
@@ -614,7 +693,9 @@ pub fn up_host(config: &Path, name: &str) -> Result<i32> {
     let dir = base.join(&c.cluster.dir).join(&h.name);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let sh = Shared::at(&c.shared(base));
-    if !sh.sim_key.exists() || !sh.policy.exists() || (c.has_kv() && (!sh.kv_owner.exists() || !sh.kv_capsule.exists()))
+    if !sh.sim_key.exists()
+        || !sh.policy.exists()
+        || (c.has_kv() && (!sh.kv_owner.exists() || !sh.kv_capsule.exists() || !sh.control_pub.exists()))
     {
         bail!(
             "the shared files are missing from {}: run `psl up --config {} --init` once and copy them to every host",
@@ -720,7 +801,9 @@ pub fn up_host(config: &Path, name: &str) -> Result<i32> {
                 "--epoch-ms".into(),
                 c.cluster.epoch_ms.to_string(),
                 "--control".into(),
-                h.listen(plus(c.ports.kv_coordinator_control, *rank as u32)?),
+                h.control_listen(plus(c.ports.kv_coordinator_control, *rank as u32)?),
+                "--control-pub".into(),
+                s(&sh.control_pub),
                 "--state".into(),
                 s(&kv_dir.join(format!("coordinator{rank}"))),
             ]);
@@ -736,7 +819,9 @@ pub fn up_host(config: &Path, name: &str) -> Result<i32> {
                 "--store".into(),
                 s(&kv_dir.join("capsuledb")),
                 "--control".into(),
-                h.listen(c.ports.capsuledb_control),
+                h.control_listen(c.ports.capsuledb_control),
+                "--control-pub".into(),
+                s(&sh.control_pub),
             ]);
             if !reads.is_empty() {
                 a.extend(["--servers".into(), reads.iter().map(|(_, r)| r.to_string()).collect::<Vec<_>>().join(",")]);
@@ -764,6 +849,17 @@ pub fn up_host(config: &Path, name: &str) -> Result<i32> {
                 "--listen".into(),
                 h.listen(plus(c.ports.capsule_host, *id)?),
             ];
+            // The key the leader pins for this host.
+            let key = tls_key_path(&dir, *id);
+            if !key.exists() {
+                bail!(
+                    "capsule host {id} has no TLS key {}: run `psl up --config {} --init` and copy {} to this host",
+                    key.display(),
+                    config.display(),
+                    dir.display()
+                );
+            }
+            a.extend(["--tls-key".into(), s(&key)]);
             a.extend(ff.clone());
             a.extend(attest.clone());
             let (k, rx) = spawn(&format!("capsule host {id}"), &a)?;
@@ -790,8 +886,12 @@ pub fn up_host(config: &Path, name: &str) -> Result<i32> {
         if h.leader {
             let mut a = vec!["leader".to_string(), "--listen".into(), h.listen(c.ports.leader)];
             a.extend(ff.clone());
-            for (_, addr) in c.capsule_hosts() {
+            for (id, addr) in c.capsule_hosts() {
                 a.extend(["--capsule-host".into(), addr.to_string()]);
+                // Its pinned TLS key: nobody else at its address gets its key.
+                if let Ok(pin) = std::fs::read_to_string(tls_pin_path(&c.shared(base), id)) {
+                    a.extend(["--capsule-host-pin".into(), format!("{id}={}", pin.trim())]);
+                }
             }
             for (_, _, addr) in c.coordinator_hosts() {
                 a.extend(["--coordinator-host".into(), addr.to_string()]);
@@ -951,5 +1051,31 @@ mod tests {
         let two = "[[host]]\nname = \"a\"\naddress = \"10.0.0.1\"\nrouter = true\n[[host]]\nname = \"a\"\naddress = \"10.0.0.2\"\n";
         assert!(bad(two).unwrap_err().contains("twice"));
         assert!(bad("[[host]]\nname = \"a\"\naddress = \"10.0.0.1\"\n").unwrap_err().contains("fabric"));
+    }
+
+    #[test]
+    fn init_gives_each_capsule_host_its_own_tls_key_and_shares_only_its_pin() {
+        use std::os::unix::fs::PermissionsExt;
+        let c: ClusterConfig = toml::from_str(EXAMPLE).unwrap();
+        let t = tempfile::tempdir().unwrap();
+        let shared = t.path().join("shared");
+        std::fs::create_dir_all(&shared).unwrap();
+        capsule_host_keys(&c, t.path(), &shared).unwrap();
+        let mut pins = Vec::new();
+        for h in c.hosts.iter().filter(|h| !h.capsule_hosts.is_empty()) {
+            let id = h.capsule_hosts[0];
+            let key = tls_key_path(&t.path().join(&c.cluster.dir).join(&h.name), id);
+            assert_eq!(std::fs::metadata(&key).unwrap().permissions().mode() & 0o777, 0o600);
+            let me = psl_faas::tls::TlsIdentity::load(&key, "x").unwrap();
+            let pin = std::fs::read_to_string(tls_pin_path(&shared, id)).unwrap();
+            assert_eq!(pin.trim(), hex::encode(me.spki_hash()));
+            pins.push(pin);
+        }
+        assert_eq!(pins.len(), 3);
+        assert!(std::fs::read_dir(&shared).unwrap().all(|e| !e.unwrap().file_name().to_string_lossy().contains("key")));
+        // Run again: the keys are kept, so are the pins.
+        capsule_host_keys(&c, t.path(), &shared).unwrap();
+        let again: Vec<String> = (0..3).map(|id| std::fs::read_to_string(tls_pin_path(&shared, id)).unwrap()).collect();
+        assert_eq!(pins, again);
     }
 }

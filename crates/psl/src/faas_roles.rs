@@ -74,16 +74,44 @@ pub struct LeaderArgs {
     /// each job's coordinator of rank r (0 the primary, 1 and 2 its shadows). At least one.
     #[arg(long = "coordinator-host", required = true)]
     pub coordinator_hosts: Vec<SocketAddr>,
+    /// `ID=HASH`: the TLS key capsule host ID must present (64 hex digits: the hash `psl up
+    /// --init` writes to `capsule-host<ID>.tls-pin`); repeat for each. The leader's handshake
+    /// with that host fails on any other key, so nobody else at its address gets its key. A
+    /// host with no pin must attest (`[hosts] require_attestation`), or the policy must say
+    /// `[hosts] allow_insecure_unauthenticated = true` (INSECURE).
+    #[arg(long = "capsule-host-pin", value_name = "ID=HASH", value_parser = parse_pin)]
+    pub capsule_host_pins: Vec<(u32, [u8; 32])>,
+}
+
+/// `ID=HASH` of `--capsule-host-pin`.
+fn parse_pin(s: &str) -> Result<(u32, [u8; 32]), String> {
+    let (id, h) = s.split_once('=').ok_or("expected ID=HASH")?;
+    let id = id.trim().parse().map_err(|_| format!("{id:?} is not a capsule host id"))?;
+    let mut pin = [0u8; 32];
+    hex::decode_to_slice(h.trim(), &mut pin).map_err(|_| "HASH must be 64 hex digits".to_string())?;
+    Ok((id, pin))
 }
 
 pub fn run_leader(a: LeaderArgs) -> Result<i32> {
     let attester = a.attest.open_required("leader", || measurement(a.attest.sim_binary_hash.as_deref()))?;
     let verifier = load_policy(&a.attest_policy, "leader")?;
-    let attest_hosts = verifier.policy().require_host_attestation();
+    let mut pins = vec![None; a.capsule_hosts.len()];
+    for (id, pin) in &a.capsule_host_pins {
+        let slot = pins.get_mut(*id as usize).with_context(|| {
+            format!("--capsule-host-pin {id}=...: there are {} --capsule-host (ids 0 ..)", a.capsule_hosts.len())
+        })?;
+        anyhow::ensure!(slot.is_none(), "--capsule-host-pin {id}=... given twice");
+        *slot = Some(*pin);
+    }
+    let host_auth = leader::HostAuth {
+        attest: verifier.policy().require_host_attestation(),
+        pins,
+        allow_unauthenticated: verifier.policy().allow_unauthenticated_hosts(),
+    };
     let cfg = leader::LeaderConfig {
         listen: a.listen,
         fabric: a.fabric.spec("psl leader")?,
-        attest_hosts,
+        host_auth,
         admit_wait: Duration::from_millis(a.admit_wait_ms),
         connections_max: 1024,
         capsule_hosts: a.capsule_hosts,
@@ -218,6 +246,12 @@ pub struct CapsuleHostArgs {
     /// (absent: the host cannot be attested).
     #[command(flatten)]
     pub attest: AttestArgs,
+    /// The host's TLS private key (PEM, what `psl up --init` writes to
+    /// `capsule-host<ID>.tls-key` in this host's directory), whose hash the leader pins
+    /// (`--capsule-host-pin`). Absent: a fresh key per process, which a leader accepts only
+    /// from an attested host (or, INSECURE, when its policy allows unauthenticated hosts).
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
 }
 
 pub fn run_capsule_host(a: CapsuleHostArgs) -> Result<i32> {
@@ -229,6 +263,10 @@ pub fn run_capsule_host(a: CapsuleHostArgs) -> Result<i32> {
         listen: a.listen,
         fabric: a.fabric.spec("psl capsule-host")?,
         attester,
+        tls: match &a.tls_key {
+            Some(p) => Some(psl_faas::tls::TlsIdentity::load(p, "psl-capsule-host")?),
+            None => None,
+        },
     };
     let id = a.id;
     let mut res = Ok(());

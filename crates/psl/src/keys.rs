@@ -31,6 +31,13 @@ pub enum KeysCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Create the operator's control key pair: OUT (secret, mode 0600; keep it on the
+    /// operator's machine, for `psl kv --control-key`) and OUT with extension `.pub` (for the
+    /// roles' `--control-pub`). An existing OUT is kept.
+    Control {
+        #[arg(long, default_value = "control.key")]
+        out: PathBuf,
+    },
     /// Issue a writer certificate offline: the application key of CAPSULE's owner signs writer
     /// WRITER's hardened public key, for `psl capsule append --writer WRITER --cert FILE`.
     Cert {
@@ -90,6 +97,20 @@ pub fn run(cmd: KeysCmd) -> Result<i32> {
                 for (k, v) in out.as_object().expect("built as an object") {
                     println!("{k}: {}", v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string()));
                 }
+            }
+        }
+        KeysCmd::Control { out } => {
+            let public = out.with_extension("pub");
+            if public == out {
+                bail!("{}: name the secret key file something other than *.pub", out.display());
+            }
+            let made = crate::util::write_control_keys(&out, &public)?;
+            let k = crate::util::read_control_pub(&public)?;
+            println!("operator control public key: {k}");
+            if made {
+                println!("secret key written to {} (mode 0600); public key to {}", out.display(), public.display());
+            } else {
+                println!("{} exists: kept; public key in {}", out.display(), public.display());
             }
         }
         KeysCmd::Cert { key, capsule, writer, from_epoch, until_epoch, out, json } => {

@@ -1,10 +1,23 @@
-//! `psl kv`: the client side of a node's control interface.
+//! `psl kv`: the client side of a node's control interface. Every command but `stats` is
+//! signed with the operator's control key (`--control-key`, or `PSL_CONTROL_KEY`).
 
 use anyhow::{bail, Context, Result};
-use clap::Subcommand;
+use clap::{Args, Subcommand};
 use psl_node::control::ControlClient;
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
+
+#[derive(Args)]
+pub struct KvArgs {
+    /// The operator's control key file (`control.key`, secret; default: the environment's
+    /// PSL_CONTROL_KEY): signs the commands.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub control_key: Option<PathBuf>,
+    #[command(subcommand)]
+    pub cmd: KvCmd,
+}
 
 #[derive(Subcommand)]
 pub enum KvCmd {
@@ -48,10 +61,22 @@ pub enum KvCmd {
         #[arg(long)]
         node: SocketAddr,
     },
+    /// Send one control line (e.g. `REVOKE 7`) and print the answer; exit 1 on `ERROR`.
+    Call {
+        #[arg(long)]
+        node: SocketAddr,
+        #[arg(required = true, value_name = "WORD")]
+        line: Vec<String>,
+    },
 }
 
-fn client(addr: SocketAddr) -> Result<ControlClient> {
-    ControlClient::connect(addr, Duration::from_secs(5)).with_context(|| format!("connecting to node {addr}"))
+fn connect(addr: SocketAddr, key: Option<&Arc<psl_crypto::SigningKey>>) -> Result<ControlClient> {
+    let t = Duration::from_secs(5);
+    match key {
+        Some(k) => ControlClient::connect_as(addr, t, k.clone()),
+        None => ControlClient::connect(addr, t),
+    }
+    .with_context(|| format!("connecting to node {addr}"))
 }
 
 fn expect_ok(r: String) -> Result<()> {
@@ -62,8 +87,12 @@ fn expect_ok(r: String) -> Result<()> {
     }
 }
 
-pub fn run(cmd: KvCmd) -> Result<i32> {
-    match cmd {
+pub fn run(args: KvArgs) -> Result<i32> {
+    let path =
+        args.control_key.or_else(|| std::env::var_os("PSL_CONTROL_KEY").filter(|v| !v.is_empty()).map(PathBuf::from));
+    let key = path.as_deref().map(crate::util::read_control_key).transpose()?;
+    let client = |addr: SocketAddr| connect(addr, key.as_ref());
+    match args.cmd {
         KvCmd::Put { node, pairs } => {
             let mut c = client(node)?;
             for p in pairs {
@@ -99,6 +128,13 @@ pub fn run(cmd: KvCmd) -> Result<i32> {
         }
         KvCmd::Stats { node } => println!("{}", client(node)?.call("STATS")?),
         KvCmd::Dump { node } => println!("{}", client(node)?.call("DUMP")?),
+        KvCmd::Call { node, line } => {
+            let r = client(node)?.call(&line.join(" "))?;
+            println!("{r}");
+            if r.starts_with("ERROR") {
+                return Ok(1);
+            }
+        }
     }
     Ok(0)
 }

@@ -90,9 +90,8 @@ enum Cmd {
     Coordinator(roles::CoordinatorArgs),
     /// Run a router of the multicast tree (untrusted; may inject faults for tests).
     Router(RouterCmd),
-    /// Talk to a node: put, get, del, sync, stats, dump.
-    #[command(subcommand)]
-    Kv(kv::KvCmd),
+    /// Talk to a node: put, get, del, sync, stats, dump, call (signed with --control-key).
+    Kv(kv::KvArgs),
     /// Run the seeded simulator; exit 0 only if every seed holds every invariant.
     Sim(sim::SimArgs),
     /// Run seeded fault schedules over real processes on loopback and check the history;

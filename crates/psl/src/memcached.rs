@@ -194,6 +194,10 @@ pub struct KvInfo {
     pub coordinator_control: Option<SocketAddr>,
     #[serde(default)]
     pub capsuledb_control: Option<SocketAddr>,
+    /// The operator's control key that signs their commands (secret, mode 0600), where this
+    /// machine has it (single-machine `psl up` makes one in its directory).
+    #[serde(default)]
+    pub control_key: Option<PathBuf>,
     /// The capsule servers' read interfaces (by id), where known (`psl up` records them;
     /// `psl bench cluster` reads their `STATS`).
     #[serde(default)]

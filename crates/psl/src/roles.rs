@@ -141,10 +141,41 @@ pub(crate) fn mib_bytes(mb: u64) -> usize {
     (mb.max(1) as usize).saturating_mul(1 << 20)
 }
 
+/// Who may use a role's control interface (`--control`): the operator, by signing each
+/// command with the control key `psl keys control` (or `psl up --init`) made.
+#[derive(Args, Debug, Clone)]
+pub struct ControlArgs {
+    /// The operator's control public key file (`control.pub`; default: the environment's
+    /// PSL_CONTROL_PUB): commands that sign, revoke or return plaintext need its signature.
+    /// Without it the control interface answers only STATS, KEYGEN and METRICS.
+    #[arg(long, value_name = "FILE")]
+    pub control_pub: Option<PathBuf>,
+    /// Close a control connection silent this long (milliseconds).
+    #[arg(long, default_value_t = psl_node::control::IDLE_MS_DEFAULT)]
+    pub control_idle_ms: u64,
+}
+
+impl ControlArgs {
+    /// The control interface's options, with `revoker` for `REVOKE`.
+    pub fn options(&self, revoker: Option<psl_node::control::Revoker>) -> Result<psl_node::control::ControlOptions> {
+        let from_env = || std::env::var_os("PSL_CONTROL_PUB").filter(|v| !v.is_empty()).map(PathBuf::from);
+        let operator = match self.control_pub.clone().or_else(from_env) {
+            Some(p) => Some(crate::util::read_control_pub(&p)?),
+            None => {
+                tracing::warn!("no --control-pub: the control interface answers only STATS, KEYGEN and METRICS");
+                None
+            }
+        };
+        Ok(psl_node::control::ControlOptions { operator, revoker, idle_ms: self.control_idle_ms })
+    }
+}
+
 #[derive(Args, Debug)]
 pub struct NodeArgs {
     #[command(flatten)]
     pub common: CommonArgs,
+    #[command(flatten)]
+    pub control_auth: ControlArgs,
     /// Node id, 1 to 32767 (with the incarnation it names the node's writers).
     #[arg(long)]
     pub id: u32,
@@ -160,7 +191,8 @@ pub struct NodeArgs {
     /// Microseconds a writer waits for a batch to fill.
     #[arg(long, default_value_t = 500)]
     pub flush_us: u64,
-    /// Control interface address (line protocol: PUT/GET/DEL/SYNC/STATS/DUMP/METRICS).
+    /// Control interface address (line protocol: PUT/GET/DEL/SYNC/STATS/DUMP/METRICS; loopback
+    /// by default: give a routable address only on a network you trust, see --control-pub).
     #[arg(long, default_value = "127.0.0.1:0")]
     pub control: SocketAddr,
     /// State directory: keeps the incarnation counter, so that a restarted node never re-uses
@@ -204,6 +236,8 @@ pub struct NodeArgs {
 pub struct CoordinatorArgs {
     #[command(flatten)]
     pub common: CommonArgs,
+    #[command(flatten)]
+    pub control_auth: ControlArgs,
     /// 0 = primary; 1, 2, ... = shadows that take over, in order, when SYNCs stop.
     #[arg(long, default_value_t = 0)]
     pub rank: u8,
@@ -252,8 +286,8 @@ pub(crate) fn next_incarnation(dir: &Path) -> Result<u32> {
     Ok(next)
 }
 
-pub(crate) fn serve(node: Node, control: SocketAddr, what: &str) -> Result<i32> {
-    serve_with(node, control, what, None)
+pub(crate) fn serve(node: Node, control: SocketAddr, what: &str, auth: &ControlArgs) -> Result<i32> {
+    serve_with(node, control, what, auth.options(None)?)
 }
 
 /// A revoker for the control interface's `REVOKE`, from the application key this role holds.
@@ -271,7 +305,7 @@ pub(crate) fn serve_with(
     node: Node,
     control: SocketAddr,
     what: &str,
-    revoker: Option<psl_node::control::Revoker>,
+    opts: psl_node::control::ControlOptions,
 ) -> Result<i32> {
     let listener =
         std::net::TcpListener::bind(control).with_context(|| format!("binding the control address {control}"))?;
@@ -283,7 +317,7 @@ pub(crate) fn serve_with(
     tracing::info!(%addr, "{what} ready; writers {:?}", node.writers());
     let node = Arc::new(node);
     let stop = Arc::new(AtomicBool::new(false));
-    psl_node::control::serve_with(node, listener, stop, revoker)?;
+    psl_node::control::serve_opts(node, listener, stop, opts)?;
     Ok(0)
 }
 
@@ -372,7 +406,7 @@ pub fn run_node(a: NodeArgs) -> Result<i32> {
     let name = format!("node-{}", a.id);
     let Some(r) = recovery else {
         let node = Node::start(keys, fabric(&spec, &name, &interest)?, opts)?;
-        return serve(node, a.control, "node");
+        return serve(node, a.control, "node", &a.control_auth);
     };
     let count = r.messages.len() as u64;
     let pre = Arc::new(psl_node::recovery::Preloaded::new(fabric(&spec, &name, &interest)?, r.messages));
@@ -384,7 +418,7 @@ pub fn run_node(a: NodeArgs) -> Result<i32> {
     let epoch = r.newest_sync_epoch.map(|e| format!("{e:#x}")).unwrap_or_else(|| "none".into());
     let from: Vec<String> = r.servers.iter().map(|s| s.to_string()).collect();
     println!("recovered {count} records from {} newest-sync-epoch {epoch} incarnation {incarnation}", from.join(","));
-    serve(node, a.control, "node")
+    serve(node, a.control, "node", &a.control_auth)
 }
 
 pub fn run_coordinator(a: CoordinatorArgs) -> Result<i32> {
@@ -428,7 +462,7 @@ pub fn run_coordinator(a: CoordinatorArgs) -> Result<i32> {
     // On the development path the coordinator holds the application key, as the leader does:
     // it signs `REVOKE`s (certified capsules), announces them and carries them into the log.
     let revoker = (meta.meta.policy.writer_keys == psl_capsule::WriterKeys::Certified).then(|| revoker(&meta, app));
-    serve_with(node, a.control, "coordinator", revoker)
+    serve_with(node, a.control, "coordinator", a.control_auth.options(revoker)?)
 }
 
 /// `psl capsule-server`: run a DataCapsule server, or `check` a server's storage.

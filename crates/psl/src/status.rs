@@ -4,7 +4,9 @@
 //! - NATS servers: the monitoring endpoint's `/varz` (connections, messages and bytes in and
 //!   out, slow consumers, routes, leaf nodes);
 //! - KV coordinators and CapsuleDB: the control interface's `STATS` (epoch, records applied,
-//!   rejections); lag = the newest epoch any of them reports minus its own;
+//!   rejections; it needs no operator key); lag = the newest epoch any of them reports minus
+//!   its own. Their control interfaces listen on loopback unless `control_bind` says
+//!   otherwise: those of other hosts are then shown `local` (probe them on their host);
 //! - KV capsule servers: the read interface's heads; lag = records behind the most advanced
 //!   server, summed over writers;
 //! - workers: the control interface's `DEBUG`; the scheduler: its worker registry (`Status`);
@@ -56,6 +58,8 @@ struct Probe {
     role: String,
     kind: Kind,
     addr: SocketAddr,
+    /// A loopback control interface of another host: not reachable from here by design.
+    elsewhere: bool,
 }
 
 fn connect(addr: SocketAddr, t: Duration) -> std::io::Result<TcpStream> {
@@ -169,7 +173,9 @@ fn probes(c: &ClusterConfig) -> Vec<Probe> {
     let host_of =
         |a: SocketAddr| c.hosts.iter().find(|h| h.address == a.ip()).map(|h| h.name.clone()).unwrap_or_default();
     let mut v = Vec::new();
-    let mut add = |role: String, kind: Kind, addr: SocketAddr| v.push(Probe { host: host_of(addr), role, kind, addr });
+    let mut add = |role: String, kind: Kind, addr: SocketAddr| {
+        v.push(Probe { host: host_of(addr), role, kind, addr, elsewhere: false })
+    };
     for (host, _, mon) in c.nats_servers() {
         let _ = host;
         add("nats-server".into(), Kind::Nats, mon);
@@ -195,16 +201,32 @@ fn probes(c: &ClusterConfig) -> Vec<Probe> {
     for (id, a) in c.kv_server_reads() {
         add(format!("kv-server {id}"), Kind::KvServer, a);
     }
-    for (r, a) in c.kv_coordinators() {
-        add(format!("kv-coordinator {r}"), Kind::Coordinator, a);
-    }
-    if let Some(a) = c.capsuledb() {
-        add("capsuledb".into(), Kind::CapsuleDb, a);
-    }
     for (id, a, _) in c.memcached() {
         add(format!("memcached {id}"), Kind::Memcached, a);
     }
+    // Control interfaces: on loopback, only this host's own are reachable.
+    for h in &c.hosts {
+        let mut add = |role: String, kind: Kind, addr: SocketAddr| {
+            let elsewhere = addr.ip().is_loopback() && !is_this_host(h.address);
+            v.push(Probe { host: h.name.clone(), role, kind, addr, elsewhere })
+        };
+        for r in &h.kv_coordinators {
+            add(
+                format!("kv-coordinator {r}"),
+                Kind::Coordinator,
+                h.control_at(c.ports.kv_coordinator_control + *r as u16),
+            );
+        }
+        if h.capsuledb {
+            add("capsuledb".into(), Kind::CapsuleDb, h.control_at(c.ports.capsuledb_control));
+        }
+    }
     v
+}
+
+/// Whether `a` is an address of this machine (it can be bound here).
+fn is_this_host(a: std::net::IpAddr) -> bool {
+    a.is_loopback() || std::net::UdpSocket::bind(SocketAddr::new(a, 0)).is_ok()
 }
 
 /// Fills in each row's `lag` from what its peers report.
@@ -240,7 +262,12 @@ pub fn run(a: StatusArgs) -> Result<i32> {
     let t = Duration::from_millis(a.timeout_ms.max(1));
     let ps = probes(&c);
     let results: Vec<(usize, Result<Value>)> = std::thread::scope(|s| {
-        let hs: Vec<_> = ps.iter().enumerate().map(|(i, p)| s.spawn(move || (i, probe(p, t)))).collect();
+        let hs: Vec<_> = ps
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| !p.elsewhere)
+            .map(|(i, p)| s.spawn(move || (i, probe(p, t))))
+            .collect();
         hs.into_iter().map(|h| h.join().unwrap_or((usize::MAX, Err(anyhow::anyhow!("probe panicked"))))).collect()
     });
     let mut rows: Vec<Value> = results
@@ -258,8 +285,12 @@ pub fn run(a: StatusArgs) -> Result<i32> {
             }
         })
         .collect();
+    rows.extend(ps.iter().filter(|p| p.elsewhere).map(|p| {
+        json!({"host": p.host, "role": p.role, "kind": "role", "addr": p.addr.to_string(), "health": "local", "epoch": null, "lag": null,
+               "error": "control interface on loopback: run psl status on its host"})
+    }));
     lags(&mut rows);
-    let down = rows.iter().filter(|r| r["health"] != "ok").count();
+    let down = rows.iter().filter(|r| r["health"] == "down").count();
     if a.json {
         println!("{}", json!({"roles": rows, "down": down}));
     } else {

@@ -8,7 +8,8 @@
 //! Attestation (`--attest`): with `sim`, the default on a machine without a TEE, `psl up` draws
 //! the simulated platform key, writes it to `DIR/sim-platform.key` (mode 0600) for its
 //! children, and writes a development policy `DIR/attest-policy.toml` that says
-//! `allow_insecure_sim = true` (and requires attested capsule hosts), the leader, the workers and
+//! `allow_insecure_sim = true` (and requires attested capsule hosts, whose TLS keys it also
+//! makes, `DIR/capsule-host<id>.tls-key`, and pins in the leader), the leader, the workers and
 //! the clients use it; all of this is INSECURE and says so on stderr. With `sgx`, `tdx`, `snp` or
 //! `auto` every attested role takes its reports from the hardware and `--attest-policy FILE` is
 //! required (see docs/security/attestation.md).
@@ -231,9 +232,17 @@ fn start_kv(
             s(&capsule),
         ])?;
     }
+    // The operator's control key (secret, 0600, in this directory): it signs the commands
+    // on the coordinator's and CapsuleDB's control interfaces, which get its public half.
+    let control_key = dir.join("control.key");
+    let control_pub = dir.join("control.pub");
+    crate::util::write_control_keys(&control_key, &control_pub)?;
     let common = |role: &str| -> Vec<String> {
         let mut v = vec![role.into(), "--capsule".into(), s(&capsule), "--owner".into(), s(&owner)];
         v.extend(fabric_flags(fabric));
+        if role == "coordinator" || role == "capsuledb" {
+            v.extend(["--control-pub".into(), s(&control_pub)]);
+        }
         v
     };
     let mut srx = Vec::new();
@@ -334,6 +343,7 @@ fn start_kv(
         state: dir.join("joined"),
         coordinator_control: Some(coordinator_control),
         capsuledb_control: Some(capsuledb_control),
+        control_key: Some(control_key),
         server_reads,
         home_lease_ms: if binds.len() >= psl_memcached::failover::MEMBERS_MIN { a.home_lease_ms } else { 0 },
     })
@@ -524,13 +534,8 @@ fn attestation(a: &UpArgs) -> Result<(Vec<String>, PathBuf)> {
     }
     flags.push("sim".into());
     let key_path = a.dir.join("sim-platform.key");
-    let secret = loop {
-        let s: [u8; 32] = rand::random();
-        if psl_crypto::SigningKey::from_bytes(&s).is_ok() {
-            break zeroize::Zeroizing::new(s);
-        }
-    };
-    crate::util::write_atomic(&key_path, hex::encode(&secret[..]).as_bytes(), 0o600)?;
+    let secret = psl_crypto::SigningKey::generate().expose_secret_bytes();
+    crate::util::write_atomic(&key_path, zeroize::Zeroizing::new(hex::encode(&secret[..])).as_bytes(), 0o600)?;
     let platform = psl_faas::SimPlatform::from_secret(&secret)?;
     let bin = hex::encode(psl_faas::attest::binary_hash().0);
     let measurement = crate::faas_roles::measurement(Some(&bin))?;
@@ -617,8 +622,15 @@ pub fn run(a: UpArgs) -> Result<i32> {
         let (k, srx) = spawn("scheduler", &sargs)?;
         kids.push(k);
         let mut hrx = Vec::new();
+        let mut pins = Vec::new();
         for id in 0..a.servers {
             let hdir = a.dir.join(format!("server{id}"));
+            // Each host's TLS key (0600), pinned by the leader: nobody else at its address
+            // gets its ack-signing key.
+            let key = a.dir.join(format!("capsule-host{id}.tls-key"));
+            let me = psl_faas::tls::TlsIdentity::generate("psl-capsule-host")?;
+            crate::util::write_atomic(&key, me.key_pem().as_bytes(), 0o600)?;
+            pins.push(format!("{id}={}", hex::encode(me.spki_hash())));
             let mut args = vec![
                 "capsule-host".to_string(),
                 "--id".into(),
@@ -627,6 +639,8 @@ pub fn run(a: UpArgs) -> Result<i32> {
                 hdir.display().to_string(),
                 "--listen".into(),
                 a.bind0(),
+                "--tls-key".into(),
+                key.display().to_string(),
             ];
             args.extend(fabric_flags(&fabric));
             sim(&mut args);
@@ -666,6 +680,9 @@ pub fn run(a: UpArgs) -> Result<i32> {
         largs.extend(fabric_flags(&fabric));
         for (_, addr, _) in &hosts {
             largs.extend(["--capsule-host".into(), addr.to_string()]);
+        }
+        for pin in &pins {
+            largs.extend(["--capsule-host-pin".into(), pin.clone()]);
         }
         for (_, addr) in &coordinator_hosts {
             largs.extend(["--coordinator-host".into(), addr.to_string()]);

@@ -37,6 +37,37 @@ pub fn read_owner_key(path: &Path) -> Result<OwnerKey> {
     OwnerKey::from_file_string(&text).with_context(|| format!("key file {}", path.display()))
 }
 
+/// Reads the operator's control public key (`control.pub`), what roles check commands with.
+pub fn read_control_pub(path: &Path) -> Result<psl_crypto::VerifyingKey> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    psl_node::control::operator_pub_from_text(&text).with_context(|| format!("{}", path.display()))
+}
+
+/// Reads the operator's control key (`control.key`, secret), what control clients sign with.
+pub fn read_control_key(path: &Path) -> Result<std::sync::Arc<psl_crypto::SigningKey>> {
+    let text = zeroize::Zeroizing::new(
+        std::fs::read_to_string(path).with_context(|| format!("reading key file {}", path.display()))?,
+    );
+    let k = psl_node::control::operator_key_from_text(&text).with_context(|| format!("{}", path.display()))?;
+    Ok(std::sync::Arc::new(k))
+}
+
+/// Writes a new operator control key pair: `key` (secret, mode 0600) and `public` (0644).
+/// Keeps an existing pair (returns false).
+pub fn write_control_keys(key: &Path, public: &Path) -> Result<bool> {
+    if key.exists() {
+        let k = read_control_key(key)?;
+        if !public.exists() {
+            write_atomic(public, psl_node::control::operator_pub_text(&k.verifying_key()).as_bytes(), 0o644)?;
+        }
+        return Ok(false);
+    }
+    let k = psl_node::control::generate_operator_key();
+    write_atomic(key, psl_node::control::operator_key_text(&k).as_bytes(), 0o600)?;
+    write_atomic(public, psl_node::control::operator_pub_text(&k.verifying_key()).as_bytes(), 0o644)?;
+    Ok(true)
+}
+
 /// The data key of a capsule, derived from the owner key; refuses a key of another owner.
 pub fn data_key_for(owner: &OwnerKey, meta: &SignedMetadata) -> Result<DataKey> {
     if owner.public() != meta.meta.owner {

@@ -37,7 +37,7 @@ fn field(line: &str, name: &str) -> u64 {
 }
 
 fn client(p: &Proc) -> ControlClient {
-    ControlClient::connect(p.addr(), Duration::from_secs(5)).expect("control connects")
+    common::control(p.addr())
 }
 
 fn stats(n: &Proc) -> serde_json::Value {

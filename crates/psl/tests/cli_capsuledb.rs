@@ -15,7 +15,7 @@ use common::{ok, start, start_node, Proc};
 const KEYS: usize = 600;
 
 fn client(p: &Proc) -> ControlClient {
-    ControlClient::connect(p.addr(), Duration::from_secs(5)).expect("control connects")
+    common::control(p.addr())
 }
 
 fn psl(dir: &Path, args: &[&str]) -> (bool, String) {

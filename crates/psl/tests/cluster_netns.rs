@@ -3,7 +3,12 @@
 //! (clients fail over), a host's link taken down and up (partition, heal), a capsule server's
 //! host killed outright and started again. Afterwards every node converges, every durably
 //! acknowledged write is present (on a node rebuilt from the capsule servers alone), the
-//! memcached front ends agree, and a job's result is correct.
+//! memcached front ends agree, and a job's result is correct; a man in the middle at a capsule
+//! host's address gets no key (the hosts are authenticated by the TLS keys `--init` pinned,
+//! not attested). The control interfaces are the
+//! operator's only: the KV coordinators' and CapsuleDB's are not reachable from another
+//! namespace (loopback), and an unsigned `REVOKE` is refused on loopback and on a node's
+//! routable control port alike.
 //!
 //! Needs root (`ip netns`), Debian's nats-server and iproute2 (scripts/install-nats-test-deps.sh).
 //! Every namespace is named `pslnt<pid>…`: the guard deletes them (and kills what runs in
@@ -272,12 +277,23 @@ fn fabric_url() -> String {
     (1..=3).map(|h| format!("nats://{}:4222", Net::addr(h))).collect::<Vec<_>>().join(",")
 }
 
-/// A control-interface client (`psl node`) inside a namespace.
+/// The operator's control key `psl up --init` made (in `[cluster] operator`, never shared).
+static OPERATOR: std::sync::OnceLock<std::sync::Arc<psl_crypto::SigningKey>> = std::sync::OnceLock::new();
+
+/// A control-interface client (`psl node`) inside a namespace, signing with the operator's key.
 fn control(ns: &str, addr: SocketAddr, cmds: Vec<String>) -> Vec<String> {
+    let key = OPERATOR.get().expect("the operator key is loaded").clone();
     in_ns(ns, move || {
-        let mut c = psl_node::control::ControlClient::connect(addr, Duration::from_secs(5)).expect("control connects");
+        let mut c =
+            psl_node::control::ControlClient::connect_as(addr, Duration::from_secs(5), key).expect("control connects");
         cmds.iter().map(|cmd| c.call(cmd).expect("control answers")).collect()
     })
+}
+
+/// An unsigned command from namespace `ns`: the answer, or why no connection was made.
+fn unsigned(ns: &str, addr: SocketAddr, cmd: &str) -> Result<String, std::io::Error> {
+    let cmd = cmd.to_string();
+    in_ns(ns, move || psl_node::control::ControlClient::connect(addr, Duration::from_secs(3))?.call(&cmd))
 }
 
 /// Writes `n` keys on a node and waits until they are durable on f + 1 capsule servers;
@@ -316,6 +332,8 @@ fn start_node(net: &Net, dir: &Path, h: usize, id: u32, port: u16, extra: &[&str
         "3",
         "--control",
         &control,
+        "--control-pub",
+        "shared/control.pub",
         "--epoch-ms",
         "100",
     ];
@@ -367,6 +385,18 @@ fn a_four_host_deployment_on_nats_survives_failover_partition_and_a_host_crash()
     let d = dir.path();
     std::fs::write(d.join("cluster.toml"), config()).unwrap();
     common::ok(d, &["up", "--config", "cluster.toml", "--init"]);
+    capsule_hosts_are_pinned_not_attested(d);
+    // The operator's control key stays in its own directory (0600); the hosts share only its
+    // public half.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let key = d.join("psl-operator/control.key");
+        let mode = std::fs::metadata(&key).expect("--init wrote the operator control key").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{}", key.display());
+        assert!(d.join("shared/control.pub").exists() && !d.join("shared/control.key").exists());
+        let text = std::fs::read_to_string(&key).unwrap();
+        let _ = OPERATOR.set(std::sync::Arc::new(psl_node::control::operator_key_from_text(&text).unwrap()));
+    }
     let net = Net::new();
     watchdog(net.tag.clone(), Duration::from_secs(480));
 
@@ -394,6 +424,27 @@ fn a_four_host_deployment_on_nats_survives_failover_partition_and_a_host_crash()
     let (node_a, a) = start_node(&net, d, 4, 101, 7100, &[]);
     let (_node_b, b) = start_node(&net, d, 1, 102, 7100, &[]);
     let (ns_a, ns_b) = (net.ns(4), net.ns(1));
+
+    // Control interfaces. The KV coordinator 0 (host 1) and CapsuleDB (host 2) listen on
+    // loopback: another namespace cannot reach them at all.
+    let coord0: SocketAddr = format!("{}:7900", Net::addr(1)).parse().unwrap();
+    let cdb: SocketAddr = format!("{}:7950", Net::addr(2)).parse().unwrap();
+    for (from, at) in [(net.ns(4), coord0), (net.ns(3), cdb)] {
+        let r = unsigned(&from, at, "REVOKE 1");
+        assert!(r.is_err(), "{at} reachable from {from}: {r:?}");
+    }
+    // On its own host, an unsigned REVOKE reaches the coordinator (it holds the application
+    // key) and is refused; the operator's signed STATS-level commands still work.
+    let local0: SocketAddr = "127.0.0.1:7900".parse().unwrap();
+    let r = unsigned(&net.ns(1), local0, "REVOKE 1").expect("the coordinator answers on loopback");
+    assert!(r.starts_with("ERROR unauthenticated"), "an unsigned REVOKE on loopback: {r}");
+    assert!(unsigned(&net.ns(1), local0, "STATS").unwrap().starts_with('{'), "counters need no key");
+    // A node whose control port the operator put on a routable address: reachable from
+    // another namespace, and an unsigned REVOKE (or PUT) from there is refused.
+    for cmd in ["REVOKE 1", "PUT stolen 1"] {
+        let r = unsigned(&ns_a, b, cmd).expect("node B's routable control port answers");
+        assert!(r.starts_with("ERROR unauthenticated"), "unsigned {cmd} from host 4 to {b}: {r}");
+    }
 
     // A job on the four workers of three hosts.
     let input = d.join("in.txt");
@@ -453,6 +504,17 @@ fn a_four_host_deployment_on_nats_survives_failover_partition_and_a_host_crash()
     // worker, a front end); f = 1 keeps writes durable; then the host comes back.
     hosts[2] = None;
     kill_ns(&net.ns(3));
+    // A man in the middle at capsule host 2's address (host 3's) while it is down: a job still
+    // runs (on capsule hosts 0 and 1) and the impostor gets no key, not even a handshake.
+    {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mitm = impostor(net.ns(3), format!("{}:7602", Net::addr(3)).parse().unwrap(), stop.clone());
+        assert_eq!(run_job(&net, d, &input), want);
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let seen = mitm.join().unwrap();
+        assert!(seen.connections >= 1, "the leader tried capsule host 2's address: {seen:?}");
+        assert_eq!((seen.handshakes, seen.msgs.len()), (0, 0), "the impostor got nothing: {seen:?}");
+    }
     acked.extend(durable_round(&ns_a, a, "r3a", 20).expect("durable with host 3 down"));
     acked.extend(durable_round(&ns_b, b, "r3b", 20).expect("durable with host 3 down"));
     let h3 = Proc::start(&net.ns(3), d, "host3-again.log", &["up", "--config", "cluster.toml", "--host", "h3"]);
@@ -520,12 +582,79 @@ fn a_four_host_deployment_on_nats_survives_failover_partition_and_a_host_crash()
         (v["down"] == 1).then_some(v)
     });
     let roles = status["roles"].as_array().unwrap();
-    let down: Vec<&serde_json::Value> = roles.iter().filter(|r| r["health"] != "ok").collect();
+    let down: Vec<&serde_json::Value> = roles.iter().filter(|r| r["health"] == "down").collect();
     assert_eq!((down[0]["host"].as_str(), down[0]["role"].as_str()), (Some("h1"), Some("nats-server")), "{status}");
     assert!(roles.iter().any(|r| r["role"] == "nats-server" && r["detail"]["routes"].as_u64() >= Some(1)));
     assert!(roles.iter().filter(|r| r["role"].as_str().unwrap().starts_with("kv-server")).count() == 3);
+    // Host 1's own coordinator is probed on loopback; host 2's control interfaces are not
+    // reachable from host 1, by design.
+    let health = |role: &str| roles.iter().find(|r| r["role"] == role).map(|r| r["health"].clone());
+    assert_eq!(health("kv-coordinator 0"), Some("ok".into()), "{status}");
+    assert_eq!(health("kv-coordinator 1"), Some("local".into()), "{status}");
+    assert_eq!(health("capsuledb"), Some("local".into()), "{status}");
     drop(node_a);
     eprintln!("cluster test done in {:?}", t0.elapsed());
+}
+
+/// After `--init`: each capsule host's TLS key is in its own host's directory only (0600), its
+/// pin in the shared one; and the policy is made not to attest capsule hosts, so that their
+/// pinned keys alone authenticate them (what the impostor step checks).
+fn capsule_hosts_are_pinned_not_attested(d: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    for (host, id) in [("h1", 0), ("h2", 1), ("h3", 2)] {
+        let key = d.join(format!("state/{host}/capsule-host{id}.tls-key"));
+        let mode = std::fs::metadata(&key).expect("--init made the host's TLS key").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{}", key.display());
+        let pin = std::fs::read_to_string(d.join(format!("shared/capsule-host{id}.tls-pin"))).unwrap();
+        assert_eq!(pin.trim().len(), 64, "{pin}");
+        assert!(!d.join(format!("shared/capsule-host{id}.tls-key")).exists());
+    }
+    let p = d.join("shared/attest-policy.toml");
+    let text = std::fs::read_to_string(&p).unwrap();
+    assert!(text.contains("require_attestation = true"), "{text}");
+    std::fs::write(&p, text.replace("require_attestation = true", "require_attestation = false")).unwrap();
+}
+
+#[derive(Debug, Default)]
+struct Seen {
+    connections: usize,
+    handshakes: usize,
+    msgs: Vec<String>,
+}
+
+/// A man in the middle listening at `addr` in namespace `ns` until `stop`: it answers TLS
+/// with its own key and records every message that reaches it.
+fn impostor(
+    ns: String,
+    addr: SocketAddr,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<Seen> {
+    std::thread::spawn(move || {
+        let fd = std::fs::File::open(format!("/var/run/netns/{ns}")).expect("namespace file");
+        // SAFETY: setns(2) on a descriptor this thread holds open; it moves only this thread.
+        let r = unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(r, 0, "setns {ns}: {}", std::io::Error::last_os_error());
+        let me = psl_faas::tls::TlsIdentity::generate("psl-capsule-host").unwrap();
+        let cfg = me.server_config(false).unwrap();
+        let l = std::net::TcpListener::bind(addr).expect("the impostor binds the capsule host's address");
+        l.set_nonblocking(true).unwrap();
+        let mut seen = Seen::default();
+        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            let Ok((tcp, _)) = l.accept() else {
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            };
+            seen.connections += 1;
+            tcp.set_nonblocking(false).unwrap();
+            tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let Ok((mut s, _)) = psl_faas::tls::accept(tcp, cfg.clone()) else { continue };
+            seen.handshakes += 1;
+            while let Ok(m) = psl_faas::net::wire::read_msg(&mut s) {
+                seen.msgs.push(m.name().to_string());
+            }
+        }
+        seen
+    })
 }
 
 fn rand_tag() -> u32 {

@@ -18,7 +18,7 @@ mod common;
 use common::{start_durable_cluster, start_node, Proc};
 
 fn client(p: &Proc) -> ControlClient {
-    ControlClient::connect(p.addr(), Duration::from_secs(5)).unwrap()
+    common::control(p.addr())
 }
 
 fn dump(p: &Proc) -> serde_json::Value {
@@ -47,6 +47,7 @@ fn start_recovering(dir: &Path, router: SocketAddr, id: u32, reads: &str) -> (Pr
     ];
     let child = Command::new(env!("CARGO_BIN_EXE_psl"))
         .args(args)
+        .env("PSL_CONTROL_PUB", common::control_pub(dir))
         .current_dir(dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

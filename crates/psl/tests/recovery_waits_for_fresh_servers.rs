@@ -22,7 +22,7 @@ mod common;
 use common::{start_durable_cluster, start_node, start_read_server, Proc};
 
 fn client(p: &Proc) -> ControlClient {
-    ControlClient::connect(p.addr(), Duration::from_secs(5)).unwrap()
+    common::control(p.addr())
 }
 
 /// One round of 200 puts on `c`, then SYNC_DURABLE: the pairs if it was acknowledged.
@@ -47,6 +47,7 @@ fn recover(dir: &Path, router: SocketAddr, id: u32, reads: &str) -> Result<(Proc
     ];
     let child = Command::new(env!("CARGO_BIN_EXE_psl"))
         .args(args)
+        .env("PSL_CONTROL_PUB", common::control_pub(dir))
         .current_dir(dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -123,7 +124,7 @@ fn recovery_waits_for_a_restarted_server_to_catch_up_instead_of_giving_up() {
     let bg = {
         let (stop, model, addr) = (stop.clone(), model.clone(), n1.addr());
         std::thread::spawn(move || {
-            let mut c = ControlClient::connect(addr, Duration::from_secs(5)).unwrap();
+            let mut c = common::control(addr);
             let mut r = 0;
             while !stop.load(Ordering::Relaxed) {
                 if let Some(kv) = round(&mut c, "b", r) {

@@ -10,7 +10,7 @@ mod common;
 use common::{ok, start, start_node, Proc};
 
 fn client(p: &Proc) -> ControlClient {
-    ControlClient::connect(p.addr(), Duration::from_secs(5)).expect("control connects")
+    common::control(p.addr())
 }
 
 fn node(dir: &Path, router: SocketAddr, id: u32) -> Proc {
@@ -122,6 +122,7 @@ fn three_nodes_converge_through_a_lossy_reordering_router() {
     let kv_get = |p: &Proc, key: &str| {
         std::process::Command::new(env!("CARGO_BIN_EXE_psl"))
             .args(["kv", "get", "--node", &p.addr().to_string(), key])
+            .env("PSL_CONTROL_KEY", common::control_key(d))
             .output()
             .unwrap()
     };

@@ -8,7 +8,6 @@
 //! index does not know" and DAMAGED. A real corruption is still found, live or not.
 //! Every wait is bounded; every process is killed at the end.
 
-use psl_node::control::ControlClient;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -36,7 +35,7 @@ fn server_check_of_a_live_server_never_reports_false_damage() {
     let bg = {
         let (stop, rounds, addr) = (stop.clone(), rounds.clone(), n1.addr());
         std::thread::spawn(move || {
-            let mut c = ControlClient::connect(addr, Duration::from_secs(5)).unwrap();
+            let mut c = common::control(addr);
             let mut r = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 let lines: Vec<String> = (0..20).map(|i| format!("PUT k{} v{r}-{i}", (r * 20 + i) % 500)).collect();

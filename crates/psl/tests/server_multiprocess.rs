@@ -6,7 +6,6 @@
 //! must time out with a clear error. Every wait is bounded; every process is killed at the end.
 
 use psl_capsule::{Action, Body};
-use psl_node::control::ControlClient;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::Path;
@@ -77,7 +76,7 @@ fn server_kill9_loses_no_acknowledged_durable_write() {
     let router = start(d, &["router", "--listen", "127.0.0.1:0"], "listening");
     let mut servers: Vec<Option<Proc>> = (0..3).map(|i| Some(server(d, addr(&router), i))).collect();
     let node = start_node(d, addr(&router), 1, &["--servers", "3"]);
-    let mut c = ControlClient::connect(addr(&node), Duration::from_secs(5)).unwrap();
+    let mut c = common::control(addr(&node));
     let mut acked: Vec<(String, String)> = Vec::new();
     let started = Instant::now();
     for round in 0..24u32 {
@@ -120,6 +119,7 @@ fn server_kill9_loses_no_acknowledged_durable_write() {
     let t0 = Instant::now();
     let o = Command::new(env!("CARGO_BIN_EXE_psl"))
         .args(["kv", "sync", "--node", &addr(&node).to_string(), "--durable", "--timeout-ms", "1000"])
+        .env("PSL_CONTROL_KEY", common::control_key(d))
         .output()
         .unwrap();
     assert!(!o.status.success(), "nothing is reported durable without f + 1 servers");

@@ -15,7 +15,7 @@ mod common;
 use common::{eventually, start, start_durable_cluster, start_node, Proc};
 
 fn client(p: &Proc) -> ControlClient {
-    ControlClient::connect(p.addr(), Duration::from_secs(5)).expect("control connects")
+    common::control(p.addr())
 }
 
 fn stats(p: &Proc) -> serde_json::Value {
@@ -51,6 +51,10 @@ fn a_revoked_writer_is_refused_by_nodes_and_servers_and_the_others_continue() {
 
     // A node cannot sign a revocation: it holds no application key.
     assert!(c2.call(&format!("REVOKE {}", w1[0])).unwrap().starts_with("ERROR"));
+    // Without the operator's signature the coordinator signs nothing.
+    let mut anyone = ControlClient::connect(coordinator.addr(), Duration::from_secs(5)).unwrap();
+    let a = anyone.call(&format!("REVOKE {}", w1[0])).unwrap();
+    assert!(a.starts_with("ERROR unauthenticated"), "an unsigned REVOKE: {a}");
     let mut cc = client(&coordinator);
     let answer = cc.call(&format!("REVOKE {}", w1[0])).unwrap();
     // `REVOKED <w> FROM <epoch> SEQ <seq>`: the seq bound is the next the coordinator expects.

@@ -313,7 +313,7 @@ impl LeaderSession<'_> {
             .map_err(|e| FaasError::Attestation { who: "leader".into(), why: e.to_string() })?;
         let mut begin = Msg::BeginJob {
             job: hex::encode(self.job.0),
-            owner: self.owner.to_string(),
+            owner: self.owner.clone(),
             meta: self.meta.clone(),
             lambdas: self.lambdas,
             min_workers: self.min_workers,

@@ -14,11 +14,14 @@
 //! capsule again adopts the running server; otherwise it closes.
 //!
 //! The host is untrusted storage: it verifies with public keys and never sees the data key.
-//! The link from the leader is TLS. The host is attested only where the leader's policy says
-//! `[hosts] require_attestation = true` (then the leader sends `HostHello{nonce}` first and the
-//! host answers `HostReport{backend, evidence}`, a report over the nonce binding its TLS
-//! certificate key, from its `--attest` attester); otherwise no TEE is assumed for storage: its
-//! key only signs acks for that one job's capsule.
+//! The link from the leader is TLS, and the leader sends the host its key only once it knows
+//! it talks to that host: by the host's TLS key, pinned for it (`--tls-key`, made by `psl up
+//! --init`; the leader's handshake fails on any other key), and/or by attestation where the
+//! leader's policy says `[hosts] require_attestation = true` (then the leader sends
+//! `HostHello{nonce}` first and the host answers `HostReport{backend, evidence}`, a report over
+//! the nonce binding its TLS certificate key, from its `--attest` attester). No TEE is assumed
+//! for storage: its key only signs acks for that one job's capsule, but whoever held it could
+//! ack writes it never stored.
 
 use super::wire::{read_msg, unhex, unhex_n, write_msg, Msg};
 use crate::attest::{bind_channel_key, Attester};
@@ -48,13 +51,20 @@ pub struct HostConfig {
     pub fabric: psl_fabric::FabricSpec,
     /// Answers the leader's `HostHello` (none: the host cannot be attested).
     pub attester: Option<Box<dyn Attester>>,
+    /// The host's TLS key, the one the leader pins for it (`psl capsule-host --tls-key`,
+    /// made by `psl up --init`); none: a fresh key per process, which only an attested host or
+    /// a leader allowing unauthenticated hosts accepts.
+    pub tls: Option<TlsIdentity>,
 }
 
-pub fn serve_host(cfg: HostConfig, ready: impl FnOnce(SocketAddr)) -> Result<(), FaasError> {
+pub fn serve_host(mut cfg: HostConfig, ready: impl FnOnce(SocketAddr)) -> Result<(), FaasError> {
     std::fs::create_dir_all(&cfg.dir)?;
     let listener = TcpListener::bind(cfg.listen).map_err(|e| FaasError::Net(format!("binding {}: {e}", cfg.listen)))?;
     let addr = listener.local_addr()?;
-    let me = TlsIdentity::generate("psl-capsule-host")?;
+    let me = match cfg.tls.take() {
+        Some(me) => me,
+        None => TlsIdentity::generate("psl-capsule-host")?,
+    };
     let tls = me.server_config(false)?;
     let spki = me.spki_hash();
     let cfg = Arc::new(cfg);
@@ -94,7 +104,10 @@ fn job(cfg: &HostConfig, spki: &[u8; 32], orphans: &Orphans, mut s: ServerStream
         return write_msg(&mut s, &Msg::Error { why: format!("this host is server {}, not {id}", cfg.id) });
     }
     let meta = SignedMetadata::decode(&unhex("meta", &meta)?).map_err(|e| FaasError::Capsule(e.to_string()))?;
-    let secret = zeroize::Zeroizing::new(unhex_n::<32>("key", &key)?);
+    // Decoded straight into a buffer erased on drop (`unhex_n` would leave an unwiped `Vec`).
+    let mut secret = zeroize::Zeroizing::new([0u8; 32]);
+    hex::decode_to_slice(key.as_str(), &mut secret[..])
+        .map_err(|e| FaasError::Net(format!("field key is not 32 bytes of hex: {e}")))?;
     let key = SigningKey::from_bytes(&secret).map_err(|_| FaasError::Config("server key is not a valid key".into()))?;
     let name = meta.name().to_string();
     let dir = cfg.dir.join(&name);

@@ -32,8 +32,8 @@ pub struct LeaderConfig {
     pub listen: SocketAddr,
     /// The fabric each job's coordinator attaches to.
     pub fabric: psl_fabric::FabricSpec,
-    /// Capsule hosts must attest (under the leader's policy) before they get their key.
-    pub attest_hosts: bool,
+    /// How the capsule hosts prove who they are before they get their key.
+    pub host_auth: HostAuth,
     /// How long the leader waits for every expected worker's offer before admitting those in.
     pub admit_wait: Duration,
     /// Most connections served at once.
@@ -44,6 +44,47 @@ pub struct LeaderConfig {
     /// Coordinator hosts (`psl coordinator-host`), ids 0, 1, ...: host r runs each job's
     /// coordinator of rank r (0 the primary, the others its shadows).
     pub coordinator_hosts: Vec<SocketAddr>,
+}
+
+/// How the leader authenticates a capsule host before it sends the host its ack-signing key:
+/// by attestation (the report binds the key of this very TLS connection), by the TLS key
+/// pinned for the host (`psl up --init` makes each capsule host's key and records its hash),
+/// or both. A host that is neither attested nor pinned is refused unless the policy says
+/// `[hosts] allow_insecure_unauthenticated = true` (INSECURE: whoever answers at the host's
+/// address gets the key; warned once per process).
+#[derive(Clone, Debug, Default)]
+pub struct HostAuth {
+    /// Capsule hosts must attest under the leader's policy (`[hosts] require_attestation`).
+    pub attest: bool,
+    /// The TLS key hash ([`TlsIdentity::spki_hash`]) pinned for each capsule host, by server
+    /// id (the position in [`LeaderConfig::capsule_hosts`]); `None`: none pinned.
+    pub pins: Vec<Option<[u8; 32]>>,
+    /// Accept a host that is neither attested nor pinned (INSECURE).
+    pub allow_unauthenticated: bool,
+}
+
+impl HostAuth {
+    fn pin(&self, id: u32) -> Option<[u8; 32]> {
+        self.pins.get(id as usize).copied().flatten()
+    }
+}
+
+static UNAUTHENTICATED_WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Says, once per process, that a capsule host got its key without being authenticated.
+fn warn_unauthenticated_host(id: u32, addr: SocketAddr) {
+    if !UNAUTHENTICATED_WARNED.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        tracing::warn!(
+            "capsule host {id} ({addr}) gets its ack-signing key without being authenticated (neither attested \
+             nor pinned): INSECURE, whoever answers at a capsule host's address can take its key and sign acks; \
+             the policy says [hosts] allow_insecure_unauthenticated = true; never use in production"
+        );
+    }
+}
+
+/// Whether this process has warned that it sent a key to an unauthenticated capsule host.
+pub fn warned_unauthenticated_host() -> bool {
+    UNAUTHENTICATED_WARNED.load(std::sync::atomic::Ordering::SeqCst)
 }
 
 /// How long a job waits for the one before it to end.
@@ -155,7 +196,6 @@ fn client(sh: &Arc<Shared>, mut s: ServerStream) -> Result<(), FaasError> {
         loop {
             match read_msg(&mut s)? {
                 Msg::BeginJob { job, owner, meta, lambdas, min_workers, resume } => {
-                    let owner = Zeroizing::new(owner);
                     match begin(sh, &job, &owner, &meta, lambdas, min_workers, resume) {
                         Ok(j) => {
                             mine = Some(j);
@@ -305,43 +345,13 @@ fn open_coordinators(sh: &Arc<Shared>, job: JobId, resume: bool) -> Result<(), F
 }
 
 /// Opens the job's capsule on every capsule host (server id = its position). A host that is
-/// down, fails its attestation or refuses is left out of the job (and logged): the others serve
-/// it, and the job's writes are durable while a majority of all the hosts acks them.
+/// down, cannot be authenticated ([`HostAuth`]) or refuses is left out of the job (and logged):
+/// the others serve it, and the job's writes are durable while a majority of all the hosts
+/// acks them.
 fn open_hosts(sh: &Arc<Shared>, meta: &SignedMetadata) -> Vec<(u32, tls::ClientStream)> {
     let meta_hex = hex::encode(meta.encode());
     let open = |id: u32, addr: SocketAddr| -> Result<(u32, tls::ClientStream), FaasError> {
-        let (mut s, host_spki) = tls::connect(addr, &sh.identity)?;
-        s.sock.set_read_timeout(Some(Duration::from_secs(10)))?;
-        if sh.cfg.attest_hosts {
-            // The host's report over our nonce must bind the certificate key of this very
-            // connection before the key goes to it.
-            let nonce: [u8; 32] = rand::random();
-            write_msg(&mut s, &Msg::HostHello { nonce: hex::encode(nonce) })?;
-            let (backend, ev) = match read_msg(&mut s)? {
-                Msg::HostReport { backend, evidence } => (backend, evidence),
-                Msg::Error { why } => return Err(FaasError::Attestation { who: format!("capsule host {id}"), why }),
-                m => return Err(FaasError::Net(format!("capsule host {id}: expected HostReport, got {}", m.name()))),
-            };
-            let v =
-                sh.leader.verify_evidence(&evidence(&backend, &ev)?, &nonce, &bind_channel_key(&host_spki)).map_err(
-                    |e| FaasError::Attestation { who: format!("capsule host {id} ({addr})"), why: e.to_string() },
-                )?;
-            tracing::info!("capsule host {id} attested: {} measurement {}", v.kind, v.measurement.short());
-        }
-        let (key, cert) = sh.leader.server_credentials(id)?;
-        let cert = cert.map(|c| hex::encode(c.encode()));
-        let mut m =
-            Msg::HostOpen { id, meta: meta_hex.clone(), key: hex::encode(&key.expose_secret_bytes()[..]), cert };
-        let sent = write_msg(&mut s, &m);
-        if let Msg::HostOpen { key, .. } = &mut m {
-            zeroize::Zeroize::zeroize(key);
-        }
-        sent?;
-        match read_msg(&mut s)? {
-            Msg::Ok => Ok((id, s)),
-            Msg::Error { why } => Err(FaasError::Net(format!("capsule host {id} ({addr}): {why}"))),
-            m => Err(FaasError::Net(format!("capsule host {id}: unexpected {}", m.name()))),
-        }
+        open_host(&sh.leader, &sh.identity, &sh.cfg.host_auth, &meta_hex, id, addr).map(|s| (id, s))
     };
     // In parallel: each host opens (and fsyncs) a new store.
     std::thread::scope(|sc| {
@@ -373,6 +383,69 @@ fn open_hosts(sh: &Arc<Shared>, meta: &SignedMetadata) -> Vec<(u32, tls::ClientS
         }
         opened
     })
+}
+
+/// Connects to capsule host `id` at `addr`, authenticates it ([`HostAuth`]) and only then sends
+/// it `HostOpen` with its ack-signing key; returns the link once the host opened the capsule.
+fn open_host(
+    leader: &Leader,
+    identity: &TlsIdentity,
+    auth: &HostAuth,
+    meta_hex: &str,
+    id: u32,
+    addr: SocketAddr,
+) -> Result<tls::ClientStream, FaasError> {
+    let pin = auth.pin(id);
+    if pin.is_none() && !auth.attest && !auth.allow_unauthenticated {
+        // Nothing would tell this host from whoever answers at its address: not even a
+        // handshake.
+        return Err(FaasError::Unauthenticated {
+            who: format!("capsule host {id} ({addr})"),
+            why: "no TLS key is pinned for it (`psl up --init` makes and pins one; `psl leader \
+                  --capsule-host-pin`) and the policy does not require attested hosts ([hosts] \
+                  require_attestation); [hosts] allow_insecure_unauthenticated = true would accept it, INSECURE"
+                .into(),
+        });
+    }
+    // With a pin, the handshake fails unless the host holds the pinned key.
+    let (mut s, host_spki) = tls::connect_pinned(addr, identity, pin)?;
+    s.sock.set_read_timeout(Some(Duration::from_secs(10)))?;
+    if pin.is_none() && !auth.attest {
+        warn_unauthenticated_host(id, addr);
+    }
+    if auth.attest {
+        // The host's report over our nonce must bind the certificate key of this very
+        // connection before the key goes to it.
+        let nonce: [u8; 32] = rand::random();
+        write_msg(&mut s, &Msg::HostHello { nonce: hex::encode(nonce) })?;
+        let (backend, ev) = match read_msg(&mut s)? {
+            Msg::HostReport { backend, evidence } => (backend, evidence),
+            Msg::Error { why } => return Err(FaasError::Attestation { who: format!("capsule host {id}"), why }),
+            m => return Err(FaasError::Net(format!("capsule host {id}: expected HostReport, got {}", m.name()))),
+        };
+        let v = leader
+            .verify_evidence(&evidence(&backend, &ev)?, &nonce, &bind_channel_key(&host_spki))
+            .map_err(|e| FaasError::Attestation { who: format!("capsule host {id} ({addr})"), why: e.to_string() })?;
+        tracing::info!("capsule host {id} attested: {} measurement {}", v.kind, v.measurement.short());
+    }
+    let (key, cert) = leader.server_credentials(id)?;
+    let cert = cert.map(|c| hex::encode(c.encode()));
+    let mut m = Msg::HostOpen {
+        id,
+        meta: meta_hex.to_string(),
+        key: Zeroizing::new(hex::encode(&key.expose_secret_bytes()[..])),
+        cert,
+    };
+    let sent = write_msg(&mut s, &m);
+    if let Msg::HostOpen { key, .. } = &mut m {
+        zeroize::Zeroize::zeroize(key);
+    }
+    sent?;
+    match read_msg(&mut s)? {
+        Msg::Ok => Ok(s),
+        Msg::Error { why } => Err(FaasError::Net(format!("capsule host {id} ({addr}): {why}"))),
+        m => Err(FaasError::Net(format!("capsule host {id}: unexpected {}", m.name()))),
+    }
 }
 
 /// Closes the job's capsule on every host; returns the records each stored.
@@ -645,5 +718,129 @@ fn worker_conn(
             Ok(_) => continue,
             Err(_) => return Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attest::{measure, AttestPolicy, Measurement, SimAttester, SimPlatform, SimVerifier};
+    use psl_capsule::{new_capsule_with, Limits, WriterKeys};
+
+    /// A leader with a job begun over three capsule servers, and the job's metadata (hex).
+    fn leader_with_job() -> (Leader, String) {
+        let p = SimPlatform::new();
+        let m: Measurement = measure(&psl_crypto::sha256(&[b"host auth test"]), b"config");
+        let verifier = SimVerifier::new(p.public(), AttestPolicy { allowed: [m].into() });
+        let leader = Leader::new(Box::new(SimAttester::new(p, m)), Box::new(verifier));
+        let owner = OwnerKey::generate();
+        let meta = new_capsule_with(&owner, 7, "host auth test", 1, Limits::default(), WriterKeys::Certified).unwrap();
+        let meta_hex = hex::encode(meta.encode());
+        leader.begin_job(JobId::random(), owner, meta, 3).unwrap();
+        (leader, meta_hex)
+    }
+
+    /// What a listener at a capsule host's address saw of one connection.
+    #[derive(Debug, Default)]
+    struct Seen {
+        connected: bool,
+        handshake: bool,
+        msgs: Vec<Msg>,
+    }
+
+    /// Serves one connection at a capsule host's address with `id`'s TLS key: records every
+    /// message and answers `HostOpen` with `Ok` (as a host, or an impostor that wants the key).
+    fn listener(id: TlsIdentity) -> (SocketAddr, std::thread::JoinHandle<Seen>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let t = std::thread::spawn(move || {
+            let mut seen = Seen::default();
+            // Waits 3 s at most for the leader to connect at all.
+            l.set_nonblocking(true).unwrap();
+            let deadline = Instant::now() + Duration::from_secs(3);
+            let tcp = loop {
+                match l.accept() {
+                    Ok((tcp, _)) => break tcp,
+                    Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+                    Err(_) => return seen,
+                }
+            };
+            seen.connected = true;
+            tcp.set_nonblocking(false).unwrap();
+            tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let Ok((mut s, _)) = tls::accept(tcp, id.server_config(false).unwrap()) else { return seen };
+            seen.handshake = true;
+            while let Ok(m) = read_msg(&mut s) {
+                let open = matches!(m, Msg::HostOpen { .. });
+                seen.msgs.push(m);
+                if open && write_msg(&mut s, &Msg::Ok).is_err() {
+                    break;
+                }
+            }
+            seen
+        });
+        (addr, t)
+    }
+
+    fn key_hex(leader: &Leader, id: u32) -> String {
+        hex::encode(&leader.server_credentials(id).unwrap().0.expose_secret_bytes()[..])
+    }
+
+    fn got_key(seen: &Seen, key: &str) -> bool {
+        seen.msgs.iter().any(|m| matches!(m, Msg::HostOpen { key: k, .. } if k.as_str() == key))
+    }
+
+    #[test]
+    fn an_impostor_at_a_pinned_capsule_host_address_gets_no_key() {
+        let (leader, meta) = leader_with_job();
+        let me = TlsIdentity::generate("psl-leader").unwrap();
+        let real = TlsIdentity::generate("psl-capsule-host").unwrap();
+        let (addr, impostor) = listener(TlsIdentity::generate("psl-capsule-host").unwrap());
+        let auth = HostAuth { pins: vec![Some(real.spki_hash())], ..HostAuth::default() };
+        let r = open_host(&leader, &me, &auth, &meta, 0, addr);
+        let seen = impostor.join().unwrap();
+        let e = r.expect_err("the leader refuses an impostor");
+        assert!(matches!(e, FaasError::NotPinned { .. }), "{e}");
+        assert!(seen.connected && !seen.handshake, "the handshake itself fails: {seen:?}");
+        assert!(seen.msgs.is_empty() && !got_key(&seen, &key_hex(&leader, 0)), "{seen:?}");
+    }
+
+    #[test]
+    fn a_capsule_host_presenting_its_pinned_key_gets_its_key() {
+        let (leader, meta) = leader_with_job();
+        let me = TlsIdentity::generate("psl-leader").unwrap();
+        let real = TlsIdentity::generate("psl-capsule-host").unwrap();
+        let pin = real.spki_hash();
+        // Reloaded from its key file: the same pinned key.
+        let real = TlsIdentity::from_key_pem(&real.key_pem(), "psl-capsule-host").unwrap();
+        let (addr, host) = listener(real);
+        let auth = HostAuth { pins: vec![None, Some(pin)], ..HostAuth::default() };
+        open_host(&leader, &me, &auth, &meta, 1, addr).expect("the pinned host is opened");
+        let seen = host.join().unwrap();
+        assert!(got_key(&seen, &key_hex(&leader, 1)), "{seen:?}");
+    }
+
+    #[test]
+    fn an_unpinned_unattested_capsule_host_is_refused_by_default() {
+        let (leader, meta) = leader_with_job();
+        let me = TlsIdentity::generate("psl-leader").unwrap();
+        let (addr, impostor) = listener(TlsIdentity::generate("psl-capsule-host").unwrap());
+        let r = open_host(&leader, &me, &HostAuth::default(), &meta, 2, addr);
+        let seen = impostor.join().unwrap();
+        let e = r.expect_err("a host nobody can authenticate is refused");
+        assert!(matches!(e, FaasError::Unauthenticated { .. }), "{e}");
+        assert!(e.to_string().contains("allow_insecure_unauthenticated"), "{e}");
+        assert!(!seen.connected && !got_key(&seen, &key_hex(&leader, 2)), "not even a connection: {seen:?}");
+    }
+
+    #[test]
+    fn allowing_unauthenticated_capsule_hosts_connects_and_warns() {
+        let (leader, meta) = leader_with_job();
+        let me = TlsIdentity::generate("psl-leader").unwrap();
+        let (addr, host) = listener(TlsIdentity::generate("psl-capsule-host").unwrap());
+        let auth = HostAuth { allow_unauthenticated: true, ..HostAuth::default() };
+        open_host(&leader, &me, &auth, &meta, 0, addr).expect("allowed, INSECURE");
+        assert!(warned_unauthenticated_host(), "the INSECURE warning was given");
+        assert!(got_key(&host.join().unwrap(), &key_hex(&leader, 0)));
     }
 }

@@ -89,7 +89,8 @@ pub enum Msg {
     },
     BeginJob {
         job: String,
-        owner: String,
+        /// The owner key file's text: secret, erased when the message is dropped.
+        owner: zeroize::Zeroizing<String>,
         meta: String,
         lambdas: u32,
         min_workers: usize,
@@ -139,7 +140,8 @@ pub enum Msg {
     HostOpen {
         id: u32,
         meta: String,
-        key: String,
+        /// The server's signing key (hex): secret, erased when the message is dropped.
+        key: zeroize::Zeroizing<String>,
         /// The server key's certificate (hex), in a capsule that certifies writers.
         #[serde(default)]
         cert: Option<String>,
@@ -312,7 +314,10 @@ fn net(what: &str, e: impl std::fmt::Display) -> FaasError {
 
 pub fn write_msg<W: Write>(w: &mut W, m: &Msg) -> Result<(), FaasError> {
     // Frame buffers are wiped when dropped: some messages carry key material (over TLS).
-    let body = zeroize::Zeroizing::new(serde_json::to_vec(m).map_err(|e| net("encoding a message", e))?);
+    // Encoded into room reserved up front, so that growing the buffer leaves no unwiped copy of
+    // a key-carrying message (a few KiB) behind.
+    let mut body = zeroize::Zeroizing::new(Vec::with_capacity(FRAME_PREALLOC_BYTES));
+    serde_json::to_writer(&mut *body, m).map_err(|e| net("encoding a message", e))?;
     if body.len() > FRAME_BYTES_MAX {
         return Err(net("sending", format!("{} message of {} bytes is over the frame limit", m.name(), body.len())));
     }

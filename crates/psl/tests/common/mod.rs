@@ -30,11 +30,42 @@ impl Drop for Proc {
     }
 }
 
+/// The tests' operator control key (fixed: test processes only).
+pub fn operator() -> std::sync::Arc<psl_crypto::SigningKey> {
+    std::sync::Arc::new(psl_node::control::operator_key_from_text(&"11".repeat(32)).expect("a key"))
+}
+
+/// Writes [`operator`]'s public key to `dir/control.pub` (what the roles [`start`] starts get
+/// through `PSL_CONTROL_PUB`); returns its path.
+pub fn control_pub(dir: &Path) -> std::path::PathBuf {
+    let p = dir.join("control.pub");
+    std::fs::write(&p, psl_node::control::operator_pub_text(&operator().verifying_key())).expect("control.pub");
+    p
+}
+
+/// Writes [`operator`]'s secret key to `dir/control.key` (mode 0600), for `psl kv
+/// --control-key`; returns its path.
+pub fn control_key(dir: &Path) -> std::path::PathBuf {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let p = dir.join("control.key");
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&p).unwrap();
+    f.write_all(psl_node::control::operator_key_text(&operator()).as_bytes()).unwrap();
+    p
+}
+
+/// A control client of `addr` that signs with [`operator`].
+pub fn control(addr: SocketAddr) -> psl_node::control::ControlClient {
+    psl_node::control::ControlClient::connect_as(addr, Duration::from_secs(5), operator()).expect("control connects")
+}
+
 /// Starts `psl ARGS` in `dir` and waits (bounded) for the line `PREFIX <address>` it prints
-/// when ready.
+/// when ready. Roles get the tests' operator control key ([`control_pub`]).
 pub fn start(dir: &Path, args: &[&str], prefix: &str) -> Proc {
+    let control_pub = control_pub(dir);
     let mut child = Command::new(env!("CARGO_BIN_EXE_psl"))
         .args(args)
+        .env("PSL_CONTROL_PUB", control_pub)
         .current_dir(dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
