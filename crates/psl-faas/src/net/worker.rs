@@ -6,7 +6,10 @@
 //!
 //! Control interface (line protocol on `--control`): `DEBUG` answers one JSON line with what
 //! the worker holds (`holds_keys`, `node_running`, `memtable_entries`, `attested`) and
-//! `busy`, `jobs`.
+//! `busy`, `jobs`. It answers nothing secret and changes nothing; still, as every control
+//! interface, it is bounded: at most [`CONTROL_CONNECTIONS_MAX`] connections, lines of at most
+//! [`CONTROL_LINE_BYTES_MAX`] bytes, and a connection idle (or not reading) for
+//! [`CONTROL_IDLE_MS`] is closed.
 
 use super::wire::{evidence, read_msg, unhex, unhex_n, write_msg, Msg, WorkerTimes};
 use super::{instant_us, unix_us};
@@ -20,11 +23,18 @@ use crate::tls::{self, ClientStream, TlsIdentity};
 use crate::worker::Worker;
 use parking_lot::Mutex;
 use psl_sandbox::SandboxLimits;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// Most concurrent connections to a worker's control interface.
+pub const CONTROL_CONNECTIONS_MAX: usize = 16;
+/// Longest control request line.
+pub const CONTROL_LINE_BYTES_MAX: usize = 256;
+/// A control connection that sends (or reads) nothing for this long is closed.
+pub const CONTROL_IDLE_MS: u64 = 30_000;
 
 pub struct WorkerConfig {
     pub id: u32,
@@ -76,10 +86,7 @@ pub fn serve_worker(
     });
     let a = agent.clone();
     std::thread::Builder::new().name("worker-control".into()).spawn(move || {
-        for c in control.incoming().flatten() {
-            let a = a.clone();
-            let _ = std::thread::Builder::new().name("worker-control-conn".into()).spawn(move || control_conn(&a, c));
-        }
+        serve_control_lines(control, Duration::from_millis(CONTROL_IDLE_MS), move |line| control_reply(&a, line))
     })?;
     let a = agent.clone();
     std::thread::Builder::new().name("worker-heartbeat".into()).spawn(move || {
@@ -163,20 +170,67 @@ fn register(cfg: &WorkerConfig, control: SocketAddr, busy: bool) -> Result<TcpSt
     Ok(sched)
 }
 
-fn control_conn(a: &Agent, c: TcpStream) {
-    let Ok(mut w) = c.try_clone() else { return };
-    for line in BufReader::new(c).lines().map_while(Result::ok) {
-        let reply = match line.trim() {
-            "DEBUG" => {
-                let mut v = serde_json::to_value(a.worker.debug()).unwrap_or_default();
-                v["busy"] = a.busy.load(Ordering::Acquire).into();
-                v["jobs"] = a.jobs.load(Ordering::Relaxed).into();
-                v["worker"] = a.cfg.id.into();
-                v.to_string()
+fn control_reply(a: &Agent, line: &str) -> String {
+    match line.trim() {
+        "DEBUG" => {
+            let mut v = serde_json::to_value(a.worker.debug()).unwrap_or_default();
+            v["busy"] = a.busy.load(Ordering::Acquire).into();
+            v["jobs"] = a.jobs.load(Ordering::Relaxed).into();
+            v["worker"] = a.cfg.id.into();
+            v.to_string()
+        }
+        other => format!("ERR unknown command {other:?} (DEBUG)"),
+    }
+}
+
+/// Serves a one-line-request, one-line-answer control protocol on `listener`, each connection
+/// on its own thread: at most [`CONTROL_CONNECTIONS_MAX`] at once (more are answered an error
+/// and closed), lines of at most [`CONTROL_LINE_BYTES_MAX`] bytes (a longer one is answered an
+/// error and the connection closed), and `idle` as the read and write timeout.
+fn serve_control_lines(listener: TcpListener, idle: Duration, reply: impl Fn(&str) -> String + Send + Sync + 'static) {
+    let reply = Arc::new(reply);
+    let live = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    for c in listener.incoming().flatten() {
+        if live.load(Ordering::Acquire) >= CONTROL_CONNECTIONS_MAX {
+            let mut c = c;
+            let _ = c.write_all(b"ERR too many connections\n");
+            continue;
+        }
+        live.fetch_add(1, Ordering::AcqRel);
+        let (reply, live) = (reply.clone(), live.clone());
+        let spawned = std::thread::Builder::new().name("worker-control-conn".into()).spawn({
+            let live = live.clone();
+            move || {
+                control_conn(c, idle, &*reply);
+                live.fetch_sub(1, Ordering::AcqRel);
             }
-            other => format!("ERR unknown command {other:?} (DEBUG)"),
-        };
-        if writeln!(w, "{reply}").is_err() {
+        });
+        if spawned.is_err() {
+            live.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+fn control_conn(c: TcpStream, idle: Duration, reply: &dyn Fn(&str) -> String) {
+    if c.set_read_timeout(Some(idle)).is_err() || c.set_write_timeout(Some(idle)).is_err() {
+        return;
+    }
+    let Ok(mut w) = c.try_clone() else { return };
+    let mut r = BufReader::new(c);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        // An error here is the idle timeout, a reset or a closed connection: done.
+        let Ok(n) = r.by_ref().take(CONTROL_LINE_BYTES_MAX as u64 + 1).read_until(b'\n', &mut line) else { return };
+        if n == 0 {
+            return;
+        }
+        if line.len() > CONTROL_LINE_BYTES_MAX {
+            let _ = w.write_all(b"ERR line too long\n");
+            return;
+        }
+        let text = String::from_utf8_lossy(&line);
+        if writeln!(w, "{}", reply(&text)).is_err() {
             return;
         }
     }
@@ -353,5 +407,48 @@ impl Agent {
                 }
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn control_server(idle: Duration) -> SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || serve_control_lines(l, idle, |line| format!("echo {}", line.trim())));
+        addr
+    }
+
+    fn answer(s: &mut TcpStream) -> String {
+        let mut b = Vec::new();
+        let _ = BufReader::new(s).read_until(b'\n', &mut b);
+        String::from_utf8_lossy(&b).into_owned()
+    }
+
+    /// The attacker sends an endless line, or opens connections and sends nothing: the first
+    /// is cut at the line bound, the others at the idle limit and the connection bound, and a
+    /// well-behaved caller is still answered.
+    #[test]
+    fn adversary_endless_lines_and_idle_connections_are_bounded() {
+        let addr = control_server(Duration::from_millis(300));
+        let mut flood = TcpStream::connect(addr).unwrap();
+        let _ = flood.write_all(&vec![b'x'; 64 * 1024]);
+        assert_eq!(answer(&mut flood), "ERR line too long\n");
+        let idle: Vec<TcpStream> = (0..CONTROL_CONNECTIONS_MAX).map(|_| TcpStream::connect(addr).unwrap()).collect();
+        std::thread::sleep(Duration::from_millis(100));
+        let mut refused = TcpStream::connect(addr).unwrap();
+        assert_eq!(answer(&mut refused), "ERR too many connections\n");
+        // The idle connections are closed after the limit, and the slots come back.
+        for mut c in idle {
+            c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut b = [0u8; 1];
+            assert_eq!(c.read(&mut b).unwrap_or(0), 0, "an idle connection was kept open");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        let mut ok = TcpStream::connect(addr).unwrap();
+        ok.write_all(b"DEBUG\n").unwrap();
+        assert_eq!(answer(&mut ok), "echo DEBUG\n");
     }
 }

@@ -15,6 +15,7 @@
 //! | `crash` | no process exited that the schedule did not kill |
 //! | `stuck` | after the heal, every node makes a write durable |
 //! | `nemesis` | every scheduled restart came up, every start the schedule expects to fail failed |
+//! | `byzantine` | (`--byzantine`) no node or front end applied, no server stored or acked, a record of the leaked writer that its revocation covers ([`super::byzantine::check`]) |
 
 use super::history::{CasOutcome, Finals, History, KvState, Outcome, WriteEvent};
 use super::workload::{author_of, owner_of};
@@ -116,6 +117,7 @@ pub fn check(h: &History, fin: &Finals, f: usize) -> Vec<Violation> {
     for (step, e) in &fin.nemesis_errors {
         out.push(v("nemesis", format!("{step}: {e}")));
     }
+    super::byzantine::check(fin, &mut out);
     out
 }
 

@@ -149,4 +149,6 @@ pub struct Finals {
     pub stuck: Vec<(String, String)>,
     /// What the nemesis could not do as scheduled (a failed restart, ...): (step, why).
     pub nemesis_errors: Vec<(String, String)>,
+    /// `--byzantine`: the attack and what the deployment holds of it.
+    pub byzantine: Option<super::byzantine::ByzFinals>,
 }

@@ -15,7 +15,9 @@
 //! - [`checker`]: the checks (pure).
 //! - [`proxy`]: the cuttable TCP proxy between each process and the router.
 //! - [`runner`]: processes, clients, nemesis, finals (the thin I/O layer).
+//! - [`byzantine`]: `--byzantine`: a leaked writer key attacking its revocation, and its check.
 
+pub mod byzantine;
 pub mod checker;
 pub mod history;
 pub mod proxy;
@@ -66,6 +68,12 @@ pub struct ChaosArgs {
     /// if this process may mount a tmpfs, `off` never does.
     #[arg(long, default_value = "auto")]
     pub disk_faults: DiskFaults,
+    /// Byzantine mode: the runner also plays an attacker holding a leaked certified writer key,
+    /// which the coordinators revoke mid-run and which goes on forging, replaying, equivocating
+    /// and publishing records it withheld; the `byzantine` check asks that nothing the
+    /// revocation covers is applied or stored anywhere (part of what a seed replays).
+    #[arg(long)]
+    pub byzantine: bool,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,6 +100,8 @@ struct SeedReport {
     seconds: f64,
     replay: String,
     dir: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    byzantine: Option<serde_json::Value>,
 }
 
 fn replay_cmd(a: &ChaosArgs, seed: u64) -> String {
@@ -104,6 +114,9 @@ fn replay_cmd(a: &ChaosArgs, seed: u64) -> String {
     }
     if a.front_ends != Shape::default().memcached {
         c.push_str(&format!(" --front-ends {}", a.front_ends));
+    }
+    if a.byzantine {
+        c.push_str(" --byzantine");
     }
     c
 }
@@ -120,7 +133,11 @@ pub fn run(a: ChaosArgs) -> Result<i32> {
         for seed in a.start..a.start.saturating_add(a.seeds) {
             let s = Schedule::generate(seed, shape);
             let w = Workload::generate(seed, wshape);
-            println!("{}", serde_json::json!({"seed": seed, "schedule": s, "workload": w}));
+            let mut j = serde_json::json!({"seed": seed, "schedule": s, "workload": w});
+            if a.byzantine {
+                j["byzantine"] = serde_json::json!(byzantine::Plan::generate(seed, shape.fault_ms));
+            }
+            println!("{j}");
         }
         return Ok(0);
     }
@@ -153,7 +170,7 @@ pub fn run(a: ChaosArgs) -> Result<i32> {
         }
         let started = Instant::now();
         pb.set_message(format!("seed {seed}"));
-        let o = runner::RunOpts { exe: exe.clone(), dir: sdir.clone(), tmpfs };
+        let o = runner::RunOpts { exe: exe.clone(), dir: sdir.clone(), tmpfs, byzantine: a.byzantine };
         let run = runner::run(&sched, &wl, &o);
         let (violations, run_info) = match run {
             Ok(r) => (checker::check(&r.history, &r.finals, usize::from(shape.f)), Some(r)),
@@ -197,6 +214,7 @@ pub fn run(a: ChaosArgs) -> Result<i32> {
             seconds: started.elapsed().as_secs_f64(),
             replay: replay_cmd(&a, seed),
             dir: (!ok || a.keep).then(|| sdir.display().to_string()),
+            byzantine: run_info.as_ref().and_then(|r| r.finals.byzantine.as_ref()).map(|b| b.summary()),
         };
         skipped_total += report.skipped.len();
         if !ok {

@@ -55,6 +55,8 @@ pub struct RunOpts {
     pub dir: PathBuf,
     /// Whether stores may live on tmpfs mounts (disk faults), probed once per run.
     pub tmpfs: bool,
+    /// `--byzantine`: a leaked writer key attacks the revocation (see [`super::byzantine`]).
+    pub byzantine: bool,
 }
 
 /// What one seed's run produced.
@@ -147,6 +149,8 @@ struct Cluster {
     rss: Mutex<BTreeMap<String, u64>>,
     server_read: Vec<SocketAddr>,
     node_ctl: Vec<SocketAddr>,
+    /// The coordinators' control addresses (`REVOKE`, `--byzantine`).
+    coord_ctl: Vec<SocketAddr>,
     mc_listen: Vec<SocketAddr>,
     mc_peer: Vec<SocketAddr>,
     capsuledb_writer: u32,
@@ -193,6 +197,7 @@ impl Cluster {
                 a.extend(["--epoch-ms", "50", "--eoe-timeout-ms", "200", "--rank"].map(String::from));
                 a.push(r.to_string());
                 a.extend(["--state".into(), Self::s(&self.dir.join(format!("coord{r}")))]);
+                a.extend(["--control".into(), self.coord_ctl[r as usize].to_string()]);
                 (a, "control")
             }
             Proc::Server(i) => {
@@ -269,7 +274,9 @@ impl Cluster {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log.try_clone()?))
-            .env("PSL_LOG", std::env::var("PSL_LOG").unwrap_or_else(|_| "warn".into()));
+            .env("PSL_LOG", std::env::var("PSL_LOG").unwrap_or_else(|_| "warn".into()))
+            // The operator's control public key: the roles run the clients' signed commands.
+            .env("PSL_CONTROL_PUB", self.dir.join("control.pub"));
         // SAFETY: the closure runs in the forked child before exec and only calls prctl(2),
         // which is async-signal-safe; it touches no memory of the parent and allocates nothing.
         unsafe {
@@ -500,26 +507,44 @@ fn vm_kib(pid: u32, field: &str) -> Option<u64> {
 // ---------------------------------------------------------------------------------------------
 // Clients
 
-/// A node's control interface (line protocol), with bounded waits.
-struct Ctl {
+/// The operator control key of this process's runs (each run's roles get its public half,
+/// `control.pub` in the run's directory).
+fn control_key() -> &'static psl_crypto::SigningKey {
+    static KEY: std::sync::OnceLock<psl_crypto::SigningKey> = std::sync::OnceLock::new();
+    KEY.get_or_init(psl_node::control::generate_operator_key)
+}
+
+/// A node's control interface (line protocol), with bounded waits; every command signed with
+/// [`control_key`].
+pub(super) struct Ctl {
     r: BufReader<TcpStream>,
-    w: TcpStream,
+    pub(super) w: TcpStream,
+    nonce: [u8; psl_node::control::NONCE_BYTES],
+    next: u64,
 }
 
 impl Ctl {
-    fn connect(addr: SocketAddr, timeout: Duration) -> std::io::Result<Ctl> {
+    pub(super) fn connect(addr: SocketAddr, timeout: Duration) -> std::io::Result<Ctl> {
         let s = TcpStream::connect_timeout(&addr, timeout)?;
         s.set_nodelay(true)?;
         s.set_read_timeout(Some(Duration::from_secs(45)))?;
         s.set_write_timeout(Some(Duration::from_secs(45)))?;
-        Ok(Ctl { r: BufReader::new(s.try_clone()?), w: s })
+        let mut c =
+            Ctl { r: BufReader::new(s.try_clone()?), w: s, nonce: [0; psl_node::control::NONCE_BYTES], next: 0 };
+        c.w.write_all(b"HELLO\n")?;
+        let hello = c.line()?;
+        let nonce = hello.strip_prefix(&format!("HELLO {} ", psl_node::control::PROTOCOL)).unwrap_or_default();
+        hex::decode_to_slice(nonce, &mut c.nonce)
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("greeting {hello:?}")))?;
+        Ok(c)
     }
 
     fn send(&mut self, lines: &[String]) -> std::io::Result<()> {
         let mut b = Vec::new();
         for l in lines {
-            b.extend_from_slice(l.as_bytes());
-            b.push(b'\n');
+            let sig = control_key().sign(&psl_node::control::command_digest(&self.nonce, self.next, l.as_bytes()));
+            b.extend_from_slice(format!("AUTH {} {} {l}\n", self.next, hex::encode(sig.0)).as_bytes());
+            self.next += 1;
         }
         self.w.write_all(&b)
     }
@@ -532,7 +557,7 @@ impl Ctl {
         Ok(s.trim_end().to_string())
     }
 
-    fn call(&mut self, l: &str) -> std::io::Result<String> {
+    pub(super) fn call(&mut self, l: &str) -> std::io::Result<String> {
         self.send(&[l.to_string()])?;
         self.line()
     }
@@ -1043,6 +1068,8 @@ pub fn run(sched: &Schedule, wl: &Workload, o: &RunOpts) -> Result<SeedRun> {
         Ok(())
     };
     psl(&["keys", "new", "--out", "owner.key"])?;
+    let control_pub = psl_node::control::operator_pub_text(&control_key().verifying_key());
+    crate::util::write_atomic(&dir.join("control.pub"), control_pub.as_bytes(), 0o644)?;
     psl(&[
         "capsule",
         "new",
@@ -1090,6 +1117,7 @@ pub fn run(sched: &Schedule, wl: &Workload, o: &RunOpts) -> Result<SeedRun> {
         rss: Mutex::new(BTreeMap::new()),
         server_read: (0..shape.servers).map(|_| free_port()).collect::<Result<_>>()?,
         node_ctl: (0..shape.nodes).map(|_| free_port()).collect::<Result<_>>()?,
+        coord_ctl: (0..shape.coordinators).map(|_| free_port()).collect::<Result<_>>()?,
         mc_listen: (0..shape.memcached).map(|_| free_port()).collect::<Result<_>>()?,
         mc_peer: (0..shape.memcached).map(|_| free_port()).collect::<Result<_>>()?,
         capsuledb_writer: crate::capsuledb::db_writer(30_000)?,
@@ -1149,10 +1177,16 @@ fn run_cluster(cl: &Cluster, sched: &Schedule, wl: &Workload, o: &RunOpts) -> Re
     // Clients and nemesis, concurrently.
     let stop = AtomicBool::new(false);
     let t0 = Instant::now();
+    let byz_env = byz_env(cl, t0, shape.fault_ms);
     let (history, nemesis) = std::thread::scope(|s| {
         let clients: Vec<_> =
             wl.node_clients.iter().map(|c| s.spawn(|| node_client(c, &cl.node_ctl, t0, &stop))).collect();
         let cas: Vec<_> = wl.cas_clients.iter().map(|c| s.spawn(|| cas_client(c, &cl.mc_listen, &stop))).collect();
+        let attacker = o.byzantine.then(|| {
+            s.spawn(|| {
+                super::byzantine::attack(super::byzantine::Plan::generate(sched.seed, shape.fault_ms), &byz_env, &stop)
+            })
+        });
         let mut nem = Nemesis { cl, tmpfs: o.tmpfs, errors: Vec::new(), skipped: Vec::new(), fillers: BTreeMap::new() };
         nem.run(&sched.steps, &stop);
         let mut h = History::default();
@@ -1166,8 +1200,10 @@ fn run_cluster(cl: &Cluster, sched: &Schedule, wl: &Workload, o: &RunOpts) -> Re
             h.merge(c.join().unwrap_or_default());
         }
         stop.store(true, Ordering::Relaxed);
-        (h, nem)
+        let byz = attacker.map(|a| a.join().unwrap_or_default());
+        (h, (nem, byz))
     });
+    let (nemesis, byz) = nemesis;
     let mut finals = Finals { nemesis_errors: nemesis.errors, ..Finals::default() };
     let skipped = nemesis.skipped;
     // Whatever is still down after the schedule (a process that died unexpectedly) comes back
@@ -1189,9 +1225,23 @@ fn run_cluster(cl: &Cluster, sched: &Schedule, wl: &Workload, o: &RunOpts) -> Re
             }
         }
     }
-    collect_finals(cl, wl, &mut finals)?;
+    collect_finals(cl, wl, &mut finals, byz)?;
     finals.unexpected_exits = lock(&cl.unexpected).clone();
     Ok((history, finals, skipped))
+}
+
+/// Where the `--byzantine` attacker reaches the deployment.
+fn byz_env(cl: &Cluster, t0: Instant, fault_ms: u64) -> super::byzantine::Env {
+    super::byzantine::Env {
+        dir: cl.dir.clone(),
+        router: cl.router,
+        coord_ctl: cl.coord_ctl.clone(),
+        node_ctl: cl.node_ctl.clone(),
+        mc_listen: cl.mc_listen.clone(),
+        server_read: cl.server_read.clone(),
+        t0,
+        fault_ms,
+    }
 }
 
 /// Reads every key on `node` (pipelined GETs).
@@ -1221,7 +1271,12 @@ fn dump_versions(addr: SocketAddr) -> Result<(KvState, crate::chaos::history::Ve
     Ok((state, vers))
 }
 
-fn collect_finals(cl: &Cluster, wl: &Workload, fin: &mut Finals) -> Result<()> {
+fn collect_finals(
+    cl: &Cluster,
+    wl: &Workload,
+    fin: &mut Finals,
+    byz: Option<super::byzantine::AttackLog>,
+) -> Result<()> {
     let keys = wl.kv_keys();
     tracing::info!("chaos finals: settle (t+{} ms)", cl.t0.elapsed().as_millis());
     // Settle: the nodes converge (bounded); servers catch up with each other.
@@ -1398,6 +1453,10 @@ fn collect_finals(cl: &Cluster, wl: &Workload, fin: &mut Finals) -> Result<()> {
         }
     }
 
+    if let Some(log) = byz {
+        tracing::info!("chaos finals: byzantine (t+{} ms)", cl.t0.elapsed().as_millis());
+        fin.byzantine = Some(super::byzantine::finals(&byz_env(cl, cl.t0, 0), log));
+    }
     tracing::info!("chaos finals: store checks (t+{} ms)", cl.t0.elapsed().as_millis());
     // Every store re-verifies: through each running server, then offline once stopped.
     for (i, a) in cl.server_read.iter().enumerate() {
@@ -1500,6 +1559,7 @@ mod tests {
             rss: Mutex::new(BTreeMap::new()),
             server_read: Vec::new(),
             node_ctl: Vec::new(),
+            coord_ctl: Vec::new(),
             mc_listen: Vec::new(),
             mc_peer: Vec::new(),
             capsuledb_writer: 0,
