@@ -663,13 +663,22 @@ impl Recorder {
         Ok(Recorder { stop, records, thread: Some(thread) })
     }
 
-    /// Stops and returns the `.capsule` file of everything kept, and the record count.
+    /// Stops and returns the `.capsule` file of everything kept, and the record count. Records
+    /// that a revocation carried in the capsule itself refuses are left out (a RESET worker's
+    /// records published after its revocation epoch: every node and server refuses them, so
+    /// they are not part of the job's capsule).
     pub fn finish(mut self, meta: &SignedMetadata) -> (Vec<u8>, usize) {
         self.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
         let g = self.records.lock();
-        (psl_capsule::file::encode(meta, &g.0), g.0.len())
+        let public = psl_capsule::Verifier::new(meta.clone(), None);
+        public.learn_statements(&g.0);
+        let kept: Vec<Record> = g.0.iter().filter(|r| public.revoked(r.header()).is_none()).cloned().collect();
+        if kept.len() < g.0.len() {
+            tracing::info!(refused = g.0.len() - kept.len(), "capsule recorder: records a revocation refuses left out");
+        }
+        (psl_capsule::file::encode(meta, &kept), kept.len())
     }
 }
