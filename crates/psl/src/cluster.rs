@@ -37,12 +37,15 @@ pub struct Settings {
     #[serde(default = "default_dir")]
     pub dir: PathBuf,
     /// Files every host needs, the same on each (made once by `psl up --config F --init`,
-    /// then copied): the sim platform key, the KV capsule and its owner key.
+    /// then copied): the sim platform key (used only under `--attest sim`), the attestation
+    /// policy, the KV capsule's public metadata and its servers' certificates, public keys and
+    /// pins. No other secret key: the KV owner key stays in `operator`.
     #[serde(default = "default_shared")]
     pub shared: PathBuf,
     /// The operator's private directory (mode 0700): `--init` writes the control key there
-    /// (`control.key`, mode 0600), which signs control commands (`psl kv --control-key`).
-    /// Never copy it to the hosts: they get only `control.pub`, in `shared`.
+    /// (`control.key`, mode 0600), which signs control commands (`psl kv --control-key`), and
+    /// the KV capsule's owner key (`kv-owner.key`, 0600). Never copy it to the hosts: they get
+    /// only `control.pub`, in `shared`, and their own files in `dir/NAME/`.
     #[serde(default = "default_operator")]
     pub operator: PathBuf,
     /// The fabric; default: the NATS servers of the hosts with `nats = "cluster"`, else the
@@ -482,7 +485,11 @@ struct Shared {
     /// measurement; replace it with a hardware policy (docs/security/attestation.md) to run
     /// attested.
     policy: PathBuf,
-    kv_owner: PathBuf,
+    /// Where clusters made before the owner key left the shared directory kept it: `--init`
+    /// moves it to the operator's directory, and `psl up --host` refuses to start while it is
+    /// there.
+    legacy_kv_owner: PathBuf,
+    /// The KV capsule's public metadata.
     kv_capsule: PathBuf,
     /// The operator's control public key (the secret half stays in `[cluster] operator`).
     control_pub: PathBuf,
@@ -493,11 +500,38 @@ impl Shared {
         Shared {
             sim_key: dir.join("sim-platform.key"),
             policy: dir.join("attest-policy.toml"),
-            kv_owner: dir.join("kv-owner.key"),
+            legacy_kv_owner: dir.join("kv-owner.key"),
             kv_capsule: dir.join("kv.capsule"),
             control_pub: dir.join("control.pub"),
         }
     }
+
+    /// KV capsule server `id`'s certificate (public).
+    fn kv_server_cert(&self, id: u32) -> PathBuf {
+        self.kv_capsule.with_file_name(format!("kv-server{id}.cert"))
+    }
+}
+
+/// KV capsule server `id`'s ack-signing key, in its own host's directory only (secret, 0600).
+fn kv_ack_key_path(host_dir: &Path, id: u32) -> PathBuf {
+    host_dir.join(format!("kv-server{id}.ack-key"))
+}
+
+/// The KV owner key's copy on a host whose KV roles still read it (front ends, KV
+/// coordinators, CapsuleDB; until the leader hands them their keys): in that host's own
+/// directory only (secret, 0600). Capsule-server-only hosts get none.
+fn kv_host_owner_path(host_dir: &Path) -> PathBuf {
+    host_dir.join("kv-owner.key")
+}
+
+/// The KV owner key in the operator's directory: the one kept copy.
+fn kv_operator_owner_path(op: &Path) -> PathBuf {
+    op.join("kv-owner.key")
+}
+
+/// Whether host `h` runs a KV role that needs the capsule's secrets (not a capsule server).
+fn needs_kv_secrets(h: &Host) -> bool {
+    !h.memcached.is_empty() || !h.kv_coordinators.is_empty() || h.capsuledb
 }
 
 fn psl_once(args: &[String]) -> Result<()> {
@@ -531,26 +565,7 @@ pub fn init(config: &Path) -> Result<i32> {
         crate::util::write_atomic(&sh.policy, text.as_bytes(), 0o644)?;
     }
     capsule_host_keys(&c, base, &dir)?;
-    if c.has_kv() {
-        let s = |p: &Path| p.display().to_string();
-        if !sh.kv_owner.exists() {
-            psl_once(&["keys".into(), "new".into(), "--out".into(), s(&sh.kv_owner)])?;
-        }
-        if !sh.kv_capsule.exists() {
-            psl_once(&[
-                "capsule".into(),
-                "new".into(),
-                "--owner".into(),
-                s(&sh.kv_owner),
-                "--label".into(),
-                "psl-cluster-kv".into(),
-                "--out".into(),
-                s(&sh.kv_capsule),
-            ])?;
-        }
-    }
-    // The operator's control key: the secret in the operator's own directory, never in the
-    // shared one; the hosts get the public half.
+    // The operator's own directory: the control key and the KV owner key, never shared.
     let op = c.operator_dir(base);
     {
         use std::os::unix::fs::DirBuilderExt;
@@ -560,11 +575,105 @@ pub fn init(config: &Path) -> Result<i32> {
             .create(&op)
             .with_context(|| format!("creating {}", op.display()))?;
     }
+    let owner = kv_operator_owner_path(&op);
+    if sh.legacy_kv_owner.exists() {
+        // A cluster made when the owner key was shared: the operator keeps it from now on.
+        if owner.exists() {
+            if std::fs::read(&owner)? != std::fs::read(&sh.legacy_kv_owner)? {
+                bail!(
+                    "{} and {} are different owner keys: keep the one the KV capsule {} names and delete the other",
+                    sh.legacy_kv_owner.display(),
+                    owner.display(),
+                    sh.kv_capsule.display()
+                );
+            }
+            std::fs::remove_file(&sh.legacy_kv_owner)?;
+        } else {
+            std::fs::rename(&sh.legacy_kv_owner, &owner)
+                .with_context(|| format!("moving {} to {}", sh.legacy_kv_owner.display(), owner.display()))?;
+        }
+        eprintln!(
+            "warning: moved the KV owner key out of the shared directory to {}; delete every copy of {} on the hosts",
+            owner.display(),
+            sh.legacy_kv_owner.display()
+        );
+    }
+    if c.has_kv() {
+        let s = |p: &Path| p.display().to_string();
+        if !owner.exists() {
+            psl_once(&["keys".into(), "new".into(), "--out".into(), s(&owner)])?;
+        }
+        if !sh.kv_capsule.exists() {
+            psl_once(&[
+                "capsule".into(),
+                "new".into(),
+                "--owner".into(),
+                s(&owner),
+                "--label".into(),
+                "psl-cluster-kv".into(),
+                "--out".into(),
+                s(&sh.kv_capsule),
+            ])?;
+        }
+        kv_host_keys(&c, base, &sh, &owner)?;
+    }
+    // The operator's control key: the secret in the operator's own directory, never in the
+    // shared one; the hosts get the public half.
     let key = op.join("control.key");
     crate::util::write_control_keys(&key, &sh.control_pub)?;
-    println!("shared files in {} (copy this directory to every host; its keys are secret)", dir.display());
+    println!(
+        "shared files in {} (copy this directory to every host; it holds no secret key but the sim platform's, \
+         which only `--attest sim` uses)",
+        dir.display()
+    );
     println!("operator control key {} (keep it here: never copy it to a host)", key.display());
+    if c.has_kv() {
+        println!("KV owner key {} (keep it here: never copy it to a host)", owner.display());
+    }
     Ok(0)
+}
+
+/// `--init`, KV: each capsule server's own ack key (in its host's directory, 0600: copied to
+/// that host only) and its certificate (public, in the shared directory); and, until the
+/// leader hands them their keys, a copy of the owner key in the directory of each host that
+/// runs a front end, a KV coordinator or CapsuleDB (0600), none elsewhere. Files that exist
+/// are kept; a server key whose certificate is shared but whose key is not here (moved to its
+/// host) is not made again.
+fn kv_host_keys(c: &ClusterConfig, base: &Path, sh: &Shared, owner_path: &Path) -> Result<()> {
+    let owner = crate::util::read_owner_key(owner_path)?;
+    let meta = crate::roles::read_metadata(&sh.kv_capsule)?;
+    if owner.public() != meta.meta.owner {
+        bail!("{} is not the owner key of the KV capsule {}", owner_path.display(), sh.kv_capsule.display());
+    }
+    let app = owner.app(meta.meta.app_index)?;
+    let certified = meta.meta.policy.writer_keys == psl_capsule::WriterKeys::Certified;
+    for h in &c.hosts {
+        let host_dir = base.join(&c.cluster.dir).join(&h.name);
+        for id in &h.kv_servers {
+            let (key, cert) = (kv_ack_key_path(&host_dir, *id), sh.kv_server_cert(*id));
+            if key.exists() || (certified && cert.exists()) {
+                if key.exists() && certified && !cert.exists() {
+                    crate::roles::write_server_credentials(&meta, &app, *id, &key, &cert)?;
+                }
+                continue;
+            }
+            std::fs::create_dir_all(&host_dir).with_context(|| format!("creating {}", host_dir.display()))?;
+            crate::roles::write_server_credentials(&meta, &app, *id, &key, &cert)?;
+            println!("kv capsule server {id}'s ack key {} (copy it to host {} only)", key.display(), h.name);
+        }
+        let copy = kv_host_owner_path(&host_dir);
+        if needs_kv_secrets(h) && !copy.exists() {
+            std::fs::create_dir_all(&host_dir).with_context(|| format!("creating {}", host_dir.display()))?;
+            crate::util::write_atomic(&copy, owner.to_file_string().as_bytes(), 0o600)?;
+            println!(
+                "KV owner key for host {}'s front ends, coordinators and CapsuleDB {} (copy it to host {} only)",
+                h.name,
+                copy.display(),
+                h.name
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Capsule host `id`'s TLS key pin (public: the hash of its key), in the shared directory.
@@ -618,7 +727,7 @@ fn sim_platform(sh: &Shared) -> Result<std::sync::Arc<psl_faas::SimPlatform>> {
 }
 
 /// The cluster file `psl run --cluster` and `psl memcached --cluster` read.
-fn cluster_file(c: &ClusterConfig, sh: &Shared, kv_dir: &Path) -> Result<serde_json::Value> {
+fn cluster_file(c: &ClusterConfig, sh: &Shared, host_dir: &Path, kv_dir: &Path) -> Result<serde_json::Value> {
     let policy = std::fs::canonicalize(&sh.policy).with_context(|| format!("the policy {}", sh.policy.display()))?;
     let mut v = serde_json::json!({
         "scheduler": c.scheduler().map(|a| a.to_string()),
@@ -635,7 +744,9 @@ fn cluster_file(c: &ClusterConfig, sh: &Shared, kv_dir: &Path) -> Result<serde_j
         v["kv"] = serde_json::json!({
             "fabric": c.fabric_spec(None).ok(),
             "capsule": sh.kv_capsule,
-            "owner": sh.kv_owner,
+            // A front end joining on this host reads the host's copy (hosts that run KV roles
+            // which need secrets have one).
+            "owner": kv_host_owner_path(host_dir),
             "capsuledb_writer": psl_scl::writer_index(CAPSULEDB_ID, 0, 15),
             "peers": mc.iter().map(|m| m.2.to_string()).collect::<Vec<_>>(),
             "front_ends": mc.iter().map(|m| m.1.to_string()).collect::<Vec<_>>(),
@@ -695,13 +806,41 @@ pub fn up_host(config: &Path, name: &str) -> Result<i32> {
     let sh = Shared::at(&c.shared(base));
     if !sh.sim_key.exists()
         || !sh.policy.exists()
-        || (c.has_kv() && (!sh.kv_owner.exists() || !sh.kv_capsule.exists() || !sh.control_pub.exists()))
+        || (c.has_kv() && (!sh.kv_capsule.exists() || !sh.control_pub.exists()))
     {
         bail!(
             "the shared files are missing from {}: run `psl up --config {} --init` once and copy them to every host",
             c.shared(base).display(),
             config.display()
         );
+    }
+    if sh.legacy_kv_owner.exists() {
+        bail!(
+            "{} is the KV owner key in the shared directory, which every host gets: run `psl up --config {} --init` \
+             on the operator's machine (it moves the key to the operator's directory) and delete every copy of it \
+             on the hosts",
+            sh.legacy_kv_owner.display(),
+            config.display()
+        );
+    }
+    // This host's own secret files, from `--init` (copied from `[cluster] dir/NAME/`).
+    let missing = |p: &Path, what: &str| -> Result<()> {
+        if !p.exists() {
+            bail!(
+                "{what} has no key file {}: run `psl up --config {} --init` and copy {} to this host",
+                p.display(),
+                config.display(),
+                dir.display()
+            );
+        }
+        Ok(())
+    };
+    for id in &h.kv_servers {
+        missing(&kv_ack_key_path(&dir, *id), &format!("kv capsule server {id}"))?;
+    }
+    let host_owner = kv_host_owner_path(&dir);
+    if needs_kv_secrets(&h) {
+        missing(&host_owner, "this host's front ends, KV coordinators or CapsuleDB")?;
     }
     crate::up::catch_signals();
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -761,14 +900,22 @@ pub fn up_host(config: &Path, name: &str) -> Result<i32> {
         }
         wait_fabric(&fabric, deadline)?;
         let kv_dir = dir.join("kv");
+        // The KV roles that need the capsule's secrets (front ends, coordinators, CapsuleDB)
+        // read the host's copy of the owner key; a capsule server gets only its own ack key.
         let kv_common = |role: &str| -> Vec<String> {
-            let mut v = vec![role.into(), "--capsule".into(), s(&sh.kv_capsule), "--owner".into(), s(&sh.kv_owner)];
+            let mut v = vec![role.into(), "--capsule".into(), s(&sh.kv_capsule), "--owner".into(), s(&host_owner)];
             v.extend(ff.clone());
             v
         };
         let mut ready = Vec::new();
         for id in &h.kv_servers {
-            let mut a = kv_common("capsule-server");
+            let mut a = vec!["capsule-server".to_string(), "--capsule".into(), s(&sh.kv_capsule)];
+            a.extend(["--ack-key".into(), s(&kv_ack_key_path(&dir, *id))]);
+            let cert = sh.kv_server_cert(*id);
+            if cert.exists() {
+                a.extend(["--cert".into(), s(&cert)]);
+            }
+            a.extend(ff.clone());
             a.extend([
                 "--dir".into(),
                 s(&kv_dir.join(format!("server{id}"))),
@@ -979,7 +1126,7 @@ pub fn up_host(config: &Path, name: &str) -> Result<i32> {
         for (what, rx, prefix) in ready.drain(..) {
             wait_line(&what, &rx, prefix, deadline)?;
         }
-        let file = cluster_file(&c, &sh, &kv_dir)?;
+        let file = cluster_file(&c, &sh, &dir, &kv_dir)?;
         crate::util::write_atomic(&dir.join("cluster.json"), serde_json::to_string_pretty(&file)?.as_bytes(), 0o644)?;
         Ok(())
     })();

@@ -38,6 +38,24 @@ pub enum KeysCmd {
         #[arg(long, default_value = "control.key")]
         out: PathBuf,
     },
+    /// Make capsule server ID's own ack-signing key file (secret, mode 0600: for that server's
+    /// host only) and, in a capsule that certifies writers, its certificate (public), for
+    /// `psl capsule-server --ack-key KEY --cert CERT`: the server then never sees the owner key.
+    Server {
+        /// The owner key file.
+        key: PathBuf,
+        /// The capsule file (names the capsule and the application).
+        #[arg(long)]
+        capsule: PathBuf,
+        #[arg(long)]
+        id: u32,
+        /// The ack key file to write.
+        #[arg(long)]
+        out: PathBuf,
+        /// The certificate file to write (certified capsules).
+        #[arg(long)]
+        cert: Option<PathBuf>,
+    },
     /// Issue a writer certificate offline: the application key of CAPSULE's owner signs writer
     /// WRITER's hardened public key, for `psl capsule append --writer WRITER --cert FILE`.
     Cert {
@@ -111,6 +129,23 @@ pub fn run(cmd: KeysCmd) -> Result<i32> {
                 println!("secret key written to {} (mode 0600); public key to {}", out.display(), public.display());
             } else {
                 println!("{} exists: kept; public key in {}", out.display(), public.display());
+            }
+        }
+        KeysCmd::Server { key, capsule, id, out, cert } => {
+            let owner = read_owner_key(&key)?;
+            let meta = crate::roles::read_metadata(&capsule)?;
+            if owner.public() != meta.meta.owner {
+                bail!("the key file is not the owner key of capsule {}", meta.name());
+            }
+            let app = owner.app(meta.meta.app_index)?;
+            let cert_path = cert.clone().unwrap_or_else(|| out.with_extension("cert"));
+            let certified = crate::roles::write_server_credentials(&meta, &app, id, &out, &cert_path)?;
+            println!(
+                "capsule server {id}'s ack key written to {} (mode 0600: copy it to its host only)",
+                out.display()
+            );
+            if certified {
+                println!("its certificate (public) written to {}", cert_path.display());
             }
         }
         KeysCmd::Cert { key, capsule, writer, from_epoch, until_epoch, out, json } => {

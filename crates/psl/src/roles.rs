@@ -474,11 +474,18 @@ pub struct CapsuleServerArgs {
     /// The capsule file that names the capsule (its metadata).
     #[arg(long)]
     pub capsule: Option<PathBuf>,
-    /// Owner key file. Used only to derive this server's own signing key (application child
-    /// `32768 + id`); a server never needs the data key. In production the leader hands each
-    /// server its key instead, after attestation.
-    #[arg(long)]
+    /// Owner key file: the development path, which derives this server's own signing key
+    /// (application child `32768 + id`) from the owner's tree. A deployment gives `--ack-key`
+    /// (and `--cert`) instead: a capsule server holds no key but its own.
+    #[arg(long, conflicts_with_all = ["ack_key", "cert"])]
     pub owner: Option<PathBuf>,
+    /// This server's own ack-signing key (`psl keys server`, or `psl up --init`: mode 0600, on
+    /// its host only), checked against the capsule's public metadata and `--cert`.
+    #[arg(long)]
+    pub ack_key: Option<PathBuf>,
+    /// The certificate of `--ack-key` (public), in a capsule that certifies writers.
+    #[arg(long, requires = "ack_key")]
+    pub cert: Option<PathBuf>,
     /// The fabric (`--fabric URL`, alias `--router`) and its NATS options.
     #[command(flatten)]
     pub fabric: psl_fabric::FabricArgs,
@@ -541,10 +548,13 @@ pub fn run_capsule_server(a: CapsuleServerArgs) -> Result<i32> {
         Some(CapsuleServerCmd::Check { .. }) => bail!("psl capsule-server check needs --dir DIR or --read ADDR"),
         None => {}
     }
-    let (Some(capsule), Some(owner), Some(_), Some(dir), Some(id)) =
-        (a.capsule, a.owner, &a.fabric.fabric, a.dir, a.id)
+    let (Some(capsule), true, Some(_), Some(dir), Some(id)) =
+        (a.capsule, a.owner.is_some() || a.ack_key.is_some(), &a.fabric.fabric, a.dir, a.id)
     else {
-        bail!("psl capsule-server needs --capsule, --owner, --fabric, --dir and --id (or the `check` subcommand)");
+        bail!(
+            "psl capsule-server needs --capsule, --ack-key (or --owner), --fabric, --dir and --id (or the `check` \
+             subcommand)"
+        );
     };
     let f = a.f.unwrap_or(a.n.saturating_sub(1) / 2);
     if a.n == 0 || a.n != 2 * f + 1 {
@@ -555,19 +565,30 @@ pub fn run_capsule_server(a: CapsuleServerArgs) -> Result<i32> {
     }
     a.budget.watch(RoleKind::CapsuleServer, "capsule-server");
     let spec = a.fabric.spec("psl capsule-server")?;
-    let common = CommonArgs {
-        capsule,
-        owner,
-        fabric: a.fabric,
-        epoch_ms: 100,
-        repair_cache_mb: None,
-        budget: BudgetArgs::default(),
-        cores: CoresArgs::default(),
+    let (meta, key, cert) = match (a.owner, a.ack_key) {
+        (_, Some(ack)) => {
+            let meta = read_metadata(&capsule)?;
+            let (key, cert) = read_server_credentials(&meta, id, &ack, a.cert.as_deref())?;
+            (meta, key, cert)
+        }
+        (Some(owner), None) => {
+            let common = CommonArgs {
+                capsule,
+                owner,
+                fabric: a.fabric,
+                epoch_ms: 100,
+                repair_cache_mb: None,
+                budget: BudgetArgs::default(),
+                cores: CoresArgs::default(),
+            };
+            let (meta, app) = load(&common)?;
+            let (key, cert) = psl_server::server_credentials(&meta, &app, id)
+                .with_context(|| format!("server id {id} is out of range (0 to 32767)"))?;
+            drop(app);
+            (meta, key, cert)
+        }
+        (None, None) => unreachable!("checked above"),
     };
-    let (meta, app) = load(&common)?;
-    let (key, cert) = psl_server::server_credentials(&meta, &app, id)
-        .with_context(|| format!("server id {id} is out of range (0 to 32767)"))?;
-    drop(app);
     let ack_public = key.verifying_key().to_bytes();
     let opts = psl_server::ServerOptions {
         id,
@@ -598,6 +619,94 @@ pub fn run_capsule_server(a: CapsuleServerArgs) -> Result<i32> {
             bail!("capsule server stopped acking: {e}");
         }
     }
+}
+
+/// A capsule file's public metadata.
+pub(crate) fn read_metadata(capsule: &Path) -> Result<psl_capsule::SignedMetadata> {
+    let bytes = std::fs::read(capsule).with_context(|| format!("reading {}", capsule.display()))?;
+    Ok(CapsuleFile::parse(&bytes).with_context(|| format!("{}", capsule.display()))?.metadata)
+}
+
+/// The first line of a capsule server's ack key file; the second is the key's 64 hex digits.
+const ACK_KEY_MAGIC: &str = "psl capsule server ack key v1";
+
+/// Writes capsule server `id`'s ack-signing key (from the owner's tree: `app`) to `key_path`
+/// (mode 0600) and, in a capsule that certifies writers, its certificate to `cert_path`
+/// (public). What a server needs instead of the owner key (`--ack-key`, `--cert`).
+pub(crate) fn write_server_credentials(
+    meta: &psl_capsule::SignedMetadata,
+    app: &psl_crypto::AppKey,
+    id: u32,
+    key_path: &Path,
+    cert_path: &Path,
+) -> Result<bool> {
+    let (key, cert) = psl_server::server_credentials(meta, app, id)
+        .with_context(|| format!("server id {id} is out of range (0 to 32767)"))?;
+    let secret = key.expose_secret_bytes();
+    let mut text = zeroize::Zeroizing::new(String::with_capacity(100));
+    text.push_str(ACK_KEY_MAGIC);
+    text.push('\n');
+    text.push_str(&format!("server {id}\n"));
+    text.push_str(zeroize::Zeroizing::new(hex::encode(&secret[..])).as_str());
+    text.push('\n');
+    crate::util::write_atomic(key_path, text.as_bytes(), 0o600)?;
+    if let Some(c) = &cert {
+        crate::util::write_atomic(cert_path, &c.encode(), 0o644)?;
+    }
+    Ok(cert.is_some())
+}
+
+/// Reads capsule server `id`'s ack key (`--ack-key`) and certificate (`--cert`), and refuses
+/// them unless they are server `id`'s: the key of that server's writer index under the
+/// capsule's application key (derived writer keys), or the key its certificate, signed by the
+/// application key, names (certified writer keys).
+pub(crate) fn read_server_credentials(
+    meta: &psl_capsule::SignedMetadata,
+    id: u32,
+    key_path: &Path,
+    cert_path: Option<&Path>,
+) -> Result<(psl_crypto::SigningKey, Option<psl_capsule::WriterCert>)> {
+    let w = psl_scl::server_writer(id).with_context(|| format!("server id {id} is out of range (0 to 32767)"))?;
+    let text = zeroize::Zeroizing::new(
+        std::fs::read_to_string(key_path).with_context(|| format!("reading key file {}", key_path.display()))?,
+    );
+    let mut lines = text.lines().map(str::trim);
+    if lines.next() != Some(ACK_KEY_MAGIC) {
+        bail!("{}: not a capsule server ack key (first line is not '{ACK_KEY_MAGIC}')", key_path.display());
+    }
+    let named = lines.next().and_then(|l| l.strip_prefix("server ")).and_then(|n| n.parse::<u32>().ok());
+    if named != Some(id) {
+        bail!("{} is not the ack key of capsule server {id} (it names {named:?})", key_path.display());
+    }
+    let mut raw = zeroize::Zeroizing::new([0u8; 32]);
+    hex::decode_to_slice(lines.next().unwrap_or(""), &mut raw[..])
+        .with_context(|| format!("{}: the key is not 64 hex digits", key_path.display()))?;
+    let key = psl_crypto::SigningKey::from_bytes(&raw).with_context(|| format!("{}", key_path.display()))?;
+    let public = key.verifying_key();
+    let cert = match meta.meta.policy.writer_keys {
+        psl_capsule::WriterKeys::Derived => {
+            if meta.meta.app.writer(w)? != public {
+                bail!("{} is not the ack key of capsule server {id} of capsule {}", key_path.display(), meta.name());
+            }
+            None
+        }
+        psl_capsule::WriterKeys::Certified => {
+            let p = cert_path.with_context(|| {
+                format!("capsule {} certifies writers: give capsule server {id} its certificate (--cert)", meta.name())
+            })?;
+            let bytes = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
+            let c = psl_capsule::WriterCert::decode(&bytes).with_context(|| format!("{}", p.display()))?;
+            c.check(meta.name(), &meta.meta.app.point()).with_context(|| format!("{}", p.display()))?;
+            if c.writer != w {
+                bail!("{} certifies writer {}, not capsule server {id} (writer {w})", p.display(), c.writer);
+            }
+            if c.key != public {
+                bail!("{} certifies another key than {}", p.display(), key_path.display());
+            }
+            Some(c)
+        }
+    };
+    Ok((key, cert))
 }
 
 /// What a check found, printed the same way for a directory and a running server.

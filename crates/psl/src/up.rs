@@ -20,7 +20,9 @@
 //! a CapsuleDB role (directory store `DIR/kv/capsuledb/`); and N `psl memcached` front ends
 //! forming one peer group. `DIR/cluster.json` then has a `kv` object, from which
 //! `psl memcached --cluster DIR` joins with a fresh node id. The KV owner key sits in DIR
-//! (mode 0600): see docs/protocol/memcached.md for what that trusts.
+//! (mode 0600): see docs/protocol/memcached.md for what that trusts. The capsule servers never
+//! get it: each is started with its own ack key (`DIR/kv/server<id>.ack-key`, 0600) and
+//! certificate.
 //!
 //! With `--config cluster.toml --host NAME` it starts one host's roles of a many-host
 //! deployment instead (see `crate::cluster`).
@@ -245,11 +247,33 @@ fn start_kv(
         }
         v
     };
+    // Each capsule server gets its own ack key (0600) and certificate, never the owner key.
+    let server_keys = (0..a.kv_servers)
+        .map(|id| (dir.join(format!("server{id}.ack-key")), dir.join(format!("server{id}.cert"))))
+        .collect::<Vec<_>>();
+    if server_keys.iter().any(|(k, _)| !k.exists()) {
+        let meta = crate::roles::read_metadata(&capsule)?;
+        let ok = crate::util::read_owner_key(&owner)?;
+        if ok.public() != meta.meta.owner {
+            bail!("{} is not the owner key of {}", s(&owner), s(&capsule));
+        }
+        let app = ok.app(meta.meta.app_index)?;
+        for (id, (key, cert)) in server_keys.iter().enumerate() {
+            if !key.exists() {
+                crate::roles::write_server_credentials(&meta, &app, id as u32, key, cert)?;
+            }
+        }
+    }
     let mut srx = Vec::new();
     let mut servers = Vec::new();
     for id in 0..a.kv_servers {
         let sdir = dir.join(format!("server{id}"));
-        let mut args = common("capsule-server");
+        let (key, cert) = &server_keys[id as usize];
+        let mut args = vec!["capsule-server".to_string(), "--capsule".into(), s(&capsule), "--ack-key".into(), s(key)];
+        if cert.exists() {
+            args.extend(["--cert".into(), s(cert)]);
+        }
+        args.extend(fabric_flags(fabric));
         args.extend(["--dir".into(), s(&sdir), "--id".into(), id.to_string(), "--n".into(), a.kv_servers.to_string()]);
         // Its read interface (records, heads, STATS): loopback, for operators and benchmarks.
         args.extend(["--read".into(), "127.0.0.1:0".into()]);

@@ -321,7 +321,7 @@ fn start_node(net: &Net, dir: &Path, h: usize, id: u32, port: u16, extra: &[&str
         "--capsule",
         "shared/kv.capsule",
         "--owner",
-        "shared/kv-owner.key",
+        "psl-operator/kv-owner.key",
         "--fabric",
         &url,
         "--id",
@@ -413,14 +413,21 @@ fn a_four_host_deployment_on_nats_survives_failover_partition_and_a_host_crash()
         })
         .collect();
     let mut nats_pid = None;
+    let mut server_pids = Vec::new();
     for (i, p) in hosts.iter().enumerate() {
         let (_, lines) = p.as_ref().unwrap().wait(&format!("up h{}", i + 1), Duration::from_secs(240));
         if i == 0 {
             nats_pid =
                 lines.iter().find_map(|l| l.strip_prefix("role nats-server pid ")).map(|p| p.parse::<i32>().unwrap());
         }
+        for l in &lines {
+            if let Some((id, pid)) = l.strip_prefix("role kv capsule server ").and_then(|r| r.split_once(" pid ")) {
+                server_pids.push((format!("h{}", i + 1), id.parse::<u32>().unwrap(), pid.parse::<i32>().unwrap()));
+            }
+        }
     }
     eprintln!("cluster up in {:?}", t0.elapsed());
+    capsule_servers_hold_no_kv_secret(d, &server_pids);
     let (node_a, a) = start_node(&net, d, 4, 101, 7100, &[]);
     let (_node_b, b) = start_node(&net, d, 1, 102, 7100, &[]);
     let (ns_a, ns_b) = (net.ns(4), net.ns(1));
@@ -594,6 +601,85 @@ fn a_four_host_deployment_on_nats_survives_failover_partition_and_a_host_crash()
     assert_eq!(health("capsuledb"), Some("local".into()), "{status}");
     drop(node_a);
     eprintln!("cluster test done in {:?}", t0.elapsed());
+}
+
+/// The KV capsule's secrets as an attacker on a capsule server's host would grep for them: the
+/// owner key (which `--init` keeps in the operator's directory), the application key and the
+/// data key, raw and in hex.
+fn kv_secrets(d: &Path) -> Vec<(String, Vec<u8>)> {
+    // Wherever `--init` put it (the attack is finding it where a host can read it).
+    let at = [d.join("psl-operator/kv-owner.key"), d.join("shared/kv-owner.key")].into_iter().find(|p| p.exists());
+    let text = std::fs::read_to_string(at.expect("--init made the KV owner key")).unwrap();
+    let owner = psl_crypto::OwnerKey::from_file_string(&text).unwrap();
+    let meta = psl_capsule::CapsuleFile::parse(&std::fs::read(d.join("shared/kv.capsule")).unwrap()).unwrap().metadata;
+    let app = owner.app(meta.meta.app_index).unwrap();
+    let mut v = Vec::new();
+    let owner_raw = hex::decode(text.lines().nth(1).unwrap().trim()).unwrap();
+    let data = app.data_key().expose_bytes().to_vec();
+    let app_raw = app.signing_key().expose_secret_bytes().to_vec();
+    for (what, raw) in [("owner key", owner_raw), ("data key", data), ("application key", app_raw)] {
+        v.push((format!("{what} (hex)"), hex::encode(&raw).into_bytes()));
+        v.push((format!("{what} (HEX)"), hex::encode_upper(&raw).into_bytes()));
+        v.push((format!("{what} (raw)"), raw));
+    }
+    v
+}
+
+fn files_under(p: &Path, out: &mut Vec<PathBuf>) {
+    if p.is_dir() {
+        for e in std::fs::read_dir(p).unwrap().map_while(Result::ok) {
+            files_under(&e.path(), out);
+        }
+    } else if p.is_file() {
+        out.push(p.to_path_buf());
+    }
+}
+
+/// Every KV capsule server as an attacker who owns its process sees it: its command line and
+/// environment, every file its command line names (its store directory included) and the
+/// shared directory hold neither the owner key nor the application or data key, and its
+/// command line passes no `--owner`; the only secret it is given is its own ack key, from its
+/// own host's directory.
+fn capsule_servers_hold_no_kv_secret(d: &Path, pids: &[(String, u32, i32)]) {
+    assert_eq!(pids.len(), 3, "every host printed its capsule server's pid: {pids:?}");
+    let secrets = kv_secrets(d);
+    let check = |what: &str, bytes: &[u8]| {
+        for (s, n) in &secrets {
+            assert!(!bytes.windows(n.len()).any(|w| w == &n[..]), "{what} holds the KV {s}");
+        }
+    };
+    for (host, id, pid) in pids {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).expect("the capsule server runs");
+        let args: Vec<String> =
+            cmdline.split(|b| *b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into()).collect();
+        let what = format!("capsule server {id} on {host} (pid {pid}: {args:?})");
+        assert!(args.iter().any(|a| a == "capsule-server"), "{what}");
+        assert!(!args.iter().any(|a| a == "--owner" || a.contains("owner")), "{what} is given the owner key");
+        check(&format!("the command line of {what}"), &cmdline);
+        check(&format!("the environment of {what}"), &std::fs::read(format!("/proc/{pid}/environ")).unwrap());
+        let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap();
+        let ack = args.iter().position(|a| a == "--ack-key").map(|i| std::fs::canonicalize(cwd.join(&args[i + 1])));
+        let mine = std::fs::canonicalize(d.join(format!("state/{host}/kv-server{id}.ack-key"))).ok();
+        assert_eq!(ack.map(Result::ok), Some(mine), "{what}: its own ack key");
+        let mut named = Vec::new();
+        // Every file it is given (not its own executable, args[0]).
+        for a in &args[1..] {
+            let p = cwd.join(a);
+            if a.contains('/') && p.exists() {
+                files_under(&p, &mut named);
+            }
+        }
+        assert!(named.len() >= 3, "{what}: the files it was given: {named:?}");
+        for f in &named {
+            check(&format!("{} (given to {what})", f.display()), &std::fs::read(f).unwrap());
+        }
+    }
+    let mut shared = Vec::new();
+    files_under(&d.join("shared"), &mut shared);
+    for f in &shared {
+        check(&f.display().to_string(), &std::fs::read(f).unwrap());
+    }
+    assert!(d.join("psl-operator/kv-owner.key").exists(), "the owner key stays in the operator's directory");
 }
 
 /// After `--init`: each capsule host's TLS key is in its own host's directory only (0600), its

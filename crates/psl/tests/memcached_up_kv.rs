@@ -80,6 +80,25 @@ fn front_ends_joining_psl_up_kv_by_its_dir_share_items_and_cas_arbitration() {
     use std::os::unix::fs::PermissionsExt;
     let owner = kv["owner"].as_str().unwrap();
     assert_eq!(std::fs::metadata(owner).unwrap().permissions().mode() & 0o777, 0o600);
+    // The capsule servers are started keyless: no owner key on their command lines, only their
+    // own ack keys (0600).
+    let file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("up/cluster.json")).unwrap()).unwrap();
+    let servers: Vec<u64> = file["pids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p[0].as_str().unwrap().starts_with("kv capsule server"))
+        .map(|p| p[1].as_u64().unwrap())
+        .collect();
+    assert_eq!(servers.len(), 3, "{}", file["pids"]);
+    for pid in servers {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+        let args: Vec<String> = cmdline.split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into()).collect();
+        assert!(!args.iter().any(|a| a == "--owner" || a == owner), "a capsule server got the owner key: {args:?}");
+        let i = args.iter().position(|a| a == "--ack-key").expect("its own ack key");
+        assert_eq!(std::fs::metadata(&args[i + 1]).unwrap().permissions().mode() & 0o777, 0o600);
+    }
 
     // Written before anyone joins: a joined node never received it, CapsuleDB did.
     let mut g0 = Client::connect(group[0]);
