@@ -28,6 +28,10 @@ pub struct OpenReport {
     pub orphaned: Vec<Orphan>,
     /// Frames holding a record already loaded from an earlier frame.
     pub duplicate_frames: u64,
+    /// Verified records not loaded because a revocation found in the log refuses them (stored
+    /// before it was known), with the rest of their writer's chain: the first of each writer with
+    /// `OrphanCause::Revoked`, the others with `OrphanCause::Gap`. Not damage.
+    pub revoked: Vec<Orphan>,
 }
 
 impl OpenReport {
@@ -66,10 +70,14 @@ impl fmt::Display for OpenReport {
         write!(f, "{} records loaded from {} frames", self.records, self.frames)?;
         let p = self.problems();
         if p.is_empty() {
-            write!(f, ", clean")
+            write!(f, ", clean")?;
         } else {
-            write!(f, "; {}", p.join("; "))
+            write!(f, "; {}", p.join("; "))?;
         }
+        if !self.revoked.is_empty() {
+            write!(f, "; {} records a revocation in the log refuses were not loaded", self.revoked.len())?;
+        }
+        Ok(())
     }
 }
 

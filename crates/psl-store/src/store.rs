@@ -717,7 +717,10 @@ fn load(file: &File, path: &Path, verifier: &Verifier) -> Result<(Index, OpenRep
             Placement::Duplicate => report.duplicate_frames += 1,
             Placement::Orphan(cause) => report.orphaned.push(orphan(index, offset, &record, cause)),
         },
-        Event::Damaged(d) => report.damaged.push(d),
+        Event::Damaged(d) => match revoked_frame(&d) {
+            Some(o) => report.revoked.push(o),
+            None => report.damaged.push(d),
+        },
         Event::Unreadable(u) => report.unreadable.push(u),
         Event::Torn(t) => {
             report.torn_tail_bytes = t.bytes;
@@ -729,10 +732,27 @@ fn load(file: &File, path: &Path, verifier: &Verifier) -> Result<(Index, OpenRep
     Ok((idx, report, len))
 }
 
+/// A frame whose record verifies except that a revocation the verifier knows refuses it: stored
+/// before the revocation was known (or after it, in log order, by a store that learnt it only
+/// later), so it is reported as revoked, not as damage.
+fn revoked_frame(d: &crate::frame::DamagedFrame) -> Option<Orphan> {
+    let FrameFault::Verify(rej) = &d.fault else { return None };
+    let psl_capsule::Reason::Revoked { writer, seq, from_epoch, from_seq, .. } = rej.reason else { return None };
+    Some(Orphan {
+        index: d.index,
+        offset: d.offset,
+        writer,
+        seq,
+        hash: rej.hash.unwrap_or(Hash256::ZERO),
+        cause: crate::index::OrphanCause::Revoked { from_epoch, from_seq },
+    })
+}
+
 /// After a scan: a revocation may come later in the log than records it refuses (a server
 /// stored them before it learnt it). Each revoked writer's chain is cut at its first record
-/// that a revocation now refuses; that record and the rest of the chain are reported as
-/// orphans and not loaded. Only revoked writers' records are read again.
+/// that a revocation now refuses; that record and the rest of the chain are not loaded and are
+/// reported in `OpenReport::revoked` (not damage: they verified when they were stored). Only
+/// revoked writers' records are read again.
 fn drop_revoked(
     reader: &mut LogReader<'_>,
     idx: &mut Index,
@@ -767,9 +787,9 @@ fn drop_revoked(
             hashes[seq as usize..].iter().map(|h| idx.locs.get(h).map_or(0, |l| l.offset)).collect();
         let cut = idx.truncate(w, seq);
         cut_any = true;
-        report.records -= cut.len();
+        report.records = report.records.saturating_sub(cut.len());
         for (i, hash) in cut.iter().enumerate() {
-            report.orphaned.push(Orphan {
+            report.revoked.push(Orphan {
                 index: crate::index::FRAME_INDEX_UNKNOWN,
                 offset: offsets.get(i).copied().unwrap_or(0),
                 writer: w,
@@ -905,11 +925,19 @@ impl CheckView {
                 // The verifier checked the capsule name, so this cannot fail.
                 let _ = replica.insert(record);
             }
+            // Refused by a revocation this store knows: valid when stored, not damage (see
+            // `drop_revoked`).
+            Event::Damaged(d) if revoked_frame(&d).is_some() => {}
             Event::Damaged(d) => rep.damaged.push(d),
             Event::Unreadable(u) => rep.unreadable.push(u),
             Event::Torn(t) => rep.torn_tail = Some(t),
         })
         .map_err(|e| StoreError::io(&self.log_path, "reading", None, e))?;
+        // As on open: records a revocation found later in the log refuses are not the store's
+        // (not damage either: they were valid when stored).
+        let mut cut = OpenReport::default();
+        drop_revoked(&mut reader, &mut idx, &mut cut, &self.verifier)
+            .map_err(|e| StoreError::io(&self.log_path, "reading", None, e))?;
         rep.chain_problems = replica.check();
         rep.lost = self
             .index

@@ -37,10 +37,13 @@ fn adversary_records_stored_before_a_later_revocation_are_not_loaded_on_open() {
     let head = store.heads().get(&leaked).copied().expect("the leaked writer's records before seq 3 stay");
     assert_eq!(head.seq, 2, "records from seq 3 on were loaded");
     let cut: Vec<(u64, &OrphanCause)> =
-        report.orphaned.iter().filter(|o| o.writer == leaked).map(|o| (o.seq, &o.cause)).collect();
+        report.revoked.iter().filter(|o| o.writer == leaked).map(|o| (o.seq, &o.cause)).collect();
     assert_eq!(cut.len(), 2, "{cut:?}");
     assert!(matches!(cut[0], (3, OrphanCause::Revoked { from_seq: 3, .. })), "{cut:?}");
-    assert!(report.orphaned.iter().all(|o| o.to_string().contains("orphaned")));
+    assert!(report.revoked.iter().all(|o| o.to_string().contains("revoked") || o.to_string().contains("ends before")));
+    assert!(!report.is_damaged(), "records valid when stored are not damage: {report}");
+    let check = store.check().unwrap();
+    assert!(check.is_clean(), "the live check agrees with the open: {:?}", check.problems());
     assert!(store.get(&recs[4].hash()).unwrap().is_none());
     assert!(store.get(&recs[2].hash()).unwrap().is_some());
     // An append of the revoked record again (from a repair, say) is refused.
