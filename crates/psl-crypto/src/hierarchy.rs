@@ -257,6 +257,28 @@ impl AppKey {
         self.app_index
     }
 
+    /// The application key's secret and chain code (64 bytes, wiped when dropped): what the
+    /// FaaS leader seals to an attested KV role's channel key.
+    pub fn to_secret_bytes(&self) -> Zeroizing<[u8; 64]> {
+        let mut raw = Zeroizing::new([0u8; 64]);
+        raw[..32].copy_from_slice(&self.xprv.secret.bytes()[..]);
+        raw[32..].copy_from_slice(&self.xprv.chain_code.bytes()[..]);
+        raw
+    }
+
+    /// An application key from [`AppKey::to_secret_bytes`] and its index (check its
+    /// [`AppKey::public`] against the capsule's metadata).
+    pub fn from_secret_bytes(raw: &[u8; 64], app_index: u32) -> Result<AppKey, CryptoError> {
+        let mut secret = Secret32::zero();
+        let mut chain_code = Secret32::zero();
+        secret.bytes_mut().copy_from_slice(&raw[..32]);
+        chain_code.bytes_mut().copy_from_slice(&raw[32..]);
+        if !secret_is_valid(secret.bytes()) {
+            return Err(CryptoError::KeyFile("application secret is not a valid scalar".into()));
+        }
+        Ok(AppKey { xprv: XPrv { secret, chain_code }, app_index })
+    }
+
     pub fn public(&self) -> AppPublicKey {
         AppPublicKey { xpub: self.xprv.xpub().expect("valid secret by construction") }
     }

@@ -109,7 +109,84 @@ pub struct Leader {
     /// Nonces issued to coordinator hosts (by host id).
     coordinator_nonces: Mutex<HashMap<u32, [u8; 32]>>,
     job: Mutex<Option<LeaderJob>>,
+    /// The KV capsule's application key (`psl leader --kv-owner`), handed to attested KV roles.
+    kv: Mutex<Option<KvCapsule>>,
+    /// Nonces issued to KV roles (by role and id).
+    kv_nonces: Mutex<HashMap<(KvRole, u32), [u8; 32]>>,
     pub coordinator: CoordinatorConfig,
+}
+
+/// The KV capsule the leader hands keys for: its name and application key (the owner key is
+/// not kept).
+struct KvCapsule {
+    name: [u8; 32],
+    app: AppKey,
+}
+
+/// A KV role that needs the KV capsule's secrets, and gets them from the leader after
+/// attestation ([`Leader::grant_kv`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KvRole {
+    FrontEnd,
+    Coordinator,
+    CapsuleDb,
+}
+
+impl KvRole {
+    /// The role's name on the wire.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvRole::FrontEnd => "frontend",
+            KvRole::Coordinator => "coordinator",
+            KvRole::CapsuleDb => "capsuledb",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<KvRole, FaasError> {
+        Ok(match s {
+            "frontend" => KvRole::FrontEnd,
+            "coordinator" => KvRole::Coordinator,
+            "capsuledb" => KvRole::CapsuleDb,
+            _ => return Err(FaasError::Net(format!("unknown KV role {s:?}"))),
+        })
+    }
+}
+
+/// Associated data of a KV key bundle: the role, its id and the capsule.
+pub fn kv_aad(role: KvRole, id: u32, capsule: &[u8; 32]) -> Vec<u8> {
+    let mut a = b"psl/kv-keys/v1".to_vec();
+    a.extend_from_slice(role.name().as_bytes());
+    a.push(0);
+    a.extend_from_slice(&id.to_le_bytes());
+    a.extend_from_slice(capsule);
+    a
+}
+
+/// Length of a KV key bundle: capsule name, application index, application secret.
+const KV_BUNDLE_LEN: usize = 32 + 4 + 64;
+
+/// Opens a KV key bundle sealed to `channel` for `role` `id` of the capsule `meta` names, and
+/// checks the key is that capsule's application key. The key stays in memory only.
+pub fn open_kv_bundle(
+    channel: &crate::channel::ChannelKey,
+    sealed: &[u8],
+    role: KvRole,
+    id: u32,
+    meta: &SignedMetadata,
+) -> Result<AppKey, FaasError> {
+    let name = meta.name().0 .0;
+    let b = channel.open(sealed, &kv_aad(role, id, &name))?;
+    if b.len() != KV_BUNDLE_LEN || b[..32] != name[..] {
+        return Err(FaasError::Channel("the KV key bundle is not for this capsule".into()));
+    }
+    let index = u32::from_le_bytes(b[32..36].try_into().map_err(|_| FaasError::Channel("bad KV bundle".into()))?);
+    let mut raw = Zeroizing::new([0u8; 64]);
+    raw.copy_from_slice(&b[36..]);
+    let app = AppKey::from_secret_bytes(&raw, index).map_err(|e| FaasError::Channel(e.to_string()))?;
+    if index != meta.meta.app_index || app.public() != meta.meta.app {
+        return Err(FaasError::Channel("the KV key bundle holds another application's key".into()));
+    }
+    Ok(app)
 }
 
 /// Most lambda slots one worker runs (one writer actor each; a node has at most 16).
@@ -129,6 +206,8 @@ impl Leader {
             nonces: Mutex::new(HashMap::new()),
             coordinator_nonces: Mutex::new(HashMap::new()),
             job: Mutex::new(None),
+            kv: Mutex::new(None),
+            kv_nonces: Mutex::new(HashMap::new()),
             // A shadow of rank r takes over after `10 × (1 + r)` epochs without a SYNC (400 ms
             // for rank 1): long enough that a loaded two-core machine's stalls rarely cause a
             // takeover (which is safe, but moves the job to another term for nothing).
@@ -139,6 +218,59 @@ impl Leader {
                 ..CoordinatorConfig::default()
             },
         }
+    }
+
+    /// Takes the KV capsule's owner key (`psl leader --kv-owner`): keeps only the capsule's
+    /// application key, for the attested KV roles ([`Leader::grant_kv`]).
+    pub fn set_kv(&self, owner: &OwnerKey, meta: &SignedMetadata) -> Result<(), FaasError> {
+        if owner.public() != meta.meta.owner {
+            return Err(FaasError::Config("the KV owner key is not the owner of the KV capsule".into()));
+        }
+        let app = owner.app(meta.meta.app_index).map_err(|e| FaasError::Config(e.to_string()))?;
+        if app.public() != meta.meta.app {
+            return Err(FaasError::Config("the KV capsule was not made for this owner key's application".into()));
+        }
+        *self.kv.lock() = Some(KvCapsule { name: meta.name().0 .0, app });
+        Ok(())
+    }
+
+    /// Whether the leader hands out KV keys.
+    pub fn serves_kv(&self) -> bool {
+        self.kv.lock().is_some()
+    }
+
+    /// A fresh nonce for KV role `role` `id`'s report.
+    pub fn kv_challenge(&self, role: KvRole, id: u32) -> [u8; 32] {
+        let n: [u8; 32] = rand::random();
+        self.kv_nonces.lock().insert((role, id), n);
+        n
+    }
+
+    /// Checks a KV role's offer under the policy (its report over the nonce of
+    /// [`Leader::kv_challenge`], binding its channel key and, over TLS, its certificate key)
+    /// and seals to its channel key the KV capsule's application key (what the role derived
+    /// from the owner key before: its writer keys and certificates, the data key and, for a
+    /// coordinator, its `REVOKE` revocations), with associated data naming the role, its id and
+    /// the capsule. A role that fails gets an error and nothing sealed.
+    pub fn grant_kv(&self, offer: &Offer, role: KvRole, id: u32) -> Result<Vec<u8>, FaasError> {
+        let who = || format!("KV {} {id}", role.name());
+        let nonce = self
+            .kv_nonces
+            .lock()
+            .remove(&(role, id))
+            .ok_or_else(|| FaasError::Attestation { who: who(), why: "no challenge was issued to this role".into() })?;
+        let v = self
+            .verifier
+            .verify(&offer.evidence, &nonce, &bind_offer(&offer.channel_public, offer.tls_spki.as_ref()))
+            .map_err(|e| FaasError::Attestation { who: who(), why: e.to_string() })?;
+        tracing::info!("{} attested: {} measurement {}", who(), v.kind, v.measurement.short());
+        let guard = self.kv.lock();
+        let kv = guard.as_ref().ok_or_else(|| FaasError::Config("this leader holds no KV keys (--kv-owner)".into()))?;
+        let mut bundle = Zeroizing::new(Vec::with_capacity(KV_BUNDLE_LEN));
+        bundle.extend_from_slice(&kv.name);
+        bundle.extend_from_slice(&kv.app.app_index().to_le_bytes());
+        bundle.extend_from_slice(&kv.app.to_secret_bytes()[..]);
+        seal_to(&offer.channel_public, &kv_aad(role, id, &kv.name), &bundle)
     }
 
     /// The leader's own report, for the client to check before it hands over the owner key.

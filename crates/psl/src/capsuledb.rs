@@ -14,7 +14,7 @@
 //!   every kept index.
 //! - `psl capsuledb get KEY --at N ...`: reads KEY as index N had it (newest without `--at`).
 
-use crate::util::{read_owner_key, show_bytes};
+use crate::util::show_bytes;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use psl_capsule::{Author, CapsuleFile, SignedMetadata, Verifier};
@@ -35,6 +35,11 @@ pub struct CapsuleDbArgs {
     pub cmd: Option<CapsuleDbCmd>,
     #[command(flatten)]
     pub open: OpenArgs,
+    /// The KV keys from the leader instead of --owner (attesting with --attest).
+    #[command(flatten)]
+    pub kv: crate::kvkeys::KvLeaderArgs,
+    #[command(flatten)]
+    pub attest: crate::attest::AttestArgs,
     /// The fabric (`--fabric URL`, alias `--router`) and its NATS options.
     #[command(flatten)]
     pub fabric: psl_fabric::FabricArgs,
@@ -123,20 +128,23 @@ pub fn db_writer(id: u32) -> Result<u32> {
     psl_scl::writer_index(id, 0, 15).with_context(|| format!("CapsuleDB id {id} is out of range (1 to 32766)"))
 }
 
-fn load(o: &OpenArgs) -> Result<(SignedMetadata, AppKey, Vec<Arc<DirStore>>)> {
-    let (Some(capsule), Some(owner)) = (&o.capsule, &o.owner) else {
-        bail!("psl capsuledb needs --capsule and --owner");
+fn load(
+    o: &OpenArgs,
+    kv: &crate::kvkeys::KvLeaderArgs,
+    attest: &crate::attest::AttestArgs,
+    id: u32,
+) -> Result<(SignedMetadata, AppKey, Vec<Arc<DirStore>>)> {
+    let (Some(capsule), true) = (&o.capsule, o.owner.is_some() || kv.kv_leader.is_some()) else {
+        bail!("psl capsuledb needs --capsule and --owner (or --kv-leader)");
     };
     if o.store.is_empty() && o.servers.is_empty() {
         bail!("psl capsuledb needs at least one --store directory or --servers");
     }
     let bytes = std::fs::read(capsule).with_context(|| format!("reading {}", capsule.display()))?;
     let f = CapsuleFile::parse(&bytes).with_context(|| format!("{}", capsule.display()))?;
-    let owner_key = read_owner_key(owner)?;
-    if owner_key.public() != f.metadata.meta.owner {
-        bail!("{} is not the owner key of capsule {}", owner.display(), f.metadata.name());
-    }
-    let app = owner_key.app(f.metadata.meta.app_index)?;
+    // From the owner key file (development) or from the leader after attestation (in memory).
+    let app =
+        crate::kvkeys::app_key(&f.metadata, o.owner.as_deref(), kv, attest, psl_faas::leader::KvRole::CapsuleDb, id)?;
     let mut stores = Vec::new();
     for d in &o.store {
         stores.push(DirStore::open(d).with_context(|| format!("opening store {}", d.display()))?);
@@ -245,7 +253,7 @@ pub fn run(a: CapsuleDbArgs) -> Result<i32> {
     let writer = db_writer(a.id)?;
     match a.cmd {
         Some(CapsuleDbCmd::Snapshots { json }) => {
-            let (meta, app, dirs) = load(&a.open)?;
+            let (meta, app, dirs) = load(&a.open, &a.kv, &a.attest, a.id)?;
             let stores = Stores::open(&a.open, &meta, dirs, a.id)?;
             let Some(mut db) = open_newest(config, &meta, &app, writer, &stores, a.id)? else {
                 bail!("no index recorded in the store(s): has `psl capsuledb` run on them?");
@@ -261,7 +269,7 @@ pub fn run(a: CapsuleDbArgs) -> Result<i32> {
             Ok(0)
         }
         Some(CapsuleDbCmd::Get { key, at }) => {
-            let (meta, app, dirs) = load(&a.open)?;
+            let (meta, app, dirs) = load(&a.open, &a.kv, &a.attest, a.id)?;
             let stores = Stores::open(&a.open, &meta, dirs, a.id)?;
             let Some(mut db) = open_newest(config, &meta, &app, writer, &stores, a.id)? else {
                 bail!("no index recorded in the store(s): has `psl capsuledb` run on them?");
@@ -295,7 +303,7 @@ pub fn run(a: CapsuleDbArgs) -> Result<i32> {
 
 fn run_role(a: CapsuleDbArgs, config: Config, writer: u32) -> Result<i32> {
     let spec = a.fabric.spec("psl capsuledb (or a subcommand)")?;
-    let (meta, app, dirs) = load(&a.open)?;
+    let (meta, app, dirs) = load(&a.open, &a.kv, &a.attest, a.id)?;
     let stores = Stores::open(&a.open, &meta, dirs, a.id)?;
     // The node runs first: with servers, records go out through it (and it counts their acks).
     let mut opts = NodeOptions {

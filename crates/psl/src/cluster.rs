@@ -320,6 +320,12 @@ impl ClusterConfig {
         if kv && self.hosts.iter().all(|h| h.kv_coordinators.is_empty()) {
             bail!("the KV deployment needs a coordinator (kv_coordinators = [0] on some host)");
         }
+        if kv && self.hosts.iter().any(needs_kv_secrets) && count(|h| h.leader) == 0 {
+            bail!(
+                "the KV deployment needs a leader (leader = true on some host): it holds the KV owner key and hands \
+                 the front ends, KV coordinators and CapsuleDB their keys after attestation"
+            );
+        }
         if self.fabric_spec(None).is_err() && self.hosts.iter().any(|h| h.fabric.is_none()) {
             bail!("no fabric: give [cluster] fabric, a host with nats = \"cluster\", or one with router = true");
         }
@@ -517,9 +523,9 @@ fn kv_ack_key_path(host_dir: &Path, id: u32) -> PathBuf {
     host_dir.join(format!("kv-server{id}.ack-key"))
 }
 
-/// The KV owner key's copy on a host whose KV roles still read it (front ends, KV
-/// coordinators, CapsuleDB; until the leader hands them their keys): in that host's own
-/// directory only (secret, 0600). Capsule-server-only hosts get none.
+/// The KV owner key's copy on the leader's host (`psl leader --kv-owner`), in that host's own
+/// directory only (secret, 0600): the leader hands the front ends, KV coordinators and
+/// CapsuleDB their keys after attestation. No other host gets one.
 fn kv_host_owner_path(host_dir: &Path) -> PathBuf {
     host_dir.join("kv-owner.key")
 }
@@ -529,9 +535,15 @@ fn kv_operator_owner_path(op: &Path) -> PathBuf {
     op.join("kv-owner.key")
 }
 
-/// Whether host `h` runs a KV role that needs the capsule's secrets (not a capsule server).
+/// Whether host `h` runs a KV role that needs the capsule's secrets (not a capsule server):
+/// it gets them from the leader, after attestation.
 fn needs_kv_secrets(h: &Host) -> bool {
     !h.memcached.is_empty() || !h.kv_coordinators.is_empty() || h.capsuledb
+}
+
+/// Whether host `h` holds the KV owner key: the leader's host, in a KV deployment.
+fn holds_kv_owner(c: &ClusterConfig, h: &Host) -> bool {
+    c.has_kv() && h.leader
 }
 
 fn psl_once(args: &[String]) -> Result<()> {
@@ -634,10 +646,11 @@ pub fn init(config: &Path) -> Result<i32> {
 }
 
 /// `--init`, KV: each capsule server's own ack key (in its host's directory, 0600: copied to
-/// that host only) and its certificate (public, in the shared directory); and, until the
-/// leader hands them their keys, a copy of the owner key in the directory of each host that
-/// runs a front end, a KV coordinator or CapsuleDB (0600), none elsewhere. Files that exist
-/// are kept; a server key whose certificate is shared but whose key is not here (moved to its
+/// that host only) and its certificate (public, in the shared directory); and a copy of the
+/// owner key in the leader's host's directory (0600), for `psl leader --kv-owner`, which hands
+/// the front ends, KV coordinators and CapsuleDB their keys after attestation. Any other
+/// host's copy (made before the leader handed out KV keys) is removed. Files that exist are
+/// kept; a server key whose certificate is shared but whose key is not here (moved to its
 /// host) is not made again.
 fn kv_host_keys(c: &ClusterConfig, base: &Path, sh: &Shared, owner_path: &Path) -> Result<()> {
     let owner = crate::util::read_owner_key(owner_path)?;
@@ -662,13 +675,25 @@ fn kv_host_keys(c: &ClusterConfig, base: &Path, sh: &Shared, owner_path: &Path) 
             println!("kv capsule server {id}'s ack key {} (copy it to host {} only)", key.display(), h.name);
         }
         let copy = kv_host_owner_path(&host_dir);
-        if needs_kv_secrets(h) && !copy.exists() {
-            std::fs::create_dir_all(&host_dir).with_context(|| format!("creating {}", host_dir.display()))?;
-            crate::util::write_atomic(&copy, owner.to_file_string().as_bytes(), 0o600)?;
-            println!(
-                "KV owner key for host {}'s front ends, coordinators and CapsuleDB {} (copy it to host {} only)",
-                h.name,
+        if holds_kv_owner(c, h) {
+            if !copy.exists() {
+                std::fs::create_dir_all(&host_dir).with_context(|| format!("creating {}", host_dir.display()))?;
+                crate::util::write_atomic(&copy, owner.to_file_string().as_bytes(), 0o600)?;
+                println!(
+                    "KV owner key for host {}'s leader {} (copy it to host {} only: the leader hands the KV \
+                     roles their keys after attestation)",
+                    h.name,
+                    copy.display(),
+                    h.name
+                );
+            }
+        } else if copy.exists() {
+            std::fs::remove_file(&copy).with_context(|| format!("removing {}", copy.display()))?;
+            eprintln!(
+                "warning: removed {}: the leader hands host {}'s KV roles their keys now; delete every copy of it on \
+                 host {}",
                 copy.display(),
+                h.name,
                 h.name
             );
         }
@@ -727,7 +752,7 @@ fn sim_platform(sh: &Shared) -> Result<std::sync::Arc<psl_faas::SimPlatform>> {
 }
 
 /// The cluster file `psl run --cluster` and `psl memcached --cluster` read.
-fn cluster_file(c: &ClusterConfig, sh: &Shared, host_dir: &Path, kv_dir: &Path) -> Result<serde_json::Value> {
+fn cluster_file(c: &ClusterConfig, sh: &Shared, kv_dir: &Path) -> Result<serde_json::Value> {
     let policy = std::fs::canonicalize(&sh.policy).with_context(|| format!("the policy {}", sh.policy.display()))?;
     let mut v = serde_json::json!({
         "scheduler": c.scheduler().map(|a| a.to_string()),
@@ -744,9 +769,12 @@ fn cluster_file(c: &ClusterConfig, sh: &Shared, host_dir: &Path, kv_dir: &Path) 
         v["kv"] = serde_json::json!({
             "fabric": c.fabric_spec(None).ok(),
             "capsule": sh.kv_capsule,
-            // A front end joining on this host reads the host's copy (hosts that run KV roles
-            // which need secrets have one).
-            "owner": kv_host_owner_path(host_dir),
+            // A front end joining on this host gets its keys from the leader, attested.
+            "leader": c.leader().map(|a| serde_json::json!({
+                "addr": a.to_string(),
+                "attest_policy": policy,
+                "sim_platform_key": std::fs::canonicalize(&sh.sim_key).ok(),
+            })),
             "capsuledb_writer": psl_scl::writer_index(CAPSULEDB_ID, 0, 15),
             "peers": mc.iter().map(|m| m.2.to_string()).collect::<Vec<_>>(),
             "front_ends": mc.iter().map(|m| m.1.to_string()).collect::<Vec<_>>(),
@@ -839,8 +867,15 @@ pub fn up_host(config: &Path, name: &str) -> Result<i32> {
         missing(&kv_ack_key_path(&dir, *id), &format!("kv capsule server {id}"))?;
     }
     let host_owner = kv_host_owner_path(&dir);
-    if needs_kv_secrets(&h) {
-        missing(&host_owner, "this host's front ends, KV coordinators or CapsuleDB")?;
+    if holds_kv_owner(&c, &h) {
+        missing(&host_owner, "this host's leader (it hands the KV roles their keys)")?;
+    } else if host_owner.exists() {
+        bail!(
+            "{} is a copy of the KV owner key on host {name}, which does not run the leader: the leader hands the \
+             KV roles their keys now; delete it (`psl up --config {} --init` removes it from the operator's copy)",
+            host_owner.display(),
+            config.display()
+        );
     }
     crate::up::catch_signals();
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -899,11 +934,46 @@ pub fn up_host(config: &Path, name: &str) -> Result<i32> {
             wait_line("router", &rx, "listening ", deadline)?;
         }
         wait_fabric(&fabric, deadline)?;
+        // The leader first: the KV roles that need secrets get them from it.
+        if h.leader {
+            let mut a = vec!["leader".to_string(), "--listen".into(), h.listen(c.ports.leader)];
+            a.extend(ff.clone());
+            for (id, addr) in c.capsule_hosts() {
+                a.extend(["--capsule-host".into(), addr.to_string()]);
+                // Its pinned TLS key: nobody else at its address gets its key.
+                if let Ok(pin) = std::fs::read_to_string(tls_pin_path(&c.shared(base), id)) {
+                    a.extend(["--capsule-host-pin".into(), format!("{id}={}", pin.trim())]);
+                }
+            }
+            for (_, _, addr) in c.coordinator_hosts() {
+                a.extend(["--coordinator-host".into(), addr.to_string()]);
+            }
+            if holds_kv_owner(&c, &h) {
+                // This host holds the KV owner key; the leader keeps the capsule's application
+                // key and hands it to the attested KV roles.
+                a.extend(["--kv-owner".into(), s(&host_owner), "--kv-capsule".into(), s(&sh.kv_capsule)]);
+            }
+            a.extend(attest.clone());
+            a.extend(["--attest-policy".into(), policy.clone()]);
+            let (k, rx) = spawn("leader", &a)?;
+            kids.push(k);
+            wait_line("leader", &rx, "leader ", deadline)?;
+        }
         let kv_dir = dir.join("kv");
         // The KV roles that need the capsule's secrets (front ends, coordinators, CapsuleDB)
-        // read the host's copy of the owner key; a capsule server gets only its own ack key.
+        // attest to the leader, which seals them the keys (kept in memory only); a capsule
+        // server gets only its own ack key.
+        let kv_leader = c.leader();
+        if needs_kv_secrets(&h) {
+            let l = kv_leader.context("the KV deployment has no leader")?;
+            wait_tcp("the leader", l, deadline)?;
+        }
         let kv_common = |role: &str| -> Vec<String> {
-            let mut v = vec![role.into(), "--capsule".into(), s(&sh.kv_capsule), "--owner".into(), s(&host_owner)];
+            let mut v = vec![role.into(), "--capsule".into(), s(&sh.kv_capsule)];
+            if let Some(l) = kv_leader {
+                v.extend(["--kv-leader".into(), l.to_string(), "--kv-attest-policy".into(), policy.clone()]);
+                v.extend(attest.clone());
+            }
             v.extend(ff.clone());
             v
         };
@@ -1030,25 +1100,6 @@ pub fn up_host(config: &Path, name: &str) -> Result<i32> {
             kids.push(k);
             wait_line(&format!("coordinator host {id}"), &rx, &format!("coordinator-host {id} "), deadline)?;
         }
-        if h.leader {
-            let mut a = vec!["leader".to_string(), "--listen".into(), h.listen(c.ports.leader)];
-            a.extend(ff.clone());
-            for (id, addr) in c.capsule_hosts() {
-                a.extend(["--capsule-host".into(), addr.to_string()]);
-                // Its pinned TLS key: nobody else at its address gets its key.
-                if let Ok(pin) = std::fs::read_to_string(tls_pin_path(&c.shared(base), id)) {
-                    a.extend(["--capsule-host-pin".into(), format!("{id}={}", pin.trim())]);
-                }
-            }
-            for (_, _, addr) in c.coordinator_hosts() {
-                a.extend(["--coordinator-host".into(), addr.to_string()]);
-            }
-            a.extend(attest.clone());
-            a.extend(["--attest-policy".into(), policy.clone()]);
-            let (k, rx) = spawn("leader", &a)?;
-            kids.push(k);
-            wait_line("leader", &rx, "leader ", deadline)?;
-        }
         if !h.workers.is_empty() {
             let (sched, lead) = (c.scheduler().context("no scheduler")?, c.leader().context("no leader")?);
             wait_tcp("the scheduler", sched, deadline)?;
@@ -1126,7 +1177,7 @@ pub fn up_host(config: &Path, name: &str) -> Result<i32> {
         for (what, rx, prefix) in ready.drain(..) {
             wait_line(&what, &rx, prefix, deadline)?;
         }
-        let file = cluster_file(&c, &sh, &dir, &kv_dir)?;
+        let file = cluster_file(&c, &sh, &kv_dir)?;
         crate::util::write_atomic(&dir.join("cluster.json"), serde_json::to_string_pretty(&file)?.as_bytes(), 0o644)?;
         Ok(())
     })();
@@ -1195,6 +1246,10 @@ mod tests {
         assert!(bad(&h("kv_servers = [0, 1]\nkv_coordinators = [0]")).unwrap_err().contains("odd"));
         assert!(bad(&h("capsule_hosts = [1]")).unwrap_err().contains("0 .. n"));
         assert!(bad(&h("typo = 1")).unwrap_err().contains("typo"));
+        // KV roles that need secrets get them from the leader: a KV deployment needs one.
+        let kv = "kv_servers = [0]\nkv_coordinators = [0]\nmemcached = [1]";
+        assert!(bad(&h(kv)).unwrap_err().contains("needs a leader"));
+        assert!(bad(&h(&format!("{kv}\nleader = true"))).is_ok());
         let two = "[[host]]\nname = \"a\"\naddress = \"10.0.0.1\"\nrouter = true\n[[host]]\nname = \"a\"\naddress = \"10.0.0.2\"\n";
         assert!(bad(two).unwrap_err().contains("twice"));
         assert!(bad("[[host]]\nname = \"a\"\naddress = \"10.0.0.1\"\n").unwrap_err().contains("fabric"));

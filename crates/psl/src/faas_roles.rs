@@ -71,9 +71,19 @@ pub struct LeaderArgs {
     #[arg(long = "capsule-host")]
     pub capsule_hosts: Vec<SocketAddr>,
     /// A coordinator host (`psl coordinator-host`); repeat for each, in id order: host r runs
-    /// each job's coordinator of rank r (0 the primary, 1 and 2 its shadows). At least one.
-    #[arg(long = "coordinator-host", required = true)]
+    /// each job's coordinator of rank r (0 the primary, 1 and 2 its shadows). At least one to
+    /// run jobs (a leader only for a KV deployment, `--kv-owner`, needs none).
+    #[arg(long = "coordinator-host", required_unless_present = "kv_owner")]
     pub coordinator_hosts: Vec<SocketAddr>,
+    /// The KV capsule's owner key file: the leader keeps only the capsule's application key and
+    /// hands it, sealed to the attested channel, to each KV front end, KV coordinator and
+    /// CapsuleDB that attests under the policy (`--kv-leader` on those roles). This host holds
+    /// the owner key; the KV hosts hold none.
+    #[arg(long, value_name = "FILE", requires = "kv_capsule")]
+    pub kv_owner: Option<PathBuf>,
+    /// With --kv-owner: the KV capsule file.
+    #[arg(long, value_name = "FILE", requires = "kv_owner")]
+    pub kv_capsule: Option<PathBuf>,
     /// `ID=HASH`: the TLS key capsule host ID must present (64 hex digits: the hash `psl up
     /// --init` writes to `capsule-host<ID>.tls-pin`); repeat for each. The leader's handshake
     /// with that host fails on any other key, so nobody else at its address gets its key. A
@@ -116,6 +126,13 @@ pub fn run_leader(a: LeaderArgs) -> Result<i32> {
         connections_max: 1024,
         capsule_hosts: a.capsule_hosts,
         coordinator_hosts: a.coordinator_hosts,
+        kv: match (&a.kv_owner, &a.kv_capsule) {
+            (Some(owner), Some(capsule)) => {
+                let meta = crate::roles::read_metadata(capsule)?;
+                Some((crate::util::read_owner_key(owner)?, meta))
+            }
+            _ => None,
+        },
     };
     let mut res = Ok(());
     leader::serve_leader(cfg, attester, Box::new(verifier), |addr| res = ready_line(&format!("leader {addr}")))?;

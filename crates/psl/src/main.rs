@@ -35,6 +35,7 @@ mod demo;
 mod faas_roles;
 mod keys;
 mod kv;
+mod kvkeys;
 mod memcached;
 mod report;
 mod roles;

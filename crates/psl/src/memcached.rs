@@ -5,12 +5,12 @@
 //! CapsuleDB role, so that the memory limit evicts without losing data). With `--cluster DIR`
 //! it joins the KV deployment `psl up --kv` runs (everything it needs is in DIR/cluster.json;
 //! it takes a fresh node id and forwards conditional commands to the group's homes). With
-//! `--cluster ROUTER --capsule FILE --owner KEY --id N` its node joins a running deployment
-//! through a router, like `psl node`; with `--peer-listen A --peers A,B,…` it is one front
+//! `--cluster ROUTER --capsule FILE --owner KEY --id N` (or, instead of `--owner`, `--kv-leader
+//! ADDR` with `--attest` and `--kv-attest-policy`: the keys from the attested leader, in memory
+//! only) its node joins a running deployment through a router, like `psl node`; with `--peer-listen A --peers A,B,…` it is one front
 //! end of a group whose members forward each key's conditional commands to the key's home
 //! (see `psl_memcached::peer`).
 
-use crate::util::read_owner_key;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use psl_capsule::CapsuleFile;
@@ -73,9 +73,12 @@ pub struct MemcachedArgs {
     /// With --cluster: the capsule file that names the capsule.
     #[arg(long)]
     pub capsule: Option<PathBuf>,
-    /// With --cluster: the owner key file.
+    /// With --cluster: the owner key file (development; a deployment gives --kv-leader).
     #[arg(long)]
     pub owner: Option<PathBuf>,
+    /// With --cluster ROUTER: the KV keys from the leader (attesting with --attest).
+    #[command(flatten)]
+    pub kv: crate::kvkeys::KvLeaderArgs,
     /// With --cluster: this node's id, 1 to 32767.
     #[arg(long)]
     pub id: Option<u32>,
@@ -170,9 +173,15 @@ pub struct KvInfo {
     /// The deployment's fabric (`router` in cluster files written before NATS).
     #[serde(alias = "router")]
     pub fabric: psl_fabric::FabricSpec,
-    /// The KV capsule file and its owner key file (mode 0600; see docs/protocol/memcached.md).
+    /// The KV capsule file and its owner key file (mode 0600; see docs/protocol/memcached.md),
+    /// where this machine has it (single-machine `psl up --kv`).
     pub capsule: PathBuf,
-    pub owner: PathBuf,
+    #[serde(default)]
+    pub owner: Option<PathBuf>,
+    /// Where a joining front end gets the KV keys instead (`psl up --config` clusters): the
+    /// leader, after attestation.
+    #[serde(default)]
+    pub leader: Option<KvLeaderInfo>,
     /// CapsuleDB's writer index.
     pub capsuledb_writer: u32,
     /// The front-end group's peer addresses (each key's home is `peers[hash % n]`).
@@ -252,17 +261,28 @@ fn draw_node_id(state: &std::path::Path) -> Result<u32> {
     Ok(next)
 }
 
+/// The leader that hands a joining front end its keys, and how the front end attests.
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone)]
+pub struct KvLeaderInfo {
+    pub addr: SocketAddr,
+    /// The deployment's attestation policy (the leader's report is checked against it).
+    pub attest_policy: PathBuf,
+    /// The sim platform key of a development cluster (INSECURE; `--attest sim`), if any.
+    #[serde(default)]
+    pub sim_platform_key: Option<PathBuf>,
+}
+
 /// Where the front end's node joins.
 enum Join {
     Router {
         fabric: psl_fabric::FabricSpec,
         capsule: PathBuf,
-        owner: PathBuf,
+        owner: Option<PathBuf>,
         id: u32,
         state: Option<PathBuf>,
         db: Option<u32>,
     },
-    Dir(KvInfo),
+    Dir(Box<KvInfo>),
 }
 
 /// Runs a CapsuleDB role in this process on `fabric` (the embedded deployment's), with its
@@ -317,39 +337,49 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
     };
     let join = match &a.cluster {
         None if url.is_none() => None,
-        c => {
-            Some(match url {
-                Some(url) => {
-                    let fabric = a.fabric.spec_of(url)?;
-                    let (Some(capsule), Some(owner), Some(id)) = (&a.capsule, &a.owner, a.id) else {
-                        bail!("--cluster ROUTER needs --capsule, --owner and --id (or give --cluster DIR of `psl up --kv`)");
-                    };
-                    if a.capsuledb {
-                        bail!("with --cluster ROUTER, give CapsuleDB's writer index: --capsuledb-writer W");
-                    }
-                    Join::Router {
-                        fabric,
-                        capsule: capsule.clone(),
-                        owner: owner.clone(),
-                        id,
-                        state: a.state.clone(),
-                        db: a.capsuledb_writer,
-                    }
+        c => Some(match url {
+            Some(url) => {
+                let fabric = a.fabric.spec_of(url)?;
+                let (Some(capsule), true, Some(id)) = (&a.capsule, a.owner.is_some() || a.kv.kv_leader.is_some(), a.id)
+                else {
+                    bail!("--cluster ROUTER needs --capsule, --owner (or --kv-leader) and --id (or give --cluster DIR of `psl up --kv`)");
+                };
+                if a.capsuledb {
+                    bail!("with --cluster ROUTER, give CapsuleDB's writer index: --capsuledb-writer W");
                 }
-                None => {
-                    let c = c.as_deref().unwrap_or_default();
-                    if a.capsule.is_some() || a.owner.is_some() || a.id.is_some() || a.state.is_some() {
-                        bail!("--cluster DIR takes the capsule, owner key and node id from DIR/cluster.json; drop --capsule, --owner, --id and --state");
-                    }
-                    if a.peer_listen.is_some() || a.capsuledb_writer.is_some() {
-                        bail!("--cluster DIR joins the deployment's front-end group and CapsuleDB as recorded in DIR/cluster.json; drop --peer-listen/--peers and --capsuledb-writer");
-                    }
-                    Join::Dir(read_kv(std::path::Path::new(c))?)
+                Join::Router {
+                    fabric,
+                    capsule: capsule.clone(),
+                    owner: a.owner.clone(),
+                    id,
+                    state: a.state.clone(),
+                    db: a.capsuledb_writer,
                 }
-            })
-        }
+            }
+            None => {
+                let c = c.as_deref().unwrap_or_default();
+                if a.capsule.is_some()
+                    || a.owner.is_some()
+                    || a.kv.kv_leader.is_some()
+                    || a.id.is_some()
+                    || a.state.is_some()
+                {
+                    bail!("--cluster DIR takes the capsule, owner key and node id from DIR/cluster.json; drop --capsule, --owner, --id and --state");
+                }
+                if a.peer_listen.is_some() || a.capsuledb_writer.is_some() {
+                    bail!("--cluster DIR joins the deployment's front-end group and CapsuleDB as recorded in DIR/cluster.json; drop --peer-listen/--peers and --capsuledb-writer");
+                }
+                Join::Dir(Box::new(read_kv(std::path::Path::new(c))?))
+            }
+        }),
     };
-    if join.is_none() && (a.capsule.is_some() || a.owner.is_some() || a.id.is_some() || a.capsuledb_writer.is_some()) {
+    if join.is_none()
+        && (a.capsule.is_some()
+            || a.owner.is_some()
+            || a.kv.kv_leader.is_some()
+            || a.id.is_some()
+            || a.capsuledb_writer.is_some())
+    {
         bail!("--capsule, --owner, --id and --capsuledb-writer go with --cluster ROUTER");
     }
     if a.peer_listen.is_some() && join.is_none() {
@@ -443,12 +473,38 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
             };
             let bytes = std::fs::read(&capsule).with_context(|| format!("reading {}", capsule.display()))?;
             let f = CapsuleFile::parse(&bytes).with_context(|| format!("{}", capsule.display()))?;
-            let ok = read_owner_key(&owner)?;
-            if ok.public() != f.metadata.meta.owner {
-                bail!("{} is not the owner key of capsule {}", owner.display(), f.metadata.name());
-            }
-            let app = ok.app(f.metadata.meta.app_index)?;
-            drop(ok);
+            // The KV keys: from the owner key file (development), or from the leader after
+            // attestation (kept in memory only).
+            let dir_leader = match &join {
+                Join::Dir(kv) if kv.owner.is_none() => kv.leader.as_ref(),
+                _ => None,
+            };
+            let (kv, attest) = match dir_leader {
+                Some(l) => {
+                    let mut at = a.attest.attest.clone();
+                    if at.attest.is_none() {
+                        if let Some(key) = &l.sim_platform_key {
+                            at.attest = Some(psl_faas::attest_select::AttestChoice::Sim);
+                            at.sim_platform_key = Some(key.clone());
+                        }
+                    }
+                    let kv = crate::kvkeys::KvLeaderArgs {
+                        kv_leader: Some(l.addr),
+                        kv_attest_policy: Some(l.attest_policy.clone()),
+                        ..a.kv.clone()
+                    };
+                    (kv, at)
+                }
+                _ => (a.kv.clone(), a.attest.attest.clone()),
+            };
+            let app = crate::kvkeys::app_key(
+                &f.metadata,
+                owner.as_deref(),
+                &kv,
+                &attest,
+                psl_faas::leader::KvRole::FrontEnd,
+                id,
+            )?;
             let incarnation = match &state {
                 Some(d) => crate::roles::next_incarnation(d)?,
                 None => rand::random::<u32>() % (1 << 12),
@@ -524,7 +580,9 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
         }
     };
     let server = Server::start(fe, a.listen, scfg)?;
-    if a.attest.attest.attest.is_some() {
+    // With --kv-leader, --attest is how the front end attests to the leader; it publishes a
+    // report for clients too when it serves TLS (--tls-cert).
+    if a.attest.attest.attest.is_some() && (a.tls_cert.is_some() || a.kv.kv_leader.is_none()) {
         let cert = a.tls_cert.as_ref().context("--attest needs --tls-cert: the report binds the TLS certificate")?;
         let pem = std::fs::read(cert).with_context(|| format!("reading {}", cert.display()))?;
         let leaf = pem::parse(&pem).with_context(|| format!("{}: not PEM", cert.display()))?;

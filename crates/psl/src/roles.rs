@@ -17,9 +17,14 @@ pub struct CommonArgs {
     /// The capsule file that names the capsule (its metadata; records in it are not loaded).
     #[arg(long)]
     pub capsule: PathBuf,
-    /// Owner key file (the leader will hand out per-node keys instead, in a later release).
+    /// Owner key file (development); a deployment gives --kv-leader instead.
     #[arg(long)]
-    pub owner: PathBuf,
+    pub owner: Option<PathBuf>,
+    #[command(flatten)]
+    pub kv: crate::kvkeys::KvLeaderArgs,
+    /// How this role attests to the leader (with --kv-leader).
+    #[command(flatten)]
+    pub attest: crate::attest::AttestArgs,
     /// The untrusted multicast fabric: `--fabric psl://HOST:PORT` (a router; `--router` is an
     /// alias) or `--fabric nats://H1:4222,nats://H2:4222`, with the `--nats-*` options.
     #[command(flatten)]
@@ -258,14 +263,27 @@ pub struct CoordinatorArgs {
     pub state: Option<PathBuf>,
 }
 
-pub(crate) fn load(common: &CommonArgs) -> Result<(psl_capsule::SignedMetadata, psl_crypto::AppKey)> {
-    let bytes = std::fs::read(&common.capsule).with_context(|| format!("reading {}", common.capsule.display()))?;
-    let f = CapsuleFile::parse(&bytes).with_context(|| format!("{}", common.capsule.display()))?;
-    let owner = read_owner_key(&common.owner)?;
-    if owner.public() != f.metadata.meta.owner {
-        bail!("{} is not the owner key of capsule {}", common.owner.display(), f.metadata.name());
+/// The capsule and its application key (from --owner, or from the leader with --kv-leader,
+/// asking as `role` `id`).
+pub(crate) fn load(
+    common: &CommonArgs,
+    role: psl_faas::leader::KvRole,
+    id: u32,
+) -> Result<(psl_capsule::SignedMetadata, psl_crypto::AppKey)> {
+    let meta = read_metadata(&common.capsule)?;
+    let app = crate::kvkeys::app_key(&meta, common.owner.as_deref(), &common.kv, &common.attest, role, id)?;
+    Ok((meta, app))
+}
+
+/// The capsule and its application key, from an owner key file.
+fn load_with_owner(capsule: &Path, owner: &Path) -> Result<(psl_capsule::SignedMetadata, psl_crypto::AppKey)> {
+    let bytes = std::fs::read(capsule).with_context(|| format!("reading {}", capsule.display()))?;
+    let f = CapsuleFile::parse(&bytes).with_context(|| format!("{}", capsule.display()))?;
+    let owner_key = read_owner_key(owner)?;
+    if owner_key.public() != f.metadata.meta.owner {
+        bail!("{} is not the owner key of capsule {}", owner.display(), f.metadata.name());
     }
-    let app = owner.app(f.metadata.meta.app_index)?;
+    let app = owner_key.app(f.metadata.meta.app_index)?;
     Ok((f.metadata, app))
 }
 
@@ -338,7 +356,7 @@ pub(crate) fn capsule_id(meta: &psl_capsule::SignedMetadata) -> [u8; 32] {
 
 pub fn run_node(a: NodeArgs) -> Result<i32> {
     let budget_mb = a.common.budget.watch(RoleKind::Node, "node");
-    let (meta, app) = load(&a.common)?;
+    let (meta, app) = load(&a.common, psl_faas::leader::KvRole::FrontEnd, a.id)?;
     let recovery = if a.recover_from.is_empty() {
         None
     } else {
@@ -423,7 +441,7 @@ pub fn run_node(a: NodeArgs) -> Result<i32> {
 
 pub fn run_coordinator(a: CoordinatorArgs) -> Result<i32> {
     let budget_mb = a.common.budget.watch(RoleKind::Coordinator, "coordinator");
-    let (meta, app) = load(&a.common)?;
+    let (meta, app) = load(&a.common, psl_faas::leader::KvRole::Coordinator, a.rank as u32)?;
     let cfg = CoordinatorConfig {
         epoch_ms: a.common.epoch_ms,
         eoe_timeout_ms: a.eoe_timeout_ms,
@@ -572,16 +590,7 @@ pub fn run_capsule_server(a: CapsuleServerArgs) -> Result<i32> {
             (meta, key, cert)
         }
         (Some(owner), None) => {
-            let common = CommonArgs {
-                capsule,
-                owner,
-                fabric: a.fabric,
-                epoch_ms: 100,
-                repair_cache_mb: None,
-                budget: BudgetArgs::default(),
-                cores: CoresArgs::default(),
-            };
-            let (meta, app) = load(&common)?;
+            let (meta, app) = load_with_owner(&capsule, &owner)?;
             let (key, cert) = psl_server::server_credentials(&meta, &app, id)
                 .with_context(|| format!("server id {id} is out of range (0 to 32767)"))?;
             drop(app);

@@ -359,7 +359,8 @@ fn start_kv(
     Ok(crate::memcached::KvInfo {
         fabric: fabric.clone(),
         capsule,
-        owner,
+        owner: Some(owner),
+        leader: None,
         capsuledb_writer: writer,
         peers,
         front_ends: listen,
@@ -797,7 +798,11 @@ pub fn run(a: UpArgs) -> Result<i32> {
         println!("worker {} control {}", w.id, w.control);
     }
     if let Some(kv) = &kv {
-        println!("kv capsule {} (owner key {}, mode 0600)", kv.capsule.display(), kv.owner.display());
+        println!(
+            "kv capsule {} (owner key {}, mode 0600)",
+            kv.capsule.display(),
+            kv.owner.as_deref().unwrap_or(std::path::Path::new("-")).display()
+        );
         println!("kv capsuledb writer {}", kv.capsuledb_writer);
         for (i, m) in kv.front_ends.iter().enumerate() {
             println!("memcached {} {m}", i + 1);

@@ -123,19 +123,24 @@ fn init_shares_no_secret_key_and_gives_capsule_servers_only_their_ack_keys() {
             assert!(!d.join(format!("state/{other}/kv-server{id}.ack-key")).exists());
         }
     }
-    // Interim (until the leader hands them out): the owner key only on the hosts whose KV
-    // roles need it (a coordinator, a front end, CapsuleDB), never on a capsule-server-only host.
-    for host in ["a", "b"] {
-        let k = d.join(format!("state/{host}/kv-owner.key"));
-        assert_eq!(std::fs::metadata(&k).unwrap().permissions().mode() & 0o777, 0o600, "{}", k.display());
-    }
-    let c_files = files(&d.join("state/c"));
-    for f in &c_files {
-        let bytes = std::fs::read(f).unwrap();
-        for (what, n) in &secrets {
-            assert!(!holds(&bytes, n), "{} (a capsule-server-only host) holds the KV {what}", f.display());
+    // The owner key only on the leader's host (a), for `psl leader --kv-owner`: the front ends,
+    // KV coordinators and CapsuleDB get their keys from the leader after attestation. Host b
+    // (CapsuleDB) and host c (capsule server only) hold no KV secret.
+    let k = d.join("state/a/kv-owner.key");
+    assert_eq!(std::fs::metadata(&k).unwrap().permissions().mode() & 0o777, 0o600, "{}", k.display());
+    for host in ["b", "c"] {
+        for f in &files(&d.join(format!("state/{host}"))) {
+            let bytes = std::fs::read(f).unwrap();
+            for (what, n) in &secrets {
+                assert!(!holds(&bytes, n), "{} (not the leader's host) holds the KV {what}", f.display());
+            }
         }
     }
+    // A copy an older `--init` left on a host that does not run the leader is removed.
+    std::fs::copy(&k, d.join("state/b/kv-owner.key")).unwrap();
+    init();
+    assert!(!d.join("state/b/kv-owner.key").exists(), "the old copy on host b is still there");
+    assert!(k.exists());
 
     // Running it again keeps every key.
     let before = std::fs::read(d.join("state/c/kv-server2.ack-key")).unwrap();

@@ -316,12 +316,20 @@ fn start_node(net: &Net, dir: &Path, h: usize, id: u32, port: u16, extra: &[&str
     let state = format!("state/node{id}");
     let url = fabric_url();
     let ids = id.to_string();
+    // Its keys from the leader (host 1), after attestation: no owner key on its host.
+    let leader = format!("{}:7501", Net::addr(1));
     let mut args = vec![
         "node",
         "--capsule",
         "shared/kv.capsule",
-        "--owner",
-        "psl-operator/kv-owner.key",
+        "--kv-leader",
+        &leader,
+        "--kv-attest-policy",
+        "shared/attest-policy.toml",
+        "--attest",
+        "sim",
+        "--sim-platform-key",
+        "shared/sim-platform.key",
         "--fabric",
         &url,
         "--id",
@@ -414,6 +422,7 @@ fn a_four_host_deployment_on_nats_survives_failover_partition_and_a_host_crash()
         .collect();
     let mut nats_pid = None;
     let mut server_pids = Vec::new();
+    let mut kv_pids = Vec::new();
     for (i, p) in hosts.iter().enumerate() {
         let (_, lines) = p.as_ref().unwrap().wait(&format!("up h{}", i + 1), Duration::from_secs(240));
         if i == 0 {
@@ -425,9 +434,13 @@ fn a_four_host_deployment_on_nats_survives_failover_partition_and_a_host_crash()
                 server_pids.push((format!("h{}", i + 1), id.parse::<u32>().unwrap(), pid.parse::<i32>().unwrap()));
             }
         }
+        kv_pids.extend(kv_secret_role_pids(&lines));
     }
     eprintln!("cluster up in {:?}", t0.elapsed());
     capsule_servers_hold_no_kv_secret(d, &server_pids);
+    assert_eq!(kv_pids.len(), 5, "two front ends, two KV coordinators and CapsuleDB: {kv_pids:?}");
+    kv_roles_get_their_keys_from_the_leader(&kv_pids);
+    only_the_leaders_host_holds_kv_secrets(d);
     let (node_a, a) = start_node(&net, d, 4, 101, 7100, &[]);
     let (_node_b, b) = start_node(&net, d, 1, 102, 7100, &[]);
     let (ns_a, ns_b) = (net.ns(4), net.ns(1));
@@ -525,8 +538,14 @@ fn a_four_host_deployment_on_nats_survives_failover_partition_and_a_host_crash()
     acked.extend(durable_round(&ns_a, a, "r3a", 20).expect("durable with host 3 down"));
     acked.extend(durable_round(&ns_b, b, "r3b", 20).expect("durable with host 3 down"));
     let h3 = Proc::start(&net.ns(3), d, "host3-again.log", &["up", "--config", "cluster.toml", "--host", "h3"]);
-    h3.wait("up h3", Duration::from_secs(240));
+    let (_, lines) = h3.wait("up h3", Duration::from_secs(240));
     hosts[2] = Some(h3);
+    // The restarted front end 2 attested again and got its keys back from the leader (it
+    // serves: its ready line came); nothing of them was left on host 3's disk.
+    let again = kv_secret_role_pids(&lines);
+    assert!(again.iter().any(|(what, _)| what == "memcached 2"), "{lines:?}");
+    kv_roles_get_their_keys_from_the_leader(&again);
+    only_the_leaders_host_holds_kv_secrets(d);
     acked.extend(durable_round(&ns_a, a, "r4a", 10).expect("durable after host 3 is back"));
 
     // Every node converges: the same digest on both nodes.
@@ -680,6 +699,51 @@ fn capsule_servers_hold_no_kv_secret(d: &Path, pids: &[(String, u32, i32)]) {
         check(&f.display().to_string(), &std::fs::read(f).unwrap());
     }
     assert!(d.join("psl-operator/kv-owner.key").exists(), "the owner key stays in the operator's directory");
+}
+
+/// The KV roles that need the capsule's secrets (front ends, KV coordinators, CapsuleDB), by
+/// the `role NAME pid N` lines of `psl up --host`.
+fn kv_secret_role_pids(lines: &[String]) -> Vec<(String, i32)> {
+    lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("role ")?.split_once(" pid "))
+        .filter(|(what, _)| {
+            what.starts_with("memcached") || what.starts_with("kv coordinator") || *what == "kv capsuledb"
+        })
+        .map(|(what, pid)| (what.to_string(), pid.parse().unwrap()))
+        .collect()
+}
+
+/// Each such role is told the leader, not given a key file: no `--owner` on its command line.
+fn kv_roles_get_their_keys_from_the_leader(pids: &[(String, i32)]) {
+    for (what, pid) in pids {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).expect("the KV role runs");
+        let args: Vec<String> =
+            cmdline.split(|b| *b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into()).collect();
+        assert!(args.iter().any(|a| a == "--kv-leader"), "{what} (pid {pid}) does not ask the leader: {args:?}");
+        assert!(!args.iter().any(|a| a == "--owner" || a.contains("owner")), "{what} is given the owner key: {args:?}");
+    }
+}
+
+/// The attacker who owns a host's disk: no file under any host's directory holds the owner,
+/// application or data key of the KV capsule, but the leader's host's (h1) copy of the owner
+/// key, for `psl leader --kv-owner`.
+fn only_the_leaders_host_holds_kv_secrets(d: &Path) {
+    let secrets = kv_secrets(d);
+    let leader_copy = d.join("state/h1/kv-owner.key");
+    assert!(leader_copy.exists(), "the leader's host holds the owner key");
+    let mut files = Vec::new();
+    files_under(&d.join("state"), &mut files);
+    assert!(files.len() > 20, "the hosts' directories: {files:?}");
+    for f in files.iter().filter(|f| **f != leader_copy) {
+        let Ok(bytes) = std::fs::read(f) else { continue };
+        for (s, n) in &secrets {
+            assert!(!bytes.windows(n.len()).any(|w| w == &n[..]), "{} holds the KV {s}", f.display());
+        }
+    }
+    for h in ["h2", "h3", "h4"] {
+        assert!(!d.join(format!("state/{h}/kv-owner.key")).exists(), "host {h} has an owner key copy");
+    }
 }
 
 /// After `--init`: each capsule host's TLS key is in its own host's directory only (0600), its

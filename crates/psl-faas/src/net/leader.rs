@@ -44,6 +44,9 @@ pub struct LeaderConfig {
     /// Coordinator hosts (`psl coordinator-host`), ids 0, 1, ...: host r runs each job's
     /// coordinator of rank r (0 the primary, the others its shadows).
     pub coordinator_hosts: Vec<SocketAddr>,
+    /// The KV capsule's owner key and metadata (`psl leader --kv-owner`, `--kv-capsule`): the
+    /// leader keeps its application key and hands it to attested KV roles (`KvHello`).
+    pub kv: Option<(OwnerKey, SignedMetadata)>,
 }
 
 /// How the leader authenticates a capsule host before it sends the host its ack-signing key:
@@ -136,6 +139,11 @@ pub fn serve_leader(
     let identity = TlsIdentity::generate("psl-leader")?;
     let tls = identity.server_config(true)?;
     let leader = Leader::new(attester, verifier);
+    let mut cfg = cfg;
+    if let Some((owner, meta)) = cfg.kv.take() {
+        leader.set_kv(&owner, &meta)?;
+        tracing::info!(capsule = %meta.name(), "leader: hands the KV capsule's keys to attested KV roles");
+    }
     let sh = Arc::new(Shared {
         cfg,
         leader,
@@ -179,7 +187,67 @@ fn handle(sh: &Arc<Shared>, mut s: ServerStream, peer: Option<[u8; 32]>) -> Resu
             let peer = peer.ok_or_else(|| FaasError::Net("a worker must present its certificate".into()))?;
             worker_conn(sh, s, peer, worker, &job, &nonce)
         }
+        Msg::KvHello { role, id, nonce } => {
+            let peer = peer.ok_or_else(|| FaasError::Net("a KV role must present its certificate".into()))?;
+            kv_conn(sh, s, peer, &role, id, &nonce)
+        }
         m => Err(FaasError::Net(format!("leader: unexpected first message {}", m.name()))),
+    }
+}
+
+/// A KV role's connection: the leader's report over the role's nonce and a nonce for the role
+/// (`LeaderChallenge`); the role's `Offer` (its report binding its channel key and its TLS
+/// certificate key); then `KvKeys` sealed to that channel key, or `Refused` with nothing
+/// sealed.
+fn kv_conn(
+    sh: &Arc<Shared>,
+    mut s: ServerStream,
+    peer: [u8; 32],
+    role: &str,
+    id: u32,
+    nonce: &str,
+) -> Result<(), FaasError> {
+    let role = match crate::leader::KvRole::parse(role) {
+        Ok(r) => r,
+        Err(e) => return write_msg(&mut s, &Msg::Refused { why: e.to_string() }),
+    };
+    if !sh.leader.serves_kv() {
+        return write_msg(&mut s, &Msg::Refused { why: "this leader holds no KV keys (psl leader --kv-owner)".into() });
+    }
+    let role_nonce = unhex_n::<32>("nonce", nonce)?;
+    let ev = sh.leader.attest(&role_nonce, &bind_channel_key(&sh.identity.spki_hash()))?;
+    let challenge = sh.leader.kv_challenge(role, id);
+    write_msg(
+        &mut s,
+        &Msg::LeaderChallenge {
+            backend: ev.backend.into(),
+            evidence: hex::encode(&ev.bytes),
+            nonce: hex::encode(challenge),
+        },
+    )?;
+    let Msg::Offer { channel_public, backend, evidence: ev } = read_msg(&mut s)? else {
+        return write_msg(&mut s, &Msg::Refused { why: "expected an Offer".into() });
+    };
+    let offer = match (|| -> Result<Offer, FaasError> {
+        Ok(Offer {
+            worker: id,
+            channel_public: unhex_n::<32>("channel_public", &channel_public)?,
+            evidence: evidence(&backend, &ev)?,
+            tls_spki: Some(peer),
+        })
+    })() {
+        Ok(o) => o,
+        Err(e) => return write_msg(&mut s, &Msg::Refused { why: e.to_string() }),
+    };
+    match sh.leader.grant_kv(&offer, role, id) {
+        Ok(sealed) => {
+            tracing::info!(role = role.name(), id, "leader: KV keys handed over");
+            write_msg(&mut s, &Msg::KvKeys { sealed: hex::encode(sealed) })
+        }
+        Err(e) => {
+            tracing::warn!(role = role.name(), id, "leader: KV role refused: {e}");
+            write_msg(&mut s, &Msg::Refused { why: e.to_string() })
+        }
     }
 }
 

@@ -17,6 +17,7 @@
 pub mod client;
 pub mod coordhost;
 pub mod host;
+pub mod kvkeys;
 pub mod leader;
 pub mod scheduler;
 pub mod wire;

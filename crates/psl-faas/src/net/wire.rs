@@ -236,6 +236,18 @@ pub enum Msg {
     ResetDone {
         debug: WorkerDebug,
     },
+    // KV role (front end, KV coordinator, CapsuleDB) <-> leader (TLS, both sides attested):
+    // `KvHello` -> `LeaderChallenge`; `Offer` -> `KvKeys` or `Refused`.
+    KvHello {
+        /// "frontend", "coordinator" or "capsuledb".
+        role: String,
+        id: u32,
+        nonce: String,
+    },
+    /// The KV capsule's keys for this role, sealed to its channel key (hex).
+    KvKeys {
+        sealed: String,
+    },
     // any
     Ok,
     Error {
@@ -302,6 +314,8 @@ impl Msg {
             Msg::CoordRotate { .. } => "CoordRotate",
             Msg::CoordStatements { .. } => "CoordStatements",
             Msg::CoordClosed { .. } => "CoordClosed",
+            Msg::KvHello { .. } => "KvHello",
+            Msg::KvKeys { .. } => "KvKeys",
             Msg::Ok => "Ok",
             Msg::Error { .. } => "Error",
         }
