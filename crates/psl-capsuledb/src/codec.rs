@@ -1,8 +1,11 @@
 //! Block and index encodings: versioned, bounded, and total (garbage yields an error, never a
 //! panic or an unbounded allocation).
 //!
-//! Block v1: `"PSLB" 01 | count u32 | count × (klen u16, key, lamport u64, writer u32,
-//! tag u8 (0 = tombstone, 1 = value), [vlen u32, value])`, keys strictly increasing.
+//! Block v2: `"PSLB" 02 | count u32 | count × (klen u16, key, lamport u64, writer u32,
+//! record 32, tag u8 (0 = tombstone, 1 = value), [vlen u32, value])`, keys strictly increasing;
+//! `record` is the hash of the data record that wrote the entry (all zero: unknown), which the
+//! role carries in its answers as their proof. Version 1 (no record hash) still decodes, with
+//! unknown records.
 //!
 //! Index v2: `"PSLI" 02 | seq u64 | has_prev u8 [prev 32] | levels u8 | per level: n u32 |
 //! per block: hash 32, entries u32, min (klen u16, key), max (klen u16, key), bloom k u8,
@@ -25,6 +28,7 @@ pub const BLOCKS_PER_LEVEL_MAX: usize = 1 << 20;
 const BLOCK_MAGIC: &[u8; 4] = b"PSLB";
 const INDEX_MAGIC: &[u8; 4] = b"PSLI";
 const FORMAT_V1: u8 = 1;
+const BLOCK_V2: u8 = 2;
 const INDEX_V2: u8 = 2;
 /// Most writers in an index's frontier.
 pub const FRONTIER_WRITERS_MAX: usize = 1 << 16;
@@ -83,13 +87,14 @@ impl Block {
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(self.encoded_len());
         b.extend_from_slice(BLOCK_MAGIC);
-        b.push(FORMAT_V1);
+        b.push(BLOCK_V2);
         b.extend_from_slice(&(self.entries.len() as u32).to_le_bytes());
         for (k, (ver, v)) in &self.entries {
             b.extend_from_slice(&(k.len() as u16).to_le_bytes());
             b.extend_from_slice(k);
             b.extend_from_slice(&ver.lamport.to_le_bytes());
             b.extend_from_slice(&ver.writer.to_le_bytes());
+            b.extend_from_slice(&ver.record);
             match v {
                 None => b.push(0),
                 Some(v) => {
@@ -107,9 +112,9 @@ impl Block {
         if r.take(4, "magic")? != BLOCK_MAGIC {
             return Err(CodecError::Magic);
         }
-        let v = r.u8("format")?;
-        if v != FORMAT_V1 {
-            return Err(CodecError::Version(v));
+        let format = r.u8("format")?;
+        if format != FORMAT_V1 && format != BLOCK_V2 {
+            return Err(CodecError::Version(format));
         }
         let n = r.u32("count")? as usize;
         limit("entry count", n, BLOCK_ENTRIES_MAX)?;
@@ -119,6 +124,10 @@ impl Block {
             let k = r.key()?;
             let lamport = r.u64("lamport")?;
             let writer = r.u32("writer")?;
+            let mut record = [0u8; 32];
+            if format == BLOCK_V2 {
+                record.copy_from_slice(r.take(32, "record hash")?);
+            }
             let v = match r.u8("tag")? {
                 0 => None,
                 1 => {
@@ -131,7 +140,7 @@ impl Block {
             if entries.last().is_some_and(|(last, _): &(Vec<u8>, Cell)| last.as_slice() >= k) {
                 return Err(CodecError::Invalid("key order (keys must strictly increase)"));
             }
-            entries.push((k.to_vec(), (Version { lamport, writer }, v)));
+            entries.push((k.to_vec(), (Version { lamport, writer, record }, v)));
         }
         r.end()?;
         Ok(Block { entries })
@@ -139,7 +148,7 @@ impl Block {
 }
 
 pub(crate) fn entry_len(k: &[u8], v: &Option<Vec<u8>>) -> usize {
-    2 + k.len() + 13 + v.as_ref().map_or(0, |v| 4 + v.len())
+    2 + k.len() + 13 + 32 + v.as_ref().map_or(0, |v| 4 + v.len())
 }
 
 impl BlockRef {

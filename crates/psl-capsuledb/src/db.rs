@@ -700,6 +700,38 @@ impl Reader {
         self.inner.index().seq
     }
 
+    /// Keeps a data record (the proof of the entries it wrote, `dbwire`) in every store that
+    /// takes it; synced with the next index. For stores that hold nothing else of the capsule
+    /// (directories, memory): the role does not call it with the capsule servers, which hold
+    /// every record already.
+    pub fn keep_record(&self, hash: RecordHash, bytes: &[u8]) -> Result<(), Error> {
+        let mut last = String::new();
+        let mut kept = 0;
+        for s in &self.inner.io.stores {
+            match s.put(hash, bytes.to_vec()) {
+                Ok(()) => kept += 1,
+                Err(e) => last = e.to_string(),
+            }
+        }
+        if kept == 0 {
+            return Err(Error::Store(last));
+        }
+        Ok(())
+    }
+
+    /// The record `hash` from the first store that holds it with that hash (a capsule server
+    /// holds every data record of the capsule; a directory store those the role kept there).
+    /// Not verified beyond its hash: whoever uses it verifies it (a worker checks an answer's
+    /// records with its own verifier).
+    pub fn record(&self, hash: &RecordHash) -> Option<Vec<u8>> {
+        let io = &self.inner.io;
+        io.stores.iter().find_map(|s| {
+            let bytes = s.get(hash)?;
+            let rec = Record::decode(&bytes, &io.limits).ok()?;
+            (rec.hash().0 == *hash).then_some(bytes)
+        })
+    }
+
     /// The first `limit` keys starting with `prefix` and above `after`, in key order, with
     /// their newest entries (tombstones included), and whether more such keys exist.
     pub fn scan(&self, prefix: &[u8], after: Option<&[u8]>, limit: usize) -> Result<ScanPage, Error> {
@@ -993,7 +1025,7 @@ mod tests {
     use super::*;
 
     fn block(n: usize) -> Arc<Block> {
-        let cell = (Version { lamport: 1, writer: 1 }, Some(vec![0u8]));
+        let cell = (Version::new(1, 1), Some(vec![0u8]));
         Arc::new(Block { entries: (0..n).map(|i| ((i as u32).to_be_bytes().to_vec(), cell.clone())).collect() })
     }
 

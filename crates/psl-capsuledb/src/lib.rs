@@ -32,11 +32,28 @@ pub use lsm::{Blocks, Config};
 pub use servers::{Publisher, ServerStore};
 pub use store::DirStore;
 
-/// The version of a write, ordered as in SCL's memtable: Lamport time, then writer index.
+/// The version of a write, ordered as in SCL's memtable: Lamport time, then writer index; and
+/// the hash of the data record that wrote it (all zero: unknown, e.g. a write made through
+/// [`CapsuleDb::put`] directly). A writer's Lamport times grow along its chain, so
+/// `(lamport, writer)` names one op and the record hash only breaks ties between equivocating
+/// copies. The role answers with that record, which proves the version (`dbwire`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Version {
     pub lamport: u64,
     pub writer: u32,
+    pub record: RecordHash,
+}
+
+impl Version {
+    /// A version with no known record.
+    pub const fn new(lamport: u64, writer: u32) -> Version {
+        Version { lamport, writer, record: [0; 32] }
+    }
+
+    /// Whether the record that wrote it is known.
+    pub fn has_record(&self) -> bool {
+        self.record != [0; 32]
+    }
 }
 
 /// A value (`Some`) or a tombstone (`None`) at a version.

@@ -13,18 +13,28 @@
 //!   paces the writers (flow control: a CapsuleDB that falls behind stops acking, and the
 //!   writers wait for it instead of its queues overflowing).
 //! - *answer*: takes read requests, groups them by key, reads each key once (memtable, L0
-//!   newest first, one block per level) and multicasts one signed, sealed answer per key with
-//!   the original `(lamport, writer)` version and every request id it answers.
+//!   newest first, one block per level) and multicasts signed, sealed answers with the
+//!   original `(lamport, writer)` version of each key, the data record that wrote it (the
+//!   proof a worker checks, `dbwire`), and every request id it answers.
+//!
+//! Records: every update the journal hands over names the data record it came from; the tree
+//! keeps that record's hash with the entry, and the role keeps the record's bytes in a cache
+//! bounded in bytes ([`RoleOptions::record_cache_bytes_max`]), and without capsule servers
+//! (which hold every record) also in the tree's own stores (`Reader::keep_record`). An answer takes each
+//! record from the cache, else from the stores (`Reader::record`: the directories, then the
+//! capsule servers by `GET`). A key whose record cannot be found is not answered (the
+//! worker's get times out; `RoleStats::unproven`).
 
 use crate::db::{CapsuleDb, Reader};
 use crate::servers::Publisher;
 use crate::store::DirStore;
-use crate::{Error, Version};
+use crate::{Error, RecordHash, Version};
 use psl_crypto::{DataKey, SigningKey};
 use psl_node::Node;
 use psl_scl::dbwire::{
-    AnswerBody, DbAnswer, DbHeads, DbMsg, DbRequest, DbScan, DbScanAnswer, ScanBody, ANSWER_KEYS_MAX, ANSWER_REQS_MAX,
-    DB_HEADS_MAX, SCAN_BODY_BYTES_MAX,
+    AnswerBody, AnswerEntry, DbAnswer, DbHeads, DbMsg, DbRequest, DbScan, DbScanAnswer, Proof, ScanBody,
+    ANSWER_BODY_BYTES_MAX, ANSWER_KEYS_MAX, ANSWER_RECORD_BYTES_MAX, ANSWER_REQS_MAX, DB_HEADS_MAX,
+    SCAN_BODY_BYTES_MAX,
 };
 use psl_scl::wire::{Ack, AckEntry, ACK_ENTRIES_MAX};
 use psl_scl::Msg;
@@ -48,6 +58,9 @@ pub struct RoleOptions {
     pub ack_every: Duration,
     /// Acks are held while more updates than this wait for the tree (journaled or spilled).
     pub ack_backlog_max: usize,
+    /// Bytes of data records kept in memory to prove answers (least recently used out; an
+    /// answer for a record not kept fetches it from the stores).
+    pub record_cache_bytes_max: usize,
 }
 
 impl Default for RoleOptions {
@@ -58,6 +71,7 @@ impl Default for RoleOptions {
             apply_batch_max: 4096,
             ack_every: Duration::from_millis(ACK_EVERY_MS_DEFAULT),
             ack_backlog_max: ACK_BACKLOG_MAX_DEFAULT,
+            record_cache_bytes_max: RECORD_CACHE_BYTES_MAX_DEFAULT,
         }
     }
 }
@@ -67,6 +81,53 @@ impl Default for RoleOptions {
 pub const ACK_EVERY_MS_DEFAULT: u64 = 20;
 /// Default backlog (updates waiting for the tree) above which the acks are held.
 pub const ACK_BACKLOG_MAX_DEFAULT: usize = 4096;
+/// Default bytes of data records the role keeps in memory to prove its answers.
+pub const RECORD_CACHE_BYTES_MAX_DEFAULT: usize = 64 << 20;
+
+/// Records by hash, and the bytes they hold.
+type Kept = (lru::LruCache<RecordHash, Arc<[u8]>>, usize);
+
+/// Data records by hash, least recently used out past a byte bound.
+pub struct RecordCache {
+    inner: parking_lot::Mutex<Kept>,
+    bytes_max: usize,
+}
+
+impl RecordCache {
+    pub fn new(bytes_max: usize) -> RecordCache {
+        RecordCache { inner: parking_lot::Mutex::new((lru::LruCache::unbounded(), 0)), bytes_max }
+    }
+
+    /// Keeps `bytes` under `hash`; returns whether it was not kept already.
+    pub fn insert(&self, hash: RecordHash, bytes: Arc<[u8]>) -> bool {
+        let mut g = self.inner.lock();
+        let (map, used) = &mut *g;
+        if map.get(&hash).is_some() {
+            return false;
+        }
+        if bytes.len() > self.bytes_max {
+            return true;
+        }
+        *used += bytes.len();
+        map.put(hash, bytes);
+        while *used > self.bytes_max {
+            match map.pop_lru() {
+                Some((_, b)) => *used -= b.len(),
+                None => break,
+            }
+        }
+        true
+    }
+
+    pub fn get(&self, hash: &RecordHash) -> Option<Arc<[u8]>> {
+        self.inner.lock().0.get(hash).cloned()
+    }
+
+    /// Bytes kept.
+    pub fn bytes(&self) -> usize {
+        self.inner.lock().1
+    }
+}
 
 /// Counters of the role.
 #[derive(Debug, Default)]
@@ -81,6 +142,8 @@ pub struct RoleStats {
     pub acks_sent: AtomicU64,
     /// Acks held back because the backlog was above `ack_backlog_max`.
     pub acks_held: AtomicU64,
+    /// Keys not answered because the record that wrote their version could not be found.
+    pub unproven: AtomicU64,
 }
 
 /// What the last acks said: per writer, the newest seq acked.
@@ -126,6 +189,8 @@ struct Shared {
     serving: Arc<AtomicBool>,
     /// With the capsule servers: where journaled updates wait while the tree waits for acks.
     publisher: Option<Arc<Publisher>>,
+    /// The data records the tree's entries name (see the module docs).
+    records: RecordCache,
 }
 
 impl Shared {
@@ -203,8 +268,22 @@ impl Shared {
             };
             let mut db = self.db.lock();
             let before = db.index_seq();
-            for (key, version, value) in batch {
-                let v = Version { lamport: version.lamport, writer: version.writer };
+            for (key, version, value, origin) in batch {
+                let record = match origin {
+                    Some((hash, bytes)) => {
+                        // Without the capsule servers nothing else keeps the record: the
+                        // tree's own stores do (a directory frames each record once).
+                        if self.records.insert(hash.0, bytes.clone()) && self.publisher.is_none() {
+                            if let Err(e) = self.reader.keep_record(hash.0, &bytes) {
+                                tracing::warn!("capsuledb: keeping a data record: {e}");
+                                self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        hash.0
+                    }
+                    None => [0; 32],
+                };
+                let v = Version { lamport: version.lamport, writer: version.writer, record };
                 if let Err(e) = db.apply(&key, v, value.map(|v| v.to_vec())) {
                     tracing::error!("capsuledb: applying a write failed: {e}");
                     self.stats.errors.fetch_add(1, Ordering::Relaxed);
@@ -255,18 +334,26 @@ impl Shared {
                 return;
             }
         };
+        let mut proofs = Proofs::default();
         let mut entries = Vec::with_capacity(found.len());
-        let mut bytes = 0usize;
         for (k, (v, val)) in found {
-            let len = k.len() + 20 + val.as_ref().map_or(0, |v| v.len());
-            if !entries.is_empty() && bytes + len > SCAN_BODY_BYTES_MAX {
+            let Some((record, added)) = proofs.record_of(self, &v) else {
+                // A page must not skip a key: no answer (the scan times out).
+                tracing::error!("capsuledb: scan: the record that wrote a key is not found");
+                self.stats.unproven.fetch_add(1, Ordering::Relaxed);
+                return;
+            };
+            let len = k.len() + 20 + added;
+            if !entries.is_empty() && proofs.bytes + len > SCAN_BODY_BYTES_MAX {
                 more = true;
+                proofs.unadd(added);
                 break;
             }
-            bytes += len;
-            entries.push((k, psl_scl::Version { lamport: v.lamport, writer: v.writer }, val));
+            proofs.bytes += len;
+            let version = psl_scl::Version { lamport: v.lamport, writer: v.writer };
+            entries.push((k, Proof { version, deleted: val.is_none(), record }));
         }
-        let body = ScanBody { more, entries };
+        let body = ScanBody { more, records: proofs.records, entries };
         let a = DbScanAnswer::seal(
             self.node.capsule(),
             self.keys.writer,
@@ -310,39 +397,42 @@ impl Shared {
                     }
                 }
             }
-            let mut out = Vec::with_capacity(by_key.len());
-            {
-                // The index seq first: each read goes through that index or a newer one.
-                let seq = self.reader.index_seq();
-                for (key, reqs) in by_key {
-                    match self.reader.get_cell(&key) {
-                        Ok(found) => out.push((key, reqs, seq, found)),
-                        Err(e) => {
-                            // Unreadable from every store: no answer (the worker's get times out
-                            // with a clear error rather than read a wrong value).
-                            tracing::error!("capsuledb: read failed: {e}");
-                            self.stats.errors.fetch_add(1, Ordering::Relaxed);
-                        }
+            // The index seq first: each read goes through that index or a newer one.
+            let seq = self.reader.index_seq();
+            // Signed answers for the keys queued together: each up to `ANSWER_KEYS_MAX` keys and
+            // `ANSWER_BODY_BYTES_MAX` bytes, records included (one entry always fits).
+            let mut batches: Vec<Batch> = Vec::new();
+            let mut cur = Batch::default();
+            for (key, reqs) in by_key {
+                let found = match self.reader.get_cell(&key) {
+                    Ok(found) => found,
+                    Err(e) => {
+                        // Unreadable from every store: no answer (the worker's get times out
+                        // with a clear error rather than read a wrong value).
+                        tracing::error!("capsuledb: read failed: {e}");
+                        self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                        continue;
                     }
+                };
+                if found.is_none() {
+                    self.stats.misses.fetch_add(1, Ordering::Relaxed);
+                }
+                let mut added = cur.add(self, &key, &found, &reqs);
+                if added == Add::Full {
+                    batches.push(std::mem::take(&mut cur));
+                    added = cur.add(self, &key, &found, &reqs);
+                }
+                if added != Add::Added {
+                    tracing::error!("capsuledb: the record that wrote a key is not found: not answered");
+                    self.stats.unproven.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            // One signed answer per batch of keys (the requests queued together).
-            for batch in out.chunks(ANSWER_KEYS_MAX) {
-                let mut reqs: Vec<u64> = Vec::new();
-                let mut entries = Vec::with_capacity(batch.len());
-                let seq = batch[0].2;
-                for (key, rs, _, found) in batch {
-                    if found.is_none() {
-                        self.stats.misses.fetch_add(1, Ordering::Relaxed);
-                    }
-                    reqs.extend(rs.iter().take(ANSWER_REQS_MAX));
-                    entries.push((
-                        key.clone(),
-                        found.clone().map(|(v, val)| (psl_scl::Version { lamport: v.lamport, writer: v.writer }, val)),
-                    ));
-                }
-                let body = AnswerBody { entries };
-                for chunk in reqs.chunks(ANSWER_REQS_MAX) {
+            if !cur.entries.is_empty() {
+                batches.push(cur);
+            }
+            for batch in batches {
+                let body = AnswerBody { records: batch.proofs.records, entries: batch.entries };
+                for chunk in batch.reqs.chunks(ANSWER_REQS_MAX) {
                     let a = DbAnswer::seal(
                         self.node.capsule(),
                         self.keys.writer,
@@ -358,6 +448,96 @@ impl Shared {
                     }
                 }
             }
+        }
+    }
+
+    /// The bytes of the data record `hash`: the cache, else the stores (kept again).
+    fn record_bytes(&self, hash: &RecordHash) -> Option<Arc<[u8]>> {
+        if let Some(b) = self.records.get(hash) {
+            return Some(b);
+        }
+        let b: Arc<[u8]> = self.reader.record(hash)?.into();
+        self.records.insert(*hash, b.clone());
+        Some(b)
+    }
+}
+
+/// One answer being built: its request ids, its entries and their records.
+#[derive(Default)]
+struct Batch {
+    reqs: Vec<u64>,
+    entries: Vec<AnswerEntry>,
+    proofs: Proofs,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Add {
+    Added,
+    /// Not added: the answer is full (start the next one).
+    Full,
+    /// Not added: the record that wrote the version cannot be carried.
+    Unproven,
+}
+
+impl Batch {
+    fn add(&mut self, s: &Shared, key: &[u8], found: &Option<crate::Cell>, reqs: &[u64]) -> Add {
+        let (proof, added) = match found {
+            None => (None, 0),
+            Some((v, val)) => match self.proofs.record_of(s, v) {
+                Some((record, added)) => {
+                    let version = psl_scl::Version { lamport: v.lamport, writer: v.writer };
+                    (Some(Proof { version, deleted: val.is_none(), record }), added)
+                }
+                None => return Add::Unproven,
+            },
+        };
+        let len = key.len() + 16 + added;
+        let full = self.entries.len() >= ANSWER_KEYS_MAX || self.proofs.bytes + len > ANSWER_BODY_BYTES_MAX;
+        if !self.entries.is_empty() && full {
+            self.proofs.unadd(added);
+            return Add::Full;
+        }
+        self.proofs.bytes += len;
+        self.reqs.extend(reqs.iter().take(ANSWER_REQS_MAX));
+        self.entries.push(AnswerEntry { key: key.to_vec(), found: proof });
+        Add::Added
+    }
+}
+
+/// The records one answer carries, each once, and the body's size so far.
+#[derive(Default)]
+struct Proofs {
+    records: Vec<Vec<u8>>,
+    index: BTreeMap<RecordHash, u16>,
+    bytes: usize,
+}
+
+impl Proofs {
+    /// The index in this answer of the record that wrote `v` (added if new) and the bytes it
+    /// added; `None` if the record is unknown, not found or too large to carry.
+    fn record_of(&mut self, s: &Shared, v: &Version) -> Option<(u16, usize)> {
+        if !v.has_record() {
+            return None;
+        }
+        if let Some(i) = self.index.get(&v.record) {
+            return Some((*i, 0));
+        }
+        let bytes = s.record_bytes(&v.record)?;
+        if bytes.len() > ANSWER_RECORD_BYTES_MAX {
+            return None;
+        }
+        let i = u16::try_from(self.records.len()).ok()?;
+        self.index.insert(v.record, i);
+        self.records.push(bytes.to_vec());
+        Some((i, 4 + bytes.len()))
+    }
+
+    /// Takes back the record the last `record_of` added (`added` > 0): it goes to the next
+    /// answer.
+    fn unadd(&mut self, added: usize) {
+        if added > 0 && self.records.pop().is_some() {
+            let n = self.records.len();
+            self.index.retain(|_, i| (*i as usize) < n);
         }
     }
 }
@@ -409,6 +589,7 @@ impl Role {
             stop: stop.clone(),
             serving: serving.clone(),
             publisher,
+            records: RecordCache::new(opts.record_cache_bytes_max),
         });
         {
             let d = db.lock();

@@ -698,6 +698,8 @@ fn apply_tail(
                 continue;
             }
             let writer = h.writer;
+            // The record proves these writes in the role's answers (the servers hold it).
+            let record = rec.hash().0;
             let Body::Data(ops) =
                 keyed.open(&rec).map_err(|e| Error::Store(format!("replay: opening a record: {e}")))?
             else {
@@ -708,7 +710,7 @@ fn apply_tail(
                     Action::Put(v) => Some(v),
                     Action::Delete => None,
                 };
-                db.apply(&op.key, Version { lamport: op.lamport, writer }, value)?;
+                db.apply(&op.key, Version { lamport: op.lamport, writer, record }, value)?;
                 ops_applied += 1;
             }
             records += 1;

@@ -285,8 +285,13 @@ impl BlockStore for DirStore {
                 format!("capsuledb store: a record of {} bytes is over the limit of {RECORD_BYTES_MAX}", bytes.len()),
             ));
         }
-        let f = frame(&hash, &bytes);
         let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if g.map.contains_key(&hash) {
+            // Already framed (the role keeps each data record once, even when its node
+            // re-applies a chain after a restart).
+            return Ok(());
+        }
+        let f = frame(&hash, &bytes);
         let at = g.end;
         if let Err(e) = g.file.write_all(&f) {
             // A partial frame may be on disk (later scans skip it); `end` must follow the

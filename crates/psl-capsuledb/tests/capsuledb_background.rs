@@ -102,7 +102,7 @@ fn capsuledb_reads_during_background_compaction_match_model() {
             let (k, v) = write(l);
             let ki = l.wrapping_mul(0x9E37_79B9_7F4A_7C15) % KEYS;
             started[ki as usize].store(l, Ordering::Release);
-            db.apply(&k, Version { lamport: l, writer: 1 }, v).unwrap();
+            db.apply(&k, Version::new(l, 1), v).unwrap();
             last[ki as usize].store(l, Ordering::Release);
         }
         db.flush().unwrap();
@@ -137,7 +137,7 @@ fn capsuledb_crash_mid_compaction_restarts_from_newest_index() {
     let mut crashes = 0u64;
     for l in 1..=1200u64 {
         let (k, v) = write(l);
-        db.apply(&k, Version { lamport: l, writer: 1 }, v.clone()).unwrap();
+        db.apply(&k, Version::new(l, 1), v.clone()).unwrap();
         model.insert(k.clone(), v.clone());
         log.push((l, k, v));
         if l % 97 != 0 {
@@ -153,7 +153,7 @@ fn capsuledb_crash_mid_compaction_restarts_from_newest_index() {
         let mut back = reopen(cfg, &[&copy], newest, 1000 + crashes);
         let f = back.frontier().get(&1).copied().unwrap_or(0);
         for (lw, k, v) in log.iter().filter(|(lw, _, _)| *lw > f) {
-            back.apply(k, Version { lamport: *lw, writer: 1 }, v.clone()).unwrap();
+            back.apply(k, Version::new(*lw, 1), v.clone()).unwrap();
         }
         // The restarted database compacts what the crash left and serves the model.
         back.start_compactor().unwrap();
@@ -206,7 +206,7 @@ proptest::proptest! {
         for op in ops {
             match op {
                 Op::Write(k, l, w) => {
-                    let ver = Version { lamport: l, writer: w };
+                    let ver = Version::new(l, w);
                     let val = (!(l + w as u64).is_multiple_of(5)).then(|| format!("{k}:{l}:{w}").into_bytes());
                     let key = key(k as u64);
                     db.apply(&key, ver, val.clone()).unwrap();

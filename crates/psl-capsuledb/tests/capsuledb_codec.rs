@@ -6,11 +6,19 @@ use std::collections::BTreeMap;
 fn block() -> impl Strategy<Value = Block> {
     proptest::collection::btree_map(
         proptest::collection::vec(any::<u8>(), 1..40),
-        (any::<u64>(), any::<u32>(), proptest::option::of(proptest::collection::vec(any::<u8>(), 0..64))),
+        (
+            any::<u64>(),
+            any::<u32>(),
+            any::<[u8; 32]>(),
+            proptest::option::of(proptest::collection::vec(any::<u8>(), 0..64)),
+        ),
         0..40,
     )
     .prop_map(|m: BTreeMap<_, _>| Block {
-        entries: m.into_iter().map(|(k, (l, w, v))| (k, (Version { lamport: l, writer: w }, v))).collect(),
+        entries: m
+            .into_iter()
+            .map(|(k, (lamport, writer, record, v))| (k, (Version { lamport, writer, record }, v)))
+            .collect(),
     })
 }
 
@@ -89,7 +97,7 @@ proptest! {
 
 #[test]
 fn capsuledb_codec_rejects_unsorted_and_oversized() {
-    let v = Version { lamport: 1, writer: 1 };
+    let v = Version::new(1, 1);
     let unsorted = Block { entries: vec![(b"b".to_vec(), (v, None)), (b"a".to_vec(), (v, None))] };
     assert!(Block::decode(&unsorted.encode()).is_err());
     let long = Block { entries: vec![(vec![1; 251], (v, None))] };
@@ -98,8 +106,19 @@ fn capsuledb_codec_rejects_unsorted_and_oversized() {
     huge.extend_from_slice(&u32::MAX.to_le_bytes());
     assert!(Block::decode(&huge).is_err());
     let mut wrong_version = Block::default().encode();
-    wrong_version[4] = 2;
+    wrong_version[4] = 3;
     assert!(Block::decode(&wrong_version).is_err());
+    // A v1 block (no record hashes) still decodes, its records unknown.
+    let mut v1 = b"PSLB\x01".to_vec();
+    v1.extend_from_slice(&1u32.to_le_bytes());
+    v1.extend_from_slice(&1u16.to_le_bytes());
+    v1.push(b'k');
+    v1.extend_from_slice(&7u64.to_le_bytes());
+    v1.extend_from_slice(&3u32.to_le_bytes());
+    v1.push(0);
+    let b = Block::decode(&v1).unwrap();
+    assert_eq!(b.entries, vec![(b"k".to_vec(), (Version::new(7, 3), None))]);
+    assert!(!b.entries[0].1 .0.has_record());
 }
 
 #[test]

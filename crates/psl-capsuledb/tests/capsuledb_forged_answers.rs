@@ -1,12 +1,13 @@
 //! The miss path trusts only CapsuleDB's key: an answer or a frontier signed by anyone else
 //! (here: a worker's key, which holds the data key too) is refused, and the get fails with a
-//! clear error instead of returning the forged value. The genuine key is accepted, but not
-//! for an answer older than the frontier the worker evicted under.
-use psl_capsule::{new_capsule, Limits};
+//! clear error instead of returning the forged value. The genuine key is accepted (with the
+//! record that wrote the value: `capsuledb_answer_proofs.rs`), but not for an answer older
+//! than the frontier the worker evicted under.
+use psl_capsule::{new_capsule, Author, Body, Limits, Verifier};
 use psl_crypto::OwnerKey;
 use psl_fabric::{Fabric, FabricConfig, InProcHub};
 use psl_node::{Node, NodeError, NodeKeys, NodeOptions};
-use psl_scl::dbwire::{AnswerBody, DbAnswer, DbHeads, DbMsg};
+use psl_scl::dbwire::{AnswerBody, AnswerEntry, DbAnswer, DbHeads, DbMsg, Proof};
 use psl_scl::Version;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -35,6 +36,18 @@ fn capsuledb_answers_and_heads_signed_by_another_key_are_refused() {
     let worker = Arc::new(Node::start(keys, ep, opts).unwrap());
     let fake = hub.endpoint("fake-capsuledb");
     let capsule = worker.capsule();
+    // A genuine record of another writer wrote "forged" (the name of the value in this test).
+    let other = psl_scl::writer_index(5, 0, 0).unwrap();
+    let rec = Author::new(&meta, &app, other)
+        .unwrap()
+        .write_ops([(b"other-key".to_vec(), Some(b"forged".to_vec()))])
+        .unwrap();
+    let lamport = {
+        let v = Verifier::new(meta.clone(), Some(app.data_key()));
+        let Body::Data(ops) = &v.verify_open(rec.clone()).unwrap().body else { panic!("data") };
+        ops[0].lamport
+    };
+    let written = Version { lamport, writer: other };
 
     // Answers every get it sees, signed with `signer`'s key, claiming the value "forged".
     let answer_all = |signer: u32, index_seq: u64, until: Instant| {
@@ -43,8 +56,11 @@ fn capsuledb_answers_and_heads_signed_by_another_key_are_refused() {
             let Ok(Some(m)) = fake.recv_timeout(Duration::from_millis(20)) else { continue };
             let Ok(DbMsg::Get(g)) = DbMsg::decode(&m) else { continue };
             let k = g.open(&app.data_key()).unwrap();
-            let body =
-                AnswerBody { entries: vec![(k, Some((Version { lamport: 9, writer: 1 }, Some(b"forged".to_vec()))))] };
+            let proof = Proof { version: written, deleted: false, record: 0 };
+            let body = AnswerBody {
+                records: vec![rec.bytes().to_vec()],
+                entries: vec![AnswerEntry { key: k, found: Some(proof) }],
+            };
             let a =
                 DbAnswer::seal(capsule, db_writer, index_seq, vec![g.req_id], &body, &app.data_key(), [3; 16], &key);
             fake.publish(DbMsg::Answer(a).encode().into()).unwrap();
@@ -89,5 +105,5 @@ fn capsuledb_answers_and_heads_signed_by_another_key_are_refused() {
     let reader = std::thread::spawn(move || w.try_get(b"other-key"));
     answer_all(db_writer, 1, Instant::now() + Duration::from_millis(600));
     assert_eq!(reader.join().unwrap().unwrap().as_deref(), Some(&b"forged"[..]), "genuine answers are used");
-    assert_eq!(worker.entry(b"other-key").unwrap().version, Version { lamport: 9, writer: 1 }, "original version kept");
+    assert_eq!(worker.entry(b"other-key").unwrap().version, written, "original version kept");
 }

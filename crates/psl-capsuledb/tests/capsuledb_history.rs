@@ -8,7 +8,7 @@ use psl_capsuledb::{Error, MemStore, Version};
 fn capsuledb_get_at_reads_old_snapshots() {
     let store = MemStore::new();
     let mut db = create(tiny(), &[&store]);
-    let v = |l| Version { lamport: l, writer: 1 };
+    let v = |l| Version::new(l, 1);
     db.put(b"k", v(1), b"one".to_vec()).unwrap();
     db.flush().unwrap();
     let s1 = db.index_seq();

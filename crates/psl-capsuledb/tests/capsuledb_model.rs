@@ -99,7 +99,7 @@ proptest! {
             match op {
                 Op::Put(k, _) | Op::Delete(k) => {
                     lamport += 1;
-                    let ver = Version { lamport, writer: 1 };
+                    let ver = Version::new(lamport, 1);
                     let val = match op { Op::Put(_, v) => Some(value(k, v, lamport)), _ => None };
                     let before = db.index_seq();
                     db.apply(&key(k), ver, val.clone()).unwrap();
@@ -164,7 +164,7 @@ fn capsuledb_overlapping_l0_blocks_all_checked() {
             lamport += 1;
             let key = vec![k, round % 2];
             let v = vec![round, k];
-            db.put(&key, Version { lamport, writer: 1 }, v.clone()).unwrap();
+            db.put(&key, Version::new(lamport, 1), v.clone()).unwrap();
             model.insert(key, v);
         }
     }
@@ -194,7 +194,7 @@ fn capsuledb_many_levels_after_restart() {
     let mut model = BTreeMap::new();
     for i in 0..3000u64 {
         let k = format!("k{:05}", (i * 7919) % 1500).into_bytes();
-        let ver = Version { lamport: i + 1, writer: 1 };
+        let ver = Version::new(i + 1, 1);
         if i % 5 == 4 {
             db.delete(&k, ver).unwrap();
             model.remove(&k);
@@ -258,7 +258,7 @@ proptest! {
         for op in ops {
             match op {
                 VOp::Write(k, l, w) => {
-                    let ver = Version { lamport: l, writer: w };
+                    let ver = Version::new(l, w);
                     // A version always carries the same write (as in SCL): put or delete and
                     // the value follow from it.
                     let val = (!(l + w as u64).is_multiple_of(5)).then(|| format!("{k}:{l}:{w}").into_bytes());
@@ -313,16 +313,16 @@ fn capsuledb_late_lower_version_does_not_win() {
     };
     let store = MemStore::new();
     let mut db = create(config, &[&store]);
-    db.put(b"k", Version { lamport: 10, writer: 1 }, b"new".to_vec()).unwrap();
-    db.put(b"x", Version { lamport: 11, writer: 1 }, b"x".to_vec()).unwrap();
+    db.put(b"k", Version::new(10, 1), b"new".to_vec()).unwrap();
+    db.put(b"x", Version::new(11, 1), b"x".to_vec()).unwrap();
     // The late one: lower Lamport time, frozen into a NEWER L0 block than "new".
-    db.put(b"k", Version { lamport: 3, writer: 2 }, b"old".to_vec()).unwrap();
-    db.put(b"y", Version { lamport: 12, writer: 1 }, b"y".to_vec()).unwrap();
+    db.put(b"k", Version::new(3, 2), b"old".to_vec()).unwrap();
+    db.put(b"y", Version::new(12, 1), b"y".to_vec()).unwrap();
     db.flush().unwrap();
     assert_eq!(db.get(b"k").unwrap(), Some(b"new".to_vec()));
     // And the same after compactions push everything down.
     for i in 0..40u64 {
-        db.put(format!("f{i:02}").as_bytes(), Version { lamport: 100 + i, writer: 1 }, vec![1]).unwrap();
+        db.put(format!("f{i:02}").as_bytes(), Version::new(100 + i, 1), vec![1]).unwrap();
     }
     db.flush().unwrap();
     assert_eq!(db.get(b"k").unwrap(), Some(b"new".to_vec()));

@@ -19,8 +19,7 @@ fn config() -> Config {
 fn filled(a: &std::sync::Arc<MemStore>, b: &std::sync::Arc<MemStore>) -> [u8; 32] {
     let mut db = create(config(), &[a, b]);
     for i in 0..40u64 {
-        db.put(format!("k{i:02}").as_bytes(), Version { lamport: i + 1, writer: 1 }, format!("v{i}").into_bytes())
-            .unwrap();
+        db.put(format!("k{i:02}").as_bytes(), Version::new(i + 1, 1), format!("v{i}").into_bytes()).unwrap();
     }
     db.flush().unwrap();
     db.newest_index()

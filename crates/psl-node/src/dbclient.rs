@@ -6,11 +6,18 @@
 //! applied only for a request of this node still pending for that exact key, so an old
 //! answer replayed by the fabric changes nothing. Every waiter for a key is woken by the
 //! first good answer, whichever request it names (the answer is then fresh for all of them).
+//!
+//! CapsuleDB's signature is not enough: every version an answer names must come with the
+//! signed data record that wrote it, which this node checks with its own verifier (writer
+//! signature, certificate, revocations, key generation) before anything reaches the memtable
+//! or the clock; the value is taken from that record (`psl_scl::dbwire::RecordCheck`).
 
 use parking_lot::{Condvar, Mutex};
 use psl_capsule::CapsuleName;
 use psl_crypto::{DataKey, VerifyingKey};
-use psl_scl::dbwire::{DbAnswer, DbGet, DbHeads, DbMsg, DbRequest, DbScan, DbScanAnswer, ScanBody, ScanQuery};
+use psl_scl::dbwire::{
+    DbAnswer, DbGet, DbHeads, DbMsg, DbRequest, DbScan, DbScanAnswer, RecordCheck, ScanQuery, Scanned,
+};
 use psl_scl::{LamportClock, Memtable};
 use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -46,7 +53,7 @@ pub(crate) struct DbClient {
     /// tombstone), or `None` for never written; until the waiter takes it.
     done: Mutex<FxHashMap<u64, Answered>>,
     /// Scans still waiting, and the answers (with the index they were read at) until taken.
-    scans: Mutex<FxHashMap<u64, Option<(u64, ScanBody)>>>,
+    scans: Mutex<FxHashMap<u64, Option<(u64, Scanned)>>>,
     /// Bumped (and waiters woken) whenever an answer settles some key.
     settled: Mutex<u64>,
     wake: Condvar,
@@ -102,7 +109,7 @@ impl DbClient {
     }
 
     /// The answer to scan `req_id` (its index sequence and body), once it came.
-    pub fn take_scan(&self, req_id: u64) -> Option<(u64, ScanBody)> {
+    pub fn take_scan(&self, req_id: u64) -> Option<(u64, Scanned)> {
         self.scans.lock().get_mut(&req_id).and_then(Option::take)
     }
 
@@ -154,7 +161,8 @@ impl DbClient {
     }
 
     /// A scan's answer: kept for the waiter if it answers a scan of ours still waiting and
-    /// verifies (signature, then the sealed body). The waiter checks it is fresh enough.
+    /// verifies (signature, then the sealed body, then every entry against its record: one
+    /// that fails refuses the page). The waiter checks it is fresh enough.
     fn on_scan_answer(&self, a: DbScanAnswer) {
         if a.capsule != self.capsule || a.signer != self.signer {
             self.stats.rejected.fetch_add(1, Ordering::Relaxed);
@@ -167,7 +175,7 @@ impl DbClient {
             self.stats.rejected.fetch_add(1, Ordering::Relaxed);
             return;
         };
-        match a.verify_open(&key, &self.data_key) {
+        match a.verify_open(&key, &self.data_key).and_then(|b| b.check(&self.verifier, self.signer)) {
             Ok(body) => {
                 // What a scan reads, a later write must supersede (Lamport: observed first).
                 if let Some(l) = body.entries.iter().map(|(_, v, _)| v.lamport).max() {
@@ -209,14 +217,29 @@ impl DbClient {
             }
         };
         let mut any = false;
-        for (key, found) in body.entries {
+        // Each carried record is verified once, and only for keys this node asked for.
+        let mut records = RecordCheck::new(&self.verifier, self.signer, &body.records);
+        for e in &body.entries {
+            let key = &e.key;
             let mine = {
                 let p = self.pending.lock();
-                a.req_ids.iter().any(|r| p.get(r).is_some_and(|k| **k == *key))
+                a.req_ids.iter().any(|r| p.get(r).is_some_and(|k| **k == **key))
             };
             if !mine {
                 continue;
             }
+            let found = match &e.found {
+                None => None,
+                Some(p) => match records.check(key, p) {
+                    Ok(x) => Some(x),
+                    Err(err) => {
+                        // Not proven by a record this node verifies: never used.
+                        tracing::debug!("CapsuleDB answer entry refused: {err}");
+                        self.stats.rejected.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                },
+            };
             let found = found.map(|(v, val)| (v, val.map(Arc::<[u8]>::from)));
             // The clock passes the answer's version before the memtable can show it: a write
             // of this key after the read (a `cas` at its home) gets a newer version. Without
@@ -227,7 +250,7 @@ impl DbClient {
             if let Some((v, _)) = &found {
                 self.clock.observe(v.lamport);
             }
-            if self.memtable.learn(&key, found.clone(), a.index_seq).is_none() {
+            if self.memtable.learn(key, found.clone(), a.index_seq).is_none() {
                 // Older than the frontier this node evicted under: the waiters ask again.
                 self.stats.rejected.fetch_add(1, Ordering::Relaxed);
                 continue;

@@ -748,7 +748,7 @@ impl Node {
         db: &crate::dbclient::DbClient,
         q: &psl_scl::dbwire::ScanQuery,
         deadline: Instant,
-    ) -> Result<psl_scl::dbwire::ScanBody, NodeError> {
+    ) -> Result<psl_scl::dbwire::Scanned, NodeError> {
         loop {
             let (req, bytes) = db.request_scan(q);
             self.publish(bytes)?;

@@ -11,15 +11,31 @@
 //!   type 8, scan:    u64 req_id | [16] salt | u32 len | sealed query
 //!   type 9, scan answer: u32 signer | u64 index_seq | u64 req_id | [16] salt | u32 len
 //!                    | sealed body | [64] sig
-//!   answer body (plaintext): u16 n (1..=256) | n × (u16 klen | key | u8 tag (0 miss,
+//!   answer body v2 (plaintext): u16 nrec (0..=256) | nrec × (u32 rlen (1..=ANSWER_RECORD_BYTES_MAX)
+//!                            | record) | u16 n (1..=256) | n × (u16 klen | key | u8 tag (0 miss,
 //!                            1 tombstone, 2 value) | tag > 0: u64 lamport | u32 writer
-//!                            | tag 2: u32 vlen | value)
+//!                            | u16 rec (< nrec))
 //!   scan query (plaintext):  u16 limit (1..=SCAN_LIMIT_MAX) | u16 plen | prefix
 //!                            | u8 has_after | has_after: u16 alen | after
-//!   scan body (plaintext):   u8 more | u16 n (0..=limit) | n × (u16 klen | key | u8 tag
-//!                            (1 tombstone, 2 value) | u64 lamport | u32 writer
-//!                            | tag 2: u32 vlen | value), keys strictly increasing
+//!   scan body v2 (plaintext): u8 more | u16 nrec (0..=SCAN_LIMIT_MAX) | nrec × (u32 rlen | record)
+//!                            | u16 n (0..=limit) | n × (u16 klen | key | u8 tag (1 tombstone,
+//!                            2 value) | u64 lamport | u32 writer | u16 rec (< nrec)), keys
+//!                            strictly increasing
 //! ```
+//!
+//! **Answers carry their proof.** Every version an answer or a scan answer names comes with the
+//! signed data record that wrote it (`rec` indexes the body's record list; a record that wrote
+//! several answered keys is carried once). The value is not repeated: it is the op's. A front
+//! end checks each with its own verifier ([`RecordCheck`]: the writer's signature, certificate,
+//! revocations, key generation, the capsule, the AEAD), finds the op of the asked key with the
+//! answered Lamport time, and checks the record's writer and the op's kind (put or delete)
+//! against the answer. CapsuleDB's signature then only vouches for *which* version is the
+//! newest it holds (and the index it read at); a stolen CapsuleDB key can withhold (answer a
+//! miss, or an older version that some writer really wrote), but it can no longer make up a
+//! version or a value, nor revive a revoked writer's writes. A data record signed by
+//! CapsuleDB's own key proves nothing (CapsuleDB writes no data). Version 2 of the bodies is
+//! bound by the signature domains and sealing contexts (`…-v2`): a version-1 answer never
+//! verifies.
 //!
 //! A scan asks for the first `limit` keys that start with `prefix` and sort above `after`
 //! (tombstones included: a worker needs them to know a key it still holds is deleted). The
@@ -42,7 +58,7 @@
 //! may not know the version the worker evicted (see `Memtable::learn`).
 
 use crate::memtable::Version;
-use psl_capsule::CapsuleName;
+use psl_capsule::{Action, Body, CapsuleName, Op, Record, Verifier};
 use psl_crypto::{sha256, DataKey, Hash256, Signature, SigningKey, VerifyingKey, SALT_LEN};
 
 const TYPE_GET: u8 = 5;
@@ -62,14 +78,22 @@ const KEY_BYTES_MAX: usize = 1024;
 pub const SCAN_LIMIT_MAX: usize = 1024;
 /// A scan answer's body stops growing past this many bytes (one entry always fits).
 pub const SCAN_BODY_BYTES_MAX: usize = 4 << 20;
+/// Most bytes of one record an answer carries (a capsule's own `record_bytes_max` may be lower:
+/// the front end decodes the record under its capsule's limits).
+pub const ANSWER_RECORD_BYTES_MAX: usize = 12 << 20;
+/// An answer's body stops growing past this many bytes (one entry with its record always fits).
+pub const ANSWER_BODY_BYTES_MAX: usize = 1 << 20;
+/// Most bytes of a sealed answer or scan answer body: one entry with the largest record, under
+/// the fabric's 16 MiB frames.
+pub const ANSWER_SEALED_BYTES_MAX: usize = 15 << 20;
 /// Most bytes of a sealed scan answer body.
-pub const SCAN_SEALED_BYTES_MAX: usize = SCAN_BODY_BYTES_MAX + (1 << 20) + 4096;
+pub const SCAN_SEALED_BYTES_MAX: usize = ANSWER_SEALED_BYTES_MAX;
 const GET_CONTEXT: &[u8] = b"psl/db-get/v1";
 const SCAN_CONTEXT: &[u8] = b"psl/db-scan/v1";
-const SCAN_ANSWER_CONTEXT: &[u8] = b"psl/db-scan-answer/v1";
-const SCAN_ANSWER_DOMAIN: &[u8] = b"psl-db-scan-answer-v1";
-const ANSWER_CONTEXT: &[u8] = b"psl/db-answer/v1";
-const ANSWER_DOMAIN: &[u8] = b"psl-db-answer-v1";
+const SCAN_ANSWER_CONTEXT: &[u8] = b"psl/db-scan-answer/v2";
+const SCAN_ANSWER_DOMAIN: &[u8] = b"psl-db-scan-answer-v2";
+const ANSWER_CONTEXT: &[u8] = b"psl/db-answer/v2";
+const ANSWER_DOMAIN: &[u8] = b"psl-db-answer-v2";
 const HEADS_DOMAIN: &[u8] = b"psl-db-heads-v1";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,10 +159,30 @@ pub struct DbScanAnswer {
     pub signature: Signature,
 }
 
-/// A scan's entries in key order: each key's newest version, its value (`None`: deleted).
+/// What an answer claims for one key, before a front end checked it: the version, whether it
+/// is a delete, and which of the body's records wrote it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Proof {
+    pub version: Version,
+    pub deleted: bool,
+    /// Index into the body's `records`.
+    pub record: u16,
+}
+
+/// A scan's body on the wire: the records that wrote its entries (each once), and each key's
+/// newest version in key order with the record that proves it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScanBody {
     /// More keys match after the last one here.
+    pub more: bool,
+    pub records: Vec<Vec<u8>>,
+    pub entries: Vec<(Vec<u8>, Proof)>,
+}
+
+/// A scan answer once checked ([`ScanBody::check`]): each key's newest version and its value
+/// (`None`: deleted), taken from the records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scanned {
     pub more: bool,
     pub entries: Vec<(Vec<u8>, Version, Option<Vec<u8>>)>,
 }
@@ -159,15 +203,23 @@ pub enum DbRequest {
     Scan(DbScan),
 }
 
-/// What an answer says about its key: `None` = CapsuleDB holds nothing for it; otherwise the
-/// newest version with its value (`None` = a tombstone).
+/// What an answer says about its key once checked: `None` = CapsuleDB holds nothing for it;
+/// otherwise the newest version with its value (`None` = a tombstone).
 pub type Found = Option<(Version, Option<Vec<u8>>)>;
 
+/// One key of an answer on the wire: a miss (`None`) or the version with its proof.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnswerEntry {
+    pub key: Vec<u8>,
+    pub found: Option<Proof>,
+}
+
 /// One answer carries several keys (the requests CapsuleDB had queued), so that one signature
-/// covers them all.
+/// covers them all, and the records that wrote them (each once).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AnswerBody {
-    pub entries: Vec<(Vec<u8>, Found)>,
+    pub records: Vec<Vec<u8>>,
+    pub entries: Vec<AnswerEntry>,
 }
 
 /// Most keys in one answer.
@@ -185,6 +237,10 @@ pub enum DbWireError {
     Signature,
     #[error("sealed part does not open with the data key (altered, or another capsule's)")]
     Decryption,
+    #[error("carried record refused: {0}")]
+    Record(String),
+    #[error("the carried record does not prove the answer: {0}")]
+    Unproven(&'static str),
 }
 
 /// Whether `b` has the prefix of a CapsuleDB message (types 5 to 9).
@@ -236,24 +292,59 @@ fn answer_head(capsule: &CapsuleName, signer: u32, index_seq: u64, req_ids: &[u6
     b
 }
 
+fn encode_records(b: &mut Vec<u8>, records: &[Vec<u8>]) {
+    b.extend_from_slice(&(records.len() as u16).to_le_bytes());
+    for r in records {
+        b.extend_from_slice(&(r.len() as u32).to_le_bytes());
+        b.extend_from_slice(r);
+    }
+}
+
+fn decode_records(r: &mut Reader<'_>, max: usize) -> Result<Vec<Vec<u8>>, DbWireError> {
+    let n = r.u16()? as usize;
+    if n > max {
+        return Err(DbWireError::Malformed("record count"));
+    }
+    let mut records = Vec::with_capacity(n.min(r.0.len() / 4));
+    for _ in 0..n {
+        let len = r.u32()? as usize;
+        if len == 0 || len > ANSWER_RECORD_BYTES_MAX {
+            return Err(DbWireError::Malformed("record length"));
+        }
+        records.push(r.take(len)?.to_vec());
+    }
+    Ok(records)
+}
+
+fn encode_proof(b: &mut Vec<u8>, p: &Proof) {
+    b.push(if p.deleted { 1 } else { 2 });
+    b.extend_from_slice(&p.version.lamport.to_le_bytes());
+    b.extend_from_slice(&p.version.writer.to_le_bytes());
+    b.extend_from_slice(&p.record.to_le_bytes());
+}
+
+/// The rest of a proof after its tag (1 tombstone, 2 value), `rec` checked against `nrec`.
+fn decode_proof(r: &mut Reader<'_>, tag: u8, nrec: usize) -> Result<Proof, DbWireError> {
+    let lamport = r.u64()?;
+    let writer = r.u32()?;
+    let record = r.u16()?;
+    if record as usize >= nrec {
+        return Err(DbWireError::Malformed("record index"));
+    }
+    Ok(Proof { version: Version { lamport, writer }, deleted: tag == 1, record })
+}
+
 impl AnswerBody {
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(64);
+        let mut b = Vec::with_capacity(64 + self.records.iter().map(|r| 4 + r.len()).sum::<usize>());
+        encode_records(&mut b, &self.records);
         b.extend_from_slice(&(self.entries.len() as u16).to_le_bytes());
-        for (key, found) in &self.entries {
-            b.extend_from_slice(&(key.len() as u16).to_le_bytes());
-            b.extend_from_slice(key);
-            match found {
+        for e in &self.entries {
+            b.extend_from_slice(&(e.key.len() as u16).to_le_bytes());
+            b.extend_from_slice(&e.key);
+            match &e.found {
                 None => b.push(0),
-                Some((v, val)) => {
-                    b.push(if val.is_some() { 2 } else { 1 });
-                    b.extend_from_slice(&v.lamport.to_le_bytes());
-                    b.extend_from_slice(&v.writer.to_le_bytes());
-                    if let Some(val) = val {
-                        b.extend_from_slice(&(val.len() as u32).to_le_bytes());
-                        b.extend_from_slice(val);
-                    }
-                }
+                Some(p) => encode_proof(&mut b, p),
             }
         }
         b
@@ -261,6 +352,7 @@ impl AnswerBody {
 
     pub fn decode(b: &[u8]) -> Result<AnswerBody, DbWireError> {
         let mut r = Reader(b);
+        let records = decode_records(&mut r, ANSWER_KEYS_MAX)?;
         let n = r.u16()? as usize;
         if n == 0 || n > ANSWER_KEYS_MAX {
             return Err(DbWireError::Malformed("answer key count"));
@@ -274,25 +366,93 @@ impl AnswerBody {
             let key = r.take(klen)?.to_vec();
             let found = match r.u8()? {
                 0 => None,
-                t @ (1 | 2) => {
-                    let lamport = r.u64()?;
-                    let writer = r.u32()?;
-                    let val = if t == 2 {
-                        let n = r.u32()? as usize;
-                        Some(r.take(n)?.to_vec())
-                    } else {
-                        None
-                    };
-                    Some((Version { lamport, writer }, val))
-                }
+                t @ (1 | 2) => Some(decode_proof(&mut r, t, records.len())?),
                 _ => return Err(DbWireError::Malformed("answer tag")),
             };
-            entries.push((key, found));
+            entries.push(AnswerEntry { key, found });
         }
         if !r.0.is_empty() {
             return Err(DbWireError::Malformed("trailing bytes in answer body"));
         }
-        Ok(AnswerBody { entries })
+        Ok(AnswerBody { records, entries })
+    }
+
+    /// Checks every entry against its record ([`RecordCheck`]) and returns what the answer
+    /// says per key. Per entry: an error refuses that key only (the others may still be used).
+    pub fn check(&self, verifier: &Verifier, signer: u32) -> Vec<(&[u8], Result<Found, DbWireError>)> {
+        let mut c = RecordCheck::new(verifier, signer, &self.records);
+        self.entries
+            .iter()
+            .map(|e| {
+                let found = match &e.found {
+                    None => Ok(None),
+                    Some(p) => c.check(&e.key, p).map(Some),
+                };
+                (e.key.as_slice(), found)
+            })
+            .collect()
+    }
+}
+
+/// A verified data record's writer and ops.
+type WriterOps = (u32, Vec<Op>);
+
+/// Checks answered versions against the records carried with them, each record verified at
+/// most once per answer (see the module docs).
+pub struct RecordCheck<'a> {
+    verifier: &'a Verifier,
+    signer: u32,
+    records: &'a [Vec<u8>],
+    /// Per record: its writer and ops once verified, or why it was refused.
+    opened: Vec<Option<Result<WriterOps, DbWireError>>>,
+}
+
+impl<'a> RecordCheck<'a> {
+    /// `signer`: CapsuleDB's writer index, whose data records prove nothing.
+    pub fn new(verifier: &'a Verifier, signer: u32, records: &'a [Vec<u8>]) -> RecordCheck<'a> {
+        RecordCheck { verifier, signer, records, opened: vec![None; records.len()] }
+    }
+
+    fn open(&self, bytes: &[u8]) -> Result<WriterOps, DbWireError> {
+        let limits = &self.verifier.metadata().meta.policy.limits;
+        let rec = Record::decode(bytes, limits).map_err(|e| DbWireError::Record(e.to_string()))?;
+        let v = self.verifier.verify_open(rec).map_err(|e| DbWireError::Record(format!("{e:?}")))?;
+        let writer = v.record.header().writer;
+        if writer == self.signer {
+            return Err(DbWireError::Unproven("a data record of CapsuleDB's own key"));
+        }
+        match &v.body {
+            Body::Data(ops) => Ok((writer, ops.clone())),
+            _ => Err(DbWireError::Unproven("not a data record")),
+        }
+    }
+
+    /// The version and value `p` claims for `key`, if its record proves them: the record
+    /// verifies, its writer is the version's, and it holds an op on `key` at the version's
+    /// Lamport time, a delete if and only if `p` says deleted. The value is the op's.
+    pub fn check(&mut self, key: &[u8], p: &Proof) -> Result<(Version, Option<Vec<u8>>), DbWireError> {
+        let i = p.record as usize;
+        let bytes = self.records.get(i).ok_or(DbWireError::Malformed("record index"))?;
+        if self.opened[i].is_none() {
+            self.opened[i] = Some(self.open(bytes));
+        }
+        let (writer, ops) = match self.opened[i].as_ref() {
+            Some(Ok(x)) => x,
+            Some(Err(e)) => return Err(e.clone()),
+            None => return Err(DbWireError::Unproven("record not opened")),
+        };
+        if *writer != p.version.writer {
+            return Err(DbWireError::Unproven("the record's writer is not the answered version's"));
+        }
+        let op = ops
+            .iter()
+            .find(|o| o.lamport == p.version.lamport && o.key == key)
+            .ok_or(DbWireError::Unproven("no op on the key at the answered version"))?;
+        match (&op.action, p.deleted) {
+            (Action::Put(v), false) => Ok((p.version, Some(v.clone()))),
+            (Action::Delete, true) => Ok((p.version, None)),
+            _ => Err(DbWireError::Unproven("the op's kind is not the answered one")),
+        }
     }
 }
 
@@ -433,25 +593,20 @@ impl DbScan {
 
 impl ScanBody {
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(64);
+        let mut b = Vec::with_capacity(64 + self.records.iter().map(|r| 4 + r.len()).sum::<usize>());
         b.push(u8::from(self.more));
+        encode_records(&mut b, &self.records);
         b.extend_from_slice(&(self.entries.len() as u16).to_le_bytes());
-        for (key, v, val) in &self.entries {
+        for (key, p) in &self.entries {
             b.extend_from_slice(&(key.len() as u16).to_le_bytes());
             b.extend_from_slice(key);
-            b.push(if val.is_some() { 2 } else { 1 });
-            b.extend_from_slice(&v.lamport.to_le_bytes());
-            b.extend_from_slice(&v.writer.to_le_bytes());
-            if let Some(val) = val {
-                b.extend_from_slice(&(val.len() as u32).to_le_bytes());
-                b.extend_from_slice(val);
-            }
+            encode_proof(&mut b, p);
         }
         b
     }
 
-    /// Decodes a body: at most [`SCAN_LIMIT_MAX`] entries, keys non-empty, bounded and
-    /// strictly increasing.
+    /// Decodes a body: at most [`SCAN_LIMIT_MAX`] entries and records, keys non-empty, bounded
+    /// and strictly increasing, record indexes in range.
     pub fn decode(b: &[u8]) -> Result<ScanBody, DbWireError> {
         let mut r = Reader(b);
         let more = match r.u8()? {
@@ -459,36 +614,43 @@ impl ScanBody {
             1 => true,
             _ => return Err(DbWireError::Malformed("scan more flag")),
         };
+        let records = decode_records(&mut r, SCAN_LIMIT_MAX)?;
         let n = r.u16()? as usize;
         if n > SCAN_LIMIT_MAX {
             return Err(DbWireError::Malformed("scan entry count"));
         }
-        let mut entries: Vec<(Vec<u8>, Version, Option<Vec<u8>>)> = Vec::with_capacity(n.min(b.len() / 16));
+        let mut entries: Vec<(Vec<u8>, Proof)> = Vec::with_capacity(n.min(b.len() / 16));
         for _ in 0..n {
             let klen = r.u16()? as usize;
             if klen == 0 || klen > KEY_BYTES_MAX {
                 return Err(DbWireError::Malformed("scan key length"));
             }
             let key = r.take(klen)?.to_vec();
-            if entries.last().is_some_and(|(k, _, _)| *k >= key) {
+            if entries.last().is_some_and(|(k, _)| *k >= key) {
                 return Err(DbWireError::Malformed("scan keys out of order"));
             }
-            let tag = r.u8()?;
-            let version = Version { lamport: r.u64()?, writer: r.u32()? };
-            let val = match tag {
-                1 => None,
-                2 => {
-                    let n = r.u32()? as usize;
-                    Some(r.take(n)?.to_vec())
-                }
+            let p = match r.u8()? {
+                t @ (1 | 2) => decode_proof(&mut r, t, records.len())?,
                 _ => return Err(DbWireError::Malformed("scan entry tag")),
             };
-            entries.push((key, version, val));
+            entries.push((key, p));
         }
         if !r.0.is_empty() {
             return Err(DbWireError::Malformed("trailing bytes in scan body"));
         }
-        Ok(ScanBody { more, entries })
+        Ok(ScanBody { more, records, entries })
+    }
+
+    /// Checks every entry against its record; any entry that fails refuses the whole answer
+    /// (a scan answer is one page: a gap would hide keys).
+    pub fn check(&self, verifier: &Verifier, signer: u32) -> Result<Scanned, DbWireError> {
+        let mut c = RecordCheck::new(verifier, signer, &self.records);
+        let mut entries = Vec::with_capacity(self.entries.len());
+        for (key, p) in &self.entries {
+            let (v, val) = c.check(key, p)?;
+            entries.push((key.clone(), v, val));
+        }
+        Ok(Scanned { more: self.more, entries })
     }
 }
 
@@ -621,7 +783,7 @@ impl DbMsg {
                     req_ids.push(r.u64()?);
                 }
                 let salt = r.salt()?;
-                let sealed = r.sealed()?;
+                let sealed = r.sealed_max(ANSWER_SEALED_BYTES_MAX)?;
                 let signature = r.signature()?;
                 DbMsg::Answer(DbAnswer { capsule, signer, index_seq, req_ids, salt, sealed, signature })
             }
@@ -726,9 +888,13 @@ mod tests {
         assert!(!g.sealed.windows(5).any(|w| w == b"hello"), "the key is not in the clear");
 
         let body = AnswerBody {
+            records: vec![vec![7; 40]],
             entries: vec![
-                (b"hello".to_vec(), Some((Version { lamport: 5, writer: 9 }, Some(vec![1, 2])))),
-                (b"x".to_vec(), None),
+                AnswerEntry {
+                    key: b"hello".to_vec(),
+                    found: Some(Proof { version: Version { lamport: 5, writer: 9 }, deleted: false, record: 0 }),
+                },
+                AnswerEntry { key: b"x".to_vec(), found: None },
             ],
         };
         let a = DbAnswer::seal(capsule, 70, 4, vec![77, 80], &body, &dk, [2; 16], &sk);
@@ -748,9 +914,10 @@ mod tests {
         assert!(DbScan { req_id: 6, ..sc.clone() }.open(&dk).is_err(), "the request id is bound");
         let sb = ScanBody {
             more: true,
+            records: vec![vec![1; 10], vec![2; 20]],
             entries: vec![
-                (b"p/b".to_vec(), Version { lamport: 1, writer: 2 }, Some(vec![0, 255])),
-                (b"p/c".to_vec(), Version { lamport: 3, writer: 4 }, None),
+                (b"p/b".to_vec(), Proof { version: Version { lamport: 1, writer: 2 }, deleted: false, record: 1 }),
+                (b"p/c".to_vec(), Proof { version: Version { lamport: 3, writer: 4 }, deleted: true, record: 0 }),
             ],
         };
         let sa = DbScanAnswer::seal(capsule, 70, 9, 5, &sb, &dk, [4; 16], &sk);
@@ -761,7 +928,11 @@ mod tests {
         assert_eq!(sa.verify_open(&other, &dk), Err(DbWireError::Signature));
         assert!(DbScanAnswer { req_id: 6, ..sa.clone() }.verify_open(&pk, &dk).is_err());
         assert!(DbScanAnswer { index_seq: 10, ..sa.clone() }.verify_open(&pk, &dk).is_err());
-        let unordered = ScanBody { more: false, entries: vec![sb.entries[1].clone(), sb.entries[0].clone()] };
+        let unordered = ScanBody {
+            more: false,
+            records: sb.records.clone(),
+            entries: vec![sb.entries[1].clone(), sb.entries[0].clone()],
+        };
         assert!(ScanBody::decode(&unordered.encode()).is_err(), "keys must increase");
 
         let h = DbHeads::sign(capsule, 70, 3, vec![(1, 10), (2, 20)], &sk);
@@ -771,12 +942,70 @@ mod tests {
         assert!(h.verify(&other).is_err());
     }
 
+    #[test]
+    fn record_check_proves_only_what_the_record_wrote() {
+        let owner = psl_crypto::OwnerKey::from_seed(&[4; 32]).unwrap();
+        let app = owner.app(1).unwrap();
+        let meta = psl_capsule::new_capsule(&owner, 1, "dbwire-proofs", 0, psl_capsule::Limits::default()).unwrap();
+        let verifier = Verifier::new(meta.clone(), Some(app.data_key()));
+        let (w, db) = (0x10001, 0x20002);
+        let rec = psl_capsule::Author::new(&meta, &app, w)
+            .unwrap()
+            .write_ops([(b"a".to_vec(), Some(b"va".to_vec())), (b"b".to_vec(), None::<Vec<u8>>)])
+            .unwrap();
+        let Body::Data(ops) = &verifier.verify_open(rec.clone()).unwrap().body else { panic!("data") };
+        let (la, lb) = (ops[0].lamport, ops[1].lamport);
+        let own = psl_capsule::Author::new(&meta, &app, db)
+            .unwrap()
+            .write_ops([(b"a".to_vec(), Some(b"x".to_vec()))])
+            .unwrap();
+        let records = vec![rec.bytes().to_vec(), own.bytes().to_vec(), b"garbage".to_vec()];
+        let mut c = RecordCheck::new(&verifier, db, &records);
+        let p = |lamport, writer, deleted, record| Proof { version: Version { lamport, writer }, deleted, record };
+        assert_eq!(
+            c.check(b"a", &p(la, w, false, 0)).unwrap(),
+            (Version { lamport: la, writer: w }, Some(b"va".to_vec()))
+        );
+        assert_eq!(c.check(b"b", &p(lb, w, true, 0)).unwrap(), (Version { lamport: lb, writer: w }, None));
+        for (key, proof) in [
+            (&b"a"[..], p(la + 1, w, false, 0)), // made-up Lamport time
+            (b"a", p(la, w + 1, false, 0)),      // another writer
+            (b"c", p(la, w, false, 0)),          // a key the record never wrote
+            (b"a", p(la, w, true, 0)),           // a put claimed as a delete
+            (b"b", p(lb, w, false, 0)),          // a delete claimed as a put
+            (b"a", p(0, db, false, 1)),          // CapsuleDB's own data record
+            (b"a", p(la, w, false, 2)),          // not a record
+            (b"a", p(la, w, false, 3)),          // no such record
+        ] {
+            assert!(c.check(key, &proof).is_err(), "{key:?} {proof:?}");
+        }
+        let mut tampered = records.clone();
+        let n = tampered[0].len();
+        tampered[0][n - 70] ^= 1;
+        assert!(RecordCheck::new(&verifier, db, &tampered).check(b"a", &p(la, w, false, 0)).is_err());
+    }
+
     proptest! {
         #[test]
-        fn answer_body_round_trip(key in proptest::collection::vec(any::<u8>(), 1..50), l in any::<u64>(), w in any::<u32>(), tag in 0u8..3, val in proptest::collection::vec(any::<u8>(), 0..80)) {
-            let found = match tag { 0 => None, 1 => Some((Version { lamport: l, writer: w }, None)), _ => Some((Version { lamport: l, writer: w }, Some(val))) };
-            let b = AnswerBody { entries: vec![(key.clone(), found), (key, None)] };
-            prop_assert_eq!(AnswerBody::decode(&b.encode()).unwrap(), b);
+        fn answer_body_round_trip(
+            key in proptest::collection::vec(any::<u8>(), 1..50),
+            l in any::<u64>(),
+            w in any::<u32>(),
+            tag in 0u8..3,
+            records in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 1..80), 1..4),
+            rec in any::<u16>(),
+        ) {
+            let record = rec % records.len() as u16;
+            let found = match tag {
+                0 => None,
+                t => Some(Proof { version: Version { lamport: l, writer: w }, deleted: t == 1, record }),
+            };
+            let b = AnswerBody { records, entries: vec![AnswerEntry { key: key.clone(), found }, AnswerEntry { key, found: None }] };
+            prop_assert_eq!(AnswerBody::decode(&b.encode()).unwrap(), b.clone());
+            // A record index out of range is refused.
+            let mut bad = b;
+            bad.entries[0].found = Some(Proof { version: Version { lamport: l, writer: w }, deleted: false, record: bad.records.len() as u16 });
+            prop_assert!(AnswerBody::decode(&bad.encode()).is_err());
         }
 
         #[test]
@@ -789,10 +1018,11 @@ mod tests {
         ) {
             let q = ScanQuery { prefix, after, limit };
             prop_assert_eq!(ScanQuery::decode(&q.encode()).unwrap(), q);
+            let records: Vec<Vec<u8>> = (0..3).map(|i| vec![i as u8; 5 + i]).collect();
             let entries = keys.into_iter().enumerate().map(|(i, k)| {
-                (k, Version { lamport: i as u64, writer: 3 }, (i % 3 != 0).then(|| vec![i as u8; i]))
+                (k, Proof { version: Version { lamport: i as u64, writer: 3 }, deleted: i % 3 == 0, record: (i % 3) as u16 })
             }).collect();
-            let b = ScanBody { more, entries };
+            let b = ScanBody { more, records, entries };
             prop_assert_eq!(ScanBody::decode(&b.encode()).unwrap(), b);
         }
 

@@ -86,8 +86,13 @@ impl Ord for ByKey {
     }
 }
 
-/// One applied update, as the journal hands it to CapsuleDB.
-pub type Update = (Box<[u8]>, Version, Option<Arc<[u8]>>);
+/// One applied update, as the journal hands it to CapsuleDB: the key, the version, the value
+/// (`None`: deleted), and the record that wrote it when known ([`Memtable::apply_from`]).
+pub type Update = (Box<[u8]>, Version, Option<Arc<[u8]>>, Option<Origin>);
+
+/// The data record an update came from: its hash and its exact bytes (shared by every op of
+/// the record). CapsuleDB keeps it to prove its answers (`docs/protocol/capsuledb.md` §5).
+pub type Origin = (psl_crypto::Hash256, Arc<[u8]>);
 
 struct Slot {
     entry: Entry,
@@ -280,8 +285,14 @@ impl Memtable {
     /// With a journal, every update is journaled first (applied or not: CapsuleDB orders
     /// versions itself).
     pub fn apply(&self, key: &[u8], version: Version, value: Option<Arc<[u8]>>) -> bool {
+        self.apply_from(key, version, value, None)
+    }
+
+    /// Like [`Memtable::apply`], journaling the record the update came from (the node's
+    /// receive path: CapsuleDB proves its answers with these records).
+    pub fn apply_from(&self, key: &[u8], version: Version, value: Option<Arc<[u8]>>, origin: Option<&Origin>) -> bool {
         if let Some(j) = &self.journal {
-            j.push((key.into(), version, value.clone()));
+            j.push((key.into(), version, value.clone(), origin.cloned()));
         }
         let mut guard = self.shard(key).write();
         let s = &mut *guard;

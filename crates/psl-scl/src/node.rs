@@ -1145,13 +1145,15 @@ impl NodeCore {
             // A node that keeps no values (a coordinator) orders and counts the ops, and
             // stores none.
             if self.cfg.keep_values {
+                // The record each op came from: journaled for CapsuleDB (one Arc per record).
+                let origin = (r.record.hash(), r.record.shared_bytes());
                 for op in ops {
                     let v = Version { lamport: op.lamport, writer: h.writer };
                     let value = match &op.action {
                         Action::Put(x) => Some(Arc::<[u8]>::from(x.as_slice())),
                         Action::Delete => None,
                     };
-                    self.memtable.apply(&op.key, v, value);
+                    self.memtable.apply_from(&op.key, v, value, Some(&origin));
                 }
             }
             Metrics::add(&self.metrics.ops_applied, ops.len() as u64);

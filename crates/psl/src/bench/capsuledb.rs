@@ -212,7 +212,7 @@ fn cdb_write_all(
     for i in 0..keys {
         // A scrambled order, as writes from many lambdas arrive.
         let k = (i.wrapping_mul(0x9E37_79B9_7F4A_7C15)) % keys;
-        db.put(&key(k), Version { lamport: i + 1, writer: 1 }, value(k))?;
+        db.put(&key(k), Version::new(i + 1, 1), value(k))?;
     }
     db.flush()?;
     let write = t.elapsed().as_secs_f64();
