@@ -18,7 +18,7 @@ pub const SALT_LEN: usize = 16;
 pub const TAG_LEN: usize = 16;
 
 /// The symmetric application data key. Secret: not `Copy` (a [`Clone`] is a deliberate second
-/// copy, in its own buffer); the 32 bytes stay in one heap allocation ([`Secret32`]) for the
+/// copy, in its own buffer); the 32 bytes stay in one heap allocation (`Secret32`) for the
 /// key's whole life and are zeroed on drop; never printed.
 #[derive(Clone)]
 pub struct DataKey {

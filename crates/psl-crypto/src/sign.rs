@@ -109,7 +109,7 @@ pub(crate) fn tweak_add_in_place(secret: &mut [u8; 32], tweak: &[u8; 32]) -> boo
 }
 
 /// A secp256k1 secret key used for signing. Not `Copy` nor `Clone`: the 32-byte scalar stays in
-/// one heap allocation ([`Secret32`]) for the key's whole life, so moving the key moves a
+/// one heap allocation (`Secret32`) for the key's whole life, so moving the key moves a
 /// pointer, and it is zeroed when the key is dropped. Never printed.
 pub struct SigningKey {
     secret: Secret32,

@@ -32,8 +32,8 @@ const START: u64 = 3;
 
 /// Runs `psl chaos` on `seeds` seeds from `start` (3-second fault phases, no disk faults, with
 /// `extra` arguments) in `dir`, bounded; requires every seed to pass every check and its report
-/// to name how to replay it.
-fn seeds_pass(dir: &std::path::Path, start: u64, seeds: u64, extra: &[&str]) {
+/// to name how to replay it. Returns every seed's report.
+fn seeds_pass(dir: &std::path::Path, start: u64, seeds: u64, extra: &[&str]) -> Vec<serde_json::Value> {
     #[rustfmt::skip]
     let mut child = psl()
         .args(["chaos", "--seeds", &seeds.to_string(), "--start", &start.to_string(), "--fault-ms", "3000",
@@ -82,6 +82,7 @@ fn seeds_pass(dir: &std::path::Path, start: u64, seeds: u64, extra: &[&str]) {
     let summary = reports.iter().find(|r| r["summary"] == true).unwrap();
     assert_eq!(summary["failed"], 0);
     assert_eq!(summary["seeds"], seeds);
+    reports.into_iter().filter(|r| r["summary"] != true).collect()
 }
 
 #[test]
@@ -107,4 +108,29 @@ fn a_seed_that_kills_a_home_front_end_passes_every_check_with_failover() {
             std::fs::read_to_string(e.path()).unwrap_or_default().contains("took over another front end's home slot")
         });
     assert!(took_over, "no front end took over the killed one's slot (logs in {})", logs.display());
+}
+
+/// `psl chaos --byzantine`: one short seed in which the runner also holds a leaked certified
+/// writer key. It writes honest records, the coordinators revoke it mid-run (`REVOKE` signed
+/// with the operator key), and it goes on publishing records it withheld, forged records
+/// claiming old and new epochs, equivocating copies and replays. The seed must pass every
+/// check, `byzantine` included (no node or front end shows a `byz/post/` key, no server stores
+/// the writer's chain at or past the revocation's seq bound), its replay command must name
+/// `--byzantine`, and the attack must really have happened: revoked, records sent after the
+/// revocation, and refused as `revoked` by the nodes.
+#[test]
+fn a_revoked_writer_that_keeps_forging_is_applied_and_stored_nowhere() {
+    let t = tempfile::tempdir().unwrap();
+    let reports = seeds_pass(&t.path().join("chaos"), 3, 1, &["--byzantine"]);
+    let seed = &reports[0];
+    let replay = seed["replay"].as_str().unwrap();
+    assert!(replay.contains("--byzantine"), "{replay}");
+    let b = &seed["byzantine"];
+    assert!(b["revoked"]["from_seq"].as_u64().is_some(), "the writer was revoked: {b}");
+    assert!(b["withheld"].as_u64().unwrap() > 0, "withheld records were published: {b}");
+    assert!(b["forged"].as_u64().unwrap() > 0, "forged records were published: {b}");
+    assert!(b["equivocations"].as_u64().unwrap() > 0 && b["replays"].as_u64().unwrap() > 0, "{b}");
+    assert!(b["refused_revoked"].as_u64().unwrap() > 0, "the nodes refused records as revoked: {b}");
+    assert!(b["pre_applied"].as_u64().unwrap() > 0, "records before the revocation were applied: {b}");
+    assert_eq!(b["errors"].as_array().map(Vec::len), Some(0), "{b}");
 }

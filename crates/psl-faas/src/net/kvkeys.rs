@@ -40,14 +40,7 @@ pub fn fetch_kv_keys(
         .map_err(|e| FaasError::Attestation { who: "leader".into(), why: e.to_string() })?;
     let who = format!("KV {} {id}", role.name());
     let (channel, offer) = Offer::make(attester, id, &who, &unhex_n::<32>("nonce", &nonce)?, Some(me.spki_hash()))?;
-    write_msg(
-        &mut s,
-        &Msg::Offer {
-            channel_public: hex::encode(offer.channel_public),
-            backend: offer.evidence.backend.into(),
-            evidence: hex::encode(&offer.evidence.bytes),
-        },
-    )?;
+    write_msg(&mut s, &Msg::offer(&offer))?;
     match read_msg(&mut s)? {
         Msg::KvKeys { sealed } => open_kv_bundle(&channel, &unhex("sealed", &sealed)?, role, id, meta),
         Msg::Refused { why } | Msg::Error { why } => Err(FaasError::Attestation { who, why }),

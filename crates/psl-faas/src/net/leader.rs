@@ -217,14 +217,7 @@ fn kv_conn(
     let role_nonce = unhex_n::<32>("nonce", nonce)?;
     let ev = sh.leader.attest(&role_nonce, &bind_channel_key(&sh.identity.spki_hash()))?;
     let challenge = sh.leader.kv_challenge(role, id);
-    write_msg(
-        &mut s,
-        &Msg::LeaderChallenge {
-            backend: ev.backend.into(),
-            evidence: hex::encode(&ev.bytes),
-            nonce: hex::encode(challenge),
-        },
-    )?;
+    write_msg(&mut s, &Msg::leader_challenge(&ev, &challenge))?;
     let Msg::Offer { channel_public, backend, evidence: ev } = read_msg(&mut s)? else {
         return write_msg(&mut s, &Msg::Refused { why: "expected an Offer".into() });
     };
@@ -715,14 +708,7 @@ fn worker_conn(
     let worker_nonce = unhex_n::<32>("nonce", nonce)?;
     let ev = sh.leader.attest(&worker_nonce, &bind_channel_key(&sh.identity.spki_hash()))?;
     let challenge = sh.leader.challenge(worker);
-    write_msg(
-        &mut s,
-        &Msg::LeaderChallenge {
-            backend: ev.backend.into(),
-            evidence: hex::encode(&ev.bytes),
-            nonce: hex::encode(challenge),
-        },
-    )?;
+    write_msg(&mut s, &Msg::leader_challenge(&ev, &challenge))?;
     let Msg::Offer { channel_public, backend, evidence: ev } = read_msg(&mut s)? else {
         return Err(FaasError::Net(format!("worker {worker}: expected an Offer")));
     };

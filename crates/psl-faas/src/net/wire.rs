@@ -269,6 +269,20 @@ impl std::fmt::Debug for Msg {
 }
 
 impl Msg {
+    /// A role's answer to the leader's challenge: its channel key and its report.
+    pub fn offer(o: &crate::leader::Offer) -> Msg {
+        Msg::Offer {
+            channel_public: hex::encode(o.channel_public),
+            backend: o.evidence.backend.into(),
+            evidence: hex::encode(&o.evidence.bytes),
+        }
+    }
+
+    /// The leader's report over the role's nonce, and the leader's own nonce for the role's.
+    pub fn leader_challenge(ev: &crate::attest::Evidence, nonce: &[u8; 32]) -> Msg {
+        Msg::LeaderChallenge { backend: ev.backend.into(), evidence: hex::encode(&ev.bytes), nonce: hex::encode(nonce) }
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             Msg::Register { .. } => "Register",

@@ -265,14 +265,7 @@ impl Agent {
             .verify(&evidence(&backend, &ev)?, &my_nonce, &bind_channel_key(&leader_spki))
             .map_err(|e| FaasError::Attestation { who: "leader".into(), why: e.to_string() })?;
         let offer = self.worker.offer_for(&unhex_n::<32>("nonce", &nonce)?, Some(me.spki_hash()))?;
-        write_msg(
-            &mut s,
-            &Msg::Offer {
-                channel_public: hex::encode(offer.channel_public),
-                backend: offer.evidence.backend.into(),
-                evidence: hex::encode(&offer.evidence.bytes),
-            },
-        )?;
+        write_msg(&mut s, &Msg::offer(&offer))?;
         match read_msg(&mut s)? {
             Msg::Grant { node_id, lambdas, sealed_keys, capsule } => {
                 let grant =
