@@ -117,7 +117,10 @@ fn a_seed_that_kills_a_home_front_end_passes_every_check_with_failover() {
 /// check, `byzantine` included (no node or front end shows a `byz/post/` key, no server stores
 /// the writer's chain at or past the revocation's seq bound), its replay command must name
 /// `--byzantine`, and the attack must really have happened: revoked, records sent after the
-/// revocation, and refused as `revoked` by the nodes.
+/// revocation, and refused as `revoked` by the nodes. The lying capsule server of the same mode
+/// (listed first for every restarted node, CapsuleDB and one final recovery) must have been
+/// read from and have lied, and that recovery must hold every durable write and nothing the
+/// revocation covers (the seed's checks).
 #[test]
 fn a_revoked_writer_that_keeps_forging_is_applied_and_stored_nowhere() {
     let t = tempfile::tempdir().unwrap();
@@ -133,4 +136,16 @@ fn a_revoked_writer_that_keeps_forging_is_applied_and_stored_nowhere() {
     assert!(b["refused_revoked"].as_u64().unwrap() > 0, "the nodes refused records as revoked: {b}");
     assert!(b["pre_applied"].as_u64().unwrap() > 0, "records before the revocation were applied: {b}");
     assert_eq!(b["errors"].as_array().map(Vec::len), Some(0), "{b}");
+    // The lying capsule server was asked, and lied the way its mode says (seed 3 at 3 s: stale
+    // and forged): a frozen copy, the leaked writer's chain claimed, its revocation withheld.
+    let r = &b["rogue"];
+    assert!(r["requests"].as_u64().unwrap() > 0, "the rogue was read from: {r}");
+    let mode = r["mode"].as_str().unwrap();
+    if mode.contains("Stale") {
+        assert!(r["frozen_at_ms"].as_u64().is_some() && r["stale_answers"].as_u64().unwrap() > 0, "{r}");
+    }
+    if mode.contains("Forged") {
+        assert!(r["revocations_withheld"].as_u64().unwrap() > 0, "{r}");
+        assert!(r["forged_heads"].as_u64().unwrap() > 0, "{r}");
+    }
 }

@@ -55,6 +55,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Node id of the leaked writer: no process of the chaos deployment uses it (nodes 1 to 3,
@@ -121,6 +122,8 @@ pub struct Env {
     /// The fault phase's start and length: the attack ends with it.
     pub t0: Instant,
     pub fault_ms: u64,
+    /// Every record the attacker signs, for the rogue capsule server to serve.
+    pub leaked: Arc<Mutex<super::rogue::Leaked>>,
 }
 
 /// What the attacker did.
@@ -162,6 +165,8 @@ pub struct ByzFinals {
     pub server_heads: Vec<(String, Result<Option<u64>, String>)>,
     /// Records refused as `revoked`, summed over the nodes' counters (evidence the defence ran).
     pub refused_revoked: u64,
+    /// What the rogue capsule server did.
+    pub rogue: Option<super::rogue::RogueLog>,
 }
 
 impl ByzFinals {
@@ -179,6 +184,7 @@ impl ByzFinals {
             "replays": l.replays_sent,
             "refused_revoked": self.refused_revoked,
             "pre_applied": self.pre_shown.iter().map(|(_, n)| n).sum::<usize>(),
+            "rogue": self.rogue.as_ref().map(|r| r.summary()),
             "errors": l.errors,
         })
     }
@@ -295,11 +301,28 @@ fn attack_inner(plan: Plan, env: &Env, stop: &AtomicBool, log: &mut AttackLog) -
         published.push(put(&mut a, &key)?);
         log.pre_keys.push(key);
     }
+    let leak = |r: &Record, fork: bool| {
+        let mut l = env.leaked.lock().unwrap_or_else(|p| p.into_inner());
+        l.writer = w;
+        if fork {
+            l.fork.push(r.clone())
+        } else {
+            l.chain.push(r.clone())
+        }
+    };
+    for r in &published {
+        leak(r, false);
+    }
     let last_published = head_of(published.last().context("at least the Cert record")?);
     let from_seq = a.next_seq();
+    // The rogue serves nothing the revocation will cover until the revocation is known (the
+    // reason the attacker itself waits, above).
+    env.leaked.lock().unwrap_or_else(|p| p.into_inner()).hold_from_seq = Some(from_seq);
     let mut withheld = Vec::new();
     for i in 0..plan.withheld {
-        withheld.push((format!("{COVERED}w{i}"), put(&mut a, &format!("{COVERED}w{i}"))?));
+        let r = put(&mut a, &format!("{COVERED}w{i}"))?;
+        leak(&r, false);
+        withheld.push((format!("{COVERED}w{i}"), r));
     }
     // The attacker's chain head (to move its claimed epoch: `Author::resume`).
     let mut a_head = withheld.last().map_or(last_published, |(_, r)| head_of(r));
@@ -382,7 +405,8 @@ fn attack_inner(plan: Plan, env: &Env, stop: &AtomicBool, log: &mut AttackLog) -
         std::thread::sleep(Duration::from_millis(100));
     }
 
-    // 3. After it: withheld, forged, equivocating, replayed records.
+    // 3. After it: withheld, forged, equivocating, replayed records (the rogue too).
+    env.leaked.lock().unwrap_or_else(|p| p.into_inner()).hold_from_seq = None;
     let mut fork = Author::new(&meta, &app, w)?;
     fork.resume(&last_published);
     let mut withheld = withheld.into_iter();
@@ -415,6 +439,7 @@ fn attack_inner(plan: Plan, env: &Env, stop: &AtomicBool, log: &mut AttackLog) -
                 }
                 let key = format!("{COVERED}f{n}");
                 let r = put(&mut a, &key)?;
+                leak(&r, false);
                 a_head = head_of(&r);
                 link.send(&r);
                 log.post_keys.push(key);
@@ -423,7 +448,9 @@ fn attack_inner(plan: Plan, env: &Env, stop: &AtomicBool, log: &mut AttackLog) -
             }
             2 => {
                 let key = format!("{COVERED}e{}", log.equivocations_sent);
-                link.send(&put(&mut fork, &key)?);
+                let r = put(&mut fork, &key)?;
+                leak(&r, true);
+                link.send(&r);
                 log.post_keys.push(key);
                 log.equivocations_sent += 1;
             }
@@ -478,7 +505,7 @@ fn mc_has(addr: SocketAddr, keys: &[String]) -> Result<Vec<String>, String> {
 }
 
 /// The keys of `keys` node `addr` shows (`GET`, through CapsuleDB for an evicted key).
-fn node_has(addr: SocketAddr, keys: &[String]) -> Result<Vec<String>, String> {
+pub(super) fn node_has(addr: SocketAddr, keys: &[String]) -> Result<Vec<String>, String> {
     let mut c = Ctl::connect(addr, Duration::from_secs(5)).map_err(|e| e.to_string())?;
     let mut found = Vec::new();
     for k in keys {

@@ -16,11 +16,13 @@
 //! - [`proxy`]: the cuttable TCP proxy between each process and the router.
 //! - [`runner`]: processes, clients, nemesis, finals (the thin I/O layer).
 //! - [`byzantine`]: `--byzantine`: a leaked writer key attacking its revocation, and its check.
+//! - [`rogue`]: `--byzantine`: a capsule server answering stale, forged and corrupted reads.
 
 pub mod byzantine;
 pub mod checker;
 pub mod history;
 pub mod proxy;
+pub mod rogue;
 pub mod runner;
 pub mod schedule;
 pub mod workload;
@@ -70,7 +72,9 @@ pub struct ChaosArgs {
     pub disk_faults: DiskFaults,
     /// Byzantine mode: the runner also plays an attacker holding a leaked certified writer key,
     /// which the coordinators revoke mid-run and which goes on forging, replaying, equivocating
-    /// and publishing records it withheld; the `byzantine` check asks that nothing the
+    /// and publishing records it withheld, and a capsule server that answers reads with a stale
+    /// copy, the attacker's records (its revocation withheld) and corrupted records, listed
+    /// first wherever roles read from servers; the `byzantine` check asks that nothing the
     /// revocation covers is applied or stored anywhere (part of what a seed replays).
     #[arg(long)]
     pub byzantine: bool,
@@ -136,6 +140,7 @@ pub fn run(a: ChaosArgs) -> Result<i32> {
             let mut j = serde_json::json!({"seed": seed, "schedule": s, "workload": w});
             if a.byzantine {
                 j["byzantine"] = serde_json::json!(byzantine::Plan::generate(seed, shape.fault_ms));
+                j["rogue"] = serde_json::json!(rogue::Plan::generate(seed, shape.fault_ms, shape.servers));
             }
             println!("{j}");
         }

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Receiver;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The bound of nodes 1 and 2's memtables (node 0 is unbounded: its DUMP shows versions).
@@ -155,6 +155,10 @@ struct Cluster {
     mc_peer: Vec<SocketAddr>,
     capsuledb_writer: u32,
     shape_nodes: u8,
+    /// `--byzantine`: the lying capsule server, listed first wherever roles read from servers.
+    rogue: Option<super::rogue::Rogue>,
+    /// `--byzantine`: what the attacker signs, shared with the rogue.
+    leaked: Arc<Mutex<super::rogue::Leaked>>,
 }
 
 impl Cluster {
@@ -174,8 +178,15 @@ impl Cluster {
         ]
     }
 
+    /// The read addresses a role is given: the rogue's first (`--byzantine`), then the servers'.
     fn reads(&self) -> String {
-        self.server_read.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(",")
+        self.rogue
+            .iter()
+            .map(|r| r.addr)
+            .chain(self.server_read.iter().copied())
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
     }
 
     /// The command line of `p` (`restart`: a node recovers from the servers).
@@ -1122,7 +1133,16 @@ pub fn run(sched: &Schedule, wl: &Workload, o: &RunOpts) -> Result<SeedRun> {
         mc_peer: (0..shape.memcached).map(|_| free_port()).collect::<Result<_>>()?,
         capsuledb_writer: crate::capsuledb::db_writer(30_000)?,
         shape_nodes: shape.nodes,
+        rogue: None,
+        leaked: Arc::new(Mutex::new(super::rogue::Leaked::default())),
     };
+    let mut cl = cl;
+    if o.byzantine {
+        let plan = super::rogue::Plan::generate(sched.seed, shape.fault_ms, shape.servers);
+        let capsule = std::fs::read(dir.join("c.capsule")).context("reading c.capsule")?;
+        let limits = psl_capsule::CapsuleFile::parse(&capsule).context("c.capsule")?.metadata.meta.policy.limits;
+        cl.rogue = Some(super::rogue::Rogue::spawn(free_port()?, plan, &cl.server_read, cl.leaked.clone(), limits)?);
+    }
     let result = run_cluster(&cl, sched, wl, o);
     cl.stop_all();
     let (history, finals, skipped) = result.inspect_err(|_| {
@@ -1177,6 +1197,9 @@ fn run_cluster(cl: &Cluster, sched: &Schedule, wl: &Workload, o: &RunOpts) -> Re
     // Clients and nemesis, concurrently.
     let stop = AtomicBool::new(false);
     let t0 = Instant::now();
+    if let Some(r) = &cl.rogue {
+        r.phase_started(t0);
+    }
     let byz_env = byz_env(cl, t0, shape.fault_ms);
     let (history, nemesis) = std::thread::scope(|s| {
         let clients: Vec<_> =
@@ -1241,6 +1264,7 @@ fn byz_env(cl: &Cluster, t0: Instant, fault_ms: u64) -> super::byzantine::Env {
         server_read: cl.server_read.clone(),
         t0,
         fault_ms,
+        leaked: cl.leaked.clone(),
     }
 }
 
@@ -1409,53 +1433,29 @@ fn collect_finals(
         }
     }
     for (j, (a, b)) in pairs.into_iter().enumerate() {
-        let label = format!("recovered from server{a},server{b}");
-        let ctl = free_port()?;
-        let args: Vec<String> = [
-            "node",
-            "--capsule",
-            "c.capsule",
-            "--owner",
-            "owner.key",
-            "--router",
-            &hole.addr().to_string(),
-            "--id",
-            &(100 + j).to_string(),
-            "--servers",
-            "3",
-            "--writers",
-            "1",
-            "--verifiers",
-            "1",
-            "--control",
-            &ctl.to_string(),
-            "--recover-timeout-ms",
-            "60000",
-            "--recover-from",
-            &format!("{},{}", cl.server_read[a], cl.server_read[b]),
-        ]
-        .map(String::from)
-        .to_vec();
-        match cl.spawn_raw(&format!("recover-{a}{b}"), &args, "control") {
-            Ok((mut child, _)) => {
-                let got = dump_versions(ctl).map(|(s, v)| {
-                    let s: KvState = keys.iter().map(|k| (k.clone(), s.get(k).cloned().flatten())).collect();
-                    (s, v.into_iter().filter(|(k, _)| keys.contains(k)).collect())
-                });
-                let _ = child.kill();
-                let _ = child.wait();
-                match got {
-                    Ok((s, v)) => fin.recovered.push((label, Ok(s), v)),
-                    Err(e) => fin.recovered.push((label, Err(e), BTreeMap::new())),
-                }
-            }
-            Err(e) => fin.recovered.push((label, Err(format!("{e:#}")), BTreeMap::new())),
-        }
+        let from = format!("{},{}", cl.server_read[a], cl.server_read[b]);
+        let (got, _) = recover_node(cl, hole.addr(), &format!("recover-{a}{b}"), 100 + j, &from, &keys, &[])?;
+        let (s, v) = got.map_or_else(|e| (Err(e), BTreeMap::new()), |(s, v)| (Ok(s), v));
+        fin.recovered.push((format!("recovered from server{a},server{b}"), s, v));
+    }
+    // `--byzantine`: one more, with the rogue listed first: it must hold every write all the
+    // same, and nothing the revocation covers.
+    let mut rogue_fed = None;
+    if let (Some(r), Some(log)) = (&cl.rogue, &byz) {
+        let from = format!("{},{},{}", r.addr, cl.server_read[0], cl.server_read[1 % n]);
+        let label = "recovered from the rogue,server0,server1".to_string();
+        let (got, shown) = recover_node(cl, hole.addr(), "recover-rogue", 99, &from, &keys, &log.post_keys)?;
+        let (s, v) = got.map_or_else(|e| (Err(e), BTreeMap::new()), |(s, v)| (Ok(s), v));
+        fin.recovered.push((label.clone(), s, v));
+        rogue_fed = shown.map(|sh| (label, sh));
     }
 
     if let Some(log) = byz {
         tracing::info!("chaos finals: byzantine (t+{} ms)", cl.t0.elapsed().as_millis());
-        fin.byzantine = Some(super::byzantine::finals(&byz_env(cl, cl.t0, 0), log));
+        let mut b = super::byzantine::finals(&byz_env(cl, cl.t0, 0), log);
+        b.shown.extend(rogue_fed);
+        b.rogue = cl.rogue.as_ref().map(|r| r.log());
+        fin.byzantine = Some(b);
     }
     tracing::info!("chaos finals: store checks (t+{} ms)", cl.t0.elapsed().as_millis());
     // Every store re-verifies: through each running server, then offline once stopped.
@@ -1506,6 +1506,62 @@ fn collect_finals(
         fin.stores.push((format!("server{i} (offline, --dir)"), out.status.success(), text));
     }
     Ok(())
+}
+
+/// What a recovered node holds: its state and versions of `keys`, and (when `covered` is not
+/// empty) which of `covered` it shows.
+type Recovered = (Result<(KvState, crate::chaos::history::Versions), String>, Option<Result<Vec<String>, String>>);
+
+/// A fresh node (`id`) that recovers from the read addresses `from` on a black-hole fabric
+/// (`hole`): what it holds comes from those servers alone. Stopped once read.
+fn recover_node(
+    cl: &Cluster,
+    hole: SocketAddr,
+    name: &str,
+    id: usize,
+    from: &str,
+    keys: &[String],
+    covered: &[String],
+) -> Result<Recovered> {
+    let ctl = free_port()?;
+    let args: Vec<String> = [
+        "node",
+        "--capsule",
+        "c.capsule",
+        "--owner",
+        "owner.key",
+        "--router",
+        &hole.to_string(),
+        "--id",
+        &id.to_string(),
+        "--servers",
+        "3",
+        "--writers",
+        "1",
+        "--verifiers",
+        "1",
+        "--control",
+        &ctl.to_string(),
+        "--recover-timeout-ms",
+        "60000",
+        "--recover-from",
+        from,
+    ]
+    .map(String::from)
+    .to_vec();
+    Ok(match cl.spawn_raw(name, &args, "control") {
+        Ok((mut child, _)) => {
+            let got = dump_versions(ctl).map(|(s, v)| {
+                let s: KvState = keys.iter().map(|k| (k.clone(), s.get(k).cloned().flatten())).collect();
+                (s, v.into_iter().filter(|(k, _)| keys.contains(k)).collect())
+            });
+            let shown = (!covered.is_empty()).then(|| super::byzantine::node_has(ctl, covered));
+            let _ = child.kill();
+            let _ = child.wait();
+            (got, shown)
+        }
+        Err(e) => (Err(format!("{e:#}")), None),
+    })
 }
 
 /// Every put (key, value) in the records `addr` stores, verified and decrypted.
@@ -1564,6 +1620,8 @@ mod tests {
             mc_peer: Vec::new(),
             capsuledb_writer: 0,
             shape_nodes: 0,
+            rogue: None,
+            leaked: Arc::new(Mutex::new(super::super::rogue::Leaked::default())),
         }
     }
 
