@@ -1,7 +1,8 @@
 //! A writer's chain state: it assigns seq, prev, Lamport times and epoch links, and seals.
 
 use crate::body::{Action, Body, Op};
-use crate::certs::{KeyStatement, WriterCert, WriterKeys};
+use crate::certs::{KeyStatement, WriterCert};
+use crate::meta::WriterKeys;
 use crate::limits::Limits;
 use crate::meta::{CapsuleName, SignedMetadata};
 use crate::record::{Link, Record};

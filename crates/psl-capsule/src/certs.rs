@@ -34,7 +34,7 @@
 //! ```
 
 use crate::codec::{DecodeError, Put, Reader};
-use crate::meta::CapsuleName;
+use crate::meta::{CapsuleName, WriterKeys};
 use psl_crypto::{sha256, AppKey, Hash256, Signature, SigningKey, VerifyingKey};
 
 const CERT_MAGIC: &[u8; 4] = b"PSLW";
@@ -53,34 +53,9 @@ pub const STATEMENTS_PER_RECORD_MAX: usize = 64;
 /// `valid_until_epoch` of a certificate without an end.
 pub const OPEN_ENDED: u64 = u64::MAX;
 
-/// How a capsule's verifiers learn writer public keys. Named in the metadata (version 2 and
-/// later; version-1 metadata is [`WriterKeys::Derived`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum WriterKeys {
-    /// Non-hardened BIP32 children `m/a'/w`, derived by anyone from the application public key.
-    /// The format of capsules made before certificates; one leaked writer key exposes all.
-    Derived = 1,
-    /// Hardened children `m/a'/w'`, each known only through a [`WriterCert`].
-    Certified = 2,
-}
-
+/// Signing keys under each scheme (beside the certificates a certified key needs; the type is
+/// the metadata's, `meta::WriterKeys`).
 impl WriterKeys {
-    pub fn from_u8(v: u8) -> Option<WriterKeys> {
-        match v {
-            1 => Some(WriterKeys::Derived),
-            2 => Some(WriterKeys::Certified),
-            _ => None,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            WriterKeys::Derived => "derived",
-            WriterKeys::Certified => "certified",
-        }
-    }
-
     /// Writer `w`'s signing key under this scheme (the leader's and the development path's way
     /// to make a writer key; a certified writer also needs its certificate).
     pub fn signing_key(self, app: &AppKey, w: u32) -> Result<SigningKey, psl_crypto::CryptoError> {

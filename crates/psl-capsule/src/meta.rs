@@ -3,7 +3,6 @@
 //! The name of a capsule is SHA-256 over its canonical metadata encoding, and the owner signs
 //! that name with the owner master key, so that nobody can mint a capsule in someone else's name.
 
-use crate::certs::WriterKeys;
 use crate::codec::{DecodeError, Put, Reader};
 use crate::limits::Limits;
 use psl_crypto::{sha256, AppPublicKey, Hash256, OwnerPublicKey, Signature, SigningKey, VerifyingKey};
@@ -266,6 +265,35 @@ impl SignedMetadata {
             return Err(DecodeError::Limit { field: "metadata", len: n as u64, max: META_BYTES_MAX as u64 });
         }
         Ok(2 + n + 64)
+    }
+}
+
+/// How a capsule's verifiers learn writer public keys. Named in the metadata (version 2 and
+/// later; version-1 metadata is [`WriterKeys::Derived`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum WriterKeys {
+    /// Non-hardened BIP32 children `m/a'/w`, derived by anyone from the application public key.
+    /// The format of capsules made before certificates; one leaked writer key exposes all.
+    Derived = 1,
+    /// Hardened children `m/a'/w'`, each known only through a `WriterCert` (`certs`).
+    Certified = 2,
+}
+
+impl WriterKeys {
+    pub fn from_u8(v: u8) -> Option<WriterKeys> {
+        match v {
+            1 => Some(WriterKeys::Derived),
+            2 => Some(WriterKeys::Certified),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            WriterKeys::Derived => "derived",
+            WriterKeys::Certified => "certified",
+        }
     }
 }
 

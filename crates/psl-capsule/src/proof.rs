@@ -13,7 +13,8 @@
 //! server's key, which signs acks and never records ([`crate::SERVER_WRITER_BASE`]).
 
 use crate::body::Body;
-use crate::certs::{CertError, KeyStatement, WriterCert, WriterKeys, WRITER_CERT_LEN};
+use crate::certs::{CertError, KeyStatement, WriterCert, WRITER_CERT_LEN};
+use crate::meta::WriterKeys;
 use crate::codec::{DecodeError, Put, Reader};
 use crate::meta::{CapsuleName, MetadataError, Policy, SignedMetadata};
 use crate::record::{record_hash, Header, Kind, Link, HEADER_FIXED_LEN, LINK_LEN};

@@ -5,7 +5,8 @@
 #![allow(clippy::result_large_err)]
 
 use crate::body::Body;
-use crate::certs::{CertError, KeyStatement, Revocation, WriterCert, WriterKeys};
+use crate::certs::{CertError, KeyStatement, Revocation, WriterCert};
+use crate::meta::WriterKeys;
 use crate::codec::DecodeError;
 use crate::meta::{CapsuleName, SignedMetadata};
 use crate::record::{Header, Kind, Record};

@@ -21,7 +21,7 @@
 //! left goes to the back of a ready list that the loop serves after the next (non-blocking)
 //! `epoll_wait`, since an edge-triggered socket would not report that input again.
 
-use crate::server::{ServerConfig, ServerError};
+use crate::config::{ServerConfig, ServerError};
 use crate::session::{idle_tick, Session, Step, IDLE_TICKS};
 use crate::stats::Stats;
 use crate::store::FrontEnd;

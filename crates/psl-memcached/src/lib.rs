@@ -19,7 +19,7 @@
 //! - [`server`]: [`Server`]: binds and serves with one of two runtimes, both thin I/O around
 //!   sessions: `evloop` (plain TCP: one `mio` event loop per worker thread, as memcached's
 //!   libevent workers) or tokio tasks (TLS, rustls with aws-lc-rs). Idle timeout,
-//!   connection limit.
+//!   connection limit. `config`: the settings and errors both runtimes share.
 //! - `lru`: sharded LRU memory accounting. [`stats`]: the `stats` counters.
 //! - [`peer`]: forwarding conditional commands to a key's home front end in another process:
 //!   sealed frames over TCP, their codec (fuzzed with the parser), bounded timeouts.
@@ -77,6 +77,7 @@
 //! **Durability** is SCL's: a write is in the local memtable and queued for sealing when the
 //! reply is sent; see `docs/protocol/scl.md`.
 
+mod config;
 pub mod deploy;
 mod evloop;
 pub mod exec;
