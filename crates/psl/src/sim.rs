@@ -71,7 +71,7 @@ pub fn run(a: SimArgs) -> Result<i32> {
         Scenario::Revocation => "revocation",
         _ => "scl",
     };
-    let pb = crate::bench::progress(a.seeds, "sim seeds");
+    let pb = crate::util::progress(a.seeds, "sim seeds");
     let mut failed = 0u64;
     for s in a.start..a.start + a.seeds {
         match run_seed(s, &cfg) {

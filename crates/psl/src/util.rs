@@ -87,3 +87,14 @@ pub fn show_bytes(b: &[u8]) -> String {
         _ => format!("0x{}", hex::encode(b)),
     }
 }
+
+/// A progress bar on stderr (hidden when stderr is not a terminal).
+pub fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
+    let pb = indicatif::ProgressBar::new(len);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{msg:>24} [{bar:30}] {pos}/{len} {elapsed}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    pb.set_message(what.to_string());
+    pb
+}

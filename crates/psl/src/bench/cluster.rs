@@ -52,7 +52,7 @@ use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const KEYS: u64 = 300_000;
@@ -159,7 +159,7 @@ fn drain_ms(rs: &[Role], idle_ms_per_s: f64) -> f64 {
 
 /// A running `psl up` deployment.
 struct Deployment {
-    guard: super::ycsb::ChildGuard,
+    guard: ChildGuard,
     targets: Vec<SocketAddr>,
     /// The control interfaces of its coordinator and CapsuleDB: (role, address).
     controls: Vec<(&'static str, SocketAddr)>,
@@ -248,7 +248,7 @@ pub(super) fn start_up_kv(
     front_ends: u32,
     memory_mb: u64,
     fabric: &str,
-) -> Result<(super::ycsb::ChildGuard, crate::memcached::KvInfo)> {
+) -> Result<(ChildGuard, crate::memcached::KvInfo)> {
     let exe = std::env::current_exe().context("finding the psl binary")?;
     let dir = tempfile::Builder::new().prefix("psl-bench-up").tempdir()?;
     let mut child = Command::new(exe)
@@ -261,7 +261,7 @@ pub(super) fn start_up_kv(
         .context("starting psl up")?;
     let out = child.stdout.take().context("psl up's stdout")?;
     let path = dir.path().join("cluster.json");
-    let guard = super::ycsb::ChildGuard::new(child, Some(dir));
+    let guard = ChildGuard::new(child, Some(dir));
     let up = std::io::BufReader::new(out).lines().map_while(Result::ok).any(|l| l.starts_with("up "));
     if !up {
         bail!("psl up --memcached {front_ends} --fabric {fabric} did not report ready");
@@ -523,4 +523,39 @@ pub fn run(secs: f64, cases: &[String], reps: usize, connections: Option<usize>,
     out.insert("detail".into(), Value::Object(detail));
     out.insert("machine".into(), super::machine());
     Ok(Value::Object(out))
+}
+
+/// A child process stopped on drop (SIGTERM, then SIGKILL after 5 s), with a directory that
+/// goes with it.
+pub(super) struct ChildGuard {
+    child: Child,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl ChildGuard {
+    pub(super) fn new(child: Child, dir: Option<tempfile::TempDir>) -> ChildGuard {
+        ChildGuard { child, _dir: dir }
+    }
+
+    pub(super) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child, not yet reaped (its pid cannot have been reused).
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

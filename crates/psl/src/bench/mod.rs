@@ -34,6 +34,7 @@ mod scl;
 pub mod ycsb;
 mod zipf;
 
+pub use crate::util::progress;
 use anyhow::{bail, Result};
 use clap::Args;
 
@@ -102,17 +103,6 @@ pub fn run(a: BenchArgs) -> Result<i32> {
         println!("{}", serde_json::to_string_pretty(&out)?);
     }
     Ok(0)
-}
-
-/// A progress bar on stderr (hidden when stderr is not a terminal).
-pub fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
-    let pb = indicatif::ProgressBar::new(len);
-    pb.set_style(
-        indicatif::ProgressStyle::with_template("{msg:>24} [{bar:30}] {pos}/{len} {elapsed}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    pb.set_message(what.to_string());
-    pb
 }
 
 /// CPU time (user + system) this process has used so far, from `/proc/self/stat`; zero where

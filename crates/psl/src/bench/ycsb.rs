@@ -21,13 +21,14 @@
 //! distribution in turn. `--calibrate` also measures the load generator's own CPU per
 //! operation against memcaslap's on the same memcached and mix.
 
+use super::cluster::ChildGuard;
 use super::loadgen::{self, Distribution, Protocol, Spec, Workload};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::{json, Map, Value};
 use std::io::BufRead;
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// `ycsb`'s connections unless `--connections` is given.
@@ -68,41 +69,6 @@ pub struct YcsbArgs {
     /// `ycsb`: also compare the load generator's CPU per operation with memcaslap's.
     #[arg(long)]
     pub calibrate: bool,
-}
-
-/// A child process stopped on drop (SIGTERM, then SIGKILL after 5 s), with a directory that
-/// goes with it.
-pub(super) struct ChildGuard {
-    child: Child,
-    _dir: Option<tempfile::TempDir>,
-}
-
-impl ChildGuard {
-    pub(super) fn new(child: Child, dir: Option<tempfile::TempDir>) -> ChildGuard {
-        ChildGuard { child, _dir: dir }
-    }
-
-    pub(super) fn pid(&self) -> u32 {
-        self.child.id()
-    }
-}
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on our own child, not yet reaped (its pid cannot have been reused).
-        unsafe {
-            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
-        }
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// A system under test: where to send load, and what keeps it running.
@@ -147,7 +113,7 @@ pub fn start_system(name: &str) -> Result<System> {
                 .spawn()
                 .context("starting psl memcached")?;
             let out = child.stdout.take().context("psl memcached's stdout")?;
-            let guard = ChildGuard { child, _dir: None };
+            let guard = ChildGuard::new(child, None);
             let mut addr = None;
             for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
                 if let Some(a) = line.strip_prefix("listening ") {
@@ -187,7 +153,7 @@ pub fn start_system(name: &str) -> Result<System> {
                 .stderr(Stdio::null())
                 .spawn()
                 .context("starting redis-server (scripts/install-report-test-deps.sh installs it)")?;
-            let guard = ChildGuard { child, _dir: Some(dir) };
+            let guard = ChildGuard::new(child, Some(dir));
             let addr: SocketAddr = ([127, 0, 0, 1], port).into();
             wait_port(addr, "redis-server")?;
             Ok(System {

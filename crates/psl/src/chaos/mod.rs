@@ -154,7 +154,7 @@ pub fn run(a: ChaosArgs) -> Result<i32> {
         eprintln!("note: disk faults off (no tmpfs mount allowed here, or --disk-faults off): they are skipped");
     }
     let t0 = Instant::now();
-    let pb = crate::bench::progress(a.seeds, "chaos seeds");
+    let pb = crate::util::progress(a.seeds, "chaos seeds");
     if a.json {
         pb.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
