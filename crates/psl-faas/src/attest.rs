@@ -176,7 +176,7 @@ impl fmt::Display for TeeKind {
 
 /// The evidence backend named `name` on the wire, if PSL knows it.
 pub fn backend_by_name(name: &str) -> Option<&'static str> {
-    [SIM_BACKEND, crate::attest_dcap::DCAP_BACKEND, crate::attest_snp::SNP_BACKEND].into_iter().find(|b| *b == name)
+    [SIM_BACKEND, DCAP_BACKEND, SNP_BACKEND].into_iter().find(|b| *b == name)
 }
 
 /// What a verifier establishes.
@@ -403,6 +403,10 @@ const SIM_MAGIC: &[u8; 8] = b"PSLSIMR1";
 const SIM_BODY: usize = 8 + 32 + 32 + 32;
 const SIM_LEN: usize = SIM_BODY + 64;
 pub const SIM_BACKEND: &str = "sim-INSECURE";
+/// Intel SGX and TDX quotes (`attest_dcap`).
+pub const DCAP_BACKEND: &str = "dcap";
+/// AMD SEV-SNP reports (`attest_snp`).
+pub const SNP_BACKEND: &str = "snp";
 
 /// The simulated platform (INSECURE): a signing key standing in for the hardware's.
 pub struct SimPlatform {

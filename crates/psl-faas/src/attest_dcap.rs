@@ -44,9 +44,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 pub use crate::attest::VerifyTime;
+pub use crate::attest::DCAP_BACKEND;
 pub use dcap_qvl::QuoteCollateralV3 as Collateral;
 
-pub const DCAP_BACKEND: &str = "dcap";
 /// Intel SGX Root CA (DER; CN=Intel SGX Root CA, valid 2018-05-21 to 2049-12-31, SHA-256
 /// fingerprint 44a0196b2b99f889b8e149e95b807a350e7424964399e885a7cbb8ccfab674d3), the trust
 /// anchor of every SGX and TDX DCAP quote. Same bytes as the one `dcap-qvl` embeds.

@@ -53,7 +53,7 @@ use std::sync::Arc;
 use x509_cert::der::Decode;
 use x509_cert::spki::ObjectIdentifier;
 
-pub const SNP_BACKEND: &str = "snp";
+pub use crate::attest::SNP_BACKEND;
 /// Length of an attestation report.
 pub const SNP_REPORT_LEN: usize = 1184;
 /// The signed part of a report: everything before the signature.

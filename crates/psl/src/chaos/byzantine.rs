@@ -44,8 +44,7 @@
 //! (from the servers' log or the announcements) before it applies the attacker's records; that
 //! is part of what this mode tests.
 
-use super::history::Finals;
-use super::runner::Ctl;
+use super::ctl::Ctl;
 use super::schedule::Rng;
 use anyhow::{bail, Context, Result};
 use psl_capsule::{Author, KeyStatement, Record, SignedMetadata};
@@ -547,54 +546,8 @@ pub fn finals(env: &Env, log: AttackLog) -> ByzFinals {
     f
 }
 
-/// The `byzantine` check: nothing the revocation covers is applied by a node or a front end
-/// (no `byz/post/` key shows) or stored (so acked) by a capsule server (the leaked writer's
-/// newest stored seq is below `from_seq`; a store holds each chain in order, so its head is its
-/// highest seq). `byz/pre/` keys may stay: records published and applied before the revocation
-/// are valid (seq below `from_seq`, epoch 0). A revocation that was never issued fails the seed
-/// too (the attack would prove nothing).
-pub fn check(fin: &Finals, out: &mut Vec<super::checker::Violation>) {
-    let Some(b) = &fin.byzantine else { return };
-    let v = |detail: String| super::checker::Violation { check: "byzantine", detail };
-    for e in &b.log.errors {
-        out.push(v(format!("the attack did not run as planned: {e}")));
-    }
-    let Some((from_epoch, from_seq)) = b.log.revoked else {
-        if b.log.errors.is_empty() {
-            out.push(v("the leaked writer was never revoked".into()));
-        }
-        return;
-    };
-    for (who, shown) in &b.shown {
-        if let Ok(keys) = shown {
-            let covered: Vec<&String> = keys.iter().filter(|k| k.starts_with(COVERED)).collect();
-            if !covered.is_empty() {
-                let n = covered.len();
-                let some: Vec<&str> = covered.iter().take(5).map(|k| k.as_str()).collect();
-                out.push(v(format!(
-                    "{who} applied {n} record(s) of writer {} that its revocation (from epoch {from_epoch}, seq {from_seq}) covers: {}",
-                    b.log.plan.map_or(0, |p| p.writer),
-                    some.join(", ")
-                )));
-            }
-        }
-    }
-    for (who, head) in &b.server_heads {
-        if let Ok(Some(seq)) = head {
-            if *seq >= from_seq {
-                out.push(v(format!(
-                    "{who} stores writer {}'s records up to seq {seq}, at or past the revocation's seq bound {from_seq}",
-                    b.log.plan.map_or(0, |p| p.writer)
-                )));
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::super::checker;
-    use super::super::history::{Finals, History};
     use super::*;
 
     #[test]
@@ -605,52 +558,5 @@ mod tests {
         assert!(p.pre >= 3 && p.withheld >= 1);
         assert_eq!(p.writer >> 16, LEAKED_NODE);
         assert_eq!(Some(p.writer), psl_scl::writer_index(LEAKED_NODE, 0, 1));
-    }
-
-    fn finals(shown: Vec<&str>, head: Option<u64>) -> Finals {
-        let log = AttackLog {
-            plan: Some(Plan::generate(1, 3000)),
-            revoked: Some((40, 6)),
-            pre_keys: vec!["byz/pre/0".into()],
-            post_keys: vec!["byz/post/w0".into(), "byz/post/f0".into()],
-            ..AttackLog::default()
-        };
-        let b = ByzFinals {
-            log,
-            shown: vec![
-                ("node0".into(), Ok(shown.into_iter().map(String::from).collect())),
-                ("mc0".into(), Err("unreachable".into())),
-            ],
-            server_heads: vec![("server0".into(), Ok(head)), ("server1".into(), Ok(None))],
-            ..ByzFinals::default()
-        };
-        Finals { byzantine: Some(b), ..Finals::default() }
-    }
-
-    fn byz(vs: &[checker::Violation]) -> Vec<&str> {
-        vs.iter().filter(|v| v.check == "byzantine").map(|v| v.detail.as_str()).collect()
-    }
-
-    #[test]
-    fn the_checker_catches_a_covered_key_or_a_stored_covered_record() {
-        let h = History::default();
-        // Nothing covered anywhere; the servers hold the chain up to seq 5 (< from_seq 6).
-        assert_eq!(byz(&checker::check(&h, &finals(vec!["byz/pre/0"], Some(5)), 1)), Vec::<&str>::new());
-        // A node applied a record the revocation covers.
-        let vs = checker::check(&h, &finals(vec!["byz/pre/0", "byz/post/f0"], Some(5)), 1);
-        let d = byz(&vs);
-        assert_eq!(d.len(), 1, "{vs:?}");
-        assert!(d[0].contains("node0") && d[0].contains("byz/post/f0"), "{d:?}");
-        // A server stored (and so acked) the record at the seq bound.
-        let vs = checker::check(&h, &finals(vec![], Some(6)), 1);
-        let d = byz(&vs);
-        assert_eq!(d.len(), 1, "{vs:?}");
-        assert!(d[0].contains("server0") && d[0].contains("seq 6"), "{d:?}");
-        // A revocation never issued fails the seed.
-        let mut f = finals(vec![], None);
-        if let Some(b) = f.byzantine.as_mut() {
-            b.log.revoked = None;
-        }
-        assert_eq!(byz(&checker::check(&h, &f, 1)).len(), 1);
     }
 }

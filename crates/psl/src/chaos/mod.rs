@@ -14,12 +14,14 @@
 //! - [`history`]: what clients saw and what the runner observed at the end (data).
 //! - [`checker`]: the checks (pure).
 //! - [`proxy`]: the cuttable TCP proxy between each process and the router.
+//! - [`ctl`]: the signed client of the roles' control interfaces.
 //! - [`runner`]: processes, clients, nemesis, finals (the thin I/O layer).
 //! - [`byzantine`]: `--byzantine`: a leaked writer key attacking its revocation, and its check.
 //! - [`rogue`]: `--byzantine`: a capsule server answering stale, forged and corrupted reads.
 
 pub mod byzantine;
 pub mod checker;
+pub mod ctl;
 pub mod history;
 pub mod proxy;
 pub mod rogue;

@@ -10,6 +10,7 @@
 //! [`NODE_KEYS_MAX`] keys, evicting to CapsuleDB), two SecureCached front ends (one peer group,
 //! 1 MiB of item memory each, misses read through CapsuleDB).
 
+use super::ctl::{control_key, Ctl};
 use super::history::{
     CasEvent, CasOutcome, DurableEvent, Finals, History, KvState, Outcome, ReadEvent, VersionSeen, WriteEvent,
 };
@@ -517,62 +518,6 @@ fn vm_kib(pid: u32, field: &str) -> Option<u64> {
 
 // ---------------------------------------------------------------------------------------------
 // Clients
-
-/// The operator control key of this process's runs (each run's roles get its public half,
-/// `control.pub` in the run's directory).
-fn control_key() -> &'static psl_crypto::SigningKey {
-    static KEY: std::sync::OnceLock<psl_crypto::SigningKey> = std::sync::OnceLock::new();
-    KEY.get_or_init(psl_node::control::generate_operator_key)
-}
-
-/// A node's control interface (line protocol), with bounded waits; every command signed with
-/// [`control_key`].
-pub(super) struct Ctl {
-    r: BufReader<TcpStream>,
-    pub(super) w: TcpStream,
-    nonce: [u8; psl_node::control::NONCE_BYTES],
-    next: u64,
-}
-
-impl Ctl {
-    pub(super) fn connect(addr: SocketAddr, timeout: Duration) -> std::io::Result<Ctl> {
-        let s = TcpStream::connect_timeout(&addr, timeout)?;
-        s.set_nodelay(true)?;
-        s.set_read_timeout(Some(Duration::from_secs(45)))?;
-        s.set_write_timeout(Some(Duration::from_secs(45)))?;
-        let mut c =
-            Ctl { r: BufReader::new(s.try_clone()?), w: s, nonce: [0; psl_node::control::NONCE_BYTES], next: 0 };
-        c.w.write_all(b"HELLO\n")?;
-        let hello = c.line()?;
-        let nonce = hello.strip_prefix(&format!("HELLO {} ", psl_node::control::PROTOCOL)).unwrap_or_default();
-        hex::decode_to_slice(nonce, &mut c.nonce)
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("greeting {hello:?}")))?;
-        Ok(c)
-    }
-
-    fn send(&mut self, lines: &[String]) -> std::io::Result<()> {
-        let mut b = Vec::new();
-        for l in lines {
-            let sig = control_key().sign(&psl_node::control::command_digest(&self.nonce, self.next, l.as_bytes()));
-            b.extend_from_slice(format!("AUTH {} {} {l}\n", self.next, hex::encode(sig.0)).as_bytes());
-            self.next += 1;
-        }
-        self.w.write_all(&b)
-    }
-
-    fn line(&mut self) -> std::io::Result<String> {
-        let mut s = String::new();
-        if self.r.read_line(&mut s)? == 0 {
-            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed"));
-        }
-        Ok(s.trim_end().to_string())
-    }
-
-    pub(super) fn call(&mut self, l: &str) -> std::io::Result<String> {
-        self.send(&[l.to_string()])?;
-        self.line()
-    }
-}
 
 fn parse_get(a: &str) -> Result<Option<String>, String> {
     if let Some(v) = a.strip_prefix("VALUE ") {
