@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::up::{fabric_flags, spawn, spawn_cmd, stop_all, wait_line, Kid, STOP};
+use crate::kids::{fabric_flags, spawn, spawn_cmd, stop_all, wait_line, Kid, STOP};
 
 /// The whole file.
 #[derive(Debug, Clone, Deserialize)]
@@ -877,7 +877,7 @@ pub fn up_host(config: &Path, name: &str) -> Result<i32> {
             config.display()
         );
     }
-    crate::up::catch_signals();
+    crate::kids::catch_signals();
     let deadline = Instant::now() + Duration::from_secs(120);
     let fabric = c.fabric_spec(Some(&h))?;
     let ff = fabric_flags(&fabric);

@@ -17,13 +17,14 @@
 //! - `up`: `psl up`: the default deployment as child processes on loopback (or on given
 //!   interfaces), on a router, a local nats-server, or a fabric given by URL.
 //! - `cluster`: the cluster description (TOML) and `psl up --config F --host NAME`.
+//! - `kids`: the child processes `up` and `cluster` start, watch and stop together.
 //! - `status`: `psl status --config F`: every role's health, epoch, lag and counters.
 //! - `memcached`: `psl memcached`: the SecureCached front end.
 //! - `capsuledb`: `psl capsuledb`: the CapsuleDB role, `snapshots` and `get --at`.
 //! - `kv`: the client of a node's control interface (`psl kv put|get|del|sync|stats|dump`).
 //! - `sim`: the seeded simulator over many seeds (`psl sim`).
 //! - `chaos`: seeded fault schedules over real processes and a checker (`psl chaos`).
-//! - `util`: file helpers shared by the commands (atomic writes, key loading).
+//! - `util`: helpers shared by the commands (atomic writes, key loading, progress bars).
 
 mod attest;
 mod bench;
@@ -34,6 +35,7 @@ mod cluster;
 mod demo;
 mod faas_roles;
 mod keys;
+mod kids;
 mod kv;
 mod kvkeys;
 mod memcached;
