@@ -4,8 +4,8 @@
 //! the actor takes up to `batch_ops_max` of them (waiting up to `flush_delay` for a batch to
 //! fill), seals one record and hands it to the core thread.
 
-use crate::core::CoreMsg;
 use crate::flow::Reserved;
+use crate::msg::CoreMsg;
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
 use psl_capsule::{Author, Body, ControlCode, Link, Op, RotationCert};

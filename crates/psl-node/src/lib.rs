@@ -17,7 +17,7 @@
 //!   application key rotation ([`NodeRotation`]) through the core's and writers' channels.
 //! - [`options`]: [`NodeOptions`] and the limits of every queue.
 //! - `actor`: writer actors (one [`psl_capsule::Author`] each) and their bounded op queues.
-//! - `core`: the core thread that owns the [`psl_scl::NodeCore`].
+//! - `core`: the core thread that owns the [`psl_scl::NodeCore`]; `msg`: what it is sent.
 //! - [`flow`]: flow control from the capsule servers', CapsuleDB's and peers' acks back to the
 //!   writers: a writer runs at most [`flow::FlowOptions::window_ops`] ops and
 //!   [`flow::FlowOptions::window_records`] records ahead of what a quorum holds, a live
@@ -48,12 +48,13 @@ mod dbclient;
 pub mod flow;
 mod host;
 pub mod memory;
+mod msg;
 pub mod node;
 pub mod options;
 pub mod recovery;
 mod ring;
 
-pub use core::RotationState;
 pub use dbclient::DbClientStats;
+pub use msg::RotationState;
 pub use node::{Node, NodeError, NodeKeys, NodeRotation};
 pub use options::NodeOptions;
