@@ -2,8 +2,8 @@
 
 use crate::body::{Action, Body, Op};
 use crate::certs::{KeyStatement, WriterCert};
-use crate::meta::WriterKeys;
 use crate::limits::Limits;
+use crate::meta::WriterKeys;
 use crate::meta::{CapsuleName, SignedMetadata};
 use crate::record::{Link, Record};
 use crate::replica::Head;

@@ -14,8 +14,8 @@
 
 use crate::body::Body;
 use crate::certs::{CertError, KeyStatement, WriterCert, WRITER_CERT_LEN};
-use crate::meta::WriterKeys;
 use crate::codec::{DecodeError, Put, Reader};
+use crate::meta::WriterKeys;
 use crate::meta::{CapsuleName, MetadataError, Policy, SignedMetadata};
 use crate::record::{record_hash, Header, Kind, Link, HEADER_FIXED_LEN, LINK_LEN};
 use crate::replica::Replica;

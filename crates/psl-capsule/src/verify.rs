@@ -6,8 +6,8 @@
 
 use crate::body::Body;
 use crate::certs::{CertError, KeyStatement, Revocation, WriterCert};
-use crate::meta::WriterKeys;
 use crate::codec::DecodeError;
+use crate::meta::WriterKeys;
 use crate::meta::{CapsuleName, SignedMetadata};
 use crate::record::{Header, Kind, Record};
 use crate::rotation::{RotationCert, RotationError, KEY_GENERATIONS_MAX};

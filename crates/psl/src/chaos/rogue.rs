@@ -447,7 +447,7 @@ fn answer(sh: &Shared, req: &str) -> Result<Vec<Vec<u8>>, String> {
             };
             let mut frames = ask_upstream(sh, &format!("RANGE {w} {from} {to}"))?;
             let n = sh.ranges.fetch_add(1, Ordering::Relaxed) + 1;
-            if !frames.is_empty() && n % sh.plan.corrupt_every.max(1) as usize == 0 {
+            if !frames.is_empty() && n.is_multiple_of(sh.plan.corrupt_every.max(1) as usize) {
                 let i = n % frames.len();
                 let f = &mut frames[i];
                 if !f.is_empty() {
