@@ -14,6 +14,8 @@ pub enum FaasError {
     NoIdleWorkers,
     #[error("key delivery: {0}")]
     Channel(String),
+    #[error("{who} asked for keys that are not its own: {why}")]
+    KvRequest { who: String, why: String },
     #[error("configuration: {0}")]
     Config(String),
     #[error("node: {0}")]

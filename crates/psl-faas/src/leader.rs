@@ -116,10 +116,10 @@ pub struct Leader {
     pub coordinator: CoordinatorConfig,
 }
 
-/// The KV capsule the leader hands keys for: its name and application key (the owner key is
-/// not kept).
+/// The KV capsule the leader hands keys for: its metadata and application key (the owner key
+/// is not kept; the application key never leaves the leader).
 struct KvCapsule {
-    name: [u8; 32],
+    meta: SignedMetadata,
     app: AppKey,
 }
 
@@ -152,42 +152,7 @@ impl KvRole {
     }
 }
 
-/// Associated data of a KV key bundle: the role, its id and the capsule.
-pub fn kv_aad(role: KvRole, id: u32, capsule: &[u8; 32]) -> Vec<u8> {
-    let mut a = b"psl/kv-keys/v1".to_vec();
-    a.extend_from_slice(role.name().as_bytes());
-    a.push(0);
-    a.extend_from_slice(&id.to_le_bytes());
-    a.extend_from_slice(capsule);
-    a
-}
-
-/// Length of a KV key bundle: capsule name, application index, application secret.
-const KV_BUNDLE_LEN: usize = 32 + 4 + 64;
-
-/// Opens a KV key bundle sealed to `channel` for `role` `id` of the capsule `meta` names, and
-/// checks the key is that capsule's application key. The key stays in memory only.
-pub fn open_kv_bundle(
-    channel: &crate::channel::ChannelKey,
-    sealed: &[u8],
-    role: KvRole,
-    id: u32,
-    meta: &SignedMetadata,
-) -> Result<AppKey, FaasError> {
-    let name = meta.name().0 .0;
-    let b = channel.open(sealed, &kv_aad(role, id, &name))?;
-    if b.len() != KV_BUNDLE_LEN || b[..32] != name[..] {
-        return Err(FaasError::Channel("the KV key bundle is not for this capsule".into()));
-    }
-    let index = u32::from_le_bytes(b[32..36].try_into().map_err(|_| FaasError::Channel("bad KV bundle".into()))?);
-    let mut raw = Zeroizing::new([0u8; 64]);
-    raw.copy_from_slice(&b[36..]);
-    let app = AppKey::from_secret_bytes(&raw, index).map_err(|e| FaasError::Channel(e.to_string()))?;
-    if index != meta.meta.app_index || app.public() != meta.meta.app {
-        return Err(FaasError::Channel("the KV key bundle holds another application's key".into()));
-    }
-    Ok(app)
-}
+pub use crate::kvgrant::{kv_aad, open_kv_bundle, KvRoleKeys};
 
 /// Most lambda slots one worker runs (one writer actor each; a node has at most 16).
 pub const SLOTS_PER_WORKER_MAX: usize = 16;
@@ -221,8 +186,11 @@ impl Leader {
     }
 
     /// Takes the KV capsule's owner key (`psl leader --kv-owner`): keeps only the capsule's
-    /// application key, for the attested KV roles ([`Leader::grant_kv`]).
+    /// application key, from which it derives each attested KV role's own keys
+    /// ([`Leader::grant_kv`]). The capsule must certify writers
+    /// ([`crate::kvgrant::check_kv_capsule`]).
     pub fn set_kv(&self, owner: &OwnerKey, meta: &SignedMetadata) -> Result<(), FaasError> {
+        crate::kvgrant::check_kv_capsule(meta)?;
         if owner.public() != meta.meta.owner {
             return Err(FaasError::Config("the KV owner key is not the owner of the KV capsule".into()));
         }
@@ -230,13 +198,21 @@ impl Leader {
         if app.public() != meta.meta.app {
             return Err(FaasError::Config("the KV capsule was not made for this owner key's application".into()));
         }
-        *self.kv.lock() = Some(KvCapsule { name: meta.name().0 .0, app });
+        *self.kv.lock() = Some(KvCapsule { meta: meta.clone(), app });
         Ok(())
     }
 
     /// Whether the leader hands out KV keys.
     pub fn serves_kv(&self) -> bool {
         self.kv.lock().is_some()
+    }
+
+    /// Checks what KV role `role` `id` asks for against its role and id, before anything is
+    /// attested ([`Leader::grant_kv`] checks again).
+    pub fn check_kv_request(&self, role: KvRole, id: u32, writers: &[u32]) -> Result<(), FaasError> {
+        let guard = self.kv.lock();
+        let kv = guard.as_ref().ok_or_else(|| FaasError::Config("this leader holds no KV keys (--kv-owner)".into()))?;
+        crate::kvgrant::check_kv_request(&kv.meta, role, id, writers)
     }
 
     /// A fresh nonce for KV role `role` `id`'s report.
@@ -248,11 +224,12 @@ impl Leader {
 
     /// Checks a KV role's offer under the policy (its report over the nonce of
     /// [`Leader::kv_challenge`], binding its channel key and, over TLS, its certificate key)
-    /// and seals to its channel key the KV capsule's application key (what the role derived
-    /// from the owner key before: its writer keys and certificates, the data key and, for a
-    /// coordinator, its `REVOKE` revocations), with associated data naming the role, its id and
-    /// the capsule. A role that fails gets an error and nothing sealed.
-    pub fn grant_kv(&self, offer: &Offer, role: KvRole, id: u32) -> Result<Vec<u8>, FaasError> {
+    /// and what it asks for against its role and id ([`crate::kvgrant::check_kv_request`]),
+    /// then seals to its channel key the capsule's data key and, for exactly the `writers`
+    /// asked for, each one's signing key and certificate; never the application key. The
+    /// associated data names the role, its id, the capsule and the writers. A role that
+    /// fails either check gets an error and nothing sealed.
+    pub fn grant_kv(&self, offer: &Offer, role: KvRole, id: u32, writers: &[u32]) -> Result<Vec<u8>, FaasError> {
         let who = || format!("KV {} {id}", role.name());
         let nonce = self
             .kv_nonces
@@ -266,11 +243,8 @@ impl Leader {
         tracing::info!("{} attested: {} measurement {}", who(), v.kind, v.measurement.short());
         let guard = self.kv.lock();
         let kv = guard.as_ref().ok_or_else(|| FaasError::Config("this leader holds no KV keys (--kv-owner)".into()))?;
-        let mut bundle = Zeroizing::new(Vec::with_capacity(KV_BUNDLE_LEN));
-        bundle.extend_from_slice(&kv.name);
-        bundle.extend_from_slice(&kv.app.app_index().to_le_bytes());
-        bundle.extend_from_slice(&kv.app.to_secret_bytes()[..]);
-        seal_to(&offer.channel_public, &kv_aad(role, id, &kv.name), &bundle)
+        crate::kvgrant::check_kv_request(&kv.meta, role, id, writers)?;
+        crate::kvgrant::seal_kv_bundle(&kv.meta, &kv.app, role, id, writers, &offer.channel_public)
     }
 
     /// The leader's own report, for the client to check before it hands over the owner key.

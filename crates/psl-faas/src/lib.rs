@@ -27,6 +27,9 @@
 //! - [`worker`]: a worker: attests, receives its keys, runs lambda slots on a `psl_node::Node`,
 //!   waits for its writes to be durable on the job's capsule servers, installs key rotations
 //!   in that node.
+//! - [`kvgrant`]: least-privilege KV keys: the check of what a KV role asks the leader for
+//!   (its own writers only), the bundle of the data key and those writers' keys and
+//!   certificates, and [`kvgrant::KvRoleKeys`], what the role opens (a `psl_node::KeySource`).
 //! - [`kv`]: [`NodeKv`], the sandbox's [`psl_sandbox::KvHost`] over a `psl_node::Node`.
 //! - [`deploy`]: [`Deployment`]: every role in one process over an `InProcHub`, with the
 //!   job's capsule servers; `run_job` (with an optional key rotation mid-job, `rotate_keys`).
@@ -52,6 +55,7 @@ pub mod coordinator;
 pub mod deploy;
 pub mod error;
 pub mod kv;
+pub mod kvgrant;
 pub mod leader;
 pub mod net;
 pub mod program;

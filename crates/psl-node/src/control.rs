@@ -22,13 +22,24 @@
 //!                             next this node expects of it: whatever it has not applied yet is
 //!                             refused too); the node announces the revocation and, running a
 //!                             coordinator, carries it into the log)
+//! REVOKE_BOUNDS <writer>   -> BOUNDS <writer> <from_epoch> <from_seq>
+//!                             (REVOKE's defaults for that writer, for a revocation signed
+//!                             elsewhere: the node's epoch + 2 and the next seq it expects)
+//! REVOKE_SIGNED <revocation hex> -> REVOKED <writer> FROM <epoch> SEQ <seq> | ERROR <why>
+//!                             (a revocation already signed by the application key, on the
+//!                             operator's machine (`psl kv revoke`): checked against the
+//!                             capsule (its name, its generation's application key) before the
+//!                             node announces it and, running a coordinator, carries it into
+//!                             the log; how a role whose keys came from the leader, which holds
+//!                             no application key, revokes)
 //! QUIT
 //! ```
 //!
 //! # Authentication
 //!
 //! Every command that signs, revokes or returns plaintext (`PUT`, `DEL`, `GET`, `SYNC`,
-//! `SYNC_DURABLE`, `PUT_DURABLE`, `DIGEST`, `DUMP`, `REVOKE`) runs only inside `AUTH`: its line
+//! `SYNC_DURABLE`, `PUT_DURABLE`, `DIGEST`, `DUMP`, `REVOKE`, `REVOKE_BOUNDS`, `REVOKE_SIGNED`)
+//! runs only inside `AUTH`: its line
 //! must carry a signature by the operator's control key ([`ControlOptions::operator`], the
 //! public half; the secret half never leaves the operator) over
 //! [`command_digest`]`(nonce, n, line)`, where `nonce` is this connection's 32 random bytes
@@ -378,13 +389,27 @@ fn command(node: &Node, line: &[u8], revoker: Option<&Revoker>) -> Reply {
             Ok((w, e, q)) => format!("REVOKED {w} FROM {e} SEQ {q}"),
             Err(e) => format!("ERROR {e}"),
         }),
+        b"REVOKE_BOUNDS" => Reply::Line(match revoke_bounds(node, rest) {
+            Ok((w, e, q)) => format!("BOUNDS {w} {e} {q}"),
+            Err(e) => format!("ERROR {e}"),
+        }),
+        b"REVOKE_SIGNED" => Reply::Line(match revoke_signed(node, rest) {
+            Ok((w, e, q)) => format!("REVOKED {w} FROM {e} SEQ {q}"),
+            Err(e) => format!("ERROR {e}"),
+        }),
         b"QUIT" => Reply::Quit,
         _ => Reply::Line(format!("ERROR unknown command {:?}", String::from_utf8_lossy(cmd))),
     }
 }
 
+/// What `REVOKE` answers on a role without the application key.
+pub const NO_REVOKER: &str = "this process holds no application key (its keys came from the leader, or it signs \
+     nothing but its own writers): it cannot sign a revocation. Sign it with the owner key on the operator's machine \
+     and hand it over: `psl kv revoke --node ADDR --capsule FILE --owner KEY WRITER` (REVOKE_BOUNDS, then \
+     REVOKE_SIGNED)";
+
 fn revoke(node: &Node, rest: &[u8], revoker: Option<&Revoker>) -> Result<(u32, u64, u64), String> {
-    let revoker = revoker.ok_or("this process holds no application key: it cannot sign a revocation")?;
+    let revoker = revoker.ok_or(NO_REVOKER)?;
     let usage = "usage: REVOKE <writer> [<from_epoch> [<from_seq>]]";
     let text = std::str::from_utf8(rest).map_err(|_| usage)?;
     let mut args = text.split_ascii_whitespace();
@@ -396,6 +421,32 @@ fn revoke(node: &Node, rest: &[u8], revoker: Option<&Revoker>) -> Result<(u32, u
     let from = num(&|| node.epoch().map(|e| e + 2).map_err(|e| e.to_string()))?;
     let from_seq = num(&|| node.next_seq_of(w).map_err(|e| e.to_string()))?;
     let st = revoker(w, from, from_seq)?;
+    node.add_statement(st, Duration::from_secs(5)).map_err(|e| e.to_string())?;
+    Ok((w, from, from_seq))
+}
+
+/// `REVOKE_BOUNDS <writer>`: the bounds `REVOKE` would use by default.
+fn revoke_bounds(node: &Node, rest: &[u8]) -> Result<(u32, u64, u64), String> {
+    let usage = "usage: REVOKE_BOUNDS <writer>";
+    let w: u32 = std::str::from_utf8(rest).ok().and_then(|t| t.trim().parse().ok()).ok_or(usage)?;
+    let from = node.epoch().map_err(|e| e.to_string())? + 2;
+    let from_seq = node.next_seq_of(w).map_err(|e| e.to_string())?;
+    Ok((w, from, from_seq))
+}
+
+/// `REVOKE_SIGNED <hex>`: a revocation the application key signed elsewhere, checked against
+/// this node's capsule before it is announced (and, on a coordinator, carried into the log).
+fn revoke_signed(node: &Node, rest: &[u8]) -> Result<(u32, u64, u64), String> {
+    let usage = "usage: REVOKE_SIGNED <revocation hex>";
+    let text = std::str::from_utf8(rest).map_err(|_| usage)?.trim();
+    if text.len() != 2 * psl_capsule::certs::REVOCATION_LEN {
+        return Err(format!("a revocation is {} bytes; {usage}", psl_capsule::certs::REVOCATION_LEN));
+    }
+    let bytes = hex::decode(text).map_err(|_| usage.to_string())?;
+    let r = psl_capsule::Revocation::decode(&bytes).map_err(|e| format!("not a revocation: {e}"))?;
+    let (w, from, from_seq) = (r.writer, r.from_epoch, r.from_seq);
+    let st = psl_capsule::KeyStatement::Revoke(r);
+    node.check_statement(&st).map_err(|e| format!("revocation refused: {e}"))?;
     node.add_statement(st, Duration::from_secs(5)).map_err(|e| e.to_string())?;
     Ok((w, from, from_seq))
 }

@@ -56,5 +56,5 @@ mod ring;
 
 pub use dbclient::DbClientStats;
 pub use msg::RotationState;
-pub use node::{Node, NodeError, NodeKeys, NodeRotation};
+pub use node::{KeySource, Node, NodeError, NodeKeys, NodeRotation};
 pub use options::NodeOptions;

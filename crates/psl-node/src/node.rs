@@ -64,9 +64,48 @@ pub enum NodeError {
 /// needs another writer's newer version of the key to arrive between two ticks.
 const WRITE_TRIES_MAX: u32 = 16;
 
+/// Where a role's keys come from: the capsule's data key and, for each writer the role runs,
+/// its signing key and (certified capsule) certificate. The application key is one source
+/// (it derives any writer: the development path, `--owner`); a set of keys handed to the role
+/// (the leader's grant to an attested KV role, which holds only its own writers) is another.
+/// What runs after loading works from either.
+pub trait KeySource {
+    /// The capsule's data key.
+    fn data_key(&self) -> DataKey;
+    /// Writer `w`'s signing key and, in a certified capsule, its certificate; an error if
+    /// this source holds no key for `w`.
+    fn writer_credentials(
+        &self,
+        meta: &SignedMetadata,
+        w: u32,
+    ) -> Result<(SigningKey, Option<psl_capsule::WriterCert>), NodeError>;
+
+    /// Writer `w` at the start of its chain (with its certificate in a certified capsule).
+    fn author(&self, meta: &SignedMetadata, w: u32) -> Result<Author, NodeError> {
+        let (key, cert) = self.writer_credentials(meta, w)?;
+        let certs: Vec<KeyStatement> = cert.into_iter().map(KeyStatement::Cert).collect();
+        make_author(meta, &self.data_key(), &certs, key, w)
+    }
+}
+
+impl KeySource for AppKey {
+    fn data_key(&self) -> DataKey {
+        AppKey::data_key(self)
+    }
+
+    fn writer_credentials(
+        &self,
+        meta: &SignedMetadata,
+        w: u32,
+    ) -> Result<(SigningKey, Option<psl_capsule::WriterCert>), NodeError> {
+        writer_credentials(meta, self, w).map_err(|e| NodeError::Keys(format!("writer {w}: {e}")))
+    }
+}
+
 /// The keys a node works with: the capsule's public metadata, the data key, one signing key
-/// per writer actor, and the coordinator's key if it runs one. Today they are derived from the
-/// application key; the leader (a later issue) will hand each its own.
+/// per writer actor, and the coordinator's key if it runs one: derived from the application
+/// key ([`NodeKeys::derive`]), or taken from the keys a role was handed
+/// ([`NodeKeys::from_source`]).
 pub struct NodeKeys {
     pub meta: SignedMetadata,
     pub data_key: DataKey,
@@ -81,8 +120,14 @@ pub struct NodeKeys {
 impl NodeKeys {
     /// Derives the keys `opts` calls for from the application key.
     pub fn derive(meta: &SignedMetadata, app: &AppKey, opts: &NodeOptions) -> Result<NodeKeys, NodeError> {
-        let mut writers = Vec::new();
-        let mut certs = Vec::new();
+        Self::from_source(meta, app, opts)
+    }
+
+    /// The writer indices a node run with `opts` signs with: its writer actors'
+    /// (`writer_index(node_id, incarnation, a)` for each actor `a`), then its coordinator
+    /// rank's, if it runs one. What a role asks the leader for.
+    pub fn writers_for(meta: &SignedMetadata, opts: &NodeOptions) -> Result<Vec<u32>, NodeError> {
+        let mut out = Vec::with_capacity(opts.writers + 1);
         for a in 0..opts.writers as u32 {
             let w = psl_scl::writer_index(opts.node_id, opts.incarnation, a).ok_or_else(|| {
                 NodeError::Keys(format!(
@@ -90,23 +135,35 @@ impl NodeKeys {
                     opts.node_id, opts.incarnation
                 ))
             })?;
-            let (key, cert) = writer_credentials(meta, app, w).map_err(|e| NodeError::Keys(e.to_string()))?;
-            writers.push((w, key));
-            certs.extend(cert.map(KeyStatement::Cert));
+            out.push(w);
         }
-        let coordinator = match &opts.coordinator {
-            Some(c) => {
-                let w =
-                    meta.meta.policy.coordinator_at(c.rank).ok_or_else(|| {
-                        NodeError::Keys(format!("the capsule allows no coordinator of rank {}", c.rank))
-                    })?;
-                let (key, cert) = writer_credentials(meta, app, w).map_err(|e| NodeError::Keys(e.to_string()))?;
-                certs.extend(cert.map(KeyStatement::Cert));
-                Some((w, key))
+        if let Some(c) = &opts.coordinator {
+            let w = meta
+                .meta
+                .policy
+                .coordinator_at(c.rank)
+                .ok_or_else(|| NodeError::Keys(format!("the capsule allows no coordinator of rank {}", c.rank)))?;
+            out.push(w);
+        }
+        Ok(out)
+    }
+
+    /// The keys `opts` calls for, from `src`.
+    pub fn from_source(meta: &SignedMetadata, src: &dyn KeySource, opts: &NodeOptions) -> Result<NodeKeys, NodeError> {
+        let wanted = Self::writers_for(meta, opts)?;
+        let mut writers = Vec::new();
+        let mut coordinator = None;
+        let mut certs = Vec::new();
+        for (i, w) in wanted.into_iter().enumerate() {
+            let (key, cert) = src.writer_credentials(meta, w)?;
+            certs.extend(cert.map(KeyStatement::Cert));
+            if i < opts.writers {
+                writers.push((w, key));
+            } else {
+                coordinator = Some((w, key));
             }
-            None => None,
-        };
-        Ok(NodeKeys { meta: meta.clone(), data_key: app.data_key(), writers, coordinator, certs })
+        }
+        Ok(NodeKeys { meta: meta.clone(), data_key: src.data_key(), writers, coordinator, certs })
     }
 }
 
@@ -930,6 +987,12 @@ impl Node {
     /// running a coordinator also carries it into the log. Returns the node's epoch.
     pub fn add_statement(&self, s: KeyStatement, timeout: Duration) -> Result<u64, NodeError> {
         self.add_statements(vec![s], timeout)
+    }
+
+    /// Checks a certificate or revocation against this node's capsule (its name and the
+    /// signature of its generation's application key) without installing it.
+    pub fn check_statement(&self, s: &KeyStatement) -> Result<(), psl_capsule::CertError> {
+        self.verifier.check_statement(s)
     }
 
     /// Like [`Node::add_statement`] for several (one Cert record per 64).

@@ -202,3 +202,75 @@ fn an_idle_control_connection_is_closed() {
     let _ = r.read_line(&mut line);
     assert!(line.starts_with("ERROR idle"), "{line:?}");
 }
+
+/// A role without the application key (a KV coordinator whose keys came from the leader):
+/// `REVOKE` says how to revoke instead; `REVOKE_BOUNDS` gives the defaults; `REVOKE_SIGNED`
+/// takes a revocation the application key signed elsewhere, only inside `AUTH`, only for this
+/// capsule and under its application key, and never panics on bad bytes.
+#[test]
+fn a_revocation_signed_elsewhere_is_checked_before_it_is_announced() {
+    use psl_capsule::{new_capsule_with, Revocation, WriterKeys};
+    let owner = OwnerKey::from_seed(&[8; 32]).unwrap();
+    let meta = new_capsule_with(&owner, 1, "revoke-signed", 0, Limits::default(), WriterKeys::Certified).unwrap();
+    let app = owner.app(1).unwrap();
+    let hub = InProcHub::new(FabricConfig::default()).unwrap();
+    let opts = NodeOptions { node_id: 1, writers: 1, ..NodeOptions::default() };
+    let node = Arc::new(
+        Node::start(NodeKeys::derive(&meta, &app, &opts).unwrap(), Arc::new(hub.endpoint("n1")), opts).unwrap(),
+    );
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let copts = psl_node::control::ControlOptions {
+        operator: Some(operator().verifying_key()),
+        revoker: None,
+        idle_ms: 30_000,
+    };
+    let (n, st) = (node.clone(), stop.clone());
+    let server = std::thread::spawn(move || psl_node::control::serve_opts(n, listener, st, copts));
+    let f = Fixture { addr, signed: Arc::new(AtomicUsize::new(0)), stop, server: Some(server) };
+
+    let w = psl_scl::writer_index(2, 0, 0).unwrap();
+    let good = Revocation::issue(&app, meta.name(), 0, w, 10, 3).unwrap();
+    // Unsigned: refused before anything is looked at.
+    let (mut s, mut r) = raw(f.addr);
+    for cmd in [format!("REVOKE_SIGNED {}", hex::encode(good.encode())), format!("REVOKE_BOUNDS {w}")] {
+        let a = raw_call(&mut s, &mut r, &cmd);
+        assert!(a.starts_with("ERROR unauthenticated"), "{cmd}: {a}");
+    }
+    let mut c = psl_node::control::ControlClient::connect_as(f.addr, Duration::from_secs(5), operator()).unwrap();
+    // No application key here: REVOKE says what to do instead.
+    let a = c.call(&format!("REVOKE {w}")).unwrap();
+    assert!(a.starts_with("ERROR") && a.contains("psl kv revoke") && a.contains("REVOKE_SIGNED"), "{a}");
+    let a = c.call(&format!("REVOKE_BOUNDS {w}")).unwrap();
+    assert!(a.starts_with(&format!("BOUNDS {w} ")), "{a}");
+    // Malformed: not hex, the wrong length, cut, a byte changed.
+    let bytes = good.encode();
+    let mut changed = bytes.clone();
+    changed[40] ^= 1;
+    for bad in [
+        "zz".to_string(),
+        String::new(),
+        hex::encode(&bytes[..bytes.len() - 1]),
+        format!("{}00", hex::encode(&bytes)),
+        "g".repeat(2 * bytes.len()),
+        hex::encode(&changed),
+        hex::encode(vec![0u8; bytes.len()]),
+    ] {
+        let a = c.call(&format!("REVOKE_SIGNED {bad}")).unwrap();
+        assert!(a.starts_with("ERROR"), "{bad}: {a}");
+    }
+    // Signed by another application key, or for another capsule.
+    let thief = owner.app(2).unwrap();
+    let other = new_capsule_with(&owner, 2, "other", 0, Limits::default(), WriterKeys::Certified).unwrap();
+    for r in [
+        Revocation::issue(&thief, meta.name(), 0, w, 10, 3).unwrap(),
+        Revocation::issue(&thief, other.name(), 0, w, 10, 3).unwrap(),
+    ] {
+        let a = c.call(&format!("REVOKE_SIGNED {}", hex::encode(r.encode()))).unwrap();
+        assert!(a.starts_with("ERROR revocation refused"), "{a}");
+    }
+    // The genuine one is taken.
+    let a = c.call(&format!("REVOKE_SIGNED {}", hex::encode(good.encode()))).unwrap();
+    assert_eq!(a, format!("REVOKED {w} FROM 10 SEQ 3"));
+}

@@ -14,15 +14,15 @@
 //!   every kept index.
 //! - `psl capsuledb get KEY --at N ...`: reads KEY as index N had it (newest without `--at`).
 
+use crate::kvkeys::KvKeys;
 use crate::util::show_bytes;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use psl_capsule::{Author, CapsuleFile, SignedMetadata, Verifier};
+use psl_capsule::{CapsuleFile, SignedMetadata, Verifier};
 use psl_capsuledb::role::{Role, RoleKeys, RoleOptions};
 use psl_capsuledb::servers::{self, Survey};
 use psl_capsuledb::{BlockStore, CapsuleDb, Config, DirStore, Publisher, RecordHash, ServerStore};
-use psl_crypto::AppKey;
-use psl_node::{Node, NodeKeys, NodeOptions};
+use psl_node::{KeySource, Node, NodeKeys, NodeOptions};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -128,12 +128,9 @@ pub fn db_writer(id: u32) -> Result<u32> {
     psl_scl::writer_index(id, 0, 15).with_context(|| format!("CapsuleDB id {id} is out of range (1 to 32766)"))
 }
 
-fn load(
-    o: &OpenArgs,
-    kv: &crate::kvkeys::KvLeaderArgs,
-    attest: &crate::attest::AttestArgs,
-    id: u32,
-) -> Result<(SignedMetadata, AppKey, Vec<Arc<DirStore>>)> {
+/// The capsule's metadata and the `--store` directories (no keys yet: which writers CapsuleDB
+/// signs with depends on what the stores hold, [`Stores::open`]).
+fn open_dirs(o: &OpenArgs, kv: &crate::kvkeys::KvLeaderArgs) -> Result<(SignedMetadata, Vec<Arc<DirStore>>)> {
     let (Some(capsule), true) = (&o.capsule, o.owner.is_some() || kv.kv_leader.is_some()) else {
         bail!("psl capsuledb needs --capsule and --owner (or --kv-leader)");
     };
@@ -142,14 +139,36 @@ fn load(
     }
     let bytes = std::fs::read(capsule).with_context(|| format!("reading {}", capsule.display()))?;
     let f = CapsuleFile::parse(&bytes).with_context(|| format!("{}", capsule.display()))?;
-    // From the owner key file (development) or from the leader after attestation (in memory).
-    let app =
-        crate::kvkeys::app_key(&f.metadata, o.owner.as_deref(), kv, attest, psl_faas::leader::KvRole::CapsuleDb, id)?;
     let mut stores = Vec::new();
     for d in &o.store {
         stores.push(DirStore::open(d).with_context(|| format!("opening store {}", d.display()))?);
     }
-    Ok((f.metadata, app, stores))
+    Ok((f.metadata, stores))
+}
+
+/// CapsuleDB `id`'s keys: from the owner key file (development) or from the leader after
+/// attestation (in memory): the data key and `writers`' keys, its role writer and, with
+/// servers, this start's block writer.
+fn load_keys(
+    meta: &SignedMetadata,
+    o: &OpenArgs,
+    kv: &crate::kvkeys::KvLeaderArgs,
+    attest: &crate::attest::AttestArgs,
+    id: u32,
+    writers: &[u32],
+) -> Result<KvKeys> {
+    crate::kvkeys::kv_keys(meta, o.owner.as_deref(), kv, attest, psl_faas::leader::KvRole::CapsuleDb, id, writers)
+}
+
+/// The writers CapsuleDB signs records with besides its node's (none: a receive-only node):
+/// its role writer `writer` and, with servers, this start's block writer.
+fn own_writers(writer: u32, stores: &Stores) -> Vec<u32> {
+    let block = stores.writer(writer);
+    if block == writer {
+        vec![writer]
+    } else {
+        vec![writer, block]
+    }
 }
 
 /// Where CapsuleDB's records are: directories first (local), then the servers.
@@ -216,7 +235,7 @@ impl Stores {
 fn open_newest(
     config: Config,
     meta: &SignedMetadata,
-    app: &AppKey,
+    keys: &KvKeys,
     writer: u32,
     stores: &Stores,
     id: u32,
@@ -226,8 +245,8 @@ fn open_newest(
     let mut best: Option<CapsuleDb> = None;
     let mut last_err = None;
     for h in stores.candidates(meta, id)? {
-        let author = Author::new(meta, app, writer)?.with_salt_seed(rand::random());
-        let verifier = Verifier::new(meta.clone(), Some(app.data_key()));
+        let author = keys.author(meta, writer)?.with_salt_seed(rand::random());
+        let verifier = Verifier::new(meta.clone(), Some(keys.data_key()));
         match CapsuleDb::open(config, dyn_stores.clone(), verifier, author, h) {
             Ok(db) if best.as_ref().is_none_or(|b| db.index_seq() > b.index_seq()) => best = Some(db),
             Ok(_) => {}
@@ -253,9 +272,10 @@ pub fn run(a: CapsuleDbArgs) -> Result<i32> {
     let writer = db_writer(a.id)?;
     match a.cmd {
         Some(CapsuleDbCmd::Snapshots { json }) => {
-            let (meta, app, dirs) = load(&a.open, &a.kv, &a.attest, a.id)?;
+            let (meta, dirs) = open_dirs(&a.open, &a.kv)?;
             let stores = Stores::open(&a.open, &meta, dirs, a.id)?;
-            let Some(mut db) = open_newest(config, &meta, &app, writer, &stores, a.id)? else {
+            let keys = load_keys(&meta, &a.open, &a.kv, &a.attest, a.id, &own_writers(writer, &stores))?;
+            let Some(mut db) = open_newest(config, &meta, &keys, writer, &stores, a.id)? else {
                 bail!("no index recorded in the store(s): has `psl capsuledb` run on them?");
             };
             let snaps = db.snapshots()?;
@@ -269,9 +289,10 @@ pub fn run(a: CapsuleDbArgs) -> Result<i32> {
             Ok(0)
         }
         Some(CapsuleDbCmd::Get { key, at }) => {
-            let (meta, app, dirs) = load(&a.open, &a.kv, &a.attest, a.id)?;
+            let (meta, dirs) = open_dirs(&a.open, &a.kv)?;
             let stores = Stores::open(&a.open, &meta, dirs, a.id)?;
-            let Some(mut db) = open_newest(config, &meta, &app, writer, &stores, a.id)? else {
+            let keys = load_keys(&meta, &a.open, &a.kv, &a.attest, a.id, &own_writers(writer, &stores))?;
+            let Some(mut db) = open_newest(config, &meta, &keys, writer, &stores, a.id)? else {
                 bail!("no index recorded in the store(s): has `psl capsuledb` run on them?");
             };
             let seq = at.unwrap_or(db.index_seq());
@@ -303,7 +324,7 @@ pub fn run(a: CapsuleDbArgs) -> Result<i32> {
 
 fn run_role(a: CapsuleDbArgs, config: Config, writer: u32) -> Result<i32> {
     let spec = a.fabric.spec("psl capsuledb (or a subcommand)")?;
-    let (meta, app, dirs) = load(&a.open, &a.kv, &a.attest, a.id)?;
+    let (meta, dirs) = open_dirs(&a.open, &a.kv)?;
     let stores = Stores::open(&a.open, &meta, dirs, a.id)?;
     // The node runs first: with servers, records go out through it (and it counts their acks).
     let mut opts = NodeOptions {
@@ -319,14 +340,18 @@ fn run_role(a: CapsuleDbArgs, config: Config, writer: u32) -> Result<i32> {
     let budget_mb = a.budget.watch(crate::roles::RoleKind::CapsuleDb, "capsuledb");
     opts.core.cache_bytes_max =
         crate::roles::mib_bytes(crate::roles::repair_cache_mb(None, crate::roles::REPAIR_CACHE_MB_FOLLOWER, budget_mb));
-    let mut keys = NodeKeys::derive(&meta, &app, &opts)?;
+    // The keys of exactly its own writers (with --kv-leader, all the leader grants).
+    let mut wanted = NodeKeys::writers_for(&meta, &opts)?;
+    wanted.extend(own_writers(writer, &stores));
+    let app = load_keys(&meta, &a.open, &a.kv, &a.attest, a.id, &wanted)?;
+    let mut keys = NodeKeys::from_source(&meta, &app, &opts)?;
     // The role writer signs answers and frontiers (workers check them with its key); the block
     // writer (with servers, a new incarnation's) signs the records. Both are announced with
     // the node's own; the block writer also opens its chain with its certificate.
-    let (db_signing, db_cert) = psl_capsule::writer_credentials(&meta, &app, writer)?;
+    let (db_signing, db_cert) = app.writer_credentials(&meta, writer)?;
     keys.certs.extend(db_cert.clone().map(psl_capsule::KeyStatement::Cert));
     if stores.writer(writer) != writer {
-        let (_, block_cert) = psl_capsule::writer_credentials(&meta, &app, stores.writer(writer))?;
+        let (_, block_cert) = app.writer_credentials(&meta, stores.writer(writer))?;
         keys.certs.extend(block_cert.map(psl_capsule::KeyStatement::Cert));
     }
     let interest = psl_fabric::Interest::capsuledb(crate::roles::capsule_id(&meta), a.id);
@@ -338,7 +363,7 @@ fn run_role(a: CapsuleDbArgs, config: Config, writer: u32) -> Result<i32> {
     let db = match open_newest(config, &meta, &app, writer, &stores, a.id)? {
         Some(db) => db,
         None => {
-            let author = Author::new(&meta, &app, stores.writer(writer))?.with_salt_seed(rand::random());
+            let author = app.author(&meta, stores.writer(writer))?.with_salt_seed(rand::random());
             let verifier = Verifier::new(meta.clone(), Some(app.data_key()));
             CapsuleDb::create(config, stores.all(), verifier, author)?
         }

@@ -61,6 +61,34 @@ pub enum KvCmd {
         #[arg(long)]
         node: SocketAddr,
     },
+    /// Revoke one writer of a certified capsule through a node or KV coordinator: the
+    /// revocation is signed here, with the owner key (the operator's machine:
+    /// `psl-operator/kv-owner.key`), and handed over signed (`REVOKE_SIGNED`); the role checks
+    /// it against the capsule, announces it and, a coordinator, carries it into the log. How to
+    /// revoke through a coordinator that got its keys from the leader (`--kv-leader`), which
+    /// holds no application key and so cannot sign `REVOKE` itself.
+    Revoke {
+        /// The node's or coordinator's control address.
+        #[arg(long)]
+        node: SocketAddr,
+        /// The capsule file (its public metadata).
+        #[arg(long)]
+        capsule: PathBuf,
+        /// The capsule's owner key file (secret; stays on this machine).
+        #[arg(long)]
+        owner: PathBuf,
+        /// The writer index to revoke.
+        writer: u32,
+        /// First epoch refused (default: the role's epoch + 2, from `REVOKE_BOUNDS`).
+        #[arg(long)]
+        from_epoch: Option<u64>,
+        /// First seq of the writer's chain refused (default: the next the role expects of it).
+        #[arg(long, conflicts_with = "any_seq")]
+        from_seq: Option<u64>,
+        /// No seq bound (only the epoch bound).
+        #[arg(long)]
+        any_seq: bool,
+    },
     /// Send one control line (e.g. `REVOKE 7`) and print the answer; exit 1 on `ERROR`.
     Call {
         #[arg(long)]
@@ -128,6 +156,38 @@ pub fn run(args: KvArgs) -> Result<i32> {
         }
         KvCmd::Stats { node } => println!("{}", client(node)?.call("STATS")?),
         KvCmd::Dump { node } => println!("{}", client(node)?.call("DUMP")?),
+        KvCmd::Revoke { node, capsule, owner, writer, from_epoch, from_seq, any_seq } => {
+            let meta = crate::roles::read_metadata(&capsule)?;
+            if meta.meta.policy.writer_keys != psl_capsule::WriterKeys::Certified {
+                bail!(
+                    "capsule {} derives its writer keys: one writer cannot be revoked (rotate the application key)",
+                    meta.name()
+                );
+            }
+            let ok = crate::util::read_owner_key(&owner)?;
+            if ok.public() != meta.meta.owner {
+                bail!("{} is not the owner key of capsule {}", owner.display(), meta.name());
+            }
+            let app = ok.app(meta.meta.app_index)?;
+            drop(ok);
+            let mut c = client(node)?;
+            let (from_epoch, from_seq) = match (from_epoch, from_seq, any_seq) {
+                (Some(e), Some(q), _) => (e, q),
+                (Some(e), None, true) => (e, psl_capsule::certs::ANY_SEQ),
+                (e, q, any) => {
+                    let r = c.call(&format!("REVOKE_BOUNDS {writer}"))?;
+                    let (de, dq) = parse_bounds(&r, writer)?;
+                    (e.unwrap_or(de), if any { psl_capsule::certs::ANY_SEQ } else { q.unwrap_or(dq) })
+                }
+            };
+            let r = psl_capsule::Revocation::issue(&app, meta.name(), 0, writer, from_epoch, from_seq)?;
+            drop(app);
+            let answer = c.call(&format!("REVOKE_SIGNED {}", hex::encode(r.encode())))?;
+            println!("{answer}");
+            if !answer.starts_with("REVOKED ") {
+                return Ok(1);
+            }
+        }
         KvCmd::Call { node, line } => {
             let r = client(node)?.call(&line.join(" "))?;
             println!("{r}");
@@ -137,4 +197,16 @@ pub fn run(args: KvArgs) -> Result<i32> {
         }
     }
     Ok(0)
+}
+
+/// `BOUNDS <writer> <from_epoch> <from_seq>` (a role's answer to `REVOKE_BOUNDS`).
+fn parse_bounds(r: &str, writer: u32) -> Result<(u64, u64)> {
+    let parts: Vec<&str> = r.split_ascii_whitespace().collect();
+    match parts[..] {
+        ["BOUNDS", w, e, q] if w.parse::<u32>().ok() == Some(writer) => Ok((
+            e.parse().with_context(|| format!("epoch in {r:?}"))?,
+            q.parse().with_context(|| format!("seq in {r:?}"))?,
+        )),
+        _ => bail!("the role answered REVOKE_BOUNDS with {r:?}"),
+    }
 }

@@ -497,14 +497,6 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
                 }
                 _ => (a.kv.clone(), a.attest.attest.clone()),
             };
-            let app = crate::kvkeys::app_key(
-                &f.metadata,
-                owner.as_deref(),
-                &kv,
-                &attest,
-                psl_faas::leader::KvRole::FrontEnd,
-                id,
-            )?;
             let incarnation = match &state {
                 Some(d) => crate::roles::next_incarnation(d)?,
                 None => rand::random::<u32>() % (1 << 12),
@@ -534,14 +526,24 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
                 ..NodeOptions::default()
             };
             let opts = a.cores.apply(opts);
-            let keys = NodeKeys::derive(&f.metadata, &app, &opts)?;
+            // Exactly this incarnation's writers' keys (with --kv-leader, all the leader grants).
+            let app = crate::kvkeys::kv_keys(
+                &f.metadata,
+                owner.as_deref(),
+                &kv,
+                &attest,
+                psl_faas::leader::KvRole::FrontEnd,
+                id,
+                &NodeKeys::writers_for(&f.metadata, &opts)?,
+            )?;
+            let keys = NodeKeys::from_source(&f.metadata, &app, &opts)?;
             let interest = psl_fabric::Interest::node(f.metadata.name().0 .0, id, db.is_some());
             let ep = crate::roles::fabric(&fabric, &format!("memcached-{id}"), &interest)?;
             let node = Node::start(keys, ep, opts)?;
             tracing::info!(id, incarnation, capsuledb = ?db, "front-end node joined");
             let fe = FrontEnd::new(Arc::new(node), config);
             let cfg = PeerConfig { timeout: Duration::from_millis(a.peer_timeout_ms.max(1)) };
-            let key = PeerKey::derive(&app.data_key());
+            let key = PeerKey::derive(&psl_node::KeySource::data_key(&app));
             let peer_server = match (&join, a.peer_listen) {
                 (Join::Dir(kv), _) => {
                     if !kv.peers.is_empty() {

@@ -263,16 +263,16 @@ pub struct CoordinatorArgs {
     pub state: Option<PathBuf>,
 }
 
-/// The capsule and its application key (from --owner, or from the leader with --kv-leader,
-/// asking as `role` `id`).
+/// The KV keys of role `role` `id`, which signs as `writers` (from --owner: the application
+/// key; or from the leader with --kv-leader: the data key and exactly those writers' keys).
 pub(crate) fn load(
     common: &CommonArgs,
+    meta: &psl_capsule::SignedMetadata,
     role: psl_faas::leader::KvRole,
     id: u32,
-) -> Result<(psl_capsule::SignedMetadata, psl_crypto::AppKey)> {
-    let meta = read_metadata(&common.capsule)?;
-    let app = crate::kvkeys::app_key(&meta, common.owner.as_deref(), &common.kv, &common.attest, role, id)?;
-    Ok((meta, app))
+    writers: &[u32],
+) -> Result<crate::kvkeys::KvKeys> {
+    crate::kvkeys::kv_keys(meta, common.owner.as_deref(), &common.kv, &common.attest, role, id, writers)
 }
 
 /// The capsule and its application key, from an owner key file.
@@ -356,7 +356,7 @@ pub(crate) fn capsule_id(meta: &psl_capsule::SignedMetadata) -> [u8; 32] {
 
 pub fn run_node(a: NodeArgs) -> Result<i32> {
     let budget_mb = a.common.budget.watch(RoleKind::Node, "node");
-    let (meta, app) = load(&a.common, psl_faas::leader::KvRole::FrontEnd, a.id)?;
+    let meta = read_metadata(&a.common.capsule)?;
     let recovery = if a.recover_from.is_empty() {
         None
     } else {
@@ -418,7 +418,10 @@ pub fn run_node(a: NodeArgs) -> Result<i32> {
         ..NodeOptions::default()
     };
     let opts = a.common.cores.apply(opts);
-    let keys = NodeKeys::derive(&meta, &app, &opts)?;
+    // The keys of exactly this incarnation's writers (with --kv-leader, all the leader grants).
+    let kv = load(&a.common, &meta, psl_faas::leader::KvRole::FrontEnd, a.id, &NodeKeys::writers_for(&meta, &opts)?)?;
+    let keys = NodeKeys::from_source(&meta, &kv, &opts)?;
+    drop(kv);
     let spec = a.common.fabric.spec("psl node")?;
     let interest = psl_fabric::Interest::node(capsule_id(&meta), a.id, a.capsuledb.is_some());
     let name = format!("node-{}", a.id);
@@ -441,7 +444,7 @@ pub fn run_node(a: NodeArgs) -> Result<i32> {
 
 pub fn run_coordinator(a: CoordinatorArgs) -> Result<i32> {
     let budget_mb = a.common.budget.watch(RoleKind::Coordinator, "coordinator");
-    let (meta, app) = load(&a.common, psl_faas::leader::KvRole::Coordinator, a.rank as u32)?;
+    let meta = read_metadata(&a.common.capsule)?;
     let cfg = CoordinatorConfig {
         epoch_ms: a.common.epoch_ms,
         eoe_timeout_ms: a.eoe_timeout_ms,
@@ -465,7 +468,7 @@ pub fn run_coordinator(a: CoordinatorArgs) -> Result<i32> {
         ..psl_scl::NodeConfig::default()
     };
     let opts = NodeOptions {
-        node_id: 0x7000 + a.rank as u32,
+        node_id: psl_faas::kvgrant::KV_COORDINATOR_NODE_BASE + a.rank as u32,
         writers: 0,
         coordinator: Some(cfg),
         coordinator_state: a.state.clone(),
@@ -473,13 +476,24 @@ pub fn run_coordinator(a: CoordinatorArgs) -> Result<i32> {
         ..NodeOptions::default()
     };
     let opts = a.common.cores.apply(opts);
-    let keys = NodeKeys::derive(&meta, &app, &opts)?;
+    // Its rank's coordinator writer (and its node's writers: none).
+    let writers = NodeKeys::writers_for(&meta, &opts)?;
+    let kv = load(&a.common, &meta, psl_faas::leader::KvRole::Coordinator, a.rank as u32, &writers)?;
+    let keys = NodeKeys::from_source(&meta, &kv, &opts)?;
     let spec = a.common.fabric.spec("psl coordinator")?;
     let ep = fabric(&spec, &format!("coordinator-{}", a.rank), &psl_fabric::Interest::coordinator(capsule_id(&meta)))?;
     let node = Node::start(keys, ep, opts)?;
-    // On the development path the coordinator holds the application key, as the leader does:
-    // it signs `REVOKE`s (certified capsules), announces them and carries them into the log.
-    let revoker = (meta.meta.policy.writer_keys == psl_capsule::WriterKeys::Certified).then(|| revoker(&meta, app));
+    // On the development path (--owner) the coordinator holds the application key, as the
+    // leader does: it signs `REVOKE`s (certified capsules), announces them and carries them
+    // into the log. With --kv-leader it holds no application key: `REVOKE` says so, and the
+    // operator signs the revocation with the owner key on the operator's machine and hands it
+    // over (`psl kv revoke`: `REVOKE_SIGNED`, checked against the capsule before it is
+    // announced and carried into the log).
+    let certified = meta.meta.policy.writer_keys == psl_capsule::WriterKeys::Certified;
+    let revoker = match kv.into_app() {
+        Some(app) if certified => Some(revoker(&meta, app)),
+        _ => None,
+    };
     serve_with(node, a.control, "coordinator", a.control_auth.options(revoker)?)
 }
 

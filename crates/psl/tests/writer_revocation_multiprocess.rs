@@ -1,5 +1,6 @@
 //! One writer revoked across real processes on loopback (issue #21): router, coordinator (it
-//! holds the application key on the development path and signs `REVOKE`), three capsule
+//! holds the application key on the development path and signs `REVOKE`; the other writers
+//! are revoked with revocations the owner key signed outside it, `psl kv revoke`), three capsule
 //! servers, CapsuleDB and two nodes of a capsule with certified (hardened) writer keys. Both nodes write
 //! and their writes are durable; the coordinator revokes node 1's writer from two epochs ahead;
 //! from that epoch on, node 1's writes reach neither node 2, nor CapsuleDB, nor any server
@@ -62,8 +63,18 @@ fn a_revoked_writer_is_refused_by_nodes_and_servers_and_the_others_continue() {
     assert_eq!(parts[..3], ["REVOKED", &w1[0].to_string(), "FROM"], "{answer}");
     assert_eq!(parts[4], "SEQ", "{answer}");
     let from: u64 = parts[3].parse().unwrap();
+    // The others the way a coordinator without the application key (`--kv-leader`) takes
+    // them: signed here with the owner key (`psl kv revoke`) and handed over (`REVOKE_SIGNED`).
+    let key = common::control_key(d);
     for w in &w1[1..] {
-        let a = cc.call(&format!("REVOKE {w} {from}")).unwrap();
+        let o = Command::new(env!("CARGO_BIN_EXE_psl"))
+            .args(["kv", "--control-key", key.to_str().unwrap(), "revoke", "--node", &coordinator.addr().to_string()])
+            .args(["--capsule", "c.capsule", "--owner", "owner.key", &w.to_string(), "--from-epoch", &from.to_string()])
+            .current_dir(d)
+            .output()
+            .unwrap();
+        let a = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "{a} {}", String::from_utf8_lossy(&o.stderr));
         assert!(a.starts_with(&format!("REVOKED {w} FROM {from} SEQ ")), "{a}");
     }
     // Once both nodes are past the revocation epoch, node 1's writes go nowhere.

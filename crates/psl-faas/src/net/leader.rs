@@ -45,7 +45,8 @@ pub struct LeaderConfig {
     /// coordinator of rank r (0 the primary, the others its shadows).
     pub coordinator_hosts: Vec<SocketAddr>,
     /// The KV capsule's owner key and metadata (`psl leader --kv-owner`, `--kv-capsule`): the
-    /// leader keeps its application key and hands it to attested KV roles (`KvHello`).
+    /// leader keeps its application key and hands each attested KV role (`KvHello`) the data key
+    /// and its own writers' keys (`kvgrant`).
     pub kv: Option<(OwnerKey, SignedMetadata)>,
 }
 
@@ -187,9 +188,9 @@ fn handle(sh: &Arc<Shared>, mut s: ServerStream, peer: Option<[u8; 32]>) -> Resu
             let peer = peer.ok_or_else(|| FaasError::Net("a worker must present its certificate".into()))?;
             worker_conn(sh, s, peer, worker, &job, &nonce)
         }
-        Msg::KvHello { role, id, nonce } => {
+        Msg::KvHello { role, id, nonce, writers } => {
             let peer = peer.ok_or_else(|| FaasError::Net("a KV role must present its certificate".into()))?;
-            kv_conn(sh, s, peer, &role, id, &nonce)
+            kv_conn(sh, s, peer, &role, id, &nonce, &writers)
         }
         m => Err(FaasError::Net(format!("leader: unexpected first message {}", m.name()))),
     }
@@ -206,6 +207,7 @@ fn kv_conn(
     role: &str,
     id: u32,
     nonce: &str,
+    writers: &[u32],
 ) -> Result<(), FaasError> {
     let role = match crate::leader::KvRole::parse(role) {
         Ok(r) => r,
@@ -213,6 +215,10 @@ fn kv_conn(
     };
     if !sh.leader.serves_kv() {
         return write_msg(&mut s, &Msg::Refused { why: "this leader holds no KV keys (psl leader --kv-owner)".into() });
+    }
+    if let Err(e) = sh.leader.check_kv_request(role, id, writers) {
+        tracing::warn!(role = role.name(), id, ?writers, "leader: KV role refused: {e}");
+        return write_msg(&mut s, &Msg::Refused { why: e.to_string() });
     }
     let role_nonce = unhex_n::<32>("nonce", nonce)?;
     let ev = sh.leader.attest(&role_nonce, &bind_channel_key(&sh.identity.spki_hash()))?;
@@ -232,9 +238,9 @@ fn kv_conn(
         Ok(o) => o,
         Err(e) => return write_msg(&mut s, &Msg::Refused { why: e.to_string() }),
     };
-    match sh.leader.grant_kv(&offer, role, id) {
+    match sh.leader.grant_kv(&offer, role, id, writers) {
         Ok(sealed) => {
-            tracing::info!(role = role.name(), id, "leader: KV keys handed over");
+            tracing::info!(role = role.name(), id, ?writers, "leader: KV keys handed over (data key, these writers)");
             write_msg(&mut s, &Msg::KvKeys { sealed: hex::encode(sealed) })
         }
         Err(e) => {

@@ -243,8 +243,13 @@ pub enum Msg {
         role: String,
         id: u32,
         nonce: String,
+        /// The writers the role will sign with (at most `kvgrant::KV_WRITERS_MAX`, all its
+        /// own): the leader grants their keys and no other.
+        #[serde(default)]
+        writers: Vec<u32>,
     },
-    /// The KV capsule's keys for this role, sealed to its channel key (hex).
+    /// The KV capsule's keys for this role (its data key, its writers' keys and
+    /// certificates), sealed to its channel key (hex).
     KvKeys {
         sealed: String,
     },
