@@ -17,11 +17,39 @@
 
 use crate::channel::{seal_to, ChannelKey};
 use crate::error::FaasError;
-use crate::leader::KvRole;
 use psl_capsule::certs::WRITER_CERT_LEN;
 use psl_capsule::{KeyStatement, SignedMetadata, WriterCert, WriterKeys};
 use psl_crypto::{AppKey, DataKey, SigningKey};
 use zeroize::Zeroizing;
+
+/// A KV role that needs the KV capsule's secrets, and gets them from the leader after
+/// attestation (`Leader::grant_kv`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KvRole {
+    FrontEnd,
+    Coordinator,
+    CapsuleDb,
+}
+
+impl KvRole {
+    /// The role's name on the wire.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvRole::FrontEnd => "frontend",
+            KvRole::Coordinator => "coordinator",
+            KvRole::CapsuleDb => "capsuledb",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<KvRole, FaasError> {
+        Ok(match s {
+            "frontend" => KvRole::FrontEnd,
+            "coordinator" => KvRole::Coordinator,
+            "capsuledb" => KvRole::CapsuleDb,
+            _ => return Err(FaasError::Net(format!("unknown KV role {s:?}"))),
+        })
+    }
+}
 
 /// Most writers one KV role may ask for (a node runs at most 16 writer actors).
 pub const KV_WRITERS_MAX: usize = 16;

@@ -123,36 +123,7 @@ struct KvCapsule {
     app: AppKey,
 }
 
-/// A KV role that needs the KV capsule's secrets, and gets them from the leader after
-/// attestation ([`Leader::grant_kv`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum KvRole {
-    FrontEnd,
-    Coordinator,
-    CapsuleDb,
-}
-
-impl KvRole {
-    /// The role's name on the wire.
-    pub fn name(self) -> &'static str {
-        match self {
-            KvRole::FrontEnd => "frontend",
-            KvRole::Coordinator => "coordinator",
-            KvRole::CapsuleDb => "capsuledb",
-        }
-    }
-
-    pub fn parse(s: &str) -> Result<KvRole, FaasError> {
-        Ok(match s {
-            "frontend" => KvRole::FrontEnd,
-            "coordinator" => KvRole::Coordinator,
-            "capsuledb" => KvRole::CapsuleDb,
-            _ => return Err(FaasError::Net(format!("unknown KV role {s:?}"))),
-        })
-    }
-}
-
-pub use crate::kvgrant::{kv_aad, open_kv_bundle, KvRoleKeys};
+pub use crate::kvgrant::{kv_aad, open_kv_bundle, KvRole, KvRoleKeys};
 
 /// Most lambda slots one worker runs (one writer actor each; a node has at most 16).
 pub const SLOTS_PER_WORKER_MAX: usize = 16;
