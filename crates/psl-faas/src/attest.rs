@@ -408,6 +408,29 @@ pub const DCAP_BACKEND: &str = "dcap";
 /// AMD SEV-SNP reports (`attest_snp`).
 pub const SNP_BACKEND: &str = "snp";
 
+const SIM_IN_USE: &str = "attestation backend 'sim' in use: INSECURE, reports can be forged by anyone \
+                          holding the simulated platform key; never use in production";
+
+/// Whether this process has already said that the sim backend is in use.
+static SIM_WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Claims the one warning per process about the INSECURE sim backend: true for the first
+/// caller only, who then says it (as a log line or on stderr); later callers log at debug.
+pub fn claim_insecure_sim_warning() -> bool {
+    !SIM_WARNED.swap(true, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Says `detail` at WARN if it is the process's first word about the INSECURE sim backend,
+/// else at DEBUG: one warning line per process, not one per report (`PSL_LOG=debug` shows
+/// every one of them).
+pub fn warn_insecure_sim(detail: &str) {
+    if claim_insecure_sim_warning() {
+        tracing::warn!("{detail}");
+    } else {
+        tracing::debug!("{detail}");
+    }
+}
+
 /// The simulated platform (INSECURE): a signing key standing in for the hardware's.
 pub struct SimPlatform {
     key: SigningKey,
@@ -415,14 +438,14 @@ pub struct SimPlatform {
 
 impl SimPlatform {
     pub fn new() -> Arc<SimPlatform> {
-        tracing::warn!("attestation backend 'sim' in use: INSECURE, reports can be forged by anyone holding the simulated platform key; never use in production");
+        warn_insecure_sim(SIM_IN_USE);
         Arc::new(SimPlatform { key: SigningKey::generate() })
     }
 
     /// The simulated platform from a 32-byte secret shared by the processes of one deployment
     /// (`psl up` writes it to a file only they read). INSECURE like everything in this backend.
     pub fn from_secret(secret: &[u8; 32]) -> Result<Arc<SimPlatform>, AttestError> {
-        tracing::warn!("attestation backend 'sim' in use: INSECURE, reports can be forged by anyone holding the simulated platform key; never use in production");
+        warn_insecure_sim(SIM_IN_USE);
         let key = SigningKey::from_bytes(secret)
             .map_err(|_| AttestError::Malformed("the sim platform secret is not a valid key".into()))?;
         Ok(Arc::new(SimPlatform { key }))
@@ -515,6 +538,15 @@ impl AttestVerifier for SimVerifier {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_sim_warning_is_claimed_once_per_process() {
+        SimPlatform::new();
+        // Whoever came first (this test's platform, or another test's), nobody after it warns.
+        assert!(!claim_insecure_sim_warning());
+        warn_insecure_sim("a later word about the sim backend: debug only");
+        assert!(!claim_insecure_sim_warning());
+    }
 
     #[test]
     fn sim_report_checks() {

@@ -312,10 +312,10 @@ impl Policy {
             );
         }
         if p.allowed_kinds.contains(&TeeKind::Sim) {
-            tracing::warn!(
+            crate::attest::warn_insecure_sim(&format!(
                 "attestation policy {origin}: allow_insecure_sim = true: reports of the INSECURE sim backend are \
                  accepted (anyone holding the sim platform key can forge them); development only"
-            );
+            ));
         }
         Ok(p)
     }
@@ -643,7 +643,7 @@ impl AttestVerifier for PolicyVerifier {
         })?;
         let r = v.verify_explained(evidence, expect, log)?;
         if kind == TeeKind::Sim {
-            tracing::warn!("accepted a report of the INSECURE sim backend (the policy allows it)");
+            crate::attest::warn_insecure_sim("accepted a report of the INSECURE sim backend (the policy allows it)");
         }
         Ok(r)
     }

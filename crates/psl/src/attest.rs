@@ -28,6 +28,38 @@ use std::sync::Arc;
 
 pub const INSECURE: &str = "WARNING: attestation uses the simulated backend 'sim', which is INSECURE: anyone holding the sim platform key file can forge reports. Never use it in production.";
 
+/// Prints `line` on stderr if it is this process's first warning about the INSECURE sim backend,
+/// else logs it at debug: one sim warning per process (`PSL_LOG=debug` shows the others).
+pub fn warn_sim_once(line: &str) {
+    if psl_faas::attest::claim_insecure_sim_warning() {
+        eprintln!("{line}");
+    } else {
+        tracing::debug!("{line}");
+    }
+}
+
+/// The sim platform's key from its file (hex): what signs and checks `--attest sim` reports.
+pub fn read_platform(path: &Path) -> Result<Arc<psl_faas::attest::SimPlatform>> {
+    let text = zeroize::Zeroizing::new(
+        std::fs::read_to_string(path).with_context(|| format!("reading the sim platform key {}", path.display()))?,
+    );
+    let mut secret = zeroize::Zeroizing::new([0u8; 32]);
+    hex::decode_to_slice(text.trim(), &mut secret[..])
+        .with_context(|| format!("{} is not 64 hex characters", path.display()))?;
+    Ok(psl_faas::attest::SimPlatform::from_secret(&secret)?)
+}
+
+/// This binary's measurement running the default sandbox configuration.
+pub fn measurement(binary: Option<&str>) -> Result<psl_faas::attest::Measurement> {
+    let b = match binary {
+        Some(h) => psl_crypto::Hash256(
+            hex::decode(h).ok().and_then(|v| v.try_into().ok()).context("--sim-binary-hash is not 32 bytes of hex")?,
+        ),
+        None => psl_faas::attest::binary_hash(),
+    };
+    Ok(psl_faas::attest::measure(&b, &psl_faas::deploy::runtime_config(&psl_sandbox::SandboxLimits::default())))
+}
+
 /// How a role proves what it runs (`--attest`), and where the hardware interfaces are.
 #[derive(Args, Debug, Clone)]
 pub struct AttestArgs {
@@ -73,12 +105,12 @@ impl AttestArgs {
     ) -> Result<Option<Box<dyn Attester>>> {
         let Some(choice) = self.attest else { return Ok(None) };
         if choice == AttestChoice::Sim {
-            eprintln!("{INSECURE}");
+            warn_sim_once(INSECURE);
             let key = self
                 .sim_platform_key
                 .as_ref()
                 .context("--attest sim needs --sim-platform-key (the deployment's simulated platform key file)")?;
-            let platform = crate::faas_roles::read_platform(key)?;
+            let platform = read_platform(key)?;
             let a = SimAttester::new(platform, sim_measurement()?);
             eprintln!("{role}: attestation: {}", a.describe());
             return Ok(Some(Box::new(a)));
@@ -108,11 +140,11 @@ impl AttestArgs {
 pub fn load_policy(path: &Path, role: &str) -> Result<PolicyVerifier> {
     let p = Policy::load(path)?;
     if p.allow_insecure_sim() {
-        eprintln!(
+        warn_sim_once(&format!(
             "WARNING: {role}: the attestation policy {} says allow_insecure_sim = true: reports of the INSECURE sim \
              backend are accepted (development only)",
             path.display()
-        );
+        ));
     }
     if p.allow_unauthenticated_hosts() {
         eprintln!(
@@ -154,7 +186,7 @@ pub struct Published {
 /// says. Nothing in the KV deployment checks these: they are for operators and clients
 /// (see docs/security/attestation.md).
 pub fn publish(a: &PublishArgs, role: &str, what: &str, public: &[u8]) -> Result<()> {
-    let Some(att) = a.attest.open(role, || crate::faas_roles::measurement(a.attest.sim_binary_hash.as_deref()))? else {
+    let Some(att) = a.attest.open(role, || measurement(a.attest.sim_binary_hash.as_deref()))? else {
         return Ok(());
     };
     let now = VerifyTime::Now.unix_secs();
@@ -392,14 +424,14 @@ fn measure(a: MeasureArgs) -> Result<i32> {
     let ev = if let Some(p) = &a.evidence {
         Some(read_evidence(p, None, None)?.0)
     } else if a.hw.attest.is_some() {
-        let att = a.hw.open("attest measure", || crate::faas_roles::measurement(None))?.expect("--attest given");
+        let att = a.hw.open("attest measure", || measurement(None))?.expect("--attest given");
         Some(att.attest(&[0; 32], &[0; 32])?)
     } else {
         None
     };
     let Some(ev) = ev else {
         let bin = binary_hash();
-        let m = crate::faas_roles::measurement(None)?;
+        let m = measurement(None)?;
         eprintln!(
             "This build under the INSECURE sim backend (binary SHA-256 {}, default sandbox limits). On hardware the \
              measurement is the TEE's: use --gramine-sig, --evidence or --attest.",

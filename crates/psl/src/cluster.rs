@@ -571,7 +571,7 @@ pub fn init(config: &Path) -> Result<i32> {
         let platform = sim_platform(&sh)?;
         let text = psl_faas::attest_policy::dev_sim_policy_text(
             &hex::encode(platform.public().to_bytes()),
-            &[crate::faas_roles::measurement(None)?],
+            &[crate::attest::measurement(None)?],
             true,
         );
         crate::util::write_atomic(&sh.policy, text.as_bytes(), 0o644)?;
@@ -886,10 +886,10 @@ pub fn up_host(config: &Path, name: &str) -> Result<i32> {
     // What every attested role is given: the sim backend (INSECURE; the shared policy must say
     // allow_insecure_sim = true for the leader and workers to accept it) with the shared key.
     let attest: Vec<String> = vec!["--attest".into(), "sim".into(), "--sim-platform-key".into(), s(&sh.sim_key)];
-    eprintln!(
+    crate::attest::warn_sim_once(&format!(
         "WARNING: attestation backend 'sim' is INSECURE (development only); the policy {policy} decides what the \
          leader and the workers accept"
-    );
+    ));
     let mut kids: Vec<Kid> = Vec::new();
     let started = (|| -> Result<()> {
         if let Some(role) = h.nats {

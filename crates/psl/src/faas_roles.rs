@@ -8,39 +8,16 @@
 //! workers checking the leader, verify under one policy file (`--attest-policy`), which accepts
 //! the sim backend only if it says `allow_insecure_sim = true`.
 
-use crate::attest::{load_policy, AttestArgs, INSECURE};
+use crate::attest::{load_policy, measurement, AttestArgs, INSECURE};
 use anyhow::{Context, Result};
 use clap::Args;
-use psl_faas::attest::{binary_hash, measure, Measurement, SimPlatform};
-use psl_faas::deploy::runtime_config;
+use psl_faas::attest::measure;
 use psl_faas::net::{coordhost, host, leader, scheduler, worker};
 use psl_sandbox::SandboxLimits;
 use std::io::Write;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::PathBuf;
 use std::time::Duration;
-
-pub fn read_platform(path: &Path) -> Result<Arc<SimPlatform>> {
-    let text = zeroize::Zeroizing::new(
-        std::fs::read_to_string(path).with_context(|| format!("reading the sim platform key {}", path.display()))?,
-    );
-    let mut secret = zeroize::Zeroizing::new([0u8; 32]);
-    hex::decode_to_slice(text.trim(), &mut secret[..])
-        .with_context(|| format!("{} is not 64 hex characters", path.display()))?;
-    Ok(SimPlatform::from_secret(&secret)?)
-}
-
-/// This binary's measurement running the default sandbox configuration.
-pub fn measurement(binary: Option<&str>) -> Result<Measurement> {
-    let b = match binary {
-        Some(h) => psl_crypto::Hash256(
-            hex::decode(h).ok().and_then(|v| v.try_into().ok()).context("--sim-binary-hash is not 32 bytes of hex")?,
-        ),
-        None => binary_hash(),
-    };
-    Ok(measure(&b, &runtime_config(&SandboxLimits::default())))
-}
 
 fn ready_line(line: &str) -> Result<()> {
     println!("{line}");

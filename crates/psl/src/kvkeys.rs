@@ -103,11 +103,10 @@ pub fn kv_keys(
             let what = format!("KV {} {id}", role.name());
             let policy = kv.kv_attest_policy.as_ref().context("--kv-leader needs --kv-attest-policy")?;
             let verifier = crate::attest::load_policy(policy, &what)?;
-            let attester = attest
-                .open(&what, || crate::faas_roles::measurement(attest.sim_binary_hash.as_deref()))?
-                .with_context(|| {
-                    format!("--kv-leader needs --attest sim|sgx|tdx|snp|auto ({what} attests to the leader)")
-                })?;
+            let attester =
+                attest.open(&what, || crate::attest::measurement(attest.sim_binary_hash.as_deref()))?.with_context(
+                    || format!("--kv-leader needs --attest sim|sgx|tdx|snp|auto ({what} attests to the leader)"),
+                )?;
             let keys = psl_faas::net::kvkeys::fetch_kv_keys_retrying(
                 leader,
                 &*attester,

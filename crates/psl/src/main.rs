@@ -25,6 +25,9 @@
 //! - `sim`: the seeded simulator over many seeds (`psl sim`).
 //! - `chaos`: seeded fault schedules over real processes and a checker (`psl chaos`).
 //! - `util`: helpers shared by the commands (atomic writes, key loading, progress bars).
+//! - `doctor`: `psl doctor`: what this machine offers and lacks (TEEs, nats-server, ports, limits).
+//! - here: `psl completions SHELL` (clap_complete), and `psl --version` with the git commit
+//!   `build.rs` found.
 
 mod attest;
 mod bench;
@@ -33,6 +36,7 @@ mod capsuledb;
 mod chaos;
 mod cluster;
 mod demo;
+mod doctor;
 mod faas_roles;
 mod keys;
 mod kids;
@@ -57,7 +61,11 @@ use clap::{Parser, Subcommand};
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 #[derive(Parser)]
-#[command(name = "psl", version, about = "PSL: secure, stateful serverless lambdas on DataCapsules")]
+#[command(
+    name = "psl",
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("PSL_GIT_COMMIT"), ")"),
+    about = "PSL: secure, stateful serverless lambdas on DataCapsules"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -127,6 +135,14 @@ enum Cmd {
     /// Attestation: print the measurements for a policy; verify a quote or report offline.
     #[command(subcommand)]
     Attest(attest::AttestCmd),
+    /// Say what this machine offers and lacks (TEEs, nats-server, memcached, ports, limits, disk,
+    /// clock): one PASS/WARN/FAIL line each, with the fix; exit 1 if any FAILs.
+    Doctor(doctor::DoctorArgs),
+    /// Print a shell completion script: `psl completions bash > /etc/bash_completion.d/psl`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 fn main() {
@@ -136,6 +152,7 @@ fn main() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     let code = match run(cli) {
@@ -176,5 +193,11 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Memcached(a) => memcached::run(*a),
         Cmd::Capsuledb(a) => capsuledb::run(a),
         Cmd::Attest(c) => attest::run(c),
+        Cmd::Doctor(a) => doctor::run(a),
+        Cmd::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "psl", &mut std::io::stdout());
+            Ok(0)
+        }
     }
 }

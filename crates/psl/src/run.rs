@@ -133,9 +133,9 @@ pub fn run(a: RunArgs) -> Result<i32> {
         (r, n, None)
     } else {
         let workers = a.workers.unwrap_or((a.lambdas as usize).min(64));
-        eprintln!(
+        crate::attest::warn_sim_once(
             "WARNING: embedded deployment: every role in this process, attested with the INSECURE sim backend under \
-             the built-in development policy (allow_insecure_sim = true); development only"
+             the built-in development policy (allow_insecure_sim = true); development only",
         );
         attestation = (
             psl_faas::attest::SIM_BACKEND.to_string(),

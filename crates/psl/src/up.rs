@@ -450,7 +450,7 @@ fn attestation(a: &UpArgs) -> Result<(Vec<String>, PathBuf)> {
     crate::util::write_atomic(&key_path, zeroize::Zeroizing::new(hex::encode(&secret[..])).as_bytes(), 0o600)?;
     let platform = psl_faas::SimPlatform::from_secret(&secret)?;
     let bin = hex::encode(psl_faas::attest::binary_hash().0);
-    let measurement = crate::faas_roles::measurement(Some(&bin))?;
+    let measurement = crate::attest::measurement(Some(&bin))?;
     flags.extend(["--sim-platform-key".into(), key_path.display().to_string(), "--sim-binary-hash".into(), bin]);
     let path = match &a.attest_policy {
         Some(p) => p.clone(),
@@ -466,13 +466,13 @@ fn attestation(a: &UpArgs) -> Result<(Vec<String>, PathBuf)> {
         }
     };
     let path = std::fs::canonicalize(&path).with_context(|| format!("the policy {}", path.display()))?;
-    eprintln!(
+    crate::attest::warn_sim_once(&format!(
         "WARNING: attestation backend 'sim' is INSECURE (development only): the attestation policy {} says \
          allow_insecure_sim = true, so reports anyone holding {} can forge are accepted. On a TEE use --attest \
          sgx|tdx|snp|auto --attest-policy FILE.",
         path.display(),
         key_path.display()
-    );
+    ));
     Ok((flags, path))
 }
 
