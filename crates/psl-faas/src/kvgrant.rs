@@ -154,9 +154,7 @@ pub fn check_kv_request(meta: &SignedMetadata, role: KvRole, id: u32, writers: &
 /// the application key the leader holds. Wiped on drop.
 pub fn kv_bundle(meta: &SignedMetadata, app: &AppKey, writers: &[u32]) -> Result<Zeroizing<Vec<u8>>, FaasError> {
     check_kv_capsule(meta)?;
-    if writers.len() > KV_WRITERS_MAX {
-        return Err(FaasError::Config(format!("{} writers, at most {KV_WRITERS_MAX}", writers.len())));
-    }
+    writers_within_bound(writers)?;
     let n = writers.len();
     let mut b = Zeroizing::new(Vec::with_capacity(HEAD_LEN + n * (WRITER_ENTRY_LEN + WRITER_CERT_LEN)));
     b.extend_from_slice(&meta.name().0 .0);
@@ -301,6 +299,14 @@ pub fn parse_kv_bundle(b: &[u8], writers: &[u32], meta: &SignedMetadata) -> Resu
     Ok(KvRoleKeys { data_key, writers: out })
 }
 
+/// Refuses a writer list longer than [`KV_WRITERS_MAX`] (before anything is asked or opened).
+pub fn writers_within_bound(writers: &[u32]) -> Result<(), FaasError> {
+    if writers.len() > KV_WRITERS_MAX {
+        return Err(FaasError::Config(format!("{} writers, at most {KV_WRITERS_MAX}", writers.len())));
+    }
+    Ok(())
+}
+
 /// Opens a KV key bundle sealed to `channel` for `role` `id` and `writers` of the capsule
 /// `meta` names ([`parse_kv_bundle`]). The keys stay in memory only.
 pub fn open_kv_bundle(
@@ -311,9 +317,7 @@ pub fn open_kv_bundle(
     writers: &[u32],
     meta: &SignedMetadata,
 ) -> Result<KvRoleKeys, FaasError> {
-    if writers.len() > KV_WRITERS_MAX {
-        return Err(FaasError::Config(format!("{} writers, at most {KV_WRITERS_MAX}", writers.len())));
-    }
+    writers_within_bound(writers)?;
     let b = channel.open(sealed, &kv_aad(role, id, &meta.name().0 .0, writers))?;
     parse_kv_bundle(&b, writers, meta)
 }

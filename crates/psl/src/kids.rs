@@ -53,21 +53,27 @@ pub(crate) fn spawn(name: &str, args: &[String]) -> Result<(Kid, std::sync::mpsc
     spawn_cmd(name, cmd)
 }
 
-/// Spawns `cmd` (stdout piped to the returned receiver line by line, stderr inherited); the
-/// child gets SIGTERM if this process dies (even by SIGKILL).
-pub(crate) fn spawn_cmd(name: &str, mut cmd: Command) -> Result<(Kid, std::sync::mpsc::Receiver<String>)> {
+/// Has the child `cmd` starts get `signal` when this process dies, even by SIGKILL
+/// (`PR_SET_PDEATHSIG`).
+pub(crate) fn die_with_parent(cmd: &mut Command, signal: libc::c_int) {
     use std::os::unix::process::CommandExt;
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
     // SAFETY: the closure runs in the forked child before exec and only calls prctl(2), which
     // is async-signal-safe; it touches no memory of the parent and allocates nothing.
     unsafe {
-        cmd.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, signal) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });
     }
+}
+
+/// Spawns `cmd` (stdout piped to the returned receiver line by line, stderr inherited); the
+/// child gets SIGTERM if this process dies (even by SIGKILL).
+pub(crate) fn spawn_cmd(name: &str, mut cmd: Command) -> Result<(Kid, std::sync::mpsc::Receiver<String>)> {
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+    die_with_parent(&mut cmd, libc::SIGTERM);
     let mut child = cmd.spawn().with_context(|| format!("starting {name}"))?;
     let out = child.stdout.take().context("child stdout")?;
     let (tx, rx) = std::sync::mpsc::channel();

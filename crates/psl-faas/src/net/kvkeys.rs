@@ -8,7 +8,7 @@
 use super::wire::{evidence, read_msg, unhex, unhex_n, write_msg, Msg};
 use crate::attest::{bind_channel_key, AttestVerifier, Attester};
 use crate::error::FaasError;
-use crate::kvgrant::{open_kv_bundle, KvRoleKeys, KV_WRITERS_MAX};
+use crate::kvgrant::{open_kv_bundle, writers_within_bound, KvRoleKeys};
 use crate::leader::{KvRole, Offer};
 use crate::tls::{self, TlsIdentity};
 use psl_capsule::SignedMetadata;
@@ -26,9 +26,7 @@ pub fn fetch_kv_keys(
     writers: &[u32],
     meta: &SignedMetadata,
 ) -> Result<KvRoleKeys, FaasError> {
-    if writers.len() > KV_WRITERS_MAX {
-        return Err(FaasError::Config(format!("{} writers, at most {KV_WRITERS_MAX}", writers.len())));
-    }
+    writers_within_bound(writers)?;
     let me = TlsIdentity::generate("psl-kv-role")?;
     let (mut s, leader_spki) = tls::connect(leader, &me)?;
     s.sock.set_read_timeout(Some(Duration::from_secs(30)))?;

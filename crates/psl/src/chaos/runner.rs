@@ -276,7 +276,6 @@ impl Cluster {
 
     /// Starts a process; its stdout lines go to its log and to the returned channel.
     fn spawn_child(&self, name: &str, args: &[String]) -> Result<(Child, Receiver<String>, PathBuf)> {
-        use std::os::unix::process::CommandExt;
         let log_path = self.logs.join(format!("{name}.log"));
         let mut log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path)?;
         writeln!(log, "=== t+{} ms: psl {}", self.t0.elapsed().as_millis(), args.join(" "))?;
@@ -289,16 +288,7 @@ impl Cluster {
             .env("PSL_LOG", std::env::var("PSL_LOG").unwrap_or_else(|_| "warn".into()))
             // The operator's control public key: the roles run the clients' signed commands.
             .env("PSL_CONTROL_PUB", self.dir.join("control.pub"));
-        // SAFETY: the closure runs in the forked child before exec and only calls prctl(2),
-        // which is async-signal-safe; it touches no memory of the parent and allocates nothing.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        crate::kids::die_with_parent(&mut cmd, libc::SIGKILL);
         let mut child = cmd.spawn().with_context(|| format!("starting {name}"))?;
         let out = child.stdout.take().context("child stdout")?;
         let (tx, rx) = std::sync::mpsc::channel();
