@@ -4,7 +4,7 @@
 //! attacker who stole one certified writer's key. One seed decides the attack ([`Plan`]); the
 //! runner runs it beside the clients and the nemesis ([`attack`]), reads at the end what every
 //! node, front end and capsule server holds of it ([`finals`]), and the checker asks
-//! ([`check`], check `byzantine`) that nothing the revocation covers was applied or stored.
+//! ([`super::checker`], check `byzantine`) that nothing the revocation covers was applied or stored.
 //!
 //! The attack, over the real fabric (the attacker's own TCP link to the router, under the
 //! router's faults like every other link):
