@@ -4,6 +4,8 @@
 //! in it and checks the op's `(lamport, writer)` against the answered version, and takes the
 //! value from the record. So CapsuleDB's key alone can no longer make up a version or a value,
 //! nor revive a revoked writer's writes; it can still withhold (answer a miss).
+mod common;
+
 use psl_capsule::{
     new_capsule, new_capsule_with, Author, Body, KeyStatement, Limits, Record, Revocation, SignedMetadata, Verifier,
     WriterCert, WriterKeys,
@@ -38,16 +40,7 @@ fn setup(seed: u8, writer_keys: WriterKeys) -> Setup {
     };
     let hub = InProcHub::new(FabricConfig::default()).unwrap();
     let db_writer = psl_scl::writer_index(30_000, 0, 15).unwrap();
-    let opts = NodeOptions {
-        node_id: 1,
-        writers: 1,
-        memtable_keys_max: Some(64),
-        capsuledb: Some(db_writer),
-        db_get_timeout: Duration::from_millis(800),
-        db_get_retry: Duration::from_millis(200),
-        ..NodeOptions::default()
-    }
-    .shared_cores();
+    let opts = common::bounded_worker_opts(db_writer);
     let keys = NodeKeys::derive(&meta, &app, &opts).unwrap();
     let ep: Arc<dyn Fabric> = Arc::new(hub.endpoint("worker"));
     let worker = Arc::new(Node::start(keys, ep, opts).unwrap());
@@ -205,24 +198,19 @@ fn capsuledb_answers_take_records_from_the_store_past_the_cache() {
 }
 
 fn end_to_end(seed: u8, record_cache_bytes_max: usize) {
-    use psl_capsuledb::role::{Role, RoleKeys, RoleOptions};
-    use psl_capsuledb::{BlockStore, CapsuleDb, Config, MemStore};
+    use psl_capsuledb::role::RoleOptions;
     let owner = OwnerKey::from_seed(&[seed; 32]).unwrap();
     let app = owner.app(1).unwrap();
     let meta = new_capsule(&owner, 1, "capsuledb-proofs-e2e", 0, Limits::default()).unwrap();
     let hub = InProcHub::new(FabricConfig::default()).unwrap();
     let db_writer = psl_scl::writer_index(30_000, 0, 15).unwrap();
-    let role_opts = NodeOptions { node_id: 30_000, writers: 0, capsuledb_role: Some(4096), ..NodeOptions::default() }
-        .shared_cores();
-    let keys = NodeKeys::derive(&meta, &app, &role_opts).unwrap();
-    let role_node = Node::start(keys, Arc::new(hub.endpoint("capsuledb")), role_opts).unwrap();
-    let stores: Vec<Arc<dyn BlockStore>> = vec![MemStore::new()];
-    let author = Author::new(&meta, &app, db_writer).unwrap();
-    let verifier = Verifier::new(meta.clone(), Some(app.data_key()));
-    let db = CapsuleDb::create(Config::default(), stores, verifier, author).unwrap();
-    let role_keys = RoleKeys { writer: db_writer, signing: app.writer(db_writer).unwrap(), data_key: app.data_key() };
-    let role_opts = RoleOptions { record_cache_bytes_max, ..RoleOptions::default() };
-    let role = Role::start(role_node, db, role_keys, Vec::new(), role_opts).unwrap();
+    let role = common::start_role(
+        &meta,
+        &app,
+        &hub,
+        db_writer,
+        RoleOptions { record_cache_bytes_max, ..RoleOptions::default() },
+    );
     let node = |id: u32, name: &str| {
         let opts = NodeOptions {
             node_id: id,

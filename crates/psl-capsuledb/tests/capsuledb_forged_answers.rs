@@ -3,10 +3,12 @@
 //! clear error instead of returning the forged value. The genuine key is accepted (with the
 //! record that wrote the value: `capsuledb_answer_proofs.rs`), but not for an answer older
 //! than the frontier the worker evicted under.
+mod common;
+
 use psl_capsule::{new_capsule, Author, Body, Limits, Verifier};
 use psl_crypto::OwnerKey;
 use psl_fabric::{Fabric, FabricConfig, InProcHub};
-use psl_node::{Node, NodeError, NodeKeys, NodeOptions};
+use psl_node::{Node, NodeError, NodeKeys};
 use psl_scl::dbwire::{AnswerBody, AnswerEntry, DbAnswer, DbHeads, DbMsg, Proof};
 use psl_scl::Version;
 use std::sync::atomic::Ordering;
@@ -20,16 +22,7 @@ fn capsuledb_answers_and_heads_signed_by_another_key_are_refused() {
     let meta = new_capsule(&owner, 1, "capsuledb-forged", 0, Limits::default()).unwrap();
     let hub = InProcHub::new(FabricConfig::default()).unwrap();
     let db_writer = psl_scl::writer_index(30_000, 0, 15).unwrap();
-    let opts = NodeOptions {
-        node_id: 1,
-        writers: 1,
-        memtable_keys_max: Some(64),
-        capsuledb: Some(db_writer),
-        db_get_timeout: Duration::from_millis(800),
-        db_get_retry: Duration::from_millis(200),
-        ..NodeOptions::default()
-    }
-    .shared_cores();
+    let opts = common::bounded_worker_opts(db_writer);
     let keys = NodeKeys::derive(&meta, &app, &opts).unwrap();
     let worker_writer = keys.writers[0].0;
     let ep: Arc<dyn Fabric> = Arc::new(hub.endpoint("worker"));

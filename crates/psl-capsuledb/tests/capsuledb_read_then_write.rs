@@ -6,9 +6,10 @@
 //! drops it everywhere, while the caller was told it was stored. SecureCached's `cas` at a
 //! key's home is such a read-then-write; `psl chaos` seed 5 caught two `cas` on one unique both
 //! answered STORED this way.
-use psl_capsule::{new_capsule, Author, Limits, Verifier};
-use psl_capsuledb::role::{Role, RoleKeys, RoleOptions};
-use psl_capsuledb::{BlockStore, CapsuleDb, Config, MemStore};
+mod common;
+
+use psl_capsule::{new_capsule, Limits};
+use psl_capsuledb::role::RoleOptions;
 use psl_crypto::OwnerKey;
 use psl_fabric::{Fabric, FabricConfig, InProcHub};
 use psl_node::{Node, NodeKeys, NodeOptions};
@@ -27,16 +28,7 @@ fn a_write_after_a_capsuledb_read_supersedes_what_was_read() {
     let hub = InProcHub::new(FabricConfig::default()).unwrap();
     let db_writer = psl_scl::writer_index(30_000, 0, 15).unwrap();
 
-    let role_opts = NodeOptions { node_id: 30_000, writers: 0, capsuledb_role: Some(4096), ..NodeOptions::default() }
-        .shared_cores();
-    let keys = NodeKeys::derive(&meta, &app, &role_opts).unwrap();
-    let role_node = Node::start(keys, Arc::new(hub.endpoint("capsuledb")), role_opts).unwrap();
-    let stores: Vec<Arc<dyn BlockStore>> = vec![MemStore::new()];
-    let author = Author::new(&meta, &app, db_writer).unwrap();
-    let verifier = Verifier::new(meta.clone(), Some(app.data_key()));
-    let db = CapsuleDb::create(Config::default(), stores, verifier, author).unwrap();
-    let role_keys = RoleKeys { writer: db_writer, signing: app.writer(db_writer).unwrap(), data_key: app.data_key() };
-    let role = Role::start(role_node, db, role_keys, Vec::new(), RoleOptions::default()).unwrap();
+    let role = common::start_role(&meta, &app, &hub, db_writer, RoleOptions::default());
 
     let node = |id: u32, name: &str| {
         let opts = NodeOptions {

@@ -51,3 +51,47 @@ pub fn create(config: Config, s: &[&Arc<MemStore>]) -> CapsuleDb {
 pub fn reopen(config: Config, s: &[&Arc<MemStore>], newest: [u8; 32], seed: u64) -> CapsuleDb {
     CapsuleDb::open(config, stores(s), verifier(), author(seed), newest).unwrap()
 }
+
+/// A worker node whose memtable holds at most 64 keys and asks CapsuleDB (writer `db_writer`)
+/// for what it evicted, with short answer timeouts (the answer-checking tests' worker).
+pub fn bounded_worker_opts(db_writer: u32) -> psl_node::NodeOptions {
+    psl_node::NodeOptions {
+        node_id: 1,
+        writers: 1,
+        memtable_keys_max: Some(64),
+        capsuledb: Some(db_writer),
+        db_get_timeout: std::time::Duration::from_millis(800),
+        db_get_retry: std::time::Duration::from_millis(200),
+        ..psl_node::NodeOptions::default()
+    }
+    .shared_cores()
+}
+
+/// CapsuleDB's role (node 30000, writer `db_writer`) on `hub`, over one in-memory store.
+pub fn start_role(
+    meta: &SignedMetadata,
+    app: &AppKey,
+    hub: &psl_fabric::InProcHub,
+    db_writer: u32,
+    opts: psl_capsuledb::role::RoleOptions,
+) -> psl_capsuledb::role::Role {
+    let role_opts = psl_node::NodeOptions {
+        node_id: 30_000,
+        writers: 0,
+        capsuledb_role: Some(4096),
+        ..psl_node::NodeOptions::default()
+    }
+    .shared_cores();
+    let keys = psl_node::NodeKeys::derive(meta, app, &role_opts).unwrap();
+    let role_node = psl_node::Node::start(keys, Arc::new(hub.endpoint("capsuledb")), role_opts).unwrap();
+    let stores: Vec<Arc<dyn BlockStore>> = vec![MemStore::new()];
+    let author = Author::new(meta, app, db_writer).unwrap();
+    let verifier = Verifier::new(meta.clone(), Some(app.data_key()));
+    let db = CapsuleDb::create(Config::default(), stores, verifier, author).unwrap();
+    let role_keys = psl_capsuledb::role::RoleKeys {
+        writer: db_writer,
+        signing: app.writer(db_writer).unwrap(),
+        data_key: app.data_key(),
+    };
+    psl_capsuledb::role::Role::start(role_node, db, role_keys, Vec::new(), opts).unwrap()
+}
