@@ -5,6 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FUZZ_SECONDS="${FUZZ_SECONDS:-12}"
+# On CI (a clean clone, built once) incremental state is disk spent for nothing.
+if [ -n "${CI:-}" ]; then export CARGO_INCREMENTAL=0; fi
 log() { printf '\n==> %s\n' "$*"; }
 
 log "toolchains"
