@@ -8,7 +8,7 @@ use crate::flow::Reserved;
 use crate::msg::CoreMsg;
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
-use psl_capsule::{Author, Body, ControlCode, Link, Op, RotationCert};
+use psl_capsule::{Author, Link, Op, RotationCert};
 use psl_crypto::{DataKey, SigningKey};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -109,21 +109,11 @@ fn fitting(ops: &VecDeque<Op>, max_ops: usize, max_bytes: usize) -> usize {
 
 impl Actor {
     pub fn run(mut self) {
-        // In a certified capsule, a fresh writer's first record is its own certificate: the log
-        // then carries every writer's key for servers, CapsuleDB and auditors.
-        if self.author.next_seq() == 0 {
-            if let Some(sealed) = self.author.write_own_cert() {
-                match sealed {
-                    Ok(rec) => {
-                        self.clock.observe(rec.header().lamport);
-                        let body = psl_capsule::Body::Certs(
-                            self.author.cert().cloned().map(psl_capsule::KeyStatement::Cert).into_iter().collect(),
-                        );
-                        self.send(CoreMsg::Local { rec, body: Some(body), ops: 0 });
-                    }
-                    Err(e) => tracing::error!(writer = self.queue.writer, "cannot seal the Cert record: {e}"),
-                }
-            }
+        // In a certified capsule, a fresh writer's first record is its own certificate.
+        match psl_scl::engine::writer::introduction(&mut self.author, &self.clock) {
+            Some(Ok((rec, body))) => self.send(CoreMsg::Local { rec, body: Some(body), ops: 0 }),
+            Some(Err(e)) => tracing::error!(writer = self.queue.writer, "cannot seal the Cert record: {e}"),
+            None => {}
         }
         loop {
             self.queue.ctl_waiting.store(false, Ordering::Release);
@@ -132,15 +122,8 @@ impl Actor {
                     ActorCtl::EnterEpoch(link, epoch) => self.author.enter_epoch(link, epoch),
                     ActorCtl::WriteEoe { epoch, heads } => {
                         self.drain_all();
-                        let body =
-                            Body::Control { code: ControlCode::Eoe, payload: psl_scl::node::epoch_payload(epoch) };
-                        // Control records take their Lamport time from the node's clock too.
-                        self.author.observe(self.clock.tick());
-                        match self.author.write_control(body.clone(), heads) {
-                            Ok(rec) => {
-                                self.clock.observe(rec.header().lamport);
-                                self.send(CoreMsg::Local { rec, body: Some(body), ops: 0 })
-                            }
+                        match psl_scl::engine::writer::end_of_epoch(&mut self.author, &self.clock, epoch, heads) {
+                            Ok((rec, body)) => self.send(CoreMsg::Local { rec, body: Some(body), ops: 0 }),
                             Err(e) => tracing::error!(writer = self.queue.writer, "cannot seal EOE: {e}"),
                         }
                     }

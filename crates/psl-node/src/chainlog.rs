@@ -153,6 +153,13 @@ impl ChainLog {
     }
 }
 
+/// The engine's coordinator writes through this log: a record is published only once appended.
+impl psl_scl::engine::CoordinatorLog for ChainLog {
+    fn append(&mut self, rec: &psl_capsule::Record) -> Result<(), String> {
+        ChainLog::append(self, rec.bytes()).map_err(|e| e.to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -381,7 +381,7 @@ fn command(node: &Node, line: &[u8], revoker: Option<&Revoker>) -> Reply {
         }
         b"STATS" => Reply::Line(stats_json(node).to_string()),
         b"KEYGEN" => Reply::Line(match node.rotation_state(std::time::Instant::now() + Duration::from_secs(5)) {
-            Ok(st) => st.to_json().to_string(),
+            Ok(st) => crate::msg::rotation_json(&st).to_string(),
             Err(e) => format!("ERROR {e}"),
         }),
         b"METRICS" => Reply::Line(format!("{}END", node.render_metrics())),

@@ -247,10 +247,7 @@ impl DbClient {
             // wrote it (its clock still below that record's) wrote the key *below* what it had
             // just read: the write was sealed but never applied anywhere, and two `cas` on one
             // unique were both answered STORED (psl chaos seed 5, cas_stale).
-            if let Some((v, _)) = &found {
-                self.clock.observe(v.lamport);
-            }
-            if self.memtable.learn(key, found.clone(), a.index_seq).is_none() {
+            if psl_scl::engine::write::learn(&self.memtable, &self.clock, key, found.clone(), a.index_seq).is_none() {
                 // Older than the frontier this node evicted under: the waiters ask again.
                 self.stats.rejected.fetch_add(1, Ordering::Relaxed);
                 continue;

@@ -3,9 +3,8 @@
 //! and `node` without tying them in a circle.
 
 use crossbeam_channel::Sender;
-use psl_capsule::{Body, Opened, Record, RotationCert, Verified};
-use psl_crypto::{DataKey, SigningKey};
-use psl_scl::{DurableStatus, Msg, RejectReason};
+use psl_capsule::{Body, Opened, Record, Verified};
+use psl_scl::{DurableStatus, Msg, QuorumDurable, RejectReason};
 use std::collections::BTreeMap;
 use std::time::Instant;
 
@@ -33,7 +32,7 @@ pub(crate) enum CoreMsg {
     /// record below `next_seqs`, or `Err(status)` at `deadline`.
     SyncDurable {
         next_seqs: BTreeMap<u32, u64>,
-        reply: Sender<Result<(), DurableStatus>>,
+        reply: Sender<Result<QuorumDurable, DurableStatus>>,
         deadline: Instant,
     },
     /// A RESET: forget all replicated state.
@@ -44,7 +43,7 @@ pub(crate) enum CoreMsg {
     Own(Record),
     /// An application key rotation for the core: the certificate (and the new data key) into
     /// the verifier, and, on a node running a coordinator, that writer's new key.
-    Rotate(Box<CoreRotation>, Sender<Result<RotationState, String>>),
+    Rotate(Box<Rotation>, Sender<Result<RotationState, String>>),
     /// The rotation state (epoch, key generations), for debug lines and the leader.
     RotationState(Sender<RotationState>),
     /// A key statement from the leader (a revocation): installed, announced, and carried into
@@ -55,42 +54,15 @@ pub(crate) enum CoreMsg {
     Stop,
 }
 
-/// What the core thread is asked to install for a rotation.
-pub(crate) struct CoreRotation {
-    pub cert: RotationCert,
-    pub data_key: Option<DataKey>,
-    /// The coordinator writer's key under the new generation (a node running a coordinator).
-    pub coordinator: Option<SigningKey>,
-    /// Refuse (install nothing) if the rotation epoch has already begun here: the leader's
-    /// coordinator must learn a rotation before its epoch, or some record of that epoch could
-    /// already be under the old key.
-    pub refuse_if_begun: bool,
-}
+pub use psl_scl::engine::{Rotation, RotationState};
 
-/// A node's view of application key rotation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RotationState {
-    /// The epoch this node is in.
-    pub epoch: u64,
-    /// Newest application key generation the node's verifier knows (0: never rotated).
-    pub key_gen_newest: u32,
-    /// The generation in force at `epoch`.
-    pub key_gen_in_force: u32,
-    /// The epoch the newest generation takes effect at (0 for generation 0).
-    pub from_epoch: u64,
-    /// The generation the node's coordinator writer holds keys for (none: no coordinator).
-    pub coordinator_key_gen: Option<u32>,
-}
-
-impl RotationState {
-    /// One line of JSON (the control interface's `KEYGEN`).
-    pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "epoch": self.epoch,
-            "key_gen_newest": self.key_gen_newest,
-            "key_gen_in_force": self.key_gen_in_force,
-            "from_epoch": self.from_epoch,
-            "coordinator_key_gen": self.coordinator_key_gen,
-        })
-    }
+/// A rotation state as one line of JSON (the control interface's `KEYGEN`).
+pub(crate) fn rotation_json(st: &RotationState) -> serde_json::Value {
+    serde_json::json!({
+        "epoch": st.epoch,
+        "key_gen_newest": st.key_gen_newest,
+        "key_gen_in_force": st.key_gen_in_force,
+        "from_epoch": st.from_epoch,
+        "coordinator_key_gen": st.coordinator_key_gen,
+    })
 }

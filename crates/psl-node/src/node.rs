@@ -1,7 +1,7 @@
 //! [`Node`]: starts the threads, offers the KV API.
 
 use crate::actor::{Actor, ActorCtl, ActorQueue};
-use crate::core::{Core, CoreMsg, CoreRotation, RotationState};
+use crate::core::{Core, CoreMsg, RotationState};
 use crate::host::HostStats;
 use crate::options::NodeOptions;
 use crossbeam_channel::{bounded, Sender};
@@ -11,8 +11,9 @@ use psl_capsule::{
 };
 use psl_crypto::{AppKey, DataKey, Hash256, SigningKey};
 use psl_fabric::Fabric;
+use psl_scl::engine::write::StampError;
 use psl_scl::memtable::key_shard;
-use psl_scl::{CoordinatorSm, LamportClock, Memtable, Metrics, Msg, NodeCore, RejectReason, Version};
+use psl_scl::{CoordinatorSm, LamportClock, Memtable, Metrics, Msg, NodeCore, NodeEngine, RejectReason, Version};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -59,10 +60,6 @@ pub enum NodeError {
     #[error("other writers kept writing this key newer than each of {tries} Lamport times this write took: nothing was written; retry")]
     Superseded { tries: u32 },
 }
-
-/// How many Lamport times a write takes at most before [`NodeError::Superseded`]: each retry
-/// needs another writer's newer version of the key to arrive between two ticks.
-const WRITE_TRIES_MAX: u32 = 16;
 
 /// Where a role's keys come from: the capsule's data key and, for each writer the role runs,
 /// its signing key and (certified capsule) certificate. The application key is one source
@@ -296,7 +293,7 @@ impl Node {
             threads.push(std::thread::Builder::new().name(format!("verify-{i}")).spawn(move || {
                 while let Ok(rec) = rx.recv() {
                     let now = start.elapsed().as_millis() as u64;
-                    let m = match crate::core::verify(&v, rec, now) {
+                    let m = match psl_scl::engine::verify(&v, rec, now) {
                         Ok(Some(o)) => CoreMsg::Verified(o),
                         Ok(None) => continue,
                         Err(r) => CoreMsg::Rejected(r),
@@ -419,22 +416,21 @@ impl Node {
             },
         );
         core.set_announcements(keys.certs.clone());
-        let mut restored = Vec::new();
-        let chain_log = match (&coordinator, &opts.coordinator_state) {
-            (Some((w, _, _)), Some(dir)) => {
+        let (chain_log, restored) = match (&coordinator, &opts.coordinator_state) {
+            (Some(_), Some(dir)) => {
                 let (log, records) = crate::chainlog::ChainLog::open(dir).map_err(NodeError::State)?;
-                restored = restore_own_chain(&verifier, *w, records, &mut core, &clock)?;
-                Some(log)
+                (Some(Box::new(log) as Box<dyn psl_scl::engine::CoordinatorLog>), records)
             }
-            _ => None,
+            _ => (None, Vec::new()),
         };
+        let coordinator_w = coordinator.as_ref().map(|(w, _, _)| *w);
+        let mut engine = NodeEngine::new(core, coordinator.map(|(_, _, a)| (a, chain_log)), verify_tx.is_some());
+        if let Some(w) = coordinator_w {
+            restore_own_chain(w, restored, &mut engine)?;
+        }
         let applied = opts.capsuledb_role.map(|_| Arc::new(parking_lot::Mutex::new(Vec::new())));
         let mut core = Core {
-            core,
-            chain_log,
-            verifier: verifier.clone(),
-            coordinator_next_gen: 0,
-            coordinator: coordinator.map(|(_, _, a)| a),
+            engine,
             actors: actors.clone(),
             local_rx,
             results_rx,
@@ -445,10 +441,10 @@ impl Node {
             metrics: metrics.clone(),
             tick: opts.tick,
             start,
-            coordinator_introduced: false,
             applied: applied.clone(),
         };
-        core.restored(restored);
+        // What the engine said while the own-chain log was restored (before the thread started).
+        core.commands(0);
         threads.push(std::thread::Builder::new().name("core".into()).spawn(move || core.run())?);
         drop(local_tx);
 
@@ -602,29 +598,12 @@ impl Node {
                 }
             }
         }
-        // A local write must be newer than every version of the key this node shows, or it
-        // would be sealed and sent but applied nowhere (last writer wins), while its caller
-        // was told it was stored. The clock passes every version the node applies or learns,
-        // so the first tick is normally enough; a version that arrived between the tick and
-        // the apply is observed and the write takes a later time.
-        let mut tries = 0;
-        let version = loop {
-            tries += 1;
-            let lamport = self.clock.tick();
-            if lamport >= below {
-                return Err(NodeError::Fenced { lamport, below });
-            }
-            let version = Version { lamport, writer: q.writer };
-            if self.memtable.apply(key, version, value.map(Arc::from)) {
-                break version;
-            }
-            if tries >= WRITE_TRIES_MAX {
-                return Err(NodeError::Superseded { tries });
-            }
-            if let Some(held) = self.memtable.entry(key) {
-                self.clock.observe(held.version.lamport);
-            }
-        };
+        let version = psl_scl::engine::write::stamp(&self.memtable, &self.clock, key, value, q.writer, below).map_err(
+            |e| match e {
+                StampError::Fenced { lamport, below } => NodeError::Fenced { lamport, below },
+                StampError::Superseded { tries } => NodeError::Superseded { tries },
+            },
+        )?;
         let lamport = version.lamport;
         ops.push_back(Op {
             lamport,
@@ -910,7 +889,11 @@ impl Node {
             .map_err(|_| NodeError::SyncTimeout(timeout))?;
         // The core answers at the deadline at the latest (with what it knows); allow it a moment.
         match rrx.recv_deadline(deadline + Duration::from_secs(2)) {
-            Ok(Ok(())) => Ok(()),
+            // Only the core's proof that a quorum acked answers "durable".
+            Ok(Ok(proof)) => {
+                tracing::trace!(acked_by = proof.acked_by(), quorum = proof.quorum(), "durable");
+                Ok(())
+            }
             Ok(Err(st)) => Err(NodeError::DurableTimeout {
                 timeout,
                 acked_by: st.acked_by,
@@ -958,7 +941,8 @@ impl Node {
             return Err(NodeError::Stopped);
         }
         let (rtx, rrx) = bounded(1);
-        let msg = CoreRotation { cert: cert.clone(), data_key: data_key.clone(), coordinator, refuse_if_begun };
+        let msg =
+            psl_scl::engine::Rotation { cert: cert.clone(), data_key: data_key.clone(), coordinator, refuse_if_begun };
         self.api.send_deadline(CoreMsg::Rotate(Box::new(msg), rtx), deadline).map_err(|_| gone())?;
         rrx.recv_deadline(deadline).map_err(|_| gone())?.map_err(NodeError::Rotation)?;
         for (w, key) in writers {
@@ -1162,16 +1146,9 @@ impl Drop for Node {
 /// rotation) is only counted. Either way the rejoin period is held until the own chain is
 /// applied through the newest logged seq: a wrong floor can only make the coordinator wait
 /// longer (a shadow takes over meanwhile), never sign a seq twice. Returns what the core said.
-fn restore_own_chain(
-    verifier: &Verifier,
-    writer: u32,
-    records: Vec<Vec<u8>>,
-    core: &mut NodeCore,
-    clock: &LamportClock,
-) -> Result<Vec<psl_scl::Output>, NodeError> {
-    let limits = verifier.metadata().meta.policy.limits;
+fn restore_own_chain(writer: u32, records: Vec<Vec<u8>>, engine: &mut NodeEngine) -> Result<(), NodeError> {
+    let limits = engine.verifier().metadata().meta.policy.limits;
     let mut prev: Option<(u64, psl_crypto::Hash256)> = None;
-    let mut out = Vec::new();
     let n = records.len();
     for (i, bytes) in records.into_iter().enumerate() {
         let damaged = |what: String| NodeError::StateRecord { index: i, count: n, what };
@@ -1186,10 +1163,9 @@ fn restore_own_chain(
             }
         }
         prev = Some((h.seq, rec.hash()));
-        clock.observe(h.lamport);
-        match crate::core::verify(verifier, rec, 0) {
-            Ok(Some(v)) => out.extend(core.on_verified(*v, 0)),
-            Ok(None) => {
+        match engine.restore_own(rec) {
+            Ok(true) => {}
+            Ok(false) => {
                 tracing::warn!(writer, seq = h.seq, "coordinator state: a logged record waits for a certificate")
             }
             Err(r) => tracing::warn!(
@@ -1201,7 +1177,7 @@ fn restore_own_chain(
     }
     if let Some((seq, _)) = prev {
         tracing::info!(writer, seq, records = n, "coordinator state: resuming after the newest seq it signed");
-        core.hold_rejoin_until(seq);
+        engine.core_mut().hold_rejoin_until(seq);
     }
-    Ok(out)
+    Ok(())
 }

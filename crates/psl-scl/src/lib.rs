@@ -20,6 +20,9 @@
 //!   record cache that answers repairs + the `sync()` barrier + application key rotation
 //!   (installing certificates, refusing retired-key records before any signature check) +
 //!   ack counting (durability from the servers, flow control from them and CapsuleDB).
+//! - [`engine`]: [`NodeEngine`], the node behind one interface: events in, [`Command`]s out;
+//!   it owns the [`NodeCore`] and drives the coordinator's writer (and its own-chain log).
+//!   The runtime's core thread and the simulator both run it.
 //! - [`metrics`]: counters, rejections by reason, Prometheus text.
 //!
 //! The protocol is described in `docs/protocol/scl.md`.
@@ -27,6 +30,7 @@
 pub mod clock;
 pub mod coordinator;
 pub mod dbwire;
+pub mod engine;
 pub mod inline_key;
 pub mod memtable;
 pub mod metrics;
@@ -36,10 +40,13 @@ pub mod wire;
 
 pub use clock::LamportClock;
 pub use coordinator::{CoordinatorConfig, CoordinatorSm};
+pub use engine::{Command, NodeEngine};
 pub use inline_key::InlineKey;
 pub use memtable::{Entry, EvictKey, Lookup, Memtable, Version};
 pub use metrics::{Metrics, RejectReason};
-pub use node::{DurableStatus, DurableTicket, NodeConfig, NodeCore, Output, SyncTicket, CACHE_BYTES_MAX_DEFAULT};
+pub use node::{
+    DurableStatus, DurableTicket, NodeConfig, NodeCore, Output, QuorumDurable, SyncTicket, CACHE_BYTES_MAX_DEFAULT,
+};
 pub use orderer::{Chained, Orderer, OrdererAction, OrdererConfig, TickWork};
 pub use wire::{Ack, AckEntry, Msg, WireError};
 

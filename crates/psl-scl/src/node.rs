@@ -161,6 +161,27 @@ impl DurableStatus {
     }
 }
 
+/// Proof that a quorum of capsule servers acked every own record a durability barrier waited
+/// for (servers ack only after their fsync). Only [`NodeCore::durable_proof`] makes one, and
+/// only for a barrier it still tracks whose acks reached the quorum: the runtime's answer to a
+/// durable sync carries it, so no code path can answer "durable" without the acks.
+#[derive(Debug)]
+pub struct QuorumDurable {
+    acked_by: usize,
+    quorum: usize,
+}
+
+impl QuorumDurable {
+    /// How many servers acked (at least the quorum).
+    pub fn acked_by(&self) -> usize {
+        self.acked_by
+    }
+
+    pub fn quorum(&self) -> usize {
+        self.quorum
+    }
+}
+
 /// Records kept for repair answers, by (writer, seq), within a count and a byte bound.
 #[derive(Debug, Default)]
 struct Cache {
@@ -399,6 +420,10 @@ impl NodeCore {
         for r in self.orderer.purge_all(&recheck) {
             self.metrics.reject(r);
         }
+    }
+
+    pub fn verifier(&self) -> &Arc<Verifier> {
+        &self.verifier
     }
 
     pub fn orderer(&self) -> &Orderer {
@@ -855,12 +880,24 @@ impl NodeCore {
         DurableTicket { id }
     }
 
-    /// Where a durability barrier stands (a forgotten one counts as done).
+    /// The proof that a durability barrier is done, or where it stands.
+    pub fn durable_proof(&self, t: &DurableTicket) -> Result<QuorumDurable, DurableStatus> {
+        let st = self.durable_status(t);
+        if st.done() && self.durables.contains_key(&t.id) {
+            debug_assert!(st.acked_by >= st.quorum);
+            Ok(QuorumDurable { acked_by: st.acked_by, quorum: st.quorum })
+        } else {
+            Err(st)
+        }
+    }
+
+    /// Where a durability barrier stands. One this core no longer tracks (a RESET forgot it)
+    /// has no acks: a reset must never answer a waiting durable sync as done.
     pub fn durable_status(&self, t: &DurableTicket) -> DurableStatus {
         let quorum = self.quorum();
         let servers = self.cfg.servers;
         let Some(need) = self.durables.get(&t.id) else {
-            return DurableStatus { acked_by: quorum, quorum, servers };
+            return DurableStatus { acked_by: 0, quorum, servers };
         };
         let acked_by = need
             .iter()
@@ -1683,5 +1720,19 @@ mod tests {
         c.on_ack(ack);
         c.on_tick(10);
         assert_eq!(metrics.rejected(RejectReason::Writer), 1, "server 5 is not one of this node's 3");
+    }
+
+    #[test]
+    fn a_reset_never_answers_a_waiting_durable_sync_as_done() {
+        let owner = OwnerKey::generate();
+        let (mut core, _m, _t, _meta) = core_with(&owner, NodeConfig { servers: 3, ..NodeConfig::default() });
+        // Five records of an own writer to make durable.
+        let t = core.begin_durable(BTreeMap::from([(0x30000, 5)]));
+        assert!(core.durable_proof(&t).is_err(), "no server acked yet");
+        // A RESET forgets every barrier; the caller still waiting must not hear "durable".
+        core.reset(0);
+        assert!(!core.durable_status(&t).done(), "a forgotten barrier counted as done");
+        let st = core.durable_proof(&t).expect_err("a forgotten barrier has no proof");
+        assert!(!st.done(), "{st:?}");
     }
 }

@@ -1,10 +1,13 @@
-//! One simulated node: the real protocol core, driven inline.
+//! One simulated node: the node's [`NodeEngine`] (the same one `psl-node`'s core thread runs)
+//! with its data writers inline, in place of the writer actors' threads.
 
-use psl_capsule::{Action, Author, Body, ControlCode, KeyStatement, Op, Record, SignedMetadata, Verifier};
+use psl_capsule::{Action, Author, Body, KeyStatement, Op, SignedMetadata};
 use psl_crypto::AppKey;
+use psl_scl::engine::{write, writer};
 use psl_scl::memtable::key_shard;
 use psl_scl::{
-    CoordinatorConfig, CoordinatorSm, LamportClock, Memtable, Metrics, NodeConfig, NodeCore, Output, Version,
+    Command, CoordinatorConfig, CoordinatorSm, LamportClock, Memtable, Metrics, NodeConfig, NodeCore, NodeEngine,
+    Output, Version,
 };
 use std::sync::Arc;
 
@@ -12,23 +15,19 @@ pub struct SimNode {
     pub id: u32,
     pub incarnation: u32,
     pub alive: bool,
-    pub core: NodeCore,
+    pub engine: NodeEngine,
     pub memtable: Arc<Memtable>,
     pub clock: Arc<LamportClock>,
     pub metrics: Arc<Metrics>,
-    pub verifier: Arc<Verifier>,
+    /// The data writers (the runtime's writer actors).
     pub authors: Vec<Author>,
     pub pending: Vec<Vec<Op>>,
-    pub coordinator: Option<Author>,
     pub batch_ops_max: usize,
     /// No puts before this time (a restarted node catching up first).
     pub quiet_until: u64,
-    /// Whether the writers (a certified capsule) have written their own Cert records yet, and
-    /// whether the coordinator has (before its first RTS or SYNC, as `psl-node` does).
+    /// Whether the data writers have introduced themselves (a certified capsule: their own
+    /// Cert records, as each writer actor does when it starts).
     introduced: bool,
-    coordinator_introduced: bool,
-    /// What the core announces (own certificates, and statements handed to it).
-    core_announcements: Vec<KeyStatement>,
 }
 
 /// Something a node produced that the run loop must act on.
@@ -41,8 +40,8 @@ pub enum Effect {
     Note(Output),
 }
 
-#[allow(clippy::too_many_arguments)]
 impl SimNode {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         id: u32,
         incarnation: u32,
@@ -55,7 +54,7 @@ impl SimNode {
         batch_ops_max: usize,
         servers: u32,
     ) -> SimNode {
-        let verifier = Arc::new(Verifier::new(meta.clone(), Some(app.data_key())));
+        let verifier = Arc::new(psl_capsule::Verifier::new(meta.clone(), Some(app.data_key())));
         let memtable = Arc::new(Memtable::new());
         let clock = Arc::new(LamportClock::new(0));
         let metrics = Arc::new(Metrics::default());
@@ -80,7 +79,7 @@ impl SimNode {
             .filter_map(|a| a.cert().cloned().map(KeyStatement::Cert))
             .collect();
         let mut core = NodeCore::new(
-            verifier.clone(),
+            verifier,
             memtable.clone(),
             clock.clone(),
             metrics.clone(),
@@ -88,40 +87,40 @@ impl SimNode {
             core_coord,
             NodeConfig { servers, ..NodeConfig::default() },
         );
-        core.set_announcements(own_certs.clone());
+        core.set_announcements(own_certs);
         SimNode {
             id,
             incarnation,
             alive: true,
-            core,
+            engine: NodeEngine::new(core, coord_author.map(|a| (a, None)), false),
             memtable,
             clock,
             metrics,
-            verifier,
             pending: vec![Vec::new(); authors.len()],
             authors,
-            coordinator: coord_author,
             batch_ops_max,
             quiet_until: 0,
             introduced: false,
-            coordinator_introduced: false,
-            core_announcements: own_certs,
         }
     }
 
-    /// Adds a statement (the leader's revocation) to what this node announces and, on a
-    /// coordinator, carries it into the log in a Cert record.
+    /// The protocol core inside the engine (epochs, the orderer, durability).
+    pub fn core(&self) -> &NodeCore {
+        self.engine.core()
+    }
+
+    /// The coordinator writer's index, while it runs here.
+    pub fn coordinator_writer(&self) -> Option<u32> {
+        self.engine.coordinator_writer()
+    }
+
+    /// A statement from the leader (a revocation): installed and announced, and, on a
+    /// coordinator, carried into the log in a Cert record, as the runtime's core does.
     pub fn announce(&mut self, s: KeyStatement, now: u64, fx: &mut Vec<Effect>) {
-        let mut list = self.core_announcements.clone();
-        list.push(s.clone());
-        self.core_announcements = list.clone();
-        self.core.set_announcements(list);
-        if let Some(c) = &mut self.coordinator {
-            c.observe(self.clock.tick());
-            let rec = c.write_certs(vec![s.clone()]).expect("a Cert record fits");
-            self.clock.observe(rec.header().lamport);
-            self.local_record(rec, &Body::Certs(vec![s]), now, fx);
+        if let Err(e) = self.engine.statements(vec![s], now) {
+            panic!("node {}: the leader's statement was refused: {e}", self.id);
         }
+        self.commands(now, fx);
     }
 
     /// Each fresh writer's first record is its own certificate (a certified capsule).
@@ -131,28 +130,11 @@ impl SimNode {
         }
         self.introduced = true;
         for i in 0..self.authors.len() {
-            if self.authors[i].next_seq() != 0 {
-                continue;
+            if let Some(sealed) = writer::introduction(&mut self.authors[i], &self.clock) {
+                let (rec, body) = sealed.expect("a Cert record fits");
+                self.local_record(rec, Some(body), 0, now, fx);
             }
-            let Some(sealed) = self.authors[i].write_own_cert() else { continue };
-            let rec = sealed.expect("a Cert record fits");
-            self.clock.observe(rec.header().lamport);
-            let body = Body::Certs(self.authors[i].cert().cloned().map(KeyStatement::Cert).into_iter().collect());
-            self.local_record(rec, &body, now, fx);
         }
-    }
-
-    fn introduce_coordinator(&mut self, now: u64, fx: &mut Vec<Effect>) {
-        if self.coordinator_introduced {
-            return;
-        }
-        let Some(c) = &mut self.coordinator else { return };
-        self.coordinator_introduced = true;
-        let Some(sealed) = c.write_own_cert() else { return };
-        let rec = sealed.expect("a Cert record fits");
-        self.clock.observe(rec.header().lamport);
-        let body = Body::Certs(c.cert().cloned().map(KeyStatement::Cert).into_iter().collect());
-        self.local_record(rec, &body, now, fx);
     }
 
     /// A local put (`Some`) or delete (`None`): visible locally at once, sealed later.
@@ -161,9 +143,12 @@ impl SimNode {
             return;
         }
         let shard = key_shard(&key, self.authors.len());
-        let lamport = self.clock.tick();
         let writer = self.authors[shard].writer();
-        self.memtable.apply(&key, Version { lamport, writer }, value.as_deref().map(Arc::from));
+        // The runtime's rule: the write supersedes every version of the key this node shows.
+        // Single-threaded, the second tick always passes what the first missed.
+        let Version { lamport, .. } =
+            write::stamp(&self.memtable, &self.clock, &key, value.as_deref(), writer, u64::MAX)
+                .expect("a simulated write supersedes what its node shows");
         let action = match value {
             Some(v) => Action::Put(v),
             None => Action::Delete,
@@ -196,131 +181,64 @@ impl SimNode {
             };
             fx.push(Effect::Sealed(op.key.clone(), Version { lamport: op.lamport, writer }, v));
         }
-        let body = Body::Data(ops.clone());
+        let n = ops.len();
         let rec = self.authors[i].write_stamped(ops).expect("simulated ops fit the limits");
         fx.push(Effect::Wrote(writer, rec.header().seq, rec.hash(), applied));
-        self.local_record(rec, &body, now, fx);
+        self.local_record(rec, None, n, now, fx);
     }
 
-    fn local_record(&mut self, rec: Record, body: &Body, now: u64, fx: &mut Vec<Effect>) {
-        if !matches!(body, Body::Data(_)) {
+    /// An own record of a data writer into the engine (`body` for non-data records).
+    fn local_record(
+        &mut self,
+        rec: psl_capsule::Record,
+        body: Option<Body>,
+        ops: usize,
+        now: u64,
+        fx: &mut Vec<Effect>,
+    ) {
+        if body.is_some() {
             fx.push(Effect::Wrote(rec.header().writer, rec.header().seq, rec.hash(), Vec::new()));
         }
-        let out = self.core.on_local_record(rec, body, now);
-        self.outputs(out, now, fx);
+        self.engine.on_local(rec, body.as_ref(), ops, now);
+        self.commands(now, fx);
     }
 
-    /// Acts on the core's outputs (writers' duties) and passes the rest on.
-    pub fn outputs(&mut self, out: Vec<Output>, now: u64, fx: &mut Vec<Effect>) {
-        for o in out {
-            match o {
-                Output::Publish(b) => fx.push(Effect::Publish(b)),
-                Output::EnterEpoch { sync, epoch } => {
+    /// Carries out the engine's commands: the data writers' duties inline, the rest as effects
+    /// for the run loop.
+    fn commands(&mut self, now: u64, fx: &mut Vec<Effect>) {
+        while let Some(c) = self.engine.next_command() {
+            match c {
+                Command::Publish(b) => fx.push(Effect::Publish(b)),
+                Command::Verify(rec) => self.engine.verify_now(rec, now),
+                Command::EnterEpoch { sync, epoch } => {
                     for a in self.authors.iter_mut() {
                         a.enter_epoch(sync, epoch);
                     }
-                    if let Some(c) = &mut self.coordinator {
-                        c.enter_epoch(sync, epoch);
-                    }
                 }
-                Output::WriteEoe { epoch, heads } => {
+                Command::WriteEoe { epoch, heads } => {
                     self.flush(now, fx);
                     for i in 0..self.authors.len() {
-                        let body =
-                            Body::Control { code: ControlCode::Eoe, payload: psl_scl::node::epoch_payload(epoch) };
                         // The first writer carries the node's view of every other writer's head.
                         let links = if i == 0 { heads.clone() } else { Vec::new() };
-                        // Control records take their Lamport time from the node's clock too.
-                        self.authors[i].observe(self.clock.tick());
-                        let rec = self.authors[i].write_control(body.clone(), links).expect("control record fits");
-                        self.clock.observe(rec.header().lamport);
-                        self.local_record(rec, &body, now, fx);
+                        let (rec, body) = writer::end_of_epoch(&mut self.authors[i], &self.clock, epoch, links)
+                            .expect("control record fits");
+                        self.local_record(rec, Some(body), 0, now, fx);
                     }
                 }
-                Output::WriteRts { epoch } => {
-                    self.introduce_coordinator(now, fx);
-                    if let Some(c) = &mut self.coordinator {
-                        let body =
-                            Body::Control { code: ControlCode::Rts, payload: psl_scl::node::epoch_payload(epoch) };
-                        c.observe(self.clock.tick());
-                        let rec = c.write_body(body.clone()).expect("control record fits");
-                        self.clock.observe(rec.header().lamport);
-                        self.local_record(rec, &body, now, fx);
-                    }
-                }
-                Output::WriteSync { epoch, heads } => {
-                    if self.coordinator.as_ref().is_some_and(|c| epoch > c.epoch()) {
-                        self.introduce_coordinator(now, fx);
-                    }
-                    if let Some(c) = &mut self.coordinator {
-                        if epoch > c.epoch() {
-                            c.observe(self.clock.tick());
-                            let rec = c.write_sync_epoch(epoch, heads).expect("SYNC fits");
-                            self.clock.observe(rec.header().lamport);
-                            let body = Body::Sync { app_key_fp: self.verifier.metadata().meta.app.fingerprint() };
-                            self.local_record(rec, &body, now, fx);
-                        }
-                    }
-                }
-                Output::Resume(head) => {
-                    if let Some(c) = self.coordinator.as_mut().filter(|c| c.writer() == head.writer) {
-                        c.resume(&head);
-                    }
-                }
-                other => fx.push(Effect::Note(other)),
+                Command::Signed { writer, seq, hash } => fx.push(Effect::Wrote(writer, seq, hash, Vec::new())),
+                Command::Report(o) => fx.push(Effect::Note(o)),
             }
         }
     }
 
     /// A message from the network.
     pub fn receive(&mut self, bytes: &[u8], now: u64, fx: &mut Vec<Effect>) {
-        match psl_scl::Msg::decode(bytes) {
-            Err(_) => self.core.on_rejected(psl_scl::RejectReason::BadMessage),
-            Ok(psl_scl::Msg::Record { bytes, .. }) => {
-                let limits = self.verifier.metadata().meta.policy.limits;
-                match psl_capsule::Record::decode(&bytes, &limits) {
-                    Err(_) => self.core.on_rejected(psl_scl::RejectReason::Encoding),
-                    Ok(rec) => self.incoming(rec, now, fx),
-                }
-            }
-            Ok(m) => {
-                let certs = matches!(m, psl_scl::Msg::Certs { .. });
-                self.core.on_message(m);
-                if certs {
-                    self.release_held(now, fx);
-                }
-            }
-        }
-    }
-
-    /// A record from the network (or released from the hold-back): verified, or held back for
-    /// its writer's certificate, as `psl-node`'s verify path does.
-    fn incoming(&mut self, rec: Record, now: u64, fx: &mut Vec<Effect>) {
-        if self.core.precheck(&rec) {
-            return;
-        }
-        match self.verifier.verify_open_or_hold(rec, now) {
-            Ok(None) => {}
-            Err(rej) => self.core.on_rejected(psl_scl::RejectReason::from_verifier(&rej.reason)),
-            Ok(Some(opened)) => {
-                let certs = opened.record.header().kind == psl_capsule::Kind::Cert;
-                let out = self.core.on_verified(opened, now);
-                self.outputs(out, now, fx);
-                if certs {
-                    self.release_held(now, fx);
-                }
-            }
-        }
-    }
-
-    fn release_held(&mut self, now: u64, fx: &mut Vec<Effect>) {
-        for rec in self.verifier.release_held() {
-            self.incoming(rec, now, fx);
-        }
+        self.engine.on_bytes(bytes, now);
+        self.commands(now, fx);
     }
 
     pub fn tick(&mut self, now: u64, fx: &mut Vec<Effect>) {
-        let out = self.core.on_tick(now);
-        self.outputs(out, now, fx);
+        self.engine.on_tick(now);
+        self.commands(now, fx);
     }
 }

@@ -327,7 +327,7 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SimReport, Violation> {
             if primary_alive && shadow_alive && rng.random_bool(cfg.coordinator_crash) {
                 let ep = eps.iter_mut().find(|e| e.rank == Some(0)).expect("primary exists");
                 if let Some(node) = ep.node.take() {
-                    dead_writers.extend(node.coordinator.as_ref().map(|a| a.writer()));
+                    dead_writers.extend(node.coordinator_writer());
                     retired_metrics.push(node.metrics.clone());
                 }
                 report.coordinator_crashes += 1;
@@ -360,7 +360,7 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SimReport, Violation> {
             let ep = &mut eps[0];
             if let Some(node) = ep.node.take() {
                 let w = node.authors.first().map(|a| a.writer());
-                let epoch = eps.iter().filter_map(|e| e.node.as_ref()).map(|x| x.core.epoch()).max().unwrap_or(0);
+                let epoch = eps.iter().filter_map(|e| e.node.as_ref()).map(|x| x.core().epoch()).max().unwrap_or(0);
                 let restart_at = now + cfg.restart_ms;
                 take_down(&mut eps[0], &node, restart_at, &mut dead_writers, &mut retired_metrics, &mut report);
                 if let Some(w) = w {
@@ -371,7 +371,7 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SimReport, Violation> {
                     let from_seq = top.map_or(0, |s| s + 1);
                     let rev = Revocation::issue(&app, meta.name(), 0, w, from_epoch, from_seq).expect("a writer index");
                     for (i, e) in eps.iter_mut().enumerate() {
-                        if let Some(x) = e.node.as_mut().filter(|x| x.coordinator.is_some()) {
+                        if let Some(x) = e.node.as_mut().filter(|x| x.coordinator_writer().is_some()) {
                             x.announce(KeyStatement::Revoke(rev.clone()), now, &mut fx);
                             carried.extend(fx.drain(..).map(|e| (i, e)));
                         }
@@ -401,7 +401,7 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SimReport, Violation> {
             let f = if active { &faults_on } else { &faults_off };
             for to in 0..total {
                 let knows = if to < n {
-                    eps[to].node.as_ref().is_some_and(|x| !x.verifier.revocations().is_empty())
+                    eps[to].node.as_ref().is_some_and(|x| !x.engine.verifier().revocations().is_empty())
                 } else {
                     slots[to - n].server.as_ref().is_some_and(|x| !x.verifier().revocations().is_empty())
                 };
@@ -499,7 +499,7 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SimReport, Violation> {
                 let Some(node) = &ep.node else { continue };
                 for a in &node.authors {
                     let w = a.writer();
-                    let d = node.core.durable_next(w);
+                    let d = node.core().durable_next(w);
                     let r = reported.entry(w).or_insert(0);
                     *r = (*r).max(d);
                 }
@@ -549,7 +549,7 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SimReport, Violation> {
             let alive: Vec<&SimNode> = eps.iter().filter_map(|e| e.node.as_ref()).collect();
             let same = alive.windows(2).all(|w| w[0].memtable.digest() == w[1].memtable.digest());
             let quiet = alive.iter().all(|x| {
-                x.core.orderer().gaps().iter().all(|(w, _, _)| dead_writers.contains(w))
+                x.core().orderer().gaps().iter().all(|(w, _, _)| dead_writers.contains(w))
                     && x.pending.iter().all(Vec::is_empty)
             }) && eps.iter().all(|e| e.restart_at.is_none());
             if same && quiet {
@@ -588,7 +588,7 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SimReport, Violation> {
                     .filter(|r| x.metrics.rejected(**r) > 0)
                     .map(|r| format!("{}={}", r.name(), x.metrics.rejected(*r)))
                     .collect();
-                format!("{id}[{}] epoch {:#x}", r.join(","), x.core.epoch())
+                format!("{id}[{}] epoch {:#x}", r.join(","), x.core().epoch())
             })
             .collect();
         eprintln!(
@@ -608,7 +608,7 @@ dead writers: {:?}",
                         e.id,
                         x.memtable.len(),
                         x.memtable.digest().short(),
-                        x.core.orderer().gaps()
+                        x.core().orderer().gaps()
                     )
                 })
             })
@@ -665,7 +665,7 @@ dead writers: {:?}",
     }
     if let Some((w, _)) = report.revoked {
         for ep in eps.iter() {
-            if ep.node.as_ref().is_some_and(|x| x.verifier.revocations().is_empty()) {
+            if ep.node.as_ref().is_some_and(|x| x.engine.verifier().revocations().is_empty()) {
                 return Err(Violation::RevocationNotLearnt { seed, who: format!("node {}", ep.id), writer: w });
             }
         }
@@ -684,7 +684,8 @@ dead writers: {:?}",
         }
     }
     report.records_written = all_metrics.iter().map(|m| psl_scl::Metrics::get(&m.records_written)).sum();
-    report.epochs = eps.iter().filter_map(|e| e.node.as_ref()).map(|x| x.core.epoch() & 0xffff_ffff).max().unwrap_or(0);
+    report.epochs =
+        eps.iter().filter_map(|e| e.node.as_ref()).map(|x| x.core().epoch() & 0xffff_ffff).max().unwrap_or(0);
     report.net = net.stats;
     Ok(report)
 }

@@ -1,0 +1,42 @@
+//! A data writer's duties that do not depend on where it runs: its introduction (a certified
+//! capsule's fresh writer first writes its own certificate) and its end-of-epoch record. The
+//! runtime's writer actors and the simulator's inline writers both call these, so the records
+//! they seal are built one way.
+
+use crate::LamportClock;
+use psl_capsule::{Author, Body, ControlCode, KeyStatement, Link, Record, SealError};
+
+/// A fresh writer's first record in a certified capsule: its own certificate, so that the log
+/// carries every writer's key for servers, CapsuleDB and auditors. `None`: nothing to write (an
+/// uncertified capsule, or a writer that has already written).
+pub fn introduction(author: &mut Author, clock: &LamportClock) -> Option<Result<(Record, Body), SealError>> {
+    if author.next_seq() != 0 {
+        return None;
+    }
+    let sealed = author.write_own_cert()?;
+    Some(sealed.map(|rec| {
+        clock.observe(rec.header().lamport);
+        (rec, own_cert_body(author))
+    }))
+}
+
+/// The body of an own-certificate Cert record (what [`Author::write_own_cert`] carries).
+fn own_cert_body(author: &Author) -> Body {
+    Body::Certs(author.cert().cloned().map(KeyStatement::Cert).into_iter().collect())
+}
+
+/// The end-of-epoch record for `epoch`, linking `heads` (the first writer of a node carries its
+/// view of every other writer's head; the others link nothing). Control records take their
+/// Lamport time from the node's clock, like data.
+pub fn end_of_epoch(
+    author: &mut Author,
+    clock: &LamportClock,
+    epoch: u64,
+    heads: Vec<Link>,
+) -> Result<(Record, Body), SealError> {
+    let body = Body::Control { code: ControlCode::Eoe, payload: crate::node::epoch_payload(epoch) };
+    author.observe(clock.tick());
+    let rec = author.write_control(body.clone(), heads)?;
+    clock.observe(rec.header().lamport);
+    Ok((rec, body))
+}
