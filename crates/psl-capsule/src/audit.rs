@@ -109,40 +109,7 @@ pub fn audit_file_rotated(
         Verifier::new(m, key)
     });
     if let Some(v) = &verifier {
-        for (cert, key) in rotations {
-            if let Err(e) = v.install_rotation(&cert, key) {
-                problems.push(capsule_problem("rotation", format!("key generation {}: {e}", cert.key_gen)));
-            }
-        }
-        // Writer certificates and revocations from every Cert record, before any record is
-        // checked: a statement is signed by the application key itself, so where it sits in the
-        // file does not matter, and a record may come before its writer's certificate.
-        // Twice: a later generation's statements verify only once its rotation certificate
-        // (in a ROTATE record, below) is known; only the second pass's refusals are problems.
-        let records = s.frames.iter().filter_map(|f| f.record.as_ref().ok());
-        let first = v.learn_statements(records);
-        if v.can_open() {
-            // Certificates the log carries itself, in ROTATE records this auditor can open.
-            for f in &s.frames {
-                let Ok(rec) = &f.record else { continue };
-                if rec.header().kind != crate::Kind::Control {
-                    continue;
-                }
-                if let Ok(o) = v.verify_open(rec.clone()) {
-                    if let crate::Body::Control { code: crate::ControlCode::Rotate, payload } = &o.body {
-                        if let Ok(cert) = crate::RotationCert::decode(payload) {
-                            let _ = v.install_rotation(&cert, None);
-                        }
-                    }
-                }
-            }
-        }
-        if !first.is_empty() {
-            let records = s.frames.iter().filter_map(|f| f.record.as_ref().ok());
-            for (hash, e) in v.learn_statements(records) {
-                problems.push(capsule_problem("certificate", format!("a statement in record {hash}: {e}")));
-            }
-        }
+        learn_keys(v, &s.frames, rotations, &mut problems);
     }
     audit.opened = verifier.as_ref().is_some_and(|v| v.can_open());
     let mut replica = verifier.as_ref().map(|v| Replica::new(v.name()));
@@ -182,18 +149,86 @@ pub fn audit_file_rotated(
             }),
         }
     }
-    if let Some(fatal) = s.fatal {
-        let (index, check) = match &fatal {
-            FileProblem::Frame { index, .. } => (Some(*index), "framing"),
-            FileProblem::NoTrailer { .. } => (None, "truncation"),
-            FileProblem::Digest | FileProblem::Count { .. } => (None, "file-digest"),
-            FileProblem::Trailing(_) => (None, "trailing-bytes"),
-            FileProblem::Magic | FileProblem::Metadata(_) => (None, "metadata"),
-        };
-        problems.push(Problem { index, hash: None, writer: None, seq: None, check, detail: fatal.to_string() });
-    }
+    problems.extend(s.fatal.as_ref().map(fatal_problem));
     if let Some(r) = &replica {
-        for p in r.check() {
+        problems.extend(chain_problems(r, &index_of));
+    }
+    audit.replica = replica;
+    audit.problems = problems;
+    audit
+}
+
+/// Installs in `v` what the auditor was given (rotation certificates) and what the file
+/// carries (writer certificates and revocations in Cert records, rotation certificates in
+/// ROTATE records it can open); what does not verify is a problem.
+fn learn_keys(
+    v: &Verifier,
+    frames: &[crate::file::Frame],
+    rotations: Vec<(crate::RotationCert, Option<DataKey>)>,
+    problems: &mut Vec<Problem>,
+) {
+    let capsule_problem = |check: &'static str, detail: String| Problem {
+        index: None,
+        hash: None,
+        writer: None,
+        seq: None,
+        check,
+        detail,
+    };
+    for (cert, key) in rotations {
+        if let Err(e) = v.install_rotation(&cert, key) {
+            problems.push(capsule_problem("rotation", format!("key generation {}: {e}", cert.key_gen)));
+        }
+    }
+    // Writer certificates and revocations from every Cert record, before any record is
+    // checked: a statement is signed by the application key itself, so where it sits in the
+    // file does not matter, and a record may come before its writer's certificate.
+    // Twice: a later generation's statements verify only once its rotation certificate
+    // (in a ROTATE record, below) is known; only the second pass's refusals are problems.
+    let records = frames.iter().filter_map(|f| f.record.as_ref().ok());
+    let first = v.learn_statements(records);
+    if v.can_open() {
+        // Certificates the log carries itself, in ROTATE records this auditor can open.
+        for f in frames {
+            let Ok(rec) = &f.record else { continue };
+            if rec.header().kind != crate::Kind::Control {
+                continue;
+            }
+            if let Ok(o) = v.verify_open(rec.clone()) {
+                if let crate::Body::Control { code: crate::ControlCode::Rotate, payload } = &o.body {
+                    if let Ok(cert) = crate::RotationCert::decode(payload) {
+                        let _ = v.install_rotation(&cert, None);
+                    }
+                }
+            }
+        }
+    }
+    if !first.is_empty() {
+        let records = frames.iter().filter_map(|f| f.record.as_ref().ok());
+        for (hash, e) in v.learn_statements(records) {
+            problems.push(capsule_problem("certificate", format!("a statement in record {hash}: {e}")));
+        }
+    }
+}
+
+/// The file-level problem that stopped the scan.
+fn fatal_problem(fatal: &FileProblem) -> Problem {
+    let (index, check) = match fatal {
+        FileProblem::Frame { index, .. } => (Some(*index), "framing"),
+        FileProblem::NoTrailer { .. } => (None, "truncation"),
+        FileProblem::Digest | FileProblem::Count { .. } => (None, "file-digest"),
+        FileProblem::Trailing(_) => (None, "trailing-bytes"),
+        FileProblem::Magic | FileProblem::Metadata(_) => (None, "metadata"),
+    };
+    Problem { index, hash: None, writer: None, seq: None, check, detail: fatal.to_string() }
+}
+
+/// The chains' problems (broken links, gaps, equivocations), at the file index of the record
+/// they name.
+fn chain_problems(r: &Replica, index_of: &std::collections::HashMap<Hash256, usize>) -> Vec<Problem> {
+    r.check()
+        .into_iter()
+        .map(|p| {
             let (hash, seq) = match &p {
                 crate::ChainProblem::BrokenPrev { hash, seq, .. }
                 | crate::ChainProblem::DanglingLink { hash, seq, .. }
@@ -203,17 +238,14 @@ pub fn audit_file_rotated(
                 crate::ChainProblem::Equivocation { seq, .. } => (None, Some(*seq)),
                 crate::ChainProblem::Gap { from, .. } => (None, Some(*from)),
             };
-            problems.push(Problem {
+            Problem {
                 index: hash.and_then(|h| index_of.get(&h).copied()),
                 hash: hash.map(|h| h.to_hex()),
                 writer: Some(p.writer()),
                 seq,
                 check: p.check(),
                 detail: p.detail(),
-            });
-        }
-    }
-    audit.replica = replica;
-    audit.problems = problems;
-    audit
+            }
+        })
+        .collect()
 }

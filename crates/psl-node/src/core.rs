@@ -17,6 +17,15 @@ use std::time::{Duration, Instant};
 
 /// A `sync_durable()` caller: its barrier, where to answer, and when it gives up.
 type DurableWaiter = (DurableTicket, Sender<Result<QuorumDurable, DurableStatus>>, Instant);
+/// A `sync()` caller: its barrier, where to answer, and when it gives up.
+type SyncWaiter = (SyncTicket, Sender<()>, Instant);
+
+/// The callers waiting on barriers.
+#[derive(Default)]
+struct Waiters {
+    sync: Vec<SyncWaiter>,
+    durable: Vec<DurableWaiter>,
+}
 
 pub(crate) struct Core {
     pub engine: NodeEngine,
@@ -44,124 +53,148 @@ impl Core {
     }
 
     pub fn run(mut self) {
-        let mut waiting: Vec<(SyncTicket, Sender<()>, Instant)> = Vec::new();
-        let mut durable: Vec<DurableWaiter> = Vec::new();
+        let mut waiters = Waiters::default();
         let mut next_tick = Instant::now() + self.tick;
         loop {
-            let timeout = next_tick.saturating_duration_since(Instant::now());
-            let room = self.verify_tx.as_ref().is_none_or(|tx| !tx.is_full());
-            let msg = {
-                let mut sel = Select::new();
-                let i_local = sel.recv(&self.local_rx);
-                // Without verify actors nothing sends results, and a receiver with no senders
-                // left would always be ready.
-                let i_res = if self.verify_tx.is_some() { Some(sel.recv(&self.results_rx)) } else { None };
-                let i_api = sel.recv(&self.api_rx);
-                let i_in = if room { Some(sel.recv(&self.incoming_rx)) } else { None };
-                match sel.select_timeout(timeout) {
-                    Ok(op) => {
-                        let i = op.index();
-                        let rx = if i == i_local {
-                            &self.local_rx
-                        } else if Some(i) == i_res {
-                            &self.results_rx
-                        } else if i == i_api {
-                            &self.api_rx
-                        } else {
-                            debug_assert_eq!(Some(i), i_in);
-                            &self.incoming_rx
-                        };
-                        op.recv(rx).ok()
-                    }
-                    Err(_) => None,
-                }
-            };
+            let msg = self.receive(next_tick.saturating_duration_since(Instant::now()));
             if Instant::now() >= next_tick {
                 next_tick = Instant::now() + self.tick;
-                let now = self.now();
-                let backlog = self.incoming_rx.len() + self.verify_tx.as_ref().map_or(0, |t| t.len());
-                self.engine.core_mut().set_inbound_backlog(backlog);
-                self.engine.on_tick(now);
-                self.commands(now);
-                // Acks are counted at the tick (one signature check per server per tick).
-                self.flow_acked();
-                if let Some(a) = &self.applied {
-                    *a.lock() = self.engine.core().orderer().heads().into_values().collect();
-                }
+                self.tick();
             }
             // Durability barriers complete on acks (messages) and time out on their own clock.
-            if !durable.is_empty() {
-                let now_i = Instant::now();
-                durable.retain(|(t, reply, deadline)| {
-                    match self.engine.core().durable_proof(t) {
-                        Ok(proof) => {
-                            let _ = reply.send(Ok(proof));
-                        }
-                        Err(st) if now_i >= *deadline => {
-                            let _ = reply.send(Err(st));
-                        }
-                        Err(_) => return true,
-                    }
-                    self.engine.core_mut().end_durable(t);
-                    false
-                });
-            }
+            self.answer_durable(&mut waiters.durable);
             let Some(msg) = msg else { continue };
             let now = self.now();
             match msg {
-                CoreMsg::Local { rec, body, ops } => self.engine.on_local(rec, body.as_ref(), ops, now),
-                CoreMsg::Incoming(rec) => self.engine.on_record(rec, now),
-                CoreMsg::Message(m) => self.engine.on_message(m, now),
-                CoreMsg::Verified(v) => self.engine.on_verified(*v, now),
-                CoreMsg::Rejected(r) => self.engine.on_rejected(r),
                 CoreMsg::Sync { next_seqs, reply, deadline } => {
                     let t = self.engine.core_mut().begin_sync(next_seqs);
-                    waiting.push((t, reply, deadline));
+                    waiters.sync.push((t, reply, deadline));
                 }
                 CoreMsg::SyncDurable { next_seqs, reply, deadline } => {
                     let t = self.engine.core_mut().begin_durable(next_seqs);
-                    durable.push((t, reply, deadline));
-                }
-                CoreMsg::Reset(reply) => {
-                    self.engine.core_mut().reset(now);
-                    let _ = reply.send(());
-                }
-                CoreMsg::Publish(bytes) => self.ring.push(bytes, &self.metrics),
-                CoreMsg::Own(rec) => self.engine.on_own(&rec, now),
-                CoreMsg::Rotate(r, reply) => {
-                    let res = self.engine.rotate(*r, now);
-                    self.commands(now);
-                    let _ = reply.send(res);
-                }
-                CoreMsg::RotationState(reply) => {
-                    let _ = reply.send(self.engine.rotation_state());
-                }
-                CoreMsg::NextSeq(w, reply) => {
-                    let _ = reply.send(self.engine.core().orderer().next_seq(w));
-                }
-                CoreMsg::Statement(st, reply) => {
-                    let r = self.engine.statements(st, now);
-                    self.commands(now);
-                    let _ = reply.send(r);
+                    waiters.durable.push((t, reply, deadline));
                 }
                 CoreMsg::Stop => return,
+                msg => self.handle(msg, now),
             }
             self.commands(now);
-            // Barriers complete when SYNCs apply; answer the callers whose barrier is done, and
-            // forget those whose caller gave up.
-            let now_i = Instant::now();
-            waiting.retain(|(t, reply, deadline)| {
-                if self.engine.core_mut().sync_done(t) {
-                    let _ = reply.send(());
-                    false
-                } else if now_i >= *deadline {
-                    self.engine.core_mut().cancel_sync(t);
-                    false
-                } else {
-                    true
-                }
-            });
+            self.answer_syncs(&mut waiters.sync);
         }
+    }
+
+    /// The next message from the writer actors, the verify actors, the API or (only while the
+    /// verify queue has room) the dispatcher; `None` after `timeout`.
+    fn receive(&self, timeout: Duration) -> Option<CoreMsg> {
+        let room = self.verify_tx.as_ref().is_none_or(|tx| !tx.is_full());
+        let mut sel = Select::new();
+        let i_local = sel.recv(&self.local_rx);
+        // Without verify actors nothing sends results, and a receiver with no senders left
+        // would always be ready.
+        let i_res = if self.verify_tx.is_some() { Some(sel.recv(&self.results_rx)) } else { None };
+        let i_api = sel.recv(&self.api_rx);
+        let i_in = if room { Some(sel.recv(&self.incoming_rx)) } else { None };
+        let op = sel.select_timeout(timeout).ok()?;
+        let i = op.index();
+        let rx = if i == i_local {
+            &self.local_rx
+        } else if Some(i) == i_res {
+            &self.results_rx
+        } else if i == i_api {
+            &self.api_rx
+        } else {
+            debug_assert_eq!(Some(i), i_in);
+            &self.incoming_rx
+        };
+        op.recv(rx).ok()
+    }
+
+    /// Time passes: the engine's tick, then acks counted into the flow windows (one signature
+    /// check per server per tick) and the applied heads for the CapsuleDB role.
+    fn tick(&mut self) {
+        let now = self.now();
+        let backlog = self.incoming_rx.len() + self.verify_tx.as_ref().map_or(0, |t| t.len());
+        self.engine.core_mut().set_inbound_backlog(backlog);
+        self.engine.on_tick(now);
+        self.commands(now);
+        self.flow_acked();
+        if let Some(a) = &self.applied {
+            *a.lock() = self.engine.core().orderer().heads().into_values().collect();
+        }
+    }
+
+    /// One message for the engine (barriers and `Stop` are the loop's).
+    fn handle(&mut self, msg: CoreMsg, now: u64) {
+        match msg {
+            CoreMsg::Local { rec, body, ops } => self.engine.on_local(rec, body.as_ref(), ops, now),
+            CoreMsg::Incoming(rec) => self.engine.on_record(rec, now),
+            CoreMsg::Message(m) => self.engine.on_message(m, now),
+            CoreMsg::Verified(v) => self.engine.on_verified(*v, now),
+            CoreMsg::Rejected(r) => self.engine.on_rejected(r),
+            CoreMsg::Reset(reply) => {
+                self.engine.core_mut().reset(now);
+                let _ = reply.send(());
+            }
+            CoreMsg::Publish(bytes) => self.ring.push(bytes, &self.metrics),
+            CoreMsg::Own(rec) => self.engine.on_own(&rec, now),
+            CoreMsg::Rotate(r, reply) => {
+                let res = self.engine.rotate(*r, now);
+                self.commands(now);
+                let _ = reply.send(res);
+            }
+            CoreMsg::RotationState(reply) => {
+                let _ = reply.send(self.engine.rotation_state());
+            }
+            CoreMsg::NextSeq(w, reply) => {
+                let _ = reply.send(self.engine.core().orderer().next_seq(w));
+            }
+            CoreMsg::Statement(st, reply) => {
+                let r = self.engine.statements(st, now);
+                self.commands(now);
+                let _ = reply.send(r);
+            }
+            CoreMsg::Sync { .. } | CoreMsg::SyncDurable { .. } | CoreMsg::Stop => {
+                debug_assert!(false, "the run loop handles barriers and Stop")
+            }
+        }
+    }
+
+    /// Answers the durable syncs whose barrier has its proof, and, at their deadline, those
+    /// without (with how far they got).
+    fn answer_durable(&mut self, durable: &mut Vec<DurableWaiter>) {
+        if durable.is_empty() {
+            return;
+        }
+        let now_i = Instant::now();
+        durable.retain(|(t, reply, deadline)| {
+            match self.engine.core().durable_proof(t) {
+                Ok(proof) => {
+                    let _ = reply.send(Ok(proof));
+                }
+                Err(st) if now_i >= *deadline => {
+                    let _ = reply.send(Err(st));
+                }
+                Err(_) => return true,
+            }
+            self.engine.core_mut().end_durable(t);
+            false
+        });
+    }
+
+    /// Barriers complete when SYNCs apply: answers the callers whose barrier is done, and
+    /// forgets those whose caller gave up.
+    fn answer_syncs(&mut self, waiting: &mut Vec<SyncWaiter>) {
+        let now_i = Instant::now();
+        waiting.retain(|(t, reply, deadline)| {
+            if self.engine.core_mut().sync_done(t) {
+                let _ = reply.send(());
+                false
+            } else if now_i >= *deadline {
+                self.engine.core_mut().cancel_sync(t);
+                false
+            } else {
+                true
+            }
+        });
     }
 
     /// Tells each writer's flow window what a quorum of servers now holds, CapsuleDB has taken

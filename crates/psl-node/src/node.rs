@@ -220,7 +220,7 @@ pub struct Node {
     /// The node's fabric endpoint, for its counters (messages dropped on full queues).
     fabric: Arc<dyn Fabric>,
     limits: Limits,
-    actors: Vec<(Arc<ActorQueue>, Sender<ActorCtl>)>,
+    actors: Vec<WriterHandle>,
     api: Sender<CoreMsg>,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
@@ -244,7 +244,9 @@ impl std::fmt::Debug for Node {
 
 impl Node {
     /// Starts a node on `fabric`.
-    pub fn start(keys: NodeKeys, fabric: Arc<dyn Fabric>, opts: NodeOptions) -> Result<Node, NodeError> {
+    // Over 100 lines: the wiring of the node's threads (their channels, rings and shared
+    // state) in one place; each thread's own setup is a function below.
+    pub fn start(mut keys: NodeKeys, fabric: Arc<dyn Fabric>, opts: NodeOptions) -> Result<Node, NodeError> {
         let verifier = Arc::new(Verifier::new(keys.meta.clone(), Some(keys.data_key.clone())));
         // The core's clock: also the time base of records held back for a certificate.
         let start = Instant::now();
@@ -263,69 +265,21 @@ impl Node {
         let mut threads = Vec::new();
 
         // Writer actors.
-        let mut actors = Vec::new();
-        for (w, key) in keys.writers {
-            let batch_ops_max = opts.batch_ops_max.clamp(1, limits.ops_per_record_max as usize);
-            // Servers, CapsuleDB and peers pace the writer (without any of them the window is
-            // released as fast as the core applies the own records).
-            let q = Arc::new(ActorQueue::new(w, opts.queue_ops_max.max(opts.batch_ops_max), batch_ops_max, opts.flow));
-            let (ctl_tx, ctl_rx) = bounded(1024);
-            let author = make_author(&keys.meta, &keys.data_key, &keys.certs, key, w)?;
-            let actor = Actor {
-                queue: q.clone(),
-                author,
-                ctl: ctl_rx,
-                core: local_tx.clone(),
-                batch_ops_max,
-                batch_bytes_max: (limits.record_bytes_max as usize).saturating_sub(64 * 1024).max(1),
-                flush_delay: opts.flush_delay,
-                clock: clock.clone(),
-            };
-            threads.push(std::thread::Builder::new().name(format!("writer-{w}")).spawn(move || actor.run())?);
-            actors.push((q, ctl_tx));
-        }
+        let writers = std::mem::take(&mut keys.writers);
+        let actors = spawn_writers(&keys, writers, &opts, &local_tx, &clock, &mut threads)?;
 
         // Verify actors (none: the core thread verifies).
-        for i in 0..opts.verifiers {
-            let rx = verify_rx.clone();
-            let tx = results_tx.clone();
-            let v = verifier.clone();
-            threads.push(std::thread::Builder::new().name(format!("verify-{i}")).spawn(move || {
-                while let Ok(rec) = rx.recv() {
-                    let now = start.elapsed().as_millis() as u64;
-                    let m = match psl_scl::engine::verify(&v, rec, now) {
-                        Ok(Some(o)) => CoreMsg::Verified(o),
-                        Ok(None) => continue,
-                        Err(r) => CoreMsg::Rejected(r),
-                    };
-                    if tx.send(m).is_err() {
-                        return;
-                    }
-                }
-            })?);
-        }
+        spawn_verifiers(opts.verifiers, &verifier, &verify_rx, &results_tx, start, &mut threads)?;
         let verify_tx = (opts.verifiers > 0).then_some(verify_tx);
         drop(results_tx);
 
         // Boundary and host.
-        let (core_ring, mut inbound, host_out, host_in) = crate::ring::split(opts.ring_items, opts.ring_backoff);
+        let (core_ring, inbound, host_out, host_in) = crate::ring::split(opts.ring_items, opts.ring_backoff);
         threads.extend(crate::host::spawn(fabric.clone(), host_out, host_in, stop.clone(), host_stats.clone())?);
 
         // CapsuleDB's miss path (and, for the role, its request queue).
         let db = match opts.capsuledb {
-            Some(w) => {
-                if verifier.writer_keys() == WriterKeys::Derived {
-                    verifier.writer_key(w).map_err(|e| NodeError::Keys(format!("CapsuleDB writer {w}: {e:?}")))?;
-                }
-                Some(Arc::new(crate::dbclient::DbClient::new(
-                    verifier.name(),
-                    w,
-                    verifier.clone(),
-                    keys.data_key.clone(),
-                    memtable.clone(),
-                    clock.clone(),
-                )))
-            }
+            Some(w) => Some(db_client(w, &verifier, &keys.data_key, &memtable, &clock)?),
             None => None,
         };
         let (db_req_tx, db_requests) = match opts.capsuledb_role {
@@ -337,97 +291,26 @@ impl Node {
         };
 
         // Dispatcher: inbound ring -> decoded messages for the core.
-        {
-            let stop = stop.clone();
-            let name = verifier.name();
-            let tx = incoming_tx;
-            let res = local_tx.clone();
-            let db = db.clone();
-            let metrics = metrics.clone();
-            threads.push(std::thread::Builder::new().name("dispatch".into()).spawn(move || {
-                while !stop.load(Ordering::Acquire) {
-                    let Some(bytes) = inbound.wait_pop(Duration::from_millis(50)) else { continue };
-                    if psl_scl::dbwire::is_db_msg(&bytes) {
-                        match psl_scl::dbwire::DbMsg::decode(&bytes) {
-                            Ok(m) if m.capsule() != name => metrics.reject(RejectReason::Capsule),
-                            Ok(psl_scl::dbwire::DbMsg::Get(g)) => {
-                                if let Some(t) = &db_req_tx {
-                                    // Full: dropped (the requester re-sends).
-                                    let _ = t.try_send(psl_scl::dbwire::DbRequest::Get(g));
-                                }
-                            }
-                            Ok(psl_scl::dbwire::DbMsg::Scan(q)) => {
-                                if let Some(t) = &db_req_tx {
-                                    let _ = t.try_send(psl_scl::dbwire::DbRequest::Scan(q));
-                                }
-                            }
-                            Ok(m) => {
-                                if let Some(db) = &db {
-                                    db.on_message(m);
-                                }
-                            }
-                            Err(_) => metrics.reject(RejectReason::BadMessage),
-                        }
-                        continue;
-                    }
-                    let m = match Msg::decode(&bytes) {
-                        Err(_) => CoreMsg::Rejected(RejectReason::BadMessage),
-                        Ok(Msg::Record { capsule, .. }) if capsule != name => CoreMsg::Rejected(RejectReason::Capsule),
-                        Ok(Msg::Record { bytes, .. }) => match Record::decode_shared(bytes, &limits) {
-                            Ok(r) => CoreMsg::Incoming(r),
-                            Err(_) => CoreMsg::Rejected(RejectReason::Encoding),
-                        },
-                        Ok(other) => CoreMsg::Message(other),
-                    };
-                    let sent = match m {
-                        CoreMsg::Rejected(_) => res.send(m),
-                        m => tx.send(m),
-                    };
-                    if sent.is_err() {
-                        return;
-                    }
-                }
-            })?);
-        }
+        let dispatcher = Dispatcher {
+            stop: stop.clone(),
+            name: verifier.name(),
+            limits,
+            incoming: incoming_tx,
+            results: local_tx.clone(),
+            db: db.clone(),
+            db_requests: db_req_tx,
+            metrics: metrics.clone(),
+        };
+        threads.push(std::thread::Builder::new().name("dispatch".into()).spawn(move || dispatcher.run(inbound))?);
 
         // Core.
-        let coordinator = match (&opts.coordinator, keys.coordinator) {
-            (Some(cfg), Some((w, key))) => {
-                Some((w, *cfg, make_author(&keys.meta, &keys.data_key, &keys.certs, key, w)?))
-            }
-            _ => None,
+        let shared = Shared {
+            verifier: verifier.clone(),
+            memtable: memtable.clone(),
+            clock: clock.clone(),
+            metrics: metrics.clone(),
         };
-        let mut core = NodeCore::new(
-            verifier.clone(),
-            memtable.clone(),
-            clock.clone(),
-            metrics.clone(),
-            actors.iter().map(|(q, _)| q.writer),
-            coordinator.as_ref().map(|(w, cfg, _)| (*w, CoordinatorSm::new(*cfg, 0))),
-            // The CapsuleDB this node reads from also paces its writers (its acks), and so do
-            // its peers (tagged heads hints; the id is random, so restarts get a new one).
-            psl_scl::NodeConfig {
-                capsuledb: opts.core.capsuledb.or(opts.capsuledb),
-                peer_id: match opts.core.peer_id {
-                    0 => rand::random::<u64>() | 1,
-                    id => id,
-                },
-                ..opts.core
-            },
-        );
-        core.set_announcements(keys.certs.clone());
-        let (chain_log, restored) = match (&coordinator, &opts.coordinator_state) {
-            (Some(_), Some(dir)) => {
-                let (log, records) = crate::chainlog::ChainLog::open(dir).map_err(NodeError::State)?;
-                (Some(Box::new(log) as Box<dyn psl_scl::engine::CoordinatorLog>), records)
-            }
-            _ => (None, Vec::new()),
-        };
-        let coordinator_w = coordinator.as_ref().map(|(w, _, _)| *w);
-        let mut engine = NodeEngine::new(core, coordinator.map(|(_, _, a)| (a, chain_log)), verify_tx.is_some());
-        if let Some(w) = coordinator_w {
-            restore_own_chain(w, restored, &mut engine)?;
-        }
+        let engine = start_engine(keys, &opts, shared, actors.iter().map(|(q, _)| q.writer), verify_tx.is_some())?;
         let applied = opts.capsuledb_role.map(|_| Arc::new(parking_lot::Mutex::new(Vec::new())));
         let mut core = Core {
             engine,
@@ -1135,6 +1018,219 @@ impl Drop for Node {
     fn drop(&mut self) {
         if !self.threads.is_empty() {
             self.stop_threads();
+        }
+    }
+}
+
+/// The miss path to CapsuleDB (writer `w` signs its answers).
+fn db_client(
+    w: u32,
+    verifier: &Arc<Verifier>,
+    data_key: &DataKey,
+    memtable: &Arc<Memtable>,
+    clock: &Arc<LamportClock>,
+) -> Result<Arc<crate::dbclient::DbClient>, NodeError> {
+    if verifier.writer_keys() == WriterKeys::Derived {
+        verifier.writer_key(w).map_err(|e| NodeError::Keys(format!("CapsuleDB writer {w}: {e:?}")))?;
+    }
+    Ok(Arc::new(crate::dbclient::DbClient::new(
+        verifier.name(),
+        w,
+        verifier.clone(),
+        data_key.clone(),
+        memtable.clone(),
+        clock.clone(),
+    )))
+}
+
+/// What the node's threads share with the engine's core.
+struct Shared {
+    verifier: Arc<Verifier>,
+    memtable: Arc<Memtable>,
+    clock: Arc<LamportClock>,
+    metrics: Arc<Metrics>,
+}
+
+/// The node's engine: its core (with the coordinator's state machine, if it runs one), the
+/// coordinator's writer and own-chain log, and that chain restored from the log.
+fn start_engine(
+    keys: NodeKeys,
+    opts: &NodeOptions,
+    shared: Shared,
+    local_writers: impl IntoIterator<Item = u32>,
+    verify_elsewhere: bool,
+) -> Result<NodeEngine, NodeError> {
+    let coordinator = match (&opts.coordinator, keys.coordinator) {
+        (Some(cfg), Some((w, key))) => Some((w, *cfg, make_author(&keys.meta, &keys.data_key, &keys.certs, key, w)?)),
+        _ => None,
+    };
+    let mut core = NodeCore::new(
+        shared.verifier,
+        shared.memtable,
+        shared.clock,
+        shared.metrics,
+        local_writers,
+        coordinator.as_ref().map(|(w, cfg, _)| (*w, CoordinatorSm::new(*cfg, 0))),
+        // The CapsuleDB this node reads from also paces its writers (its acks), and so do its
+        // peers (tagged heads hints; the id is random, so restarts get a new one).
+        psl_scl::NodeConfig {
+            capsuledb: opts.core.capsuledb.or(opts.capsuledb),
+            peer_id: match opts.core.peer_id {
+                0 => rand::random::<u64>() | 1,
+                id => id,
+            },
+            ..opts.core
+        },
+    );
+    core.set_announcements(keys.certs.clone());
+    let (chain_log, restored) = match (&coordinator, &opts.coordinator_state) {
+        (Some(_), Some(dir)) => {
+            let (log, records) = crate::chainlog::ChainLog::open(dir).map_err(NodeError::State)?;
+            (Some(Box::new(log) as Box<dyn psl_scl::engine::CoordinatorLog>), records)
+        }
+        _ => (None, Vec::new()),
+    };
+    let coordinator_w = coordinator.as_ref().map(|(w, _, _)| *w);
+    let mut engine = NodeEngine::new(core, coordinator.map(|(_, _, a)| (a, chain_log)), verify_elsewhere);
+    if let Some(w) = coordinator_w {
+        restore_own_chain(w, restored, &mut engine)?;
+    }
+    Ok(engine)
+}
+
+/// The node's threads, joined at shutdown.
+type Threads = Vec<JoinHandle<()>>;
+/// A writer actor's queue (`put`'s side) and control channel (the core's side).
+pub(crate) type WriterHandle = (Arc<ActorQueue>, Sender<ActorCtl>);
+
+/// One writer actor per writer key: each owns its writer's chain and seals batches of its
+/// queue's ops. Returns their queues and control channels (the core's and `put`'s side).
+fn spawn_writers(
+    keys: &NodeKeys,
+    writers: Vec<(u32, SigningKey)>,
+    opts: &NodeOptions,
+    core: &Sender<CoreMsg>,
+    clock: &Arc<LamportClock>,
+    threads: &mut Threads,
+) -> Result<Vec<WriterHandle>, NodeError> {
+    let limits = keys.meta.meta.policy.limits;
+    let mut actors = Vec::new();
+    for (w, key) in writers {
+        let batch_ops_max = opts.batch_ops_max.clamp(1, limits.ops_per_record_max as usize);
+        // Servers, CapsuleDB and peers pace the writer (without any of them the window is
+        // released as fast as the core applies the own records).
+        let q = Arc::new(ActorQueue::new(w, opts.queue_ops_max.max(opts.batch_ops_max), batch_ops_max, opts.flow));
+        let (ctl_tx, ctl_rx) = bounded(1024);
+        let author = make_author(&keys.meta, &keys.data_key, &keys.certs, key, w)?;
+        let actor = Actor {
+            queue: q.clone(),
+            author,
+            ctl: ctl_rx,
+            core: core.clone(),
+            batch_ops_max,
+            batch_bytes_max: (limits.record_bytes_max as usize).saturating_sub(64 * 1024).max(1),
+            flush_delay: opts.flush_delay,
+            clock: clock.clone(),
+        };
+        threads.push(std::thread::Builder::new().name(format!("writer-{w}")).spawn(move || actor.run())?);
+        actors.push((q, ctl_tx));
+    }
+    Ok(actors)
+}
+
+/// `n` verify actors: each verifies and opens records from `records` and sends the outcome to
+/// the core (none: the core verifies).
+fn spawn_verifiers(
+    n: usize,
+    verifier: &Arc<Verifier>,
+    records: &crossbeam_channel::Receiver<Record>,
+    results: &Sender<CoreMsg>,
+    start: Instant,
+    threads: &mut Threads,
+) -> Result<(), NodeError> {
+    for i in 0..n {
+        let rx = records.clone();
+        let tx = results.clone();
+        let v = verifier.clone();
+        threads.push(std::thread::Builder::new().name(format!("verify-{i}")).spawn(move || {
+            while let Ok(rec) = rx.recv() {
+                let now = start.elapsed().as_millis() as u64;
+                let m = match psl_scl::engine::verify(&v, rec, now) {
+                    Ok(Some(o)) => CoreMsg::Verified(o),
+                    Ok(None) => continue,
+                    Err(r) => CoreMsg::Rejected(r),
+                };
+                if tx.send(m).is_err() {
+                    return;
+                }
+            }
+        })?);
+    }
+    Ok(())
+}
+
+/// The dispatcher thread: inbound ring -> decoded messages for the core (records and SCL
+/// messages), CapsuleDB's answers to the miss path, and read requests to the CapsuleDB role.
+struct Dispatcher {
+    stop: Arc<AtomicBool>,
+    name: psl_capsule::CapsuleName,
+    limits: Limits,
+    incoming: Sender<CoreMsg>,
+    /// Rejections go with the writers' records (the core always listens there).
+    results: Sender<CoreMsg>,
+    db: Option<Arc<crate::dbclient::DbClient>>,
+    db_requests: Option<Sender<psl_scl::dbwire::DbRequest>>,
+    metrics: Arc<Metrics>,
+}
+
+impl Dispatcher {
+    fn run(self, mut inbound: crate::ring::InboundRing) {
+        while !self.stop.load(Ordering::Acquire) {
+            let Some(bytes) = inbound.wait_pop(Duration::from_millis(50)) else { continue };
+            if psl_scl::dbwire::is_db_msg(&bytes) {
+                self.db_message(&bytes);
+                continue;
+            }
+            let m = match Msg::decode(&bytes) {
+                Err(_) => CoreMsg::Rejected(RejectReason::BadMessage),
+                Ok(Msg::Record { capsule, .. }) if capsule != self.name => CoreMsg::Rejected(RejectReason::Capsule),
+                Ok(Msg::Record { bytes, .. }) => match Record::decode_shared(bytes, &self.limits) {
+                    Ok(r) => CoreMsg::Incoming(r),
+                    Err(_) => CoreMsg::Rejected(RejectReason::Encoding),
+                },
+                Ok(other) => CoreMsg::Message(other),
+            };
+            let sent = match m {
+                CoreMsg::Rejected(_) => self.results.send(m),
+                m => self.incoming.send(m),
+            };
+            if sent.is_err() {
+                return;
+            }
+        }
+    }
+
+    fn db_message(&self, bytes: &[u8]) {
+        use psl_scl::dbwire::{DbMsg, DbRequest};
+        match DbMsg::decode(bytes) {
+            Ok(m) if m.capsule() != self.name => self.metrics.reject(RejectReason::Capsule),
+            // Full: dropped (the requester re-sends).
+            Ok(DbMsg::Get(g)) => {
+                if let Some(t) = &self.db_requests {
+                    let _ = t.try_send(DbRequest::Get(g));
+                }
+            }
+            Ok(DbMsg::Scan(q)) => {
+                if let Some(t) = &self.db_requests {
+                    let _ = t.try_send(DbRequest::Scan(q));
+                }
+            }
+            Ok(m) => {
+                if let Some(db) = &self.db {
+                    db.on_message(m);
+                }
+            }
+            Err(_) => self.metrics.reject(RejectReason::BadMessage),
         }
     }
 }

@@ -344,7 +344,19 @@ fn install<'js>(
         None => lambda.set("input", Value::new_null(ctx.clone()))?,
     }
     g.set("lambda", lambda)?;
+    install_writes(ctx, &g, &host, limits, &state)?;
+    install_reads(ctx, &g, &host, limits, &state)?;
+    install_sync_and_output(ctx, &g, host, limits, state)
+}
 
+/// `put`, `putJSON` and `del`.
+fn install_writes<'js>(
+    ctx: &Ctx<'js>,
+    g: &Object<'js>,
+    host: &Arc<dyn KvHost>,
+    limits: &SandboxLimits,
+    state: &Rc<RefCell<State>>,
+) -> rquickjs::Result<()> {
     let lim = *limits;
     let (h, st) = (host.clone(), state.clone());
     g.set(
@@ -383,6 +395,18 @@ fn install<'js>(
             write(&ctx, &*h, &lim, "del", &key.0, None, opts.0)
         })?,
     )?;
+    Ok(())
+}
+
+/// `get`, `getJSON`, `getEntry` and `scan`.
+fn install_reads<'js>(
+    ctx: &Ctx<'js>,
+    g: &Object<'js>,
+    host: &Arc<dyn KvHost>,
+    limits: &SandboxLimits,
+    state: &Rc<RefCell<State>>,
+) -> rquickjs::Result<()> {
+    let lim = *limits;
     let (h, st) = (host.clone(), state.clone());
     g.set(
         "get",
@@ -454,6 +478,18 @@ fn install<'js>(
             },
         )?,
     )?;
+    Ok(())
+}
+
+/// `sync`, `emit` and `log`.
+fn install_sync_and_output<'js>(
+    ctx: &Ctx<'js>,
+    g: &Object<'js>,
+    host: Arc<dyn KvHost>,
+    limits: &SandboxLimits,
+    state: Rc<RefCell<State>>,
+) -> rquickjs::Result<()> {
+    let lim = *limits;
     let (h, st) = (host, state.clone());
     g.set(
         "sync",

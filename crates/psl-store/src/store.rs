@@ -356,9 +356,58 @@ impl DiskStore {
     /// If the write fails, the log is cut back to where it was.
     pub fn append(&mut self, recs: &[Verified<Record>]) -> Result<AppendOutcome, StoreError> {
         self.writable()?;
+        let (plan, duplicates) = self.plan_append(recs)?;
+        if plan.is_empty() {
+            return Ok(AppendOutcome { appended: 0, duplicates, bytes: 0 });
+        }
+
+        // Invariants before writing: the file ends where the index says, and the index is sound.
+        let on_disk = self.file.metadata().map_err(|e| StoreError::io(&self.log_path, "stat", None, e))?.len();
+        if on_disk != self.end {
+            let reason =
+                format!("the log is {on_disk} bytes but the store wrote {} (changed by someone else?)", self.end);
+            self.damaged = Some(reason.clone());
+            return Err(StoreError::Damaged { path: self.log_path.clone(), reason });
+        }
+        debug_assert!(self.index.consistent(), "index inconsistent before append");
+
+        let total: usize = plan.iter().map(|r| FRAME_HEADER_LEN as usize + r.bytes().len()).sum();
+        let mut buf = Vec::with_capacity(total);
+        let mut locs = Vec::with_capacity(plan.len());
+        for r in &plan {
+            locs.push(Loc { offset: self.end + buf.len() as u64, len: r.bytes().len() as u32 });
+            encode_frame(r.bytes(), &mut buf);
+        }
+        debug_assert_eq!(buf.len(), total);
+
+        let start = self.end;
+        if let Err(e) = write_all_at(&self.file, &buf, start) {
+            self.roll_back(start);
+            return Err(StoreError::io(&self.log_path, "appending frames", Some(start), e));
+        }
+        if let Err(e) = self.file.sync_data() {
+            // After a failed fsync the kernel may have dropped the dirty pages: nothing about the
+            // file can be trusted until it is reopened and re-verified.
+            self.roll_back(start);
+            self.poisoned = Some(format!("fsync after appending at offset {start} failed: {e}"));
+            return Err(StoreError::io(&self.log_path, "fsync of appended frames", Some(start), e));
+        }
+        for (r, loc) in plan.iter().zip(locs) {
+            self.index.push(r, loc);
+        }
+        self.end += buf.len() as u64;
+        self.scanned = self.end;
+        self.frames += plan.len() as u64;
+        debug_assert!(self.index.consistent(), "index inconsistent after append");
+        Ok(AppendOutcome { appended: plan.len(), duplicates, bytes: buf.len() as u64 })
+    }
+
+    /// The records of `recs` to append, in order, and how many the store (or the batch) already
+    /// holds; refuses the whole batch at the first record that does not extend its chain.
+    fn plan_append<'r>(&self, recs: &'r [Verified<Record>]) -> Result<(Vec<&'r Verified<Record>>, usize), StoreError> {
         let name = self.name();
         let max = self.metadata().meta.policy.limits.record_bytes_max;
-        let mut plan: Vec<&Verified<Record>> = Vec::new();
+        let mut plan: Vec<&'r Verified<Record>> = Vec::new();
         let mut pending: HashMap<u32, Vec<Hash256>> = HashMap::new();
         let mut seen: HashSet<Hash256> = HashSet::new();
         let mut duplicates = 0;
@@ -421,49 +470,7 @@ impl DiskStore {
             seen.insert(hash);
             plan.push(r);
         }
-        if plan.is_empty() {
-            return Ok(AppendOutcome { appended: 0, duplicates, bytes: 0 });
-        }
-
-        // Invariants before writing: the file ends where the index says, and the index is sound.
-        let on_disk = self.file.metadata().map_err(|e| StoreError::io(&self.log_path, "stat", None, e))?.len();
-        if on_disk != self.end {
-            let reason =
-                format!("the log is {on_disk} bytes but the store wrote {} (changed by someone else?)", self.end);
-            self.damaged = Some(reason.clone());
-            return Err(StoreError::Damaged { path: self.log_path.clone(), reason });
-        }
-        debug_assert!(self.index.consistent(), "index inconsistent before append");
-
-        let total: usize = plan.iter().map(|r| FRAME_HEADER_LEN as usize + r.bytes().len()).sum();
-        let mut buf = Vec::with_capacity(total);
-        let mut locs = Vec::with_capacity(plan.len());
-        for r in &plan {
-            locs.push(Loc { offset: self.end + buf.len() as u64, len: r.bytes().len() as u32 });
-            encode_frame(r.bytes(), &mut buf);
-        }
-        debug_assert_eq!(buf.len(), total);
-
-        let start = self.end;
-        if let Err(e) = write_all_at(&self.file, &buf, start) {
-            self.roll_back(start);
-            return Err(StoreError::io(&self.log_path, "appending frames", Some(start), e));
-        }
-        if let Err(e) = self.file.sync_data() {
-            // After a failed fsync the kernel may have dropped the dirty pages: nothing about the
-            // file can be trusted until it is reopened and re-verified.
-            self.roll_back(start);
-            self.poisoned = Some(format!("fsync after appending at offset {start} failed: {e}"));
-            return Err(StoreError::io(&self.log_path, "fsync of appended frames", Some(start), e));
-        }
-        for (r, loc) in plan.iter().zip(locs) {
-            self.index.push(r, loc);
-        }
-        self.end += buf.len() as u64;
-        self.scanned = self.end;
-        self.frames += plan.len() as u64;
-        debug_assert!(self.index.consistent(), "index inconsistent after append");
-        Ok(AppendOutcome { appended: plan.len(), duplicates, bytes: buf.len() as u64 })
+        Ok((plan, duplicates))
     }
 
     /// Cuts the log back to `end` after a failed append; poisons the store if that fails too.
@@ -585,11 +592,6 @@ impl DiskStore {
         let bytes_before = self.file.metadata().map_err(|e| StoreError::io(&path, "stat", None, e))?.len();
 
         // 1. Every verified record, by slot.
-        struct Cand {
-            prev: Hash256,
-            hash: Hash256,
-            loc: Loc,
-        }
         let mut slots: BTreeMap<(u32, u64), Vec<Cand>> = BTreeMap::new();
         let mut positions = 0u64;
         let mut reader = LogReader::new(&self.file, bytes_before);
@@ -607,49 +609,11 @@ impl DiskStore {
         .map_err(|e| StoreError::io(&path, "reading", None, e))?;
 
         // 2. Chains from seq 0, first candidate in file order that links to the head.
-        let mut keep: Vec<(Hash256, Loc)> = Vec::new();
-        let mut cur: Option<(u32, u64, Hash256)> = None;
-        for (&(w, s), cands) in &slots {
-            let (cw, next, head) = match cur {
-                Some(c) if c.0 == w => c,
-                _ => (w, 0, Hash256::ZERO),
-            };
-            cur = Some((cw, next, head));
-            if s != next {
-                continue;
-            }
-            if let Some(c) = cands.iter().find(|c| c.prev == head) {
-                keep.push((c.hash, c.loc));
-                cur = Some((w, next + 1, c.hash));
-            }
-        }
+        let keep = connect_chains(&slots);
 
         // 3. The new log.
         let tmp = self.dir.join(REPAIR_TMP);
-        let io_tmp = |what, e| StoreError::io(&tmp, what, None, e);
-        let out = File::create(&tmp).map_err(|e| io_tmp("creating", e))?;
-        let mut w = BufWriter::new(out);
-        let mut bytes_after = 0u64;
-        for (hash, loc) in &keep {
-            let mut frame = vec![0u8; FRAME_HEADER_LEN as usize + loc.len as usize];
-            read_exact_at(&self.file, &mut frame, loc.offset)
-                .map_err(|e| StoreError::io(&path, "reading a frame", Some(loc.offset), e))?;
-            let stored = u32::from_le_bytes([frame[4], frame[5], frame[6], frame[7]]);
-            let computed = crc32fast::hash(&frame[FRAME_HEADER_LEN as usize..]);
-            if stored != computed {
-                return Err(StoreError::ReadBack {
-                    path,
-                    offset: loc.offset,
-                    hash: *hash,
-                    fault: FrameFault::Crc { stored, computed },
-                });
-            }
-            w.write_all(&frame).map_err(|e| io_tmp("writing", e))?;
-            bytes_after += frame.len() as u64;
-        }
-        let out = w.into_inner().map_err(|e| io_tmp("writing", e.into_error()))?;
-        out.sync_all().map_err(|e| io_tmp("fsync", e))?;
-        drop(out);
+        let bytes_after = self.write_repaired(&keep, &tmp)?;
 
         // 4. Keep the old log, swap in the new one.
         let backup = self.backup_path();
@@ -659,7 +623,7 @@ impl DiskStore {
         }
         // Until the reload below succeeds, the handle and index describe the old file.
         self.poisoned = Some("a repair was interrupted after replacing the log".into());
-        fs::rename(&tmp, &path).map_err(|e| io_tmp("renaming over records.log", e))?;
+        fs::rename(&tmp, &path).map_err(|e| StoreError::io(&tmp, "renaming over records.log", None, e))?;
         sync_dir(&self.dir).map_err(|e| StoreError::io(&self.dir, "fsync of the directory", None, e))?;
 
         // 5. Reload from the new log.
@@ -687,12 +651,70 @@ impl DiskStore {
         })
     }
 
+    /// Writes the frames `keep` names, read back and CRC-checked, into `tmp`, and fsyncs it.
+    /// Returns its length.
+    fn write_repaired(&self, keep: &[(Hash256, Loc)], tmp: &Path) -> Result<u64, StoreError> {
+        let path = &self.log_path;
+        let io_tmp = |what, e| StoreError::io(tmp, what, None, e);
+        let out = File::create(tmp).map_err(|e| io_tmp("creating", e))?;
+        let mut w = BufWriter::new(out);
+        let mut bytes_after = 0u64;
+        for (hash, loc) in keep {
+            let mut frame = vec![0u8; FRAME_HEADER_LEN as usize + loc.len as usize];
+            read_exact_at(&self.file, &mut frame, loc.offset)
+                .map_err(|e| StoreError::io(path, "reading a frame", Some(loc.offset), e))?;
+            let stored = u32::from_le_bytes([frame[4], frame[5], frame[6], frame[7]]);
+            let computed = crc32fast::hash(&frame[FRAME_HEADER_LEN as usize..]);
+            if stored != computed {
+                return Err(StoreError::ReadBack {
+                    path: path.clone(),
+                    offset: loc.offset,
+                    hash: *hash,
+                    fault: FrameFault::Crc { stored, computed },
+                });
+            }
+            w.write_all(&frame).map_err(|e| io_tmp("writing", e))?;
+            bytes_after += frame.len() as u64;
+        }
+        let out = w.into_inner().map_err(|e| io_tmp("writing", e.into_error()))?;
+        out.sync_all().map_err(|e| io_tmp("fsync", e))?;
+        Ok(bytes_after)
+    }
+
     fn backup_path(&self) -> PathBuf {
         (0u32..)
             .map(|n| self.dir.join(format!("{LOG_FILE}.damaged-{n}")))
             .find(|p| !p.exists())
             .expect("some backup name is free")
     }
+}
+
+/// A verified record a repair found: what it links to, its hash, where it is.
+struct Cand {
+    prev: Hash256,
+    hash: Hash256,
+    loc: Loc,
+}
+
+/// Chains from seq 0: per slot, the first candidate in file order that links to the head so far.
+fn connect_chains(slots: &BTreeMap<(u32, u64), Vec<Cand>>) -> Vec<(Hash256, Loc)> {
+    let mut keep: Vec<(Hash256, Loc)> = Vec::new();
+    let mut cur: Option<(u32, u64, Hash256)> = None;
+    for (&(w, s), cands) in slots {
+        let (cw, next, head) = match cur {
+            Some(c) if c.0 == w => c,
+            _ => (w, 0, Hash256::ZERO),
+        };
+        cur = Some((cw, next, head));
+        if s != next {
+            continue;
+        }
+        if let Some(c) = cands.iter().find(|c| c.prev == head) {
+            keep.push((c.hash, c.loc));
+            cur = Some((w, next + 1, c.hash));
+        }
+    }
+    keep
 }
 
 fn orphan(index: u64, offset: u64, rec: &Record, cause: crate::index::OrphanCause) -> Orphan {
