@@ -19,7 +19,7 @@
 use crate::attest::Attester;
 use crate::channel::{seal_to, ChannelKey};
 use crate::error::FaasError;
-use crate::leader::Offer;
+use crate::grant::{job_metadata, Offer};
 use crate::program::JobId;
 use parking_lot::Mutex;
 use psl_capsule::{KeyStatement, RotationCert, SignedMetadata, WriterCert, WriterKeys};
@@ -242,7 +242,7 @@ pub fn parse_grant_bundle(
     let mut sk = Zeroizing::new([0u8; 32]);
     sk.copy_from_slice(&b[85..117]);
     let key = SigningKey::from_bytes(&sk).map_err(|_| bad("signing key"))?;
-    let (meta, tail) = crate::worker::job_metadata(&b[HEAD..], &data_key, bad)?;
+    let (meta, tail) = job_metadata(&b[HEAD..], &data_key, bad)?;
     if meta.meta.policy.coordinator_at(rank) != Some(writer) {
         return Err(bad("the writer is not the capsule's coordinator of this rank"));
     }

@@ -13,7 +13,8 @@ use crate::attest::{
 use crate::attest_policy::{dev_sim_policy_text, Policy, PolicyVerifier};
 use crate::coordinator::{CoordinatorHost, CoordinatorStats, LocalCoordinator};
 use crate::error::FaasError;
-use crate::leader::{Grant, Leader, Offer};
+use crate::grant::{Grant, Offer};
+use crate::leader::Leader;
 use crate::program::{JobId, Payload, SealedProgram};
 use crate::scheduler::{Scheduler, SealedJob};
 use crate::worker::{DurableEnd, Worker, WorkerDebug, WorkerRun};
@@ -229,10 +230,10 @@ impl Deployment {
         if config.workers == 0 || config.workers > 255 {
             return Err(FaasError::Config(format!("workers must be 1 ..= 255, got {}", config.workers)));
         }
-        if config.servers > crate::leader::JOB_SERVERS_MAX {
+        if config.servers > crate::grant::JOB_SERVERS_MAX {
             return Err(FaasError::Config(format!(
                 "servers must be 0 ..= {}, got {}",
-                crate::leader::JOB_SERVERS_MAX,
+                crate::grant::JOB_SERVERS_MAX,
                 config.servers
             )));
         }

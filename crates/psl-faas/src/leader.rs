@@ -8,6 +8,7 @@ use crate::attest::{bind_offer, AttestError, AttestVerifier, Attester, Evidence,
 use crate::channel::seal_to;
 use crate::coordinator::{grant_bundle, rotation_bundle, CoordinatorLink, CoordinatorStats, RotationStage};
 use crate::error::FaasError;
+use crate::grant::{grant_aad, rotation_aad, Grant, Offer, RotationGrant, JOB_SERVERS_MAX, SLOTS_PER_WORKER_MAX};
 use crate::program::JobId;
 use crate::rotation::{fresh_app_index, rotate, rotation_epoch, Rotation};
 use parking_lot::Mutex;
@@ -17,54 +18,6 @@ use psl_crypto::{AppKey, OwnerKey};
 use psl_scl::CoordinatorConfig;
 use std::collections::HashMap;
 use zeroize::Zeroizing;
-
-/// A worker's bid for a job: its report, binding its channel key.
-pub struct Offer {
-    pub worker: u32,
-    pub channel_public: [u8; 32],
-    pub evidence: Evidence,
-    /// Over TLS: the hash of the public key of the certificate the worker presented on the
-    /// connection the offer came in on (filled in by the leader from the session, never taken
-    /// from the worker's message). The report must bind it.
-    pub tls_spki: Option<[u8; 32]>,
-}
-
-impl Offer {
-    /// A party's offer under the verifier's `nonce`: a fresh channel key, and `attester`'s report
-    /// binding it (and, over TLS, `tls_spki`, the hash of the party's certificate key). `who`
-    /// names the party in an error. Returns the channel key to keep with the offer.
-    pub fn make(
-        attester: &dyn crate::attest::Attester,
-        id: u32,
-        who: &str,
-        nonce: &[u8; 32],
-        tls_spki: Option<[u8; 32]>,
-    ) -> Result<(crate::channel::ChannelKey, Offer), FaasError> {
-        let channel = crate::channel::ChannelKey::generate()?;
-        let evidence = attester
-            .attest(nonce, &bind_offer(&channel.public(), tls_spki.as_ref()))
-            .map_err(|e| FaasError::Attestation { who: who.to_string(), why: e.to_string() })?;
-        let channel_public = channel.public();
-        Ok((channel, Offer { worker: id, channel_public, evidence, tls_spki }))
-    }
-}
-
-/// What the leader sends one admitted worker.
-pub struct Grant {
-    pub worker: u32,
-    pub node_id: u32,
-    pub lambdas: Vec<u32>,
-    /// The key bundle sealed to the worker's channel key.
-    pub sealed_keys: Vec<u8>,
-}
-
-/// What the leader sends one granted worker when it rotates the job's application key.
-pub struct RotationGrant {
-    pub worker: u32,
-    pub key_gen: u32,
-    /// The rotation bundle sealed to the worker's channel key.
-    pub sealed_keys: Vec<u8>,
-}
 
 /// A granted worker, as the leader remembers it for key rotations.
 struct Granted {
@@ -124,13 +77,6 @@ struct KvCapsule {
 }
 
 pub use crate::kvgrant::{kv_aad, open_kv_bundle, KvRole, KvRoleKeys};
-
-/// Most lambda slots one worker runs (one writer actor each; a node has at most 16).
-pub const SLOTS_PER_WORKER_MAX: usize = 16;
-
-/// Most capsule servers one job may have (a grant carries the count as a u16; acks need a
-/// server writer index each).
-pub const JOB_SERVERS_MAX: u32 = 255;
 
 impl Leader {
     /// A leader that attests itself with `attester` and admits the parties `verifier` (which
@@ -729,24 +675,4 @@ fn lead_epoch(job: &LeaderJob) -> Result<(usize, u64), FaasError> {
         }
     }
     Err(FaasError::Config(format!("no coordinator of the job answers ({})", why.join("; "))))
-}
-
-/// Associated data of a rotation bundle: the job, the worker and the key generation.
-pub fn rotation_aad(job: JobId, worker: u32, key_gen: u32) -> Vec<u8> {
-    let mut a = b"psl/rotate/v1".to_vec();
-    a.extend_from_slice(&job.0);
-    a.extend_from_slice(&worker.to_le_bytes());
-    a.extend_from_slice(&key_gen.to_le_bytes());
-    a
-}
-
-/// Associated data of a key bundle: the job, the worker and its lambda slots.
-pub fn grant_aad(job: JobId, worker: u32, lambdas: &[u32]) -> Vec<u8> {
-    let mut a = b"psl/grant/v1".to_vec();
-    a.extend_from_slice(&job.0);
-    a.extend_from_slice(&worker.to_le_bytes());
-    for l in lambdas {
-        a.extend_from_slice(&l.to_le_bytes());
-    }
-    a
 }

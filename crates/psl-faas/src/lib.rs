@@ -13,6 +13,9 @@
 //! - [`channel`]: key delivery sealed to the worker's X25519 channel key bound in its report.
 //! - [`tls`]: TLS 1.3 channels whose certificate key is the one bound into the report
 //!   (self-signed Ed25519 certificates; the peer's key hash checked against the report).
+//! - [`grant`]: what the leader and the parties it admits exchange: [`grant::Offer`] (a
+//!   party's attested bid), [`grant::Grant`] and [`grant::RotationGrant`] (a worker's sealed
+//!   keys), their associated data, a job's bounds, the metadata check every key bundle shares.
 //! - [`leader`]: the trusted leader: attests workers and coordinator hosts, derives keys,
 //!   places the job's coordinators (a primary and shadows, each on its own host), rotates
 //!   the job's application key (`prepare_rotation` / `finish_rotation`: per-worker bundles
@@ -37,6 +40,10 @@
 //!   the client of `psl run --cluster`, the wire frames and the cluster file.
 //! - [`error`] holds [`FaasError`].
 //!
+//! Imports go one way among the roles: `leader` uses `coordinator` (the link to a coordinator
+//! host and its bundles); `worker` uses `leader` only to ask it for a nonce in process; all
+//! three use `grant` for what passes between them.
+//!
 //! Trust: the leader and the workers are trusted (they would run in TEEs); the scheduler, the
 //! fabric and everything that only sees sealed bytes are not. The scheduler never holds a key.
 
@@ -54,6 +61,7 @@ pub mod channel;
 pub mod coordinator;
 pub mod deploy;
 pub mod error;
+pub mod grant;
 pub mod kv;
 pub mod kvgrant;
 pub mod leader;

@@ -5,8 +5,11 @@
 use crate::attest::Attester;
 use crate::channel::ChannelKey;
 use crate::error::FaasError;
+use crate::grant::{
+    grant_aad, job_metadata, rotation_aad, Grant, Offer, RotationGrant, JOB_SERVERS_MAX, SLOTS_PER_WORKER_MAX,
+};
 use crate::kv::NodeKv;
-use crate::leader::{grant_aad, rotation_aad, Grant, Leader, Offer, RotationGrant};
+use crate::leader::Leader;
 use crate::program::{JobId, Payload, SealedProgram};
 use crate::scheduler::SealedJob;
 use parking_lot::Mutex;
@@ -281,11 +284,11 @@ fn parse_bundle(
     }
     let data_key = DataKey::from_bytes(b[20..52].try_into().expect("32"));
     let servers = u16::from_le_bytes(b[52..54].try_into().expect("2")) as u32;
-    if servers > crate::leader::JOB_SERVERS_MAX {
+    if servers > JOB_SERVERS_MAX {
         return Err(bad("capsule server count"));
     }
     let n = u16::from_le_bytes(b[54..56].try_into().expect("2")) as usize;
-    if n != grant.lambdas.len() || n > crate::leader::SLOTS_PER_WORKER_MAX || b.len() < 56 + 36 * n {
+    if n != grant.lambdas.len() || n > SLOTS_PER_WORKER_MAX || b.len() < 56 + 36 * n {
         return Err(bad("writer count"));
     }
     let mut writers = Vec::with_capacity(n);
@@ -327,25 +330,6 @@ fn parse_bundle(
     Ok((meta, data_key, writers, servers, certs))
 }
 
-/// A key bundle's capsule metadata, at the start of `rest`: decoded, checked against the job's
-/// data key, and returned with the bytes after it (the worker's and the coordinator's bundles
-/// both carry it).
-pub(crate) fn job_metadata<'a>(
-    rest: &'a [u8],
-    data_key: &DataKey,
-    bad: impl Fn(&str) -> FaasError,
-) -> Result<(SignedMetadata, &'a [u8]), FaasError> {
-    let mlen = SignedMetadata::encoded_len(rest).map_err(|e| FaasError::Capsule(e.to_string()))?;
-    if rest.len() < mlen {
-        return Err(bad("metadata cut short"));
-    }
-    let meta = SignedMetadata::decode(&rest[..mlen]).map_err(|e| FaasError::Capsule(e.to_string()))?;
-    if meta.meta.policy.data_key_fp != data_key.fingerprint() {
-        return Err(bad("data key does not match the capsule"));
-    }
-    Ok((meta, &rest[mlen..]))
-}
-
 /// A rotation bundle: `job id (16) ‖ node id u32 ‖ certificate (214) ‖ data key (32) ‖ n u16 ‖
 /// n × (writer u32 ‖ writer secret 32)`. Checks everything but the owner's signature (the
 /// node's verifier checks that when it installs the certificate).
@@ -369,7 +353,7 @@ fn parse_rotation(b: &[u8], job: JobId, node_id: u32) -> Result<NodeRotation, Fa
     // A certified capsule's bundle ends with one certificate per writer.
     const WCERT: usize = psl_capsule::certs::WRITER_CERT_LEN;
     let certified = b.len() == head + (36 + WCERT) * n && n > 0;
-    if n > crate::leader::SLOTS_PER_WORKER_MAX || !(b.len() == head + 36 * n || certified) {
+    if n > SLOTS_PER_WORKER_MAX || !(b.len() == head + 36 * n || certified) {
         return Err(bad("writer count or length"));
     }
     let mut writers = Vec::with_capacity(n);

@@ -1,9 +1,10 @@
 //! Runs parsed commands against a [`FrontEnd`] and writes memcached's replies.
 
 use crate::item::{self, ItemRef};
+use crate::op::{Outcome, Rmw};
 use crate::proto::{self, Command, MetaFlags, MetaSetMode, StoreMode};
 use crate::stats::Stats;
-use crate::store::{unix_now, FrontEnd, Lookup, Outcome, Rmw};
+use crate::store::{unix_now, FrontEnd, Lookup};
 use std::io::Write;
 
 /// The version this server reports (the memcached protocol level it implements).

@@ -11,7 +11,7 @@
 //! - a *hand-over* thread per slot taken over: moves the node's clock past the ceiling, renews,
 //!   fetches the stored writes of the granting members page by page, waits for the node's
 //!   `sync()`, rewrites each key's newest stored version that the node does not already hold
-//!   (keeping its CAS unique, `FrontEnd::rewrite_held`) and stores the rewrites on a majority;
+//!   (keeping its CAS unique, [`FailoverHost::rewrite_held`]) and stores the rewrites on a majority;
 //! - a *prune* thread: for each slot this member serves that has new writes, reads the node's
 //!   Lamport clock, waits for a `sync()` and tells the acceptors they may drop what it covers;
 //! - [`Failover::route`] and [`Failover::serve_forwarded`]: where a conditional command runs:
@@ -23,10 +23,11 @@
 //! [`FailoverConfig::route_timeout`] (then `SERVER_ERROR`, as for an unreachable home).
 
 use crate::home::{Acquired, Action, Attempt, Ctl, CtlReply, Held, HomeConfig, Lease, Member, Ms, Refusal, Serve};
+use crate::op::{Outcome, Rmw};
 use crate::peer::{PeerClient, PeerConfig, PeerKey, Routed};
 use crate::stats::Stats;
-use crate::store::{FrontEnd, Outcome, Rmw};
 use parking_lot::Mutex;
+use psl_node::Node;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -79,6 +80,24 @@ pub struct FailoverStats {
     pub prunes: AtomicU64,
 }
 
+/// The front end that failover works for, as this module sees it. The front end
+/// (`store::FrontEnd`) implements it; the trait lives here so that failover does not depend on
+/// the store that starts it.
+pub trait FailoverHost: Send + Sync {
+    /// The node whose Lamport clock and `sync()` hand-overs and prunes use.
+    fn node(&self) -> &Arc<Node>;
+    /// The front end's counters (forwarded commands and their failures).
+    fn stats(&self) -> &Stats;
+    /// Runs `op` here as home of `slot` under `lease`: its write fenced below the lease's
+    /// ceiling, stored on a majority of the group's acceptors (`Failover::replicate`), and
+    /// answered only if the lease still holds then (`Failover::still_home`).
+    fn rmw_home(&self, f: &Failover, key: &[u8], op: Rmw<'_>, slot: usize, lease: Lease) -> Outcome;
+    /// A hand-over's rewrite of a write an earlier home acknowledged: if this node holds no
+    /// newer version of the key, writes the same value again below `below`, keeping its CAS
+    /// unique, and returns the write made.
+    fn rewrite_held(&self, h: &Held, below: u64) -> Result<Option<Held>, String>;
+}
+
 /// One front end's side of home failover.
 pub struct Failover {
     n: usize,
@@ -93,7 +112,7 @@ pub struct Failover {
     callers: Vec<Option<crossbeam_channel::Sender<Call>>>,
     /// Forwarded commands to each member, bounded by the front end's peer timeout.
     forward: Vec<Option<Arc<PeerClient>>>,
-    fe: Weak<FrontEnd>,
+    fe: Weak<dyn FailoverHost>,
     stop: AtomicBool,
     /// Per slot: writes made as its home since the last prune began.
     dirty: Vec<AtomicBool>,
@@ -121,8 +140,8 @@ impl Failover {
     /// Member `me` of the group `peers` (the same list on every member, three or more). Starts
     /// the driver and prune threads; they stop when the front end is dropped or on
     /// [`Failover::stop`].
-    pub fn start(
-        fe: &Arc<FrontEnd>,
+    pub fn start<F: FailoverHost + 'static>(
+        fe: &Arc<F>,
         peers: &[SocketAddr],
         me: usize,
         key: PeerKey,
@@ -167,6 +186,8 @@ impl Failover {
             }
             callers[i] = Some(tx);
         }
+        let host: Weak<F> = Arc::downgrade(fe);
+        let host: Weak<dyn FailoverHost> = host;
         let f = Arc::new(Failover {
             n,
             me,
@@ -176,7 +197,7 @@ impl Failover {
             peers: ctl_peers,
             callers,
             forward: client(peer_cfg),
-            fe: Arc::downgrade(fe),
+            fe: host,
             stop: AtomicBool::new(false),
             dirty: (0..n).map(|_| AtomicBool::new(false)).collect(),
             stats: FailoverStats::default(),
@@ -505,7 +526,7 @@ impl Failover {
     /// Runs a conditional command where its slot's home is: here under the lease, or forwarded
     /// to the member believed home (following its `NotHome` hints, and the next members when
     /// one cannot be reached), within [`FailoverConfig::route_timeout`].
-    pub fn route(&self, fe: &FrontEnd, key: &[u8], op: Rmw<'_>) -> Outcome {
+    pub fn route(&self, fe: &dyn FailoverHost, key: &[u8], op: Rmw<'_>) -> Outcome {
         let slot = self.slot_of(key);
         let deadline = Instant::now() + self.cfg.route_timeout;
         let mut next = slot;
@@ -520,7 +541,7 @@ impl Failover {
                     if target == self.me {
                         next = (next + 1) % self.n;
                     } else if let Some(p) = &self.forward[target] {
-                        Stats::inc(&fe.stats.forwarded);
+                        Stats::inc(&fe.stats().forwarded);
                         match p.call_routed(key, &op) {
                             Routed::Done(Outcome::Unavailable(e)) => {
                                 why = e;
@@ -544,7 +565,7 @@ impl Failover {
                 }
             }
             if Instant::now() >= deadline {
-                Stats::inc(&fe.stats.forward_failures);
+                Stats::inc(&fe.stats().forward_failures);
                 return Outcome::Unavailable(format!("home front end of this key unavailable: {why}"));
             }
             std::thread::sleep(Duration::from_millis(5));
@@ -553,7 +574,7 @@ impl Failover {
 
     /// A command forwarded by a peer: run here if this member is the slot's home now, or
     /// refused with the member it believes is.
-    pub fn serve_forwarded(&self, fe: &FrontEnd, key: &[u8], op: Rmw<'_>) -> Routed {
+    pub fn serve_forwarded(&self, fe: &dyn FailoverHost, key: &[u8], op: Rmw<'_>) -> Routed {
         let slot = self.slot_of(key);
         // A hand-over about to finish: wait a little rather than bounce the command.
         let until = Instant::now() + Duration::from_millis(self.cfg.lease_ms.min(500));

@@ -9,6 +9,8 @@
 //!
 //! Module map:
 //! - [`proto`]: the parser: pure, bounded, never panics (fuzzed by `fuzz/fuzz_targets/memcached_parser.rs`).
+//! - [`op`]: [`op::Rmw`], a read-modify-write command run at a key's home, and
+//!   [`op::Outcome`], what it did: the values front ends pass to each other.
 //! - [`item`]: an item's value layout (flags, absolute expiry, store time, payload) and the
 //!   CAS unique derived from the record version.
 //! - [`store`]: [`FrontEnd`]: the semantics (expiry, flush_all, CAS, incr/decr, striped
@@ -22,13 +24,18 @@
 //!   connection limit. `config`: the settings and errors both runtimes share.
 //! - `lru`: sharded LRU memory accounting. [`stats`]: the `stats` counters.
 //! - [`peer`]: forwarding conditional commands to a key's home front end in another process:
-//!   sealed frames over TCP, their codec (fuzzed with the parser), bounded timeouts.
+//!   sealed frames over TCP, their codec (fuzzed with the parser), bounded timeouts; the home
+//!   side serves a [`peer::PeerService`] (the front end).
 //! - [`home`]: home failover as an I/O-free state machine (leases per slot granted by a
 //!   majority, Lamport fences, hand-over of acknowledged writes), tested in a seeded
 //!   simulation.
 //! - [`failover`]: its runtime in a group of front-end processes (three or more): a driver
 //!   thread, hand-overs and prunes, control messages on the peer channel, and the routing of
-//!   conditional commands to each slot's current home.
+//!   conditional commands to each slot's current home, through a [`failover::FailoverHost`]
+//!   (the front end).
+//!
+//! Imports go one way: `store` uses `failover` and `peer`, which use `op` and `home`; the two
+//! lower modules reach the front end only through the traits they define.
 //! - [`deploy`]: in-process deployments (the embedded default, test and bench groups; the
 //!   caller may add a CapsuleDB role on their hub).
 //!
@@ -85,6 +92,7 @@ pub mod failover;
 pub mod home;
 pub mod item;
 mod lru;
+pub mod op;
 pub mod peer;
 pub mod proto;
 pub mod server;

@@ -2,8 +2,8 @@
 //!
 //! Front ends of one group (`psl memcached --cluster … --peer-listen A --peers A,B,…`) each
 //! listen on a *peer address*. A conditional command whose key's home is another front end
-//! ([`crate::store::Rmw`]) is sent there as one request frame and answered by one reply frame
-//! ([`crate::store::Outcome`]): one extra loopback/LAN round trip, paid only by `cas`, `add`,
+//! ([`crate::op::Rmw`]) is sent there as one request frame and answered by one reply frame
+//! ([`crate::op::Outcome`]): one extra loopback/LAN round trip, paid only by `cas`, `add`,
 //! `replace`, `append`, `prepend`, `incr`, `decr`, `touch`, `gat(s)` and their meta forms on
 //! non-home keys. Plain `get`/`set`/`delete` never leave the front end.
 //!
@@ -32,8 +32,8 @@
 //! CAS atomicity). The decoders are fuzzed by `fuzz/fuzz_targets/memcached_parser.rs`.
 
 use crate::home::{Ctl, CtlReply, Held, Refusal, MEMBERS_MAX};
+use crate::op::{Outcome, Rmw};
 use crate::proto::StoreMode;
-use crate::store::{FrontEnd, Outcome, Rmw};
 use parking_lot::Mutex;
 use psl_crypto::{sha256, DataKey};
 use psl_scl::Version;
@@ -611,8 +611,19 @@ impl Default for PeerConfig {
     }
 }
 
-/// The home side: serves forwarded commands with [`FrontEnd::rmw_local`], one thread per
-/// peer connection (at most 256). Dropping it stops accepting; open connections end when
+/// What the home side of the channel serves: forwarded commands and home-failover requests.
+/// The front end (`store::FrontEnd`) implements it; the trait lives here so that the channel
+/// does not depend on the store that uses it.
+pub trait PeerService: Send + Sync {
+    /// A command forwarded by another front end of the group: run here, or refused as not
+    /// this member's (home failover).
+    fn serve_forwarded(&self, key: &[u8], op: Rmw<'_>) -> Routed;
+    /// A home-failover request for this member's acceptor; `None` when failover is off.
+    fn handle_ctl(&self, req: &Ctl) -> Option<CtlReply>;
+}
+
+/// The home side: serves forwarded commands with [`PeerService::serve_forwarded`], one thread
+/// per peer connection (at most 256). Dropping it stops accepting; open connections end when
 /// their peer closes them or idles out.
 pub struct PeerServer {
     addr: SocketAddr,
@@ -621,10 +632,15 @@ pub struct PeerServer {
 }
 
 impl PeerServer {
-    pub fn start(fe: &Arc<FrontEnd>, listener: TcpListener, key: PeerKey) -> std::io::Result<PeerServer> {
+    pub fn start<S: PeerService + 'static>(
+        fe: &Arc<S>,
+        listener: TcpListener,
+        key: PeerKey,
+    ) -> std::io::Result<PeerServer> {
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
-        let fe = Arc::downgrade(fe);
+        let fe: Weak<S> = Arc::downgrade(fe);
+        let fe: Weak<dyn PeerService> = fe;
         let st = stop.clone();
         let thread = std::thread::Builder::new().name("memcached-peer".into()).spawn(move || {
             let conns = Arc::new(AtomicUsize::new(0));
@@ -677,7 +693,7 @@ impl Drop for PeerServer {
     }
 }
 
-fn serve_peer(fe: &Weak<FrontEnd>, mut s: TcpStream, key: &PeerKey) -> std::io::Result<()> {
+fn serve_peer(fe: &Weak<dyn PeerService>, mut s: TcpStream, key: &PeerKey) -> std::io::Result<()> {
     s.set_nodelay(true)?;
     s.set_read_timeout(Some(SERVER_IDLE))?;
     s.set_write_timeout(Some(Duration::from_secs(10)))?;
@@ -695,13 +711,13 @@ fn serve_peer(fe: &Weak<FrontEnd>, mut s: TcpStream, key: &PeerKey) -> std::io::
         out.clear();
         if plain.first() == Some(&0) {
             let ctl = decode_ctl(&plain).map_err(invalid)?;
-            let Some(f) = fe.failover() else {
+            let Some(reply) = fe.handle_ctl(&ctl) else {
                 return Err(invalid(PeerError::Bad {
                     what: "control request to a front end without failover",
                     value: 0,
                 }));
             };
-            encode_ctl_reply(&f.handle(&ctl), &mut out);
+            encode_ctl_reply(&reply, &mut out);
         } else {
             let (k, op) = decode_request(&plain).map_err(invalid)?;
             encode_routed(&fe.serve_forwarded(k, op), &mut out);

@@ -5,11 +5,12 @@
 //! and apply. Read-modify-write commands run under a striped per-key lock of the key's *home*
 //! front end (see the crate docs), so they are atomic among all front ends of a group.
 
-use crate::failover::{Failover, FailoverConfig};
-use crate::home::{Held, Lease};
+use crate::failover::{Failover, FailoverConfig, FailoverHost};
+use crate::home::{Ctl, CtlReply, Held, Lease};
 use crate::item::{self, absolute_expiry, cas_of};
 use crate::lru::{key_hash, Lru, Victim};
-use crate::peer::{PeerClient, PeerConfig, PeerKey, Routed};
+pub use crate::op::{Outcome, Rmw};
+use crate::peer::{PeerClient, PeerConfig, PeerKey, PeerService, Routed};
 use crate::proto::{parse_counter, Limits, StoreMode};
 use crate::stats::Stats;
 use parking_lot::{Mutex, RwLock};
@@ -53,65 +54,6 @@ impl Default for Config {
     fn default() -> Self {
         Config { limits: Limits::default(), memory_limit: 64 << 20, threads: 2, max_connections: 4096 }
     }
-}
-
-/// A read-modify-write operation, run at the key's home front end.
-#[derive(Debug, Clone, Copy)]
-pub enum Rmw<'a> {
-    /// `mode` Set/Add/Replace/Append/Prepend (Cas is Set with `cas`).
-    Store {
-        mode: StoreMode,
-        flags: u32,
-        exptime: i64,
-        cas: Option<u64>,
-        data: &'a [u8],
-    },
-    Delete {
-        cas: Option<u64>,
-    },
-    /// incr/decr; `create` = (initial, exptime) on a miss (meta `N`), `ttl` updates the expiry.
-    Arith {
-        incr: bool,
-        delta: u64,
-        create: Option<(u64, i64)>,
-        ttl: Option<i64>,
-        cas: Option<u64>,
-    },
-    /// Touch (`exptime`), and/or create an empty item on a miss (`vivify`): returns the item.
-    Touch {
-        exptime: Option<i64>,
-        vivify: Option<i64>,
-    },
-}
-
-/// What a [`Rmw`] did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    Stored {
-        cas: u64,
-    },
-    NotStored,
-    Exists,
-    NotFound,
-    Deleted,
-    Number {
-        value: u64,
-        cas: u64,
-        ttl: i64,
-    },
-    /// An item (encoded, see [`item`]) and its CAS; `won` when a meta `N` created it.
-    Item {
-        value: Arc<[u8]>,
-        cas: u64,
-        won: bool,
-    },
-    NonNumeric,
-    TooLarge,
-    Failed(String),
-    /// The key's home front end (another process) could not be reached in time.
-    Unavailable(String),
-    /// The key is not in this node's memtable (evicted) and CapsuleDB did not answer in time.
-    Unreadable(String),
 }
 
 /// A read's result.
@@ -531,69 +473,6 @@ impl FrontEnd {
         }
     }
 
-    /// A command forwarded by another front end of the group: run here (static homes), or,
-    /// with failover, only if this front end is the key's home now.
-    pub fn serve_forwarded(&self, key: &[u8], op: Rmw<'_>) -> Routed {
-        match self.failover() {
-            Some(f) => f.serve_forwarded(self, key, op),
-            None => Routed::Done(self.rmw_local(key, op)),
-        }
-    }
-
-    /// Runs `op` here as home of `slot` under `lease`: its write fenced below the lease's
-    /// ceiling, stored on a majority of the group's acceptors, and answered only if the lease
-    /// still holds then. The stripe lock is held throughout, so the next command on the key
-    /// decides on a write the acceptors hold.
-    pub(crate) fn rmw_home(&self, f: &Failover, key: &[u8], op: Rmw<'_>, slot: usize, lease: Lease) -> Outcome {
-        let _g = self.lock(key);
-        let fence = Fence { below: lease.ceiling, wrote: Cell::new(None) };
-        let o = self.rmw_locked(key, op, Some(&fence));
-        if let Some(h) = fence.wrote.take() {
-            f.mark_dirty(slot);
-            if !f.replicate(slot, lease.ballot, vec![h]) {
-                return Outcome::Unavailable(
-                    "home front end could not store this write on a majority of its group; it may still be applied"
-                        .into(),
-                );
-            }
-        }
-        if !f.still_home(slot, lease.ballot) {
-            return Outcome::Unavailable("home front end's lease of this key ended; retry".into());
-        }
-        o
-    }
-
-    /// A hand-over's rewrite of a write an earlier home acknowledged: if this node holds no
-    /// newer version of the key (after the hand-over's `sync()`, or in CapsuleDB), writes the
-    /// same value again below `below`, keeping its CAS unique, and returns the write made.
-    pub(crate) fn rewrite_held(&self, h: &Held, below: u64) -> Result<Option<Held>, String> {
-        let _g = self.lock(&h.key);
-        let t = Now::read();
-        let cur = self.current(&h.key, t, false)?;
-        if cur.as_ref().is_some_and(|(e, _)| e.version >= h.version) {
-            return Ok(None);
-        }
-        let value: Option<Vec<u8>> = h.value.as_ref().map(|v| match item::decode(v) {
-            Some(it) => {
-                let unique = it.cas(h.version.lamport, h.version.writer);
-                item::encode_keeping(it.flags, it.expiry, it.stored_us, unique, &[it.data])
-            }
-            None => v.to_vec(),
-        });
-        let version = self
-            .node
-            .write_below(&h.key, value.as_deref(), below)
-            .map_err(|e| format!("rewriting a held write: {e}"))?;
-        match &value {
-            Some(v) => {
-                let victims = self.lru.put(&h.key, v.len() as u64, t.us, &|k| self.read_stamp(k));
-                self.evict(victims);
-            }
-            None => self.lru.remove(&h.key),
-        }
-        Ok(Some(Held { key: h.key.clone(), version, value: value.map(Arc::from) }))
-    }
-
     /// Forwards `op` to `peer`; if the group fails homes over and `peer` is not the key's
     /// home now, follows the member it names (at most one hop per member, within a few
     /// seconds), as a forwarding-only front end must.
@@ -953,6 +832,82 @@ impl FrontEnd {
     pub fn totals(&self) -> (u64, u64) {
         let (i, b) = self.lru.totals();
         (i + self.pinned_len.load(Ordering::Relaxed), b + self.pinned_bytes.load(Ordering::Relaxed))
+    }
+}
+
+/// The home side of the peer channel ([`crate::peer::PeerServer`]).
+impl PeerService for FrontEnd {
+    /// Run here (static homes), or, with failover, only if this front end is the key's home now.
+    fn serve_forwarded(&self, key: &[u8], op: Rmw<'_>) -> Routed {
+        match self.failover() {
+            Some(f) => f.serve_forwarded(self, key, op),
+            None => Routed::Done(self.rmw_local(key, op)),
+        }
+    }
+
+    fn handle_ctl(&self, req: &Ctl) -> Option<CtlReply> {
+        self.failover().map(|f| f.handle(req))
+    }
+}
+
+/// What home failover ([`crate::failover`]) does through this front end.
+impl FailoverHost for FrontEnd {
+    fn node(&self) -> &Arc<Node> {
+        &self.node
+    }
+
+    fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// The stripe lock is held throughout, so the next command on the key decides on a write
+    /// the acceptors hold.
+    fn rmw_home(&self, f: &Failover, key: &[u8], op: Rmw<'_>, slot: usize, lease: Lease) -> Outcome {
+        let _g = self.lock(key);
+        let fence = Fence { below: lease.ceiling, wrote: Cell::new(None) };
+        let o = self.rmw_locked(key, op, Some(&fence));
+        if let Some(h) = fence.wrote.take() {
+            f.mark_dirty(slot);
+            if !f.replicate(slot, lease.ballot, vec![h]) {
+                return Outcome::Unavailable(
+                    "home front end could not store this write on a majority of its group; it may still be applied"
+                        .into(),
+                );
+            }
+        }
+        if !f.still_home(slot, lease.ballot) {
+            return Outcome::Unavailable("home front end's lease of this key ended; retry".into());
+        }
+        o
+    }
+
+    /// "Newer" counts what this node holds after the hand-over's `sync()`, or in CapsuleDB.
+    fn rewrite_held(&self, h: &Held, below: u64) -> Result<Option<Held>, String> {
+        let _g = self.lock(&h.key);
+        let t = Now::read();
+        let cur = self.current(&h.key, t, false)?;
+        if cur.as_ref().is_some_and(|(e, _)| e.version >= h.version) {
+            return Ok(None);
+        }
+        let value: Option<Vec<u8>> = h.value.as_ref().map(|v| match item::decode(v) {
+            Some(it) => {
+                let unique = it.cas(h.version.lamport, h.version.writer);
+                item::encode_keeping(it.flags, it.expiry, it.stored_us, unique, &[it.data])
+            }
+            None => v.to_vec(),
+        });
+        let version = self
+            .node
+            .write_below(&h.key, value.as_deref(), below)
+            .map_err(|e| format!("rewriting a held write: {e}"))?;
+        match &value {
+            Some(v) => {
+                let victims = self.lru.put(&h.key, v.len() as u64, t.us, &|k| self.read_stamp(k));
+                self.evict(victims);
+            }
+            None => self.lru.remove(&h.key),
+        }
+        Ok(Some(Held { key: h.key.clone(), version, value: value.map(Arc::from) }))
     }
 }
 

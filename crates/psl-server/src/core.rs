@@ -4,10 +4,13 @@
 //! fabric messages (repair requests, heads hints), ticks, and the outcome of each group commit.
 //! Outputs: messages to publish, ranges of the store to serve, and batches to persist.
 //!
-//! The rule that matters: an ack is built only in [`ServerCore::on_persisted`], which the
-//! runtime calls after the `fsync` of the batch that [`ServerCore::take_batch`] handed out
-//! returned successfully. Nothing else creates an ack, so none can precede its fsync.
+//! The rule that matters: an ack is built only from a [`Synced`] proof, which only the disk
+//! layer ([`crate::disk`]) makes, after the `fsync` of the batch that
+//! [`ServerCore::take_batch`] handed out returned successfully. [`ServerCore::on_synced`] takes
+//! that proof; re-acks repeat durable heads under the newest one. Without a `Synced` there is
+//! no ack, so none can precede its fsync.
 
+use crate::disk::medium::Synced;
 use psl_capsule::{KeyStatement, Kind, Link, Record, Verified, Verifier};
 use psl_crypto::{Hash256, SigningKey};
 use psl_scl::wire::ACK_ENTRIES_MAX;
@@ -111,6 +114,9 @@ pub struct ServerCore {
     last_reack_at: u64,
     /// Newest SYNC ordered: (epoch, link).
     latest_sync: Option<(u64, Link)>,
+    /// The newest sync's proof: every head in `durable` that an ack names was made durable
+    /// by it or an earlier sync (a sync covers everything written before it).
+    synced: Option<Synced>,
     failed: Option<String>,
     pub stats: ServerStats,
     /// This server's own certificate (a certified capsule), announced every
@@ -144,6 +150,7 @@ impl ServerCore {
             last_heads_at: None,
             last_reack_at: 0,
             latest_sync: None,
+            synced: None,
             failed: None,
             stats: ServerStats::default(),
             announce: Vec::new(),
@@ -305,38 +312,43 @@ impl ServerCore {
         Some(batch)
     }
 
-    /// The runtime's report on the batch from [`ServerCore::take_batch`]: `Ok` only once the
-    /// fsync covering it returned. Then, and only then, the batch is acked.
-    pub fn on_persisted(&mut self, result: Result<usize, String>, now: u64) -> Vec<Output> {
+    /// The batch from [`ServerCore::take_batch`] is durable: `synced` is the disk layer's proof
+    /// that the fsync covering it returned `Ok` (`records` is what the write took). Then, and
+    /// only then, the batch is acked.
+    pub fn on_synced(&mut self, synced: Synced, records: usize, now: u64) -> Vec<Output> {
         let Some(summary) = self.in_flight.take() else { return Vec::new() };
-        match result {
-            Ok(records) => {
-                self.stats.records_persisted += records as u64;
-                self.stats.commits += 1;
-                let mut entries = Vec::with_capacity(summary.len());
-                for (w, (from, to, hash)) in summary {
-                    self.durable.insert(w, (to + 1, hash));
-                    self.changed.insert(w, now);
-                    entries.push(AckEntry { writer: w, from_seq: from, to_seq: to, hash });
-                }
-                self.acks(entries)
-            }
-            Err(e) => {
-                tracing::error!("group commit failed, no more acks until restart: {e}");
-                self.failed = Some(e.clone());
-                vec![Output::Fatal(e)]
-            }
+        self.stats.records_persisted += records as u64;
+        self.stats.commits += 1;
+        let mut entries = Vec::with_capacity(summary.len());
+        for (w, (from, to, hash)) in summary {
+            self.durable.insert(w, (to + 1, hash));
+            self.changed.insert(w, now);
+            entries.push(AckEntry { writer: w, from_seq: from, to_seq: to, hash });
         }
+        let out = self.acks(&entries, &synced);
+        self.stats.acks_sent += out.len() as u64;
+        self.synced = Some(synced);
+        out
     }
 
-    fn acks(&mut self, entries: Vec<AckEntry>) -> Vec<Output> {
+    /// The write or the sync of the batch from [`ServerCore::take_batch`] failed: nothing more
+    /// is acked (the runtime must stop; a restart reopens and re-verifies the store).
+    pub fn on_commit_failed(&mut self, e: String) -> Vec<Output> {
+        if self.in_flight.take().is_none() {
+            return Vec::new();
+        }
+        tracing::error!("group commit failed, no more acks until restart: {e}");
+        self.failed = Some(e.clone());
+        vec![Output::Fatal(e)]
+    }
+
+    /// The server's ack messages for `entries`: the one place it signs acks, and it needs the
+    /// proof that what they name is durable.
+    fn acks(&self, entries: &[AckEntry], _synced: &Synced) -> Vec<Output> {
         let name = self.verifier.name();
         entries
             .chunks(ACK_ENTRIES_MAX)
-            .map(|c| {
-                self.stats.acks_sent += 1;
-                Output::Publish(Msg::Ack(Ack::sign(name, self.me, c.to_vec(), &self.key)).encode())
-            })
+            .map(|c| Output::Publish(Msg::Ack(Ack::sign(name, self.me, c.to_vec(), &self.key)).encode()))
             .collect()
     }
 
@@ -439,8 +451,10 @@ impl ServerCore {
                     })
                 })
                 .collect();
-            if !entries.is_empty() && self.failed.is_none() {
-                out.extend(self.acks(entries));
+            if let (false, None, Some(synced)) = (entries.is_empty(), &self.failed, &self.synced) {
+                let acks = self.acks(&entries, synced);
+                self.stats.acks_sent += acks.len() as u64;
+                out.extend(acks);
             }
         }
         let mut budget = self.cfg.answers_per_tick as u64;
@@ -500,21 +514,14 @@ mod tests {
         core.on_message(Msg::Certs { capsule: meta.name(), statements: vec![KeyStatement::Revoke(rev)] });
         assert_eq!(core.orderer().held_total(), 0, "the held seq 4 was dropped");
         core.on_verified(three, 1);
-        let batch = core.take_batch().expect("the records before the revocation");
-        let stored: Vec<u64> = batch.iter().map(|r| r.header().seq).collect();
+        let mut disk = crate::disk::tests::MemDisk::default();
+        let Some(Ok(n)) = crate::disk::commit_write(&mut core, &mut disk, 2) else {
+            panic!("the records before the revocation")
+        };
+        let stored: Vec<u64> = disk.written.iter().map(|r| r.header().seq).collect();
         assert_eq!(stored, vec![0, 1], "a revoked record was handed out to be stored");
-        let out = core.on_persisted(Ok(batch.len()), 2);
-        let acked: Vec<(u64, u64)> = out
-            .iter()
-            .filter_map(|o| match o {
-                Output::Publish(bytes) => match Msg::decode(bytes) {
-                    Ok(Msg::Ack(ack)) => Some(ack.entries.iter().map(|e| (e.from_seq, e.to_seq)).collect::<Vec<_>>()),
-                    _ => None,
-                },
-                _ => None,
-            })
-            .flatten()
-            .collect();
+        let out = crate::disk::commit_synced(&mut core, &mut disk, n, 2);
+        let acked = crate::disk::tests::acked(&out);
         assert!(acked.iter().all(|(_, to)| *to < 2), "an ack covers a revoked record: {acked:?}");
         assert!(core.take_batch().is_none());
     }

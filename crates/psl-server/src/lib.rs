@@ -3,13 +3,15 @@
 //!
 //! Module map:
 //! - [`core`]: [`ServerCore`], the protocol state machine (no I/O): ordering (the SCL
-//!   `Orderer`, with hold-back and gap repair), batches for group commit, acks after persist,
-//!   repair answers, heads exchange and pulls.
+//!   `Orderer`, with hold-back and gap repair), batches for group commit, acks only with a
+//!   [`Synced`] proof, repair answers, heads exchange and pulls.
 //! - [`runtime`]: [`Server`], the thin threaded runtime: fabric in/out, a verify pool (public
 //!   keys only, no data key), one core thread that owns the [`psl_store::DiskStore`].
-//! - [`disk`]: the [`Disk`] trait (write, then sync) the commit path runs over: the real
-//!   [`psl_store::DiskStore`], or the simulator's disk that loses unsynced writes on a crash;
-//!   the [`FsyncPolicy`].
+//! - [`disk`]: the commit path (write, then sync, then ack) around the core, over the [`Disk`]
+//!   trait: the real [`psl_store::DiskStore`], or the simulator's disk that loses unsynced
+//!   writes on a crash. Its `medium` module, below the core, holds the trait, [`Synced`] (the
+//!   proof of a sync that only its sync path makes and every ack needs) and the
+//!   [`FsyncPolicy`].
 //! - [`read`]: reads for other processes over TCP (heads, latest SYNC, a record by hash, a
 //!   writer's range, a membership proof), the [`read::ReadClient`], and [`read::fetch_fresh`]
 //!   (whole capsule from the first server whose copy is fresh; the restart path of a node).
@@ -25,7 +27,7 @@ pub mod read;
 pub mod runtime;
 
 pub use crate::core::{Output, ServerConfig, ServerCore, ServerStats};
-pub use disk::{Disk, FsyncPolicy};
+pub use disk::{Disk, FsyncPolicy, Synced};
 pub use freshness::{check_fresh, ServerView, Stale};
 pub use runtime::{open_store, Server, ServerError, ServerOptions, StartReport};
 

@@ -200,7 +200,7 @@ const ANSWER_WAIT: Duration = Duration::from_secs(10);
 pub struct PendingCoordinator {
     pub id: u32,
     stream: ClientStream,
-    offer: crate::leader::Offer,
+    offer: crate::grant::Offer,
     /// The rank it already runs for this job (its leader went away), if any.
     pub running: Option<u8>,
 }
@@ -225,7 +225,7 @@ impl PendingCoordinator {
             Msg::Error { why } => return Err(FaasError::Net(format!("coordinator host {id} ({addr}): {why}"))),
             m => return Err(FaasError::Net(format!("coordinator host {id}: expected CoordOffer, got {}", m.name()))),
         };
-        let offer = crate::leader::Offer {
+        let offer = crate::grant::Offer {
             worker: id,
             channel_public: unhex_n::<32>("channel_public", &channel_public)?,
             evidence: evidence(&backend, &ev)?,

@@ -8,8 +8,9 @@
 use super::wire::{evidence, read_msg, unhex, unhex_n, write_msg, Msg};
 use crate::attest::{bind_channel_key, AttestVerifier, Attester};
 use crate::error::FaasError;
+use crate::grant::Offer;
 use crate::kvgrant::{open_kv_bundle, writers_within_bound, KvRoleKeys};
-use crate::leader::{KvRole, Offer};
+use crate::leader::KvRole;
 use crate::tls::{self, TlsIdentity};
 use psl_capsule::SignedMetadata;
 use std::net::SocketAddr;

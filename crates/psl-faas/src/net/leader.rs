@@ -14,7 +14,8 @@
 use super::wire::{evidence, read_msg, unhex, unhex_n, write_msg, Msg};
 use crate::attest::{bind_channel_key, AttestVerifier, Attester};
 use crate::error::FaasError;
-use crate::leader::{Leader, Offer};
+use crate::grant::Offer;
+use crate::leader::Leader;
 use crate::program::JobId;
 use crate::tls::{self, ServerStream, TlsIdentity};
 use crate::worker::WorkerDebug;
@@ -98,10 +99,10 @@ const JOB_QUEUE_WAIT: Duration = Duration::from_secs(120);
 type Resets = Vec<(u32, WorkerDebug)>;
 
 enum WorkerCmd {
-    Grant(crate::leader::Grant),
+    Grant(crate::grant::Grant),
     Refused(String),
     /// A key rotation bundle; answered with the worker's error, if any.
-    Rotate(crate::leader::RotationGrant, Sender<(u32, Option<String>)>),
+    Rotate(crate::grant::RotationGrant, Sender<(u32, Option<String>)>),
     Reset(Sender<(u32, WorkerDebug)>),
 }
 

@@ -275,7 +275,7 @@ impl std::fmt::Debug for Msg {
 
 impl Msg {
     /// A role's answer to the leader's challenge: its channel key and its report.
-    pub fn offer(o: &crate::leader::Offer) -> Msg {
+    pub fn offer(o: &crate::grant::Offer) -> Msg {
         Msg::Offer {
             channel_public: hex::encode(o.channel_public),
             backend: o.evidence.backend.into(),

@@ -16,7 +16,7 @@ use super::{instant_us, unix_us};
 use crate::attest::{bind_channel_key, AttestVerifier, Attester};
 use crate::deploy::lambda_reports;
 use crate::error::FaasError;
-use crate::leader::{Grant, RotationGrant};
+use crate::grant::{Grant, RotationGrant};
 use crate::program::{JobId, SealedProgram};
 use crate::scheduler::SealedJob;
 use crate::tls::{self, ClientStream, TlsIdentity};

@@ -1,19 +1,48 @@
-//! The server's storage behind a trait, so that the seeded simulator can run the very same
-//! commit path over a simulated disk that loses unsynced writes when it crashes.
-//!
-//! A group commit is two steps: [`Disk::write`] puts a batch on the medium (not yet durable),
-//! [`Disk::sync`] makes everything written so far durable. [`commit_write`] and
-//! [`commit_synced`] wrap them around [`ServerCore::take_batch`] and
-//! [`ServerCore::on_persisted`]: the core hears `Ok` only after `sync` returned `Ok`, so no ack
-//! precedes the fsync that covers it. The real runtime calls the two back to back
-//! ([`commit_all`]); the simulator lets simulated time pass between them, and may crash the
-//! server in between.
+//! The medium under a capsule server: the [`Disk`] trait (write, then sync), the real
+//! store's implementation of it, the [`Synced`] proof that only this layer's sync path makes,
+//! and the [`FsyncPolicy`]. Below the server core: the core names `Synced` and never imports
+//! the commit path that drives it (`disk`).
 
-use crate::core::{Output, ServerCore};
 use psl_capsule::{Record, Verified};
 use psl_crypto::Hash256;
 use psl_store::DiskStore;
 use std::collections::BTreeMap;
+
+/// Proof that a batch is durable: [`Disk::sync`] returned `Ok` after the [`Disk::write`] that
+/// put it down, so it survives a crash. A capsule server's ack says exactly that, so building
+/// one needs this proof (`ServerCore::on_synced` takes it by value; re-acks borrow the newest).
+///
+/// Only the disk layer makes one: its field is private, it has no public constructor, and it
+/// is made only by this module's sync path, right after the medium's sync returned `Ok` (the
+/// commit path, `disk::commit_synced`, runs it). It is neither `Clone` nor `Default`. Outside
+/// the disk layer it cannot be made:
+///
+/// ```compile_fail,E0451
+/// let forged = psl_server::disk::Synced { _durable: () };
+/// ```
+///
+/// ```compile_fail,E0277
+/// let forged: psl_server::disk::Synced = Default::default();
+/// ```
+#[derive(Debug)]
+pub struct Synced {
+    _durable: (),
+}
+
+/// The disk layer's sync path, for every [`Disk`]: the medium's `sync`, then the proof. Each
+/// backend's `sync` is its durability point: the real store's fsync (in its `append`, see
+/// `impl Disk for DiskStore`), or the simulator's disk moving what was written out of the
+/// cache a crash empties.
+pub(super) fn sync(disk: &mut dyn Disk) -> Result<Synced, String> {
+    disk.sync()?;
+    Ok(Synced { _durable: () })
+}
+
+/// A proof with no sync behind it, for the commit path's one fault-injection entry
+/// (`ServerCore::on_persisted`, the simulator's deliberate ack-before-fsync bug) and nothing else.
+pub(super) fn unsynced_for_fault_injection() -> Synced {
+    Synced { _durable: () }
+}
 
 /// What a capsule server needs from its storage. Everything returned is durable (synced),
 /// except what [`Disk::write`] put there since the last [`Disk::sync`].
@@ -34,7 +63,8 @@ pub trait Disk {
 }
 
 /// The real disk: `DiskStore::append` writes and fsyncs in one call (one write, one fsync per
-/// batch), so `write` is already durable when it returns and `sync` has nothing left to do.
+/// batch), so `write` is already durable when it returns and `sync` has nothing left to do but
+/// check that the store has not failed since (a [`Synced`] is made after both returned `Ok`).
 impl Disk for DiskStore {
     fn write(&mut self, batch: &[Verified<Record>]) -> Result<usize, String> {
         self.append(batch).map(|o| o.appended + o.duplicates).map_err(|e| e.to_string())
@@ -54,45 +84,6 @@ impl Disk for DiskStore {
     fn latest_sync(&self) -> Result<Option<Verified<Record>>, String> {
         DiskStore::latest_sync(self).map_err(|e| e.to_string())
     }
-}
-
-/// At start: adopt what the disk holds (it is durable by definition).
-pub fn adopt(core: &mut ServerCore, disk: &dyn Disk, now: u64) {
-    for (w, (_, epoch)) in disk.heads() {
-        core.adopt(w, &disk.chain_hashes(w), epoch, now);
-    }
-    if let Ok(Some(s)) = disk.latest_sync() {
-        core.adopt_sync(s.header().epoch, s.link());
-    }
-}
-
-/// First half of a group commit: takes the next batch and writes it (not yet durable).
-/// Returns `None` if there was nothing to commit, `Some(Ok(n))` if `n` records await the sync,
-/// `Some(Err(outputs))` if the write failed (the core has been told; no ack will follow).
-pub fn commit_write(core: &mut ServerCore, disk: &mut dyn Disk, now: u64) -> Option<Result<usize, Vec<Output>>> {
-    let batch = core.take_batch()?;
-    match disk.write(&batch) {
-        Ok(n) => Some(Ok(n)),
-        Err(e) => Some(Err(core.on_persisted(Err(e), now))),
-    }
-}
-
-/// Second half: syncs, and only if that succeeded tells the core, which acks the batch.
-pub fn commit_synced(core: &mut ServerCore, disk: &mut dyn Disk, written: usize, now: u64) -> Vec<Output> {
-    let result = disk.sync().map(|()| written);
-    core.on_persisted(result, now)
-}
-
-/// Every ready batch, each written and synced before its ack.
-pub fn commit_all(core: &mut ServerCore, disk: &mut dyn Disk, now: u64) -> Vec<Output> {
-    let mut out = Vec::new();
-    while let Some(w) = commit_write(core, disk, now) {
-        match w {
-            Ok(n) => out.extend(commit_synced(core, disk, n, now)),
-            Err(o) => out.extend(o),
-        }
-    }
-    out
 }
 
 /// How a server makes batches durable. Every policy acks a record only after the fsync that
