@@ -34,7 +34,8 @@ pub struct SimConfig {
     /// Per node per ms: probability of a crash (the node restarts `restart_ms` later, empty).
     pub crash: f64,
     pub restart_ms: u64,
-    /// Per ms: probability that the primary coordinator crashes (for good).
+    /// Per ms: probability that the primary coordinator crashes (for good, unless
+    /// `coordinator_restart_ms`).
     pub coordinator_crash: f64,
     /// Per ms: probability of a partition splitting the nodes in two, healed after `heal_ms`.
     pub partition: f64,
@@ -63,6 +64,19 @@ pub struct SimConfig {
     /// chain and claim the epoch before the revocation's (backdated: only the seq bound refuses
     /// them), through the same lossy, reordering network.
     pub revoke_at_ms: Option<u64>,
+    /// Share of ops that first read their key through CapsuleDB: the node takes in the newest
+    /// version any other live node shows for the key (as CapsuleDB would answer it, with its
+    /// original version, possibly before this node applied the record that wrote it), then
+    /// writes the key.
+    pub read_through: f64,
+    /// A crashed primary coordinator restarts this long after its crash, with the same writer
+    /// index and its own chain taken back from its own-chain log (`None`: it stays down).
+    pub coordinator_restart_ms: Option<u64>,
+    /// Coordinators' rejoin period at start (`NodeConfig::rejoin_ms`).
+    pub coordinator_rejoin_ms: u64,
+    /// The primary coordinator's repair cache bound in records (`NodeConfig::cache_records_max`;
+    /// `None`: the default).
+    pub coordinator_cache_records_max: Option<usize>,
 }
 
 impl Default for SimConfig {
@@ -98,6 +112,10 @@ impl Default for SimConfig {
             bug_ack_before_sync: false,
             certified: true,
             revoke_at_ms: None,
+            read_through: 0.0,
+            coordinator_restart_ms: None,
+            coordinator_rejoin_ms: 0,
+            coordinator_cache_records_max: None,
         }
     }
 }
@@ -114,6 +132,29 @@ impl SimConfig {
     /// mid-run while an adversary with its key keeps sending records.
     pub fn revocation() -> SimConfig {
         SimConfig { revoke_at_ms: Some(500), ..SimConfig::durability() }
+    }
+
+    /// The read-through scenario: the default faults, and a third of the ops read their key
+    /// through CapsuleDB before writing it; a write must supersede what its node showed.
+    pub fn read_through() -> SimConfig {
+        SimConfig { read_through: 0.33, ..SimConfig::default() }
+    }
+
+    /// The coordinator-rejoin scenario: the primary coordinator crashes often and restarts
+    /// with its writer index and its own-chain log, a small repair cache and a rejoin period
+    /// during which data records keep arriving; no (writer, seq) may be signed twice.
+    pub fn coordinator_rejoin() -> SimConfig {
+        SimConfig {
+            coordinator_crash: 0.003,
+            coordinator_restart_ms: Some(100),
+            coordinator_rejoin_ms: 150,
+            coordinator_cache_records_max: Some(4),
+            op_rate: 0.3,
+            // Worker nodes stay up: their lost records would leave gaps that only the small
+            // cache could have filled.
+            crash: 0.0,
+            ..SimConfig::default()
+        }
     }
 
     /// A fault-free configuration (for checking the simulator itself).

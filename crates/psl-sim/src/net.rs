@@ -1,6 +1,7 @@
 //! The simulated network: every publish is delivered to every other endpoint through the fault
 //! model. Endpoints are indices; a partition assigns each a side.
 
+use crate::config::SimConfig;
 use rand::rngs::StdRng;
 use rand::Rng;
 use std::collections::BTreeMap;
@@ -23,6 +24,8 @@ pub struct Net {
     seq: u64,
     history: Vec<Vec<u8>>,
     pub side: Vec<u8>,
+    /// When the current partition heals.
+    heal_at: Option<u64>,
     pub stats: NetStats,
 }
 
@@ -36,6 +39,24 @@ pub struct Faults {
 
 const HISTORY_MAX: usize = 4096;
 
+impl Faults {
+    /// The run's faults (while the workload runs).
+    pub fn of(cfg: &SimConfig) -> Faults {
+        Faults {
+            loss: cfg.loss,
+            duplicate: cfg.duplicate,
+            delay_ms_max: cfg.delay_ms_max,
+            corrupt: cfg.corrupt,
+            replay: cfg.replay,
+        }
+    }
+
+    /// No faults, short delays (while the run settles).
+    pub fn calm() -> Faults {
+        Faults { loss: 0.0, duplicate: 0.0, delay_ms_max: 2, corrupt: 0.0, replay: 0.0 }
+    }
+}
+
 impl Net {
     pub fn new(endpoints: usize) -> Net {
         Net {
@@ -43,6 +64,7 @@ impl Net {
             seq: 0,
             history: Vec::new(),
             side: vec![0; endpoints],
+            heal_at: None,
             stats: NetStats::default(),
         }
     }
@@ -125,6 +147,27 @@ impl Net {
         }
         self.stats.delivered += out.len() as u64;
         out
+    }
+
+    /// With probability `p`, unless one is on, a partition splits the endpoints in two at
+    /// random until `heal_at`. Returns whether it did.
+    pub fn maybe_partition(&mut self, rng: &mut StdRng, p: f64, heal_at: u64) -> bool {
+        if self.heal_at.is_some() || !rng.random_bool(p) {
+            return false;
+        }
+        for s in self.side.iter_mut() {
+            *s = rng.random_range(0..2);
+        }
+        self.heal_at = Some(heal_at);
+        true
+    }
+
+    /// The partition heals when due, or at once when `force` (faults have stopped).
+    pub fn heal(&mut self, now: u64, force: bool) {
+        if self.heal_at.is_some_and(|t| now >= t || force) {
+            self.side.iter_mut().for_each(|s| *s = 0);
+            self.heal_at = None;
+        }
     }
 
     pub fn in_flight(&self) -> usize {

@@ -1,15 +1,15 @@
 //! One simulated node: the node's [`NodeEngine`] (the same one `psl-node`'s core thread runs)
 //! with its data writers inline, in place of the writer actors' threads.
 
-use psl_capsule::{Action, Author, Body, KeyStatement, Op, SignedMetadata};
+use psl_capsule::{Action, Author, Body, KeyStatement, Op, Record, SignedMetadata};
 use psl_crypto::AppKey;
-use psl_scl::engine::{write, writer};
+use psl_scl::engine::{write, writer, CoordinatorLog};
 use psl_scl::memtable::key_shard;
 use psl_scl::{
     Command, CoordinatorConfig, CoordinatorSm, LamportClock, Memtable, Metrics, NodeConfig, NodeCore, NodeEngine,
     Output, Version,
 };
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 pub struct SimNode {
     pub id: u32,
@@ -40,20 +40,57 @@ pub enum Effect {
     Note(Output),
 }
 
+/// How to make a [`SimNode`].
+pub struct NodeSpec<'a> {
+    pub id: u32,
+    pub incarnation: u32,
+    pub meta: &'a SignedMetadata,
+    pub app: &'a AppKey,
+    /// Data writers (0 for a coordinator).
+    pub writers: usize,
+    /// The coordinator it runs: its rank and configuration.
+    pub coordinator: Option<(u8, CoordinatorConfig)>,
+    /// Seeds the record salts.
+    pub seed: u64,
+    pub now: u64,
+    pub batch_ops_max: usize,
+    /// The core's configuration (`servers`, the repair cache's bounds, `rejoin_ms`).
+    pub config: NodeConfig,
+    /// The coordinator's own-chain log (a coordinator that restarts with its writer index).
+    pub log: Option<SimLog>,
+}
+
+impl NodeSpec<'_> {
+    /// The core's default configuration with `servers` capsule servers.
+    pub fn config(servers: u32) -> NodeConfig {
+        NodeConfig { servers, ..NodeConfig::default() }
+    }
+}
+
+/// A coordinator's own-chain log in memory: clones share the records, so what was logged
+/// survives the simulated crash of the node that logged it (the runtime's fsync'd chain log).
+#[derive(Clone, Default)]
+pub struct SimLog {
+    records: Arc<Mutex<Vec<Record>>>,
+}
+
+impl SimLog {
+    /// Every record logged, in order.
+    pub fn records(&self) -> Vec<Record> {
+        self.records.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+}
+
+impl CoordinatorLog for SimLog {
+    fn append(&mut self, rec: &Record) -> Result<(), String> {
+        self.records.lock().map_err(|_| "poisoned".to_string())?.push(rec.clone());
+        Ok(())
+    }
+}
+
 impl SimNode {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        id: u32,
-        incarnation: u32,
-        meta: &SignedMetadata,
-        app: &AppKey,
-        writers: usize,
-        coordinator: Option<(u8, CoordinatorConfig)>,
-        seed: u64,
-        now: u64,
-        batch_ops_max: usize,
-        servers: u32,
-    ) -> SimNode {
+    pub fn new(spec: NodeSpec<'_>) -> SimNode {
+        let NodeSpec { id, incarnation, meta, app, writers, coordinator, seed, now, batch_ops_max, config, log } = spec;
         let verifier = Arc::new(psl_capsule::Verifier::new(meta.clone(), Some(app.data_key())));
         let memtable = Arc::new(Memtable::new());
         let clock = Arc::new(LamportClock::new(0));
@@ -85,14 +122,15 @@ impl SimNode {
             metrics.clone(),
             authors.iter().map(|a| a.writer()),
             core_coord,
-            NodeConfig { servers, ..NodeConfig::default() },
+            config,
         );
         core.set_announcements(own_certs);
+        let log = log.map(|l| Box::new(l) as Box<dyn CoordinatorLog>);
         SimNode {
             id,
             incarnation,
             alive: true,
-            engine: NodeEngine::new(core, coord_author.map(|a| (a, None)), false),
+            engine: NodeEngine::new(core, coord_author.map(|a| (a, log)), false),
             memtable,
             clock,
             metrics,
@@ -102,6 +140,28 @@ impl SimNode {
             quiet_until: 0,
             introduced: false,
         }
+    }
+
+    /// A restarted coordinator takes its own chain back from its log, as the runtime does at
+    /// start (`restore_own_chain` in `psl-node`): each record applied as if received, then the
+    /// rejoin period lasts until its chain is back through the newest seq it signed.
+    pub fn restore_own_chain(&mut self, records: Vec<Record>, now: u64, fx: &mut Vec<Effect>) {
+        let mut newest = None;
+        for rec in records {
+            newest = Some(rec.header().seq);
+            // A record that waits for a certificate or does not verify here still counts.
+            let _ = self.engine.restore_own(rec);
+        }
+        if let Some(seq) = newest {
+            self.engine.core_mut().hold_rejoin_until(seq);
+        }
+        self.commands(now, fx);
+    }
+
+    /// What CapsuleDB answered for `key`: its newest version and value (another node's, with
+    /// its original version), taken in by the runtime's rule ([`write::learn`]).
+    pub fn learn(&mut self, key: &[u8], found: Option<(Version, Option<Arc<[u8]>>)>) -> Option<bool> {
+        write::learn(&self.memtable, &self.clock, key, found, 0)
     }
 
     /// The protocol core inside the engine (epochs, the orderer, durability).
@@ -137,18 +197,19 @@ impl SimNode {
         }
     }
 
-    /// A local put (`Some`) or delete (`None`): visible locally at once, sealed later.
-    pub fn put(&mut self, key: Vec<u8>, value: Option<Vec<u8>>, now: u64, fx: &mut Vec<Effect>) {
+    /// A local put (`Some`) or delete (`None`): visible locally at once, sealed later. Returns
+    /// the version it was given (`None`: this node has no data writers).
+    pub fn put(&mut self, key: Vec<u8>, value: Option<Vec<u8>>, now: u64, fx: &mut Vec<Effect>) -> Option<Version> {
         if self.authors.is_empty() {
-            return;
+            return None;
         }
         let shard = key_shard(&key, self.authors.len());
         let writer = self.authors[shard].writer();
         // The runtime's rule: the write supersedes every version of the key this node shows.
         // Single-threaded, the second tick always passes what the first missed.
-        let Version { lamport, .. } =
-            write::stamp(&self.memtable, &self.clock, &key, value.as_deref(), writer, u64::MAX)
-                .expect("a simulated write supersedes what its node shows");
+        let version = write::stamp(&self.memtable, &self.clock, &key, value.as_deref(), writer, u64::MAX)
+            .expect("a simulated write supersedes what its node shows");
+        let lamport = version.lamport;
         let action = match value {
             Some(v) => Action::Put(v),
             None => Action::Delete,
@@ -157,6 +218,7 @@ impl SimNode {
         if self.pending[shard].len() >= self.batch_ops_max {
             self.flush_one(shard, now, fx);
         }
+        Some(version)
     }
 
     pub fn flush(&mut self, now: u64, fx: &mut Vec<Effect>) {

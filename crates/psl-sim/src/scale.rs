@@ -12,9 +12,9 @@
 //! measures resident memory, the engines' state included, since this crate does no I/O).
 //! At the end the run checks that the nodes of each capsule converged (equal memtables).
 
-use crate::node::{Effect, SimNode};
-use psl_capsule::{new_capsule, Limits};
-use psl_crypto::OwnerKey;
+use crate::node::{Effect, NodeSpec, SimNode};
+use psl_capsule::{new_capsule, Limits, SignedMetadata};
+use psl_crypto::{AppKey, OwnerKey};
 use psl_fabric::subject::{classify, Interest, Leaf, Route};
 use psl_scl::CoordinatorConfig;
 use rand::rngs::StdRng;
@@ -124,98 +124,15 @@ pub fn run_scale(cfg: &ScaleConfig, rss: &dyn Fn() -> u64) -> Result<ScaleReport
     }
     let base_rss = rss();
     let mut rng = StdRng::seed_from_u64(cfg.seed);
-    let mut metas = Vec::new();
-    for c in 0..cfg.capsules {
-        let mut s = [0u8; 32];
-        s[..8].copy_from_slice(&cfg.seed.to_le_bytes());
-        s[8..16].copy_from_slice(&(c as u64).to_le_bytes());
-        s[16] = 0x5c;
-        let owner = OwnerKey::from_seed(&s).map_err(|e| e.to_string())?;
-        let app = owner.app(1).map_err(|e| e.to_string())?;
-        let meta = new_capsule(&owner, 1, &format!("scale-{c}"), 0, Limits::default()).map_err(|e| e.to_string())?;
-        metas.push((meta, app));
-    }
-    let mut eps: Vec<Ep> = Vec::with_capacity(cfg.nodes + cfg.capsules);
-    for i in 0..cfg.nodes {
-        let c = i % cfg.capsules;
-        let (meta, app) = &metas[c];
-        let id = i as u32 + 1;
-        let node = SimNode::new(id, 0, meta, app, 1, None, cfg.seed ^ id as u64, 0, cfg.batch_ops_max, 0);
-        let interest = Interest::node(meta.name().0 .0, id, false);
-        eps.push(Ep {
-            node,
-            capsule: c,
-            interest,
-            worker: true,
-            rx_records: 0,
-            rx_bytes: 0,
-            flood_records: 0,
-            flood_bytes: 0,
-        });
-    }
-    for (c, (meta, app)) in metas.iter().enumerate() {
-        let ccfg = CoordinatorConfig {
-            epoch_ms: cfg.epoch_ms,
-            eoe_timeout_ms: cfg.epoch_ms * 3,
-            takeover_after_epochs: 5,
-            rank: 0,
-            ranks: meta.meta.policy.coordinators,
-            missed_eoe_max: 3,
-        };
-        let id = 32_000 + c as u32;
-        let node = SimNode::new(id, 0, meta, app, 0, Some((0, ccfg)), cfg.seed ^ 0xC0, 0, cfg.batch_ops_max, 0);
-        let interest = Interest::coordinator(meta.name().0 .0);
-        eps.push(Ep {
-            node,
-            capsule: c,
-            interest,
-            worker: false,
-            rx_records: 0,
-            rx_bytes: 0,
-            flood_records: 0,
-            flood_bytes: 0,
-        });
-    }
+    // The capsules' keys stay alive with the nodes (they count in the memory measured).
+    let (_metas, mut eps) = endpoints(cfg)?;
     let mut by_capsule: Vec<Vec<usize>> = vec![Vec::new(); cfg.capsules];
     for (i, e) in eps.iter().enumerate() {
         by_capsule[e.capsule].push(i);
     }
-    // Deliveries due next millisecond: (to, bytes).
-    let mut due: VecDeque<(usize, std::sync::Arc<[u8]>)> = VecDeque::new();
-    let mut published = 0u64;
-    let mut verifications = 0u64;
-    let mut ops = 0u64;
-    let p_put = cfg.puts_per_node_per_s / 1000.0;
     let total = cfg.work_ms + cfg.settle_ms;
-    let mut fx = Vec::new();
-    let mut flood = FloodTotals::default();
-    let n_eps = eps.len();
-    for now in 0..total {
-        // Deliver what was published during the previous millisecond.
-        let batch: Vec<_> = due.drain(..).collect();
-        for (to, bytes) in batch {
-            fx.clear();
-            eps[to].node.receive(&bytes, now, &mut fx);
-            publish(&mut eps, &by_capsule, &mut flood, to, &mut fx, &mut due, &mut published);
-        }
-        for i in 0..n_eps {
-            fx.clear();
-            let e = &mut eps[i];
-            if e.worker && now < cfg.work_ms && rng.random_bool(p_put.min(1.0)) {
-                let key = format!("k{}", rng.random_range(0..cfg.keys)).into_bytes();
-                let value = vec![b'v'; cfg.value_bytes];
-                e.node.put(key, Some(value), now, &mut fx);
-                ops += 1;
-            }
-            if now.is_multiple_of(cfg.flush_ms) {
-                e.node.flush(now, &mut fx);
-            }
-            if now.is_multiple_of(cfg.tick_ms) {
-                e.node.tick(now, &mut fx);
-            }
-            publish(&mut eps, &by_capsule, &mut flood, i, &mut fx, &mut due, &mut published);
-        }
-    }
+    let (published, ops, flood) = drive(cfg, &mut rng, &mut eps, &by_capsule);
+    let mut verifications = 0u64;
     for e in &mut eps {
         verifications += e.rx_records;
         // Until here `flood_*` held what the endpoint itself published.
@@ -246,6 +163,130 @@ pub fn run_scale(cfg: &ScaleConfig, rss: &dyn Fn() -> u64) -> Result<ScaleReport
         rss_bytes: end_rss,
         rss_per_node_bytes: end_rss.saturating_sub(base_rss) / cfg.nodes as u64,
     })
+}
+
+/// The capsules (their owner keys from the seed) and the endpoints: the worker nodes, node
+/// `i` in capsule `i % capsules`, then one coordinator per capsule.
+#[allow(clippy::type_complexity)]
+fn endpoints(cfg: &ScaleConfig) -> Result<(Vec<(SignedMetadata, AppKey)>, Vec<Ep>), String> {
+    let mut metas = Vec::new();
+    for c in 0..cfg.capsules {
+        let mut s = [0u8; 32];
+        s[..8].copy_from_slice(&cfg.seed.to_le_bytes());
+        s[8..16].copy_from_slice(&(c as u64).to_le_bytes());
+        s[16] = 0x5c;
+        let owner = OwnerKey::from_seed(&s).map_err(|e| e.to_string())?;
+        let app = owner.app(1).map_err(|e| e.to_string())?;
+        let meta = new_capsule(&owner, 1, &format!("scale-{c}"), 0, Limits::default()).map_err(|e| e.to_string())?;
+        metas.push((meta, app));
+    }
+    let mut eps: Vec<Ep> = Vec::with_capacity(cfg.nodes + cfg.capsules);
+    for i in 0..cfg.nodes {
+        let c = i % cfg.capsules;
+        let (meta, app) = &metas[c];
+        let id = i as u32 + 1;
+        let node = SimNode::new(NodeSpec {
+            id,
+            incarnation: 0,
+            meta,
+            app,
+            writers: 1,
+            coordinator: None,
+            seed: cfg.seed ^ id as u64,
+            now: 0,
+            batch_ops_max: cfg.batch_ops_max,
+            config: NodeSpec::config(0),
+            log: None,
+        });
+        let interest = Interest::node(meta.name().0 .0, id, false);
+        eps.push(Ep {
+            node,
+            capsule: c,
+            interest,
+            worker: true,
+            rx_records: 0,
+            rx_bytes: 0,
+            flood_records: 0,
+            flood_bytes: 0,
+        });
+    }
+    for (c, (meta, app)) in metas.iter().enumerate() {
+        let ccfg = CoordinatorConfig {
+            epoch_ms: cfg.epoch_ms,
+            eoe_timeout_ms: cfg.epoch_ms * 3,
+            takeover_after_epochs: 5,
+            rank: 0,
+            ranks: meta.meta.policy.coordinators,
+            missed_eoe_max: 3,
+        };
+        let id = 32_000 + c as u32;
+        let node = SimNode::new(NodeSpec {
+            id,
+            incarnation: 0,
+            meta,
+            app,
+            writers: 0,
+            coordinator: Some((0, ccfg)),
+            seed: cfg.seed ^ 0xC0,
+            now: 0,
+            batch_ops_max: cfg.batch_ops_max,
+            config: NodeSpec::config(0),
+            log: None,
+        });
+        let interest = Interest::coordinator(meta.name().0 .0);
+        eps.push(Ep {
+            node,
+            capsule: c,
+            interest,
+            worker: false,
+            rx_records: 0,
+            rx_bytes: 0,
+            flood_records: 0,
+            flood_bytes: 0,
+        });
+    }
+    Ok((metas, eps))
+}
+
+/// The run: writes during `work_ms`, then quiet until `settle_ms` more have passed; messages
+/// routed by subject. Returns (messages published, ops issued, the flood's totals).
+fn drive(cfg: &ScaleConfig, rng: &mut StdRng, eps: &mut [Ep], by_capsule: &[Vec<usize>]) -> (u64, u64, FloodTotals) {
+    // Deliveries due next millisecond: (to, bytes).
+    let mut due: VecDeque<(usize, std::sync::Arc<[u8]>)> = VecDeque::new();
+    let mut published = 0u64;
+    let mut ops = 0u64;
+    let p_put = cfg.puts_per_node_per_s / 1000.0;
+    let total = cfg.work_ms + cfg.settle_ms;
+    let mut fx = Vec::new();
+    let mut flood = FloodTotals::default();
+    let n_eps = eps.len();
+    for now in 0..total {
+        // Deliver what was published during the previous millisecond.
+        let batch: Vec<_> = due.drain(..).collect();
+        for (to, bytes) in batch {
+            fx.clear();
+            eps[to].node.receive(&bytes, now, &mut fx);
+            publish(eps, by_capsule, &mut flood, to, &mut fx, &mut due, &mut published);
+        }
+        for i in 0..n_eps {
+            fx.clear();
+            let e = &mut eps[i];
+            if e.worker && now < cfg.work_ms && rng.random_bool(p_put.min(1.0)) {
+                let key = format!("k{}", rng.random_range(0..cfg.keys)).into_bytes();
+                let value = vec![b'v'; cfg.value_bytes];
+                e.node.put(key, Some(value), now, &mut fx);
+                ops += 1;
+            }
+            if now.is_multiple_of(cfg.flush_ms) {
+                e.node.flush(now, &mut fx);
+            }
+            if now.is_multiple_of(cfg.tick_ms) {
+                e.node.tick(now, &mut fx);
+            }
+            publish(eps, by_capsule, &mut flood, i, &mut fx, &mut due, &mut published);
+        }
+    }
+    (published, ops, flood)
 }
 
 /// Routes what endpoint `from` published: to its capsule's subscribers by subject (queued for

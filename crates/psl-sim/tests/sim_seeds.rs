@@ -26,9 +26,10 @@ fn calm_network_converges_to_the_model() {
     run_range(0, 4, &SimConfig::calm());
 }
 
+/// A sample of seeds (the suite stays fast); `psl sim --seeds 1000` runs the many.
 #[test]
-fn two_hundred_faulty_seeds_hold_every_invariant() {
-    run_range(1000, 200, &SimConfig::default());
+fn faulty_seeds_hold_every_invariant() {
+    run_range(1000, 64, &SimConfig::default());
 }
 
 #[test]

@@ -1,0 +1,20 @@
+//! A revocation reaches everyone: at the end of a run that revoked a writer, every live node
+//! and server has learnt it (through the lossy network).
+
+use crate::cluster::Cluster;
+use crate::Violation;
+
+pub fn check_end(seed: u64, cluster: &Cluster, revoked: Option<(u32, u64)>) -> Result<(), Violation> {
+    let Some((writer, _)) = revoked else { return Ok(()) };
+    for ep in &cluster.eps {
+        if ep.node.as_ref().is_some_and(|x| x.engine.verifier().revocations().is_empty()) {
+            return Err(Violation::RevocationNotLearnt { seed, who: format!("node {}", ep.id), writer });
+        }
+    }
+    for (i, slot) in cluster.slots.iter().enumerate() {
+        if slot.server.as_ref().is_some_and(|x| x.verifier().revocations().is_empty()) {
+            return Err(Violation::RevocationNotLearnt { seed, who: format!("server {i}"), writer });
+        }
+    }
+    Ok(())
+}
