@@ -70,6 +70,32 @@ impl SimDisk {
     }
 }
 
+/// The simulator's deliberate bug (`bug_ack_before_sync`): a disk whose `sync` returns at
+/// once without making anything durable, so the server acks a batch a crash can still lose
+/// (the checker must catch it). Everything else is the simulated disk's.
+struct LyingDisk<'a>(&'a mut SimDisk);
+
+impl Disk for LyingDisk<'_> {
+    fn write(&mut self, batch: &[Verified<Record>]) -> Result<usize, String> {
+        self.0.write(batch)
+    }
+    fn sync(&mut self) -> Result<(), String> {
+        Ok(())
+    }
+    fn heads(&self) -> BTreeMap<u32, (u64, u64)> {
+        self.0.heads()
+    }
+    fn chain_hashes(&self, writer: u32) -> Vec<Hash256> {
+        self.0.chain_hashes(writer)
+    }
+    fn range(&self, writer: u32, from_seq: u64, to_seq: u64) -> Result<Vec<Verified<Record>>, String> {
+        self.0.range(writer, from_seq, to_seq)
+    }
+    fn latest_sync(&self) -> Result<Option<Verified<Record>>, String> {
+        self.0.latest_sync()
+    }
+}
+
 impl Disk for SimDisk {
     fn write(&mut self, batch: &[Verified<Record>]) -> Result<usize, String> {
         // Same rules as the real store: chain order, duplicates skipped, nothing written if
@@ -257,7 +283,8 @@ impl SimServer {
             Some(Ok(n)) => {
                 self.syncing = Some((n, now + fsync_ms));
                 if self.ack_before_sync {
-                    let out = self.core.on_persisted(Ok(n), now);
+                    // The bug: a disk whose sync says done before anything is durable.
+                    let out = disk::commit_synced(&mut self.core, &mut LyingDisk(disk), n, now);
                     self.outputs(out, disk, fx);
                 }
             }

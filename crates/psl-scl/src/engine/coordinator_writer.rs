@@ -8,9 +8,8 @@
 use psl_capsule::{Author, Head, Record, RotationCert, SealError};
 use psl_crypto::{DataKey, SigningKey};
 
-/// Where a coordinator's own records become durable before they are published (the runtime's
-/// fsync'd chain log; none in the simulator, which models a coordinator that never restarts
-/// with the same writer index).
+/// Where a coordinator's own records become durable before they are published: the runtime's
+/// fsync'd chain log, or the simulator's in-memory one that outlives a simulated crash.
 pub trait CoordinatorLog: Send {
     /// Appends one record; returns only once it is durable.
     fn append(&mut self, rec: &Record) -> Result<(), String>;

@@ -38,12 +38,6 @@ pub(super) fn sync(disk: &mut dyn Disk) -> Result<Synced, String> {
     Ok(Synced { _durable: () })
 }
 
-/// A proof with no sync behind it, for the commit path's one fault-injection entry
-/// (`ServerCore::on_persisted`, the simulator's deliberate ack-before-fsync bug) and nothing else.
-pub(super) fn unsynced_for_fault_injection() -> Synced {
-    Synced { _durable: () }
-}
-
 /// What a capsule server needs from its storage. Everything returned is durable (synced),
 /// except what [`Disk::write`] put there since the last [`Disk::sync`].
 pub trait Disk {

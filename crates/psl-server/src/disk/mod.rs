@@ -45,21 +45,6 @@ pub fn commit_synced(core: &mut ServerCore, disk: &mut dyn Disk, written: usize,
     }
 }
 
-impl ServerCore {
-    /// **Fault injection only**: the simulator's deliberate bug (`bug_ack_before_sync`), which
-    /// shows that its checker catches a server acking before its fsync, reports a batch from
-    /// [`ServerCore::take_batch`] persisted *without* a sync, and this acks it at once. It is
-    /// the one way round [`Synced`], kept (hidden) only until the simulator makes that bug
-    /// with a disk whose `sync` lies instead; every real path is [`commit_synced`].
-    #[doc(hidden)]
-    pub fn on_persisted(&mut self, result: Result<usize, String>, now: u64) -> Vec<Output> {
-        match result {
-            Ok(records) => self.on_synced(medium::unsynced_for_fault_injection(), records, now),
-            Err(e) => self.on_commit_failed(e),
-        }
-    }
-}
-
 /// Every ready batch, each written and synced before its ack.
 pub fn commit_all(core: &mut ServerCore, disk: &mut dyn Disk, now: u64) -> Vec<Output> {
     let mut out = Vec::new();
