@@ -23,6 +23,8 @@
 //! - [`engine`]: [`NodeEngine`], the node behind one interface: events in, [`Command`]s out;
 //!   it owns the [`NodeCore`] and drives the coordinator's writer (and its own-chain log).
 //!   The runtime's core thread and the simulator both run it.
+//! - `durability`: the servers' acks per own writer, the quorum, and the durability barriers
+//!   answered with a [`QuorumDurable`] proof (a handler of the [`NodeCore`]).
 //! - [`metrics`]: counters, rejections by reason, Prometheus text.
 //!
 //! The protocol is described in `docs/protocol/scl.md`.
@@ -30,6 +32,7 @@
 pub mod clock;
 pub mod coordinator;
 pub mod dbwire;
+mod durability;
 pub mod engine;
 pub mod inline_key;
 pub mod memtable;

@@ -7,6 +7,8 @@
 //! runtime, inline in the simulator.
 
 use crate::coordinator::{CoordinatorAction, CoordinatorSm};
+use crate::durability::Durability;
+pub use crate::durability::{DurableStatus, DurableTicket, QuorumDurable};
 use crate::memtable::{Memtable, Version};
 use crate::metrics::{Metrics, RejectReason};
 use crate::orderer::{Orderer, OrdererAction, OrdererConfig};
@@ -140,48 +142,6 @@ struct SyncWait {
     done: bool,
 }
 
-/// A pending `sync_durable()`: see [`NodeCore::begin_durable`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DurableTicket {
-    id: u64,
-}
-
-/// How far a durability barrier got: for the own writer that is least acked, how many
-/// distinct servers have acked everything it needs, and how many must.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DurableStatus {
-    pub acked_by: usize,
-    pub quorum: usize,
-    pub servers: u32,
-}
-
-impl DurableStatus {
-    pub fn done(&self) -> bool {
-        self.acked_by >= self.quorum
-    }
-}
-
-/// Proof that a quorum of capsule servers acked every own record a durability barrier waited
-/// for (servers ack only after their fsync). Only [`NodeCore::durable_proof`] makes one, and
-/// only for a barrier it still tracks whose acks reached the quorum: the runtime's answer to a
-/// durable sync carries it, so no code path can answer "durable" without the acks.
-#[derive(Debug)]
-pub struct QuorumDurable {
-    acked_by: usize,
-    quorum: usize,
-}
-
-impl QuorumDurable {
-    /// How many servers acked (at least the quorum).
-    pub fn acked_by(&self) -> usize {
-        self.acked_by
-    }
-
-    pub fn quorum(&self) -> usize {
-        self.quorum
-    }
-}
-
 /// Records kept for repair answers, by (writer, seq), within a count and a byte bound.
 #[derive(Debug, Default)]
 struct Cache {
@@ -251,8 +211,8 @@ pub struct NodeCore {
     own_floor: Option<u64>,
     last_floor_log: u64,
     last_probe: Option<u64>,
-    /// Per server id, per own writer: the server's durable next seq (everything below is acked).
-    acked: BTreeMap<u32, BTreeMap<u32, u64>>,
+    /// The servers' acks of own writers' records and the durability barriers on them.
+    durability: Durability,
     /// The newest unverified ack per server, verified at the next tick: acks are cumulative,
     /// so one signature check per server per tick stands for all those that came meanwhile
     /// (a server acks every group commit, a front end would otherwise verify thousands a second).
@@ -273,8 +233,6 @@ pub struct NodeCore {
     /// Own heads as last hinted for flow control, and when.
     flow_hinted: BTreeMap<u32, u64>,
     last_flow_hint_at: u64,
-    /// Durability barriers: own writers' next seqs that must be acked by a quorum.
-    durables: BTreeMap<u64, BTreeMap<u32, u64>>,
     /// The application key generation this node's coordinator writer holds keys for.
     coordinator_key_gen: u32,
     /// Certificates of this node's own writers (a certified capsule), announced on the fabric
@@ -346,7 +304,7 @@ impl NodeCore {
             own_floor: None,
             last_floor_log: 0,
             last_probe: None,
-            acked: BTreeMap::new(),
+            durability: Durability::new(cfg.servers),
             pending_acks: BTreeMap::new(),
             db_acked: BTreeMap::new(),
             db_moved_at: 0,
@@ -355,7 +313,6 @@ impl NodeCore {
             peers: BTreeMap::new(),
             flow_hinted: BTreeMap::new(),
             last_flow_hint_at: 0,
-            durables: BTreeMap::new(),
             coordinator_key_gen: 0,
             announce: Vec::new(),
             last_announce_at: None,
@@ -737,7 +694,7 @@ impl NodeCore {
                 }
             }
         };
-        let known = if id == DB_ACKER { Some(&self.db_acked) } else { self.acked.get(&id) };
+        let known = if id == DB_ACKER { Some(&self.db_acked) } else { self.durability.acked(id) };
         let useful = a.entries.iter().any(|e| {
             self.local.contains(&e.writer) && known.and_then(|m| m.get(&e.writer)).is_none_or(|next| e.to_seq >= *next)
         });
@@ -788,7 +745,6 @@ impl NodeCore {
             }
         }
         let mut moved = false;
-        let m = if id == DB_ACKER { &mut self.db_acked } else { self.acked.entry(id).or_default() };
         for e in a.entries.iter().filter(|e| self.local.contains(&e.writer)) {
             if self.orderer.applied_hash(e.writer, e.to_seq) != Some(e.hash) {
                 tracing::warn!(
@@ -799,9 +755,13 @@ impl NodeCore {
                 );
                 continue;
             }
-            let next = m.entry(e.writer).or_insert(0);
-            moved |= e.to_seq + 1 > *next;
-            *next = (*next).max(e.to_seq + 1);
+            if id == DB_ACKER {
+                let next = self.db_acked.entry(e.writer).or_insert(0);
+                moved |= e.to_seq + 1 > *next;
+                *next = (*next).max(e.to_seq + 1);
+            } else {
+                self.durability.record(id, e.writer, e.to_seq + 1);
+            }
         }
         if moved && id == DB_ACKER {
             self.db_moved_at = self.now_ms;
@@ -856,19 +816,12 @@ impl NodeCore {
 
     /// Majority of the configured servers.
     pub fn quorum(&self) -> usize {
-        self.cfg.servers as usize / 2 + 1
-    }
-
-    /// How many servers have acked own writer `writer` up to (excluding) `next`.
-    fn acked_by(&self, writer: u32, next: u64) -> usize {
-        self.acked.values().filter(|m| m.get(&writer).is_some_and(|s| *s >= next)).count()
+        self.durability.quorum()
     }
 
     /// Own writer `writer`'s durable next seq: every record below it is acked by a quorum.
     pub fn durable_next(&self, writer: u32) -> u64 {
-        let mut v: Vec<u64> = self.acked.values().map(|m| m.get(&writer).copied().unwrap_or(0)).collect();
-        v.sort_unstable_by(|a, b| b.cmp(a));
-        v.get(self.quorum() - 1).copied().unwrap_or(0)
+        self.durability.durable_next(writer)
     }
 
     /// Starts a durability barrier: done once, for every own writer, the records below
@@ -876,41 +829,22 @@ impl NodeCore {
     pub fn begin_durable(&mut self, next_seqs: BTreeMap<u32, u64>) -> DurableTicket {
         let id = self.next_ticket;
         self.next_ticket += 1;
-        self.durables.insert(id, next_seqs);
-        DurableTicket { id }
+        self.durability.begin(id, next_seqs)
     }
 
     /// The proof that a durability barrier is done, or where it stands.
     pub fn durable_proof(&self, t: &DurableTicket) -> Result<QuorumDurable, DurableStatus> {
-        let st = self.durable_status(t);
-        if st.done() && self.durables.contains_key(&t.id) {
-            debug_assert!(st.acked_by >= st.quorum);
-            Ok(QuorumDurable { acked_by: st.acked_by, quorum: st.quorum })
-        } else {
-            Err(st)
-        }
+        self.durability.proof(t)
     }
 
-    /// Where a durability barrier stands. One this core no longer tracks (a RESET forgot it)
-    /// has no acks: a reset must never answer a waiting durable sync as done.
+    /// Where a durability barrier stands (see [`Durability::status`]).
     pub fn durable_status(&self, t: &DurableTicket) -> DurableStatus {
-        let quorum = self.quorum();
-        let servers = self.cfg.servers;
-        let Some(need) = self.durables.get(&t.id) else {
-            return DurableStatus { acked_by: 0, quorum, servers };
-        };
-        let acked_by = need
-            .iter()
-            .filter(|(_, next)| **next > 0)
-            .map(|(w, next)| self.acked_by(*w, *next))
-            .min()
-            .unwrap_or(servers as usize);
-        DurableStatus { acked_by, quorum, servers }
+        self.durability.status(t)
     }
 
     /// Forgets a durability barrier (done, or its caller gave up).
     pub fn end_durable(&mut self, t: &DurableTicket) {
-        self.durables.remove(&t.id);
+        self.durability.end(t);
     }
 
     pub fn clock(&self) -> &Arc<LamportClock> {
@@ -1294,7 +1228,7 @@ impl NodeCore {
         self.syncs.clear();
         self.last_sync = None;
         self.hinted.clear();
-        self.durables.clear();
+        self.durability.forget_barriers();
         self.peers.clear();
         self.flow_hinted.clear();
         if let Some(c) = &mut self.coordinator {
