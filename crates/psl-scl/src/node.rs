@@ -837,7 +837,7 @@ impl NodeCore {
         self.durability.proof(t)
     }
 
-    /// Where a durability barrier stands (see [`Durability::status`]).
+    /// Where a durability barrier stands; one a RESET forgot has no acks (it is never done).
     pub fn durable_status(&self, t: &DurableTicket) -> DurableStatus {
         self.durability.status(t)
     }

@@ -1,7 +1,7 @@
 //! The workload: each worker node that is up (and not catching up after a restart) issues a
 //! put or a delete of one of a few keys at the run's rate; in the read-through scenario, some
 //! ops first read their key through CapsuleDB. Each write is checked at once
-//! ([`checker::read_your_writes`]).
+//! ([`crate::checker::read_your_writes`]).
 
 use crate::checker::read_your_writes;
 use crate::cluster::{Cluster, Produced};

@@ -13,7 +13,7 @@
 //! Modules:
 //! - [`writer`]: a data writer's own duties (its introduction, its EOE), shared by the
 //!   runtime's writer actors and the simulator's inline writers.
-//! - [`write`]: the local write path's rules about time (a write supersedes what its node
+//! - [`write`](mod@write): the local write path's rules about time (a write supersedes what its node
 //!   shows; what CapsuleDB answers passes the clock first), shared with the runtime's `put`.
 //! - `coordinator_writer`: the coordinator's writer and its own-chain log.
 
