@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what `psl report` and its tests need:
-# - Debian's chromium: crates/psl/tests/report_browser.rs loads the HTML report in headless mode;
+# - Debian's chromium: crates/psl-tools/tests/report_browser.rs loads the HTML report in headless mode;
 # - redis-server: the durable anchor of `psl bench ycsb` (appendfsync always) in the report;
 # - memcached and memcaslap come from scripts/install-memcached-test-deps.sh.
 # Idempotent: skips what is already there.

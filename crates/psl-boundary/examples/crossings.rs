@@ -1,7 +1,7 @@
 //! Prints the boundary crossing benchmark as JSON.
 //!
 //! ```text
-//! cargo run --release -p psl-boundary --example crossings -- [--round-trips N] [--warmup N]
+//! cargo run --release -p psl-boundary --features bench --example crossings -- [--round-trips N] [--warmup N]
 //!     [--rounds N] [--stream-items N] [--capacity N] [--record-bytes N] [--no-os] [--no-pin]
 //! ```
 

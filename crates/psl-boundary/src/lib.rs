@@ -8,9 +8,9 @@
 //!   [`Consumer`], [`Full`], [`RingStats`], [`RingMonitor`]): the layout (one cache line per
 //!   crossing, request and answer in the same line), and the proof that the `unsafe` is sound.
 //! - [`backoff`]: [`BackoffPolicy`], how blocked operations spin, yield and sleep.
-//! - [`bench`](mod@bench): [`bench_crossings`], the crossing benchmark (ring vs. the cache-line
-//!   floor, `rtrb`, `std::sync::mpsc` and a pipe), and streaming throughput.
-//!   `examples/crossings.rs` prints it as JSON.
+//! - `bench` (feature `bench`, off by default; psl-tools turns it on): `bench_crossings`, the
+//!   crossing benchmark (ring vs. the cache-line floor, `rtrb`, `std::sync::mpsc` and a pipe),
+//!   and streaming throughput. `examples/crossings.rs` prints it as JSON.
 //! - `padded`: 128-byte cache padding.
 //!
 //! # What crosses
@@ -72,9 +72,10 @@
 //! line, the hardware floor (~265 TSC cycles, ~100 ns, here; the floor itself measures
 //! 225–280 depending on where its line lands), about half of `rtrb`, ~300x below a pipe or a
 //! blocking channel. The PSL paper's SGX ring measured 461–526 cycles. Run
-//! `cargo run --release -p psl-boundary --example crossings`.
+//! `cargo run --release -p psl-boundary --features bench --example crossings`.
 
 pub mod backoff;
+#[cfg(feature = "bench")]
 pub mod bench;
 pub mod boundary;
 mod padded;
@@ -83,6 +84,7 @@ pub mod ring;
 use std::sync::Arc;
 
 pub use backoff::BackoffPolicy;
+#[cfg(feature = "bench")]
 pub use bench::{bench_crossings, CaseReport, CrossingConfig, CrossingReport, HEADLINE_KEYS};
 pub use boundary::{Boundary, BoundaryMonitor, BoundaryStats, CoreSide, HostSide};
 pub use ring::{Consumer, Full, Producer, RingMonitor, RingStats};

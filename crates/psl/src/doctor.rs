@@ -126,6 +126,19 @@ pub fn program_check(name: &'static str, found: Option<&Path>, what_for: &str, f
     }
 }
 
+/// `psl-tools` beside this binary: `psl bench`, `psl report` and `psl chaos` run it (WARN if
+/// missing: the roles do not need it).
+pub fn tools_check(found: Result<&std::path::PathBuf, String>) -> Check {
+    match found {
+        Ok(p) => Check::pass("psl-tools", format!("{} (psl bench, psl report, psl chaos)", p.display())),
+        Err(e) => Check::warn(
+            "psl-tools",
+            format!("psl bench, psl report and psl chaos will not run: {e}"),
+            "cargo build --release -p psl-tools, and put target/release/psl-tools beside psl",
+        ),
+    }
+}
+
 /// Loopback: binding 127.0.0.1:0 must work (FAIL otherwise); each default port in use is a WARN.
 pub fn loopback_checks(ephemeral: Result<(), String>, ports: &[(u16, &str, bool)]) -> Vec<Check> {
     let mut out = Vec::new();
@@ -247,6 +260,7 @@ pub fn observe(dir: &Path) -> Vec<Check> {
         gramine: Path::new(psl_faas::attest_gramine::GRAMINE_DIR_DEFAULT).join("attestation_type").exists(),
         sgx_nodes,
     }));
+    out.push(tools_check(crate::tools::tools_exe().as_ref().map_err(|e| format!("{e:#}"))));
     out.push(program_check(
         "nats-server",
         which("nats-server").as_deref(),
@@ -363,6 +377,16 @@ fn kernel_synchronized() -> Option<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tools_missing_is_a_warn_with_the_build_command() {
+        let p = std::path::PathBuf::from("/opt/psl/psl-tools");
+        assert_eq!(tools_check(Ok(&p)).status, Status::Pass);
+        let c = tools_check(Err("/opt/psl/psl-tools not found".into()));
+        assert_eq!(c.status, Status::Warn);
+        assert!(c.detail.contains("/opt/psl/psl-tools"), "{c:?}");
+        assert!(c.fix.contains("cargo build --release -p psl-tools"), "{c:?}");
+    }
 
     #[test]
     fn attestation_without_any_tee_is_one_warn_with_a_fix() {

@@ -1,6 +1,6 @@
 //! Supervised child processes of `psl up` and `psl up --config` (a cluster host): spawned
 //! with a parent-death signal, their ready lines read, stopped together (SIGTERM, then SIGKILL
-//! after 3 s); Ctrl-C and SIGTERM set [`STOP`]; and the fabric flags every child role gets.
+//! after 3 s); Ctrl-C and SIGTERM set `STOP`; and the fabric flags every child role gets.
 
 use anyhow::{bail, Context, Result};
 use std::io::{BufRead, BufReader};
@@ -55,7 +55,7 @@ pub(crate) fn spawn(name: &str, args: &[String]) -> Result<(Kid, std::sync::mpsc
 
 /// Has the child `cmd` starts get `signal` when this process dies, even by SIGKILL
 /// (`PR_SET_PDEATHSIG`).
-pub(crate) fn die_with_parent(cmd: &mut Command, signal: libc::c_int) {
+pub fn die_with_parent(cmd: &mut Command, signal: libc::c_int) {
     use std::os::unix::process::CommandExt;
     // SAFETY: the closure runs in the forked child before exec and only calls prctl(2), which
     // is async-signal-safe; it touches no memory of the parent and allocates nothing.

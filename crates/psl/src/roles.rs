@@ -79,7 +79,7 @@ pub struct BudgetArgs {
 
 /// A role of the deployment, for its default memory budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RoleKind {
+pub enum RoleKind {
     Router,
     CapsuleServer,
     Coordinator,
@@ -92,7 +92,7 @@ impl RoleKind {
     /// The default budget, MiB: what the role measured at its peak in `psl bench cluster`
     /// (300,000 keys of 100 bytes, front ends holding 64 MiB of items) with room to spare,
     /// and none above the 256 MiB of issue 17.
-    pub(crate) fn budget_mb_default(self) -> u64 {
+    pub fn budget_mb_default(self) -> u64 {
         match self {
             RoleKind::Router => 64,
             RoleKind::Coordinator => 128,
@@ -102,7 +102,7 @@ impl RoleKind {
     }
 
     /// The role a `psl` subcommand runs (`None`: not a long-running role).
-    pub(crate) fn of_subcommand(cmd: &str) -> Option<RoleKind> {
+    pub fn of_subcommand(cmd: &str) -> Option<RoleKind> {
         Some(match cmd {
             "router" => RoleKind::Router,
             "capsule-server" => RoleKind::CapsuleServer,

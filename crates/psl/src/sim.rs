@@ -1,4 +1,5 @@
-//! `psl sim`: the seeded simulator over many seeds (`scl`, `durability`), or the scale
+//! `psl sim`: the seeded simulator over many seeds (`scl`, `durability`, `revocation`,
+//! `read-through`, `coordinator-rejoin`), or the scale
 //! scenario over growing node counts (`--scenario scale --nodes 10,100,1000`).
 
 use anyhow::{bail, Context, Result};
@@ -28,7 +29,11 @@ pub struct SimArgs {
     /// lose unsynced writes on a crash; servers and nodes crash and restart), or `scale` (N
     /// nodes over several capsules with NATS-style subject fan-out: what each node receives
     /// and holds as N grows), or `revocation` (durability, and one writer revoked mid-run while
-    /// an adversary with its key keeps writing).
+    /// an adversary with its key keeps writing), or `read-through` (a third of the ops first
+    /// read their key through CapsuleDB: a write must supersede what its node showed), or
+    /// `coordinator-rejoin` (the primary coordinator crashes and restarts with its writer index
+    /// and its own-chain log, a small repair cache and data records arriving during its rejoin:
+    /// no seq may be signed twice).
     #[arg(long, default_value = "scl")]
     scenario: Scenario,
     /// Scale: capsules the nodes are spread over (default: one per ten nodes).
@@ -51,6 +56,8 @@ enum Scenario {
     Scl,
     Durability,
     Revocation,
+    ReadThrough,
+    CoordinatorRejoin,
     Scale,
 }
 
@@ -62,6 +69,8 @@ pub fn run(a: SimArgs) -> Result<i32> {
     let base = match a.scenario {
         Scenario::Durability => SimConfig::durability(),
         Scenario::Revocation => SimConfig::revocation(),
+        Scenario::ReadThrough => SimConfig::read_through(),
+        Scenario::CoordinatorRejoin => SimConfig::coordinator_rejoin(),
         _ => SimConfig::default(),
     };
     let loss = a.loss.unwrap_or(base.loss);
@@ -69,6 +78,8 @@ pub fn run(a: SimArgs) -> Result<i32> {
     let scenario = match a.scenario {
         Scenario::Durability => "durability",
         Scenario::Revocation => "revocation",
+        Scenario::ReadThrough => "read-through",
+        Scenario::CoordinatorRejoin => "coordinator-rejoin",
         _ => "scl",
     };
     let pb = crate::util::progress(a.seeds, "sim seeds");
@@ -211,62 +222,7 @@ fn print_table(rows: &[serde_json::Value]) {
 }
 
 /// The curve: per-node KiB/s received (subjects, flood) and KiB of memory per node, against N,
-/// on log-log axes. Text is drawn with an embedded font (DejaVu Sans), so no system font is
-/// needed.
+/// on log-log axes, drawn by `psl-tools` (so that `psl` links no plotting library).
 pub(crate) fn plot(rows: &[serde_json::Value], path: &Path) -> Result<()> {
-    use plotters::prelude::*;
-    static FONT: std::sync::Once = std::sync::Once::new();
-    FONT.call_once(|| {
-        let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular());
-    });
-    let pts = |key: &str, scale: f64| -> Vec<(f64, f64)> {
-        rows.iter()
-            .map(|r| (f(&r["config"]["nodes"]), (f(&r[key]["mean"]).max(f(&r[key])) / scale).max(1e-3)))
-            .collect()
-    };
-    let sub = pts("bytes_received_per_s", 1024.0);
-    let flood = pts("flood_bytes_received_per_s", 1024.0);
-    let mem: Vec<(f64, f64)> =
-        rows.iter().map(|r| (f(&r["config"]["nodes"]), (f(&r["rss_per_node_bytes"]) / 1024.0).max(1e-3))).collect();
-    let xmax = sub.iter().map(|p| p.0).fold(10.0, f64::max) * 1.5;
-    let xmin = sub.iter().map(|p| p.0).fold(f64::MAX, f64::min).min(10.0) / 1.5;
-    let root = BitMapBackend::new(path, (1200, 520)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let (left, right) = root.split_horizontally(620);
-    let ymax = flood.iter().chain(&sub).map(|p| p.1).fold(1.0, f64::max) * 3.0;
-    let ymin = flood.iter().chain(&sub).map(|p| p.1).fold(f64::MAX, f64::min).min(1.0) / 3.0;
-    let mut c = ChartBuilder::on(&left)
-        .caption("KiB/s received per node", ("sans-serif", 22))
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(70)
-        .build_cartesian_2d((xmin..xmax).log_scale(), (ymin..ymax).log_scale())?;
-    c.configure_mesh().x_desc("nodes (10 per capsule)").y_desc("KiB/s").label_style(("sans-serif", 15)).draw()?;
-    c.draw_series(LineSeries::new(flood.clone(), RED.stroke_width(2)))?
-        .label("router tree (every message to every node)")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED.stroke_width(2)));
-    c.draw_series(flood.iter().map(|p| Circle::new(*p, 4, RED.filled())))?;
-    c.draw_series(LineSeries::new(sub.clone(), BLUE.stroke_width(2)))?
-        .label("NATS subjects (own capsule, own role)")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE.stroke_width(2)));
-    c.draw_series(sub.iter().map(|p| Circle::new(*p, 4, BLUE.filled())))?;
-    c.configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 14))
-        .draw()?;
-    let mmax = mem.iter().map(|p| p.1).fold(1.0, f64::max) * 3.0;
-    let mmin = mem.iter().map(|p| p.1).fold(f64::MAX, f64::min).min(1.0) / 3.0;
-    let mut m = ChartBuilder::on(&right)
-        .caption("memory per node (resident)", ("sans-serif", 22))
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(70)
-        .build_cartesian_2d((xmin..xmax).log_scale(), (mmin..mmax).log_scale())?;
-    m.configure_mesh().x_desc("nodes (10 per capsule)").y_desc("KiB").label_style(("sans-serif", 15)).draw()?;
-    m.draw_series(LineSeries::new(mem.clone(), GREEN.stroke_width(2)))?;
-    m.draw_series(mem.iter().map(|p| Circle::new(*p, 4, GREEN.filled())))?;
-    root.present()?;
-    Ok(())
+    crate::tools::plot_scale(rows, path)
 }

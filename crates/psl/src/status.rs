@@ -89,7 +89,7 @@ fn http_json(addr: SocketAddr, t: Duration, path: &str) -> Result<Value> {
 
 /// The `STAT` lines named in `names` of a memcached `stats` reply (at most 1 MiB read), and
 /// whether the reply ended with `END` (a server that closes early leaves it false).
-pub(crate) fn memcached_stats_named(
+pub fn memcached_stats_named(
     addr: SocketAddr,
     t: Duration,
     names: &[&str],

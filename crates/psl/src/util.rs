@@ -98,3 +98,26 @@ pub fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
     pb.set_message(what.to_string());
     pb
 }
+
+/// The binary `name` in this executable's directory: `psl` and `psl-tools` are built and
+/// installed side by side, and each runs the other from there (`psl bench` runs `psl-tools`;
+/// the tools start `psl` roles). From a test binary (`target/*/deps`), the directory above.
+pub fn sibling_exe(name: &str) -> Result<std::path::PathBuf> {
+    let me = std::env::current_exe().context("finding this binary")?;
+    let dir = me.parent().context("this binary's directory")?;
+    let beside = dir.join(name);
+    if beside.is_file() {
+        return Ok(beside);
+    }
+    if dir.file_name() == Some(std::ffi::OsStr::new("deps")) {
+        if let Some(up) = dir.parent().map(|d| d.join(name)).filter(|p| p.is_file()) {
+            return Ok(up);
+        }
+    }
+    bail!(
+        "{} not found: `{name}` is a binary of its own, installed beside {}; build it with \
+         `cargo build --release -p {name}` (or `cargo build -p {name}`) and put it there",
+        beside.display(),
+        me.display()
+    )
+}

@@ -134,11 +134,11 @@ fn report_html_loads_cleanly_and_every_image_renders() {
     let dir = art.join("report");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("results.json"), serde_json::to_vec_pretty(&synthetic_results()).unwrap()).unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_psl"))
+    let o = Command::new(env!("CARGO_BIN_EXE_psl-tools"))
         .args(["report", "--render-only", "--out"])
         .arg(&dir)
         .output()
-        .expect("psl runs");
+        .expect("psl-tools runs");
     assert!(
         o.status.success(),
         "psl report --render-only failed: {}{}",

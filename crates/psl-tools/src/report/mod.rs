@@ -5,7 +5,7 @@
 //! The report is a list of sections, each mirroring a figure or table of the PSL paper's
 //! evaluation or a comparison users would ask for (see [`sections`]). A section names the
 //! cases it needs; a case is one `psl bench NAME --json ARGS…` run as a child process of this
-//! binary, so that a benchmark that fails or hangs costs its section only, and a benchmark this
+//! binary (`psl-tools bench ...`), so that a benchmark that fails or hangs costs its section only, and a benchmark this
 //! tree does not have (another branch's `cluster` or `fabric`) is reported as not available
 //! rather than failing the report. Each case shows a progress bar (time against its estimate)
 //! and the whole run an estimate of the time left, from the estimates scaled by how long the
@@ -16,7 +16,7 @@
 //! plots), `plots` (PNG charts with an embedded font), `doc` (Markdown and HTML rendering).
 
 mod doc;
-mod plots;
+pub(crate) mod plots;
 mod sections;
 
 use anyhow::{bail, Context, Result};
@@ -270,7 +270,7 @@ fn run_case(case: &Case, logs: &Path, bar: &indicatif::ProgressBar) -> Result<(S
     let exe = if proc_exe.exists() {
         proc_exe.to_path_buf()
     } else {
-        std::env::current_exe().context("finding the psl binary")?
+        std::env::current_exe().context("finding the psl-tools binary")?
     };
     let out_path = logs.join(format!("{}.json", case.id));
     let err_path = logs.join(format!("{}.stderr", case.id));
@@ -393,7 +393,7 @@ fn write_results(dir: &Path, results: &[CaseResult], ctx: Option<&RunInfo>) -> R
         v["load_average_start"] = json!(c.load_start);
         v["load_average_end"] = json!(c.load_end);
     }
-    crate::util::write_atomic(&dir.join("results.json"), serde_json::to_string_pretty(&v)?.as_bytes(), 0o644)?;
+    psl::util::write_atomic(&dir.join("results.json"), serde_json::to_string_pretty(&v)?.as_bytes(), 0o644)?;
     Ok(())
 }
 
@@ -477,9 +477,9 @@ pub fn run(a: ReportArgs) -> Result<i32> {
     }
     let blocks = sections::render(&ctx, &results, &a.out)?;
     let md = doc::markdown(&blocks);
-    crate::util::write_atomic(&a.out.join("report.md"), md.as_bytes(), 0o644)?;
+    psl::util::write_atomic(&a.out.join("report.md"), md.as_bytes(), 0o644)?;
     let html = doc::html("PSL report", &blocks, &a.out)?;
-    crate::util::write_atomic(&a.out.join("report.html"), html.as_bytes(), 0o644)?;
+    psl::util::write_atomic(&a.out.join("report.html"), html.as_bytes(), 0o644)?;
     let failed = results.iter().filter(|r| matches!(r.status, Status::Failed(_))).count();
     println!("report {}", a.out.join("report.html").display());
     println!("markdown {}", a.out.join("report.md").display());

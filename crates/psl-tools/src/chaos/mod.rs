@@ -150,13 +150,13 @@ pub fn run(a: ChaosArgs) -> Result<i32> {
     }
     std::fs::create_dir_all(&a.dir).with_context(|| format!("creating {}", a.dir.display()))?;
     let dir = std::fs::canonicalize(&a.dir)?;
-    let exe = std::env::current_exe().context("finding the psl binary")?;
+    let exe = psl::util::sibling_exe("psl")?;
     let tmpfs = a.disk_faults == DiskFaults::Auto && runner::probe_tmpfs(&dir);
     if !tmpfs && !a.json {
         eprintln!("note: disk faults off (no tmpfs mount allowed here, or --disk-faults off): they are skipped");
     }
     let t0 = Instant::now();
-    let pb = crate::util::progress(a.seeds, "chaos seeds");
+    let pb = psl::util::progress(a.seeds, "chaos seeds");
     if a.json {
         pb.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }

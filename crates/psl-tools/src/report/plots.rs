@@ -1,5 +1,5 @@
 //! PNG plots for the report (`plotters`' bitmap backend). Text is drawn with DejaVu Sans,
-//! embedded in the binary (`crates/psl/assets/fonts`, Bitstream Vera licence, which allows
+//! embedded in the binary (`crates/psl-tools/assets/fonts`, Bitstream Vera licence, which allows
 //! redistribution with the notice kept beside it) and registered with plotters' `ab_glyph`
 //! backend, so no system font library or font file is needed where the report runs.
 //!
@@ -26,7 +26,7 @@ const COLORS: [RGBColor; 8] = [
     RGBColor(127, 127, 127),
 ];
 
-fn init_font() -> Result<()> {
+pub(crate) fn init_font() -> Result<()> {
     static ONCE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let ok = *ONCE.get_or_init(|| register_font("sans-serif", FontStyle::Normal, FONT).is_ok());
     if ok {

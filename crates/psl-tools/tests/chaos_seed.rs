@@ -3,12 +3,16 @@
 //! the checker over the whole history. Longer runs belong to `psl chaos --seeds N`; this keeps
 //! the command itself working and its failures explained (seed and replay command).
 //! Bounded: the command is killed if it runs past its deadline.
+//!
+//! The tool (`psl-tools chaos`, what `psl chaos` runs) starts the `psl` binary beside it for
+//! the roles: `cargo test --workspace` builds both; with `-p psl-tools` alone, build `psl`
+//! first (`cargo build -p psl`).
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn psl() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_psl"))
+    Command::new(env!("CARGO_BIN_EXE_psl-tools"))
 }
 
 #[test]

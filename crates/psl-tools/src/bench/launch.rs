@@ -138,7 +138,7 @@ fn start_up(workers: u32) -> Result<(UpChild, f64)> {
     use std::io::BufRead;
     let dir = tempfile::tempdir()?;
     let t = Instant::now();
-    let mut child = std::process::Command::new(std::env::current_exe()?)
+    let mut child = std::process::Command::new(psl::util::sibling_exe("psl")?)
         .args(["up", "--workers", &workers.to_string(), "--dir"])
         .arg(dir.path())
         .stdout(std::process::Stdio::piped())

@@ -93,7 +93,7 @@ fn wait_port(addr: SocketAddr, what: &str) -> Result<()> {
 
 /// Starts `name` (psl, psl-up, memcached, redis) on loopback.
 pub fn start_system(name: &str) -> Result<System> {
-    let exe = std::env::current_exe().context("finding the psl binary")?;
+    let exe = psl::util::sibling_exe("psl")?;
     match name {
         "memcached" => {
             let (guard, port) = super::memcached::start_memcached(1)?;

@@ -1,6 +1,6 @@
 //! `psl bench NAME [--json]`: benchmarks. Each prints one JSON object with `--json`, and runs
 //! its baseline in the same run, so that its headline figure is a ratio that a noisy machine
-//! reproduces. `psl report` runs them all (each as a child `psl bench NAME --json`) and turns
+//! reproduces. `psl report` runs them all (each as a child `psl-tools bench NAME --json`) and turns
 //! the objects into plots and tables (`crate::report`).
 //!
 //! | name | what | baseline in the same run | report section |
@@ -34,9 +34,9 @@ mod scl;
 pub mod ycsb;
 mod zipf;
 
-pub use crate::util::progress;
 use anyhow::{bail, Result};
 use clap::Args;
+pub use psl::util::progress;
 
 #[derive(Args)]
 pub struct BenchArgs {

@@ -196,7 +196,7 @@ fn ms(t0: Instant) -> u64 {
 /// A data record of two puts: `key` (plain) and `key/mc` (a SecureCached item).
 fn put(a: &mut Author, key: &str) -> Result<Record> {
     let val = key.replace('/', "-");
-    let item = psl_memcached::item::encode(0, 0, crate::util::now_ms() * 1000, &[val.as_bytes()]);
+    let item = psl_memcached::item::encode(0, 0, psl::util::now_ms() * 1000, &[val.as_bytes()]);
     let rec = a.write_ops([
         (key.to_string().into_bytes(), Some(val.into_bytes())),
         (format!("{key}/mc").into_bytes(), Some(item)),
@@ -234,7 +234,7 @@ impl Link {
 fn load(dir: &std::path::Path) -> Result<(SignedMetadata, psl_crypto::AppKey)> {
     let bytes = std::fs::read(dir.join("c.capsule")).context("reading c.capsule")?;
     let f = psl_capsule::CapsuleFile::parse(&bytes).context("c.capsule")?;
-    let owner = crate::util::read_owner_key(&dir.join("owner.key"))?;
+    let owner = psl::util::read_owner_key(&dir.join("owner.key"))?;
     let app = owner.app(f.metadata.meta.app_index)?;
     Ok((f.metadata, app))
 }

@@ -288,7 +288,7 @@ impl Cluster {
             .env("PSL_LOG", std::env::var("PSL_LOG").unwrap_or_else(|_| "warn".into()))
             // The operator's control public key: the roles run the clients' signed commands.
             .env("PSL_CONTROL_PUB", self.dir.join("control.pub"));
-        crate::kids::die_with_parent(&mut cmd, libc::SIGKILL);
+        psl::kids::die_with_parent(&mut cmd, libc::SIGKILL);
         let mut child = cmd.spawn().with_context(|| format!("starting {name}"))?;
         let out = child.stdout.take().context("child stdout")?;
         let (tx, rx) = std::sync::mpsc::channel();
@@ -1015,7 +1015,7 @@ pub fn run(sched: &Schedule, wl: &Workload, o: &RunOpts) -> Result<SeedRun> {
     };
     psl(&["keys", "new", "--out", "owner.key"])?;
     let control_pub = psl_node::control::operator_pub_text(&control_key().verifying_key());
-    crate::util::write_atomic(&dir.join("control.pub"), control_pub.as_bytes(), 0o644)?;
+    psl::util::write_atomic(&dir.join("control.pub"), control_pub.as_bytes(), 0o644)?;
     psl(&[
         "capsule",
         "new",
@@ -1066,7 +1066,7 @@ pub fn run(sched: &Schedule, wl: &Workload, o: &RunOpts) -> Result<SeedRun> {
         coord_ctl: (0..shape.coordinators).map(|_| free_port()).collect::<Result<_>>()?,
         mc_listen: (0..shape.memcached).map(|_| free_port()).collect::<Result<_>>()?,
         mc_peer: (0..shape.memcached).map(|_| free_port()).collect::<Result<_>>()?,
-        capsuledb_writer: crate::capsuledb::db_writer(30_000)?,
+        capsuledb_writer: psl::capsuledb::db_writer(30_000)?,
         shape_nodes: shape.nodes,
         rogue: None,
         leaked: Arc::new(Mutex::new(super::rogue::Leaked::default())),
@@ -1348,8 +1348,8 @@ fn collect_finals(
     tracing::info!("chaos finals: server contents (t+{} ms)", cl.t0.elapsed().as_millis());
     // What each server stores: every put in its records, decrypted.
     let meta = psl_store::read_metadata(cl.dir.join("s0")).context("reading the capsule's metadata")?;
-    let owner = crate::util::read_owner_key(&cl.dir.join("owner.key"))?;
-    let data_key = crate::util::data_key_for(&owner, &meta)?;
+    let owner = psl::util::read_owner_key(&cl.dir.join("owner.key"))?;
+    let data_key = psl::util::data_key_for(&owner, &meta)?;
     let public = psl_capsule::Verifier::new(meta.clone(), None);
     let keyed = psl_capsule::Verifier::new(meta, Some(data_key));
     for (i, a) in cl.server_read.iter().enumerate() {

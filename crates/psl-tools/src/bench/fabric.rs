@@ -106,7 +106,7 @@ impl Broker {
 }
 
 fn start_router() -> Result<(Broker, SocketAddr)> {
-    let exe = std::env::current_exe().context("finding the psl binary")?;
+    let exe = psl::util::sibling_exe("psl")?;
     let mut child = Command::new(exe)
         .args(["router", "--listen", "127.0.0.1:0", "--stats-every", "0"])
         .stdout(Stdio::piped())

@@ -102,7 +102,7 @@ fn roles(root: u32) -> Vec<Role> {
                 .iter()
                 .position(|a| a == "--memory-budget-mb")
                 .and_then(|i| args.get(i + 1)?.parse().ok())
-                .or_else(|| crate::roles::RoleKind::of_subcommand(&role).map(|k| k.budget_mb_default()));
+                .or_else(|| psl::roles::RoleKind::of_subcommand(&role).map(|k| k.budget_mb_default()));
             out.push(Role { pid: k, name: format!("{role}{id}"), budget_mb });
         }
     }
@@ -248,8 +248,8 @@ pub(super) fn start_up_kv(
     front_ends: u32,
     memory_mb: u64,
     fabric: &str,
-) -> Result<(ChildGuard, crate::memcached::KvInfo)> {
-    let exe = std::env::current_exe().context("finding the psl binary")?;
+) -> Result<(ChildGuard, psl::memcached::KvInfo)> {
+    let exe = psl::util::sibling_exe("psl")?;
     let dir = tempfile::Builder::new().prefix("psl-bench-up").tempdir()?;
     let mut child = Command::new(exe)
         .args(["up", "--workers", "1", "--servers", "0", "--memcached", &front_ends.to_string()])
@@ -266,7 +266,7 @@ pub(super) fn start_up_kv(
     if !up {
         bail!("psl up --memcached {front_ends} --fabric {fabric} did not report ready");
     }
-    let kv = crate::memcached::read_kv(&path)?;
+    let kv = psl::memcached::read_kv(&path)?;
     Ok((guard, kv))
 }
 
@@ -287,9 +287,8 @@ fn front_end_counters(targets: &[SocketAddr]) -> Result<Vec<BTreeMap<String, u64
     targets
         .iter()
         .map(|t| {
-            let (stats, complete) =
-                crate::status::memcached_stats_named(*t, Duration::from_secs(5), &FRONT_END_COUNTERS)
-                    .with_context(|| format!("reading front end {t}'s stats"))?;
+            let (stats, complete) = psl::status::memcached_stats_named(*t, Duration::from_secs(5), &FRONT_END_COUNTERS)
+                .with_context(|| format!("reading front end {t}'s stats"))?;
             if !complete {
                 bail!("front end {t} closed its stats reply before END");
             }
