@@ -74,6 +74,7 @@
 //! blocking channel. The PSL paper's SGX ring measured 461–526 cycles. Run
 //! `cargo run --release -p psl-boundary --features bench --example crossings`.
 
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
 pub mod backoff;
 #[cfg(feature = "bench")]
 pub mod bench;

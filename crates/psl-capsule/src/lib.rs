@@ -19,6 +19,7 @@
 //!
 //! The byte formats are specified in `docs/formats/datacapsule.md`.
 
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
 pub mod audit;
 pub mod author;
 pub mod body;

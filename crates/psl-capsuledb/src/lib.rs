@@ -17,6 +17,7 @@
 //! - [`role`]: [`role::Role`], the `psl capsuledb` role: a receive-only SCL node feeding the
 //!   tree, answering workers' read requests, publishing the frontier workers may evict below.
 
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
 pub mod bloom;
 pub mod codec;
 pub mod db;

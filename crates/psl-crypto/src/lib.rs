@@ -33,6 +33,7 @@
 //! clone::<psl_crypto::SigningKey>();
 //! ```
 
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
 pub mod aead;
 pub mod hash;
 pub mod hierarchy;

@@ -29,6 +29,7 @@
 //!
 //! The protocol is described in `docs/protocol/scl.md`.
 
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
 pub mod clock;
 pub mod coordinator;
 pub mod dbwire;

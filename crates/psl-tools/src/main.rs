@@ -13,6 +13,7 @@
 //! - `scale_plot`: the curve `psl sim --scenario scale --plot F.png` draws (a hidden
 //!   subcommand: `psl sim` hands it the rows on stdin).
 
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
 mod bench;
 mod chaos;
 mod report;
