@@ -74,14 +74,6 @@ pub fn audit_file_rotated(
 ) -> Audit {
     let s = scan(bytes);
     let mut problems = Vec::new();
-    let capsule_problem = |check: &'static str, detail: String| Problem {
-        index: None,
-        hash: None,
-        writer: None,
-        seq: None,
-        check,
-        detail,
-    };
     let metadata = match s.metadata {
         Ok(m) => Some(m),
         Err(e) => {
@@ -167,14 +159,6 @@ fn learn_keys(
     rotations: Vec<(crate::RotationCert, Option<DataKey>)>,
     problems: &mut Vec<Problem>,
 ) {
-    let capsule_problem = |check: &'static str, detail: String| Problem {
-        index: None,
-        hash: None,
-        writer: None,
-        seq: None,
-        check,
-        detail,
-    };
     for (cert, key) in rotations {
         if let Err(e) = v.install_rotation(&cert, key) {
             problems.push(capsule_problem("rotation", format!("key generation {}: {e}", cert.key_gen)));
@@ -209,6 +193,11 @@ fn learn_keys(
             problems.push(capsule_problem("certificate", format!("a statement in record {hash}: {e}")));
         }
     }
+}
+
+/// A problem of the capsule as a whole (its metadata, the keys given), not of one record.
+fn capsule_problem(check: &'static str, detail: String) -> Problem {
+    Problem { index: None, hash: None, writer: None, seq: None, check, detail }
 }
 
 /// The file-level problem that stopped the scan.

@@ -1251,6 +1251,22 @@ pub fn epoch_payload(epoch: u64) -> Vec<u8> {
     epoch.to_le_bytes().to_vec()
 }
 
+/// A test core running the primary coordinator `cw` on a fast epoch clock (10 ms epochs, EOEs
+/// due after 5 ms).
+#[cfg(test)]
+pub(crate) fn coordinator_core(meta: &psl_capsule::SignedMetadata, app: &psl_crypto::AppKey, cw: u32) -> NodeCore {
+    let cfg = crate::CoordinatorConfig { epoch_ms: 10, eoe_timeout_ms: 5, ..crate::CoordinatorConfig::default() };
+    NodeCore::new(
+        Arc::new(Verifier::new(meta.clone(), Some(app.data_key()))),
+        Arc::new(Memtable::new()),
+        Arc::new(LamportClock::new(0)),
+        Arc::new(Metrics::default()),
+        [],
+        Some((cw, CoordinatorSm::new(cfg, 0))),
+        NodeConfig::default(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1472,16 +1488,7 @@ mod tests {
         let app = owner.app(1).unwrap();
         let v = Verifier::new(meta.clone(), Some(app.data_key()));
         let cw = meta.meta.policy.coordinator_at(0).unwrap();
-        let cfg = crate::CoordinatorConfig { epoch_ms: 10, eoe_timeout_ms: 5, ..crate::CoordinatorConfig::default() };
-        let mut c = NodeCore::new(
-            Arc::new(Verifier::new(meta.clone(), Some(app.data_key()))),
-            Arc::new(Memtable::new()),
-            Arc::new(LamportClock::new(0)),
-            Arc::new(Metrics::default()),
-            [],
-            Some((cw, CoordinatorSm::new(cfg, 0))),
-            NodeConfig::default(),
-        );
+        let mut c = coordinator_core(&meta, &app, cw);
         let mut db = Author::new(&meta, &app, 0x20000).unwrap();
         let mut wr = Author::new(&meta, &app, 0x30000).unwrap();
         c.on_verified(v.verify_open(db.write_body(Body::DbBlock(vec![1])).unwrap()).unwrap(), 0);

@@ -471,7 +471,7 @@ impl NodeEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{CoordinatorConfig, CoordinatorSm, LamportClock, Memtable, Metrics, NodeConfig};
+    use crate::{LamportClock, Memtable, Metrics, NodeConfig};
     use psl_capsule::{new_capsule_with, Limits, Revocation, WriterKeys};
     use psl_crypto::{AppKey, OwnerKey};
     use std::sync::Mutex;
@@ -502,16 +502,7 @@ mod tests {
     /// An engine running the primary coordinator, logging to `log`.
     fn coordinator_engine(meta: &psl_capsule::SignedMetadata, app: &AppKey, log: MemLog) -> NodeEngine {
         let cw = meta.meta.policy.coordinator_at(0).expect("rank 0");
-        let cfg = CoordinatorConfig { epoch_ms: 10, eoe_timeout_ms: 5, ..CoordinatorConfig::default() };
-        let core = NodeCore::new(
-            Arc::new(Verifier::new(meta.clone(), Some(app.data_key()))),
-            Arc::new(Memtable::new()),
-            Arc::new(LamportClock::new(0)),
-            Arc::new(Metrics::default()),
-            [],
-            Some((cw, CoordinatorSm::new(cfg, 0))),
-            NodeConfig::default(),
-        );
+        let core = crate::node::coordinator_core(meta, app, cw);
         let author = Author::new(meta, app, cw).expect("coordinator writer");
         NodeEngine::new(core, Some((author, Some(Box::new(log)))), false)
     }
