@@ -882,6 +882,27 @@ pub struct SnpVerifier {
     collateral: Arc<SnpCollateral>,
 }
 
+/// Checks the VCEK's extensions against the report (product line, chip id, reported TCB);
+/// returns the reported TCB.
+fn check_vcek_info(vcek: &Cert, product: Product, report: &SnpReport, log: &mut CheckLog) -> Result<Tcb, AttestError> {
+    let info = VcekInfo::from_cert(vcek).map_err(|e| log.fail("VCEK extensions", e))?;
+    if !info.product_name.starts_with(product.name()) {
+        let e = AttestError::Chain(format!(
+            "the VCEK is for product '{}', the chain is {}'s",
+            info.product_name,
+            product.name()
+        ));
+        return Err(log.fail("VCEK product", e));
+    }
+    log.pass("VCEK product", info.product_name.clone());
+    let tcb = product.tcb(report.reported_tcb);
+    let r = info.matches(product, &report.chip_id, &tcb).map_err(AttestError::Chain);
+    log.record("chip id and reported TCB match the VCEK", r, |_| {
+        format!("chip {}…, TCB {tcb}", hex::encode(&report.chip_id[..8]))
+    })?;
+    Ok(tcb)
+}
+
 impl SnpVerifier {
     pub fn new(policy: SnpPolicy, anchors: SnpTrustAnchors, collateral: Arc<SnpCollateral>) -> SnpVerifier {
         SnpVerifier { policy, anchors, collateral }
@@ -935,29 +956,7 @@ impl SnpVerifier {
         // The VCEK: the evidence's, else one from the cache for this chip.
         let vcek_der = match ev_vcek {
             Some(v) => v.to_vec(),
-            None => {
-                let found = self.collateral.vceks().into_iter().find(|d| {
-                    Cert::from_der(d).ok().and_then(|c| VcekInfo::from_cert(&c).ok()).is_some_and(|i| {
-                        candidates
-                            .iter()
-                            .any(|(p, _)| i.matches(*p, &report.chip_id, &p.tcb(report.reported_tcb)).is_ok())
-                    })
-                });
-                match found {
-                    Some(d) => d,
-                    None => {
-                        let urls: Vec<String> = candidates.iter().map(|(p, _)| kds_vcek_url(*p, report)).collect();
-                        let e = AttestError::Collateral(format!(
-                            "no VCEK for chip {}… at TCB {:#018x}: the evidence carries none and the cache has none \
-                             (fetch it from {} and put it in the VCEK cache directory)",
-                            hex::encode(&report.chip_id[..8]),
-                            report.reported_tcb,
-                            urls.join(" or ")
-                        ));
-                        return Err(log.fail("VCEK", e));
-                    }
-                }
-            }
+            None => self.cached_vcek(report, &candidates, log)?,
         };
         let vcek = Cert::from_der(&vcek_der).map_err(|e| log.fail("VCEK", e))?;
         // The ASK that issued it (the evidence's, else a known one) and the ARK over that.
@@ -993,26 +992,49 @@ impl SnpVerifier {
         self.check_crl(product, ark, ask, t, log)?;
         let r = vcek.check_signed_by(ask, "VCEK").and_then(|()| vcek.check_validity(t, "the VCEK"));
         log.record("VCEK signed by the ASK", r, |_| format!("{}, RSASSA-PSS/SHA-384, valid", vcek.cn()))?;
-        // The VCEK's extensions against the report.
-        let info = VcekInfo::from_cert(&vcek).map_err(|e| log.fail("VCEK extensions", e))?;
-        if !info.product_name.starts_with(product.name()) {
-            let e = AttestError::Chain(format!(
-                "the VCEK is for product '{}', the chain is {}'s",
-                info.product_name,
-                product.name()
-            ));
-            return Err(log.fail("VCEK product", e));
-        }
-        log.pass("VCEK product", info.product_name.clone());
-        let tcb = product.tcb(report.reported_tcb);
-        let r = info.matches(product, &report.chip_id, &tcb).map_err(AttestError::Chain);
-        log.record("chip id and reported TCB match the VCEK", r, |_| {
-            format!("chip {}…, TCB {tcb}", hex::encode(&report.chip_id[..8]))
-        })?;
+        let tcb = check_vcek_info(&vcek, product, report, log)?;
         // The report's signature.
         let r = check_report_signature(report, &vcek);
         log.record("report signature", r, |_| "ECDSA P-384/SHA-384 under the VCEK".into())?;
         self.check_policy(report, product, &tcb, log)?;
+        let measurement = self.check_measurement(report, log)?;
+        if ev_vcek.is_some() {
+            self.collateral.add_vcek(&vcek.der);
+        }
+        Ok(SnpVerified { product, tcb, measurement, report_data: report.report_data })
+    }
+
+    /// A VCEK from the cache for the report's chip and TCB under one of `candidates`' product
+    /// lines (the evidence carries none), or an error naming where to fetch one.
+    fn cached_vcek(
+        &self,
+        report: &SnpReport,
+        candidates: &[&(Product, Cert)],
+        log: &mut CheckLog,
+    ) -> Result<Vec<u8>, AttestError> {
+        let found = self.collateral.vceks().into_iter().find(|d| {
+            Cert::from_der(d).ok().and_then(|c| VcekInfo::from_cert(&c).ok()).is_some_and(|i| {
+                candidates.iter().any(|(p, _)| i.matches(*p, &report.chip_id, &p.tcb(report.reported_tcb)).is_ok())
+            })
+        });
+        match found {
+            Some(d) => Ok(d),
+            None => {
+                let urls: Vec<String> = candidates.iter().map(|(p, _)| kds_vcek_url(*p, report)).collect();
+                let e = AttestError::Collateral(format!(
+                    "no VCEK for chip {}… at TCB {:#018x}: the evidence carries none and the cache has none \
+                     (fetch it from {} and put it in the VCEK cache directory)",
+                    hex::encode(&report.chip_id[..8]),
+                    report.reported_tcb,
+                    urls.join(" or ")
+                ));
+                Err(log.fail("VCEK", e))
+            }
+        }
+    }
+
+    /// Checks the report's launch measurement (with its guest policy, or with any) is allowed.
+    fn check_measurement(&self, report: &SnpReport, log: &mut CheckLog) -> Result<Measurement, AttestError> {
         let digests = report_measurements(report);
         let Some(measurement) = digests.iter().find(|d| self.policy.allowed.allowed.contains(d)).copied() else {
             let e = AttestError::Measurement(format!(
@@ -1031,10 +1053,7 @@ impl SnpVerifier {
                 if measurement == digests[0] { "with this guest policy" } else { "(any guest policy)" }
             ),
         );
-        if ev_vcek.is_some() {
-            self.collateral.add_vcek(&vcek.der);
-        }
-        Ok(SnpVerified { product, tcb, measurement, report_data: report.report_data })
+        Ok(measurement)
     }
 
     fn check_crl(

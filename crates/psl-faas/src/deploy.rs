@@ -293,6 +293,32 @@ impl Deployment {
     }
 
     /// Runs a job from submit to RESET and returns the report.
+    /// After a job: shuts its capsule servers down (their record counts) and RESETs every
+    /// worker still holding anything (what each held), releasing all to the scheduler.
+    fn wind_down(&self, servers: Vec<(u32, psl_server::Server)>) -> WoundDown {
+        let stored_records: Vec<(u32, u64)> = servers
+            .into_iter()
+            .map(|(id, s)| {
+                let n = s.len() as u64;
+                if let Some(e) = s.failed() {
+                    tracing::warn!("capsule server {id}: {e}");
+                }
+                s.shutdown();
+                (id, n)
+            })
+            .collect();
+        let mut resets = Vec::new();
+        for w in &self.workers {
+            if w.debug()
+                != (WorkerDebug { holds_keys: false, node_running: false, memtable_entries: 0, attested: false })
+            {
+                resets.push((w.id, w.reset()));
+            }
+            self.scheduler.release(w.id);
+        }
+        (stored_records, resets)
+    }
+
     pub fn run_job(&self, req: JobRequest) -> Result<JobReport, FaasError> {
         if req.lambdas == 0 || req.lambdas > LAMBDAS_MAX {
             return Err(FaasError::Config(format!("lambdas must be 1 ..= {LAMBDAS_MAX}, got {}", req.lambdas)));
@@ -361,55 +387,11 @@ impl Deployment {
         // a certified capsule); the leader forgets the job.
         self.leader.revoke_all();
         let coordinators = self.leader.end_job();
-        let stored_records: Vec<(u32, u64)> = servers
-            .into_iter()
-            .map(|(id, s)| {
-                let n = s.len() as u64;
-                if let Some(e) = s.failed() {
-                    tracing::warn!("capsule server {id}: {e}");
-                }
-                s.shutdown();
-                (id, n)
-            })
-            .collect();
-        let mut resets = Vec::new();
-        for w in &self.workers {
-            if w.debug()
-                != (WorkerDebug { holds_keys: false, node_running: false, memtable_entries: 0, attested: false })
-            {
-                resets.push((w.id, w.reset()));
-            }
-            self.scheduler.release(w.id);
-        }
+        let (stored_records, resets) = self.wind_down(servers);
         let (runs, refused, t_sent, t_admitted, key_rotations) = result?;
         let capsule_file = recorder.map(|r| r.finish(&meta));
-        let mut lambdas = Vec::new();
-        let mut b = LaunchBreakdown { client_to_scheduler_ms: ms(t_sched - t0), ..Default::default() };
-        b.scheduler_to_workers_ms = ms(t_sent.saturating_duration_since(t_sched));
-        b.attestation_ms = ms(t_admitted.saturating_duration_since(t_sent));
-        let mut ok = true;
+        let (b, lambdas, ok) = launch_breakdown(&runs, t0, t_sched, t_sent, t_admitted);
         let durability: Vec<(u32, DurableEnd)> = runs.iter().map(|r| (r.worker, r.durable.clone())).collect();
-        let mut last_start = t_admitted;
-        let mut last_first_op = t_admitted;
-        for r in &runs {
-            b.key_delivery_ms = b.key_delivery_ms.max(ms(r.keys_ready.saturating_duration_since(t_admitted)));
-            b.program_load_ms = b.program_load_ms.max(ms(r.lambdas_started.saturating_duration_since(r.keys_ready)));
-            last_start = last_start.max(r.lambdas_started);
-            if let Err(e) = &r.final_sync {
-                tracing::warn!("worker {}: final sync: {e}", r.worker);
-            }
-            for o in &r.outcomes {
-                if let Some(f) = o.first_op_at {
-                    last_first_op = last_first_op.max(f);
-                }
-                ok &= o.result.is_ok();
-            }
-            lambdas.extend(lambda_reports(r));
-        }
-        lambdas.sort_by_key(|l| l.lambda);
-        b.launch_ms = ms(last_start - t0);
-        b.first_op_ms = ms(last_first_op.saturating_duration_since(last_start));
-        b.total_ms = ms(t0.elapsed());
         let capsule_records = capsule_file.as_ref().map(|(_, n)| *n).unwrap_or(0);
         Ok(JobReport {
             job: job.to_string(),
@@ -599,6 +581,47 @@ impl Drop for Recorder {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
     }
+}
+
+/// Each capsule server's record count, and each RESET worker's state before its RESET.
+type WoundDown = (Vec<(u32, u64)>, Vec<(u32, WorkerDebug)>);
+
+/// Times the job's launch phases from the workers' runs, and gathers each lambda's report
+/// (in lambda order) and whether all of them succeeded.
+fn launch_breakdown(
+    runs: &[WorkerRun],
+    t0: Instant,
+    t_sched: Instant,
+    t_sent: Instant,
+    t_admitted: Instant,
+) -> (LaunchBreakdown, Vec<LambdaReport>, bool) {
+    let mut lambdas = Vec::new();
+    let mut b = LaunchBreakdown { client_to_scheduler_ms: ms(t_sched - t0), ..Default::default() };
+    b.scheduler_to_workers_ms = ms(t_sent.saturating_duration_since(t_sched));
+    b.attestation_ms = ms(t_admitted.saturating_duration_since(t_sent));
+    let mut ok = true;
+    let mut last_start = t_admitted;
+    let mut last_first_op = t_admitted;
+    for r in runs {
+        b.key_delivery_ms = b.key_delivery_ms.max(ms(r.keys_ready.saturating_duration_since(t_admitted)));
+        b.program_load_ms = b.program_load_ms.max(ms(r.lambdas_started.saturating_duration_since(r.keys_ready)));
+        last_start = last_start.max(r.lambdas_started);
+        if let Err(e) = &r.final_sync {
+            tracing::warn!("worker {}: final sync: {e}", r.worker);
+        }
+        for o in &r.outcomes {
+            if let Some(f) = o.first_op_at {
+                last_first_op = last_first_op.max(f);
+            }
+            ok &= o.result.is_ok();
+        }
+        lambdas.extend(lambda_reports(r));
+    }
+    lambdas.sort_by_key(|l| l.lambda);
+    b.launch_ms = ms(last_start - t0);
+    b.first_op_ms = ms(last_first_op.saturating_duration_since(last_start));
+    b.total_ms = ms(t0.elapsed());
+    (b, lambdas, ok)
 }
 
 /// The per-lambda reports of one worker's run.

@@ -348,6 +348,31 @@ impl Acceptor {
         CtlReply::Refused { why, holder, promised, instance: self.instance }
     }
 
+    /// Answers `Entries`: the next page of `slot`'s writes after `after`, to the grant holder.
+    fn page(&self, now: Ms, slot: usize, ballot: u64, after: &Option<Vec<u8>>) -> CtlReply {
+        let s = &self.slots[slot];
+        if s.promised != ballot || s.grant.is_none_or(|g| g.ballot != ballot) {
+            return self.refuse(slot, Refusal::Stale, now);
+        }
+        let lower = match after {
+            Some(k) => std::ops::Bound::Excluded(k.clone()),
+            None => std::ops::Bound::Unbounded,
+        };
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        let mut more = false;
+        for (k, (v, val)) in s.entries.range((lower, std::ops::Bound::Unbounded)) {
+            let h = Held { key: k.clone(), version: *v, value: val.clone() };
+            if !out.is_empty() && bytes + h.wire_len() > PAGE_BYTES {
+                more = true;
+                break;
+            }
+            bytes += h.wire_len();
+            out.push(h);
+        }
+        CtlReply::Page { entries: out, more, instance: self.instance }
+    }
+
     /// Answers one request received at `now`.
     pub fn handle(&mut self, now: Ms, req: &Ctl) -> CtlReply {
         let slot = req.slot() as usize;
@@ -426,29 +451,7 @@ impl Acceptor {
                 }
                 CtlReply::Ack { instance }
             }
-            Ctl::Entries { ballot, after, .. } => {
-                let s = &self.slots[slot];
-                if s.promised != *ballot || s.grant.is_none_or(|g| g.ballot != *ballot) {
-                    return self.refuse(slot, Refusal::Stale, now);
-                }
-                let lower = match after {
-                    Some(k) => std::ops::Bound::Excluded(k.clone()),
-                    None => std::ops::Bound::Unbounded,
-                };
-                let mut out = Vec::new();
-                let mut bytes = 0;
-                let mut more = false;
-                for (k, (v, val)) in s.entries.range((lower, std::ops::Bound::Unbounded)) {
-                    let h = Held { key: k.clone(), version: *v, value: val.clone() };
-                    if !out.is_empty() && bytes + h.wire_len() > PAGE_BYTES {
-                        more = true;
-                        break;
-                    }
-                    bytes += h.wire_len();
-                    out.push(h);
-                }
-                CtlReply::Page { entries: out, more, instance }
-            }
+            Ctl::Entries { ballot, after, .. } => self.page(now, slot, *ballot, after),
         }
     }
 }

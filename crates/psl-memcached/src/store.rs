@@ -612,34 +612,45 @@ impl FrontEnd {
                     other => other,
                 }
             }
-            Rmw::Touch { exptime, vivify } => {
-                let cur = match self.live(key, t, flush, false) {
-                    Ok(c) => c,
-                    Err(e) => return Outcome::Unreadable(e),
-                };
-                let Some((old, have)) = cur else {
-                    if let Some(ttl) = vivify {
-                        let v = item::encode(0, absolute_expiry(ttl, now), self.stamp_at(t.us), &[]);
-                        return match self.write(key, v.clone(), true, t, fence) {
-                            Outcome::Stored { cas } => Outcome::Item { value: v.into(), cas, won: true },
-                            other => other,
-                        };
-                    }
-                    if exptime.is_some() {
-                        Stats::inc(&st.touch_misses);
-                    }
-                    return Outcome::NotFound;
-                };
-                let Some(ttl) = exptime else { return Outcome::Item { value: old, cas: have, won: false } };
-                Stats::inc(&st.touch_hits);
-                let Some(o) = item::decode(&old) else { return Outcome::NotFound };
-                // memcached keeps the unique through a touch: the new version carries it.
-                let v = item::encode_keeping(o.flags, absolute_expiry(ttl, now), self.stamp_at(t.us), have, &[o.data]);
-                match self.write(key, v.clone(), true, t, fence) {
-                    Outcome::Stored { cas } => Outcome::Item { value: v.into(), cas, won: false },
+            Rmw::Touch { exptime, vivify } => self.touch_locked(key, (exptime, vivify), t, flush, fence),
+        }
+    }
+
+    /// Runs a touch (the caller holds the key's stripe lock): re-times the item, or vivifies a miss.
+    fn touch_locked(
+        &self,
+        key: &[u8],
+        (exptime, vivify): (Option<i64>, Option<i64>),
+        t: Now,
+        flush: Flush,
+        fence: Option<&Fence>,
+    ) -> Outcome {
+        let now = t.secs;
+        let cur = match self.live(key, t, flush, false) {
+            Ok(c) => c,
+            Err(e) => return Outcome::Unreadable(e),
+        };
+        let Some((old, have)) = cur else {
+            if let Some(ttl) = vivify {
+                let v = item::encode(0, absolute_expiry(ttl, now), self.stamp_at(t.us), &[]);
+                return match self.write(key, v.clone(), true, t, fence) {
+                    Outcome::Stored { cas } => Outcome::Item { value: v.into(), cas, won: true },
                     other => other,
-                }
+                };
             }
+            if exptime.is_some() {
+                Stats::inc(&self.stats.touch_misses);
+            }
+            return Outcome::NotFound;
+        };
+        let Some(ttl) = exptime else { return Outcome::Item { value: old, cas: have, won: false } };
+        Stats::inc(&self.stats.touch_hits);
+        let Some(o) = item::decode(&old) else { return Outcome::NotFound };
+        // memcached keeps the unique through a touch: the new version carries it.
+        let v = item::encode_keeping(o.flags, absolute_expiry(ttl, now), self.stamp_at(t.us), have, &[o.data]);
+        match self.write(key, v.clone(), true, t, fence) {
+            Outcome::Stored { cas } => Outcome::Item { value: v.into(), cas, won: false },
+            other => other,
         }
     }
 

@@ -727,31 +727,16 @@ pub fn fetch_quorum_within(
                 break;
             }
             match fetch_from(&mut c, v, newest.as_ref()) {
-                Ok(records) => {
-                    let mut theirs: BTreeMap<u32, Vec<Verified<Record>>> = BTreeMap::new();
-                    for r in records {
-                        theirs.entry(r.header().writer).or_default().push(r);
+                Ok(records) => match merge_copy(&mut chains, records) {
+                    Ok(()) => {
+                        why.remove(&c.addr());
+                        used.push(c.addr());
                     }
-                    let conflict = theirs.iter().find(|(w, c2)| {
-                        chains.get(w).is_some_and(|c1| {
-                            let n = c1.len().min(c2.len());
-                            n > 0 && c1[n - 1].hash() != c2[n - 1].hash()
-                        })
-                    });
-                    if let Some((w, _)) = conflict {
+                    Err(w) => {
                         tracing::warn!(server = %c.addr(), writer = w, "copy conflicts with another server's");
                         why.insert(c.addr(), format!("writer {w}: its chain conflicts with another server's"));
-                        continue;
                     }
-                    for (w, c2) in theirs {
-                        let e = chains.entry(w).or_default();
-                        if c2.len() > e.len() {
-                            *e = c2;
-                        }
-                    }
-                    why.remove(&c.addr());
-                    used.push(c.addr());
-                }
+                },
                 Err(e) => {
                     why.insert(c.addr(), e.to_string());
                 }
@@ -797,6 +782,31 @@ pub fn fetch_quorum_within(
         std::thread::sleep(wait);
         wait = (wait * 2).min(patience.retry_max.max(patience.retry_first));
     }
+}
+
+/// Merges one server's copy into `chains` (keeping each writer's longest chain), or names a
+/// writer whose chain in that copy conflicts with one already held (and then merges nothing).
+fn merge_copy(chains: &mut BTreeMap<u32, Vec<Verified<Record>>>, records: Vec<Verified<Record>>) -> Result<(), u32> {
+    let mut theirs: BTreeMap<u32, Vec<Verified<Record>>> = BTreeMap::new();
+    for r in records {
+        theirs.entry(r.header().writer).or_default().push(r);
+    }
+    let conflict = theirs.iter().find(|(w, c2)| {
+        chains.get(w).is_some_and(|c1| {
+            let n = c1.len().min(c2.len());
+            n > 0 && c1[n - 1].hash() != c2[n - 1].hash()
+        })
+    });
+    if let Some((w, _)) = conflict {
+        return Err(*w);
+    }
+    for (w, c2) in theirs {
+        let e = chains.entry(w).or_default();
+        if c2.len() > e.len() {
+            *e = c2;
+        }
+    }
+    Ok(())
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -198,6 +198,102 @@ pub fn open_store(dir: &Path, meta: &SignedMetadata) -> Result<(DiskStore, Start
     Ok((store, rep))
 }
 
+/// The key statements a server announces: its certificate where the capsule's writers are
+/// certified (checked against this server's writer and key), else none.
+fn announcements(
+    cert: Option<&psl_capsule::WriterCert>,
+    certified: bool,
+    writer: u32,
+    key: &SigningKey,
+    meta: &SignedMetadata,
+) -> Result<Vec<psl_capsule::KeyStatement>, ServerError> {
+    Ok(match (cert, certified) {
+        (None, true) => return Err(ServerError::NoCert(meta.name().0.to_hex())),
+        (Some(c), true) => {
+            if c.writer != writer || c.key != key.verifying_key() {
+                return Err(ServerError::BadCert(format!("it certifies writer {}, not this server's key", c.writer)));
+            }
+            vec![psl_capsule::KeyStatement::Cert(c.clone())]
+        }
+        (_, false) => Vec::new(),
+    })
+}
+
+/// Starts `n` verifier threads: each verifies records from `verify_rx` and sends the
+/// results to `res_tx` (dropped here once every thread holds its own clone).
+fn spawn_verifiers(
+    n: usize,
+    verifier: &Arc<Verifier>,
+    verify_rx: &Receiver<Record>,
+    res_tx: Sender<Option<Verified<Record>>>,
+    t0: Instant,
+) -> std::io::Result<Vec<JoinHandle<()>>> {
+    let mut threads = Vec::new();
+    for i in 0..n {
+        let (rx, tx, v) = (verify_rx.clone(), res_tx.clone(), verifier.clone());
+        threads.push(std::thread::Builder::new().name(format!("srv-verify-{i}")).spawn(move || {
+            while let Ok(rec) = rx.recv() {
+                let r = match verify_or_hold(&v, rec, t0) {
+                    Some(r) => r,
+                    None => continue,
+                };
+                if tx.send(r).is_err() {
+                    return;
+                }
+            }
+        })?);
+    }
+    drop(res_tx);
+    Ok(threads)
+}
+
+/// The fabric-receiving thread's loop: decodes this capsule's messages and records and
+/// queues them for the core, until `stop` (or the core is gone).
+fn host_in(
+    fabric: &dyn Fabric,
+    stop: &AtomicBool,
+    counters: &Counters,
+    name: psl_capsule::CapsuleName,
+    limits: psl_capsule::Limits,
+    in_tx: Sender<In>,
+) {
+    while !stop.load(Ordering::Acquire) {
+        let m = match fabric.recv_timeout(Duration::from_millis(50)) {
+            Ok(Some(m)) => m,
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::warn!("fabric receive failed: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+        };
+        counters.received.fetch_add(1, Ordering::Relaxed);
+        let item = match Msg::decode(&m) {
+            Ok(Msg::Record { capsule, bytes }) if capsule == name => match Record::decode(&bytes, &limits) {
+                Ok(r) => In::Record(r),
+                Err(_) => {
+                    counters.bad_messages.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+            },
+            Ok(Msg::Ack(_)) => continue,
+            Ok(m) if m.capsule() == name => In::Msg(m),
+            _ => {
+                counters.bad_messages.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+        };
+        // Bounded wait, then drop (repair and anti-entropy fetch it again).
+        match in_tx.send_timeout(item, Duration::from_millis(500)) {
+            Ok(()) => {}
+            Err(crossbeam_channel::SendTimeoutError::Timeout(_)) => {
+                counters.in_dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(crossbeam_channel::SendTimeoutError::Disconnected(_)) => return,
+        }
+    }
+}
+
 impl Server {
     /// Starts a capsule server on `fabric` with its store in `dir`. `key` must be the
     /// application key's child at `psl_scl::server_writer(opts.id)`.
@@ -213,19 +309,7 @@ impl Server {
             return Err(ServerError::CoordinatorClash(writer));
         }
         let certified = meta.meta.policy.writer_keys == psl_capsule::WriterKeys::Certified;
-        let announce = match (&opts.cert, certified) {
-            (None, true) => return Err(ServerError::NoCert(meta.name().0.to_hex())),
-            (Some(c), true) => {
-                if c.writer != writer || c.key != key.verifying_key() {
-                    return Err(ServerError::BadCert(format!(
-                        "it certifies writer {}, not this server's key",
-                        c.writer
-                    )));
-                }
-                vec![psl_capsule::KeyStatement::Cert(c.clone())]
-            }
-            (_, false) => Vec::new(),
-        };
+        let announce = announcements(opts.cert.as_ref(), certified, writer, &key, &meta)?;
         let (store, start_report) = open_store(dir, &meta)?;
         // The store's own verifier: certificates learnt from records or the fabric, and
         // rotations, are then known to reads from the store too.
@@ -252,64 +336,16 @@ impl Server {
         let (res_tx, res_rx) = bounded::<Option<Verified<Record>>>(cap);
         let mut threads = Vec::new();
 
-        for i in 0..opts.verifiers.max(1) {
-            let (rx, tx, v) = (verify_rx.clone(), res_tx.clone(), verifier.clone());
-            threads.push(std::thread::Builder::new().name(format!("srv-verify-{i}")).spawn(move || {
-                while let Ok(rec) = rx.recv() {
-                    let r = match verify_or_hold(&v, rec, t0) {
-                        Some(r) => r,
-                        None => continue,
-                    };
-                    if tx.send(r).is_err() {
-                        return;
-                    }
-                }
-            })?);
-        }
-        drop(res_tx);
+        threads.extend(spawn_verifiers(opts.verifiers.max(1), &verifier, &verify_rx, res_tx, t0)?);
 
         {
             let (fabric, stop, counters, name) = (fabric.clone(), stop.clone(), counters.clone(), verifier.name());
             let limits = verifier.metadata().meta.policy.limits;
-            threads.push(std::thread::Builder::new().name("srv-host-in".into()).spawn(move || {
-                while !stop.load(Ordering::Acquire) {
-                    let m = match fabric.recv_timeout(Duration::from_millis(50)) {
-                        Ok(Some(m)) => m,
-                        Ok(None) => continue,
-                        Err(e) => {
-                            tracing::warn!("fabric receive failed: {e}");
-                            std::thread::sleep(Duration::from_millis(50));
-                            continue;
-                        }
-                    };
-                    counters.received.fetch_add(1, Ordering::Relaxed);
-                    let item = match Msg::decode(&m) {
-                        Ok(Msg::Record { capsule, bytes }) if capsule == name => {
-                            match Record::decode(&bytes, &limits) {
-                                Ok(r) => In::Record(r),
-                                Err(_) => {
-                                    counters.bad_messages.fetch_add(1, Ordering::Relaxed);
-                                    continue;
-                                }
-                            }
-                        }
-                        Ok(Msg::Ack(_)) => continue,
-                        Ok(m) if m.capsule() == name => In::Msg(m),
-                        _ => {
-                            counters.bad_messages.fetch_add(1, Ordering::Relaxed);
-                            continue;
-                        }
-                    };
-                    // Bounded wait, then drop (repair and anti-entropy fetch it again).
-                    match in_tx.send_timeout(item, Duration::from_millis(500)) {
-                        Ok(()) => {}
-                        Err(crossbeam_channel::SendTimeoutError::Timeout(_)) => {
-                            counters.in_dropped.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Err(crossbeam_channel::SendTimeoutError::Disconnected(_)) => return,
-                    }
-                }
-            })?);
+            threads.push(
+                std::thread::Builder::new()
+                    .name("srv-host-in".into())
+                    .spawn(move || host_in(&*fabric, &stop, &counters, name, limits, in_tx))?,
+            );
         }
 
         {

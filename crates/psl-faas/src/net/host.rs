@@ -82,18 +82,68 @@ pub fn serve_host(mut cfg: HostConfig, ready: impl FnOnce(SocketAddr)) -> Result
     Ok(())
 }
 
+/// The reply to a `HostHello`: this host's attestation report for `nonce`, bound to its TLS key.
+fn attest_reply(cfg: &HostConfig, spki: &[u8; 32], nonce: &str) -> Result<Msg, FaasError> {
+    let nonce = unhex_n::<32>("nonce", nonce)?;
+    Ok(match &cfg.attester {
+        None => Msg::Error { why: format!("capsule host {} runs without --attest: it cannot be attested", cfg.id) },
+        Some(a) => match a.attest(&nonce, &bind_channel_key(spki)) {
+            Ok(ev) => Msg::HostReport { backend: ev.backend.into(), evidence: hex::encode(&ev.bytes) },
+            Err(e) => Msg::Error { why: format!("capsule host {}: attesting: {e}", cfg.id) },
+        },
+    })
+}
+
+/// Keeps serving `server` after its leader went away (`e`), for up to `ORPHAN_WAIT` for a new
+/// leader to take it back, then closes it.
+fn keep_orphan(
+    orphans: &Orphans,
+    id: u32,
+    name: String,
+    server: psl_server::Server,
+    e: &FaasError,
+) -> Result<(), FaasError> {
+    // The leader went away mid-job: keep serving for a new leader to take the job back.
+    static SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let serial = SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    tracing::warn!(
+        "capsule host {id}: the leader went away ({e}); serving the capsule for up to {} s more",
+        ORPHAN_WAIT.as_secs()
+    );
+    orphans.lock().insert(name.clone(), (serial, server));
+    let orphans = orphans.clone();
+    std::thread::Builder::new().name("capsule-host-orphan".into()).spawn(move || {
+        std::thread::sleep(ORPHAN_WAIT);
+        let mut g = orphans.lock();
+        if g.get(&name).is_some_and(|(s, _)| *s == serial) {
+            if let Some((_, server)) = g.remove(&name) {
+                drop(g);
+                tracing::warn!("capsule host {id}: no leader took the capsule back; closing it");
+                server.shutdown();
+            }
+        }
+    })?;
+    Ok(())
+}
+
+/// Waits until `server`'s record count holds still for 100 ms (at most 2 s): records still in flight.
+fn wait_settled(server: &psl_server::Server) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut last = (server.len(), Instant::now());
+    while Instant::now() < deadline && last.1.elapsed() < Duration::from_millis(100) {
+        std::thread::sleep(Duration::from_millis(10));
+        let n = server.len();
+        if n != last.0 {
+            last = (n, Instant::now());
+        }
+    }
+}
+
 fn job(cfg: &HostConfig, spki: &[u8; 32], orphans: &Orphans, mut s: ServerStream) -> Result<(), FaasError> {
     s.sock.set_read_timeout(Some(Duration::from_secs(30)))?;
     let mut first = read_msg(&mut s)?;
     if let Msg::HostHello { nonce } = &first {
-        let nonce = unhex_n::<32>("nonce", nonce)?;
-        let reply = match &cfg.attester {
-            None => Msg::Error { why: format!("capsule host {} runs without --attest: it cannot be attested", cfg.id) },
-            Some(a) => match a.attest(&nonce, &bind_channel_key(spki)) {
-                Ok(ev) => Msg::HostReport { backend: ev.backend.into(), evidence: hex::encode(&ev.bytes) },
-                Err(e) => Msg::Error { why: format!("capsule host {}: attesting: {e}", cfg.id) },
-            },
-        };
+        let reply = attest_reply(cfg, spki, nonce)?;
         write_msg(&mut s, &reply)?;
         first = read_msg(&mut s)?;
     }
@@ -157,38 +207,9 @@ fn job(cfg: &HostConfig, spki: &[u8; 32], orphans: &Orphans, mut s: ServerStream
         }
     };
     if let Err(e) = &end {
-        // The leader went away mid-job: keep serving for a new leader to take the job back.
-        static SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let serial = SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        tracing::warn!(
-            "capsule host {id}: the leader went away ({e}); serving the capsule for up to {} s more",
-            ORPHAN_WAIT.as_secs()
-        );
-        orphans.lock().insert(name.clone(), (serial, server));
-        let orphans = orphans.clone();
-        std::thread::Builder::new().name("capsule-host-orphan".into()).spawn(move || {
-            std::thread::sleep(ORPHAN_WAIT);
-            let mut g = orphans.lock();
-            if g.get(&name).is_some_and(|(s, _)| *s == serial) {
-                if let Some((_, server)) = g.remove(&name) {
-                    drop(g);
-                    tracing::warn!("capsule host {id}: no leader took the capsule back; closing it");
-                    server.shutdown();
-                }
-            }
-        })?;
-        return Ok(());
+        return keep_orphan(orphans, id, name, server, e);
     }
-    // Records still in flight: wait until the count holds still for 100 ms (at most 2 s).
-    let deadline = Instant::now() + Duration::from_secs(2);
-    let mut last = (server.len(), Instant::now());
-    while Instant::now() < deadline && last.1.elapsed() < Duration::from_millis(100) {
-        std::thread::sleep(Duration::from_millis(10));
-        let n = server.len();
-        if n != last.0 {
-            last = (n, Instant::now());
-        }
-    }
+    wait_settled(&server);
     let records = server.len() as u64;
     let failed = server.failed();
     server.shutdown();

@@ -278,6 +278,40 @@ impl Agent {
         }
     }
 
+    /// Runs a granted job's lambdas on the fabric and seals the result (noting the times in `times`).
+    fn run_sealed(
+        &self,
+        sealed: &SealedJob,
+        grant: &Grant,
+        capsule: Option<[u8; 32]>,
+        times: &mut WorkerTimes,
+    ) -> Result<SealedProgram, FaasError> {
+        let interest = match capsule {
+            Some(c) => psl_fabric::Interest::node(c, grant.node_id, false),
+            None => psl_fabric::Interest::everything(Vec::new()),
+        };
+        let ep = self
+            .cfg
+            .fabric
+            .connect(&format!("worker-{}", self.cfg.id), &interest)
+            .map_err(|e| FaasError::Net(format!("attaching to the fabric {}: {e}", self.cfg.fabric)))?;
+        tracing::debug!(
+            "worker {}: fabric attached {:.1} ms after the grant",
+            self.cfg.id,
+            (unix_us() - times.granted_us) as f64 / 1e3
+        );
+        let run = self.worker.run(sealed, grant, ep)?;
+        times.keys_ready_us = instant_us(run.keys_ready);
+        times.started_us = instant_us(run.lambdas_started);
+        times.first_op_us = run.outcomes.iter().filter_map(|o| o.first_op_at).map(instant_us).max().unwrap_or(0);
+        if let Err(e) = &run.final_sync {
+            tracing::warn!("worker {}: final sync: {e}", self.cfg.id);
+        }
+        let body = crate::deploy::WorkerResultBody { lambdas: lambda_reports(&run), durable: run.durable.clone() };
+        let body = serde_json::to_vec(&body).map_err(|e| FaasError::Net(e.to_string()))?;
+        self.worker.seal_result(sealed.job, &body)
+    }
+
     fn job(&self, job_hex: &str, program: &str, input: Option<&str>, lambdas: u32) {
         let mut times = WorkerTimes { forwarded_us: unix_us(), ..WorkerTimes::default() };
         let job = match unhex_n::<16>("job", job_hex) {
@@ -339,43 +373,8 @@ impl Agent {
                     }
                 }
             });
-            let outcome = (|| -> Result<SealedProgram, FaasError> {
-                let sealed = SealedJob {
-                    job,
-                    program: SealedProgram { bytes: unhex("program", program)? },
-                    input: match input {
-                        Some(i) => Some(SealedProgram { bytes: unhex("input", i)? }),
-                        None => None,
-                    },
-                    lambdas,
-                };
-                let interest = match capsule {
-                    Some(c) => psl_fabric::Interest::node(c, grant.node_id, false),
-                    None => psl_fabric::Interest::everything(Vec::new()),
-                };
-                let ep = self
-                    .cfg
-                    .fabric
-                    .connect(&format!("worker-{}", self.cfg.id), &interest)
-                    .map_err(|e| FaasError::Net(format!("attaching to the fabric {}: {e}", self.cfg.fabric)))?;
-                tracing::debug!(
-                    "worker {}: fabric attached {:.1} ms after the grant",
-                    self.cfg.id,
-                    (unix_us() - times.granted_us) as f64 / 1e3
-                );
-                let run = self.worker.run(&sealed, &grant, ep)?;
-                times.keys_ready_us = instant_us(run.keys_ready);
-                times.started_us = instant_us(run.lambdas_started);
-                times.first_op_us =
-                    run.outcomes.iter().filter_map(|o| o.first_op_at).map(instant_us).max().unwrap_or(0);
-                if let Err(e) = &run.final_sync {
-                    tracing::warn!("worker {}: final sync: {e}", self.cfg.id);
-                }
-                let body =
-                    crate::deploy::WorkerResultBody { lambdas: lambda_reports(&run), durable: run.durable.clone() };
-                let body = serde_json::to_vec(&body).map_err(|e| FaasError::Net(e.to_string()))?;
-                self.worker.seal_result(job, &body)
-            })();
+            let outcome = sealed_job(job, program, input, lambdas)
+                .and_then(|sealed| self.run_sealed(&sealed, &grant, capsule, &mut times));
             match outcome {
                 Ok(s) => self.report(job_hex, Some(s), None, times.clone()),
                 Err(e) => self.report(job_hex, None, Some(e.to_string()), times.clone()),
@@ -401,6 +400,19 @@ impl Agent {
             }
         });
     }
+}
+
+/// Decodes a job's sealed program and input into the job the worker runs.
+fn sealed_job(job: JobId, program: &str, input: Option<&str>, lambdas: u32) -> Result<SealedJob, FaasError> {
+    Ok(SealedJob {
+        job,
+        program: SealedProgram { bytes: unhex("program", program)? },
+        input: match input {
+            Some(i) => Some(SealedProgram { bytes: unhex("input", i)? }),
+            None => None,
+        },
+        lambdas,
+    })
 }
 
 #[cfg(test)]
