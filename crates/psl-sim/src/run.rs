@@ -128,14 +128,25 @@ impl SimReport {
 /// Runs one seed of `cfg`: its report, or the first invariant it broke.
 pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SimReport, Violation> {
     let mut sim = Sim::new(seed, cfg);
+    let mut converged = false;
     for now in 1..=cfg.work_ms + cfg.settle_ms {
         sim.step(now)?;
         if now > cfg.work_ms && now.is_multiple_of(cfg.tick_ms) {
             if let Some(since) = sim.convergence.check(now, &sim.cluster, cfg.epoch_ms) {
-                sim.report.converged_at_ms = since;
-                return sim.finish();
+                if !converged {
+                    sim.report.converged_at_ms = since;
+                    converged = true;
+                }
+                // A revocation must have reached everyone too (its check, at the end).
+                if revocation::learnt_by_all(&sim.cluster, sim.report.revoked) {
+                    return sim.finish();
+                }
             }
         }
+    }
+    if converged {
+        // Settled but a revocation never reached someone: the end checks say who.
+        return sim.finish();
     }
     Err(Convergence::failed(seed, cfg.settle_ms, &sim.cluster, &sim.workload.keys))
 }

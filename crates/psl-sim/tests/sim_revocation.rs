@@ -30,3 +30,17 @@ fn a_revoked_writer_is_refused_everywhere_and_the_rest_continue() {
     // Certificates were held for and released under reordering somewhere in these runs.
     assert!(reports.iter().all(|r| r.durable_records > 0), "a seed made nothing durable");
 }
+
+/// Seeds whose last server restart came just before the memtables converged: that server had
+/// not learnt the revocation yet (it learns it from the next announcement or repair), and a run
+/// that ended at convergence reported it as never learnt. A run that revoked goes on until
+/// everyone has learnt it (within the settle time).
+#[test]
+fn a_server_restarted_just_before_convergence_still_learns_the_revocation() {
+    let cfg = SimConfig::revocation();
+    for s in [947, 970] {
+        let r = run_seed(s, &cfg)
+            .unwrap_or_else(|v| panic!("{v}\nreplay: psl sim --scenario revocation --seeds 1 --start {s}"));
+        assert!(r.revoked.is_some());
+    }
+}
