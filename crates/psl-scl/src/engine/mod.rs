@@ -98,6 +98,9 @@ pub struct NodeEngine {
     verifier: Arc<Verifier>,
     coordinator: Option<CoordinatorWriter>,
     verify_elsewhere: bool,
+    /// What the runtime must do next. Bounded by what one event yields (the core's outputs are
+    /// bounded per event and per tick: repair answers, hint requests, one record per coordinator
+    /// duty), since every runtime drains it after each event.
     commands: VecDeque<Command>,
 }
 
