@@ -97,7 +97,28 @@ enum Cmd {
 /// Parses the command line, runs the command and exits with its code.
 pub fn main() -> ! {
     crate::init_tracing();
-    crate::exit_with(run(Cli::parse()))
+    let cli = Cli::parse();
+    if prints_only(&cli.cmd) {
+        end_quietly_on_a_closed_pipe();
+    }
+    crate::exit_with(run(cli))
+}
+
+/// Commands that read files and print, and touch no socket and no child: `psl capsule show … |
+/// head` ends them the way it ends `cat`, not with `println!`'s panic on a closed pipe. Roles and
+/// clients keep SIGPIPE ignored (Rust's default), so a peer that hangs up is an error they handle.
+fn prints_only(cmd: &Cmd) -> bool {
+    matches!(cmd, Cmd::Keys(_) | Cmd::Capsule(_) | Cmd::Attest(_) | Cmd::Doctor(_) | Cmd::Completions { .. })
+}
+
+/// Restores SIGPIPE's default action (end the process), as before Rust's runtime ignored it.
+fn end_quietly_on_a_closed_pipe() {
+    // SAFETY: signal(2) with SIG_DFL installs no handler and takes no pointer; it only sets this
+    // process's disposition for one signal. It runs on the main thread before any other thread
+    // exists, so nothing observes the change half made.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
 }
 
 fn run(cli: Cli) -> anyhow::Result<i32> {

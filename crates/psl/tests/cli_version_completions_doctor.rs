@@ -106,3 +106,31 @@ fn sim_backend_warns_once_per_process_without_colour_codes_off_a_terminal() {
     assert_eq!(sim.len(), 1, "one sim warning per process: {err}");
     assert!(sim[0].contains(" WARN "), "{err}");
 }
+
+/// A reader that stops early (`psl … | head`) ends a printing command quietly, as it ends `cat`:
+/// no panic from `println!` on the closed pipe. The bash script is larger than a pipe's buffer, so
+/// `psl` is still writing when the reader goes away.
+#[test]
+fn a_printing_command_whose_reader_stops_early_ends_without_a_panic() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_psl"))
+        .args(["completions", "bash"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("psl runs");
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut first).expect("one line");
+    assert!(!first.is_empty());
+    // The reader is dropped here: the pipe is closed with most of the script unwritten.
+    let out = child.wait_with_output().expect("psl ends");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    use std::os::unix::process::ExitStatusExt;
+    assert!(
+        out.status.success() || out.status.signal() == Some(libc::SIGPIPE),
+        "ended with {:?}: {stderr}",
+        out.status
+    );
+}
