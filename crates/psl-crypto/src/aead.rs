@@ -14,7 +14,9 @@ use aws_lc_rs::{aead, hkdf};
 use std::fmt;
 use zeroize::Zeroizing;
 
+/// Bytes of the fresh random salt each sealed body starts with (the HKDF salt of its key).
 pub const SALT_LEN: usize = 16;
+/// Bytes of the AES-GCM authentication tag each sealed body ends with.
 pub const TAG_LEN: usize = 16;
 
 /// The symmetric application data key. Secret: not `Copy` (a [`Clone`] is a deliberate second

@@ -7,16 +7,20 @@ use std::fmt;
 pub struct Hash256(pub [u8; 32]);
 
 impl Hash256 {
+    /// All zero bytes: "no hash" (a chain's first record links to it).
     pub const ZERO: Hash256 = Hash256([0; 32]);
 
+    /// The 32 digest bytes.
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
     }
 
+    /// Whether this is [`Hash256::ZERO`].
     pub fn is_zero(&self) -> bool {
         self.0 == [0; 32]
     }
 
+    /// 64 lowercase hex digits.
     pub fn to_hex(&self) -> String {
         hex::encode(self.0)
     }

@@ -179,6 +179,7 @@ impl OwnerKey {
         Ok(OwnerKey { xprv: XPrv::master(seed)? })
     }
 
+    /// The owner's public key: what capsule metadata names as its owner.
     pub fn public(&self) -> OwnerPublicKey {
         OwnerPublicKey(VerifyingKey { pk: self.xprv.public_key().expect("valid secret by construction") })
     }
@@ -210,6 +211,7 @@ impl OwnerKey {
         s
     }
 
+    /// Parses an owner key file (the text [`OwnerKey::to_file_string`] writes).
     pub fn from_file_string(text: &str) -> Result<OwnerKey, CryptoError> {
         let mut lines = text.lines();
         if lines.next().map(str::trim) != Some(OWNER_FILE_MAGIC) {
@@ -253,6 +255,7 @@ pub struct AppKey {
 }
 
 impl AppKey {
+    /// The hardened child index of this application key under the owner's master key.
     pub fn app_index(&self) -> u32 {
         self.app_index
     }
@@ -279,6 +282,7 @@ impl AppKey {
         Ok(AppKey { xprv: XPrv { secret, chain_code }, app_index })
     }
 
+    /// The application public key: anyone holding it derives every writer's public key.
     pub fn public(&self) -> AppPublicKey {
         AppPublicKey { xpub: self.xprv.xpub().expect("valid secret by construction") }
     }
@@ -332,6 +336,7 @@ pub struct AppPublicKey {
 }
 
 impl AppPublicKey {
+    /// Bytes of the encoded key: the 33-byte compressed point, then the 32-byte chain code.
     pub const LEN: usize = 65;
 
     /// The public key of writer `w`, derivable by anyone holding this key.
@@ -339,10 +344,12 @@ impl AppPublicKey {
         Ok(VerifyingKey { pk: self.xpub.child(w)?.pk })
     }
 
+    /// The encoded key ([`AppPublicKey::LEN`] bytes).
     pub fn to_bytes(&self) -> [u8; 65] {
         self.xpub.to_bytes()
     }
 
+    /// Decodes [`AppPublicKey::to_bytes`]; refuses a wrong length or a point not on the curve.
     pub fn from_bytes(b: &[u8]) -> Result<AppPublicKey, CryptoError> {
         Ok(AppPublicKey { xpub: XPub::from_bytes(b)? })
     }
@@ -352,6 +359,7 @@ impl AppPublicKey {
         sha256(&[b"psl/app-key-fp/v1", &self.to_bytes()])
     }
 
+    /// The application key's own point (the parent of every writer key).
     pub fn point(&self) -> VerifyingKey {
         VerifyingKey { pk: self.xpub.pk }
     }

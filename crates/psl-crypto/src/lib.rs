@@ -32,7 +32,7 @@
 //! fn clone<T: Clone>() {}
 //! clone::<psl_crypto::SigningKey>();
 //! ```
-
+#![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 pub mod aead;
 pub mod hash;
@@ -83,20 +83,34 @@ pub use sign::{Signature, SigningKey, VerifyingKey, PUBLIC_KEY_LEN, SIGNATURE_LE
 /// Everything that can go wrong in this crate.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum CryptoError {
+    /// A well-formed signature that the expected public key does not verify.
     #[error("signature does not verify under the expected public key")]
     BadSignature,
+    /// Signature bytes that are not a canonical (low-s) ECDSA signature.
     #[error("signature bytes are not a valid canonical (low-s) ECDSA signature")]
     MalformedSignature,
+    /// Public key bytes that are not a compressed secp256k1 point.
     #[error("public key bytes are not a valid compressed secp256k1 point")]
     MalformedPublicKey,
+    /// Secret key bytes that are not a valid secp256k1 scalar (zero, or not below the order).
     #[error("secret key bytes are not a valid secp256k1 scalar")]
     MalformedSecretKey,
+    /// A BIP32 derivation that failed: an out-of-range index or master seed, or an invalid
+    /// child key (probability about 2^-127).
     #[error("key derivation failed at child index {index}: {why}")]
-    Derivation { index: u32, why: &'static str },
+    Derivation {
+        /// The child index asked for.
+        index: u32,
+        /// Why it failed.
+        why: &'static str,
+    },
+    /// A writer index above [`WRITER_INDEX_MAX`] (a hardened index).
     #[error("writer index {0} is out of range (non-hardened indices are below 2^31)")]
     WriterIndex(u32),
+    /// AES-GCM refused the ciphertext: a wrong key, or altered bytes or associated data.
     #[error("authenticated decryption failed (wrong key, or the ciphertext or its header was altered)")]
     Decryption,
+    /// An owner key file or seed that does not parse; the text says what is wrong.
     #[error("key file: {0}")]
     KeyFile(String),
 }

@@ -7,7 +7,9 @@ use crate::{CryptoError, Hash256};
 use secp256k1::ffi;
 use std::fmt;
 
+/// Bytes of a compact ECDSA signature (r ‖ s, low-s).
 pub const SIGNATURE_LEN: usize = 64;
+/// Bytes of a compressed secp256k1 public key.
 pub const PUBLIC_KEY_LEN: usize = 33;
 
 /// A 64-byte compact ECDSA signature as it travels on the wire. Not checked until verified.
@@ -116,6 +118,7 @@ pub struct SigningKey {
 }
 
 impl SigningKey {
+    /// A signing key from its 32 secret bytes; refuses zero and values not below the curve order.
     pub fn from_bytes(bytes: &[u8; 32]) -> Result<SigningKey, CryptoError> {
         SigningKey::from_secret(Secret32::copy_of(bytes))
     }
@@ -185,6 +188,7 @@ impl SigningKey {
         }
     }
 
+    /// The public key that verifies this key's signatures.
     pub fn verifying_key(&self) -> VerifyingKey {
         VerifyingKey { pk: public_key_of(self.secret.bytes()).expect("valid secret by construction") }
     }
@@ -206,6 +210,7 @@ pub struct VerifyingKey {
 }
 
 impl VerifyingKey {
+    /// Decodes a compressed point ([`PUBLIC_KEY_LEN`] bytes); refuses anything else.
     pub fn from_bytes(bytes: &[u8]) -> Result<VerifyingKey, CryptoError> {
         if bytes.len() != PUBLIC_KEY_LEN {
             return Err(CryptoError::MalformedPublicKey);
@@ -214,6 +219,7 @@ impl VerifyingKey {
         Ok(VerifyingKey { pk })
     }
 
+    /// The compressed point.
     pub fn to_bytes(&self) -> [u8; PUBLIC_KEY_LEN] {
         self.pk.serialize()
     }
