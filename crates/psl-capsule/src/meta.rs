@@ -103,6 +103,10 @@ impl Metadata {
         if certified {
             b.put_u8(self.policy.writer_keys as u8);
         }
+        assert!(b.len() <= META_BYTES_MAX, "metadata within META_BYTES_MAX (Metadata::decode refuses more)");
+        // The capsule's name is the hash of these bytes: they must read back as this metadata
+        // (a full decode, with two curve points: debug builds only).
+        debug_assert!(Metadata::decode(&b).as_ref() == Ok(self), "encoded metadata must decode to itself");
         b
     }
 
@@ -241,6 +245,7 @@ impl SignedMetadata {
         b.put_u16(m.len() as u16);
         b.extend_from_slice(&m);
         b.extend_from_slice(&self.signature.0);
+        assert_eq!(SignedMetadata::encoded_len(&b), Ok(b.len()), "signed metadata length prefix");
         b
     }
 
@@ -367,6 +372,16 @@ pub(crate) mod tests {
                 assert!(SignedMetadata::decode(&b).is_err(), "byte {i} bit {bit:#x}");
             }
         }
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "must decode to itself")]
+    fn encoding_metadata_decode_refuses_is_a_bug() {
+        let owner = OwnerKey::from_seed(&[3; 32]).unwrap();
+        let mut m = sample(&owner, "x").meta;
+        m.policy.coordinators = 0;
+        let _ = m.encode();
     }
 
     #[test]

@@ -99,6 +99,7 @@ impl Header {
 
     pub(crate) fn encode_into(&self, b: &mut Vec<u8>) {
         assert!(self.links.len() <= u16::MAX as usize, "links are checked against limits before encoding");
+        let start = b.len();
         b.put_u8(RECORD_VERSION);
         b.put_u8(self.kind as u8);
         b.put_u16(self.links.len() as u16);
@@ -115,6 +116,7 @@ impl Header {
             b.put_u64(l.seq);
             b.extend_from_slice(&l.hash.0);
         }
+        assert_eq!(b.len() - start, self.encoded_len(), "header encoding length");
     }
 
     pub(crate) fn decode_from(r: &mut Reader<'_>, limits: &Limits) -> Result<Header, DecodeError> {
@@ -222,7 +224,16 @@ impl Eq for Record {}
 
 impl Record {
     /// Assembles a record from a header, a sealed body and a signature.
+    ///
+    /// The caller (`Draft::seal`) has checked the capsule's limits; what is asserted here is
+    /// what every reader checks whatever the capsule: the chain rule the verifier applies
+    /// (seq 0 has a zero `prev`, every later seq a non-zero one), a non-hardened writer index,
+    /// a body length its u32 field holds, a record within [`Limits::CEILING`], and (debug
+    /// builds) that the bytes decode to this header and hash.
     pub(crate) fn assemble(header: Header, body: &[u8], signature_of: impl FnOnce(&Hash256) -> Signature) -> Record {
+        assert_eq!(header.seq == 0, header.prev.is_zero(), "seq 0 has a zero prev, every later seq a non-zero one");
+        assert!(header.writer < 1 << 31, "a record's writer is a non-hardened child index");
+        assert!(body.len() <= u32::MAX as usize, "record body length does not fit its u32 field");
         let header_len = header.encoded_len();
         let mut raw = Vec::with_capacity(header_len + 4 + body.len() + SIGNATURE_LEN);
         header.encode_into(&mut raw);
@@ -233,6 +244,12 @@ impl Record {
         let hash = record_hash(&raw[..header_len], body.len() as u32, &body_digest);
         let sig = signature_of(&hash);
         raw.extend_from_slice(&sig.0);
+        assert!(raw.len() <= Limits::CEILING.record_bytes_max as usize, "a record over every capsule's limit");
+        debug_assert!(
+            Record::decode_parts(&raw, &Limits::CEILING)
+                .is_ok_and(|p| p.header == header && p.header_len == header_len && p.hash == hash),
+            "an assembled record must decode to its header and hash"
+        );
         Record { raw: raw.into(), header, header_len, body_len: body.len(), body_digest, hash }
     }
 
@@ -320,5 +337,51 @@ impl Record {
         c[32..36].copy_from_slice(&writer.to_le_bytes());
         c[36..].copy_from_slice(&seq.to_le_bytes());
         c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(seq: u64, prev: Hash256) -> Header {
+        Header {
+            kind: Kind::Data,
+            capsule: CapsuleName(Hash256([1; 32])),
+            writer: 5,
+            key_gen: 0,
+            seq,
+            lamport: 1,
+            epoch: 0,
+            salt: [2; SALT_LEN],
+            prev,
+            links: vec![Link { writer: 9, seq: 3, hash: Hash256([4; 32]) }],
+        }
+    }
+
+    #[test]
+    fn an_assembled_record_decodes_to_its_header_and_hash() {
+        let r = Record::assemble(header(1, Hash256([3; 32])), b"body", |_| Signature([7; SIGNATURE_LEN]));
+        let back = Record::decode(r.bytes(), &Limits::default()).unwrap();
+        assert_eq!((back.header(), back.hash(), back.body()), (r.header(), r.hash(), &b"body"[..]));
+    }
+
+    #[test]
+    #[should_panic(expected = "seq 0 has a zero prev")]
+    fn assembling_seq_0_with_a_prev_is_a_bug() {
+        let _ = Record::assemble(header(0, Hash256([3; 32])), b"body", |_| Signature([7; SIGNATURE_LEN]));
+    }
+
+    #[test]
+    #[should_panic(expected = "seq 0 has a zero prev")]
+    fn assembling_a_later_seq_without_a_prev_is_a_bug() {
+        let _ = Record::assemble(header(4, Hash256::ZERO), b"body", |_| Signature([7; SIGNATURE_LEN]));
+    }
+
+    #[test]
+    #[should_panic(expected = "non-hardened")]
+    fn assembling_a_hardened_writer_is_a_bug() {
+        let h = Header { writer: 1 << 31, ..header(0, Hash256::ZERO) };
+        let _ = Record::assemble(h, b"body", |_| Signature([7; SIGNATURE_LEN]));
     }
 }

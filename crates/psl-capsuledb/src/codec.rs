@@ -84,12 +84,41 @@ impl Block {
         9 + self.entries.iter().map(|(k, (_, v))| entry_len(k, v)).sum::<usize>()
     }
 
+    /// Checks the format's rules on the value (what [`Block::decode`] enforces on bytes): at
+    /// most [`BLOCK_ENTRIES_MAX`] entries, keys of 1 to [`KEY_BYTES_MAX`] bytes, strictly
+    /// increasing, values of at most [`VALUE_BYTES_MAX`] bytes. A writer asserts it before a
+    /// block leaves for a store.
+    pub fn check_format(&self) -> Result<(), CodecError> {
+        limit("entry count", self.entries.len(), BLOCK_ENTRIES_MAX)?;
+        let mut last: Option<&[u8]> = None;
+        for (k, (_, v)) in &self.entries {
+            if k.is_empty() {
+                return Err(CodecError::Invalid("empty key"));
+            }
+            limit("key", k.len(), KEY_BYTES_MAX)?;
+            if let Some(v) = v {
+                limit("value", v.len(), VALUE_BYTES_MAX)?;
+            }
+            if last.is_some_and(|l| l >= k.as_slice()) {
+                return Err(CodecError::Invalid("key order (keys must strictly increase)"));
+            }
+            last = Some(k);
+        }
+        Ok(())
+    }
+
+    /// Encodes the block. Lengths that the format's fields cannot represent are a bug of the
+    /// caller (they would misframe every later byte) and panic; a block that breaks the
+    /// format's other rules still encodes (tests feed such bytes to [`Block::decode`]): see
+    /// [`Block::check_format`].
     pub fn encode(&self) -> Vec<u8> {
+        assert!(self.entries.len() <= u32::MAX as usize, "block entry count does not fit its u32 field");
         let mut b = Vec::with_capacity(self.encoded_len());
         b.extend_from_slice(BLOCK_MAGIC);
         b.push(BLOCK_V2);
         b.extend_from_slice(&(self.entries.len() as u32).to_le_bytes());
         for (k, (ver, v)) in &self.entries {
+            assert!(k.len() <= u16::MAX as usize, "block key length does not fit its u16 field");
             b.extend_from_slice(&(k.len() as u16).to_le_bytes());
             b.extend_from_slice(k);
             b.extend_from_slice(&ver.lamport.to_le_bytes());
@@ -98,12 +127,18 @@ impl Block {
             match v {
                 None => b.push(0),
                 Some(v) => {
+                    assert!(v.len() <= u32::MAX as usize, "block value length does not fit its u32 field");
                     b.push(1);
                     b.extend_from_slice(&(v.len() as u32).to_le_bytes());
                     b.extend_from_slice(v);
                 }
             }
         }
+        debug_assert_eq!(b.len(), self.encoded_len(), "block encoding length");
+        debug_assert!(
+            self.check_format().is_err() || Block::decode(&b).as_ref() == Ok(self),
+            "a well-formed block must decode to itself"
+        );
         b
     }
 
@@ -158,7 +193,13 @@ impl BlockRef {
 }
 
 impl Index {
+    /// Encodes the index. Counts over what [`Index::decode`] accepts panic (the level count's
+    /// u8 field would even wrap): the tree never builds such an index. In debug builds the
+    /// bytes are decoded again and must give back the same index, so an index the tree could
+    /// not reopen never reaches a store.
     pub fn encode(&self) -> Vec<u8> {
+        assert!(self.levels.len() <= LEVELS_MAX, "index level count over LEVELS_MAX");
+        assert!(self.frontier.len() <= FRONTIER_WRITERS_MAX, "index frontier over FRONTIER_WRITERS_MAX");
         let mut b = Vec::new();
         b.extend_from_slice(INDEX_MAGIC);
         b.push(INDEX_V2);
@@ -172,8 +213,10 @@ impl Index {
         }
         b.push(self.levels.len() as u8);
         for level in &self.levels {
+            assert!(level.len() <= BLOCKS_PER_LEVEL_MAX, "index level over BLOCKS_PER_LEVEL_MAX blocks");
             b.extend_from_slice(&(level.len() as u32).to_le_bytes());
             for r in level {
+                assert!(r.min.len() <= u16::MAX as usize && r.max.len() <= u16::MAX as usize, "index key length");
                 b.extend_from_slice(&r.hash);
                 b.extend_from_slice(&r.entries.to_le_bytes());
                 for k in [&r.min, &r.max] {
@@ -190,6 +233,7 @@ impl Index {
             b.extend_from_slice(&w.to_le_bytes());
             b.extend_from_slice(&l.to_le_bytes());
         }
+        debug_assert!(Index::decode(&b).as_ref() == Ok(self), "an encoded index must decode to itself");
         b
     }
 
@@ -308,5 +352,62 @@ impl<'a> Reader<'a> {
         } else {
             Err(CodecError::Trailing)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cell(v: Option<&[u8]>) -> Cell {
+        (Version::new(1, 1), v.map(<[u8]>::to_vec))
+    }
+
+    #[test]
+    fn check_format_names_each_rule_decode_enforces() {
+        let ok = Block { entries: vec![(b"a".to_vec(), cell(Some(b"x"))), (b"b".to_vec(), cell(None))] };
+        assert_eq!(ok.check_format(), Ok(()));
+        assert_eq!(Block::decode(&ok.encode()).as_ref(), Ok(&ok));
+        let cases = [
+            (vec![(b"b".to_vec(), cell(None)), (b"a".to_vec(), cell(None))], "order"),
+            (vec![(b"a".to_vec(), cell(None)), (b"a".to_vec(), cell(None))], "order"),
+            (vec![(Vec::new(), cell(None))], "empty key"),
+            (vec![(vec![1; KEY_BYTES_MAX + 1], cell(None))], "key"),
+            (vec![(b"a".to_vec(), cell(Some(&vec![0; VALUE_BYTES_MAX + 1])))], "value"),
+        ];
+        for (entries, what) in cases {
+            let b = Block { entries };
+            let e = b.check_format().unwrap_err();
+            assert!(e.to_string().contains(what), "{what}: {e}");
+            // The same rule holds on the bytes: encode (unchecked) then decode refuses.
+            assert!(Block::decode(&b.encode()).is_err(), "{what}");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "u16 field")]
+    fn a_block_key_its_length_field_cannot_hold_is_a_bug() {
+        let _ = Block { entries: vec![(vec![1; u16::MAX as usize + 1], cell(None))] }.encode();
+    }
+
+    #[test]
+    #[should_panic(expected = "LEVELS_MAX")]
+    fn an_index_with_more_levels_than_decode_accepts_is_a_bug() {
+        let _ = Index { levels: vec![Vec::new(); LEVELS_MAX + 1], ..Index::default() }.encode();
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "decode to itself")]
+    fn an_index_decode_would_refuse_is_caught_before_it_leaves() {
+        let r = |min: &[u8], max: &[u8]| BlockRef {
+            hash: [0; 32],
+            entries: 1,
+            min: min.to_vec(),
+            max: max.to_vec(),
+            bloom: Bloom::build(1, [min]),
+        };
+        // Level 1 must be sorted and non-overlapping.
+        let _ = Index { levels: vec![Vec::new(), vec![r(b"m", b"z"), r(b"a", b"c")]], ..Index::default() }.encode();
     }
 }

@@ -77,7 +77,10 @@ fn crc(len: u32, hash: &RecordHash, bytes: &[u8]) -> u32 {
     h.finalize()
 }
 
+/// The frame of a record. The record must be within [`RECORD_BYTES_MAX`] (`put` refuses
+/// larger ones first): a longer one could not be read back.
 fn frame(hash: &RecordHash, bytes: &[u8]) -> Vec<u8> {
+    assert!(bytes.len() <= RECORD_BYTES_MAX, "a frame's record is checked against RECORD_BYTES_MAX first");
     let len = bytes.len() as u32;
     let mut f = Vec::with_capacity(HEADER_LEN + bytes.len());
     f.extend_from_slice(MAGIC);
@@ -85,7 +88,38 @@ fn frame(hash: &RecordHash, bytes: &[u8]) -> Vec<u8> {
     f.extend_from_slice(hash);
     f.extend_from_slice(&crc(len, hash, bytes).to_le_bytes());
     f.extend_from_slice(bytes);
+    assert_eq!(f.len(), HEADER_LEN + bytes.len(), "frame length");
+    // What the scan and `get` check on the way back (the CRC again: debug builds only).
+    debug_assert_eq!(check_frame(&f, 0), Some((*hash, len)), "a frame must check as it is written");
     f
+}
+
+/// Checks the frame read back for record `hash` at `at` (`f` holds the header and the `len`
+/// bytes the map expects): magic, length field, CRC and hash, each named when it fails.
+fn check_read(f: &[u8], at: u64, hash: &RecordHash, len: u32) -> std::io::Result<()> {
+    let bad = |what: String| {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("capsuledb store: frame at offset {at} for record {}: {what}", hex(hash)),
+        ))
+    };
+    if f.len() != HEADER_LEN + len as usize {
+        return bad(format!("read {} bytes, expected {}", f.len(), HEADER_LEN + len as usize));
+    }
+    if &f[..4] != MAGIC {
+        return bad("bad magic".into());
+    }
+    let mut w = [0u8; 4];
+    w.copy_from_slice(&f[4..8]);
+    let got = u32::from_le_bytes(w);
+    if got != len {
+        return bad(format!("length field {got}, the scan found {len}"));
+    }
+    match check_frame(f, 0) {
+        None => bad("CRC mismatch".into()),
+        Some((h, _)) if h != *hash => bad(format!("holds record {}", hex(&h))),
+        Some(_) => Ok(()),
+    }
 }
 
 /// The frame at `at` of `log`, if it is whole and checks: (hash, record length).
@@ -209,7 +243,10 @@ impl DirStore {
 
     /// Records the newest index (after its record is stored).
     pub fn set_newest(&self, hash: &RecordHash) -> std::io::Result<()> {
-        self.write_atomic(&self.dir.join(NEWEST), hex(hash).as_bytes())?;
+        let text = hex(hash);
+        assert_eq!(text.len(), 64, "NEWEST holds 64 hex digits");
+        debug_assert_eq!(parse_hex(&text), Some(*hash), "NEWEST must parse back to the hash written");
+        self.write_atomic(&self.dir.join(NEWEST), text.as_bytes())?;
         File::open(&self.dir)?.sync_all()
     }
 
@@ -291,6 +328,7 @@ impl BlockStore for DirStore {
             // re-applies a chain after a restart).
             return Ok(());
         }
+        // `frame` asserts the header matches the bytes (length, CRC, hash) before the append.
         let f = frame(&hash, &bytes);
         let at = g.end;
         if let Err(e) = g.file.write_all(&f) {
@@ -337,13 +375,12 @@ impl BlockStore for DirStore {
         let mut f = vec![0u8; HEADER_LEN + len as usize];
         self.reader.read_exact_at(&mut f, at).ok()?;
         // The frame is checked again: damage since open is a miss, not bytes to verify.
-        match check_frame(&f, 0) {
-            Some((h, _)) if h == *hash => {
-                f.drain(..HEADER_LEN);
-                Some(f)
-            }
-            _ => None,
+        if let Err(e) = check_read(&f, at, hash, len) {
+            tracing::warn!(dir = %self.dir.display(), "{e}; a miss (another store may hold the record)");
+            return None;
         }
+        f.drain(..HEADER_LEN);
+        Some(f)
     }
 }
 
@@ -489,6 +526,39 @@ mod tests {
         drop(s);
         let s = DirStore::open(d.path()).unwrap();
         assert_eq!(s.get(&recs[3].0).as_deref(), Some(&recs[3].1[..]));
+    }
+
+    #[test]
+    fn a_frame_read_back_is_checked_field_by_field() {
+        let (h, b) = rec(3, 64);
+        let good = frame(&h, &b);
+        check_read(&good, 0, &h, 64).unwrap();
+        let refused = |f: &[u8], hash: &RecordHash, len: u32, what: &str| {
+            let e = check_read(f, 4096, hash, len).unwrap_err();
+            assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+            let msg = e.to_string();
+            assert!(msg.contains(what) && msg.contains("offset 4096"), "{what}: {msg}");
+        };
+        refused(&good[..good.len() - 1], &h, 64, "read 107 bytes");
+        let mut magic = good.clone();
+        magic[0] ^= 1;
+        refused(&magic, &h, 64, "bad magic");
+        // A length field that changed after the scan (shorter: its CRC may even check).
+        let short = frame(&h, &b[..10]);
+        let mut padded = short.clone();
+        padded.resize(good.len(), 0);
+        refused(&padded, &h, 64, "length field 10");
+        let mut body = good.clone();
+        body[HEADER_LEN + 5] ^= 0x10;
+        refused(&body, &h, 64, "CRC mismatch");
+        let (other, _) = rec(4, 64);
+        refused(&good, &other, 64, "holds record");
+    }
+
+    #[test]
+    #[should_panic(expected = "RECORD_BYTES_MAX")]
+    fn framing_a_record_over_the_limit_is_a_bug() {
+        let _ = frame(&[0; 32], &vec![0; RECORD_BYTES_MAX + 1]);
     }
 
     #[test]

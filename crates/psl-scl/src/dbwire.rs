@@ -258,9 +258,14 @@ fn prefix(t: u8, capsule: &CapsuleName) -> Vec<u8> {
 
 impl DbGet {
     /// A request for `key`, sealed under the data key with a fresh random `salt`.
+    /// The key should be 1 to 1024 bytes: [`DbGet::open`] refuses others (checked in debug
+    /// builds only: keys come from users, through the caller's own limits).
     pub fn seal(capsule: CapsuleName, req_id: u64, key: &[u8], data_key: &DataKey, salt: [u8; SALT_LEN]) -> DbGet {
+        debug_assert!(!key.is_empty() && key.len() <= KEY_BYTES_MAX, "CapsuleDB refuses a get of this key length");
         let aad = get_aad(&capsule, req_id);
-        DbGet { capsule, req_id, salt, sealed: data_key.seal(&salt, GET_CONTEXT, &aad, key) }
+        let sealed = data_key.seal(&salt, GET_CONTEXT, &aad, key);
+        assert!(sealed.len() <= SEALED_BYTES_MAX, "a sealed key within the decoder's bound");
+        DbGet { capsule, req_id, salt, sealed }
     }
 
     /// The requested key.
@@ -282,6 +287,7 @@ fn get_aad(capsule: &CapsuleName, req_id: u64) -> Vec<u8> {
 }
 
 fn answer_head(capsule: &CapsuleName, signer: u32, index_seq: u64, req_ids: &[u64]) -> Vec<u8> {
+    assert!(req_ids.len() <= u16::MAX as usize, "answer request count does not fit its u16 field");
     let mut b = prefix(TYPE_ANSWER, capsule);
     b.extend_from_slice(&signer.to_le_bytes());
     b.extend_from_slice(&index_seq.to_le_bytes());
@@ -292,9 +298,13 @@ fn answer_head(capsule: &CapsuleName, signer: u32, index_seq: u64, req_ids: &[u6
     b
 }
 
+/// Lengths the fields cannot represent panic (they would misframe the rest); the decoder's
+/// other rules are checked where a body is sealed ([`DbAnswer::seal`], [`DbScanAnswer::seal`]).
 fn encode_records(b: &mut Vec<u8>, records: &[Vec<u8>]) {
+    assert!(records.len() <= u16::MAX as usize, "record count does not fit its u16 field");
     b.extend_from_slice(&(records.len() as u16).to_le_bytes());
     for r in records {
+        assert!(r.len() <= u32::MAX as usize, "record length does not fit its u32 field");
         b.extend_from_slice(&(r.len() as u32).to_le_bytes());
         b.extend_from_slice(r);
     }
@@ -338,8 +348,10 @@ impl AnswerBody {
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(64 + self.records.iter().map(|r| 4 + r.len()).sum::<usize>());
         encode_records(&mut b, &self.records);
+        assert!(self.entries.len() <= u16::MAX as usize, "answer key count does not fit its u16 field");
         b.extend_from_slice(&(self.entries.len() as u16).to_le_bytes());
         for e in &self.entries {
+            assert!(e.key.len() <= u16::MAX as usize, "answer key length does not fit its u16 field");
             b.extend_from_slice(&(e.key.len() as u16).to_le_bytes());
             b.extend_from_slice(&e.key);
             match &e.found {
@@ -469,9 +481,13 @@ impl DbAnswer {
         salt: [u8; SALT_LEN],
         key: &SigningKey,
     ) -> DbAnswer {
-        assert!(req_ids.len() <= ANSWER_REQS_MAX, "callers split answers");
+        assert!(!req_ids.is_empty() && req_ids.len() <= ANSWER_REQS_MAX, "callers split answers");
         let aad = answer_head(&capsule, signer, index_seq, &req_ids);
-        let sealed = data_key.seal(&salt, ANSWER_CONTEXT, &aad, &body.encode());
+        let plain = body.encode();
+        // The receiver decodes the body with these rules (a full decode: debug builds only).
+        debug_assert!(AnswerBody::decode(&plain).as_ref() == Ok(body), "an answer body must decode to itself");
+        let sealed = data_key.seal(&salt, ANSWER_CONTEXT, &aad, &plain);
+        assert!(sealed.len() <= ANSWER_SEALED_BYTES_MAX, "an answer body within the decoder's bound");
         let mut a = DbAnswer { capsule, signer, index_seq, req_ids, salt, sealed, signature: Signature([0; 64]) };
         a.signature = key.sign(&a.digest());
         a
@@ -504,6 +520,7 @@ impl DbHeads {
     }
 
     fn body(&self) -> Vec<u8> {
+        assert!(self.frontier.len() <= DB_HEADS_MAX, "heads within DB_HEADS_MAX (the decoder refuses more)");
         let mut b = prefix(TYPE_HEADS, &self.capsule);
         b.extend_from_slice(&self.signer.to_le_bytes());
         b.extend_from_slice(&self.seq.to_le_bytes());
@@ -532,6 +549,8 @@ fn scan_aad(capsule: &CapsuleName, req_id: u64) -> Vec<u8> {
 
 impl ScanQuery {
     pub fn encode(&self) -> Vec<u8> {
+        assert!(self.prefix.len() <= u16::MAX as usize, "scan prefix length does not fit its u16 field");
+        assert!(self.after.as_ref().is_none_or(|a| a.len() <= u16::MAX as usize), "scan after length");
         let mut b = Vec::with_capacity(8 + self.prefix.len() + self.after.as_ref().map_or(0, |a| a.len()));
         b.extend_from_slice(&self.limit.to_le_bytes());
         b.extend_from_slice(&(self.prefix.len() as u16).to_le_bytes());
@@ -578,9 +597,16 @@ impl ScanQuery {
 
 impl DbScan {
     /// A scan request, sealed under the data key with a fresh random `salt`.
+    /// The query should be one [`ScanQuery::decode`] accepts (limit 1 to [`SCAN_LIMIT_MAX`],
+    /// prefix and `after` within 1024 bytes): checked in debug builds only, as prefixes come from
+    /// users through the caller's own limits.
     pub fn seal(capsule: CapsuleName, req_id: u64, q: &ScanQuery, data_key: &DataKey, salt: [u8; SALT_LEN]) -> DbScan {
         let aad = scan_aad(&capsule, req_id);
-        DbScan { capsule, req_id, salt, sealed: data_key.seal(&salt, SCAN_CONTEXT, &aad, &q.encode()) }
+        let plain = q.encode();
+        debug_assert!(ScanQuery::decode(&plain).as_ref() == Ok(q), "CapsuleDB refuses this scan query");
+        let sealed = data_key.seal(&salt, SCAN_CONTEXT, &aad, &plain);
+        assert!(sealed.len() <= SEALED_BYTES_MAX, "a sealed scan query within the decoder's bound");
+        DbScan { capsule, req_id, salt, sealed }
     }
 
     pub fn open(&self, data_key: &DataKey) -> Result<ScanQuery, DbWireError> {
@@ -596,8 +622,10 @@ impl ScanBody {
         let mut b = Vec::with_capacity(64 + self.records.iter().map(|r| 4 + r.len()).sum::<usize>());
         b.push(u8::from(self.more));
         encode_records(&mut b, &self.records);
+        assert!(self.entries.len() <= u16::MAX as usize, "scan entry count does not fit its u16 field");
         b.extend_from_slice(&(self.entries.len() as u16).to_le_bytes());
         for (key, p) in &self.entries {
+            assert!(key.len() <= u16::MAX as usize, "scan key length does not fit its u16 field");
             b.extend_from_slice(&(key.len() as u16).to_le_bytes());
             b.extend_from_slice(key);
             encode_proof(&mut b, p);
@@ -676,7 +704,11 @@ impl DbScanAnswer {
         key: &SigningKey,
     ) -> DbScanAnswer {
         let aad = scan_answer_head(&capsule, signer, index_seq, req_id);
-        let sealed = data_key.seal(&salt, SCAN_ANSWER_CONTEXT, &aad, &body.encode());
+        let plain = body.encode();
+        // The receiver decodes the body with these rules (a full decode: debug builds only).
+        debug_assert!(ScanBody::decode(&plain).as_ref() == Ok(body), "a scan body must decode to itself");
+        let sealed = data_key.seal(&salt, SCAN_ANSWER_CONTEXT, &aad, &plain);
+        assert!(sealed.len() <= SCAN_SEALED_BYTES_MAX, "a scan answer body within the decoder's bound");
         let mut a = DbScanAnswer { capsule, signer, index_seq, req_id, salt, sealed, signature: Signature([0; 64]) };
         a.signature = key.sign(&a.digest());
         a
@@ -711,9 +743,12 @@ impl DbMsg {
         }
     }
 
+    /// Encodes the message; counts and sealed lengths over the decoder's bounds are a bug of the
+    /// sender (the constructors `seal` and `sign` keep within them) and panic.
     pub fn encode(&self) -> Vec<u8> {
-        match self {
+        let b = match self {
             DbMsg::Get(g) => {
+                assert!(g.sealed.len() <= SEALED_BYTES_MAX, "a get's sealed key within SEALED_BYTES_MAX");
                 let mut b = get_aad(&g.capsule, g.req_id);
                 b.extend_from_slice(&g.salt);
                 b.extend_from_slice(&(g.sealed.len() as u32).to_le_bytes());
@@ -721,6 +756,11 @@ impl DbMsg {
                 b
             }
             DbMsg::Answer(a) => {
+                assert!(
+                    !a.req_ids.is_empty() && a.req_ids.len() <= ANSWER_REQS_MAX,
+                    "an answer names 1 to ANSWER_REQS_MAX requests"
+                );
+                assert!(a.sealed.len() <= ANSWER_SEALED_BYTES_MAX, "an answer's sealed body within its bound");
                 let mut b = answer_head(&a.capsule, a.signer, a.index_seq, &a.req_ids);
                 b.extend_from_slice(&a.salt);
                 b.extend_from_slice(&(a.sealed.len() as u32).to_le_bytes());
@@ -734,6 +774,7 @@ impl DbMsg {
                 b
             }
             DbMsg::Scan(q) => {
+                assert!(q.sealed.len() <= SEALED_BYTES_MAX, "a scan's sealed query within SEALED_BYTES_MAX");
                 let mut b = scan_aad(&q.capsule, q.req_id);
                 b.extend_from_slice(&q.salt);
                 b.extend_from_slice(&(q.sealed.len() as u32).to_le_bytes());
@@ -741,6 +782,7 @@ impl DbMsg {
                 b
             }
             DbMsg::ScanAnswer(a) => {
+                assert!(a.sealed.len() <= SCAN_SEALED_BYTES_MAX, "a scan answer's sealed body within its bound");
                 let mut b = scan_answer_head(&a.capsule, a.signer, a.index_seq, a.req_id);
                 b.extend_from_slice(&a.salt);
                 b.extend_from_slice(&(a.sealed.len() as u32).to_le_bytes());
@@ -748,7 +790,10 @@ impl DbMsg {
                 b.extend_from_slice(&a.signature.0);
                 b
             }
-        }
+        };
+        // Every message leaves as our own decoder reads it (a full decode: debug builds only).
+        debug_assert!(DbMsg::decode(&b).as_ref() == Ok(self), "an encoded message must decode to itself");
+        b
     }
 
     /// Decodes the framing (bounded, total); signatures and sealed parts are checked by
@@ -940,6 +985,61 @@ mod tests {
         back.verify(&pk).unwrap();
         assert!(DbHeads { frontier: vec![(1, 11), (2, 20)], ..h.clone() }.verify(&pk).is_err());
         assert!(h.verify(&other).is_err());
+    }
+
+    #[test]
+    #[should_panic(expected = "callers split answers")]
+    fn sealing_an_answer_to_no_request_is_a_bug() {
+        let (dk, sk, _, _) = keys();
+        let body = AnswerBody { records: Vec::new(), entries: vec![AnswerEntry { key: b"k".to_vec(), found: None }] };
+        let _ = DbAnswer::seal(CapsuleName(Hash256([9; 32])), 70, 1, Vec::new(), &body, &dk, [2; 16], &sk);
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "must decode to itself")]
+    fn sealing_a_body_the_receiver_refuses_is_a_bug() {
+        let (dk, sk, _, _) = keys();
+        // A proof naming a record the body does not carry.
+        let p = Proof { version: Version { lamport: 1, writer: 2 }, deleted: false, record: 0 };
+        let body =
+            AnswerBody { records: Vec::new(), entries: vec![AnswerEntry { key: b"k".to_vec(), found: Some(p) }] };
+        let _ = DbAnswer::seal(CapsuleName(Hash256([9; 32])), 70, 1, vec![1], &body, &dk, [2; 16], &sk);
+    }
+
+    #[test]
+    #[should_panic(expected = "within SEALED_BYTES_MAX")]
+    fn encoding_a_get_over_the_decoder_bound_is_a_bug() {
+        let g = DbGet {
+            capsule: CapsuleName(Hash256([9; 32])),
+            req_id: 1,
+            salt: [0; 16],
+            sealed: vec![0; SEALED_BYTES_MAX + 1],
+        };
+        let _ = DbMsg::Get(g).encode();
+    }
+
+    #[test]
+    fn decoders_name_the_bounds_they_refuse() {
+        let capsule = CapsuleName(Hash256([9; 32]));
+        let mut b = prefix(TYPE_GET, &capsule);
+        b.extend_from_slice(&1u64.to_le_bytes());
+        b.extend_from_slice(&[0; SALT_LEN]);
+        b.extend_from_slice(&(SEALED_BYTES_MAX as u32 + 1).to_le_bytes());
+        assert_eq!(DbMsg::decode(&b), Err(DbWireError::Malformed("sealed part over the limit")));
+        let mut b = prefix(TYPE_ANSWER, &capsule);
+        b.extend_from_slice(&[0; 12]);
+        b.extend_from_slice(&0u16.to_le_bytes());
+        assert_eq!(DbMsg::decode(&b), Err(DbWireError::Malformed("answer request count")));
+        let mut b = prefix(TYPE_HEADS, &capsule);
+        b.extend_from_slice(&[0; 12]);
+        b.extend_from_slice(&(DB_HEADS_MAX as u16 + 1).to_le_bytes());
+        assert_eq!(DbMsg::decode(&b), Err(DbWireError::Malformed("heads count")));
+        let mut q = ScanQuery { prefix: Vec::new(), after: None, limit: 0 }.encode();
+        assert_eq!(ScanQuery::decode(&q), Err(DbWireError::Malformed("scan limit")));
+        q[0] = 1;
+        q.push(0);
+        assert_eq!(ScanQuery::decode(&q), Err(DbWireError::Malformed("trailing bytes in scan query")));
     }
 
     #[test]

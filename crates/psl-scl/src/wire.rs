@@ -170,6 +170,7 @@ impl Msg {
                 b.extend_from_slice(bytes);
             }
             Msg::Repair { capsule, writer, from_seq, to_seq, origin_only } => {
+                assert!(from_seq <= to_seq, "a repair request names a non-empty range (the decoder refuses others)");
                 b.push(TYPE_REPAIR);
                 b.extend_from_slice(&capsule.0 .0);
                 b.extend_from_slice(&writer.to_le_bytes());
@@ -178,6 +179,7 @@ impl Msg {
                 if *origin_only {
                     b.push(REPAIR_ORIGIN_ONLY);
                 }
+                assert_eq!(b.len(), PREFIX_LEN + 20 + usize::from(*origin_only), "repair request length");
             }
             Msg::Heads { capsule, heads, sender } => {
                 assert!(heads.len() <= HEADS_MAX, "callers cap hints at HEADS_MAX");
@@ -191,17 +193,29 @@ impl Msg {
                 if let Some(id) = sender {
                     b.extend_from_slice(&id.to_le_bytes());
                 }
+                let want = PREFIX_LEN + 2 + 12 * heads.len() + if sender.is_some() { 8 } else { 0 };
+                assert_eq!(b.len(), want, "heads hint length");
             }
             Msg::Ack(a) => {
+                // What the decoder enforces: 1 to ACK_ENTRIES_MAX entries, each a non-empty range.
+                assert!(
+                    !a.entries.is_empty() && a.entries.len() <= ACK_ENTRIES_MAX,
+                    "an ack holds 1 to ACK_ENTRIES_MAX entries (Ack::sign checks; callers split acks)"
+                );
+                debug_assert!(a.entries.iter().all(|e| e.from_seq <= e.to_seq), "an ack entry names a non-empty range");
                 b = ack_body(&a.capsule, a.server, &a.entries);
                 b.extend_from_slice(&a.signature.0);
+                assert_eq!(b.len(), PREFIX_LEN + 6 + ACK_ENTRY_LEN * a.entries.len() + 64, "ack length");
             }
             Msg::Certs { capsule, statements } => {
                 b.push(TYPE_CERTS);
                 b.extend_from_slice(&capsule.0 .0);
+                // `encode_list` asserts the statement count the decoder accepts.
                 b.extend_from_slice(&KeyStatement::encode_list(statements));
             }
         }
+        // Every message leaves as our own decoder reads it (a full decode: debug builds only).
+        debug_assert!(Msg::decode(&b).as_ref() == Ok(self), "an encoded message must decode to itself");
         b
     }
 
@@ -356,6 +370,58 @@ mod tests {
         let mut b = origin.encode();
         b.push(1);
         assert_eq!(Msg::decode(&b), Err(WireError::RepairLen(22)));
+    }
+
+    #[test]
+    #[should_panic(expected = "non-empty range")]
+    fn encoding_an_empty_repair_range_is_a_bug() {
+        let capsule = CapsuleName(Hash256([7; 32]));
+        let _ = Msg::Repair { capsule, writer: 1, from_seq: 5, to_seq: 4, origin_only: false }.encode();
+    }
+
+    #[test]
+    #[should_panic(expected = "1 to ACK_ENTRIES_MAX")]
+    fn encoding_an_ack_without_entries_is_a_bug() {
+        let capsule = CapsuleName(Hash256([7; 32]));
+        let _ = Msg::Ack(Ack { capsule, server: 1, entries: Vec::new(), signature: Signature([0; 64]) }).encode();
+    }
+
+    #[test]
+    fn decoders_name_each_bound_they_refuse() {
+        let capsule = CapsuleName(Hash256([7; 32]));
+        let prefix = |t: u8| {
+            let mut b = vec![WIRE_VERSION, t];
+            b.extend_from_slice(&capsule.0 .0);
+            b
+        };
+        // Repair: an empty range.
+        let mut b = prefix(TYPE_REPAIR);
+        b.extend_from_slice(&1u32.to_le_bytes());
+        b.extend_from_slice(&5u64.to_le_bytes());
+        b.extend_from_slice(&4u64.to_le_bytes());
+        assert_eq!(Msg::decode(&b), Err(WireError::RepairRange { from: 5, to: 4 }));
+        // Heads: over HEADS_MAX, and a count the bytes do not hold.
+        let mut b = prefix(TYPE_HEADS);
+        b.extend_from_slice(&(HEADS_MAX as u16 + 1).to_le_bytes());
+        assert_eq!(Msg::decode(&b), Err(WireError::Heads("too many entries")));
+        let mut b = prefix(TYPE_HEADS);
+        b.extend_from_slice(&2u16.to_le_bytes());
+        b.extend_from_slice(&[0; 12]);
+        assert_eq!(Msg::decode(&b), Err(WireError::Heads("length does not match the count")));
+        // Ack: no entries, and an entry with an empty range.
+        let mut b = prefix(TYPE_ACK);
+        b.extend_from_slice(&1u32.to_le_bytes());
+        b.extend_from_slice(&0u16.to_le_bytes());
+        b.extend_from_slice(&[0; 64]);
+        assert_eq!(Msg::decode(&b), Err(WireError::Ack("entry count out of range")));
+        let mut b = prefix(TYPE_ACK);
+        b.extend_from_slice(&1u32.to_le_bytes());
+        b.extend_from_slice(&1u16.to_le_bytes());
+        b.extend_from_slice(&1u32.to_le_bytes());
+        b.extend_from_slice(&9u64.to_le_bytes());
+        b.extend_from_slice(&8u64.to_le_bytes());
+        b.extend_from_slice(&[0; 32 + 64]);
+        assert_eq!(Msg::decode(&b), Err(WireError::Ack("empty range")));
     }
 
     proptest! {

@@ -50,6 +50,11 @@ pub const RANGE_RECORDS_MAX: u64 = 1024;
 pub const CONNECTIONS_MAX: usize = 32;
 /// Largest frame a client accepts.
 pub const FRAME_BYTES_MAX: usize = 64 << 20;
+/// Most frames in one answer a client accepts.
+pub const ANSWER_FRAMES_MAX: usize = 1 << 16;
+const _: () = assert!(RANGE_RECORDS_MAX as usize <= ANSWER_FRAMES_MAX);
+/// Longest error message a server sends (a longer one is cut).
+const ERROR_BYTES_MAX: usize = 64 << 10;
 /// Most bytes of frames in one answer a client accepts: a server answers `RANGE` with fewer
 /// records rather than more bytes (always at least one), and the client asks again from where
 /// the answer stopped. Without it, one answer could hold 65,536 frames of 64 MiB.
@@ -214,7 +219,7 @@ pub fn read_answer_within(r: &mut impl Read, bytes_max: usize) -> std::io::Resul
     r.read_exact(&mut u)?;
     let count = u32::from_be_bytes(u);
     let frames = if count == u32::MAX { 1 } else { count as usize };
-    if frames as u64 > RANGE_RECORDS_MAX.max(1 << 16) {
+    if frames > ANSWER_FRAMES_MAX {
         return Err(bad(format!("{count} frames")));
     }
     let mut out = Vec::with_capacity(frames.min(1024));
@@ -254,7 +259,70 @@ fn cap_answer(frames: impl Iterator<Item = Vec<u8>>, bytes_max: usize) -> Vec<Ve
         }
         out.push(f);
     }
+    debug_assert!(
+        out.len() <= 1 || out.iter().map(Vec::len).sum::<usize>() <= bytes_max,
+        "a capped answer holds one frame, or frames within the bound"
+    );
     out
+}
+
+/// Whether a client would read `frames` as an answer ([`read_answer`]'s bounds), and if not,
+/// which bound it passes. The server checks every answer before it writes it.
+fn fits_reader(frames: &[Vec<u8>]) -> Result<(), String> {
+    if frames.len() > ANSWER_FRAMES_MAX {
+        return Err(format!("{} frames, over the {ANSWER_FRAMES_MAX} a client reads", frames.len()));
+    }
+    let mut total = 0usize;
+    for f in frames {
+        if f.len() > FRAME_BYTES_MAX {
+            return Err(format!("a frame of {} bytes, over the {FRAME_BYTES_MAX} a client reads", f.len()));
+        }
+        total = total.saturating_add(f.len());
+    }
+    if total > ANSWER_BYTES_MAX {
+        return Err(format!("{total} bytes, over the {ANSWER_BYTES_MAX} a client reads in one answer"));
+    }
+    Ok(())
+}
+
+/// The frame of an answer that holds at most one (`GET`, `SYNC`, `PROOF`, `CHECK`, `STATS`):
+/// the server never writes more, so more is malformed.
+fn one_frame(addr: SocketAddr, req: &str, mut frames: Vec<Vec<u8>>) -> Result<Option<Vec<u8>>, ReadError> {
+    if frames.len() > 1 {
+        return Err(ReadError::Malformed { addr, what: format!("{req} answered {} frames (at most 1)", frames.len()) });
+    }
+    Ok(frames.pop())
+}
+
+/// A `HEADS` answer: one 44-byte entry per writer, writers strictly increasing (the server
+/// writes its heads map in order, so a repeated or unordered writer is malformed).
+fn decode_heads(addr: SocketAddr, frames: &[Vec<u8>]) -> Result<BTreeMap<u32, (u64, Hash256)>, ReadError> {
+    let mut out = BTreeMap::new();
+    for f in frames {
+        let (w, s, h) = decode_heads_entry(f)
+            .ok_or_else(|| ReadError::Malformed { addr, what: format!("a heads entry of {} bytes", f.len()) })?;
+        if out.last_key_value().is_some_and(|(p, _)| *p >= w) {
+            return Err(ReadError::Malformed {
+                addr,
+                what: format!("heads entry for writer {w} repeated or out of order"),
+            });
+        }
+        out.insert(w, (s, h));
+    }
+    Ok(out)
+}
+
+/// A `RANGE writer next to` answer holds at most the records asked and at most
+/// [`RANGE_RECORDS_MAX`].
+fn check_range_count(addr: SocketAddr, writer: u32, next: u64, to: u64, n: usize) -> Result<(), ReadError> {
+    let asked = (to - next).saturating_add(1).min(RANGE_RECORDS_MAX);
+    if n as u64 > asked {
+        return Err(ReadError::Malformed {
+            addr,
+            what: format!("RANGE {writer} {next} {to} answered {n} records, more than the {asked} asked"),
+        });
+    }
+    Ok(())
 }
 
 /// Decodes one `HEADS` entry: (writer, seq, hash).
@@ -278,6 +346,7 @@ fn answer(st: &DiskStore, req: &str) -> Result<Vec<Vec<u8>>, String> {
                 b.extend_from_slice(&w.to_be_bytes());
                 b.extend_from_slice(&h.seq.to_be_bytes());
                 b.extend_from_slice(h.hash.as_bytes());
+                assert_eq!(b.len(), 44, "a HEADS entry is what decode_heads_entry reads");
                 b
             })
             .collect()),
@@ -289,9 +358,13 @@ fn answer(st: &DiskStore, req: &str) -> Result<Vec<Vec<u8>>, String> {
         }
         Request::Range(w, from, to) => {
             let to = to.min(from.saturating_add(RANGE_RECORDS_MAX - 1));
-            st.range(w, from, to.saturating_add(1))
+            let frames = st
+                .range(w, from, to.saturating_add(1))
                 .map(|v| cap_answer(v.iter().map(|r| r.bytes().to_vec()), ANSWER_BYTES_MAX))
-                .map_err(|e| e.to_string())
+                .map_err(|e| e.to_string())?;
+            // The client refuses more records than it asked for (`ReadClient::range`).
+            assert!(frames.len() as u64 <= to - from + 1, "a RANGE answer holds at most the records asked");
+            Ok(frames)
         }
         Request::Proof(target) => {
             let replica = st.to_replica().map_err(|e| e.to_string())?;
@@ -391,17 +464,35 @@ fn check(store: &Mutex<DiskStore>, checking: &AtomicBool) -> Result<Vec<Vec<u8>>
     Ok(vec![out.to_json().to_string().into_bytes()])
 }
 
+/// Writes an answer. One that a client would refuse ([`fits_reader`]: too many frames, a frame
+/// or the whole too large) is sent as an error naming the bound instead.
 fn write_answer(w: &mut impl Write, a: Result<Vec<Vec<u8>>, String>) -> std::io::Result<()> {
+    let a = a.and_then(|f| match fits_reader(&f) {
+        Ok(()) => Ok(f),
+        Err(e) => {
+            tracing::warn!("a read answer over the client's bounds: {e}");
+            Err(format!("the answer would be {e}"))
+        }
+    });
     let frames = match a {
         Ok(f) => {
             w.write_all(&(f.len() as u32).to_be_bytes())?;
             f
         }
-        Err(e) => {
+        Err(mut e) => {
+            // Error messages are short; one that is not is cut well within the frame bound.
+            if e.len() > ERROR_BYTES_MAX {
+                let mut cut = ERROR_BYTES_MAX;
+                while !e.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                e.truncate(cut);
+            }
             w.write_all(&u32::MAX.to_be_bytes())?;
             vec![e.into_bytes()]
         }
     };
+    debug_assert!(fits_reader(&frames).is_ok(), "an answer within the client's bounds");
     for f in frames {
         w.write_all(&(f.len() as u32).to_be_bytes())?;
         w.write_all(&f)?;
@@ -499,21 +590,14 @@ impl ReadClient {
     /// Each writer's newest durable record: writer -> (seq, hash). Unverified claims: use them
     /// to decide what to fetch, and verify what comes back.
     pub fn heads(&mut self) -> Result<BTreeMap<u32, (u64, Hash256)>, ReadError> {
-        let addr = self.addr;
-        self.ask("HEADS")?
-            .into_iter()
-            .map(|f| {
-                decode_heads_entry(&f)
-                    .map(|(w, s, h)| (w, (s, h)))
-                    .ok_or_else(|| ReadError::Malformed { addr, what: format!("a heads entry of {} bytes", f.len()) })
-            })
-            .collect()
+        let f = self.ask("HEADS")?;
+        decode_heads(self.addr, &f)
     }
 
     /// The newest SYNC the server stores, verified.
     pub fn latest_sync(&mut self, v: &Verifier) -> Result<Option<Verified<Record>>, ReadError> {
-        let f = self.ask("SYNC")?;
-        let r = f.first().map(|b| self.record(v, b)).transpose()?;
+        let f = one_frame(self.addr, "SYNC", self.ask("SYNC")?)?;
+        let r = f.map(|b| self.record(v, &b)).transpose()?;
         if r.as_ref().is_some_and(|r| r.header().kind != Kind::Sync) {
             return Err(ReadError::Malformed { addr: self.addr, what: "SYNC answered with another kind".into() });
         }
@@ -522,8 +606,8 @@ impl ReadClient {
 
     /// A record by hash, verified, and checked to be the one asked for.
     pub fn get(&mut self, v: &Verifier, hash: &Hash256) -> Result<Option<Verified<Record>>, ReadError> {
-        let f = self.ask(&format!("GET {}", hash.to_hex()))?;
-        let r = f.first().map(|b| self.record(v, b)).transpose()?;
+        let f = one_frame(self.addr, "GET", self.ask(&format!("GET {}", hash.to_hex()))?)?;
+        let r = f.map(|b| self.record(v, &b)).transpose()?;
         if r.as_ref().is_some_and(|r| r.hash() != *hash) {
             return Err(ReadError::Malformed { addr: self.addr, what: format!("GET {hash} answered another record") });
         }
@@ -534,7 +618,7 @@ impl ReadClient {
     /// stricter checks on the bytes (CapsuleDB verifies, decrypts and compares every block
     /// with its index entry, and counts a copy that fails as altered).
     pub fn get_unverified(&mut self, hash: &Hash256) -> Result<Option<Vec<u8>>, ReadError> {
-        Ok(self.ask(&format!("GET {}", hash.to_hex()))?.into_iter().next())
+        one_frame(self.addr, "GET", self.ask(&format!("GET {}", hash.to_hex()))?)
     }
 
     /// Writer `writer`'s records `from ..= to`, verified, in chain order (several requests if
@@ -547,6 +631,7 @@ impl ReadClient {
             if f.is_empty() {
                 break;
             }
+            check_range_count(self.addr, writer, next, to, f.len())?;
             for b in f {
                 let r = self.record(v, &b)?;
                 let h = r.header();
@@ -575,9 +660,9 @@ impl ReadClient {
     /// operator what the server found, nothing more.
     pub fn check(&mut self) -> Result<RemoteCheck, ReadError> {
         let addr = self.addr;
-        let f = self.ask("CHECK")?;
-        let b = f.first().ok_or_else(|| ReadError::Malformed { addr, what: "CHECK without a frame".into() })?;
-        serde_json::from_slice::<serde_json::Value>(b)
+        let f = one_frame(addr, "CHECK", self.ask("CHECK")?)?;
+        let b = f.ok_or_else(|| ReadError::Malformed { addr, what: "CHECK without a frame".into() })?;
+        serde_json::from_slice::<serde_json::Value>(&b)
             .ok()
             .as_ref()
             .and_then(RemoteCheck::from_json)
@@ -587,17 +672,17 @@ impl ReadClient {
     /// The server's counters (`STATS`; unverified, for operators and benchmarks).
     pub fn stats(&mut self) -> Result<serde_json::Value, ReadError> {
         let addr = self.addr;
-        let f = self.ask("STATS")?;
-        let b = f.first().ok_or_else(|| ReadError::Malformed { addr, what: "STATS without a frame".into() })?;
-        serde_json::from_slice(b).map_err(|e| ReadError::Malformed { addr, what: format!("STATS: {e}") })
+        let f = one_frame(addr, "STATS", self.ask("STATS")?)?;
+        let b = f.ok_or_else(|| ReadError::Malformed { addr, what: "STATS without a frame".into() })?;
+        serde_json::from_slice(&b).map_err(|e| ReadError::Malformed { addr, what: format!("STATS: {e}") })
     }
 
     /// A membership proof of record `hash`, checked against the capsule.
     pub fn proof(&mut self, v: &Verifier, hash: &Hash256) -> Result<MembershipProof, ReadError> {
         let addr = self.addr;
-        let f = self.ask(&format!("PROOF {}", hash.to_hex()))?;
-        let b = f.first().ok_or_else(|| ReadError::Malformed { addr, what: "PROOF without a frame".into() })?;
-        let p = MembershipProof::decode(b).map_err(|e| ReadError::Malformed { addr, what: e.to_string() })?;
+        let f = one_frame(addr, "PROOF", self.ask(&format!("PROOF {}", hash.to_hex()))?)?;
+        let b = f.ok_or_else(|| ReadError::Malformed { addr, what: "PROOF without a frame".into() })?;
+        let p = MembershipProof::decode(&b).map_err(|e| ReadError::Malformed { addr, what: e.to_string() })?;
         let o = p.verify(Some(v.name())).map_err(|e| ReadError::Unverified { addr, what: e.to_string() })?;
         if o.target.hash != *hash {
             return Err(ReadError::Malformed { addr, what: "proof of another record".into() });
@@ -918,6 +1003,67 @@ mod tests {
         assert_eq!(cap_answer(frames, 8 << 20).len(), 8);
         assert_eq!(cap_answer(std::iter::once(vec![0u8; 100]), 10).len(), 1);
         const { assert!(ANSWER_BYTES_MAX >= FRAME_BYTES_MAX) };
+    }
+
+    fn addr() -> SocketAddr {
+        "127.0.0.1:9".parse().unwrap()
+    }
+
+    fn malformed(r: Result<impl std::fmt::Debug, ReadError>, what: &str) {
+        match r {
+            Err(ReadError::Malformed { what: w, .. }) => assert!(w.contains(what), "{what}: {w}"),
+            other => panic!("{what}: expected a malformed answer, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn answers_of_one_frame_refuse_more() {
+        assert_eq!(one_frame(addr(), "GET", Vec::new()).unwrap(), None);
+        assert_eq!(one_frame(addr(), "GET", vec![b"r".to_vec()]).unwrap(), Some(b"r".to_vec()));
+        malformed(one_frame(addr(), "SYNC", vec![b"a".to_vec(), b"b".to_vec()]), "SYNC answered 2 frames");
+    }
+
+    #[test]
+    fn heads_answers_refuse_bad_sizes_and_repeated_or_unordered_writers() {
+        let entry = |w: u32, s: u64| {
+            let mut b = w.to_be_bytes().to_vec();
+            b.extend_from_slice(&s.to_be_bytes());
+            b.extend_from_slice(&[5; 32]);
+            b
+        };
+        let ok = decode_heads(addr(), &[entry(1, 4), entry(7, 0)]).unwrap();
+        assert_eq!(ok.len(), 2);
+        assert_eq!(ok[&7], (0, Hash256([5; 32])));
+        malformed(decode_heads(addr(), &[entry(1, 4), entry(1, 9)]), "writer 1 repeated or out of order");
+        malformed(decode_heads(addr(), &[entry(7, 4), entry(1, 9)]), "writer 1 repeated or out of order");
+        malformed(decode_heads(addr(), &[entry(1, 4)[..43].to_vec()]), "a heads entry of 43 bytes");
+    }
+
+    #[test]
+    fn range_answers_hold_at_most_what_was_asked() {
+        check_range_count(addr(), 3, 5, 9, 5).unwrap();
+        check_range_count(addr(), 3, 0, u64::MAX, RANGE_RECORDS_MAX as usize).unwrap();
+        malformed(check_range_count(addr(), 3, 5, 9, 6), "answered 6 records, more than the 5 asked");
+        malformed(check_range_count(addr(), 3, 0, u64::MAX, RANGE_RECORDS_MAX as usize + 1), "more than the 1024");
+    }
+
+    /// The server checks an answer against the client's bounds before it writes it: one over
+    /// them goes out as an error the client reads, never as bytes it refuses.
+    #[test]
+    fn an_answer_over_the_client_bounds_is_written_as_an_error() {
+        let mut buf = Vec::new();
+        write_answer(&mut buf, Ok(vec![Vec::new(); ANSWER_FRAMES_MAX + 1])).unwrap();
+        let msg = read_answer(&mut &buf[..]).unwrap().unwrap_err();
+        assert!(msg.contains("65537 frames"), "{msg}");
+        let mut buf = Vec::new();
+        write_answer(&mut buf, Ok(vec![Vec::new(); ANSWER_FRAMES_MAX])).unwrap();
+        assert_eq!(read_answer(&mut &buf[..]).unwrap().unwrap().len(), ANSWER_FRAMES_MAX);
+        assert!(fits_reader(&[vec![0; 16], vec![0; 16]]).is_ok());
+        // A long error message is cut, not sent as a frame the client cannot place.
+        let mut buf = Vec::new();
+        write_answer(&mut buf, Err("é".repeat(ERROR_BYTES_MAX))).unwrap();
+        let msg = read_answer(&mut &buf[..]).unwrap().unwrap_err();
+        assert!(msg.len() <= ERROR_BYTES_MAX && msg.starts_with('é'), "{}", msg.len());
     }
 
     #[test]
