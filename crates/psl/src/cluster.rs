@@ -290,6 +290,13 @@ impl ClusterConfig {
             self.hosts.iter().flat_map(|h| h.kv_coordinators.iter().map(|r| *r as u32)).collect(),
         )?;
         unique("memcached front end", self.hosts.iter().flat_map(|h| h.memcached.clone()).collect())?;
+        self.check_roles()?;
+        self.check_fabric()
+    }
+
+    /// Every role that needs another one has it, at most one of each singleton role, ids in
+    /// range.
+    fn check_roles(&self) -> Result<()> {
         let count = |f: fn(&Host) -> bool| self.hosts.iter().filter(|h| f(h)).count();
         if count(|h| h.scheduler) > 1
             || count(|h| h.leader) > 1
@@ -326,6 +333,11 @@ impl ClusterConfig {
                  the front ends, KV coordinators and CapsuleDB their keys after attestation"
             );
         }
+        Ok(())
+    }
+
+    /// Every host has a fabric, and a NATS leaf node has a cluster to join.
+    fn check_fabric(&self) -> Result<()> {
         if self.fabric_spec(None).is_err() && self.hosts.iter().any(|h| h.fabric.is_none()) {
             bail!("no fabric: give [cluster] fabric, a host with nats = \"cluster\", or one with router = true");
         }
@@ -562,72 +574,15 @@ pub fn init(config: &Path) -> Result<i32> {
     let dir = c.shared(base);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let sh = Shared::at(&dir);
-    if !sh.sim_key.exists() {
-        let secret = psl_crypto::SigningKey::generate().expose_secret_bytes();
-        let text = zeroize::Zeroizing::new(hex::encode(&secret[..]));
-        crate::util::write_atomic(&sh.sim_key, text.as_bytes(), 0o600)?;
-    }
-    if !sh.policy.exists() {
-        let platform = sim_platform(&sh)?;
-        let text = psl_faas::attest_policy::dev_sim_policy_text(
-            &hex::encode(platform.public().to_bytes()),
-            &[crate::attest::measurement(None)?],
-            true,
-        );
-        crate::util::write_atomic(&sh.policy, text.as_bytes(), 0o644)?;
-    }
+    make_sim_files(&sh)?;
     capsule_host_keys(&c, base, &dir)?;
     // The operator's own directory: the control key and the KV owner key, never shared.
     let op = c.operator_dir(base);
-    {
-        use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&op)
-            .with_context(|| format!("creating {}", op.display()))?;
-    }
+    create_private_dir(&op)?;
     let owner = kv_operator_owner_path(&op);
-    if sh.legacy_kv_owner.exists() {
-        // A cluster made when the owner key was shared: the operator keeps it from now on.
-        if owner.exists() {
-            if std::fs::read(&owner)? != std::fs::read(&sh.legacy_kv_owner)? {
-                bail!(
-                    "{} and {} are different owner keys: keep the one the KV capsule {} names and delete the other",
-                    sh.legacy_kv_owner.display(),
-                    owner.display(),
-                    sh.kv_capsule.display()
-                );
-            }
-            std::fs::remove_file(&sh.legacy_kv_owner)?;
-        } else {
-            std::fs::rename(&sh.legacy_kv_owner, &owner)
-                .with_context(|| format!("moving {} to {}", sh.legacy_kv_owner.display(), owner.display()))?;
-        }
-        eprintln!(
-            "warning: moved the KV owner key out of the shared directory to {}; delete every copy of {} on the hosts",
-            owner.display(),
-            sh.legacy_kv_owner.display()
-        );
-    }
+    move_legacy_owner(&sh, &owner)?;
     if c.has_kv() {
-        let s = |p: &Path| p.display().to_string();
-        if !owner.exists() {
-            psl_once(&["keys".into(), "new".into(), "--out".into(), s(&owner)])?;
-        }
-        if !sh.kv_capsule.exists() {
-            psl_once(&[
-                "capsule".into(),
-                "new".into(),
-                "--owner".into(),
-                s(&owner),
-                "--label".into(),
-                "psl-cluster-kv".into(),
-                "--out".into(),
-                s(&sh.kv_capsule),
-            ])?;
-        }
-        kv_host_keys(&c, base, &sh, &owner)?;
+        make_kv_capsule(&c, base, &sh, &owner)?;
     }
     // The operator's control key: the secret in the operator's own directory, never in the
     // shared one; the hosts get the public half.
@@ -643,6 +598,85 @@ pub fn init(config: &Path) -> Result<i32> {
         println!("KV owner key {} (keep it here: never copy it to a host)", owner.display());
     }
     Ok(0)
+}
+
+/// Makes the sim platform key and the development policy that allows it, where missing.
+fn make_sim_files(sh: &Shared) -> Result<()> {
+    if !sh.sim_key.exists() {
+        let secret = psl_crypto::SigningKey::generate().expose_secret_bytes();
+        let text = zeroize::Zeroizing::new(hex::encode(&secret[..]));
+        crate::util::write_atomic(&sh.sim_key, text.as_bytes(), 0o600)?;
+    }
+    if !sh.policy.exists() {
+        let platform = sim_platform(sh)?;
+        let text = psl_faas::attest_policy::dev_sim_policy_text(
+            &hex::encode(platform.public().to_bytes()),
+            &[crate::attest::measurement(None)?],
+            true,
+        );
+        crate::util::write_atomic(&sh.policy, text.as_bytes(), 0o644)?;
+    }
+    Ok(())
+}
+
+/// Makes the operator's directory `op` (mode 0700).
+fn create_private_dir(op: &Path) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(op)
+        .with_context(|| format!("creating {}", op.display()))?;
+    Ok(())
+}
+
+/// A cluster made when the owner key was shared: the operator keeps it from now on. Moves it
+/// to `owner` (or removes the shared copy of the same key) and warns about the hosts' copies.
+fn move_legacy_owner(sh: &Shared, owner: &Path) -> Result<()> {
+    if sh.legacy_kv_owner.exists() {
+        if owner.exists() {
+            if std::fs::read(owner)? != std::fs::read(&sh.legacy_kv_owner)? {
+                bail!(
+                    "{} and {} are different owner keys: keep the one the KV capsule {} names and delete the other",
+                    sh.legacy_kv_owner.display(),
+                    owner.display(),
+                    sh.kv_capsule.display()
+                );
+            }
+            std::fs::remove_file(&sh.legacy_kv_owner)?;
+        } else {
+            std::fs::rename(&sh.legacy_kv_owner, owner)
+                .with_context(|| format!("moving {} to {}", sh.legacy_kv_owner.display(), owner.display()))?;
+        }
+        eprintln!(
+            "warning: moved the KV owner key out of the shared directory to {}; delete every copy of {} on the hosts",
+            owner.display(),
+            sh.legacy_kv_owner.display()
+        );
+    }
+    Ok(())
+}
+
+/// `--init`, KV: the owner key `owner` and the KV capsule (once), and the KV hosts' keys.
+fn make_kv_capsule(c: &ClusterConfig, base: &Path, sh: &Shared, owner: &Path) -> Result<()> {
+    let s = path_arg;
+    if !owner.exists() {
+        psl_once(&["keys".into(), "new".into(), "--out".into(), s(owner)])?;
+    }
+    if !sh.kv_capsule.exists() {
+        psl_once(&[
+            "capsule".into(),
+            "new".into(),
+            "--owner".into(),
+            s(owner),
+            "--label".into(),
+            "psl-cluster-kv".into(),
+            "--out".into(),
+            s(&sh.kv_capsule),
+        ])?;
+    }
+    kv_host_keys(c, base, sh, owner)?;
+    Ok(())
 }
 
 /// `--init`, KV: each capsule server's own ack key (in its host's directory, 0600: copied to
@@ -832,6 +866,24 @@ pub fn up_host(config: &Path, name: &str) -> Result<i32> {
     let dir = base.join(&c.cluster.dir).join(&h.name);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let sh = Shared::at(&c.shared(base));
+    check_shared_files(&c, &sh, config, base)?;
+    check_host_keys(&c, &h, config, &dir)?;
+    crate::kids::catch_signals();
+    let up = HostUp::new(config, base, c, h, dir, sh)?;
+    let mut kids: Vec<Kid> = Vec::new();
+    if let Err(e) = up.start_roles(&mut kids) {
+        stop_all(&mut kids);
+        return Err(e);
+    }
+    up.print_roles(&kids)?;
+    let code = supervise_host(&up.h.name, &mut kids);
+    eprintln!("host {}: stopping {} processes", up.h.name, kids.len());
+    stop_all(&mut kids);
+    Ok(code)
+}
+
+/// Fails unless the shared files `--init` makes are here, and the KV owner key is not.
+fn check_shared_files(c: &ClusterConfig, sh: &Shared, config: &Path, base: &Path) -> Result<()> {
     if !sh.sim_key.exists()
         || !sh.policy.exists()
         || (c.has_kv() && (!sh.kv_capsule.exists() || !sh.control_pub.exists()))
@@ -851,7 +903,12 @@ pub fn up_host(config: &Path, name: &str) -> Result<i32> {
             config.display()
         );
     }
-    // This host's own secret files, from `--init` (copied from `[cluster] dir/NAME/`).
+    Ok(())
+}
+
+/// Fails unless host `h`'s own secret files from `--init` (copied from `[cluster] dir/NAME/`)
+/// are in `dir`, or if it holds a KV owner key it should not.
+fn check_host_keys(c: &ClusterConfig, h: &Host, config: &Path, dir: &Path) -> Result<()> {
     let missing = |p: &Path, what: &str| -> Result<()> {
         if !p.exists() {
             bail!(
@@ -864,336 +921,486 @@ pub fn up_host(config: &Path, name: &str) -> Result<i32> {
         Ok(())
     };
     for id in &h.kv_servers {
-        missing(&kv_ack_key_path(&dir, *id), &format!("kv capsule server {id}"))?;
+        missing(&kv_ack_key_path(dir, *id), &format!("kv capsule server {id}"))?;
     }
-    let host_owner = kv_host_owner_path(&dir);
-    if holds_kv_owner(&c, &h) {
+    let host_owner = kv_host_owner_path(dir);
+    if holds_kv_owner(c, h) {
         missing(&host_owner, "this host's leader (it hands the KV roles their keys)")?;
     } else if host_owner.exists() {
         bail!(
-            "{} is a copy of the KV owner key on host {name}, which does not run the leader: the leader hands the \
+            "{} is a copy of the KV owner key on host {}, which does not run the leader: the leader hands the \
              KV roles their keys now; delete it (`psl up --config {} --init` removes it from the operator's copy)",
             host_owner.display(),
+            h.name,
             config.display()
         );
     }
-    crate::kids::catch_signals();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let fabric = c.fabric_spec(Some(&h))?;
-    let ff = fabric_flags(&fabric);
-    let s = |p: &Path| p.display().to_string();
-    let policy = s(&std::fs::canonicalize(&sh.policy)?);
-    // What every attested role is given: the sim backend (INSECURE; the shared policy must say
-    // allow_insecure_sim = true for the leader and workers to accept it) with the shared key.
-    let attest: Vec<String> = vec!["--attest".into(), "sim".into(), "--sim-platform-key".into(), s(&sh.sim_key)];
-    crate::attest::warn_sim_once(&format!(
-        "WARNING: attestation backend 'sim' is INSECURE (development only); the policy {policy} decides what the \
-         leader and the workers accept"
-    ));
-    let mut kids: Vec<Kid> = Vec::new();
-    let started = (|| -> Result<()> {
-        if let Some(role) = h.nats {
-            let mut o = psl_fabric::natsd::NatsServerOptions::new(
-                &h.name,
-                SocketAddr::new(h.bind(), c.ports.nats),
-                &dir.join("nats"),
-            );
-            o.client_advertise = Some(h.at(c.ports.nats).to_string());
-            o.monitor = Some(SocketAddr::new(h.bind(), c.ports.nats_monitor));
-            match role {
-                NatsRole::Cluster => {
-                    o.cluster_listen = Some(SocketAddr::new(h.bind(), c.ports.nats_cluster));
-                    o.cluster_advertise = Some(h.at(c.ports.nats_cluster).to_string());
-                    o.routes = c
-                        .nats_hosts()
-                        .iter()
-                        .filter(|x| x.name != h.name)
-                        .map(|x| format!("nats-route://{}", x.at(c.ports.nats_cluster)))
-                        .collect();
-                    o.leaf_listen = Some(SocketAddr::new(h.bind(), c.ports.nats_leaf));
-                }
-                NatsRole::Leaf => {
-                    o.leaf_remotes =
-                        c.nats_hosts().iter().map(|x| format!("nats-leaf://{}", x.at(c.ports.nats_leaf))).collect();
-                }
-            }
-            let (k, _) = spawn_cmd("nats-server", o.command()?).context("starting nats-server")?;
-            kids.push(k);
-            wait_tcp("this host's nats-server", h.at(c.ports.nats), deadline)?;
+    Ok(())
+}
+
+/// A path as a command-line argument.
+fn path_arg(p: &Path) -> String {
+    p.display().to_string()
+}
+
+/// A started role: its name, its output, and the start of the line that says it is up.
+type Pending = (String, std::sync::mpsc::Receiver<String>, &'static str);
+
+/// Waits for each started role's line in `ready`.
+fn wait_ready(ready: Vec<Pending>, deadline: Instant) -> Result<()> {
+    for (what, rx, prefix) in ready {
+        wait_line(&what, &rx, prefix, deadline)?;
+    }
+    Ok(())
+}
+
+/// One host's part of the cluster, as `up_host` starts it.
+struct HostUp<'a> {
+    /// The cluster file (named in error messages) and its directory.
+    config: &'a Path,
+    base: &'a Path,
+    c: ClusterConfig,
+    h: Host,
+    /// This host's state directory.
+    dir: PathBuf,
+    sh: Shared,
+    fabric: psl_fabric::FabricSpec,
+    /// The fabric's flags, for every role.
+    ff: Vec<String>,
+    /// The attestation policy (absolute).
+    policy: String,
+    /// What every attested role is given.
+    attest: Vec<String>,
+    deadline: Instant,
+}
+
+impl<'a> HostUp<'a> {
+    /// Host `h`'s fabric and attestation flags, and the deadline of its roles' starts (warns
+    /// on stderr that the sim backend is INSECURE).
+    fn new(config: &'a Path, base: &'a Path, c: ClusterConfig, h: Host, dir: PathBuf, sh: Shared) -> Result<Self> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let fabric = c.fabric_spec(Some(&h))?;
+        let ff = fabric_flags(&fabric);
+        let policy = path_arg(&std::fs::canonicalize(&sh.policy)?);
+        // What every attested role is given: the sim backend (INSECURE; the shared policy must
+        // say allow_insecure_sim = true for the leader and workers to accept it) with the
+        // shared key.
+        let attest: Vec<String> =
+            vec!["--attest".into(), "sim".into(), "--sim-platform-key".into(), path_arg(&sh.sim_key)];
+        crate::attest::warn_sim_once(&format!(
+            "WARNING: attestation backend 'sim' is INSECURE (development only); the policy {policy} decides what \
+             the leader and the workers accept"
+        ));
+        Ok(HostUp { config, base, c, h, dir, sh, fabric, ff, policy, attest, deadline })
+    }
+
+    /// The KV roles' directory on this host.
+    fn kv_dir(&self) -> PathBuf {
+        self.dir.join("kv")
+    }
+
+    /// Starts this host's roles in dependency order, each waited for, then writes
+    /// `DIR/cluster.json`.
+    fn start_roles(&self, kids: &mut Vec<Kid>) -> Result<()> {
+        if let Some(role) = self.h.nats {
+            self.start_nats(role, kids)?;
         }
-        if h.router {
-            let args = vec![
-                "router".to_string(),
-                "--listen".into(),
-                h.listen(c.ports.router),
-                "--advertise".into(),
-                h.address.to_string(),
-            ];
-            let (k, rx) = spawn("router", &args)?;
-            kids.push(k);
-            wait_line("router", &rx, "listening ", deadline)?;
+        if self.h.router {
+            self.start_router(kids)?;
         }
-        wait_fabric(&fabric, deadline)?;
+        wait_fabric(&self.fabric, self.deadline)?;
         // The leader first: the KV roles that need secrets get them from it.
-        if h.leader {
-            let mut a = vec!["leader".to_string(), "--listen".into(), h.listen(c.ports.leader)];
-            a.extend(ff.clone());
-            for (id, addr) in c.capsule_hosts() {
-                a.extend(["--capsule-host".into(), addr.to_string()]);
-                // Its pinned TLS key: nobody else at its address gets its key.
-                if let Ok(pin) = std::fs::read_to_string(tls_pin_path(&c.shared(base), id)) {
-                    a.extend(["--capsule-host-pin".into(), format!("{id}={}", pin.trim())]);
-                }
-            }
-            for (_, _, addr) in c.coordinator_hosts() {
-                a.extend(["--coordinator-host".into(), addr.to_string()]);
-            }
-            if holds_kv_owner(&c, &h) {
-                // This host holds the KV owner key; the leader keeps the capsule's application
-                // key and hands it to the attested KV roles.
-                a.extend(["--kv-owner".into(), s(&host_owner), "--kv-capsule".into(), s(&sh.kv_capsule)]);
-            }
-            a.extend(attest.clone());
-            a.extend(["--attest-policy".into(), policy.clone()]);
-            let (k, rx) = spawn("leader", &a)?;
-            kids.push(k);
-            wait_line("leader", &rx, "leader ", deadline)?;
+        if self.h.leader {
+            self.start_leader(kids)?;
         }
-        let kv_dir = dir.join("kv");
+        self.start_kv_roles(kids)?;
+        if self.h.scheduler {
+            let a = vec!["scheduler".to_string(), "--listen".into(), self.h.listen(self.c.ports.scheduler)];
+            let (k, rx) = spawn("scheduler", &a)?;
+            kids.push(k);
+            wait_line("scheduler", &rx, "scheduler ", self.deadline)?;
+        }
+        self.start_capsule_hosts(kids)?;
+        self.start_coordinator_hosts(kids)?;
+        let mut ready = Vec::new();
+        self.spawn_workers(kids, &mut ready)?;
+        self.spawn_memcached(kids, &mut ready)?;
+        wait_ready(ready, self.deadline)?;
+        let file = cluster_file(&self.c, &self.sh, &self.kv_dir())?;
+        crate::util::write_atomic(
+            &self.dir.join("cluster.json"),
+            serde_json::to_string_pretty(&file)?.as_bytes(),
+            0o644,
+        )?;
+        Ok(())
+    }
+
+    /// Starts this host's nats-server (a cluster member or a leaf node) and waits until it
+    /// accepts connections.
+    fn start_nats(&self, role: NatsRole, kids: &mut Vec<Kid>) -> Result<()> {
+        let (c, h) = (&self.c, &self.h);
+        let mut o = psl_fabric::natsd::NatsServerOptions::new(
+            &h.name,
+            SocketAddr::new(h.bind(), c.ports.nats),
+            &self.dir.join("nats"),
+        );
+        o.client_advertise = Some(h.at(c.ports.nats).to_string());
+        o.monitor = Some(SocketAddr::new(h.bind(), c.ports.nats_monitor));
+        match role {
+            NatsRole::Cluster => {
+                o.cluster_listen = Some(SocketAddr::new(h.bind(), c.ports.nats_cluster));
+                o.cluster_advertise = Some(h.at(c.ports.nats_cluster).to_string());
+                o.routes = c
+                    .nats_hosts()
+                    .iter()
+                    .filter(|x| x.name != h.name)
+                    .map(|x| format!("nats-route://{}", x.at(c.ports.nats_cluster)))
+                    .collect();
+                o.leaf_listen = Some(SocketAddr::new(h.bind(), c.ports.nats_leaf));
+            }
+            NatsRole::Leaf => {
+                o.leaf_remotes =
+                    c.nats_hosts().iter().map(|x| format!("nats-leaf://{}", x.at(c.ports.nats_leaf))).collect();
+            }
+        }
+        let (k, _) = spawn_cmd("nats-server", o.command()?).context("starting nats-server")?;
+        kids.push(k);
+        wait_tcp("this host's nats-server", h.at(c.ports.nats), self.deadline)
+    }
+
+    /// Starts this host's router and waits until it listens.
+    fn start_router(&self, kids: &mut Vec<Kid>) -> Result<()> {
+        let h = &self.h;
+        let args = vec![
+            "router".to_string(),
+            "--listen".into(),
+            h.listen(self.c.ports.router),
+            "--advertise".into(),
+            h.address.to_string(),
+        ];
+        let (k, rx) = spawn("router", &args)?;
+        kids.push(k);
+        wait_line("router", &rx, "listening ", self.deadline)?;
+        Ok(())
+    }
+
+    /// Starts the leader (with the capsule hosts' pins, and the KV owner key in a KV
+    /// deployment) and waits until it listens.
+    fn start_leader(&self, kids: &mut Vec<Kid>) -> Result<()> {
+        let c = &self.c;
+        let mut a = vec!["leader".to_string(), "--listen".into(), self.h.listen(c.ports.leader)];
+        a.extend(self.ff.clone());
+        for (id, addr) in c.capsule_hosts() {
+            a.extend(["--capsule-host".into(), addr.to_string()]);
+            // Its pinned TLS key: nobody else at its address gets its key.
+            if let Ok(pin) = std::fs::read_to_string(tls_pin_path(&c.shared(self.base), id)) {
+                a.extend(["--capsule-host-pin".into(), format!("{id}={}", pin.trim())]);
+            }
+        }
+        for (_, _, addr) in c.coordinator_hosts() {
+            a.extend(["--coordinator-host".into(), addr.to_string()]);
+        }
+        if holds_kv_owner(c, &self.h) {
+            // This host holds the KV owner key; the leader keeps the capsule's application
+            // key and hands it to the attested KV roles.
+            a.extend([
+                "--kv-owner".into(),
+                path_arg(&kv_host_owner_path(&self.dir)),
+                "--kv-capsule".into(),
+                path_arg(&self.sh.kv_capsule),
+            ]);
+        }
+        a.extend(self.attest.clone());
+        a.extend(["--attest-policy".into(), self.policy.clone()]);
+        let (k, rx) = spawn("leader", &a)?;
+        kids.push(k);
+        wait_line("leader", &rx, "leader ", self.deadline)?;
+        Ok(())
+    }
+
+    /// The arguments of KV role `role` (not a capsule server) before its own: it gets the
+    /// capsule's secrets from the leader.
+    fn kv_common(&self, role: &str) -> Vec<String> {
+        let mut v = vec![role.into(), "--capsule".into(), path_arg(&self.sh.kv_capsule)];
+        if let Some(l) = self.c.leader() {
+            v.extend(["--kv-leader".into(), l.to_string(), "--kv-attest-policy".into(), self.policy.clone()]);
+            v.extend(self.attest.clone());
+        }
+        v.extend(self.ff.clone());
+        v
+    }
+
+    /// Starts this host's KV capsule servers, then its KV coordinators and CapsuleDB, each
+    /// group waited for.
+    fn start_kv_roles(&self, kids: &mut Vec<Kid>) -> Result<()> {
+        let h = &self.h;
         // The KV roles that need the capsule's secrets (front ends, coordinators, CapsuleDB)
         // attest to the leader, which seals them the keys (kept in memory only); a capsule
         // server gets only its own ack key.
-        let kv_leader = c.leader();
-        if needs_kv_secrets(&h) {
-            let l = kv_leader.context("the KV deployment has no leader")?;
-            wait_tcp("the leader", l, deadline)?;
+        if needs_kv_secrets(h) {
+            let l = self.c.leader().context("the KV deployment has no leader")?;
+            wait_tcp("the leader", l, self.deadline)?;
         }
-        let kv_common = |role: &str| -> Vec<String> {
-            let mut v = vec![role.into(), "--capsule".into(), s(&sh.kv_capsule)];
-            if let Some(l) = kv_leader {
-                v.extend(["--kv-leader".into(), l.to_string(), "--kv-attest-policy".into(), policy.clone()]);
-                v.extend(attest.clone());
+        wait_ready(self.spawn_kv_servers(kids)?, self.deadline)?;
+        let reads = self.c.kv_server_reads();
+        if !h.kv_coordinators.is_empty() || h.capsuledb {
+            // A restarting coordinator or CapsuleDB learns back from the servers: wait for them.
+            for (id, addr) in &reads {
+                wait_tcp(&format!("kv capsule server {id}"), *addr, self.deadline)?;
             }
-            v.extend(ff.clone());
-            v
-        };
+        }
+        let mut ready = self.spawn_kv_coordinators(kids)?;
+        if h.capsuledb {
+            ready.push(self.spawn_capsuledb(&reads, kids)?);
+        }
+        wait_ready(ready, self.deadline)
+    }
+
+    /// Starts this host's KV capsule servers, each with its own ack key.
+    fn spawn_kv_servers(&self, kids: &mut Vec<Kid>) -> Result<Vec<Pending>> {
+        let (c, s) = (&self.c, path_arg);
         let mut ready = Vec::new();
-        for id in &h.kv_servers {
-            let mut a = vec!["capsule-server".to_string(), "--capsule".into(), s(&sh.kv_capsule)];
-            a.extend(["--ack-key".into(), s(&kv_ack_key_path(&dir, *id))]);
-            let cert = sh.kv_server_cert(*id);
+        for id in &self.h.kv_servers {
+            let mut a = vec!["capsule-server".to_string(), "--capsule".into(), s(&self.sh.kv_capsule)];
+            a.extend(["--ack-key".into(), s(&kv_ack_key_path(&self.dir, *id))]);
+            let cert = self.sh.kv_server_cert(*id);
             if cert.exists() {
                 a.extend(["--cert".into(), s(&cert)]);
             }
-            a.extend(ff.clone());
+            a.extend(self.ff.clone());
             a.extend([
                 "--dir".into(),
-                s(&kv_dir.join(format!("server{id}"))),
+                s(&self.kv_dir().join(format!("server{id}"))),
                 "--id".into(),
                 id.to_string(),
                 "--n".into(),
                 c.kv_servers().to_string(),
                 "--read".into(),
-                h.listen(plus(c.ports.kv_server_read, *id)?),
+                self.h.listen(plus(c.ports.kv_server_read, *id)?),
             ]);
             let (k, rx) = spawn(&format!("kv capsule server {id}"), &a)?;
             kids.push(k);
             ready.push((format!("kv capsule server {id}"), rx, "ready "));
         }
-        for (what, rx, prefix) in ready.drain(..) {
-            wait_line(&what, &rx, prefix, deadline)?;
-        }
-        let reads = c.kv_server_reads();
-        if !h.kv_coordinators.is_empty() || h.capsuledb {
-            // A restarting coordinator or CapsuleDB learns back from the servers: wait for them.
-            for (id, addr) in &reads {
-                wait_tcp(&format!("kv capsule server {id}"), *addr, deadline)?;
-            }
-        }
-        for rank in &h.kv_coordinators {
-            let mut a = kv_common("coordinator");
+        Ok(ready)
+    }
+
+    /// Starts this host's KV coordinators.
+    fn spawn_kv_coordinators(&self, kids: &mut Vec<Kid>) -> Result<Vec<Pending>> {
+        let (c, s) = (&self.c, path_arg);
+        let mut ready = Vec::new();
+        for rank in &self.h.kv_coordinators {
+            let mut a = self.kv_common("coordinator");
             a.extend([
                 "--rank".into(),
                 rank.to_string(),
                 "--epoch-ms".into(),
                 c.cluster.epoch_ms.to_string(),
                 "--control".into(),
-                h.control_listen(plus(c.ports.kv_coordinator_control, *rank as u32)?),
+                self.h.control_listen(plus(c.ports.kv_coordinator_control, *rank as u32)?),
                 "--control-pub".into(),
-                s(&sh.control_pub),
+                s(&self.sh.control_pub),
                 "--state".into(),
-                s(&kv_dir.join(format!("coordinator{rank}"))),
+                s(&self.kv_dir().join(format!("coordinator{rank}"))),
             ]);
             let (k, rx) = spawn(&format!("kv coordinator {rank}"), &a)?;
             kids.push(k);
             ready.push((format!("kv coordinator {rank}"), rx, "control "));
         }
-        if h.capsuledb {
-            let mut a = kv_common("capsuledb");
-            a.extend([
-                "--id".into(),
-                CAPSULEDB_ID.to_string(),
-                "--store".into(),
-                s(&kv_dir.join("capsuledb")),
-                "--control".into(),
-                h.control_listen(c.ports.capsuledb_control),
-                "--control-pub".into(),
-                s(&sh.control_pub),
-            ]);
-            if !reads.is_empty() {
-                a.extend(["--servers".into(), reads.iter().map(|(_, r)| r.to_string()).collect::<Vec<_>>().join(",")]);
-            }
-            let (k, rx) = spawn("kv capsuledb", &a)?;
-            kids.push(k);
-            ready.push(("kv capsuledb".into(), rx, "ready "));
+        Ok(ready)
+    }
+
+    /// Starts CapsuleDB, which reads back from the capsule servers' read interfaces `reads`.
+    fn spawn_capsuledb(&self, reads: &[(u32, SocketAddr)], kids: &mut Vec<Kid>) -> Result<Pending> {
+        let mut a = self.kv_common("capsuledb");
+        a.extend([
+            "--id".into(),
+            CAPSULEDB_ID.to_string(),
+            "--store".into(),
+            path_arg(&self.kv_dir().join("capsuledb")),
+            "--control".into(),
+            self.h.control_listen(self.c.ports.capsuledb_control),
+            "--control-pub".into(),
+            path_arg(&self.sh.control_pub),
+        ]);
+        if !reads.is_empty() {
+            a.extend(["--servers".into(), reads.iter().map(|(_, r)| r.to_string()).collect::<Vec<_>>().join(",")]);
         }
-        for (what, rx, prefix) in ready.drain(..) {
-            wait_line(&what, &rx, prefix, deadline)?;
-        }
-        if h.scheduler {
-            let a = vec!["scheduler".to_string(), "--listen".into(), h.listen(c.ports.scheduler)];
-            let (k, rx) = spawn("scheduler", &a)?;
-            kids.push(k);
-            wait_line("scheduler", &rx, "scheduler ", deadline)?;
-        }
-        for id in &h.capsule_hosts {
+        let (k, rx) = spawn("kv capsuledb", &a)?;
+        kids.push(k);
+        Ok(("kv capsuledb".into(), rx, "ready "))
+    }
+
+    /// Starts this host's capsule hosts, each with the TLS key the leader pins, one by one.
+    fn start_capsule_hosts(&self, kids: &mut Vec<Kid>) -> Result<()> {
+        for id in &self.h.capsule_hosts {
             let mut a = vec![
                 "capsule-host".to_string(),
                 "--id".into(),
                 id.to_string(),
                 "--dir".into(),
-                s(&dir.join(format!("capsule-host{id}"))),
+                path_arg(&self.dir.join(format!("capsule-host{id}"))),
                 "--listen".into(),
-                h.listen(plus(c.ports.capsule_host, *id)?),
+                self.h.listen(plus(self.c.ports.capsule_host, *id)?),
             ];
             // The key the leader pins for this host.
-            let key = tls_key_path(&dir, *id);
+            let key = tls_key_path(&self.dir, *id);
             if !key.exists() {
                 bail!(
                     "capsule host {id} has no TLS key {}: run `psl up --config {} --init` and copy {} to this host",
                     key.display(),
-                    config.display(),
-                    dir.display()
+                    self.config.display(),
+                    self.dir.display()
                 );
             }
-            a.extend(["--tls-key".into(), s(&key)]);
-            a.extend(ff.clone());
-            a.extend(attest.clone());
+            a.extend(["--tls-key".into(), path_arg(&key)]);
+            a.extend(self.ff.clone());
+            a.extend(self.attest.clone());
             let (k, rx) = spawn(&format!("capsule host {id}"), &a)?;
             kids.push(k);
-            wait_line(&format!("capsule host {id}"), &rx, &format!("capsule-host {id} "), deadline)?;
+            wait_line(&format!("capsule host {id}"), &rx, &format!("capsule-host {id} "), self.deadline)?;
         }
-        let me = c.hosts.iter().position(|x| x.name == h.name).context("this host is not in the cluster")?;
+        Ok(())
+    }
+
+    /// Starts the coordinator hosts the file places on this host, one by one.
+    fn start_coordinator_hosts(&self, kids: &mut Vec<Kid>) -> Result<()> {
+        let c = &self.c;
+        let me = c.hosts.iter().position(|x| x.name == self.h.name).context("this host is not in the cluster")?;
         for (id, _, _) in c.coordinator_hosts().into_iter().filter(|(_, hi, _)| *hi == me) {
             let mut a = vec![
                 "coordinator-host".to_string(),
                 "--id".into(),
                 id.to_string(),
                 "--dir".into(),
-                s(&dir.join(format!("coordinator-host{id}"))),
+                path_arg(&self.dir.join(format!("coordinator-host{id}"))),
                 "--listen".into(),
-                h.listen(plus(c.ports.coordinator_host, id)?),
+                self.h.listen(plus(c.ports.coordinator_host, id)?),
             ];
-            a.extend(ff.clone());
-            a.extend(attest.clone());
+            a.extend(self.ff.clone());
+            a.extend(self.attest.clone());
             let (k, rx) = spawn(&format!("coordinator host {id}"), &a)?;
             kids.push(k);
-            wait_line(&format!("coordinator host {id}"), &rx, &format!("coordinator-host {id} "), deadline)?;
+            wait_line(&format!("coordinator host {id}"), &rx, &format!("coordinator-host {id} "), self.deadline)?;
         }
-        if !h.workers.is_empty() {
-            let (sched, lead) = (c.scheduler().context("no scheduler")?, c.leader().context("no leader")?);
-            wait_tcp("the scheduler", sched, deadline)?;
-            wait_tcp("the leader", lead, deadline)?;
-            for id in &h.workers {
-                let port = c.ports.worker_control.wrapping_add(*id as u16);
-                let mut a = vec![
-                    "worker".to_string(),
-                    "--id".into(),
-                    id.to_string(),
-                    "--scheduler".into(),
-                    sched.to_string(),
-                    "--leader".into(),
-                    lead.to_string(),
-                    "--control".into(),
-                    h.listen(port),
-                    "--advertise-control".into(),
-                    h.at(port).to_string(),
-                    "--attest-policy".into(),
-                    policy.clone(),
-                ];
-                a.extend(attest.clone());
-                a.extend(ff.clone());
-                let (k, rx) = spawn(&format!("worker {id}"), &a)?;
-                kids.push(k);
-                ready.push((format!("worker {id}"), rx, "worker "));
-            }
+        Ok(())
+    }
+
+    /// Starts this host's workers once the scheduler and the leader answer; adds them to
+    /// `ready`.
+    fn spawn_workers(&self, kids: &mut Vec<Kid>, ready: &mut Vec<Pending>) -> Result<()> {
+        let (c, h) = (&self.c, &self.h);
+        if h.workers.is_empty() {
+            return Ok(());
         }
-        let mc = c.memcached();
-        let peers = mc.iter().map(|m| m.2.to_string()).collect::<Vec<_>>().join(",");
-        for id in &h.memcached {
-            let mine = mc.iter().find(|m| m.0 == *id).context("front end")?;
-            let mut a = kv_common("memcached");
-            a.extend([
-                "--listen".into(),
-                h.listen(mine.1.port()),
+        let (sched, lead) = (c.scheduler().context("no scheduler")?, c.leader().context("no leader")?);
+        wait_tcp("the scheduler", sched, self.deadline)?;
+        wait_tcp("the leader", lead, self.deadline)?;
+        for id in &h.workers {
+            let port = c.ports.worker_control.wrapping_add(*id as u16);
+            let mut a = vec![
+                "worker".to_string(),
                 "--id".into(),
                 id.to_string(),
-                "--state".into(),
-                s(&kv_dir.join(format!("memcached{id}"))),
-                "--memory-mb".into(),
-                c.cluster.kv_memory_mb.to_string(),
-                "--peer-listen".into(),
-                h.listen(mine.2.port()),
-                "--peer-advertise".into(),
-                mine.2.to_string(),
-                "--peers".into(),
-                peers.clone(),
-            ]);
-            if c.capsuledb().is_some() {
-                let w = psl_scl::writer_index(CAPSULEDB_ID, 0, 15).context("CapsuleDB's writer index")?;
-                a.extend(["--capsuledb-writer".into(), w.to_string()]);
-            }
-            if c.kv_servers() > 0 {
-                // The capsule servers' acks pace the front end's writers (flow control).
-                a.extend(["--servers".into(), c.kv_servers().to_string()]);
-            }
-            let set = &c.cluster;
-            #[rustfmt::skip]
-            let tuning = [
-                ("--writers", set.kv_writers.map(|v| v.to_string())),
-                ("--flush-us", set.kv_flush_us.map(|v| v.to_string())),
-                ("--flow-window-ops", set.kv_flow_window_ops.map(|v| v.to_string())),
-                ("--flow-window-records", set.kv_flow_window_records.map(|v| v.to_string())),
+                "--scheduler".into(),
+                sched.to_string(),
+                "--leader".into(),
+                lead.to_string(),
+                "--control".into(),
+                h.listen(port),
+                "--advertise-control".into(),
+                h.at(port).to_string(),
+                "--attest-policy".into(),
+                self.policy.clone(),
             ];
-            for (flag, v) in tuning {
-                if let Some(v) = v {
-                    a.extend([flag.to_string(), v]);
-                }
-            }
+            a.extend(self.attest.clone());
+            a.extend(self.ff.clone());
+            let (k, rx) = spawn(&format!("worker {id}"), &a)?;
+            kids.push(k);
+            ready.push((format!("worker {id}"), rx, "worker "));
+        }
+        Ok(())
+    }
+
+    /// Starts this host's memcached front ends (one peer group with the other hosts'); adds
+    /// them to `ready`.
+    fn spawn_memcached(&self, kids: &mut Vec<Kid>, ready: &mut Vec<Pending>) -> Result<()> {
+        let mc = self.c.memcached();
+        let peers = mc.iter().map(|m| m.2.to_string()).collect::<Vec<_>>().join(",");
+        for id in &self.h.memcached {
+            let mine = mc.iter().find(|m| m.0 == *id).context("front end")?;
+            let a = self.memcached_args(mine, &peers)?;
             let (k, rx) = spawn(&format!("memcached {id}"), &a)?;
             kids.push(k);
             ready.push((format!("memcached {id}"), rx, "listening "));
         }
-        for (what, rx, prefix) in ready.drain(..) {
-            wait_line(&what, &rx, prefix, deadline)?;
-        }
-        let file = cluster_file(&c, &sh, &kv_dir)?;
-        crate::util::write_atomic(&dir.join("cluster.json"), serde_json::to_string_pretty(&file)?.as_bytes(), 0o644)?;
         Ok(())
-    })();
-    if let Err(e) = started {
-        stop_all(&mut kids);
-        return Err(e);
     }
-    println!("host {} fabric {fabric}", h.name);
-    for k in &kids {
-        println!("role {} pid {}", k.name, k.child.id());
+
+    /// The arguments of front end `mine` (id, memcached address, peer address) in the group
+    /// `peers`.
+    fn memcached_args(&self, mine: &(u32, SocketAddr, SocketAddr), peers: &str) -> Result<Vec<String>> {
+        let (c, h, id) = (&self.c, &self.h, mine.0);
+        let mut a = self.kv_common("memcached");
+        a.extend([
+            "--listen".into(),
+            h.listen(mine.1.port()),
+            "--id".into(),
+            id.to_string(),
+            "--state".into(),
+            path_arg(&self.kv_dir().join(format!("memcached{id}"))),
+            "--memory-mb".into(),
+            c.cluster.kv_memory_mb.to_string(),
+            "--peer-listen".into(),
+            h.listen(mine.2.port()),
+            "--peer-advertise".into(),
+            mine.2.to_string(),
+            "--peers".into(),
+            peers.to_string(),
+        ]);
+        if c.capsuledb().is_some() {
+            let w = psl_scl::writer_index(CAPSULEDB_ID, 0, 15).context("CapsuleDB's writer index")?;
+            a.extend(["--capsuledb-writer".into(), w.to_string()]);
+        }
+        if c.kv_servers() > 0 {
+            // The capsule servers' acks pace the front end's writers (flow control).
+            a.extend(["--servers".into(), c.kv_servers().to_string()]);
+        }
+        let set = &c.cluster;
+        #[rustfmt::skip]
+        let tuning = [
+            ("--writers", set.kv_writers.map(|v| v.to_string())),
+            ("--flush-us", set.kv_flush_us.map(|v| v.to_string())),
+            ("--flow-window-ops", set.kv_flow_window_ops.map(|v| v.to_string())),
+            ("--flow-window-records", set.kv_flow_window_records.map(|v| v.to_string())),
+        ];
+        for (flag, v) in tuning {
+            if let Some(v) = v {
+                a.extend([flag.to_string(), v]);
+            }
+        }
+        Ok(a)
     }
-    println!("cluster file {}", dir.join("cluster.json").display());
-    // Tests and scripts read this line.
-    println!("up {}", h.name);
-    use std::io::Write;
-    std::io::stdout().flush()?;
+
+    /// Prints the fabric, each role's pid, the cluster file and the `up NAME` line tests read,
+    /// and flushes them.
+    fn print_roles(&self, kids: &[Kid]) -> Result<()> {
+        println!("host {} fabric {}", self.h.name, self.fabric);
+        for k in kids {
+            println!("role {} pid {}", k.name, k.child.id());
+        }
+        println!("cluster file {}", self.dir.join("cluster.json").display());
+        // Tests and scripts read this line.
+        println!("up {}", self.h.name);
+        use std::io::Write;
+        std::io::stdout().flush()?;
+        Ok(())
+    }
+}
+
+/// Watches host `name`'s roles until Ctrl-C or SIGTERM, reporting (and leaving down) those
+/// that exit; returns the exit code: 1 if one did.
+fn supervise_host(name: &str, kids: &mut [Kid]) -> i32 {
     let mut code = 0;
     while !STOP.load(std::sync::atomic::Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(100));
@@ -1201,13 +1408,11 @@ pub fn up_host(config: &Path, name: &str) -> Result<i32> {
             if let Ok(Some(st)) = k.child.try_wait() {
                 k.gone = true;
                 code = 1;
-                eprintln!("warning: host {}: {} exited ({st}); the other roles carry on", h.name, k.name);
+                eprintln!("warning: host {name}: {} exited ({st}); the other roles carry on", k.name);
             }
         }
     }
-    eprintln!("host {}: stopping {} processes", h.name, kids.len());
-    stop_all(&mut kids);
-    Ok(code)
+    code
 }
 
 #[cfg(test)]

@@ -36,6 +36,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering;
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 #[derive(Args, Debug)]
@@ -178,7 +179,225 @@ fn free_port(ip: std::net::IpAddr) -> Result<SocketAddr> {
     Ok(psl_fabric::natsd::free_port(ip)?)
 }
 
-/// Starts the KV deployment's processes on `router` (see the module docs); returns what a
+/// A path as a command-line argument.
+fn path_arg(p: &std::path::Path) -> String {
+    p.display().to_string()
+}
+
+/// The KV deployment's files in `DIR/kv/` (absolute paths).
+struct KvFiles {
+    dir: PathBuf,
+    owner: PathBuf,
+    capsule: PathBuf,
+    control_key: PathBuf,
+    control_pub: PathBuf,
+}
+
+impl KvFiles {
+    /// Makes `DIR/kv/`, and there (once) the KV owner key and capsule, and the control keys.
+    fn create(a: &UpArgs) -> Result<KvFiles> {
+        let dir = a.dir.join("kv");
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        // Absolute: a joining front end may run from another directory.
+        let dir = std::fs::canonicalize(&dir).with_context(|| format!("resolving {}", dir.display()))?;
+        let owner = dir.join("owner.key");
+        let capsule = dir.join("kv.capsule");
+        let s = path_arg;
+        // Created once: the KV store outlives restarts of `psl up` (the servers' and CapsuleDB's
+        // stores are for this capsule).
+        if !owner.exists() {
+            if capsule.exists() {
+                bail!(
+                    "{} exists without its owner key {}: remove {} to start a new KV store",
+                    s(&capsule),
+                    s(&owner),
+                    s(&dir)
+                );
+            }
+            psl_once(&["keys".into(), "new".into(), "--out".into(), s(&owner)])?;
+        }
+        if !capsule.exists() {
+            psl_once(&[
+                "capsule".into(),
+                "new".into(),
+                "--owner".into(),
+                s(&owner),
+                "--label".into(),
+                "psl-up-kv".into(),
+                "--out".into(),
+                s(&capsule),
+            ])?;
+        }
+        // The operator's control key (secret, 0600, in this directory): it signs the commands
+        // on the coordinator's and CapsuleDB's control interfaces, which get its public half.
+        let control_key = dir.join("control.key");
+        let control_pub = dir.join("control.pub");
+        crate::util::write_control_keys(&control_key, &control_pub)?;
+        Ok(KvFiles { dir, owner, capsule, control_key, control_pub })
+    }
+
+    /// Each capsule server's own ack key (0600) and certificate, never the owner key; made
+    /// where missing.
+    fn server_keys(&self, n: u32) -> Result<Vec<(PathBuf, PathBuf)>> {
+        let s = path_arg;
+        let server_keys = (0..n)
+            .map(|id| (self.dir.join(format!("server{id}.ack-key")), self.dir.join(format!("server{id}.cert"))))
+            .collect::<Vec<_>>();
+        if server_keys.iter().any(|(k, _)| !k.exists()) {
+            let meta = crate::roles::read_metadata(&self.capsule)?;
+            let ok = crate::util::read_owner_key(&self.owner)?;
+            if ok.public() != meta.meta.owner {
+                bail!("{} is not the owner key of {}", s(&self.owner), s(&self.capsule));
+            }
+            let app = ok.app(meta.meta.app_index)?;
+            for (id, (key, cert)) in server_keys.iter().enumerate() {
+                if !key.exists() {
+                    crate::roles::write_server_credentials(&meta, &app, id as u32, key, cert)?;
+                }
+            }
+        }
+        Ok(server_keys)
+    }
+}
+
+/// Started children's ids, each with its output.
+type Outputs = Vec<(u32, Receiver<String>)>;
+
+/// What starting the KV deployment's processes needs: the arguments, the fabric, the files
+/// and the deadline for their first lines.
+struct KvLaunch<'a> {
+    a: &'a UpArgs,
+    fabric: &'a psl_fabric::FabricSpec,
+    files: KvFiles,
+    deadline: Instant,
+}
+
+impl KvLaunch<'_> {
+    /// The arguments of KV role `role` (the coordinator or CapsuleDB) before its own.
+    fn common(&self, role: &str) -> Vec<String> {
+        let f = &self.files;
+        let mut v = vec![role.into(), "--capsule".into(), path_arg(&f.capsule), "--owner".into(), path_arg(&f.owner)];
+        v.extend(fabric_flags(self.fabric));
+        if role == "coordinator" || role == "capsuledb" {
+            v.extend(["--control-pub".into(), path_arg(&f.control_pub)]);
+        }
+        v
+    }
+
+    /// Starts the KV capsule servers; returns each one's id and output, and each one's id and
+    /// store directory.
+    fn spawn_servers(&self, kids: &mut Vec<Kid>) -> Result<(Outputs, Vec<(u32, PathBuf)>)> {
+        let (a, f, s) = (self.a, &self.files, path_arg);
+        let server_keys = f.server_keys(a.kv_servers)?;
+        let mut srx = Vec::new();
+        let mut servers = Vec::new();
+        for id in 0..a.kv_servers {
+            let sdir = f.dir.join(format!("server{id}"));
+            let (key, cert) = &server_keys[id as usize];
+            let mut args =
+                vec!["capsule-server".to_string(), "--capsule".into(), s(&f.capsule), "--ack-key".into(), s(key)];
+            if cert.exists() {
+                args.extend(["--cert".into(), s(cert)]);
+            }
+            args.extend(fabric_flags(self.fabric));
+            args.extend([
+                "--dir".into(),
+                s(&sdir),
+                "--id".into(),
+                id.to_string(),
+                "--n".into(),
+                a.kv_servers.to_string(),
+            ]);
+            // Its read interface (records, heads, STATS): loopback, for operators and benchmarks.
+            args.extend(["--read".into(), "127.0.0.1:0".into()]);
+            let (k, rx) = spawn(&format!("kv capsule server {id}"), &args)?;
+            kids.push(k);
+            srx.push((id, rx));
+            servers.push((id, sdir));
+        }
+        Ok((srx, servers))
+    }
+
+    /// Waits for each KV capsule server's `ready` and `reads` lines; returns its read
+    /// interfaces.
+    fn wait_servers(&self, srx: Outputs) -> Result<Vec<SocketAddr>> {
+        let mut server_reads = Vec::new();
+        for (id, rx) in srx {
+            wait_line(&format!("kv capsule server {id}"), &rx, "ready ", self.deadline)?;
+            server_reads.push(wait_line(&format!("kv capsule server {id}"), &rx, "reads ", self.deadline)?.parse()?);
+        }
+        Ok(server_reads)
+    }
+
+    /// Starts `n` front ends, one peer group, with CapsuleDB's writer index `writer`; returns
+    /// their peer addresses and their memcached addresses.
+    fn start_front_ends(&self, n: u32, writer: u32, kids: &mut Vec<Kid>) -> Result<(Vec<SocketAddr>, Vec<SocketAddr>)> {
+        let (a, f, s) = (self.a, &self.files, path_arg);
+        let binds = (0..n).map(|_| free_port(a.bind)).collect::<Result<Vec<_>>>()?;
+        let peers: Vec<SocketAddr> = binds.iter().map(|b| a.advertised(*b)).collect();
+        let list = peers.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(",");
+        let mut frx = Vec::new();
+        for (i, peer) in peers.iter().enumerate() {
+            let id = i as u32 + 1;
+            let mut args = vec!["memcached".to_string(), "--listen".into(), a.bind0()];
+            args.extend(fabric_flags(self.fabric));
+            args.extend([
+                "--capsule".into(),
+                s(&f.capsule),
+                "--owner".into(),
+                s(&f.owner),
+                "--id".into(),
+                id.to_string(),
+                "--state".into(),
+                s(&f.dir.join(format!("memcached{id}"))),
+                "--capsuledb-writer".into(),
+                writer.to_string(),
+                "--memory-mb".into(),
+                a.kv_memory_mb.to_string(),
+                "--flow-window-ops".into(),
+                a.kv_flow_window_ops.to_string(),
+                "--flow-window-records".into(),
+                a.kv_flow_window_records.to_string(),
+            ]);
+            if let Some(w) = a.kv_writers {
+                args.extend(["--writers".into(), w.to_string()]);
+            }
+            if let Some(us) = a.kv_flush_us {
+                args.extend(["--flush-us".into(), us.to_string()]);
+            }
+            if a.kv_servers > 0 {
+                // The capsule servers hold every record and answer repairs: a front end keeps
+                // only a short window of them for its peers. Their acks pace its writers.
+                args.extend(["--repair-cache-mb".into(), crate::roles::REPAIR_CACHE_MB_FOLLOWER.to_string()]);
+                args.extend(["--servers".into(), a.kv_servers.to_string()]);
+            }
+            // Even a group of one serves its peer address: joining front ends forward to it.
+            args.extend(["--peer-listen".into(), binds[i].to_string(), "--peers".into(), list.clone()]);
+            args.extend(["--peer-advertise".into(), peer.to_string()]);
+            args.extend(["--home-lease-ms".into(), a.home_lease_ms.to_string()]);
+            let (k, rx) = spawn(&format!("memcached {id}"), &args)?;
+            kids.push(k);
+            frx.push((id, rx));
+        }
+        let mut listen = Vec::new();
+        for (id, rx) in frx {
+            listen
+                .push(a.advertised(wait_line(&format!("memcached {id}"), &rx, "listening ", self.deadline)?.parse()?));
+        }
+        Ok((peers, listen))
+    }
+}
+
+/// The writer index CapsuleDB's `ready` line names (`writer=W`).
+fn capsuledb_writer(ready: &str) -> Result<u32> {
+    ready
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("writer="))
+        .and_then(|w| w.parse().ok())
+        .with_context(|| format!("psl capsuledb printed 'ready {ready}' without writer=W"))
+}
+
+/// Starts the KV deployment's processes on `fabric` (see the module docs); returns what a
 /// front end needs to join (the `kv` object of the cluster file).
 fn start_kv(
     a: &UpArgs,
@@ -187,175 +406,45 @@ fn start_kv(
     kids: &mut Vec<Kid>,
     deadline: Instant,
 ) -> Result<crate::memcached::KvInfo> {
-    let dir = a.dir.join("kv");
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    // Absolute: a joining front end may run from another directory.
-    let dir = std::fs::canonicalize(&dir).with_context(|| format!("resolving {}", dir.display()))?;
-    let owner = dir.join("owner.key");
-    let capsule = dir.join("kv.capsule");
-    let s = |p: &std::path::Path| p.display().to_string();
-    // Created once: the KV store outlives restarts of `psl up` (the servers' and CapsuleDB's
-    // stores are for this capsule).
-    if !owner.exists() {
-        if capsule.exists() {
-            bail!(
-                "{} exists without its owner key {}: remove {} to start a new KV store",
-                s(&capsule),
-                s(&owner),
-                s(&dir)
-            );
-        }
-        psl_once(&["keys".into(), "new".into(), "--out".into(), s(&owner)])?;
-    }
-    if !capsule.exists() {
-        psl_once(&[
-            "capsule".into(),
-            "new".into(),
-            "--owner".into(),
-            s(&owner),
-            "--label".into(),
-            "psl-up-kv".into(),
-            "--out".into(),
-            s(&capsule),
-        ])?;
-    }
-    // The operator's control key (secret, 0600, in this directory): it signs the commands
-    // on the coordinator's and CapsuleDB's control interfaces, which get its public half.
-    let control_key = dir.join("control.key");
-    let control_pub = dir.join("control.pub");
-    crate::util::write_control_keys(&control_key, &control_pub)?;
-    let common = |role: &str| -> Vec<String> {
-        let mut v = vec![role.into(), "--capsule".into(), s(&capsule), "--owner".into(), s(&owner)];
-        v.extend(fabric_flags(fabric));
-        if role == "coordinator" || role == "capsuledb" {
-            v.extend(["--control-pub".into(), s(&control_pub)]);
-        }
-        v
-    };
-    // Each capsule server gets its own ack key (0600) and certificate, never the owner key.
-    let server_keys = (0..a.kv_servers)
-        .map(|id| (dir.join(format!("server{id}.ack-key")), dir.join(format!("server{id}.cert"))))
-        .collect::<Vec<_>>();
-    if server_keys.iter().any(|(k, _)| !k.exists()) {
-        let meta = crate::roles::read_metadata(&capsule)?;
-        let ok = crate::util::read_owner_key(&owner)?;
-        if ok.public() != meta.meta.owner {
-            bail!("{} is not the owner key of {}", s(&owner), s(&capsule));
-        }
-        let app = ok.app(meta.meta.app_index)?;
-        for (id, (key, cert)) in server_keys.iter().enumerate() {
-            if !key.exists() {
-                crate::roles::write_server_credentials(&meta, &app, id as u32, key, cert)?;
-            }
-        }
-    }
-    let mut srx = Vec::new();
-    let mut servers = Vec::new();
-    for id in 0..a.kv_servers {
-        let sdir = dir.join(format!("server{id}"));
-        let (key, cert) = &server_keys[id as usize];
-        let mut args = vec!["capsule-server".to_string(), "--capsule".into(), s(&capsule), "--ack-key".into(), s(key)];
-        if cert.exists() {
-            args.extend(["--cert".into(), s(cert)]);
-        }
-        args.extend(fabric_flags(fabric));
-        args.extend(["--dir".into(), s(&sdir), "--id".into(), id.to_string(), "--n".into(), a.kv_servers.to_string()]);
-        // Its read interface (records, heads, STATS): loopback, for operators and benchmarks.
-        args.extend(["--read".into(), "127.0.0.1:0".into()]);
-        let (k, rx) = spawn(&format!("kv capsule server {id}"), &args)?;
-        kids.push(k);
-        srx.push((id, rx));
-        servers.push((id, sdir));
-    }
-    let mut dargs = common("capsuledb");
+    let kv = KvLaunch { a, fabric, files: KvFiles::create(a)?, deadline };
+    let (srx, servers) = kv.spawn_servers(kids)?;
+    let mut dargs = kv.common("capsuledb");
     // Its control interface hands out plaintext: loopback only, like the coordinator's.
-    dargs.extend(["--store".into(), s(&dir.join("capsuledb")), "--control".into(), "127.0.0.1:0".into()]);
+    dargs.extend([
+        "--store".into(),
+        path_arg(&kv.files.dir.join("capsuledb")),
+        "--control".into(),
+        "127.0.0.1:0".into(),
+    ]);
     let (k, drx) = spawn("kv capsuledb", &dargs)?;
     kids.push(k);
-    let mut server_reads = Vec::new();
-    for (id, rx) in srx {
-        wait_line(&format!("kv capsule server {id}"), &rx, "ready ", deadline)?;
-        server_reads.push(wait_line(&format!("kv capsule server {id}"), &rx, "reads ", deadline)?.parse()?);
-    }
+    let server_reads = kv.wait_servers(srx)?;
     // After the servers are up: a restarted coordinator (its writer index has no incarnation)
     // learns its own chain back from them during its rejoin period, so it never re-uses a seq.
-    let mut cargs = common("coordinator");
-    cargs.extend(["--state".into(), s(&dir.join("coordinator"))]);
+    let mut cargs = kv.common("coordinator");
+    cargs.extend(["--state".into(), path_arg(&kv.files.dir.join("coordinator"))]);
     let (k, crx) = spawn("kv coordinator", &cargs)?;
     kids.push(k);
     let coordinator_control: SocketAddr = wait_line("kv coordinator", &crx, "control ", deadline)?.parse()?;
     let capsuledb_control: SocketAddr = wait_line("kv capsuledb", &drx, "control ", deadline)?.parse()?;
-    let ready = wait_line("kv capsuledb", &drx, "ready ", deadline)?;
-    let writer: u32 = ready
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("writer="))
-        .and_then(|w| w.parse().ok())
-        .with_context(|| format!("psl capsuledb printed 'ready {ready}' without writer=W"))?;
-    let binds = (0..front_ends).map(|_| free_port(a.bind)).collect::<Result<Vec<_>>>()?;
-    let peers: Vec<SocketAddr> = binds.iter().map(|b| a.advertised(*b)).collect();
-    let list = peers.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(",");
-    let mut frx = Vec::new();
-    for (i, peer) in peers.iter().enumerate() {
-        let id = i as u32 + 1;
-        let mut args = vec!["memcached".to_string(), "--listen".into(), a.bind0()];
-        args.extend(fabric_flags(fabric));
-        args.extend([
-            "--capsule".into(),
-            s(&capsule),
-            "--owner".into(),
-            s(&owner),
-            "--id".into(),
-            id.to_string(),
-            "--state".into(),
-            s(&dir.join(format!("memcached{id}"))),
-            "--capsuledb-writer".into(),
-            writer.to_string(),
-            "--memory-mb".into(),
-            a.kv_memory_mb.to_string(),
-            "--flow-window-ops".into(),
-            a.kv_flow_window_ops.to_string(),
-            "--flow-window-records".into(),
-            a.kv_flow_window_records.to_string(),
-        ]);
-        if let Some(w) = a.kv_writers {
-            args.extend(["--writers".into(), w.to_string()]);
-        }
-        if let Some(us) = a.kv_flush_us {
-            args.extend(["--flush-us".into(), us.to_string()]);
-        }
-        if a.kv_servers > 0 {
-            // The capsule servers hold every record and answer repairs: a front end keeps
-            // only a short window of them for its peers. Their acks pace its writers.
-            args.extend(["--repair-cache-mb".into(), crate::roles::REPAIR_CACHE_MB_FOLLOWER.to_string()]);
-            args.extend(["--servers".into(), a.kv_servers.to_string()]);
-        }
-        // Even a group of one serves its peer address: joining front ends forward to it.
-        args.extend(["--peer-listen".into(), binds[i].to_string(), "--peers".into(), list.clone()]);
-        args.extend(["--peer-advertise".into(), peer.to_string()]);
-        args.extend(["--home-lease-ms".into(), a.home_lease_ms.to_string()]);
-        let (k, rx) = spawn(&format!("memcached {id}"), &args)?;
-        kids.push(k);
-        frx.push((id, rx));
-    }
-    let mut listen = Vec::new();
-    for (id, rx) in frx {
-        listen.push(a.advertised(wait_line(&format!("memcached {id}"), &rx, "listening ", deadline)?.parse()?));
-    }
+    let writer = capsuledb_writer(&wait_line("kv capsuledb", &drx, "ready ", deadline)?)?;
+    let (peers, listen) = kv.start_front_ends(front_ends, writer, kids)?;
+    let files = kv.files;
     Ok(crate::memcached::KvInfo {
         fabric: fabric.clone(),
-        capsule,
-        owner: Some(owner),
+        capsule: files.capsule,
+        owner: Some(files.owner),
         leader: None,
         capsuledb_writer: writer,
+        home_lease_ms: if peers.len() >= psl_memcached::failover::MEMBERS_MIN { a.home_lease_ms } else { 0 },
         peers,
         front_ends: listen,
         servers,
-        state: dir.join("joined"),
+        state: files.dir.join("joined"),
         coordinator_control: Some(coordinator_control),
         capsuledb_control: Some(capsuledb_control),
-        control_key: Some(control_key),
+        control_key: Some(files.control_key),
         server_reads,
-        home_lease_ms: if binds.len() >= psl_memcached::failover::MEMBERS_MIN { a.home_lease_ms } else { 0 },
     })
 }
 
@@ -476,17 +565,8 @@ fn attestation(a: &UpArgs) -> Result<(Vec<String>, PathBuf)> {
     Ok((flags, path))
 }
 
-pub fn run(a: UpArgs) -> Result<i32> {
-    match (&a.config, &a.host) {
-        (Some(config), _) if a.init => return crate::cluster::init(config),
-        (Some(config), Some(host)) => return crate::cluster::up_host(config, host),
-        (Some(_), None) => bail!("--config needs --host NAME (or --init)"),
-        _ => {}
-    }
-    if a.bind.is_unspecified() && a.advertise.is_none() {
-        bail!("--bind {} needs --advertise IP: the address the other machines reach this one at", a.bind);
-    }
-    let t0 = Instant::now();
+/// Checks the role counts; returns the number of KV front ends, if the KV deployment runs.
+fn check_counts(a: &UpArgs) -> Result<Option<u32>> {
     if a.workers == 0 || a.workers > 255 {
         bail!("--workers must be 1 ..= 255");
     }
@@ -507,76 +587,49 @@ pub fn run(a: UpArgs) -> Result<i32> {
     if kv_front_ends.is_some() && (a.kv_servers > 63 || (a.kv_servers != 0 && a.kv_servers.is_multiple_of(2))) {
         bail!("--kv-servers must be 0 or an odd number (2f + 1) up to 63");
     }
-    catch_signals();
-    std::fs::create_dir_all(&a.dir).with_context(|| format!("creating {}", a.dir.display()))?;
-    let (attest_flags, policy_path) = attestation(&a)?;
-    let attest_policy = policy_path.display().to_string();
-    let sim = |v: &mut Vec<String>| v.extend(attest_flags.iter().cloned());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut kids = Vec::new();
-    let mut kv = None;
-    let leader_args = std::cell::RefCell::new(Vec::<String>::new());
-    let result = (|| -> Result<ClusterInfo> {
-        let fabric = start_fabric(&a, &mut kids, deadline)?;
+    Ok(kv_front_ends)
+}
+
+/// What starting the deployment needs: the arguments, the attestation flags and policy, and
+/// the deadline for the children's first lines.
+struct Launch<'a> {
+    a: &'a UpArgs,
+    attest_flags: Vec<String>,
+    policy_path: PathBuf,
+    /// `policy_path` as an argument.
+    attest_policy: String,
+    deadline: Instant,
+}
+
+/// The started deployment: the cluster file's contents and the leader's arguments (to start
+/// it again on the same address).
+struct Started {
+    info: ClusterInfo,
+    kv: Option<crate::memcached::KvInfo>,
+    leader_args: Vec<String>,
+}
+
+/// A capsule host started: its id, its store directory and its output.
+type HostOutput = (u32, PathBuf, Receiver<String>);
+
+impl Launch<'_> {
+    /// Adds the attestation flags every attested child gets to `v`.
+    fn attest(&self, v: &mut Vec<String>) {
+        v.extend(self.attest_flags.iter().cloned());
+    }
+
+    /// Starts every process (the fabric, the KV deployment if `kv_front_ends`, the scheduler,
+    /// the capsule and coordinator hosts, the leader, the workers) and waits until each is up.
+    fn start(&self, kv_front_ends: Option<u32>, kids: &mut Vec<Kid>) -> Result<Started> {
+        let (a, deadline) = (self.a, self.deadline);
+        let fabric = start_fabric(a, kids, deadline)?;
+        let mut kv = None;
         if let Some(n) = kv_front_ends {
-            kv = Some(start_kv(&a, n, &fabric, &mut kids, deadline)?);
+            kv = Some(start_kv(a, n, &fabric, kids, deadline)?);
         }
-        let mut sargs = vec![
-            "scheduler".to_string(),
-            "--listen".into(),
-            a.bind0(),
-            "--heartbeat-timeout-ms".into(),
-            a.heartbeat_timeout_ms.to_string(),
-        ];
-        if let Some(b) = a.test_scheduler_flip_byte {
-            sargs.extend(["--test-flip-program-byte".into(), b.to_string()]);
-        }
-        let (k, srx) = spawn("scheduler", &sargs)?;
-        kids.push(k);
-        let mut hrx = Vec::new();
-        let mut pins = Vec::new();
-        for id in 0..a.servers {
-            let hdir = a.dir.join(format!("server{id}"));
-            // Each host's TLS key (0600), pinned by the leader: nobody else at its address
-            // gets its ack-signing key.
-            let key = a.dir.join(format!("capsule-host{id}.tls-key"));
-            let me = psl_faas::tls::TlsIdentity::generate("psl-capsule-host")?;
-            crate::util::write_atomic(&key, me.key_pem().as_bytes(), 0o600)?;
-            pins.push(format!("{id}={}", hex::encode(me.spki_hash())));
-            let mut args = vec![
-                "capsule-host".to_string(),
-                "--id".into(),
-                id.to_string(),
-                "--dir".into(),
-                hdir.display().to_string(),
-                "--listen".into(),
-                a.bind0(),
-                "--tls-key".into(),
-                key.display().to_string(),
-            ];
-            args.extend(fabric_flags(&fabric));
-            sim(&mut args);
-            let (k, rx) = spawn(&format!("capsule host {id}"), &args)?;
-            kids.push(k);
-            hrx.push((id, hdir, rx));
-        }
-        let mut crx = Vec::new();
-        for id in 0..a.coordinators {
-            let mut args = vec![
-                "coordinator-host".to_string(),
-                "--id".into(),
-                id.to_string(),
-                "--dir".into(),
-                a.dir.join(format!("coordinator{id}")).display().to_string(),
-                "--listen".into(),
-                a.bind0(),
-            ];
-            args.extend(fabric_flags(&fabric));
-            sim(&mut args);
-            let (k, rx) = spawn(&format!("coordinator host {id}"), &args)?;
-            kids.push(k);
-            crx.push((id, rx));
-        }
+        let srx = self.spawn_scheduler(kids)?;
+        let (hrx, pins) = self.spawn_capsule_hosts(&fabric, kids)?;
+        let crx = self.spawn_coordinator_hosts(&fabric, kids)?;
         let mut coordinator_hosts = Vec::new();
         for (id, rx) in crx {
             let line = wait_line(&format!("coordinator host {id}"), &rx, &format!("coordinator-host {id} "), deadline)?;
@@ -599,16 +652,118 @@ pub fn run(a: UpArgs) -> Result<i32> {
         for (_, addr) in &coordinator_hosts {
             largs.extend(["--coordinator-host".into(), addr.to_string()]);
         }
-        sim(&mut largs);
-        largs.extend(["--attest-policy".into(), attest_policy.clone()]);
+        self.attest(&mut largs);
+        largs.extend(["--attest-policy".into(), self.attest_policy.clone()]);
         let (k, lrx) = spawn("leader", &largs)?;
         kids.push(k);
         let scheduler: SocketAddr = a.advertised(wait_line("scheduler", &srx, "scheduler ", deadline)?.parse()?);
         let bound: SocketAddr = wait_line("leader", &lrx, "leader ", deadline)?.parse()?;
         let leader: SocketAddr = a.advertised(bound);
-        // A leader that exits is started again on the same address (below).
+        // A leader that exits is started again on the same address (see `supervise`).
         largs[2] = bound.to_string();
-        *leader_args.borrow_mut() = largs;
+        let workers = self.start_workers(&fabric, scheduler, leader, kids)?;
+        let info = ClusterInfo {
+            scheduler,
+            leader,
+            fabric,
+            attestation_backend: backend_name(a.attest),
+            attest_policy: self.policy_path.clone(),
+            workers,
+            capsule_hosts: hosts,
+            coordinator_hosts,
+            pids: kids.iter().map(|k| (k.name.clone(), k.child.id())).collect(),
+        };
+        Ok(Started { info, kv, leader_args: largs })
+    }
+
+    /// Starts the scheduler; returns its output.
+    fn spawn_scheduler(&self, kids: &mut Vec<Kid>) -> Result<Receiver<String>> {
+        let a = self.a;
+        let mut sargs = vec![
+            "scheduler".to_string(),
+            "--listen".into(),
+            a.bind0(),
+            "--heartbeat-timeout-ms".into(),
+            a.heartbeat_timeout_ms.to_string(),
+        ];
+        if let Some(b) = a.test_scheduler_flip_byte {
+            sargs.extend(["--test-flip-program-byte".into(), b.to_string()]);
+        }
+        let (k, srx) = spawn("scheduler", &sargs)?;
+        kids.push(k);
+        Ok(srx)
+    }
+
+    /// Starts the capsule hosts, each with a fresh TLS key; returns their outputs and the
+    /// leader's pins of their keys (`ID=SPKI-HASH`).
+    fn spawn_capsule_hosts(
+        &self,
+        fabric: &psl_fabric::FabricSpec,
+        kids: &mut Vec<Kid>,
+    ) -> Result<(Vec<HostOutput>, Vec<String>)> {
+        let a = self.a;
+        let mut hrx = Vec::new();
+        let mut pins = Vec::new();
+        for id in 0..a.servers {
+            let hdir = a.dir.join(format!("server{id}"));
+            // Each host's TLS key (0600), pinned by the leader: nobody else at its address
+            // gets its ack-signing key.
+            let key = a.dir.join(format!("capsule-host{id}.tls-key"));
+            let me = psl_faas::tls::TlsIdentity::generate("psl-capsule-host")?;
+            crate::util::write_atomic(&key, me.key_pem().as_bytes(), 0o600)?;
+            pins.push(format!("{id}={}", hex::encode(me.spki_hash())));
+            let mut args = vec![
+                "capsule-host".to_string(),
+                "--id".into(),
+                id.to_string(),
+                "--dir".into(),
+                hdir.display().to_string(),
+                "--listen".into(),
+                a.bind0(),
+                "--tls-key".into(),
+                key.display().to_string(),
+            ];
+            args.extend(fabric_flags(fabric));
+            self.attest(&mut args);
+            let (k, rx) = spawn(&format!("capsule host {id}"), &args)?;
+            kids.push(k);
+            hrx.push((id, hdir, rx));
+        }
+        Ok((hrx, pins))
+    }
+
+    /// Starts the coordinator hosts; returns each one's id and output.
+    fn spawn_coordinator_hosts(&self, fabric: &psl_fabric::FabricSpec, kids: &mut Vec<Kid>) -> Result<Outputs> {
+        let a = self.a;
+        let mut crx = Vec::new();
+        for id in 0..a.coordinators {
+            let mut args = vec![
+                "coordinator-host".to_string(),
+                "--id".into(),
+                id.to_string(),
+                "--dir".into(),
+                a.dir.join(format!("coordinator{id}")).display().to_string(),
+                "--listen".into(),
+                a.bind0(),
+            ];
+            args.extend(fabric_flags(fabric));
+            self.attest(&mut args);
+            let (k, rx) = spawn(&format!("coordinator host {id}"), &args)?;
+            kids.push(k);
+            crx.push((id, rx));
+        }
+        Ok(crx)
+    }
+
+    /// Starts the workers (on `scheduler` and `leader`) and waits for their control addresses.
+    fn start_workers(
+        &self,
+        fabric: &psl_fabric::FabricSpec,
+        scheduler: SocketAddr,
+        leader: SocketAddr,
+        kids: &mut Vec<Kid>,
+    ) -> Result<Vec<WorkerInfo>> {
+        let a = self.a;
         let mut wrx = Vec::new();
         for id in 1..=a.workers {
             let mut w = vec![
@@ -622,9 +777,9 @@ pub fn run(a: UpArgs) -> Result<i32> {
                 "--control".into(),
                 a.bind0(),
             ];
-            w.extend(fabric_flags(&fabric));
-            sim(&mut w);
-            w.extend(["--attest-policy".into(), attest_policy.clone()]);
+            w.extend(fabric_flags(fabric));
+            self.attest(&mut w);
+            w.extend(["--attest-policy".into(), self.attest_policy.clone()]);
             if a.test_rogue_workers.contains(&id) {
                 w.push("--test-rogue-measurement".into());
             }
@@ -637,41 +792,37 @@ pub fn run(a: UpArgs) -> Result<i32> {
         }
         let mut workers = Vec::new();
         for (id, rx) in wrx {
-            let line = wait_line(&format!("worker {id}"), &rx, &format!("worker {id} control "), deadline)?;
+            let line = wait_line(&format!("worker {id}"), &rx, &format!("worker {id} control "), self.deadline)?;
             workers.push(WorkerInfo { id, control: a.advertised(line.parse()?) });
         }
-        Ok(ClusterInfo {
-            scheduler,
-            leader,
-            fabric,
-            attestation_backend: match a.attest {
-                AttestChoice::Sim => psl_faas::attest::SIM_BACKEND.into(),
-                AttestChoice::Sgx => "sgx".into(),
-                AttestChoice::Tdx => "tdx".into(),
-                AttestChoice::Snp => "snp".into(),
-                AttestChoice::Auto => "auto".into(),
-            },
-            attest_policy: policy_path.clone(),
-            workers,
-            capsule_hosts: hosts,
-            coordinator_hosts,
-            pids: kids.iter().map(|k| (k.name.clone(), k.child.id())).collect(),
-        })
-    })();
-    let info = match result {
-        Ok(i) => i,
-        Err(e) => {
-            stop_all(&mut kids);
-            return Err(e);
-        }
-    };
-    let cluster_path = a.dir.join("cluster.json");
-    let mut file = serde_json::to_value(&info)?;
-    if let Some(kv) = &kv {
+        Ok(workers)
+    }
+}
+
+/// The attestation backend's name in the cluster file.
+fn backend_name(attest: AttestChoice) -> String {
+    match attest {
+        AttestChoice::Sim => psl_faas::attest::SIM_BACKEND.into(),
+        AttestChoice::Sgx => "sgx".into(),
+        AttestChoice::Tdx => "tdx".into(),
+        AttestChoice::Snp => "snp".into(),
+        AttestChoice::Auto => "auto".into(),
+    }
+}
+
+/// Writes the cluster file `path` (with a `kv` object when the KV deployment runs).
+fn write_cluster_file(path: &std::path::Path, up: &Started) -> Result<()> {
+    let mut file = serde_json::to_value(&up.info)?;
+    if let Some(kv) = &up.kv {
         file["kv"] = serde_json::to_value(kv)?;
     }
-    crate::util::write_atomic(&cluster_path, serde_json::to_string_pretty(&file)?.as_bytes(), 0o644)?;
-    let cold_ms = t0.elapsed().as_secs_f64() * 1e3;
+    crate::util::write_atomic(path, serde_json::to_string_pretty(&file)?.as_bytes(), 0o644)?;
+    Ok(())
+}
+
+/// Prints the addresses, the cluster file and the `up MS` line tests read, and flushes them.
+fn print_summary(a: &UpArgs, up: &Started, cluster_path: &std::path::Path, cold_ms: f64) -> Result<()> {
+    let info = &up.info;
     println!("fabric    {}", info.fabric);
     println!("scheduler {}", info.scheduler);
     println!("leader    {}", info.leader);
@@ -684,7 +835,7 @@ pub fn run(a: UpArgs) -> Result<i32> {
     for w in &info.workers {
         println!("worker {} control {}", w.id, w.control);
     }
-    if let Some(kv) = &kv {
+    if let Some(kv) = &up.kv {
         println!(
             "kv capsule {} (owner key {}, mode 0600)",
             kv.capsule.display(),
@@ -702,8 +853,21 @@ pub fn run(a: UpArgs) -> Result<i32> {
     println!("up {cold_ms:.1} ms");
     use std::io::Write;
     std::io::stdout().flush()?;
+    Ok(())
+}
+
+/// Whether the deployment carries on without a child named `name` that exited.
+fn dispensable(name: &str) -> bool {
+    name.starts_with("worker")
+        || name.starts_with("coordinator host")
+        || name.starts_with("memcached")
+        || name.starts_with("capsule host")
+}
+
+/// Watches the children until Ctrl-C or SIGTERM, or until one the deployment needs exits:
+/// starts an exited leader again with `leader_args`; returns the exit code.
+fn supervise(kids: &mut Vec<Kid>, leader_args: &[String]) -> i32 {
     let mut code = 0;
-    let leader_args = leader_args.into_inner();
     while !STOP.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(50));
         let mut restart_leader = false;
@@ -716,11 +880,7 @@ pub fn run(a: UpArgs) -> Result<i32> {
                     // restarted leader take the job back): start it again, same address.
                     eprintln!("warning: the leader exited ({st}); starting it again on {}", leader_args[2]);
                     restart_leader = true;
-                } else if k.name.starts_with("worker")
-                    || k.name.starts_with("coordinator host")
-                    || k.name.starts_with("memcached")
-                    || k.name.starts_with("capsule host")
-                {
+                } else if dispensable(&k.name) {
                     // The scheduler drops a worker from the registry; the others carry on. Jobs
                     // run on the capsule hosts that are up, and stay durable while a majority is.
                     eprintln!("warning: {} exited ({st}); the deployment carries on without it", k.name);
@@ -732,7 +892,7 @@ pub fn run(a: UpArgs) -> Result<i32> {
             }
         }
         if restart_leader {
-            match restart(&leader_args) {
+            match restart(leader_args) {
                 Ok(k) => kids.push(k),
                 Err(e) => {
                     eprintln!("error: starting the leader again: {e:#}; stopping the deployment");
@@ -742,6 +902,43 @@ pub fn run(a: UpArgs) -> Result<i32> {
             }
         }
     }
+    code
+}
+
+/// `psl up`: checks the arguments, starts the deployment (or, with `--config`, one host's
+/// part of a cluster, or its shared files), writes the cluster file, prints the addresses and
+/// watches the children until Ctrl-C or SIGTERM.
+pub fn run(a: UpArgs) -> Result<i32> {
+    match (&a.config, &a.host) {
+        (Some(config), _) if a.init => return crate::cluster::init(config),
+        (Some(config), Some(host)) => return crate::cluster::up_host(config, host),
+        (Some(_), None) => bail!("--config needs --host NAME (or --init)"),
+        _ => {}
+    }
+    if a.bind.is_unspecified() && a.advertise.is_none() {
+        bail!("--bind {} needs --advertise IP: the address the other machines reach this one at", a.bind);
+    }
+    let t0 = Instant::now();
+    let kv_front_ends = check_counts(&a)?;
+    catch_signals();
+    std::fs::create_dir_all(&a.dir).with_context(|| format!("creating {}", a.dir.display()))?;
+    let (attest_flags, policy_path) = attestation(&a)?;
+    let attest_policy = policy_path.display().to_string();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let launch = Launch { a: &a, attest_flags, policy_path, attest_policy, deadline };
+    let mut kids = Vec::new();
+    let up = match launch.start(kv_front_ends, &mut kids) {
+        Ok(up) => up,
+        Err(e) => {
+            stop_all(&mut kids);
+            return Err(e);
+        }
+    };
+    let cluster_path = a.dir.join("cluster.json");
+    write_cluster_file(&cluster_path, &up)?;
+    let cold_ms = t0.elapsed().as_secs_f64() * 1e3;
+    print_summary(&a, &up, &cluster_path, cold_ms)?;
+    let code = supervise(&mut kids, &up.leader_args);
     eprintln!("stopping {} processes", kids.len());
     stop_all(&mut kids);
     let _ = std::fs::remove_file(&cluster_path);
