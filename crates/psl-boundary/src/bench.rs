@@ -194,15 +194,7 @@ pub fn bench_crossings(cfg: CrossingConfig) -> CrossingReport {
 
     // `get_core_ids` reads the *calling* thread's mask: read it once, before anything is pinned.
     let available = core_affinity::get_core_ids().unwrap_or_default();
-    let pins = if !cfg.pin {
-        notes.push("pinning disabled by the configuration: threads ran unpinned".to_string());
-        None
-    } else if available.len() < 2 {
-        notes.push(format!("only {} core(s) available: threads ran unpinned", available.len()));
-        None
-    } else {
-        Some((available[0], available[1]))
-    };
+    let pins = choose_pins(cfg.pin, &available, &mut notes);
     let env = Env {
         pins,
         pin_failed: AtomicBool::new(false),
@@ -214,36 +206,8 @@ pub fn bench_crossings(cfg: CrossingConfig) -> CrossingReport {
     let overhead = timer_overhead();
     let tsc_ghz = tsc_ghz();
 
-    type Case = fn(&Env, usize) -> Vec<u64>;
-    let mut cases: Vec<(&'static str, Case)> = vec![
-        ("ring", case_ring),
-        ("ring_unpaired", case_ring_unpaired),
-        ("floor", case_floor),
-        ("floor_two_line", case_floor_two_line),
-        ("rtrb", case_rtrb),
-    ];
-    if cfg.os_cases {
-        cases.push(("mpsc", case_mpsc));
-        cases.push(("pipe", case_pipe));
-    } else {
-        notes.push("mpsc and pipe cases skipped by the configuration".to_string());
-    }
-
-    let rounds = cfg.rounds.max(1);
-    let per_round = cfg.round_trips.max(1).div_ceil(rounds);
-    let mut samples: Vec<Vec<u64>> = vec![Vec::with_capacity(per_round * rounds); cases.len()];
-    let mut ring_runs = Vec::with_capacity(rounds);
-    let mut rtrb_runs = Vec::with_capacity(rounds);
-    for _ in 0..rounds {
-        for (i, (_, case)) in cases.iter().enumerate() {
-            let got = case(&env, per_round);
-            samples[i].extend(got);
-        }
-        if cfg.stream_items > 0 {
-            ring_runs.push(stream_ring(&env, cfg.stream_items, cfg.stream_batch.max(1)));
-            rtrb_runs.push((stream_rtrb(&env, cfg.stream_items, cfg.stream_batch.max(1)), 0));
-        }
-    }
+    let cases = latency_cases(cfg.os_cases, &mut notes);
+    let (samples, ring_runs, rtrb_runs) = run_rounds(&cfg, &env, &cases);
 
     let case_reports: Vec<CaseReport> =
         cases.iter().zip(samples).map(|((name, _), s)| summarize(name, s, overhead, tsc_ghz)).collect();
@@ -287,6 +251,72 @@ pub fn bench_crossings(cfg: CrossingConfig) -> CrossingReport {
         config: cfg,
         notes,
     }
+}
+
+/// One streaming run: records per second, and push calls that found the ring full.
+type StreamRun = (f64, u64);
+
+/// A latency case: `n` recorded round trips (after the warmup) in the given environment.
+type Case = fn(&Env, usize) -> Vec<u64>;
+
+/// The two cores to pin the threads to, if pinning is on and two are available (else a note why not).
+fn choose_pins(
+    pin: bool,
+    available: &[core_affinity::CoreId],
+    notes: &mut Vec<String>,
+) -> Option<(core_affinity::CoreId, core_affinity::CoreId)> {
+    if !pin {
+        notes.push("pinning disabled by the configuration: threads ran unpinned".to_string());
+        None
+    } else if available.len() < 2 {
+        notes.push(format!("only {} core(s) available: threads ran unpinned", available.len()));
+        None
+    } else {
+        Some((available[0], available[1]))
+    }
+}
+
+/// The latency cases to run, by name: the OS ones only if `os_cases` (else a note).
+fn latency_cases(os_cases: bool, notes: &mut Vec<String>) -> Vec<(&'static str, Case)> {
+    let mut cases: Vec<(&'static str, Case)> = vec![
+        ("ring", case_ring),
+        ("ring_unpaired", case_ring_unpaired),
+        ("floor", case_floor),
+        ("floor_two_line", case_floor_two_line),
+        ("rtrb", case_rtrb),
+    ];
+    if os_cases {
+        cases.push(("mpsc", case_mpsc));
+        cases.push(("pipe", case_pipe));
+    } else {
+        notes.push("mpsc and pipe cases skipped by the configuration".to_string());
+    }
+    cases
+}
+
+/// Runs the cases (and streaming runs) interleaved, `rounds` times: each case's samples, then
+/// the ring and `rtrb` streaming runs.
+fn run_rounds(
+    cfg: &CrossingConfig,
+    env: &Env,
+    cases: &[(&'static str, Case)],
+) -> (Vec<Vec<u64>>, Vec<StreamRun>, Vec<StreamRun>) {
+    let rounds = cfg.rounds.max(1);
+    let per_round = cfg.round_trips.max(1).div_ceil(rounds);
+    let mut samples: Vec<Vec<u64>> = vec![Vec::with_capacity(per_round * rounds); cases.len()];
+    let mut ring_runs = Vec::with_capacity(rounds);
+    let mut rtrb_runs = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        for (i, (_, case)) in cases.iter().enumerate() {
+            let got = case(env, per_round);
+            samples[i].extend(got);
+        }
+        if cfg.stream_items > 0 {
+            ring_runs.push(stream_ring(env, cfg.stream_items, cfg.stream_batch.max(1)));
+            rtrb_runs.push((stream_rtrb(env, cfg.stream_items, cfg.stream_batch.max(1)), 0));
+        }
+    }
+    (samples, ring_runs, rtrb_runs)
 }
 
 /// What every case needs.

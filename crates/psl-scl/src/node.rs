@@ -15,8 +15,8 @@ use crate::orderer::{Orderer, OrdererAction, OrdererConfig};
 use crate::wire::{Ack, Msg};
 use crate::LamportClock;
 use psl_capsule::{
-    Action, Body, ControlCode, KeyStatement, Kind, Link, Opened, Record, RotationCert, RotationError, Verified,
-    Verifier,
+    Action, Body, CapsuleName, ControlCode, KeyStatement, Kind, Link, Opened, Record, RotationCert, RotationError,
+    Verified, Verifier,
 };
 use psl_crypto::{DataKey, Hash256};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -901,33 +901,54 @@ impl NodeCore {
         let mut out = Vec::new();
         self.now_ms = self.now_ms.max(now);
         self.apply_pending_acks();
-        if !self.rejoined {
-            let start = *self.started_at.get_or_insert(now);
-            if now.saturating_sub(start) >= self.cfg.rejoin_ms && self.own_floor_reached(now) {
-                self.rejoined = true;
-                if let Some(w) = self.coordinator_writer {
-                    if let Some(l) = self.orderer.heads().get(&w) {
-                        match self.own_head.filter(|h| h.seq == l.seq && h.hash == l.hash) {
-                            Some(head) => {
-                                tracing::info!(writer = w, seq = l.seq, "rejoined: continuing the coordinator's chain");
-                                out.push(Output::Resume(head));
-                            }
-                            // Cannot happen: every record the orderer advanced over was applied
-                            // or written here, and noted. Writing on would re-sign its seqs.
-                            None => tracing::error!(
-                                writer = w,
-                                seq = l.seq,
-                                "rejoined without the head of the coordinator's own chain"
-                            ),
+        self.tick_rejoin(now, &mut out);
+        let name = self.verifier.name();
+        self.tick_repair_requests(name, now, &mut out);
+        self.tick_announce_certs(name, now, &mut out);
+        for _ in self.verifier.expire_held(now) {
+            // Held back for a certificate that never came (see `Verifier::hold`).
+            self.metrics.reject(RejectReason::Uncertified);
+        }
+        self.tick_heads(name, now, &mut out);
+        self.tick_repair_answers(name, &mut out);
+        self.tick_coordinator(now, &mut out);
+        out
+    }
+
+    /// Tick step: until rejoined, waits out the rejoin delay and own floor (resuming the
+    /// coordinator's chain), probing for the own writers' records meanwhile.
+    fn tick_rejoin(&mut self, now: u64, out: &mut Vec<Output>) {
+        if self.rejoined {
+            return;
+        }
+        let start = *self.started_at.get_or_insert(now);
+        if now.saturating_sub(start) >= self.cfg.rejoin_ms && self.own_floor_reached(now) {
+            self.rejoined = true;
+            if let Some(w) = self.coordinator_writer {
+                if let Some(l) = self.orderer.heads().get(&w) {
+                    match self.own_head.filter(|h| h.seq == l.seq && h.hash == l.hash) {
+                        Some(head) => {
+                            tracing::info!(writer = w, seq = l.seq, "rejoined: continuing the coordinator's chain");
+                            out.push(Output::Resume(head));
                         }
+                        // Cannot happen: every record the orderer advanced over was applied
+                        // or written here, and noted. Writing on would re-sign its seqs.
+                        None => tracing::error!(
+                            writer = w,
+                            seq = l.seq,
+                            "rejoined without the head of the coordinator's own chain"
+                        ),
                     }
                 }
-            } else if self.last_probe.is_none_or(|t| now.saturating_sub(t) >= self.cfg.orderer.repair_retry_ms) {
-                self.last_probe = Some(now);
-                out.extend(self.probe_own(now));
             }
+        } else if self.last_probe.is_none_or(|t| now.saturating_sub(t) >= self.cfg.orderer.repair_retry_ms) {
+            self.last_probe = Some(now);
+            out.extend(self.probe_own(now));
         }
-        let name = self.verifier.name();
+    }
+
+    /// Tick step: asks for missing records (gaps and hints) and reports withholding writers.
+    fn tick_repair_requests(&mut self, name: CapsuleName, now: u64, out: &mut Vec<Output>) {
         // A node with a backlog of incoming messages is behind, not missing records: what its
         // peers hint is most likely queued for it, so it does not ask for it (an answer would
         // go to everyone and fill their queues). Gaps proven by later records still are.
@@ -946,6 +967,10 @@ impl NodeCore {
         for (writer, from_seq, to_seq) in work.withholding {
             out.push(Output::Withholding { writer, from_seq, to_seq });
         }
+    }
+
+    /// Tick step: re-announces the certificate statements to announce, every `CERTS_ANNOUNCE_MS`.
+    fn tick_announce_certs(&mut self, name: CapsuleName, now: u64, out: &mut Vec<Output>) {
         if !self.announce.is_empty() && self.last_announce_at.is_none_or(|t| now.saturating_sub(t) >= CERTS_ANNOUNCE_MS)
         {
             self.last_announce_at = Some(now);
@@ -953,10 +978,10 @@ impl NodeCore {
                 out.push(Output::Publish(Msg::Certs { capsule: name, statements: chunk.to_vec() }.encode()));
             }
         }
-        for _ in self.verifier.expire_held(now) {
-            // Held back for a certificate that never came (see `Verifier::hold`).
-            self.metrics.reject(RejectReason::Uncertified);
-        }
+    }
+
+    /// Tick step: publishes all heads every heads interval, and the moved ones (flow hints) between.
+    fn tick_heads(&mut self, name: CapsuleName, now: u64, out: &mut Vec<Output>) {
         let sender = (self.cfg.peer_id != 0).then_some(self.cfg.peer_id);
         if now.saturating_sub(self.last_heads_at) >= self.cfg.heads_interval_ms {
             self.last_heads_at = now;
@@ -983,6 +1008,10 @@ impl NodeCore {
                 out.push(Output::Publish(Msg::Heads { capsule: name, heads: moved, sender }.encode()));
             }
         }
+    }
+
+    /// Tick step: answers queued repair requests from the cache, up to the per-tick budget.
+    fn tick_repair_answers(&mut self, name: CapsuleName, out: &mut Vec<Output>) {
         let mut budget = self.cfg.repair_answers_per_tick;
         while budget > 0 {
             let Some((w, from, to)) = self.answering.pop_front() else { break };
@@ -999,6 +1028,10 @@ impl NodeCore {
                 self.answering.push_front((w, s, to));
             }
         }
+    }
+
+    /// Tick step: runs the coordinator's epoch clock (once rejoined), turning its actions into outputs.
+    fn tick_coordinator(&mut self, now: u64, out: &mut Vec<Output>) {
         let hold = if self.coordinator.is_some() { self.coordinator_hold() } else { None };
         if let Some(c) = self.coordinator.as_mut().filter(|_| self.rejoined) {
             c.hold_from(hold);
@@ -1016,7 +1049,6 @@ impl NodeCore {
                 });
             }
         }
-        out
     }
 
     /// Asks peers for this node's own writers' records (after a restart, before writing again).

@@ -12,13 +12,16 @@ use super::unix_us;
 use super::wire::{read_msg, unhex, write_msg, Msg, WorkerTimes};
 use crate::attest::{bind_channel_key, AttestVerifier, VerifyTime};
 use crate::attest_policy::{Policy, PolicyVerifier};
-use crate::deploy::{job_durable, JobReport, LambdaReport, LaunchBreakdown, Recorder, WorkerResultBody, LAMBDAS_MAX};
+use crate::coordinator::CoordinatorStats;
+use crate::deploy::{
+    job_durable, JobReport, KeyRotationReport, LambdaReport, LaunchBreakdown, Recorder, WorkerResultBody, LAMBDAS_MAX,
+};
 use crate::error::FaasError;
 use crate::program::{JobId, Payload, SealedProgram};
 use crate::tls::{self, TlsIdentity};
-use crate::worker::RESULT_BYTES_MAX;
-use psl_capsule::{new_capsule_with, Limits, WriterKeys};
-use psl_crypto::OwnerKey;
+use crate::worker::{DurableEnd, WorkerDebug, RESULT_BYTES_MAX};
+use psl_capsule::{new_capsule_with, Limits, SignedMetadata, WriterKeys};
+use psl_crypto::{DataKey, OwnerKey};
 use psl_sandbox::SandboxLimits;
 use serde::{Deserialize, Serialize};
 use std::net::{SocketAddr, TcpStream};
@@ -96,189 +99,300 @@ pub fn run_remote(c: &ClusterInfo, req: RemoteJob) -> Result<JobReport, FaasErro
 pub fn run_remote_with(
     c: &ClusterInfo,
     leader_verifier: &dyn AttestVerifier,
-    req: RemoteJob,
+    mut req: RemoteJob,
 ) -> Result<JobReport, FaasError> {
     if req.lambdas == 0 || req.lambdas > LAMBDAS_MAX {
         return Err(FaasError::Config(format!("lambdas must be 1 ..= {LAMBDAS_MAX}, got {}", req.lambdas)));
     }
-    let t0 = unix_us();
-    let limits = SandboxLimits::default();
-    let job = JobId::random();
-    let owner = req.owner.unwrap_or_else(OwnerKey::generate);
-    let app_index = rand::random::<u32>() >> 1;
-    let meta =
-        new_capsule_with(&owner, app_index, &format!("job-{job}"), t0 / 1000, Limits::default(), WriterKeys::Certified)
-            .map_err(|e| FaasError::Capsule(e.to_string()))?;
-    let app = owner.app(app_index).map_err(|e| FaasError::Config(e.to_string()))?;
-    let data_key = app.data_key();
-    drop(app);
-    let program =
-        SealedProgram::seal(&data_key, job, Payload::Program, req.program.as_bytes(), limits.program_bytes_max)?;
-    let input = match &req.input {
-        Some(i) => Some(SealedProgram::seal(&data_key, job, Payload::Input, i.as_bytes(), limits.input_bytes_max)?),
-        None => None,
-    };
-    let recorder = if req.record_capsule {
-        let ep = c
-            .fabric
-            .connect("capsule-recorder", &psl_fabric::Interest::observer(meta.name().0 .0))
-            .map_err(|e| FaasError::Net(format!("attaching to the fabric {}: {e}", c.fabric)))?;
-        Some(Recorder::start(ep, meta.clone(), Duration::from_millis(100))?)
-    } else {
-        None
-    };
-    // 1. Attest the leader on this very TLS connection, then hand it the owner key (kept, wiped
-    // on drop, until the job ends: a restarted leader needs it to take the job back).
-    let owner_file = zeroize::Zeroizing::new(owner.to_file_string().to_string());
-    drop(owner);
-    let session = LeaderSession {
-        addr: c.leader,
-        verifier: leader_verifier,
-        job,
-        owner: owner_file,
-        meta: hex::encode(meta.encode()),
-        lambdas: req.lambdas,
-        min_workers: req.min_workers,
-    };
-    tracing::debug!("client: capsule and sealing {:.1} ms", ms_us(t0, unix_us()));
+    let (prep, session) = PreparedJob::prepare(c, leader_verifier, &mut req)?;
+    tracing::debug!("client: capsule and sealing {:.1} ms", ms_us(prep.t0, unix_us()));
     let mut lead = session.begin(None)?;
-    tracing::debug!("client: leader attested, job begun {:.1} ms", ms_us(t0, unix_us()));
+    tracing::debug!("client: leader attested, job begun {:.1} ms", ms_us(prep.t0, unix_us()));
     let t_leader = unix_us();
     // 2. Submit to the scheduler.
-    let mut sched = TcpStream::connect_timeout(&c.scheduler, Duration::from_secs(5))
-        .map_err(|e| FaasError::Net(format!("connecting to the scheduler {}: {e}", c.scheduler)))?;
-    sched.set_nodelay(true).ok();
-    sched.set_read_timeout(Some(Duration::from_secs(600)))?;
-    let t_submit = unix_us();
-    write_msg(
-        &mut sched,
-        &Msg::Submit {
-            job: hex::encode(job.0),
-            program: hex::encode(&program.bytes),
-            input: input.as_ref().map(|i| hex::encode(&i.bytes)),
+    let (mut sched, t_submit) = prep.submit(c, req.lambdas)?;
+    let mut admitted = Vec::<(u32, u32, u32)>::new();
+    let result = run_job(&mut sched, &mut lead, req.rotate_after_ms, &mut admitted);
+    let end = end_job(&mut lead, &session, &admitted)?;
+    let run = result?;
+    let b = LaunchBreakdown {
+        leader_attest_ms: ms_us(prep.t0, t_leader),
+        client_to_scheduler_ms: ms_us(t_submit, run.received_us),
+        ..Default::default()
+    };
+    prep.into_report(req.lambdas, run, end, b)
+}
+
+/// A job's capsule, keys and sealed program and input, made before anything is sent.
+struct PreparedJob {
+    t0: u64,
+    job: JobId,
+    meta: SignedMetadata,
+    data_key: DataKey,
+    program: SealedProgram,
+    input: Option<SealedProgram>,
+    recorder: Option<Recorder>,
+}
+
+/// What the scheduler and the leader answered while the job ran (steps 2 to 4).
+struct JobRun {
+    received_us: u64,
+    granted: Vec<(u32, Vec<u32>)>,
+    refused: Vec<(u32, String)>,
+    outcomes: Vec<Msg>,
+    rotations: Vec<KeyRotationReport>,
+}
+
+/// What the leader reported when it ended the job (step 5).
+struct JobEnd {
+    resets: Vec<(u32, WorkerDebug)>,
+    stored: Vec<(u32, u64)>,
+    coordinators: Vec<CoordinatorStats>,
+}
+
+/// The workers' opened results, gathered from their outcomes.
+#[derive(Default)]
+struct WorkerResults {
+    lambdas: Vec<LambdaReport>,
+    errors: Vec<String>,
+    durability: Vec<(u32, DurableEnd)>,
+    last_start: u64,
+    last_first_op: u64,
+}
+
+impl PreparedJob {
+    /// Makes the job's capsule and keys, seals its program and input, starts the recorder (if
+    /// asked for) and readies the leader session holding the owner key.
+    fn prepare<'a>(
+        c: &ClusterInfo,
+        leader_verifier: &'a dyn AttestVerifier,
+        req: &mut RemoteJob,
+    ) -> Result<(PreparedJob, LeaderSession<'a>), FaasError> {
+        let t0 = unix_us();
+        let limits = SandboxLimits::default();
+        let job = JobId::random();
+        let owner = req.owner.take().unwrap_or_else(OwnerKey::generate);
+        let app_index = rand::random::<u32>() >> 1;
+        let meta = new_capsule_with(
+            &owner,
+            app_index,
+            &format!("job-{job}"),
+            t0 / 1000,
+            Limits::default(),
+            WriterKeys::Certified,
+        )
+        .map_err(|e| FaasError::Capsule(e.to_string()))?;
+        let app = owner.app(app_index).map_err(|e| FaasError::Config(e.to_string()))?;
+        let data_key = app.data_key();
+        drop(app);
+        let program =
+            SealedProgram::seal(&data_key, job, Payload::Program, req.program.as_bytes(), limits.program_bytes_max)?;
+        let input = match &req.input {
+            Some(i) => Some(SealedProgram::seal(&data_key, job, Payload::Input, i.as_bytes(), limits.input_bytes_max)?),
+            None => None,
+        };
+        let recorder = if req.record_capsule {
+            let ep = c
+                .fabric
+                .connect("capsule-recorder", &psl_fabric::Interest::observer(meta.name().0 .0))
+                .map_err(|e| FaasError::Net(format!("attaching to the fabric {}: {e}", c.fabric)))?;
+            Some(Recorder::start(ep, meta.clone(), Duration::from_millis(100))?)
+        } else {
+            None
+        };
+        // 1. Attest the leader on this very TLS connection, then hand it the owner key (kept, wiped
+        // on drop, until the job ends: a restarted leader needs it to take the job back).
+        let owner_file = zeroize::Zeroizing::new(owner.to_file_string().to_string());
+        drop(owner);
+        let session = LeaderSession {
+            addr: c.leader,
+            verifier: leader_verifier,
+            job,
+            owner: owner_file,
+            meta: hex::encode(meta.encode()),
             lambdas: req.lambdas,
-        },
-    )?;
-    let admitted = std::cell::RefCell::new(Vec::<(u32, u32, u32)>::new());
-    let result = (|| {
-        let Msg::Dispatched { workers, received_us } = expect_ok(read_msg(&mut sched)?, "scheduler")? else {
-            return Err(FaasError::Net("expected Dispatched from the scheduler".into()));
+            min_workers: req.min_workers,
         };
-        // 3. The leader admits (attests) the workers the scheduler forwarded to.
-        write_msg(&mut lead, &Msg::Expect { workers: workers.clone() })?;
-        let Msg::Admitted { granted, refused, nodes } = expect_ok(read_msg(&mut lead)?, "leader: admission")? else {
-            return Err(FaasError::Net("expected Admitted from the leader".into()));
-        };
-        *admitted.borrow_mut() = granted
-            .iter()
-            .filter_map(|(w, l)| nodes.iter().find(|(x, _)| x == w).map(|(_, n)| (*w, *n, l.len() as u32)))
-            .collect();
-        // 3b. A key rotation while the lambdas run, if asked for (outcomes queue meanwhile).
-        let mut rotations = Vec::new();
-        if let Some(ms) = req.rotate_after_ms {
-            std::thread::sleep(Duration::from_millis(ms));
-            let asked =
-                write_msg(&mut lead, &Msg::RotateKey { margin_epochs: crate::rotation::ROTATION_MARGIN_EPOCHS });
-            match asked.and_then(|()| read_msg(&mut lead)).and_then(|m| expect_ok(m, "leader: key rotation")) {
-                Ok(Msg::Rotated { report }) => rotations.push(report),
-                Ok(m) => return Err(FaasError::Net(format!("leader: expected Rotated, got {}", m.name()))),
-                Err(e) => tracing::error!("{e}"),
+        Ok((PreparedJob { t0, job, meta, data_key, program, input, recorder }, session))
+    }
+
+    /// Step 2: connects to the scheduler and submits the job; returns the connection and when.
+    fn submit(&self, c: &ClusterInfo, lambdas: u32) -> Result<(TcpStream, u64), FaasError> {
+        let mut sched = TcpStream::connect_timeout(&c.scheduler, Duration::from_secs(5))
+            .map_err(|e| FaasError::Net(format!("connecting to the scheduler {}: {e}", c.scheduler)))?;
+        sched.set_nodelay(true).ok();
+        sched.set_read_timeout(Some(Duration::from_secs(600)))?;
+        let t_submit = unix_us();
+        write_msg(
+            &mut sched,
+            &Msg::Submit {
+                job: hex::encode(self.job.0),
+                program: hex::encode(&self.program.bytes),
+                input: self.input.as_ref().map(|i| hex::encode(&i.bytes)),
+                lambdas,
+            },
+        )?;
+        Ok((sched, t_submit))
+    }
+
+    /// Opens the workers' sealed results, noting their times in `b` (`granted`: the admitted).
+    fn open_results(
+        &self,
+        outcomes: Vec<Msg>,
+        granted: &[(u32, Vec<u32>)],
+        received_us: u64,
+        b: &mut LaunchBreakdown,
+    ) -> Result<WorkerResults, FaasError> {
+        let mut r = WorkerResults::default();
+        for o in outcomes {
+            let Msg::WorkerDone { worker, sealed_result, error, times, .. } = o else { continue };
+            let was_granted = granted.iter().any(|(w, _)| *w == worker);
+            if let Some(e) = error {
+                if was_granted {
+                    r.errors.push(format!("worker {worker}: {e}"));
+                }
+                continue;
             }
-        }
-        // 4. Every forwarded worker's outcome, relayed (sealed) by the scheduler.
-        let mut outcomes = Vec::new();
-        for _ in 0..workers.len() {
-            match read_msg(&mut sched)? {
-                Msg::WorkerResult { done } => outcomes.push(*done),
-                m => return Err(FaasError::Net(format!("scheduler: unexpected {}", m.name()))),
+            let Some(sealed) = sealed_result else { continue };
+            let body = SealedProgram { bytes: unhex("sealed_result", &sealed)? }.open(
+                &self.data_key,
+                self.job,
+                Payload::Result,
+                RESULT_BYTES_MAX,
+            )?;
+            let WorkerResultBody { lambdas: mut mine, durable } = serde_json::from_slice(&body)
+                .map_err(|e| FaasError::Malformed { what: "result", why: e.to_string() })?;
+            r.durability.push((worker, durable));
+            let WorkerTimes { forwarded_us, granted_us, keys_ready_us, started_us, first_op_us } = times;
+            b.scheduler_to_workers_ms = b.scheduler_to_workers_ms.max(ms_us(received_us, forwarded_us));
+            b.attestation_ms = b.attestation_ms.max(ms_us(forwarded_us, granted_us));
+            b.key_delivery_ms = b.key_delivery_ms.max(ms_us(granted_us, keys_ready_us));
+            b.program_load_ms = b.program_load_ms.max(ms_us(keys_ready_us, started_us));
+            r.last_start = r.last_start.max(started_us);
+            r.last_first_op = r.last_first_op.max(first_op_us);
+            for l in &mut mine {
+                l.worker = worker;
             }
+            r.lambdas.extend(mine);
         }
-        Ok((received_us, granted, refused, outcomes, rotations))
-    })();
-    // 5. End the job whatever happened: the leader erases its keys and RESETs the workers. If
-    // the leader went away meanwhile (the job ran on: its coordinators, capsule hosts and
-    // workers do not need it), a restarted one is attested and takes the job back to end it.
-    let ended = match write_msg(&mut lead, &Msg::EndJob).and_then(|()| read_msg(&mut lead)) {
+        Ok(r)
+    }
+
+    /// Opens the results and makes the job's report (`lambdas_asked`: how many were asked for).
+    fn into_report(
+        self,
+        lambdas_asked: u32,
+        run: JobRun,
+        end: JobEnd,
+        mut b: LaunchBreakdown,
+    ) -> Result<JobReport, FaasError> {
+        let JobRun { received_us, granted, refused, outcomes, rotations: key_rotations } = run;
+        let WorkerResults { mut lambdas, errors, durability, last_start, last_first_op } =
+            self.open_results(outcomes, &granted, received_us, &mut b)?;
+        let job = self.job;
+        if !errors.is_empty() && lambdas.is_empty() {
+            return Err(FaasError::Net(format!("job {job} failed: {}", errors.join("; "))));
+        }
+        lambdas.sort_by_key(|l| l.lambda);
+        let ok =
+            errors.is_empty() && lambdas.len() == lambdas_asked as usize && lambdas.iter().all(|l| l.error.is_none());
+        for e in &errors {
+            tracing::warn!("{e}");
+        }
+        b.launch_ms = ms_us(self.t0, last_start);
+        b.first_op_ms = ms_us(last_start, last_first_op);
+        b.total_ms = ms_us(self.t0, unix_us());
+        let capsule_file = self.recorder.map(|r| r.finish(&self.meta));
+        Ok(JobReport {
+            job: job.to_string(),
+            capsule: self.meta.name().to_string(),
+            lambdas,
+            refused_workers: refused,
+            launch: b,
+            ok,
+            capsule_records: capsule_file.as_ref().map(|(_, n)| *n).unwrap_or(0),
+            capsule_file: capsule_file.map(|(f, _)| f),
+            resets: end.resets,
+            stored_records: end.stored,
+            key_rotations,
+            durable: job_durable(&durability, granted.len()),
+            durability,
+            coordinators: end.coordinators,
+        })
+    }
+}
+
+/// Steps 3 and 4: has the leader admit the dispatched workers (noting them in `admitted`),
+/// rotates the key if asked for, and reads every forwarded worker's outcome.
+fn run_job(
+    sched: &mut TcpStream,
+    lead: &mut tls::ClientStream,
+    rotate_after_ms: Option<u64>,
+    admitted: &mut Vec<(u32, u32, u32)>,
+) -> Result<JobRun, FaasError> {
+    let Msg::Dispatched { workers, received_us } = expect_ok(read_msg(sched)?, "scheduler")? else {
+        return Err(FaasError::Net("expected Dispatched from the scheduler".into()));
+    };
+    // 3. The leader admits (attests) the workers the scheduler forwarded to.
+    write_msg(lead, &Msg::Expect { workers: workers.clone() })?;
+    let Msg::Admitted { granted, refused, nodes } = expect_ok(read_msg(lead)?, "leader: admission")? else {
+        return Err(FaasError::Net("expected Admitted from the leader".into()));
+    };
+    *admitted = granted
+        .iter()
+        .filter_map(|(w, l)| nodes.iter().find(|(x, _)| x == w).map(|(_, n)| (*w, *n, l.len() as u32)))
+        .collect();
+    // 3b. A key rotation while the lambdas run, if asked for (outcomes queue meanwhile).
+    let mut rotations = Vec::new();
+    if let Some(ms) = rotate_after_ms {
+        rotations.extend(rotate_key_after(lead, ms)?);
+    }
+    // 4. Every forwarded worker's outcome, relayed (sealed) by the scheduler.
+    let mut outcomes = Vec::new();
+    for _ in 0..workers.len() {
+        match read_msg(sched)? {
+            Msg::WorkerResult { done } => outcomes.push(*done),
+            m => return Err(FaasError::Net(format!("scheduler: unexpected {}", m.name()))),
+        }
+    }
+    Ok(JobRun { received_us, granted, refused, outcomes, rotations })
+}
+
+/// Step 3b: waits `ms`, then has the leader rotate the job's key; a failed exchange is logged.
+fn rotate_key_after(lead: &mut tls::ClientStream, ms: u64) -> Result<Option<KeyRotationReport>, FaasError> {
+    std::thread::sleep(Duration::from_millis(ms));
+    let asked = write_msg(lead, &Msg::RotateKey { margin_epochs: crate::rotation::ROTATION_MARGIN_EPOCHS });
+    match asked.and_then(|()| read_msg(lead)).and_then(|m| expect_ok(m, "leader: key rotation")) {
+        Ok(Msg::Rotated { report }) => Ok(Some(report)),
+        Ok(m) => Err(FaasError::Net(format!("leader: expected Rotated, got {}", m.name()))),
+        Err(e) => {
+            tracing::error!("{e}");
+            Ok(None)
+        }
+    }
+}
+
+/// Step 5: ends the job whatever happened, through a returned leader if this one went away.
+fn end_job(
+    lead: &mut tls::ClientStream,
+    session: &LeaderSession,
+    admitted: &[(u32, u32, u32)],
+) -> Result<JobEnd, FaasError> {
+    // The leader erases its keys and RESETs the workers. If the leader went away meanwhile (the
+    // job ran on: its coordinators, capsule hosts and workers do not need it), a restarted one
+    // is attested and takes the job back to end it.
+    let ended = match write_msg(lead, &Msg::EndJob).and_then(|()| read_msg(lead)) {
         Ok(m) => Ok(m),
         Err(e) => {
             tracing::warn!("client: the leader went away during the job ({e}); waiting for it to come back");
-            session.end_with_returned_leader(&admitted.borrow())
+            session.end_with_returned_leader(admitted)
         }
     };
-    let (resets, stored, coordinators) = match ended? {
-        Msg::Ended { resets, stored, coordinators } => (resets, stored, coordinators),
-        Msg::Error { why } => return Err(FaasError::Net(format!("leader: ending the job: {why}"))),
-        m => return Err(FaasError::Net(format!("leader: expected Ended, got {}", m.name()))),
-    };
-    let (received_us, granted, refused, outcomes, key_rotations) = result?;
-    let mut b = LaunchBreakdown {
-        leader_attest_ms: ms_us(t0, t_leader),
-        client_to_scheduler_ms: ms_us(t_submit, received_us),
-        ..Default::default()
-    };
-    let mut lambdas: Vec<LambdaReport> = Vec::new();
-    let mut errors = Vec::new();
-    let mut durability = Vec::new();
-    let (mut last_start, mut last_first_op) = (0u64, 0u64);
-    for o in outcomes {
-        let Msg::WorkerDone { worker, sealed_result, error, times, .. } = o else { continue };
-        let was_granted = granted.iter().any(|(w, _)| *w == worker);
-        if let Some(e) = error {
-            if was_granted {
-                errors.push(format!("worker {worker}: {e}"));
-            }
-            continue;
-        }
-        let Some(sealed) = sealed_result else { continue };
-        let body = SealedProgram { bytes: unhex("sealed_result", &sealed)? }.open(
-            &data_key,
-            job,
-            Payload::Result,
-            RESULT_BYTES_MAX,
-        )?;
-        let WorkerResultBody { lambdas: mut mine, durable } =
-            serde_json::from_slice(&body).map_err(|e| FaasError::Malformed { what: "result", why: e.to_string() })?;
-        durability.push((worker, durable));
-        let WorkerTimes { forwarded_us, granted_us, keys_ready_us, started_us, first_op_us } = times;
-        b.scheduler_to_workers_ms = b.scheduler_to_workers_ms.max(ms_us(received_us, forwarded_us));
-        b.attestation_ms = b.attestation_ms.max(ms_us(forwarded_us, granted_us));
-        b.key_delivery_ms = b.key_delivery_ms.max(ms_us(granted_us, keys_ready_us));
-        b.program_load_ms = b.program_load_ms.max(ms_us(keys_ready_us, started_us));
-        last_start = last_start.max(started_us);
-        last_first_op = last_first_op.max(first_op_us);
-        for l in &mut mine {
-            l.worker = worker;
-        }
-        lambdas.extend(mine);
+    match ended? {
+        Msg::Ended { resets, stored, coordinators } => Ok(JobEnd { resets, stored, coordinators }),
+        Msg::Error { why } => Err(FaasError::Net(format!("leader: ending the job: {why}"))),
+        m => Err(FaasError::Net(format!("leader: expected Ended, got {}", m.name()))),
     }
-    if !errors.is_empty() && lambdas.is_empty() {
-        return Err(FaasError::Net(format!("job {job} failed: {}", errors.join("; "))));
-    }
-    lambdas.sort_by_key(|l| l.lambda);
-    let ok = errors.is_empty() && lambdas.len() == req.lambdas as usize && lambdas.iter().all(|l| l.error.is_none());
-    for e in &errors {
-        tracing::warn!("{e}");
-    }
-    b.launch_ms = ms_us(t0, last_start);
-    b.first_op_ms = ms_us(last_start, last_first_op);
-    b.total_ms = ms_us(t0, unix_us());
-    let capsule_file = recorder.map(|r| r.finish(&meta));
-    Ok(JobReport {
-        job: job.to_string(),
-        capsule: meta.name().to_string(),
-        lambdas,
-        refused_workers: refused,
-        launch: b,
-        ok,
-        capsule_records: capsule_file.as_ref().map(|(_, n)| *n).unwrap_or(0),
-        capsule_file: capsule_file.map(|(f, _)| f),
-        resets,
-        stored_records: stored,
-        key_rotations,
-        durable: job_durable(&durability, granted.len()),
-        durability,
-        coordinators,
-    })
 }
 
 /// How long a client waits for a leader that went away during its job to come back.
