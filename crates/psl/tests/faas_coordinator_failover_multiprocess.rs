@@ -38,6 +38,32 @@ fn start_job(dir: &Path, cluster: &Path, lambdas: u64, rounds: u64) -> std::proc
     ])
 }
 
+/// Bytes of every file under `dir`, recursively (0 if it does not exist yet).
+fn bytes_under(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries
+        .map_while(Result::ok)
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => bytes_under(&e.path()),
+            Ok(_) => e.metadata().map(|m| m.len()).unwrap_or(0),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+/// Waits until the job is under way: at least 1.5 s after its start and its lambdas' records
+/// reaching capsule host 0's store (its files grew by 32 KiB since `before`), so that a kill
+/// lands mid-job and not while the client is still attesting the leader on a loaded machine.
+fn wait_until_under_way(dir: &Path, before: u64) {
+    std::thread::sleep(Duration::from_millis(1500));
+    let host0 = dir.join("c/server0");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while bytes_under(&host0) < before + (32 << 10) {
+        assert!(std::time::Instant::now() < deadline, "the job stored nothing on capsule host 0 in 60 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// The job's report; checks it ended ok with every write summed.
 fn check_result(o: &std::process::Output) -> serde_json::Value {
     let stderr = String::from_utf8_lossy(&o.stderr);
@@ -56,8 +82,9 @@ fn faas_coordinator_failover_multiprocess_kill9_of_the_primary_leaves_the_job_to
     let dir = tempfile::tempdir().unwrap();
     let u = up(dir.path(), &["--workers", "2", "--heartbeat-timeout-ms", "5000"]);
     assert_eq!(u.info.coordinator_hosts.len(), 2, "{:?}", u.info.coordinator_hosts);
+    let before = bytes_under(&dir.path().join("c/server0"));
     let job = start_job(dir.path(), &u.file, LAMBDAS, ROUNDS);
-    std::thread::sleep(Duration::from_millis(1500));
+    wait_until_under_way(dir.path(), before);
     kill9(u.pid("coordinator host 0"));
     let v = check_result(&finish(job, 90, "psl run"));
     assert!(v["launch"]["total_ms"].as_f64().unwrap() > 1500.0, "the job was still running at the kill: {v}");
@@ -87,8 +114,9 @@ fn faas_coordinator_failover_multiprocess_kill9_of_the_primary_leaves_the_job_to
 fn faas_coordinator_failover_multiprocess_kill9_of_the_leader_mid_job_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let u = up(dir.path(), &["--workers", "2", "--heartbeat-timeout-ms", "5000"]);
+    let before = bytes_under(&dir.path().join("c/server0"));
     let job = start_job(dir.path(), &u.file, LAMBDAS, ROUNDS);
-    std::thread::sleep(Duration::from_millis(1500));
+    wait_until_under_way(dir.path(), before);
     kill9(u.pid("leader"));
     let o = finish(job, 90, "psl run");
     let v = check_result(&o);
