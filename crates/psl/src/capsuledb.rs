@@ -322,52 +322,14 @@ pub fn run(a: CapsuleDbArgs) -> Result<i32> {
     }
 }
 
+/// The CapsuleDB role: starts its node, opens (or creates) the database, replays from the
+/// servers, announces `ready`, and logs its counters forever.
 fn run_role(a: CapsuleDbArgs, config: Config, writer: u32) -> Result<i32> {
     let spec = a.fabric.spec("psl capsuledb (or a subcommand)")?;
     let (meta, dirs) = open_dirs(&a.open, &a.kv)?;
     let stores = Stores::open(&a.open, &meta, dirs, a.id)?;
-    // The node runs first: with servers, records go out through it (and it counts their acks).
-    let mut opts = NodeOptions {
-        node_id: a.id,
-        incarnation: rand::random::<u32>() % (1 << 12),
-        writers: 0,
-        memtable_keys_max: Some(config.memtable_entries_max.max(1024)),
-        capsuledb_role: Some(65_536),
-        ..NodeOptions::default()
-    };
-    opts = a.cores.apply(opts);
-    opts.core.servers = a.open.servers.len() as u32;
-    let budget_mb = a.budget.watch(crate::roles::RoleKind::CapsuleDb, "capsuledb");
-    opts.core.cache_bytes_max =
-        crate::roles::mib_bytes(crate::roles::repair_cache_mb(None, crate::roles::REPAIR_CACHE_MB_FOLLOWER, budget_mb));
-    // The keys of exactly its own writers (with --kv-leader, all the leader grants).
-    let mut wanted = NodeKeys::writers_for(&meta, &opts)?;
-    wanted.extend(own_writers(writer, &stores));
-    let app = load_keys(&meta, &a.open, &a.kv, &a.attest, a.id, &wanted)?;
-    let mut keys = NodeKeys::from_source(&meta, &app, &opts)?;
-    // The role writer signs answers and frontiers (workers check them with its key); the block
-    // writer (with servers, a new incarnation's) signs the records. Both are announced with
-    // the node's own; the block writer also opens its chain with its certificate.
-    let (db_signing, db_cert) = app.writer_credentials(&meta, writer)?;
-    keys.certs.extend(db_cert.clone().map(psl_capsule::KeyStatement::Cert));
-    if stores.writer(writer) != writer {
-        let (_, block_cert) = app.writer_credentials(&meta, stores.writer(writer))?;
-        keys.certs.extend(block_cert.map(psl_capsule::KeyStatement::Cert));
-    }
-    let interest = psl_fabric::Interest::capsuledb(crate::roles::capsule_id(&meta), a.id);
-    let ep = crate::roles::fabric(&spec, &format!("capsuledb-{}", a.id), &interest)?;
-    let node = Arc::new(Node::start(keys, ep, opts)?);
-    if let Some(p) = &stores.publisher {
-        p.attach(node.clone());
-    }
-    let db = match open_newest(config, &meta, &app, writer, &stores, a.id)? {
-        Some(db) => db,
-        None => {
-            let author = app.author(&meta, stores.writer(writer))?.with_salt_seed(rand::random());
-            let verifier = Verifier::new(meta.clone(), Some(app.data_key()));
-            CapsuleDb::create(config, stores.all(), verifier, author)?
-        }
-    };
+    let RoleNode { node, app, db_signing, db_cert } = start_node(&a, config, writer, &spec, &meta, &stores)?;
+    let db = open_or_create(config, &meta, &app, writer, &stores, a.id)?;
     let start_seq = db.index_seq();
     let frontier = db.frontier().clone();
     let role_keys = RoleKeys { writer, signing: db_signing, data_key: app.data_key() };
@@ -384,37 +346,14 @@ fn run_role(a: CapsuleDbArgs, config: Config, writer: u32) -> Result<i32> {
         ..RoleOptions::default()
     };
     if let Some(addr) = a.control {
-        let opts = a.control_auth.options(None)?;
-        let l = std::net::TcpListener::bind(addr).with_context(|| format!("binding the control address {addr}"))?;
-        println!("control {}", l.local_addr()?);
-        let (n, stop) = (node.clone(), Arc::new(std::sync::atomic::AtomicBool::new(false)));
-        std::thread::Builder::new().name("capsuledb-control".into()).spawn(move || {
-            if let Err(e) = psl_node::control::serve_opts(n, l, stop, opts) {
-                tracing::warn!("capsuledb control interface: {e}");
-            }
-        })?;
+        serve_control(&a, addr, &node)?;
     }
     let role =
         Role::start_shared(node, db, role_keys, stores.dirs.clone(), role_opts, !replaying, stores.publisher.clone())?;
-    let mut replayed_ops = None;
-    if let Some(survey) = &stores.survey {
-        // Before answering reads: every write the servers hold above the index's frontier.
-        let public = Verifier::new(meta.clone(), None);
-        let quorum = a.open.servers.len() / 2 + 1;
-        let r = servers::replay(role.db(), survey, &frontier, &public, &keyed, a.id, quorum)
-            .context("replaying the writes above the newest index from the capsule servers")?;
-        let from: Vec<String> = r.servers.iter().map(|s| s.to_string()).collect();
-        println!(
-            "replayed records={} ops={} writers={} from {} skipped={}",
-            r.records,
-            r.ops,
-            r.writers,
-            from.join(","),
-            r.skipped.len()
-        );
-        replayed_ops = Some(r.ops);
-        role.serve();
-    }
+    let replayed_ops = match &stores.survey {
+        Some(survey) => Some(replay_from_servers(&a, &meta, &role, survey, &frontier, &keyed)?),
+        None => None,
+    };
     // Tests and scripts read this line.
     match replayed_ops {
         Some(n) => println!("ready writer={writer} index={start_seq} replayed_ops={n}"),
@@ -422,6 +361,127 @@ fn run_role(a: CapsuleDbArgs, config: Config, writer: u32) -> Result<i32> {
     }
     use std::io::Write;
     std::io::stdout().flush()?;
+    log_forever(&role)
+}
+
+/// The role's running node and the keys the role goes on with: its application keys and its
+/// role writer's signing key and certificate.
+struct RoleNode {
+    node: Arc<Node>,
+    app: KvKeys,
+    db_signing: psl_crypto::SigningKey,
+    db_cert: Option<psl_capsule::WriterCert>,
+}
+
+/// Loads the role's keys and starts its receive-only node on the fabric (first: with servers,
+/// records go out through it, and it counts their acks).
+fn start_node(
+    a: &CapsuleDbArgs,
+    config: Config,
+    writer: u32,
+    spec: &psl_fabric::FabricSpec,
+    meta: &SignedMetadata,
+    stores: &Stores,
+) -> Result<RoleNode> {
+    let mut opts = NodeOptions {
+        node_id: a.id,
+        incarnation: rand::random::<u32>() % (1 << 12),
+        writers: 0,
+        memtable_keys_max: Some(config.memtable_entries_max.max(1024)),
+        capsuledb_role: Some(65_536),
+        ..NodeOptions::default()
+    };
+    opts = a.cores.apply(opts);
+    opts.core.servers = a.open.servers.len() as u32;
+    let budget_mb = a.budget.watch(crate::roles::RoleKind::CapsuleDb, "capsuledb");
+    opts.core.cache_bytes_max =
+        crate::roles::mib_bytes(crate::roles::repair_cache_mb(None, crate::roles::REPAIR_CACHE_MB_FOLLOWER, budget_mb));
+    // The keys of exactly its own writers (with --kv-leader, all the leader grants).
+    let mut wanted = NodeKeys::writers_for(meta, &opts)?;
+    wanted.extend(own_writers(writer, stores));
+    let app = load_keys(meta, &a.open, &a.kv, &a.attest, a.id, &wanted)?;
+    let mut keys = NodeKeys::from_source(meta, &app, &opts)?;
+    // The role writer signs answers and frontiers (workers check them with its key); the block
+    // writer (with servers, a new incarnation's) signs the records. Both are announced with
+    // the node's own; the block writer also opens its chain with its certificate.
+    let (db_signing, db_cert) = app.writer_credentials(meta, writer)?;
+    keys.certs.extend(db_cert.clone().map(psl_capsule::KeyStatement::Cert));
+    if stores.writer(writer) != writer {
+        let (_, block_cert) = app.writer_credentials(meta, stores.writer(writer))?;
+        keys.certs.extend(block_cert.map(psl_capsule::KeyStatement::Cert));
+    }
+    let interest = psl_fabric::Interest::capsuledb(crate::roles::capsule_id(meta), a.id);
+    let ep = crate::roles::fabric(spec, &format!("capsuledb-{}", a.id), &interest)?;
+    let node = Arc::new(Node::start(keys, ep, opts)?);
+    if let Some(p) = &stores.publisher {
+        p.attach(node.clone());
+    }
+    Ok(RoleNode { node, app, db_signing, db_cert })
+}
+
+/// The database from the newest recorded index, or a new, empty one if none is recorded.
+fn open_or_create(
+    config: Config,
+    meta: &SignedMetadata,
+    app: &KvKeys,
+    writer: u32,
+    stores: &Stores,
+    id: u32,
+) -> Result<CapsuleDb> {
+    Ok(match open_newest(config, meta, app, writer, stores, id)? {
+        Some(db) => db,
+        None => {
+            let author = app.author(meta, stores.writer(writer))?.with_salt_seed(rand::random());
+            let verifier = Verifier::new(meta.clone(), Some(app.data_key()));
+            CapsuleDb::create(config, stores.all(), verifier, author)?
+        }
+    })
+}
+
+/// `--control ADDR`: binds it, prints `control ADDR`, and serves the node's control interface
+/// on a thread of its own.
+fn serve_control(a: &CapsuleDbArgs, addr: SocketAddr, node: &Arc<Node>) -> Result<()> {
+    let opts = a.control_auth.options(None)?;
+    let l = std::net::TcpListener::bind(addr).with_context(|| format!("binding the control address {addr}"))?;
+    println!("control {}", l.local_addr()?);
+    let (n, stop) = (node.clone(), Arc::new(std::sync::atomic::AtomicBool::new(false)));
+    std::thread::Builder::new().name("capsuledb-control".into()).spawn(move || {
+        if let Err(e) = psl_node::control::serve_opts(n, l, stop, opts) {
+            tracing::warn!("capsuledb control interface: {e}");
+        }
+    })?;
+    Ok(())
+}
+
+/// Before answering reads: replays every write the servers hold above the index's `frontier`,
+/// prints what it replayed, then lets the role serve; returns the ops replayed.
+fn replay_from_servers(
+    a: &CapsuleDbArgs,
+    meta: &SignedMetadata,
+    role: &Role,
+    survey: &Survey,
+    frontier: &std::collections::BTreeMap<u32, u64>,
+    keyed: &Verifier,
+) -> Result<usize> {
+    let public = Verifier::new(meta.clone(), None);
+    let quorum = a.open.servers.len() / 2 + 1;
+    let r = servers::replay(role.db(), survey, frontier, &public, keyed, a.id, quorum)
+        .context("replaying the writes above the newest index from the capsule servers")?;
+    let from: Vec<String> = r.servers.iter().map(|s| s.to_string()).collect();
+    println!(
+        "replayed records={} ops={} writers={} from {} skipped={}",
+        r.records,
+        r.ops,
+        r.writers,
+        from.join(","),
+        r.skipped.len()
+    );
+    role.serve();
+    Ok(r.ops)
+}
+
+/// Logs the role's counters every 5 seconds, forever.
+fn log_forever(role: &Role) -> ! {
     loop {
         std::thread::sleep(Duration::from_secs(5));
         let s = role.stats();

@@ -4,7 +4,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use psl_capsule::{audit_file, file, new_capsule_with, Author, Limits, MembershipProof, Record, WriterKeys};
 use psl_crypto::OwnerKey;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 #[derive(Args)]
@@ -25,14 +25,7 @@ pub struct DemoArgs {
 
 pub fn run(a: DemoArgs) -> Result<i32> {
     let t0 = Instant::now();
-    let dir = match a.dir {
-        Some(d) => d,
-        None => std::env::temp_dir().join(format!("psl-demo-{}", crate::util::now_ms())),
-    };
-    if dir.join("store").exists() {
-        bail!("{} already holds a demo; give another --dir", dir.display());
-    }
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let dir = demo_dir(a.dir.clone())?;
     let owner = OwnerKey::generate();
     crate::util::write_atomic(&dir.join("owner.key"), owner.to_file_string().as_bytes(), 0o600)?;
     let app_index = rand::random::<u32>() >> 1;
@@ -41,8 +34,46 @@ pub fn run(a: DemoArgs) -> Result<i32> {
         new_capsule_with(&owner, app_index, "demo", crate::util::now_ms(), Limits::default(), WriterKeys::Certified)?;
     println!("1. owner key {} -> application {app_index} -> capsule {}", owner.public(), meta.name());
 
-    let mut authors: Vec<Author> = (1..=a.writers).map(|w| Author::new(&meta, &app, w)).collect::<Result<_, _>>()?;
-    let mut coord = Author::new(&meta, &app, meta.meta.policy.coordinator)?;
+    let records = write_records(&a, &meta, &app)?;
+    let bytes = file::encode(&meta, &records);
+    let path = dir.join("demo.capsule");
+    crate::util::write_atomic(&path, &bytes, 0o644)?;
+    let audit = audit_file(&bytes, Some(app.data_key()));
+    if !audit.ok() {
+        bail!("demo capsule failed verification: {}", audit.problems[0]);
+    }
+    println!("3. {} ({} bytes) verifies: every signature, hash, chain, link and body", path.display(), bytes.len());
+
+    let replica = audit.replica.expect("verified");
+    prove_membership(&meta, &replica, &records[0])?;
+    let _store = store_round(&dir.join("store"), &bytes, &app)?;
+    scl_round(&meta, &app)?;
+    println!(
+        "done in {:.0} ms; try: psl capsule show {} --key {}",
+        t0.elapsed().as_secs_f64() * 1e3,
+        path.display(),
+        dir.join("owner.key").display()
+    );
+    Ok(0)
+}
+
+/// The demo's directory (`--dir` or a fresh temporary one), created, and refused if it holds a demo.
+fn demo_dir(dir: Option<PathBuf>) -> Result<PathBuf> {
+    let dir = match dir {
+        Some(d) => d,
+        None => std::env::temp_dir().join(format!("psl-demo-{}", crate::util::now_ms())),
+    };
+    if dir.join("store").exists() {
+        bail!("{} already holds a demo; give another --dir", dir.display());
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// Step 2: the writers' certificates, two epochs of op records, and a SYNC record per epoch.
+fn write_records(a: &DemoArgs, meta: &psl_capsule::SignedMetadata, app: &psl_crypto::AppKey) -> Result<Vec<Record>> {
+    let mut authors: Vec<Author> = (1..=a.writers).map(|w| Author::new(meta, app, w)).collect::<Result<_, _>>()?;
+    let mut coord = Author::new(meta, app, meta.meta.policy.coordinator)?;
     let mut records: Vec<Record> = Vec::new();
     // Certified writer keys: each writer's first record is its own certificate.
     for au in authors.iter_mut().chain(std::iter::once(&mut coord)) {
@@ -77,19 +108,13 @@ pub fn run(a: DemoArgs) -> Result<i32> {
         a.writers,
         records.len()
     );
+    Ok(records)
+}
 
-    let bytes = file::encode(&meta, &records);
-    let path = dir.join("demo.capsule");
-    crate::util::write_atomic(&path, &bytes, 0o644)?;
-    let audit = audit_file(&bytes, Some(app.data_key()));
-    if !audit.ok() {
-        bail!("demo capsule failed verification: {}", audit.problems[0]);
-    }
-    println!("3. {} ({} bytes) verifies: every signature, hash, chain, link and body", path.display(), bytes.len());
-
-    let replica = audit.replica.expect("verified");
-    let target = records[0].hash();
-    let proof = MembershipProof::build(&meta, &replica, target, None)?;
+/// Step 4: a membership proof of `first` from the replica's head, checked with public keys only.
+fn prove_membership(meta: &psl_capsule::SignedMetadata, replica: &psl_capsule::Replica, first: &Record) -> Result<()> {
+    let target = first.hash();
+    let proof = MembershipProof::build(meta, replica, target, None)?;
     let outcome = proof.verify(Some(meta.name()))?;
     println!(
         "4. membership proof of the first record from {} {} in {} steps ({} bytes), checked with public keys only",
@@ -98,11 +123,15 @@ pub fn run(a: DemoArgs) -> Result<i32> {
         proof.steps.len() - 1,
         proof.encode().len()
     );
+    Ok(())
+}
 
-    let store_dir = dir.join("store");
-    let (store, outcome) = psl_store::import_into(&store_dir, &bytes, None)?;
+/// Step 5: imports the capsule into a durable store, reopens it and re-verifies it from disk;
+/// returns the reopened store (the caller keeps it, and its lock, until the demo ends).
+fn store_round(store_dir: &Path, bytes: &[u8], app: &psl_crypto::AppKey) -> Result<psl_store::DiskStore> {
+    let (store, outcome) = psl_store::import_into(store_dir, bytes, None)?;
     drop(store);
-    let (store, report) = psl_store::DiskStore::open(&store_dir, Some(app.data_key()))?;
+    let (store, report) = psl_store::DiskStore::open(store_dir, Some(app.data_key()))?;
     if !report.is_clean() {
         bail!("store reopened damaged: {report}");
     }
@@ -115,14 +144,7 @@ pub fn run(a: DemoArgs) -> Result<i32> {
         store_dir.display(),
         outcome.appended
     );
-    scl_round(&meta, &app)?;
-    println!(
-        "done in {:.0} ms; try: psl capsule show {} --key {}",
-        t0.elapsed().as_secs_f64() * 1e3,
-        path.display(),
-        dir.join("owner.key").display()
-    );
-    Ok(0)
+    Ok(store)
 }
 
 /// Step 6: three nodes and a coordinator in this process share the capsule through SCL.

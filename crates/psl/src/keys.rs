@@ -4,7 +4,7 @@ use crate::util::{read_owner_key, write_atomic};
 use anyhow::{bail, Context, Result};
 use clap::Subcommand;
 use psl_crypto::OwnerKey;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Subcommand)]
 pub enum KeysCmd {
@@ -81,103 +81,129 @@ pub enum KeysCmd {
 
 pub fn run(cmd: KeysCmd) -> Result<i32> {
     match cmd {
-        KeysCmd::New { out, force, json } => {
-            if out.exists() && !force {
-                bail!("{} exists; pass --force to overwrite it", out.display());
-            }
-            let key = OwnerKey::generate();
-            write_atomic(&out, key.to_file_string().as_bytes(), 0o600)?;
-            if json {
-                println!("{}", serde_json::json!({ "owner_public_key": key.public().to_string(), "file": out }));
-            } else {
-                println!("owner public key: {}", key.public());
-                println!("secret key written to {} (mode 0600)", out.display());
-            }
-        }
-        KeysCmd::Pub { key, app, writer, json } => {
-            let key = read_owner_key(&key)?;
-            let mut out = serde_json::json!({ "owner_public_key": key.public().to_string() });
-            if let Some(a) = app {
-                let ak = key.app(a)?;
-                out["app_index"] = a.into();
-                out["app_public_key"] = ak.public().to_string().into();
-                out["app_key_fingerprint"] = ak.public().fingerprint().to_hex().into();
-                out["data_key_fingerprint"] = ak.data_key().fingerprint().to_hex().into();
-                if let Some(w) = writer {
-                    out["writer"] = w.into();
-                    out["writer_public_key"] = ak.public().writer(w)?.to_string().into();
-                    out["writer_public_key_hardened"] = ak.writer_hardened(w)?.verifying_key().to_string().into();
-                }
-            }
-            if json {
-                println!("{out}");
-            } else {
-                for (k, v) in out.as_object().expect("built as an object") {
-                    println!("{k}: {}", v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string()));
-                }
-            }
-        }
-        KeysCmd::Control { out } => {
-            let public = out.with_extension("pub");
-            if public == out {
-                bail!("{}: name the secret key file something other than *.pub", out.display());
-            }
-            let made = crate::util::write_control_keys(&out, &public)?;
-            let k = crate::util::read_control_pub(&public)?;
-            println!("operator control public key: {k}");
-            if made {
-                println!("secret key written to {} (mode 0600); public key to {}", out.display(), public.display());
-            } else {
-                println!("{} exists: kept; public key in {}", out.display(), public.display());
-            }
-        }
-        KeysCmd::Server { key, capsule, id, out, cert } => {
-            let owner = read_owner_key(&key)?;
-            let meta = crate::roles::read_metadata(&capsule)?;
-            if owner.public() != meta.meta.owner {
-                bail!("the key file is not the owner key of capsule {}", meta.name());
-            }
-            let app = owner.app(meta.meta.app_index)?;
-            let cert_path = cert.clone().unwrap_or_else(|| out.with_extension("cert"));
-            let certified = crate::roles::write_server_credentials(&meta, &app, id, &out, &cert_path)?;
-            println!(
-                "capsule server {id}'s ack key written to {} (mode 0600: copy it to its host only)",
-                out.display()
-            );
-            if certified {
-                println!("its certificate (public) written to {}", cert_path.display());
-            }
-        }
+        KeysCmd::New { out, force, json } => new_key(&out, force, json)?,
+        KeysCmd::Pub { key, app, writer, json } => print_public(&key, app, writer, json)?,
+        KeysCmd::Control { out } => control_keys(&out)?,
+        KeysCmd::Server { key, capsule, id, out, cert } => server_credentials(&key, &capsule, id, &out, cert)?,
         KeysCmd::Cert { key, capsule, writer, from_epoch, until_epoch, out, json } => {
-            let owner = read_owner_key(&key)?;
-            let bytes = std::fs::read(&capsule).with_context(|| format!("reading {}", capsule.display()))?;
-            let meta =
-                psl_capsule::CapsuleFile::parse(&bytes).with_context(|| format!("{}", capsule.display()))?.metadata;
-            if owner.public() != meta.meta.owner {
-                bail!("the key file is not the owner key of capsule {}", meta.name());
-            }
-            if meta.meta.policy.writer_keys != psl_capsule::WriterKeys::Certified {
-                bail!("capsule {} derives its writer keys; it takes no certificates", meta.name());
-            }
-            let app = owner.app(meta.meta.app_index)?;
-            let until = until_epoch.unwrap_or(psl_capsule::certs::OPEN_ENDED);
-            let wkey = app.writer_hardened(writer)?.verifying_key();
-            let cert = psl_capsule::WriterCert::sign(&app, meta.name(), 0, writer, wkey, from_epoch, until);
-            cert.check(meta.name(), &meta.meta.app.point())?;
-            write_atomic(&out, &cert.encode(), 0o644)?;
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({ "capsule": meta.name().to_string(), "writer": writer, "key": wkey.to_string(), "from_epoch": from_epoch, "until_epoch": until_epoch, "file": out })
-                );
-            } else {
-                println!(
-                    "certificate of writer {writer} (key {wkey}) in capsule {} written to {}",
-                    meta.name(),
-                    out.display()
-                );
-            }
+            issue_cert(CertRequest { key, capsule, writer, from_epoch, until_epoch, out, json })?
         }
     }
     Ok(0)
+}
+
+/// `psl keys new`: generates an owner key, writes it to `out` and prints its public key.
+fn new_key(out: &Path, force: bool, json: bool) -> Result<()> {
+    if out.exists() && !force {
+        bail!("{} exists; pass --force to overwrite it", out.display());
+    }
+    let key = OwnerKey::generate();
+    write_atomic(out, key.to_file_string().as_bytes(), 0o600)?;
+    if json {
+        println!("{}", serde_json::json!({ "owner_public_key": key.public().to_string(), "file": out }));
+    } else {
+        println!("owner public key: {}", key.public());
+        println!("secret key written to {} (mode 0600)", out.display());
+    }
+    Ok(())
+}
+
+/// `psl keys pub`: prints the owner public key and, if asked, an application's and a writer's.
+fn print_public(key: &Path, app: Option<u32>, writer: Option<u32>, json: bool) -> Result<()> {
+    let key = read_owner_key(key)?;
+    let mut out = serde_json::json!({ "owner_public_key": key.public().to_string() });
+    if let Some(a) = app {
+        let ak = key.app(a)?;
+        out["app_index"] = a.into();
+        out["app_public_key"] = ak.public().to_string().into();
+        out["app_key_fingerprint"] = ak.public().fingerprint().to_hex().into();
+        out["data_key_fingerprint"] = ak.data_key().fingerprint().to_hex().into();
+        if let Some(w) = writer {
+            out["writer"] = w.into();
+            out["writer_public_key"] = ak.public().writer(w)?.to_string().into();
+            out["writer_public_key_hardened"] = ak.writer_hardened(w)?.verifying_key().to_string().into();
+        }
+    }
+    if json {
+        println!("{out}");
+    } else {
+        for (k, v) in out.as_object().expect("built as an object") {
+            println!("{k}: {}", v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string()));
+        }
+    }
+    Ok(())
+}
+
+/// `psl keys control`: makes (or keeps) the operator's control key pair and prints its public key.
+fn control_keys(out: &Path) -> Result<()> {
+    let public = out.with_extension("pub");
+    if public == out {
+        bail!("{}: name the secret key file something other than *.pub", out.display());
+    }
+    let made = crate::util::write_control_keys(out, &public)?;
+    let k = crate::util::read_control_pub(&public)?;
+    println!("operator control public key: {k}");
+    if made {
+        println!("secret key written to {} (mode 0600); public key to {}", out.display(), public.display());
+    } else {
+        println!("{} exists: kept; public key in {}", out.display(), public.display());
+    }
+    Ok(())
+}
+
+/// `psl keys server`: writes capsule server `id`'s ack key and, in certified capsules, its certificate.
+fn server_credentials(key: &Path, capsule: &Path, id: u32, out: &Path, cert: Option<PathBuf>) -> Result<()> {
+    let owner = read_owner_key(key)?;
+    let meta = crate::roles::read_metadata(capsule)?;
+    if owner.public() != meta.meta.owner {
+        bail!("the key file is not the owner key of capsule {}", meta.name());
+    }
+    let app = owner.app(meta.meta.app_index)?;
+    let cert_path = cert.unwrap_or_else(|| out.with_extension("cert"));
+    let certified = crate::roles::write_server_credentials(&meta, &app, id, out, &cert_path)?;
+    println!("capsule server {id}'s ack key written to {} (mode 0600: copy it to its host only)", out.display());
+    if certified {
+        println!("its certificate (public) written to {}", cert_path.display());
+    }
+    Ok(())
+}
+
+/// The arguments of `psl keys cert`.
+struct CertRequest {
+    key: PathBuf,
+    capsule: PathBuf,
+    writer: u32,
+    from_epoch: u64,
+    until_epoch: Option<u64>,
+    out: PathBuf,
+    json: bool,
+}
+
+/// `psl keys cert`: signs a writer certificate with the capsule owner's application key.
+fn issue_cert(r: CertRequest) -> Result<()> {
+    let CertRequest { key, capsule, writer, from_epoch, until_epoch, out, json } = r;
+    let owner = read_owner_key(&key)?;
+    let bytes = std::fs::read(&capsule).with_context(|| format!("reading {}", capsule.display()))?;
+    let meta = psl_capsule::CapsuleFile::parse(&bytes).with_context(|| format!("{}", capsule.display()))?.metadata;
+    if owner.public() != meta.meta.owner {
+        bail!("the key file is not the owner key of capsule {}", meta.name());
+    }
+    if meta.meta.policy.writer_keys != psl_capsule::WriterKeys::Certified {
+        bail!("capsule {} derives its writer keys; it takes no certificates", meta.name());
+    }
+    let app = owner.app(meta.meta.app_index)?;
+    let until = until_epoch.unwrap_or(psl_capsule::certs::OPEN_ENDED);
+    let wkey = app.writer_hardened(writer)?.verifying_key();
+    let cert = psl_capsule::WriterCert::sign(&app, meta.name(), 0, writer, wkey, from_epoch, until);
+    cert.check(meta.name(), &meta.meta.app.point())?;
+    write_atomic(&out, &cert.encode(), 0o644)?;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({ "capsule": meta.name().to_string(), "writer": writer, "key": wkey.to_string(), "from_epoch": from_epoch, "until_epoch": until_epoch, "file": out })
+        );
+    } else {
+        println!("certificate of writer {writer} (key {wkey}) in capsule {} written to {}", meta.name(), out.display());
+    }
+    Ok(())
 }

@@ -329,66 +329,7 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
             "--memory-mb (items) is over half of --memory-budget-mb: the node's memtable, repair cache and buffers need the rest"
         );
     }
-    let url = match (&a.cluster, &a.fabric.fabric) {
-        (Some(_), Some(_)) => bail!("give --cluster or --fabric, not both"),
-        (None, Some(u)) => Some(u.clone()),
-        (Some(c), None) if !std::path::Path::new(c).exists() => c.parse::<psl_fabric::FabricUrl>().ok(),
-        _ => None,
-    };
-    let join = match &a.cluster {
-        None if url.is_none() => None,
-        c => Some(match url {
-            Some(url) => {
-                let fabric = a.fabric.spec_of(url)?;
-                let (Some(capsule), true, Some(id)) = (&a.capsule, a.owner.is_some() || a.kv.kv_leader.is_some(), a.id)
-                else {
-                    bail!("--cluster ROUTER needs --capsule, --owner (or --kv-leader) and --id (or give --cluster DIR of `psl up --kv`)");
-                };
-                if a.capsuledb {
-                    bail!("with --cluster ROUTER, give CapsuleDB's writer index: --capsuledb-writer W");
-                }
-                Join::Router {
-                    fabric,
-                    capsule: capsule.clone(),
-                    owner: a.owner.clone(),
-                    id,
-                    state: a.state.clone(),
-                    db: a.capsuledb_writer,
-                }
-            }
-            None => {
-                let c = c.as_deref().unwrap_or_default();
-                if a.capsule.is_some()
-                    || a.owner.is_some()
-                    || a.kv.kv_leader.is_some()
-                    || a.id.is_some()
-                    || a.state.is_some()
-                {
-                    bail!("--cluster DIR takes the capsule, owner key and node id from DIR/cluster.json; drop --capsule, --owner, --id and --state");
-                }
-                if a.peer_listen.is_some() || a.capsuledb_writer.is_some() {
-                    bail!("--cluster DIR joins the deployment's front-end group and CapsuleDB as recorded in DIR/cluster.json; drop --peer-listen/--peers and --capsuledb-writer");
-                }
-                Join::Dir(Box::new(read_kv(std::path::Path::new(c))?))
-            }
-        }),
-    };
-    if join.is_none()
-        && (a.capsule.is_some()
-            || a.owner.is_some()
-            || a.kv.kv_leader.is_some()
-            || a.id.is_some()
-            || a.capsuledb_writer.is_some())
-    {
-        bail!("--capsule, --owner, --id and --capsuledb-writer go with --cluster ROUTER");
-    }
-    if a.peer_listen.is_some() && join.is_none() {
-        bail!("--peer-listen and --peers form a group of --cluster front ends; the embedded default has one");
-    }
-    let mut seen = std::collections::HashSet::new();
-    if let Some(dup) = a.peers.iter().find(|p| !seen.insert(**p)) {
-        bail!("--peers names {dup} twice; each front end of the group needs its own peer address");
-    }
+    let join = parse_join(&a)?;
     if a.item_size_max == 0 {
         bail!("--item-size-max must be above 0");
     }
@@ -409,178 +350,302 @@ pub fn run(a: MemcachedArgs) -> Result<i32> {
         tls,
     };
     // Keep the deployment alive as long as the server runs.
-    let (fe, _deployment): (Arc<FrontEnd>, Box<dyn std::any::Any>) = match join {
-        None => {
-            let db_dir = if a.capsuledb {
-                Some(tempfile::Builder::new().prefix("psl-memcached-capsuledb").tempdir()?)
-            } else {
-                None
-            };
-            let db_writer = match &db_dir {
-                Some(_) => Some(psl_scl::writer_index(30_000, 0, 15).context("CapsuleDB's writer index")?),
-                None => None,
-            };
-            let d = Embedded::start(&EmbeddedOptions {
-                replicas: a.replicas,
-                writers: a.writers.unwrap_or(psl_memcached::deploy::EmbeddedOptions::default().writers),
-                verifiers: a.verifiers.unwrap_or(psl_memcached::deploy::EmbeddedOptions::default().verifiers),
-                flush_delay: a
-                    .flush_us
-                    .map_or(psl_memcached::deploy::EmbeddedOptions::default().flush_delay, Duration::from_micros),
-                config,
-                capsuledb: db_writer,
-                ..EmbeddedOptions::default()
-            })?;
-            let role = match &db_dir {
-                Some(dir) => {
-                    let (role, writer) = start_capsuledb_in_process(
-                        &d.meta,
-                        d.app(),
-                        Arc::new(d.hub.endpoint("capsuledb")),
-                        dir.path(),
-                    )?;
-                    debug_assert_eq!(Some(writer), db_writer);
-                    tracing::info!(writer, dir = %dir.path().display(), "in-process CapsuleDB started");
-                    Some(role)
-                }
-                None => None,
-            };
-            // Tuple fields drop in order: the role, then the deployment, the directory last.
-            (d.front_ends[0].clone(), Box::new((role, d, db_dir)))
-        }
-        Some(join) => {
-            let (fabric, capsule, owner, id, state, db, servers) = match &join {
-                Join::Router { fabric, capsule, owner, id, state, db } => {
-                    (fabric.clone(), capsule.clone(), owner.clone(), *id, state.clone(), *db, a.servers)
-                }
-                Join::Dir(kv) => {
-                    let id = draw_node_id(&kv.state)?;
-                    let state = kv.state.join("nodes").join(id.to_string());
-                    // Always through the deployment's CapsuleDB: this node's memtable starts empty
-                    // and SCL does not replay history to a new node, so only CapsuleDB can serve
-                    // what was written before it joined (and what its memory limit evicts).
-                    let db = Some(kv.capsuledb_writer);
-                    (
-                        kv.fabric.clone(),
-                        kv.capsule.clone(),
-                        kv.owner.clone(),
-                        id,
-                        Some(state),
-                        db,
-                        kv.servers.len() as u32,
-                    )
-                }
-            };
-            let bytes = std::fs::read(&capsule).with_context(|| format!("reading {}", capsule.display()))?;
-            let f = CapsuleFile::parse(&bytes).with_context(|| format!("{}", capsule.display()))?;
-            // The KV keys: from the owner key file (development), or from the leader after
-            // attestation (kept in memory only).
-            let dir_leader = match &join {
-                Join::Dir(kv) if kv.owner.is_none() => kv.leader.as_ref(),
-                _ => None,
-            };
-            let (kv, attest) = match dir_leader {
-                Some(l) => {
-                    let mut at = a.attest.attest.clone();
-                    if at.attest.is_none() {
-                        if let Some(key) = &l.sim_platform_key {
-                            at.attest = Some(psl_faas::attest_select::AttestChoice::Sim);
-                            at.sim_platform_key = Some(key.clone());
-                        }
-                    }
-                    let kv = crate::kvkeys::KvLeaderArgs {
-                        kv_leader: Some(l.addr),
-                        kv_attest_policy: Some(l.attest_policy.clone()),
-                        ..a.kv.clone()
-                    };
-                    (kv, at)
-                }
-                _ => (a.kv.clone(), a.attest.attest.clone()),
-            };
-            let incarnation = match &state {
-                Some(d) => crate::roles::next_incarnation(d)?,
-                None => rand::random::<u32>() % (1 << 12),
-            };
-            let opts = NodeOptions {
-                node_id: id,
-                incarnation,
-                writers: a.writers.unwrap_or(CLUSTER_WRITERS_DEFAULT),
-                verifiers: a.verifiers.unwrap_or(2),
-                batch_ops_max: a.batch_ops_max,
-                flush_delay: Duration::from_micros(a.flush_us.unwrap_or(CLUSTER_FLUSH_US_DEFAULT)),
-                capsuledb: db,
-                core: psl_scl::NodeConfig {
-                    cache_bytes_max: crate::roles::mib_bytes(crate::roles::repair_cache_mb(
-                        a.repair_cache_mb,
-                        crate::roles::REPAIR_CACHE_MB_NODE,
-                        budget_mb,
-                    )),
-                    servers,
-                    ..psl_scl::NodeConfig::default()
-                },
-                flow: psl_node::flow::FlowOptions {
-                    window_ops: a.flow_window_ops,
-                    window_records: a.flow_window_records,
-                    ..psl_node::flow::FlowOptions::default()
-                },
-                ..NodeOptions::default()
-            };
-            let opts = a.cores.apply(opts);
-            // Exactly this incarnation's writers' keys (with --kv-leader, all the leader grants).
-            let app = crate::kvkeys::kv_keys(
-                &f.metadata,
-                owner.as_deref(),
-                &kv,
-                &attest,
-                psl_faas::leader::KvRole::FrontEnd,
-                id,
-                &NodeKeys::writers_for(&f.metadata, &opts)?,
-            )?;
-            let keys = NodeKeys::from_source(&f.metadata, &app, &opts)?;
-            let interest = psl_fabric::Interest::node(f.metadata.name().0 .0, id, db.is_some());
-            let ep = crate::roles::fabric(&fabric, &format!("memcached-{id}"), &interest)?;
-            let node = Node::start(keys, ep, opts)?;
-            tracing::info!(id, incarnation, capsuledb = ?db, "front-end node joined");
-            let fe = FrontEnd::new(Arc::new(node), config);
-            let cfg = PeerConfig { timeout: Duration::from_millis(a.peer_timeout_ms.max(1)) };
-            let key = PeerKey::derive(&psl_node::KeySource::data_key(&app));
-            let peer_server = match (&join, a.peer_listen) {
-                (Join::Dir(kv), _) => {
-                    if !kv.peers.is_empty() {
-                        fe.join_remote_group_as_client(&kv.peers, key, cfg, kv.home_lease_ms > 0);
-                        tracing::info!(peers = ?kv.peers, "forwarding conditional commands to the group's homes");
-                    }
-                    None
-                }
-                (Join::Router { .. }, None) => None,
-                (Join::Router { .. }, Some(listen)) => {
-                    let mine = a.peer_advertise.unwrap_or(listen);
-                    let me = a.peers.iter().position(|p| *p == mine).with_context(|| {
-                        format!("--peer-advertise (or --peer-listen) {mine} must be one of --peers {:?}", a.peers)
-                    })?;
-                    let l = std::net::TcpListener::bind(listen)
-                        .with_context(|| format!("binding the peer address {listen}"))?;
-                    if a.peers.len() >= psl_memcached::failover::MEMBERS_MIN && a.home_lease_ms > 0 {
-                        // Only the first incarnation of a state directory starts fresh (its
-                        // acceptor complete at once, no quarantine): one that ran before, or one
-                        // without a state directory, may have granted a lease that still holds
-                        // or stored writes a new home needs, so it waits out a quarantine and
-                        // counts as complete only once a home's prune names it. A wiped state
-                        // directory would pass for a first start: docs/protocol/memcached.md §6.2.
-                        let fresh = state.is_some() && incarnation == 1;
-                        let fcfg = FailoverConfig::new(a.home_lease_ms, fresh, cfg.timeout);
-                        fe.join_remote_group_with_failover(&a.peers, me, key.clone(), cfg, fcfg)
-                            .map_err(|e| anyhow::anyhow!("home failover: {e}"))?;
-                    } else {
-                        fe.join_remote_group(&a.peers, me, key.clone(), cfg);
-                    }
-                    tracing::info!(peers = ?a.peers, me, "front-end group joined");
-                    Some(PeerServer::start(&fe, l, key).context("starting the peer server")?)
-                }
-            };
-            (fe, Box::new(peer_server))
-        }
+    let (fe, _deployment) = match join {
+        None => start_embedded(&a, config)?,
+        Some(join) => join_deployment(&a, join, config, budget_mb)?,
     };
+    serve(&a, fe, scfg)
+}
+
+/// A front end and what must stay alive while it serves (its deployment, or its peer server).
+type Started = (Arc<FrontEnd>, Box<dyn std::any::Any>);
+
+/// Where the front end's node joins (`None`: the embedded default), from `--cluster` and
+/// `--fabric`; refuses the flags that do not go with it.
+fn parse_join(a: &MemcachedArgs) -> Result<Option<Join>> {
+    let url = match (&a.cluster, &a.fabric.fabric) {
+        (Some(_), Some(_)) => bail!("give --cluster or --fabric, not both"),
+        (None, Some(u)) => Some(u.clone()),
+        (Some(c), None) if !std::path::Path::new(c).exists() => c.parse::<psl_fabric::FabricUrl>().ok(),
+        _ => None,
+    };
+    let join = match &a.cluster {
+        None if url.is_none() => None,
+        c => Some(match url {
+            Some(url) => join_router(a, url)?,
+            None => join_dir(a, c.as_deref().unwrap_or_default())?,
+        }),
+    };
+    if join.is_none()
+        && (a.capsule.is_some()
+            || a.owner.is_some()
+            || a.kv.kv_leader.is_some()
+            || a.id.is_some()
+            || a.capsuledb_writer.is_some())
+    {
+        bail!("--capsule, --owner, --id and --capsuledb-writer go with --cluster ROUTER");
+    }
+    if a.peer_listen.is_some() && join.is_none() {
+        bail!("--peer-listen and --peers form a group of --cluster front ends; the embedded default has one");
+    }
+    let mut seen = std::collections::HashSet::new();
+    if let Some(dup) = a.peers.iter().find(|p| !seen.insert(**p)) {
+        bail!("--peers names {dup} twice; each front end of the group needs its own peer address");
+    }
+    Ok(join)
+}
+
+/// `--cluster ROUTER` (or `--fabric URL`): joining through a fabric, with the capsule, keys and
+/// id from the command line.
+fn join_router(a: &MemcachedArgs, url: psl_fabric::FabricUrl) -> Result<Join> {
+    let fabric = a.fabric.spec_of(url)?;
+    let (Some(capsule), true, Some(id)) = (&a.capsule, a.owner.is_some() || a.kv.kv_leader.is_some(), a.id) else {
+        bail!("--cluster ROUTER needs --capsule, --owner (or --kv-leader) and --id (or give --cluster DIR of `psl up --kv`)");
+    };
+    if a.capsuledb {
+        bail!("with --cluster ROUTER, give CapsuleDB's writer index: --capsuledb-writer W");
+    }
+    Ok(Join::Router {
+        fabric,
+        capsule: capsule.clone(),
+        owner: a.owner.clone(),
+        id,
+        state: a.state.clone(),
+        db: a.capsuledb_writer,
+    })
+}
+
+/// `--cluster DIR`: joining the KV deployment of `psl up --kv`, as DIR/cluster.json records it.
+fn join_dir(a: &MemcachedArgs, c: &str) -> Result<Join> {
+    if a.capsule.is_some() || a.owner.is_some() || a.kv.kv_leader.is_some() || a.id.is_some() || a.state.is_some() {
+        bail!("--cluster DIR takes the capsule, owner key and node id from DIR/cluster.json; drop --capsule, --owner, --id and --state");
+    }
+    if a.peer_listen.is_some() || a.capsuledb_writer.is_some() {
+        bail!("--cluster DIR joins the deployment's front-end group and CapsuleDB as recorded in DIR/cluster.json; drop --peer-listen/--peers and --capsuledb-writer");
+    }
+    Ok(Join::Dir(Box::new(read_kv(std::path::Path::new(c))?)))
+}
+
+/// The embedded default: one node with a front end, an in-process coordinator and hub, and
+/// with `--capsuledb` an in-process CapsuleDB role on a temporary directory.
+fn start_embedded(a: &MemcachedArgs, config: Config) -> Result<Started> {
+    let db_dir =
+        if a.capsuledb { Some(tempfile::Builder::new().prefix("psl-memcached-capsuledb").tempdir()?) } else { None };
+    let db_writer = match &db_dir {
+        Some(_) => Some(psl_scl::writer_index(30_000, 0, 15).context("CapsuleDB's writer index")?),
+        None => None,
+    };
+    let d = Embedded::start(&EmbeddedOptions {
+        replicas: a.replicas,
+        writers: a.writers.unwrap_or(psl_memcached::deploy::EmbeddedOptions::default().writers),
+        verifiers: a.verifiers.unwrap_or(psl_memcached::deploy::EmbeddedOptions::default().verifiers),
+        flush_delay: a
+            .flush_us
+            .map_or(psl_memcached::deploy::EmbeddedOptions::default().flush_delay, Duration::from_micros),
+        config,
+        capsuledb: db_writer,
+        ..EmbeddedOptions::default()
+    })?;
+    let role = match &db_dir {
+        Some(dir) => {
+            let (role, writer) =
+                start_capsuledb_in_process(&d.meta, d.app(), Arc::new(d.hub.endpoint("capsuledb")), dir.path())?;
+            debug_assert_eq!(Some(writer), db_writer);
+            tracing::info!(writer, dir = %dir.path().display(), "in-process CapsuleDB started");
+            Some(role)
+        }
+        None => None,
+    };
+    // Tuple fields drop in order: the role, then the deployment, the directory last.
+    Ok((d.front_ends[0].clone(), Box::new((role, d, db_dir))))
+}
+
+/// Where and as whom a joining front end's node runs.
+struct JoinTarget {
+    fabric: psl_fabric::FabricSpec,
+    capsule: PathBuf,
+    owner: Option<PathBuf>,
+    id: u32,
+    state: Option<PathBuf>,
+    /// CapsuleDB's writer index, when the node reads through it.
+    db: Option<u32>,
+    /// The capsule servers whose acks pace the writers.
+    servers: u32,
+}
+
+/// Joins a running deployment: starts the front end's node on its fabric and joins (or serves)
+/// the front-end group.
+fn join_deployment(a: &MemcachedArgs, join: Join, config: Config, budget_mb: u64) -> Result<Started> {
+    let t = join_target(a, &join)?;
+    let bytes = std::fs::read(&t.capsule).with_context(|| format!("reading {}", t.capsule.display()))?;
+    let f = CapsuleFile::parse(&bytes).with_context(|| format!("{}", t.capsule.display()))?;
+    let (kv, attest) = kv_source(a, &join);
+    let incarnation = match &t.state {
+        Some(d) => crate::roles::next_incarnation(d)?,
+        None => rand::random::<u32>() % (1 << 12),
+    };
+    let opts = a.cores.apply(node_options(a, &t, incarnation, budget_mb));
+    // Exactly this incarnation's writers' keys (with --kv-leader, all the leader grants).
+    let app = crate::kvkeys::kv_keys(
+        &f.metadata,
+        t.owner.as_deref(),
+        &kv,
+        &attest,
+        psl_faas::leader::KvRole::FrontEnd,
+        t.id,
+        &NodeKeys::writers_for(&f.metadata, &opts)?,
+    )?;
+    let keys = NodeKeys::from_source(&f.metadata, &app, &opts)?;
+    let (id, db) = (t.id, t.db);
+    let interest = psl_fabric::Interest::node(f.metadata.name().0 .0, id, db.is_some());
+    let ep = crate::roles::fabric(&t.fabric, &format!("memcached-{id}"), &interest)?;
+    let node = Node::start(keys, ep, opts)?;
+    tracing::info!(id, incarnation, capsuledb = ?db, "front-end node joined");
+    let fe = FrontEnd::new(Arc::new(node), config);
+    let key = PeerKey::derive(&psl_node::KeySource::data_key(&app));
+    let fresh = t.state.is_some() && incarnation == 1;
+    let peer_server = join_group(a, &join, &fe, key, fresh)?;
+    Ok((fe, Box::new(peer_server)))
+}
+
+/// The node's fabric, capsule, keys, id, state and CapsuleDB: from the command line
+/// (`--cluster ROUTER`), or from the cluster file with a freshly drawn id (`--cluster DIR`).
+fn join_target(a: &MemcachedArgs, join: &Join) -> Result<JoinTarget> {
+    Ok(match join {
+        Join::Router { fabric, capsule, owner, id, state, db } => JoinTarget {
+            fabric: fabric.clone(),
+            capsule: capsule.clone(),
+            owner: owner.clone(),
+            id: *id,
+            state: state.clone(),
+            db: *db,
+            servers: a.servers,
+        },
+        Join::Dir(kv) => {
+            let id = draw_node_id(&kv.state)?;
+            let state = kv.state.join("nodes").join(id.to_string());
+            // Always through the deployment's CapsuleDB: this node's memtable starts empty
+            // and SCL does not replay history to a new node, so only CapsuleDB can serve
+            // what was written before it joined (and what its memory limit evicts).
+            let db = Some(kv.capsuledb_writer);
+            JoinTarget {
+                fabric: kv.fabric.clone(),
+                capsule: kv.capsule.clone(),
+                owner: kv.owner.clone(),
+                id,
+                state: Some(state),
+                db,
+                servers: kv.servers.len() as u32,
+            }
+        }
+    })
+}
+
+/// Where the KV keys come from: the owner key file (development), or the leader after
+/// attestation (kept in memory only), as the command line or the cluster file names it.
+fn kv_source(a: &MemcachedArgs, join: &Join) -> (crate::kvkeys::KvLeaderArgs, crate::attest::AttestArgs) {
+    let dir_leader = match join {
+        Join::Dir(kv) if kv.owner.is_none() => kv.leader.as_ref(),
+        _ => None,
+    };
+    match dir_leader {
+        Some(l) => {
+            let mut at = a.attest.attest.clone();
+            if at.attest.is_none() {
+                if let Some(key) = &l.sim_platform_key {
+                    at.attest = Some(psl_faas::attest_select::AttestChoice::Sim);
+                    at.sim_platform_key = Some(key.clone());
+                }
+            }
+            let kv = crate::kvkeys::KvLeaderArgs {
+                kv_leader: Some(l.addr),
+                kv_attest_policy: Some(l.attest_policy.clone()),
+                ..a.kv.clone()
+            };
+            (kv, at)
+        }
+        _ => (a.kv.clone(), a.attest.attest.clone()),
+    }
+}
+
+/// The joining node's options (before `--cores`): writers, verifiers, batching, CapsuleDB,
+/// repair cache, capsule servers and flow window.
+fn node_options(a: &MemcachedArgs, t: &JoinTarget, incarnation: u32, budget_mb: u64) -> NodeOptions {
+    NodeOptions {
+        node_id: t.id,
+        incarnation,
+        writers: a.writers.unwrap_or(CLUSTER_WRITERS_DEFAULT),
+        verifiers: a.verifiers.unwrap_or(2),
+        batch_ops_max: a.batch_ops_max,
+        flush_delay: Duration::from_micros(a.flush_us.unwrap_or(CLUSTER_FLUSH_US_DEFAULT)),
+        capsuledb: t.db,
+        core: psl_scl::NodeConfig {
+            cache_bytes_max: crate::roles::mib_bytes(crate::roles::repair_cache_mb(
+                a.repair_cache_mb,
+                crate::roles::REPAIR_CACHE_MB_NODE,
+                budget_mb,
+            )),
+            servers: t.servers,
+            ..psl_scl::NodeConfig::default()
+        },
+        flow: psl_node::flow::FlowOptions {
+            window_ops: a.flow_window_ops,
+            window_records: a.flow_window_records,
+            ..psl_node::flow::FlowOptions::default()
+        },
+        ..NodeOptions::default()
+    }
+}
+
+/// Joins the front-end group: as a client of the deployment's homes (`--cluster DIR`), or as a
+/// member serving its peers on `--peer-listen` (with home failover when the group allows it).
+/// `fresh`: the first incarnation of a state directory.
+fn join_group(
+    a: &MemcachedArgs,
+    join: &Join,
+    fe: &Arc<FrontEnd>,
+    key: PeerKey,
+    fresh: bool,
+) -> Result<Option<PeerServer>> {
+    let cfg = PeerConfig { timeout: Duration::from_millis(a.peer_timeout_ms.max(1)) };
+    Ok(match (join, a.peer_listen) {
+        (Join::Dir(kv), _) => {
+            if !kv.peers.is_empty() {
+                fe.join_remote_group_as_client(&kv.peers, key, cfg, kv.home_lease_ms > 0);
+                tracing::info!(peers = ?kv.peers, "forwarding conditional commands to the group's homes");
+            }
+            None
+        }
+        (Join::Router { .. }, None) => None,
+        (Join::Router { .. }, Some(listen)) => {
+            let mine = a.peer_advertise.unwrap_or(listen);
+            let me = a.peers.iter().position(|p| *p == mine).with_context(|| {
+                format!("--peer-advertise (or --peer-listen) {mine} must be one of --peers {:?}", a.peers)
+            })?;
+            let l =
+                std::net::TcpListener::bind(listen).with_context(|| format!("binding the peer address {listen}"))?;
+            if a.peers.len() >= psl_memcached::failover::MEMBERS_MIN && a.home_lease_ms > 0 {
+                // Only the first incarnation of a state directory starts fresh (its
+                // acceptor complete at once, no quarantine): one that ran before, or one
+                // without a state directory, may have granted a lease that still holds
+                // or stored writes a new home needs, so it waits out a quarantine and
+                // counts as complete only once a home's prune names it. A wiped state
+                // directory would pass for a first start: docs/protocol/memcached.md §6.2.
+                let fcfg = FailoverConfig::new(a.home_lease_ms, fresh, cfg.timeout);
+                fe.join_remote_group_with_failover(&a.peers, me, key.clone(), cfg, fcfg)
+                    .map_err(|e| anyhow::anyhow!("home failover: {e}"))?;
+            } else {
+                fe.join_remote_group(&a.peers, me, key.clone(), cfg);
+            }
+            tracing::info!(peers = ?a.peers, me, "front-end group joined");
+            Some(PeerServer::start(fe, l, key).context("starting the peer server")?)
+        }
+    })
+}
+
+/// Serves the memcached protocol on `--listen` (publishing the attestation report when asked),
+/// prints `listening ADDR`, and waits for the server to stop.
+fn serve(a: &MemcachedArgs, fe: Arc<FrontEnd>, scfg: ServerConfig) -> Result<i32> {
     let server = Server::start(fe, a.listen, scfg)?;
     // With --kv-leader, --attest is how the front end attests to the leader; it publishes a
     // report for clients too when it serves TLS (--tls-cert).
