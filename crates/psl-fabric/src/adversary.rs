@@ -28,7 +28,9 @@ use crate::stats::{FabricStats, FaultStats};
 /// Faults injected by an [`Adversarial`] wrapper, per side.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct AdversaryStats {
+    /// Faults injected into messages this endpoint published (all zero without a publish side).
     pub publish: FaultStats,
+    /// Faults injected into messages this endpoint received (all zero without a receive side).
     pub receive: FaultStats,
 }
 

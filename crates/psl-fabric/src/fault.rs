@@ -172,6 +172,7 @@ impl FaultInjector {
         })
     }
 
+    /// The configuration (rates, bounds, seed) this injector runs with.
     pub fn config(&self) -> &FaultConfig {
         &self.cfg
     }

@@ -23,7 +23,12 @@ const BODY_CHUNK: usize = 64 << 10;
 pub enum FrameError {
     /// The length (announced in a header, or of a payload to encode) is over the limit.
     #[error("frame length {len} exceeds frame_bytes_max {max}")]
-    TooLarge { len: u64, max: usize },
+    TooLarge {
+        /// The frame's length, in bytes.
+        len: u64,
+        /// The limit (`frame_bytes_max`), in bytes.
+        max: usize,
+    },
 }
 
 /// The 4-byte header of a `len`-byte payload.

@@ -60,6 +60,7 @@ impl InProcHub {
         self.inner.members.read().unwrap_or_else(|e| e.into_inner()).len()
     }
 
+    /// The limits every endpoint of this hub has.
     pub fn config(&self) -> &FabricConfig {
         &self.inner.config
     }
@@ -77,6 +78,7 @@ pub struct InProcEndpoint {
 }
 
 impl InProcEndpoint {
+    /// The name the endpoint was attached with (used in errors and logs).
     pub fn name(&self) -> &str {
         &self.name
     }

@@ -43,6 +43,7 @@
 //! reconnect backoff 50 ms doubling to 2 s, heartbeat every 1 s when idle, idle timeout 5 s,
 //! write timeout 5 s.
 
+#![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 pub mod adversary;
 pub mod cli;

@@ -105,6 +105,8 @@ impl Default for NatsConfig {
 }
 
 impl NatsConfig {
+    /// Checks that every limit, timing and the subject prefix can work; the error names the
+    /// first field that cannot.
     pub fn validate(&self) -> Result<(), ConfigError> {
         check_queue("queue_msgs_max", "queue_bytes_max", self.queue_msgs_max, self.queue_bytes_max)?;
         check_queue(

@@ -178,10 +178,12 @@ impl NatsServer {
         format!("nats://{}", self.addr)
     }
 
+    /// The client address the server listens on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
 
+    /// The server's process id; `None` once it was killed.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(|c| c.id())
     }

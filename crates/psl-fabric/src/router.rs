@@ -59,6 +59,7 @@ pub struct RouterConfig {
     pub frame_bytes_max: usize,
     /// Most links at once, parent included (default 1024); further connections are refused.
     pub links_max: usize,
+    /// Connect, parent reconnect backoff, heartbeat, idle and write timings of every link.
     pub timing: LinkTiming,
     /// Faults injected on every link's send path (default none).
     pub faults: Option<FaultConfig>,
@@ -86,6 +87,8 @@ impl Default for RouterConfig {
 }
 
 impl RouterConfig {
+    /// Checks that every limit, timing and the fault configuration can work and that the
+    /// router is not its own parent; the error names the first field that cannot.
     pub fn validate(&self) -> Result<(), ConfigError> {
         check_queue(
             "link_queue_msgs_max",
@@ -123,9 +126,13 @@ pub enum LinkRole {
 /// Counters of one link (or a sum of links).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LinkTotals {
+    /// Frames received on the link (heartbeats not counted).
     pub frames_in: u64,
+    /// Payload bytes of the frames counted in `frames_in`.
     pub bytes_in: u64,
+    /// Frames written to the link (heartbeats not counted).
     pub frames_out: u64,
+    /// Payload bytes of the frames counted in `frames_out`.
     pub bytes_out: u64,
     /// Frames not queued for this link because its outbound queue was full.
     pub dropped_full: u64,
@@ -136,6 +143,7 @@ pub struct LinkTotals {
 }
 
 impl LinkTotals {
+    /// Adds `o` to `self`, field by field.
     pub fn add(&mut self, o: &LinkTotals) {
         self.frames_in += o.frames_in;
         self.bytes_in += o.bytes_in;
@@ -152,14 +160,18 @@ impl LinkTotals {
 pub struct LinkStats {
     /// Unique within this router, in connection order.
     pub id: u64,
+    /// Whether the link is a child's or the parent's.
     pub role: LinkRole,
+    /// The address at the other end of the link.
     pub peer: SocketAddr,
+    /// The link's counters so far.
     pub totals: LinkTotals,
 }
 
 /// A snapshot of a router's counters.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RouterStats {
+    /// The address the router listens on.
     pub local_addr: SocketAddr,
     /// Live links, by id.
     pub links: Vec<LinkStats>,
@@ -169,7 +181,9 @@ pub struct RouterStats {
     pub accepted: u64,
     /// Connections refused because `links_max` links were up.
     pub refused_links_max: u64,
+    /// Connections made to the parent router, the first included.
     pub parent_connects: u64,
+    /// Attempts to connect to the parent router that failed (each followed by a backoff).
     pub parent_connect_failures: u64,
     /// Links that ended in an error (reset, idle, oversize frame, write timeout).
     pub link_errors: u64,
@@ -185,10 +199,12 @@ impl RouterStats {
         t
     }
 
+    /// Live child links (endpoints and child routers).
     pub fn children(&self) -> usize {
         self.links.iter().filter(|l| l.role == LinkRole::Child).count()
     }
 
+    /// Whether a link to the parent router is up.
     pub fn parent_connected(&self) -> bool {
         self.links.iter().any(|l| l.role == LinkRole::Parent)
     }
@@ -494,6 +510,7 @@ impl RouterHandle {
         self.shared.local_addr
     }
 
+    /// A snapshot of the router's counters.
     pub fn stats(&self) -> RouterStats {
         self.shared.stats()
     }

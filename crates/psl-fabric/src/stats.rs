@@ -7,12 +7,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub struct FaultStats {
     /// Messages that went into the injector.
     pub messages: u64,
+    /// Messages lost (not emitted at all).
     pub dropped: u64,
+    /// Messages emitted twice.
     pub duplicated: u64,
     /// Held back until up to `reorder_window` later messages have passed.
     pub reordered: u64,
     /// Held back for up to `delay_ms_max`.
     pub delayed: u64,
+    /// Messages emitted with 1 to 4 bytes altered.
     pub corrupted: u64,
     /// Earlier messages sent again.
     pub replayed: u64,
@@ -41,9 +44,11 @@ impl FaultStats {
 pub struct FabricStats {
     /// Messages accepted by `publish` (handed to the network).
     pub sent: u64,
+    /// Payload bytes of the messages counted in `sent`.
     pub sent_bytes: u64,
     /// Messages that arrived and were queued for `recv`.
     pub received: u64,
+    /// Payload bytes of the messages counted in `received`.
     pub received_bytes: u64,
     /// Arriving messages dropped because this endpoint's receive queue was full.
     pub dropped_full: u64,

@@ -62,13 +62,19 @@ const ACK_ENTRY_LEN: usize = 4 + 8 + 8 + 32;
 /// The leaf a message goes to, under its capsule's subject tree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Leaf {
+    /// A record, first sent or answering a repair (`rec`).
     Record,
+    /// A repair request (`repair`).
     Repair,
+    /// A heads hint (`heads`).
     Heads,
     /// An ack for the writers of one node (`writer >> 16`).
     Ack(u32),
+    /// A CapsuleDB get (`db.get`).
     DbGet,
+    /// A CapsuleDB answer (`db.answer`).
     DbAnswer,
+    /// CapsuleDB heads, its frontier (`db.heads`).
     DbHeads,
     /// Writer certificates and revocations: whoever verifies records needs them.
     Certs,
@@ -96,7 +102,13 @@ impl Leaf {
 pub enum Route {
     /// Under the capsule's tree, on these leaves (more than one only for an ack naming writers
     /// of several nodes).
-    Capsule { capsule: [u8; 32], leaves: Vec<Leaf> },
+    Capsule {
+        /// The capsule name from the message's routing header.
+        capsule: [u8; 32],
+        /// The leaves to publish on: one, or one per node an ack names (at most
+        /// [`ACK_NODES_MAX`]).
+        leaves: Vec<Leaf>,
+    },
     /// Not an SCL message this classifier knows: the catch-all subject.
     Any,
 }
@@ -174,6 +186,8 @@ pub fn valid_prefix(prefix: &str) -> bool {
 pub struct Interest {
     /// Capsule names; empty with `everything` means every capsule (`<prefix>.>`).
     pub capsules: Vec<[u8; 32]>,
+    /// Records and key statements (writer certificates, revocations): every role that takes
+    /// records.
     pub records: bool,
     /// Repair requests and heads hints (whoever can answer a repair from what it holds).
     pub repair: bool,

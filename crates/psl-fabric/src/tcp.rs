@@ -43,6 +43,7 @@ pub struct TcpConfig {
     pub send_queue_bytes_max: usize,
     /// Largest message, sent or received (default 16 MiB).
     pub frame_bytes_max: usize,
+    /// Connect, reconnect backoff, heartbeat, idle and write timings of the link to the router.
     pub timing: LinkTiming,
 }
 
@@ -61,6 +62,8 @@ impl Default for TcpConfig {
 }
 
 impl TcpConfig {
+    /// Checks that every limit and timing can work; the error names the first field that
+    /// cannot.
     pub fn validate(&self) -> Result<(), ConfigError> {
         check_queue("queue_msgs_max", "queue_bytes_max", self.queue_msgs_max, self.queue_bytes_max)?;
         check_queue(

@@ -35,6 +35,7 @@ pub enum FabricUrl {
 }
 
 impl FabricUrl {
+    /// Whether this names NATS servers (rather than a router).
     pub fn is_nats(&self) -> bool {
         matches!(self, FabricUrl::Nats(_))
     }
@@ -116,6 +117,7 @@ impl<'de> serde::Deserialize<'de> for FabricUrl {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(from = "SpecRepr")]
 pub struct FabricSpec {
+    /// Which fabric to connect to, and where.
     pub url: FabricUrl,
     /// NATS credentials file (`--nats-creds`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

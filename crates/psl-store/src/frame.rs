@@ -46,21 +46,49 @@ pub(crate) fn encode_frame(record: &[u8], out: &mut Vec<u8>) {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FrameFault {
     /// Fewer than 8 bytes remain for the frame header.
-    ShortHeader { have: u64 },
+    ShortHeader {
+        /// Bytes left in the file at the frame's offset.
+        have: u64,
+    },
     /// The length field is outside `[MIN_RECORD_LEN, record_bytes_max]`.
-    Length { len: u32, min: u32, max: u32 },
+    Length {
+        /// The record length the frame header states, in bytes.
+        len: u32,
+        /// The smallest possible record, [`MIN_RECORD_LEN`] bytes.
+        min: u32,
+        /// The capsule's `record_bytes_max`, in bytes.
+        max: u32,
+    },
     /// The frame claims more bytes than the file has left.
-    PastEof { len: u32, have: u64 },
+    PastEof {
+        /// The record length the frame header states, in bytes.
+        len: u32,
+        /// Bytes left in the file after the frame header.
+        have: u64,
+    },
     /// The record bytes do not match the frame's CRC.
-    Crc { stored: u32, computed: u32 },
+    Crc {
+        /// The CRC-32 in the frame header.
+        stored: u32,
+        /// The CRC-32 of the record bytes as read.
+        computed: u32,
+    },
     /// The CRC matches but the bytes do not decode as a record.
     Decode(DecodeError),
     /// The record decodes but the verifier refuses it (signature, capsule, body, ...).
     Verify(Box<Rejected>),
     /// Read back: the frame's length is not the one the index recorded.
-    LengthChanged { indexed: u32, found: u32 },
+    LengthChanged {
+        /// The record length the index recorded, in bytes.
+        indexed: u32,
+        /// The record length the frame header states now, in bytes.
+        found: u32,
+    },
     /// Read back: the frame holds a valid record, but not the one the index names.
-    WrongRecord { found: psl_crypto::Hash256 },
+    WrongRecord {
+        /// Hash of the record actually found in the frame.
+        found: psl_crypto::Hash256,
+    },
 }
 
 impl fmt::Display for FrameFault {
@@ -200,6 +228,7 @@ pub struct DamagedFrame {
     pub offset: u64,
     /// Record bytes the frame holds.
     pub len: u32,
+    /// What is wrong with the record.
     pub fault: FrameFault,
 }
 
@@ -219,7 +248,9 @@ impl fmt::Display for DamagedFrame {
 pub struct Unreadable {
     /// Index the next frame would have had.
     pub index: u64,
+    /// Byte offset in `records.log` where the region starts.
     pub offset: u64,
+    /// Byte offset where the region ends (exclusive): the start of the next valid frame.
     pub end: u64,
     /// What was wrong at `offset`.
     pub fault: FrameFault,
@@ -245,8 +276,11 @@ impl fmt::Display for Unreadable {
 pub struct TornTail {
     /// Position of the frame where the tail starts.
     pub index: u64,
+    /// Byte offset in `records.log` where the tail starts.
     pub offset: u64,
+    /// Length of the tail in bytes, up to the end of the file.
     pub bytes: u64,
+    /// What is wrong with the frame at `offset`.
     pub fault: FrameFault,
     /// Whether the file was cut back to `offset` (not in read-only mode or in a check).
     pub truncated: bool,

@@ -37,14 +37,29 @@ impl Chain {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OrphanCause {
     /// Its seq is past the writer's next seq: an earlier record is missing (damaged).
-    Gap { expected: u64 },
+    Gap {
+        /// The writer's next seq: the seq its chain ends before.
+        expected: u64,
+    },
     /// Its seq is the next one but its `prev` is not the writer's head.
-    Prev { expected: Hash256 },
+    Prev {
+        /// Hash of the writer's head, which `prev` should have named.
+        expected: Hash256,
+    },
     /// Another record already holds its (writer, seq) slot.
-    SlotTaken { stored: Hash256 },
+    SlotTaken {
+        /// Hash of the record loaded in that slot.
+        stored: Hash256,
+    },
     /// A revocation found in the log refuses it (its writer, from that epoch or seq on): it was
     /// stored before the revocation was known. It and its writer's later records are not loaded.
-    Revoked { from_epoch: u64, from_seq: u64 },
+    Revoked {
+        /// The revocation's epoch bound: the writer's records of this epoch or later are refused.
+        from_epoch: u64,
+        /// The revocation's seq bound: the writer's records from this seq on are refused
+        /// (`u64::MAX`: no seq bound).
+        from_seq: u64,
+    },
 }
 
 /// [`Orphan::index`] of a record cut by a revocation found later in the log: the open keeps
@@ -54,11 +69,17 @@ pub const FRAME_INDEX_UNKNOWN: u64 = u64::MAX;
 /// A record that verified but was not loaded, because it cannot extend its writer's chain.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Orphan {
+    /// Position of the frame in the log, from 0 ([`FRAME_INDEX_UNKNOWN`] if not known).
     pub index: u64,
+    /// Byte offset of the frame header in `records.log`.
     pub offset: u64,
+    /// The record's writer.
     pub writer: u32,
+    /// The record's seq in its writer's chain.
     pub seq: u64,
+    /// The record's hash.
     pub hash: Hash256,
+    /// Why it could not join its writer's chain.
     pub cause: OrphanCause,
 }
 

@@ -71,6 +71,7 @@
 //! A writable `DiskStore` holds an exclusive lock on `LOCK` in its directory, so a second
 //! writer (another process, or a second open in this one) is refused with `StoreError::Locked`.
 
+#![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 pub mod error;
 pub mod exchange;

@@ -95,7 +95,9 @@ pub struct AppendOutcome {
 /// An indexed record that a check did not find intact at its offset.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LostRecord {
+    /// Hash of the record the index holds.
     pub hash: Hash256,
+    /// Byte offset in `records.log` where the index says its frame is.
     pub offset: u64,
 }
 
@@ -109,14 +111,19 @@ impl fmt::Display for LostRecord {
 /// checked, and the in-memory index compared with what is on disk.
 #[derive(Debug, Clone, Default)]
 pub struct CheckReport {
+    /// Frame positions seen (good, damaged and unreadable regions alike).
     pub frames: u64,
     /// Frames whose record verified.
     pub verified: usize,
+    /// Frames skipped because their record is bad.
     pub damaged: Vec<DamagedFrame>,
+    /// Regions without trustworthy framing.
     pub unreadable: Vec<Unreadable>,
     /// Bytes past the last valid frame (never truncated by a check).
     pub torn_tail: Option<TornTail>,
+    /// Verified records that cannot extend their writer's chain.
     pub orphaned: Vec<Orphan>,
+    /// Frames holding a record already seen in an earlier frame.
     pub duplicate_frames: u64,
     /// `Replica::check` over every verified record (orphans included, so a damaged frame
     /// shows up as a gap in its writer's chain). Those that only show the replica lagging its
@@ -141,6 +148,8 @@ pub struct CheckReport {
 }
 
 impl CheckReport {
+    /// Whether the check found no problem at all ([`CheckReport::problems`] is empty; lagging
+    /// chains and appended bytes are not problems).
     pub fn is_clean(&self) -> bool {
         self.problems().is_empty()
     }
@@ -206,6 +215,8 @@ pub struct RepairReport {
     pub kept: usize,
     /// Frames (or unreadable regions) of the old log that the new one does not carry.
     pub dropped: u64,
+    /// Size of the old log, in bytes.
     pub bytes_before: u64,
+    /// Size of the rewritten log, in bytes.
     pub bytes_after: u64,
 }

@@ -244,14 +244,17 @@ impl DiskStore {
         Ok((store, report))
     }
 
+    /// The store's directory.
     pub fn dir(&self) -> &Path {
         &self.dir
     }
 
+    /// The name of the capsule the store holds.
     pub fn name(&self) -> CapsuleName {
         self.verifier.name()
     }
 
+    /// The capsule's signed metadata (what `metadata.bin` holds).
     pub fn metadata(&self) -> &SignedMetadata {
         self.verifier.metadata()
     }
@@ -263,6 +266,8 @@ impl DiskStore {
         self.verifier.clone()
     }
 
+    /// The verifier every record is checked with, on open and on every read (borrowed; see
+    /// [`DiskStore::shared_verifier`] to share it).
     pub fn verifier(&self) -> &Verifier {
         &self.verifier
     }
@@ -293,6 +298,7 @@ impl DiskStore {
         self.index.locs.len()
     }
 
+    /// Whether the store holds no record.
     pub fn is_empty(&self) -> bool {
         self.index.locs.is_empty()
     }
@@ -313,6 +319,7 @@ impl DiskStore {
         self.frames
     }
 
+    /// Whether the store holds the record with `hash`.
     pub fn contains(&self, hash: &Hash256) -> bool {
         self.index.locs.contains_key(hash)
     }
