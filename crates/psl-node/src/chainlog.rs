@@ -26,18 +26,37 @@ pub const COMPACT_AFTER: usize = 4096;
 pub const FRAME_BYTES_MAX: usize = 16 << 20;
 const FILE: &str = "coordinator-chain";
 
+/// Why the coordinator's own-chain log could not be opened or written.
 #[derive(Debug, thiserror::Error)]
 pub enum ChainLogError {
+    /// A file operation (opening, reading, appending, syncing, compacting) failed.
     #[error("{path}: {op}: {source}")]
-    Io { path: PathBuf, op: &'static str, source: std::io::Error },
+    Io {
+        /// The file the operation was on.
+        path: PathBuf,
+        /// What was being done, e.g. `"appending"` or `"syncing"`.
+        op: &'static str,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The log is damaged before its last frame (a torn last frame is dropped, not this).
     #[error("{path}: damaged at byte {offset}: {what} (not a torn last write; refusing to guess the coordinator's newest seq)")]
-    Damaged { path: PathBuf, offset: usize, what: String },
+    Damaged {
+        /// The log file.
+        path: PathBuf,
+        /// Byte offset of the damaged frame.
+        offset: usize,
+        /// What is wrong with it.
+        what: String,
+    },
 }
 
 /// What [`parse`] found: the frames' payloads, and whether a torn last frame was dropped.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Parsed<'a> {
+    /// The payloads of the whole frames, in file order.
     pub frames: Vec<&'a [u8]>,
+    /// Bytes of the torn last frame that was dropped (0: none).
     pub torn_tail_bytes: usize,
 }
 

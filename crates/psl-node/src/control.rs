@@ -68,7 +68,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Longest command line a client may send, in bytes (2 MiB); a longer one closes the connection.
 pub const LINE_BYTES_MAX: usize = 2 << 20;
+/// Most client connections served at once; further ones are refused.
 pub const CONNECTIONS_MAX: usize = 64;
 /// How long a connection may stay silent before it is closed, by default.
 pub const IDLE_MS_DEFAULT: u64 = 30_000;
@@ -103,8 +105,10 @@ impl Default for ControlOptions {
 /// A malformed operator control key file.
 #[derive(Debug, thiserror::Error)]
 pub enum ControlKeyError {
+    /// The secret key is not 64 hex digits of a valid secp256k1 secret.
     #[error("an operator control key is 64 hex digits (32 bytes)")]
     SecretMalformed,
+    /// The public key is not 66 hex digits of a valid compressed secp256k1 point.
     #[error("an operator control public key is 66 hex digits (a compressed secp256k1 key)")]
     PublicMalformed,
 }

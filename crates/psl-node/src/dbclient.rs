@@ -26,10 +26,15 @@ use std::sync::Arc;
 /// Counters of the miss path.
 #[derive(Debug, Default)]
 pub struct DbClientStats {
+    /// Get and scan requests sent to CapsuleDB (re-sends included).
     pub requests: AtomicU64,
+    /// Verified answers (gets and scans) accepted.
     pub answers: AtomicU64,
+    /// Answers and heads messages refused (unknown request, bad signature, failed check).
     pub rejected: AtomicU64,
+    /// Gets and scans that failed with [`crate::NodeError::CapsuleDbTimeout`].
     pub timeouts: AtomicU64,
+    /// Signed heads (frontier) messages from CapsuleDB accepted.
     pub heads: AtomicU64,
 }
 

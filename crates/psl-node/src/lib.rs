@@ -40,6 +40,7 @@
 //! Trust: everything but `host` is the trusted core. The host side sees only what crosses the
 //! rings: sealed, signed records and repair/heads messages; never a key or a plaintext byte.
 
+#![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 mod actor;
 pub mod chainlog;

@@ -19,46 +19,101 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// Why a [`Node`] call (or starting a node) failed.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
+    /// A write's key is longer than the capsule's key limit.
     #[error("key is {len} bytes, over the limit of {max}")]
-    KeyTooLong { len: usize, max: u32 },
+    KeyTooLong {
+        /// The key's length, in bytes.
+        len: usize,
+        /// The capsule's limit ([`Limits::key_bytes_max`]), in bytes.
+        max: u32,
+    },
+    /// A write's key is empty.
     #[error("key is empty")]
     EmptyKey,
+    /// A put's value is larger than the capsule's value limit.
     #[error("value is {len} bytes, over the limit of {max}")]
-    ValueTooLarge { len: usize, max: u32 },
+    ValueTooLarge {
+        /// The value's length, in bytes.
+        len: usize,
+        /// The capsule's limit ([`Limits::value_bytes_max`]), in bytes.
+        max: u32,
+    },
+    /// The writer's op queue stayed full for the whole `put_timeout` (carried here).
     #[error("writer queue stayed full for {0:?} (the network or the writers are too slow)")]
     Backpressure(Duration),
+    /// A write on a node with no writer actors.
     #[error("this node has no writers (it is receive-only)")]
     ReadOnly,
+    /// `sync` found no applied SYNC covering this node's writes within the timeout (carried).
     #[error("sync() did not complete within {0:?}: no SYNC covering this node's writes was applied (is a coordinator running and reachable?)")]
     SyncTimeout(Duration),
+    /// A durability wait on a node configured with no capsule servers.
     #[error("no capsule servers are configured (NodeConfig::servers is 0): nothing can be made durable")]
     NoServers,
+    /// A durability wait ended before a quorum of capsule servers acked every earlier write.
     #[error("sync_durable() did not complete within {timeout:?}: only {acked_by} of the {servers} capsule servers acked every earlier write of this node; {quorum} must (are the servers running and reachable?)")]
-    DurableTimeout { timeout: Duration, acked_by: usize, quorum: usize, servers: u32 },
+    DurableTimeout {
+        /// How long the call waited.
+        timeout: Duration,
+        /// How many servers had acked every earlier write when it gave up.
+        acked_by: usize,
+        /// How many must (f + 1).
+        quorum: usize,
+        /// How many capsule servers there are (2f + 1).
+        servers: u32,
+    },
+    /// The node is shutting down (or its core thread is gone): the call could not be served.
     #[error("the node is shutting down")]
     Stopped,
+    /// A read on a coordinator-only node, which keeps record hashes but no values.
     #[error(
         "this node keeps no values (a coordinator: it orders records and keeps their hashes only); read from a node"
     )]
     NoValues,
+    /// A get or scan the memtable could not answer got no verified CapsuleDB answer within
+    /// `db_get_timeout` (carried).
     #[error("CapsuleDB did not answer a read within {0:?} (is `psl capsuledb` running on this fabric?)")]
     CapsuleDbTimeout(Duration),
+    /// The node's keys or certificates are missing or do not fit the capsule, or a statement
+    /// was refused; the string says which.
     #[error("keys: {0}")]
     Keys(String),
+    /// Installing an application key rotation failed; the string says why.
     #[error("key rotation: {0}")]
     Rotation(String),
+    /// A node thread could not be started.
     #[error("starting a thread: {0}")]
     Spawn(#[from] std::io::Error),
+    /// The coordinator's own-chain log could not be opened or written.
     #[error("coordinator state: {0}")]
     State(#[from] crate::chainlog::ChainLogError),
+    /// A record in the coordinator's own-chain log is unusable at restart.
     #[error("coordinator state: record {index} of the {count} in its own-chain log: {what} (refusing to guess the newest seq it signed)")]
-    StateRecord { index: usize, count: usize, what: String },
+    StateRecord {
+        /// The record's position in the log (0-based).
+        index: usize,
+        /// How many records the log holds.
+        count: usize,
+        /// What is wrong with it.
+        what: String,
+    },
+    /// A fenced write ([`Node::write_below`]) would have got a Lamport time at or above the fence.
     #[error("the write would get Lamport time {lamport}, not below the caller's fence {below}: nothing was written")]
-    Fenced { lamport: u64, below: u64 },
+    Fenced {
+        /// The Lamport time the write took.
+        lamport: u64,
+        /// The caller's fence.
+        below: u64,
+    },
+    /// A fenced write kept being overtaken by newer writes of the same key from other writers.
     #[error("other writers kept writing this key newer than each of {tries} Lamport times this write took: nothing was written; retry")]
-    Superseded { tries: u32 },
+    Superseded {
+        /// How many Lamport times the write took before giving up.
+        tries: u32,
+    },
 }
 
 /// Where a role's keys come from: the capsule's data key and, for each writer the role runs,
@@ -104,9 +159,13 @@ impl KeySource for AppKey {
 /// key ([`NodeKeys::derive`]), or taken from the keys a role was handed
 /// ([`NodeKeys::from_source`]).
 pub struct NodeKeys {
+    /// The capsule's signed metadata (its name, policy and owner key).
     pub meta: SignedMetadata,
+    /// The capsule's data key, which seals and opens record payloads.
     pub data_key: DataKey,
+    /// `(writer index, signing key)` of each writer actor, in actor order.
     pub writers: Vec<(u32, SigningKey)>,
+    /// `(writer index, signing key)` of the coordinator this node runs, if any.
     pub coordinator: Option<(u32, SigningKey)>,
     /// In a capsule that certifies writers: the certificates of `writers` and `coordinator`
     /// (the node announces them and carries each into its writer's chain), and any other
@@ -211,6 +270,8 @@ pub struct NodeRotation {
     pub certs: Vec<KeyStatement>,
 }
 
+/// A running PSL node: its writer actors, core thread, host thread and fabric endpoint, and
+/// the API to write, read, sync and stop it.
 pub struct Node {
     verifier: Arc<Verifier>,
     memtable: Arc<Memtable>,
@@ -378,14 +439,17 @@ impl Node {
         self.db.as_ref().map(|d| &d.stats)
     }
 
+    /// The writer indices of this node's writer actors, in actor order.
     pub fn writers(&self) -> Vec<u32> {
         self.actors.iter().map(|(q, _)| q.writer).collect()
     }
 
+    /// The name of the capsule this node serves.
     pub fn capsule(&self) -> psl_capsule::CapsuleName {
         self.verifier.name()
     }
 
+    /// The capsule's size limits (keys, values, records) from its policy.
     pub fn limits(&self) -> Limits {
         self.limits
     }
@@ -396,6 +460,7 @@ impl Node {
         self.write(key, Some(value))
     }
 
+    /// Deletes `key` (writes a tombstone), like [`Node::put`] in every other respect.
     pub fn delete(&self, key: &[u8]) -> Result<(), NodeError> {
         self.write(key, None)
     }
@@ -892,6 +957,7 @@ impl Node {
     }
 
     /// How many capsule servers the node counts acks from (0: durability off).
+    /// How many capsule servers the capsule has (`NodeConfig::servers`; 0: none configured).
     pub fn servers(&self) -> u32 {
         self.servers
     }
@@ -903,6 +969,7 @@ impl Node {
         rrx.recv().map_err(|_| NodeError::Stopped)
     }
 
+    /// The node's protocol counters (records and ops written and applied, rejections, ...).
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }
@@ -920,18 +987,24 @@ impl Node {
         self.fabric.stats().dropped_full + self.host_stats.inbound_dropped.load(Ordering::Relaxed)
     }
 
+    /// The host thread's counters: messages published and received, publish errors, and
+    /// inbound messages dropped on a full ring.
     pub fn host_stats(&self) -> &Arc<HostStats> {
         &self.host_stats
     }
 
+    /// The node's memtable: the newest value of every key it holds.
     pub fn memtable(&self) -> &Arc<Memtable> {
         &self.memtable
     }
 
+    /// A digest of the memtable's live entries (key, value, version): equal on two nodes exactly
+    /// when they hold the same live entries.
     pub fn digest(&self) -> Hash256 {
         self.memtable.digest()
     }
 
+    /// The node's Lamport clock now.
     pub fn lamport(&self) -> u64 {
         self.clock.now()
     }

@@ -3,6 +3,8 @@
 use psl_scl::{CoordinatorConfig, NodeConfig};
 use std::time::Duration;
 
+/// Everything a [`crate::Node`] is started with: identity, thread counts, queue bounds and
+/// waits, the protocol configuration, and the optional coordinator and CapsuleDB roles.
 #[derive(Debug, Clone)]
 pub struct NodeOptions {
     /// Node id (1 ..= 32767): with the incarnation, it names the node's writers.
@@ -34,6 +36,7 @@ pub struct NodeOptions {
     pub channel_msgs_max: usize,
     /// The core's tick (repair timers, coordinator clock).
     pub tick: Duration,
+    /// The SCL protocol engine's configuration (capsule servers, repair and rejoin timers, ...).
     pub core: NodeConfig,
     /// Run a coordinator of this rank and configuration in this node.
     pub coordinator: Option<CoordinatorConfig>,
@@ -50,8 +53,10 @@ pub struct NodeOptions {
     /// CapsuleDB), the eviction floor from CapsuleDB's signed frontiers, and flow control from
     /// its acks.
     pub capsuledb: Option<u32>,
-    /// How long a get waits for CapsuleDB before failing, and how often it re-sends its request.
+    /// How long a get (or scan) waits for CapsuleDB before failing with
+    /// [`crate::NodeError::CapsuleDbTimeout`].
     pub db_get_timeout: Duration,
+    /// How often a waiting get (or scan) re-sends its request to CapsuleDB.
     pub db_get_retry: Duration,
     /// CapsuleDB role only: journal every applied update (this many at most in flight) and hand
     /// read requests to [`crate::Node::db_requests`].

@@ -40,9 +40,11 @@ use std::time::{Duration, Instant};
 pub struct Recovery {
     /// Record messages, in chain order per writer, ready for [`Preloaded`].
     pub messages: Vec<Message>,
-    /// The servers read from, and those skipped (with why).
+    /// The servers read from.
     pub servers: Vec<SocketAddr>,
+    /// The servers passed over (unreachable, stale, lying), each with the last reason.
     pub skipped: Vec<(SocketAddr, String)>,
+    /// The epoch of the newest SYNC known when the last copy was chosen, if any.
     pub newest_sync_epoch: Option<u64>,
     /// Rounds the fetch took (1: enough servers were fresh at once).
     pub rounds: u32,
@@ -112,6 +114,7 @@ pub struct Preloaded {
 }
 
 impl Preloaded {
+    /// Wraps `inner`; `first` is handed out, in order, before anything `inner` receives.
     pub fn new(inner: Arc<dyn Fabric>, first: Vec<Message>) -> Preloaded {
         Preloaded { first: Mutex::new(first.into()), inner }
     }

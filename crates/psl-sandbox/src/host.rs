@@ -9,15 +9,26 @@ use std::time::Duration;
 /// never carry a secret.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HostError {
+    /// The host call failed for any other reason; the string is the message the lambda sees.
     #[error("{0}")]
     Failed(String),
     /// A durability wait ended before a quorum of capsule servers acked every earlier write:
     /// the lambda sees a `DurabilityError` with these numbers.
     #[error("{message}")]
-    NotDurable { message: String, acked_by: usize, quorum: usize, servers: u32 },
+    NotDurable {
+        /// The full explanation, shown as the error's message.
+        message: String,
+        /// How many capsule servers acked every earlier write before the wait ended.
+        acked_by: usize,
+        /// How many servers must ack (f + 1 of the `servers`).
+        quorum: usize,
+        /// How many capsule servers the job has (2f + 1).
+        servers: u32,
+    },
 }
 
 impl HostError {
+    /// A [`HostError::Failed`] carrying `e`'s display text.
     pub fn failed(e: impl std::fmt::Display) -> HostError {
         HostError::Failed(e.to_string())
     }
@@ -27,18 +38,24 @@ impl HostError {
 /// wrote it, by which the store resolves concurrent writes (the highest wins).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KvEntry {
+    /// The key, as the lambda wrote it.
     pub key: String,
+    /// The live value.
     pub value: KvValue,
+    /// Lamport time of the record that wrote the value (first part of the version).
     pub lamport: u64,
+    /// Writer id of the record that wrote the value (breaks Lamport ties).
     pub writer: u32,
 }
 
 /// The store a lambda reads and writes. Implementations must be safe to call from the
 /// lambda's thread and must bound their own waits (`sync` and `sync_durable` in particular).
 pub trait KvHost: Send + Sync {
+    /// Writes `value` under `key`; a later `get` here sees it. Not durable until `sync_durable`.
     fn put(&self, key: &str, value: &KvValue) -> Result<(), HostError>;
     /// The key's live value with its version; `None` if absent or deleted.
     fn get(&self, key: &str) -> Result<Option<KvEntry>, HostError>;
+    /// Deletes `key`; deleting an absent key is not an error.
     fn del(&self, key: &str) -> Result<(), HostError>;
     /// Barrier: returns once the writes of every lambda made before the call are visible here.
     fn sync(&self) -> Result<(), HostError>;
@@ -61,6 +78,7 @@ pub struct MapHost {
 }
 
 impl MapHost {
+    /// An empty map.
     pub fn new() -> MapHost {
         MapHost::default()
     }

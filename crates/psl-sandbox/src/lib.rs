@@ -28,6 +28,7 @@
 //! throws, or is interrupted ends with a [`LambdaError`] naming its id and the [`StopReason`];
 //! other lambdas run in other runtimes on other threads and are not affected.
 
+#![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 pub mod host;
 pub mod limits;

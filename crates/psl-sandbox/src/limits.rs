@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+/// The bounds one lambda runs under; [`Default`] gives 64 MiB of memory, 10 s of CPU time and
+/// 60 s of wall-clock time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SandboxLimits {
     /// Bytes the lambda's QuickJS runtime may allocate (heap, strings, bytecode).
@@ -18,21 +20,24 @@ pub struct SandboxLimits {
     pub program_bytes_max: usize,
     /// Size of the job input handed to every lambda as `lambda.input`.
     pub input_bytes_max: usize,
-    /// `emit` calls, and their total bytes.
+    /// Most `emit` calls one lambda may make (the next one throws a `RangeError`).
     pub emits_max: usize,
+    /// Most bytes all of a lambda's `emit`ted values may total.
     pub emit_bytes_max: usize,
-    /// `log` lines kept, and bytes kept per line (longer lines are cut).
+    /// Most `log` lines kept (later lines are dropped silently).
     pub log_lines_max: usize,
+    /// Most bytes kept of one `log` line (longer lines are cut).
     pub log_line_bytes_max: usize,
     /// Bytes of one value's payload (text, JSON text or bytes): the capsule's 1 MiB value
     /// limit less the 29-byte item header the kind travels in (see [`crate::value`]).
     pub value_bytes_max: usize,
-    /// Entries one `scan` may ask for (`limit`), and what it gets without asking.
+    /// Most entries one `scan` may ask for (`limit`).
     pub scan_limit_max: usize,
+    /// Entries a `scan` returns when it does not pass a `limit`.
     pub scan_limit_default: usize,
-    /// How long a durable `sync` or `put` waits for the capsule servers' acks by default, and
-    /// the most a lambda may ask for (`timeoutMs`).
+    /// How long a durable `sync` or `put` waits for the capsule servers' acks by default.
     pub durable_timeout: Duration,
+    /// The longest durability wait a lambda may ask for (`timeoutMs`).
     pub durable_timeout_max: Duration,
 }
 

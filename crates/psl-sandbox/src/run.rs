@@ -14,9 +14,13 @@ use std::time::{Duration, Instant};
 /// What to run: the program, the lambda's identity within its job, the job input.
 #[derive(Clone)]
 pub struct LambdaSpec {
+    /// This lambda's index within its job, `0..count` (the lambda's `lambda.id`).
     pub id: u32,
+    /// How many lambdas the job runs (the lambda's `lambda.count`).
     pub count: u32,
+    /// The JavaScript source to evaluate (at most [`SandboxLimits::program_bytes_max`] bytes).
     pub program: Arc<str>,
+    /// The job input, seen as `lambda.input` (`null` when `None`).
     pub input: Option<Arc<str>>,
 }
 
@@ -31,17 +35,35 @@ impl fmt::Debug for LambdaSpec {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StopReason {
     /// Used more CPU time than allowed (interrupted; JS cannot catch this).
-    CpuTime { limit: Duration },
+    CpuTime {
+        /// The CPU-time limit that was exceeded.
+        limit: Duration,
+    },
     /// Ran longer than allowed on the wall clock (interrupted).
-    WallTime { limit: Duration },
+    WallTime {
+        /// The wall-clock limit that was exceeded.
+        limit: Duration,
+    },
     /// Hit the memory limit.
-    Memory { limit: usize },
+    Memory {
+        /// The memory limit that was hit, in bytes.
+        limit: usize,
+    },
     /// The program threw (or failed to compile) and did not catch it.
-    Threw { message: String },
+    Threw {
+        /// The exception's text (or the compile error).
+        message: String,
+    },
     /// The program was refused before it ran.
-    Refused { why: String },
+    Refused {
+        /// Why it was refused (e.g. the program or input is over its size limit).
+        why: String,
+    },
     /// The sandbox itself failed (could not make a runtime, thread died).
-    Sandbox { why: String },
+    Sandbox {
+        /// What failed.
+        why: String,
+    },
 }
 
 impl fmt::Display for StopReason {
@@ -71,25 +93,36 @@ impl StopReason {
     }
 }
 
+/// A lambda that did not finish normally: which one, and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("lambda {lambda} stopped: {reason}")]
 pub struct LambdaError {
+    /// The lambda's id ([`LambdaSpec::id`]).
     pub lambda: u32,
+    /// Why it stopped.
     pub reason: StopReason,
 }
 
 /// Everything a lambda produced, however it ended.
 #[derive(Debug, Clone)]
 pub struct LambdaOutcome {
+    /// The lambda's id ([`LambdaSpec::id`]).
     pub id: u32,
+    /// The values passed to `emit`, as strings, in call order (also those before a stop).
     pub emitted: Vec<String>,
+    /// The `log` lines kept, in call order (see [`SandboxLimits::log_lines_max`]).
     pub logs: Vec<String>,
+    /// `Ok` if the program ran to its end, else why it stopped.
     pub result: Result<(), LambdaError>,
+    /// When the lambda started (before its runtime was built).
     pub started_at: Instant,
     /// When the lambda made its first host call (`put`/`get`/`del`/`sync`), if it made one.
     pub first_op_at: Option<Instant>,
+    /// When the lambda ended (however it ended).
     pub finished_at: Instant,
+    /// CPU time the lambda's thread used.
     pub cpu: Duration,
+    /// How many host calls (`put`/`get`/`del`/`sync`/`scan`, ...) the lambda made.
     pub host_ops: u64,
 }
 
@@ -101,6 +134,7 @@ pub struct LambdaHandle {
 }
 
 impl LambdaHandle {
+    /// The lambda's id ([`LambdaSpec::id`]).
     pub fn id(&self) -> u32 {
         self.id
     }

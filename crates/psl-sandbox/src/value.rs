@@ -40,9 +40,11 @@ pub const FLAG_JSON: u32 = 1 << 5;
 /// A lambda's value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KvValue {
+    /// A string (stored with [`FLAG_TEXT`]).
     Text(String),
     /// JSON text (what `JSON.stringify` made of the value).
     Json(String),
+    /// Raw bytes (a `Uint8Array`/`ArrayBuffer` in JS; stored with no flag).
     Bytes(Vec<u8>),
 }
 
@@ -101,6 +103,7 @@ pub fn encode(v: &KvValue, stored_us: u64) -> Vec<u8> {
 /// What a stored value reads as.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decoded {
+    /// A live value (a foreign value without the item header reads as text, or bytes if not UTF-8).
     Value(KvValue),
     /// An item whose expiry has passed (a memcached client set one): reads as missing.
     Expired,

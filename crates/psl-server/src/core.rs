@@ -18,6 +18,8 @@ use psl_scl::{Ack, AckEntry, Msg, Orderer, OrdererConfig};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
+/// The tunables of a [`ServerCore`]: ordering, group-commit and backlog bounds, repair
+/// answering, anti-entropy and re-ack intervals (milliseconds where named `_ms`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ServerConfig {
     /// Per-writer ordering, hold-back and gap repair (the same engine as a node's).
@@ -35,8 +37,9 @@ pub struct ServerConfig {
     /// Most repair requests per tick caused by peers' heads hints.
     pub hint_requests_per_tick: usize,
     /// How often acks are repeated for writers whose durable head moved recently (acks travel
-    /// on a lossy fabric), and how recently.
+    /// on a lossy fabric).
     pub reack_interval_ms: u64,
+    /// How recently a writer's durable head must have moved for its ack to be repeated.
     pub reack_window_ms: u64,
 }
 
@@ -63,11 +66,34 @@ pub enum Output {
     Publish(Vec<u8>),
     /// Read writer `writer`'s records `from_seq ..= to_seq` (all durable) from the store and
     /// publish each as a record message.
-    Serve { writer: u32, from_seq: u64, to_seq: u64 },
+    Serve {
+        /// The writer whose records to serve.
+        writer: u32,
+        /// First seq to serve.
+        from_seq: u64,
+        /// Last seq to serve (inclusive).
+        to_seq: u64,
+    },
     /// A writer's records could not be obtained for `withholding_after_ms`.
-    Withholding { writer: u32, from_seq: u64, to_seq: u64 },
+    Withholding {
+        /// The writer whose records are missing.
+        writer: u32,
+        /// First seq of the gap.
+        from_seq: u64,
+        /// Last seq of the gap (inclusive).
+        to_seq: u64,
+    },
     /// Two different signed records for one (writer, seq).
-    Equivocation { writer: u32, seq: u64, a: Hash256, b: Hash256 },
+    Equivocation {
+        /// The writer that signed both.
+        writer: u32,
+        /// The slot both claim.
+        seq: u64,
+        /// Hash of the record known first.
+        a: Hash256,
+        /// Hash of the conflicting record.
+        b: Hash256,
+    },
     /// A group commit failed: nothing more is acked; the runtime must stop (a restart reopens
     /// and re-verifies the store).
     Fatal(String),
@@ -76,17 +102,30 @@ pub enum Output {
 /// Counters (plain numbers; the runtime copies them out).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ServerStats {
+    /// Records whose signature verified and that were handed to the orderer.
     pub records_verified: u64,
+    /// Records refused: failed verification, revoked or retired key, dropped by the orderer,
+    /// uncertified past the wait, or revoked between ordering and their group commit.
     pub records_rejected: u64,
+    /// Records dropped because the server already stored, ordered or held them.
     pub duplicates: u64,
+    /// Records held back until the records before them in their writer's chain arrive.
     pub records_held: u64,
+    /// Records written and fsync'd by group commits.
     pub records_persisted: u64,
+    /// Group commits completed (one write and one fsync each).
     pub commits: u64,
+    /// Ack messages published (first acks and re-acks).
     pub acks_sent: u64,
+    /// Repair requests published for gaps in a writer's chain.
     pub repair_requests_sent: u64,
+    /// Records handed to the runtime to serve in answer to repair requests.
     pub records_served: u64,
+    /// Records refused because they claim a capsule server's writer index.
     pub server_range_refused: u64,
+    /// Gaps reported as withholding ([`Output::Withholding`]).
     pub withholding_reports: u64,
+    /// Pairs of different signed records found for one (writer, seq).
     pub equivocations: u64,
     /// Records refused because their writer's certificate never came (certified capsules).
     pub uncertified: u64,
@@ -94,6 +133,8 @@ pub struct ServerStats {
     pub statements_refused: u64,
 }
 
+/// One capsule server's protocol state machine: orders verified records, hands out batches
+/// for group commit, acks what a [`Synced`] proof covers, answers repairs, exchanges heads.
 pub struct ServerCore {
     verifier: Arc<Verifier>,
     key: SigningKey,
@@ -118,6 +159,7 @@ pub struct ServerCore {
     /// by it or an earlier sync (a sync covers everything written before it).
     synced: Option<Synced>,
     failed: Option<String>,
+    /// The core's counters, updated as it goes.
     pub stats: ServerStats,
     /// This server's own certificate (a certified capsule), announced every
     /// `psl_scl::node::CERTS_ANNOUNCE_MS`: servers write no records, so nodes learn the key
@@ -184,14 +226,17 @@ impl ServerCore {
         }
     }
 
+    /// This server's writer index (the one its acks are signed under).
     pub fn server_writer(&self) -> u32 {
         self.me
     }
 
+    /// The verifier (public keys, certificates, rotations) records are checked with.
     pub fn verifier(&self) -> &Arc<Verifier> {
         &self.verifier
     }
 
+    /// The per-writer orderer (chain order, held-back records, gaps).
     pub fn orderer(&self) -> &Orderer<Verified<Record>> {
         &self.orderer
     }
@@ -211,6 +256,7 @@ impl ServerCore {
         self.ready.len() >= self.cfg.ready_records_max
     }
 
+    /// Why a group commit failed, if one did (the core then acks nothing more).
     pub fn failed(&self) -> Option<&str> {
         self.failed.as_deref()
     }

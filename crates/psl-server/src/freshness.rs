@@ -22,19 +22,39 @@ use psl_capsule::Link;
 use psl_crypto::Hash256;
 use std::collections::BTreeMap;
 
+/// Why [`check_fresh`] found a server's copy stale.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Stale {
+    /// The server's head for a writer is below a record the SYNC links (or it has none).
     #[error("the server holds writer {writer} up to seq {have:?}, but a SYNC links its seq {need}")]
-    Behind { writer: u32, have: Option<u64>, need: u64 },
+    Behind {
+        /// The writer.
+        writer: u32,
+        /// The server's newest seq of that writer (`None`: it holds none of its records).
+        have: Option<u64>,
+        /// The seq the SYNC links.
+        need: u64,
+    },
+    /// The server holds another record than the one the SYNC links at that slot.
     #[error(
         "the server holds a different record at writer {writer} seq {seq} than the SYNC links ({held} vs {linked})"
     )]
-    Conflict { writer: u32, seq: u64, held: Hash256, linked: Hash256 },
+    Conflict {
+        /// The writer.
+        writer: u32,
+        /// The linked seq.
+        seq: u64,
+        /// Hash of the record the server holds there.
+        held: Hash256,
+        /// Hash the SYNC links.
+        linked: Hash256,
+    },
 }
 
 /// What a reader learned from one server: its heads (writer -> newest seq) and a way to look up
 /// the hash it holds at a slot.
 pub struct ServerView<'a> {
+    /// The server's heads: writer -> (newest seq, its hash).
     pub heads: &'a BTreeMap<u32, (u64, Hash256)>,
     /// Hash held at (writer, seq), if the reader knows it. A reader that has read and verified
     /// the server's records (`read::fetch_quorum`) knows every slot up to each head, so a

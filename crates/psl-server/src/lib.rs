@@ -20,6 +20,7 @@
 //!
 //! The protocol is described in `docs/protocol/durability.md`.
 
+#![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 pub mod core;
 pub mod disk;

@@ -64,16 +64,46 @@ pub const ANSWER_BYTES_MAX: usize = 64 << 20;
 pub const FETCH_BYTES_MAX: usize = 2 << 30;
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Why a read from a capsule server failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
+    /// Connecting, sending or reading failed (timeouts of 10 s included), or the framing broke
+    /// a bound.
     #[error("server {addr}: {what}: {source}")]
-    Io { addr: SocketAddr, what: &'static str, source: std::io::Error },
+    Io {
+        /// The server's read address.
+        addr: SocketAddr,
+        /// What was being done, e.g. `"connecting"`.
+        what: &'static str,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The server answered with an error message.
     #[error("server {addr} answered an error: {msg}")]
-    Server { addr: SocketAddr, msg: String },
+    Server {
+        /// The server's read address.
+        addr: SocketAddr,
+        /// The server's message.
+        msg: String,
+    },
+    /// The answer's frames do not decode or break the protocol (too many, out of order).
     #[error("server {addr} sent a malformed answer: {what}")]
-    Malformed { addr: SocketAddr, what: String },
+    Malformed {
+        /// The server's read address.
+        addr: SocketAddr,
+        /// What is wrong with the answer.
+        what: String,
+    },
+    /// A record (or proof) the server sent does not verify with the capsule's public keys.
     #[error("server {addr} sent a record that does not verify: {what}")]
-    Unverified { addr: SocketAddr, what: String },
+    Unverified {
+        /// The server's read address.
+        addr: SocketAddr,
+        /// Why verification failed.
+        what: String,
+    },
+    /// A fetch found too few servers with a fresh copy within its patience; the string says
+    /// why each was passed over.
     #[error("no server holds a fresh copy: {0}")]
     NoFreshServer(String),
 }
@@ -162,14 +192,21 @@ fn connection(
 /// A parsed request line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
+    /// `HEADS`: each writer's newest durable record.
     Heads,
+    /// `SYNC`: the newest SYNC record stored.
     Sync,
+    /// `GET <hash>`: the record with this hash.
     Get(Hash256),
     /// Writer, from, to (inclusive; the answer holds at most [`RANGE_RECORDS_MAX`]).
     Range(u32, u64, u64),
+    /// `PROOF <hash>`: a membership proof of the record with this hash.
     Proof(Hash256),
+    /// `CHECK`: the server's own end-to-end check of its store ([`RemoteCheck`]).
     Check,
+    /// `CERTS`: the key statements the server knows.
     Certs,
+    /// `STATS`: the server's counters as JSON.
     Stats,
 }
 
@@ -387,13 +424,15 @@ fn answer(st: &DiskStore, req: &str) -> Result<Vec<Vec<u8>>, String> {
 /// What a server's own check of its store found (`CHECK`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RemoteCheck {
-    /// Frames read, frames whose record verified, records the server's index holds.
+    /// Frames read from the log.
     pub frames: u64,
+    /// Frames whose record verified.
     pub verified: u64,
+    /// Records the server's index holds.
     pub records: u64,
-    /// Bytes of the log checked (what the index described when the check began), and bytes
-    /// the server appended while it ran (not checked).
+    /// Bytes of the log checked (what the index described when the check began).
     pub checked_bytes: u64,
+    /// Bytes the server appended while the check ran (not checked).
     pub appended_bytes: u64,
     /// Damage: every problem but a torn tail, one line each. Empty: clean.
     pub damage: Vec<String>,
@@ -405,6 +444,7 @@ pub struct RemoteCheck {
 }
 
 impl RemoteCheck {
+    /// Whether the check found no damage (a torn tail and lagging records are not damage).
     pub fn is_clean(&self) -> bool {
         self.damage.is_empty()
     }
@@ -510,6 +550,7 @@ pub struct ReadClient {
 }
 
 impl ReadClient {
+    /// Connects to the read address `addr` (10 s timeout to connect, and per read and write).
     pub fn connect(addr: SocketAddr) -> Result<ReadClient, ReadError> {
         let io = |what| move |source| ReadError::Io { addr, what, source };
         let s = TcpStream::connect_timeout(&addr, IO_TIMEOUT).map_err(io("connecting"))?;
@@ -519,6 +560,7 @@ impl ReadClient {
         Ok(ReadClient { addr, r: BufReader::new(s), w, certs_learnt: false })
     }
 
+    /// The server's read address.
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
@@ -716,7 +758,9 @@ pub struct Fetched {
 pub struct Patience {
     /// Give up once this much time has passed since the first round (zero: one round only).
     pub within: Duration,
+    /// The wait before the second round (doubled after each further round).
     pub retry_first: Duration,
+    /// The longest wait between two rounds.
     pub retry_max: Duration,
 }
 

@@ -26,34 +26,55 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// Why a capsule server could not start (or install a rotation).
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
+    /// Opening, creating, repairing or writing the store failed.
     #[error("store: {0}")]
     Store(#[from] StoreError),
+    /// The store directory belongs to another capsule.
     #[error("the store in {dir} holds capsule {found}, not {expected}")]
-    WrongCapsule { dir: PathBuf, found: String, expected: String },
+    WrongCapsule {
+        /// The store directory.
+        dir: PathBuf,
+        /// Name (hex) of the capsule the store holds.
+        found: String,
+        /// Name (hex) of the capsule the server was started for.
+        expected: String,
+    },
+    /// [`ServerOptions::id`] is above 32767.
     #[error("server id {0} is out of range (0 to 32767)")]
     Id(u32),
+    /// The server id maps to a writer index the capsule's policy gives a coordinator.
     #[error("server writer index {0} is one of the capsule's coordinator indices: pick another server id")]
     CoordinatorClash(u32),
+    /// A server thread (core, verifier, fabric, read) could not be started.
     #[error("starting a thread: {0}")]
     Spawn(#[from] std::io::Error),
+    /// The capsule certifies writers but [`ServerOptions::cert`] is `None`; carries the
+    /// capsule name (hex).
     #[error(
         "capsule {0} certifies writers: the server needs the certificate of its key (ServerOptions::cert, or --owner)"
     )]
     NoCert(String),
+    /// [`ServerOptions::cert`] certifies another writer or key, or the verifier refused it.
     #[error("the server's certificate does not match: {0}")]
     BadCert(String),
 }
 
+/// How a [`Server`] runs: its id, threads, channel bounds, tick, core configuration, fsync
+/// policy, read address and certificate.
 #[derive(Debug, Clone)]
 pub struct ServerOptions {
     /// Server id (0 .. 32767); its key is the application key's child `SERVER_WRITER_BASE + id`.
     pub id: u32,
+    /// Verifier threads (at least one is started even if 0).
     pub verifiers: usize,
     /// Bound of each channel (in, verify, verified).
     pub channel_msgs_max: usize,
+    /// The core thread's tick (repair and heads timers, re-acks).
     pub tick: Duration,
+    /// The protocol core's configuration.
     pub core: ServerConfig,
     /// When batches are fsync'd (acks always follow the fsync).
     pub fsync: FsyncPolicy,
@@ -82,7 +103,9 @@ impl Default for ServerOptions {
 /// What happened when the store was opened.
 #[derive(Debug, Clone, Default)]
 pub struct StartReport {
+    /// Whether the store was created (there was none in the directory).
     pub created: bool,
+    /// Records the store holds after opening (and any repair).
     pub records: usize,
     /// Problems the open found (damaged frames, unreadable regions, orphans, torn tail).
     pub problems: Vec<String>,
@@ -148,6 +171,8 @@ enum In {
     Msg(Msg),
 }
 
+/// A running capsule server: its fabric threads, verify pool, core thread, and optional read
+/// interface, over one capsule's store.
 pub struct Server {
     store: Arc<Mutex<DiskStore>>,
     verifier: Arc<Verifier>,
@@ -392,6 +417,7 @@ impl Server {
         Ok(Server { store, verifier, stop, threads, stats, counters, failed, writer, start: start_report, read_addr })
     }
 
+    /// This server's writer index (`psl_scl::server_writer(id)`), which its acks are signed under.
     pub fn writer(&self) -> u32 {
         self.writer
     }
@@ -401,6 +427,7 @@ impl Server {
         self.read_addr
     }
 
+    /// What happened when the store was opened at start.
     pub fn start_report(&self) -> &StartReport {
         &self.start
     }
@@ -436,14 +463,17 @@ impl Server {
         view.check()
     }
 
+    /// Records the store holds.
     pub fn len(&self) -> usize {
         self.store().len()
     }
 
+    /// Whether the store holds no record.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    /// A copy of the core's counters.
     pub fn stats(&self) -> ServerStats {
         *self.stats.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -468,6 +498,8 @@ impl Server {
         self.failed.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// Every counter as JSON (what the read interface's `STATS` answers): the core's, the
+    /// runtime's (received, dropped, published, serve errors), records stored, and `failed`.
     pub fn stats_json(&self) -> serde_json::Value {
         StatsParts {
             writer: self.writer,
