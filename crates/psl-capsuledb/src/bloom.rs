@@ -2,9 +2,11 @@
 
 /// Bits per entry and probes used for new filters (about 1% false positives).
 pub const BITS_PER_ENTRY: usize = 10;
+/// Probes (hash functions) used for new filters.
 pub const PROBES: u8 = 7;
 /// Largest filter accepted by the decoder, in bytes.
 pub const BLOOM_BYTES_MAX: usize = 1 << 20;
+/// Most probes accepted by the decoder.
 pub const PROBES_MAX: u8 = 16;
 
 /// The two hashes of a key every filter's probes derive from.
@@ -12,11 +14,14 @@ pub const PROBES_MAX: u8 = 16;
 pub struct KeyHash(u64, u64);
 
 impl KeyHash {
+    /// The two hashes of `key`.
     pub fn of(key: &[u8]) -> KeyHash {
         KeyHash(hash64(key, 0x5053_4c42), hash64(key, 0x626c_6f6f) | 1)
     }
 }
 
+/// A Bloom filter over a block's keys: `k` probes into a bit array (at most
+/// [`BLOOM_BYTES_MAX`] bytes).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bloom {
     pub(crate) k: u8,
@@ -66,6 +71,7 @@ impl Bloom {
         (0..self.k as u64).map(move |i| (h.0.wrapping_add(i.wrapping_mul(h.1)) % m) as usize)
     }
 
+    /// Sets the bits of `key`'s probes.
     pub fn insert(&mut self, key: &[u8]) {
         let idx: Vec<usize> = self.probes(KeyHash::of(key)).collect();
         for i in idx {

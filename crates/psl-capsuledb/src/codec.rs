@@ -18,12 +18,17 @@
 use crate::bloom::Bloom;
 use crate::{Cell, RecordHash, Version};
 
+/// Longest key, in bytes (keys are at least 1 byte).
 pub const KEY_BYTES_MAX: usize = 250;
+/// Longest value, in bytes (1 MiB).
 pub const VALUE_BYTES_MAX: usize = 1 << 20;
+/// Most entries in one block.
 pub const BLOCK_ENTRIES_MAX: usize = 1 << 16;
 /// Soft bound on an encoded block's payload (well under a record's 8 MiB default limit).
 pub const BLOCK_BYTES_MAX: usize = 4 << 20;
+/// Most levels in an index (level 0 included).
 pub const LEVELS_MAX: usize = 32;
+/// Most blocks in one level of an index.
 pub const BLOCKS_PER_LEVEL_MAX: usize = 1 << 20;
 const BLOCK_MAGIC: &[u8; 4] = b"PSLB";
 const INDEX_MAGIC: &[u8; 4] = b"PSLI";
@@ -33,18 +38,32 @@ const INDEX_V2: u8 = 2;
 /// Most writers in an index's frontier.
 pub const FRONTIER_WRITERS_MAX: usize = 1 << 16;
 
+/// Why bytes are not a valid block or index (or a block breaks the format's rules).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CodecError {
+    /// The bytes end inside the named field.
     #[error("truncated at {0}")]
     Truncated(&'static str),
+    /// The bytes do not start with the block's (`PSLB`) or index's (`PSLI`) magic.
     #[error("bad magic")]
     Magic,
+    /// The format version byte is neither 1 nor 2.
     #[error("unsupported format version {0}")]
     Version(u8),
+    /// A count or length is over its format limit.
     #[error("{field}: {len} over the limit {max}")]
-    Limit { field: &'static str, len: u64, max: u64 },
+    Limit {
+        /// The field that is too large.
+        field: &'static str,
+        /// Its value.
+        len: u64,
+        /// The largest value allowed.
+        max: u64,
+    },
+    /// A field holds a value the format forbids (the message names the rule).
     #[error("invalid {0}")]
     Invalid(&'static str),
+    /// Bytes follow the end of the encoding.
     #[error("trailing bytes")]
     Trailing,
 }
@@ -52,34 +71,45 @@ pub enum CodecError {
 /// An immutable sorted run of entries (unique keys, strictly increasing).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Block {
+    /// `(key, cell)` pairs, keys strictly increasing.
     pub entries: Vec<(Vec<u8>, Cell)>,
 }
 
 /// What an index knows about one block.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlockRef {
+    /// Hash of the `db-block` record holding the block.
     pub hash: RecordHash,
+    /// Number of entries in the block (1 to [`BLOCK_ENTRIES_MAX`]).
     pub entries: u32,
+    /// The block's smallest key.
     pub min: Vec<u8>,
+    /// The block's largest key.
     pub max: Vec<u8>,
+    /// Filter over the block's keys.
     pub bloom: Bloom,
 }
 
 /// A snapshot of the tree's on-store part: level 0 newest first, then sorted levels.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Index {
+    /// Sequence number of the index, one more than the previous index's.
     pub seq: u64,
+    /// Hash of the previous index record (`None` for the first).
     pub prev: Option<RecordHash>,
+    /// The levels' blocks: level 0 newest first (may overlap), deeper levels sorted and disjoint.
     pub levels: Vec<Vec<BlockRef>>,
     /// Per writer: every write up to this Lamport time is in the blocks (see the module docs).
     pub frontier: std::collections::BTreeMap<u32, u64>,
 }
 
 impl Block {
+    /// The cell for `key`, if the block holds it (binary search).
     pub fn get(&self, key: &[u8]) -> Option<&Cell> {
         self.entries.binary_search_by(|(k, _)| k.as_slice().cmp(key)).ok().map(|i| &self.entries[i].1)
     }
 
+    /// Length in bytes of [`Block::encode`]'s output.
     pub fn encoded_len(&self) -> usize {
         9 + self.entries.iter().map(|(k, (_, v))| entry_len(k, v)).sum::<usize>()
     }
@@ -142,6 +172,7 @@ impl Block {
         b
     }
 
+    /// Decodes a block (format 1 or 2), checking every limit and the key order.
     pub fn decode(bytes: &[u8]) -> Result<Block, CodecError> {
         let mut r = Reader(bytes);
         if r.take(4, "magic")? != BLOCK_MAGIC {
@@ -187,6 +218,7 @@ pub(crate) fn entry_len(k: &[u8], v: &Option<Vec<u8>>) -> usize {
 }
 
 impl BlockRef {
+    /// Whether `key` lies within the block's `[min, max]` key range.
     pub fn overlaps_key(&self, key: &[u8]) -> bool {
         self.min.as_slice() <= key && key <= self.max.as_slice()
     }
@@ -237,6 +269,8 @@ impl Index {
         b
     }
 
+    /// Decodes an index (format 1 or 2), checking every limit, each block's key range and
+    /// filter, and the order of deeper levels and of the frontier.
     pub fn decode(bytes: &[u8]) -> Result<Index, CodecError> {
         let mut r = Reader(bytes);
         if r.take(4, "magic")? != INDEX_MAGIC {

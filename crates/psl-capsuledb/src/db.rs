@@ -35,7 +35,9 @@ use std::time::Duration;
 /// Somewhere sealed record bytes are kept, addressed by record hash. Stores are untrusted:
 /// whatever they return is verified.
 pub trait BlockStore: Send + Sync {
+    /// Stores the sealed record `bytes` under its hash.
     fn put(&self, hash: RecordHash, bytes: Vec<u8>) -> std::io::Result<()>;
+    /// The bytes held under `hash` (unverified), if any.
     fn get(&self, hash: &RecordHash) -> Option<Vec<u8>>;
     /// Makes every record put so far durable. Called before and after each index record, so
     /// that an index is never durable before the blocks it points at (and a store may batch).
@@ -60,14 +62,17 @@ pub struct MemStore {
 }
 
 impl MemStore {
+    /// An empty store.
     pub fn new() -> Arc<MemStore> {
         Arc::new(MemStore::default())
     }
 
+    /// Records held.
     pub fn len(&self) -> usize {
         self.map.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
+    /// Whether the store holds no record.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -106,6 +111,7 @@ impl MemStore {
         Arc::new(MemStore { map: Mutex::new(map) })
     }
 
+    /// Drops the record `hash`; `false` if absent (tests: a store losing a record).
     pub fn remove(&self, hash: &RecordHash) -> bool {
         self.map.lock().unwrap_or_else(|e| e.into_inner()).remove(hash).is_some()
     }
@@ -124,8 +130,11 @@ impl BlockStore for MemStore {
 /// Counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stats {
+    /// Block and index records sealed and taken by at least one store.
     pub records_written: u64,
+    /// Blocks fetched from the stores (cache misses).
     pub block_fetches: u64,
+    /// Reads served from the block cache or the entry cache.
     pub cache_hits: u64,
     /// Copies that failed decoding, verification, the hash check or the kind check.
     pub rejected_copies: u64,
@@ -917,10 +926,12 @@ impl CapsuleDb {
         self.inner.apply(key, version, value)
     }
 
+    /// Puts `value` under `key` at `version` ([`CapsuleDb::apply`]).
     pub fn put(&mut self, key: &[u8], version: Version, value: Vec<u8>) -> Result<(), Error> {
         self.apply(key, version, Some(value))
     }
 
+    /// Writes a tombstone for `key` at `version` ([`CapsuleDb::apply`]).
     pub fn delete(&mut self, key: &[u8], version: Version) -> Result<(), Error> {
         self.apply(key, version, None)
     }
@@ -1000,6 +1011,7 @@ impl CapsuleDb {
         self.inner.mem.read().active.len()
     }
 
+    /// Sequence number of the current index.
     pub fn index_seq(&self) -> u64 {
         self.inner.index().seq
     }
@@ -1009,6 +1021,7 @@ impl CapsuleDb {
         self.inner.index()
     }
 
+    /// The counters so far.
     pub fn stats(&self) -> Stats {
         self.inner.io.stats.get()
     }

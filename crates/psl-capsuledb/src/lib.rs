@@ -17,6 +17,7 @@
 //! - [`role`]: [`role::Role`], the `psl capsuledb` role: a receive-only SCL node feeding the
 //!   tree, answering workers' read requests, publishing the frontier workers may evict below.
 
+#![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 pub mod bloom;
 pub mod codec;
@@ -40,8 +41,11 @@ pub use store::DirStore;
 /// copies. The role answers with that record, which proves the version (`dbwire`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Version {
+    /// The write's Lamport time.
     pub lamport: u64,
+    /// Index of the writer that made it.
     pub writer: u32,
+    /// Hash of the data record that wrote it (all zero: unknown).
     pub record: RecordHash,
 }
 
@@ -63,18 +67,35 @@ pub type Cell = (Version, Option<Vec<u8>>);
 /// 32-byte record hash: the pointer an index keeps to a block.
 pub type RecordHash = [u8; 32];
 
+/// What a CapsuleDB operation failed on.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// A block or index record's payload does not decode.
     #[error("codec: {0}")]
     Codec(#[from] CodecError),
+    /// A bad argument or configuration (a key or value out of bounds, no store), or data that
+    /// contradicts itself (a block that does not match its index entry, a broken index chain).
     #[error("invalid argument: {0}")]
     Invalid(&'static str),
+    /// Sealing and signing a new record failed.
     #[error("sealing a record failed: {0}")]
     Seal(String),
+    /// Every store was tried and none returned a copy of the record that checks.
     #[error("record {hash} not readable from any store ({tried} tried): {last}")]
-    Unavailable { hash: String, tried: usize, last: String },
+    Unavailable {
+        /// The record's hash, hex.
+        hash: String,
+        /// How many stores were tried.
+        tried: usize,
+        /// Why the last copy was rejected (or that no store holds it).
+        last: String,
+    },
+    /// Writing or syncing failed on every store, or a compaction, thread or replay step
+    /// failed (the message says which).
     #[error("no store took the record: {0}")]
     Store(String),
+    /// [`CapsuleDb::get_at`] or [`CapsuleDb::get_cell_at`] asked for an index sequence number
+    /// the chain of indexes does not hold.
     #[error("snapshot {0} is not kept")]
     UnknownSnapshot(u64),
 }

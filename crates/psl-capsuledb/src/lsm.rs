@@ -62,6 +62,8 @@ impl Default for Config {
 }
 
 impl Config {
+    /// Checks the sizes: all positive, `fanout >= 2`, blocks of at most [`BLOCK_ENTRIES_MAX`]
+    /// entries and a memtable of fewer; [`Error::Invalid`] otherwise.
     pub fn validate(&self) -> Result<(), Error> {
         if self.memtable_entries_max == 0
             || self.l0_blocks_max == 0
@@ -89,12 +91,14 @@ impl Config {
 /// `save` stores a block and returns the hash of the record holding it. Shared by readers and
 /// the compaction thread, hence `&self`.
 pub trait Blocks {
+    /// The block `r` names, verified.
     fn load(&self, r: &BlockRef) -> Result<Arc<Block>, Error>;
     /// Like `load`, for a compaction's inputs: read once, so an implementation may keep them
     /// out of its cache of blocks for point reads.
     fn load_once(&self, r: &BlockRef) -> Result<Arc<Block>, Error> {
         self.load(r)
     }
+    /// Stores `b` in a new record; returns the record's hash.
     fn save(&self, b: &Block) -> Result<RecordHash, Error>;
     /// The entry for `key` in the block `r` names (blocks are immutable, so an implementation
     /// may cache the answer per `(block, key)`).
@@ -118,8 +122,11 @@ pub fn check_kv(key: &[u8], value: Option<&[u8]>) -> Result<(), Error> {
 /// `level + 1` (`lower`) into a new `level + 1`.
 #[derive(Debug, Clone)]
 pub struct Job {
+    /// The level compacted down.
     pub level: usize,
+    /// The blocks of `level` that merge.
     pub upper: Vec<BlockRef>,
+    /// Every block of `level + 1` (empty if that level does not exist yet).
     pub lower: Vec<BlockRef>,
     /// Tombstones are dropped (the target is the last level and `drop_tombstones` is set).
     pub drop_tombstones: bool,

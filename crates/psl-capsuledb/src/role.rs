@@ -94,6 +94,7 @@ pub struct RecordCache {
 }
 
 impl RecordCache {
+    /// An empty cache keeping at most `bytes_max` bytes of records.
     pub fn new(bytes_max: usize) -> RecordCache {
         RecordCache { inner: parking_lot::Mutex::new((lru::LruCache::unbounded(), 0)), bytes_max }
     }
@@ -119,6 +120,7 @@ impl RecordCache {
         true
     }
 
+    /// The bytes of record `hash`, if kept (marks it recently used).
     pub fn get(&self, hash: &RecordHash) -> Option<Arc<[u8]>> {
         self.inner.lock().0.get(hash).cloned()
     }
@@ -132,11 +134,18 @@ impl RecordCache {
 /// Counters of the role.
 #[derive(Debug, Default)]
 pub struct RoleStats {
+    /// Journaled updates applied to the tree.
     pub applied: AtomicU64,
+    /// Read requests taken (gets and scans).
     pub requests: AtomicU64,
+    /// Signed answers multicast (gets and scans).
     pub answers: AtomicU64,
+    /// Keys read that the tree does not hold.
     pub misses: AtomicU64,
+    /// Failures: writes or reads the tree refused, requests that do not open, records not
+    /// kept, freezes or index pointer updates that failed.
     pub errors: AtomicU64,
+    /// Signed frontiers (`heads`) multicast.
     pub heads_sent: AtomicU64,
     /// Acks multicast (flow control).
     pub acks_sent: AtomicU64,
@@ -156,11 +165,15 @@ struct AckState {
 /// What signs answers and heads: CapsuleDB's writer index and key, and the data key that
 /// seals answers and opens requests.
 pub struct RoleKeys {
+    /// CapsuleDB's writer index in the capsule.
     pub writer: u32,
+    /// The key that signs answers, heads and acks.
     pub signing: SigningKey,
+    /// The capsule's data key: seals answers, opens requests.
     pub data_key: DataKey,
 }
 
+/// The running CapsuleDB role: its tree, its node, and the apply and answer threads.
 pub struct Role {
     db: Arc<parking_lot::Mutex<CapsuleDb>>,
     node: Arc<Node>,
@@ -618,14 +631,17 @@ impl Role {
         self.serving.store(true, Ordering::Release);
     }
 
+    /// The tree the role feeds.
     pub fn db(&self) -> &Arc<parking_lot::Mutex<CapsuleDb>> {
         &self.db
     }
 
+    /// The SCL node the role receives writes and requests on.
     pub fn node(&self) -> &Arc<Node> {
         &self.node
     }
 
+    /// The role's counters.
     pub fn stats(&self) -> &RoleStats {
         &self.stats
     }

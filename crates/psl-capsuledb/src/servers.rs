@@ -74,6 +74,7 @@ pub struct Publisher {
     /// Held by whoever takes updates out of the journal (the role's apply thread, or the
     /// helper of a waiting `sync`), so that the spill always precedes what is still journaled.
     draining: Mutex<()>,
+    /// Records published again because a majority's acks did not come in time.
     pub republished: AtomicU64,
 }
 
@@ -104,6 +105,7 @@ impl Publisher {
         let _ = self.node.set(node);
     }
 
+    /// The writer index whose records this publisher sends.
     pub fn writer(&self) -> u32 {
         self.writer
     }
@@ -227,6 +229,7 @@ pub struct ServerStore {
     primary: bool,
     client: Mutex<Option<ReadClient>>,
     down_until: Mutex<Option<Instant>>,
+    /// Failed connections and failed reads to this server.
     pub read_errors: AtomicU64,
 }
 
@@ -255,6 +258,7 @@ impl ServerStore {
             .collect()
     }
 
+    /// The server's read address.
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
@@ -336,6 +340,7 @@ impl BlockStore for ServerStore {
 /// One server as the survey saw it.
 #[derive(Debug, Clone)]
 pub struct Reached {
+    /// The server's read address.
     pub addr: SocketAddr,
     /// writer -> (newest durable seq, its hash): the server's claims.
     pub heads: BTreeMap<u32, (u64, Hash256)>,
@@ -346,7 +351,9 @@ pub struct Reached {
 /// What the capsule servers hold, read from every reachable one.
 #[derive(Debug, Default)]
 pub struct Survey {
+    /// The servers that answered.
     pub reached: Vec<Reached>,
+    /// The servers that did not, with the error.
     pub skipped: Vec<(SocketAddr, String)>,
     /// The newest verified SYNC any server holds: epoch and links.
     pub newest_sync: Option<(u64, Vec<Link>)>,
@@ -356,6 +363,7 @@ pub struct Survey {
     pub pinned_sync: Option<(u64, Vec<Link>)>,
     /// Surveys [`survey_fresh`] took, and how long it waited (0 and zero for one [`survey`]).
     pub rounds: u32,
+    /// How long [`survey_fresh`] took, to the end of its last survey (zero for one [`survey`]).
     pub waited: Duration,
 }
 
@@ -544,10 +552,13 @@ fn last_index_on_chain(addr: SocketAddr, public: &Verifier, w: u32, head: u64) -
 pub struct ReplayReport {
     /// Writers whose records above the frontier were applied.
     pub writers: usize,
+    /// Data records applied.
     pub records: usize,
+    /// Puts and deletes applied.
     pub ops: usize,
     /// Servers read from, and those passed over (stale, unreachable, lying) with why.
     pub servers: Vec<SocketAddr>,
+    /// The servers passed over, with why.
     pub skipped: Vec<(SocketAddr, String)>,
 }
 

@@ -58,6 +58,8 @@ struct Inner {
     dirty: bool,
 }
 
+/// A [`BlockStore`] in a directory: an append-only log of CRC-framed records ([`LOG`]) and the
+/// `NEWEST` pointer to the newest index record (see the module docs).
 #[derive(Debug)]
 pub struct DirStore {
     dir: PathBuf,
@@ -281,6 +283,7 @@ impl DirStore {
         self.inner.lock().unwrap_or_else(|e| e.into_inner()).map.len()
     }
 
+    /// Whether the store holds no record.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -28,16 +28,20 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// `psl capsuledb`: run the CapsuleDB role, or read its stores with a subcommand.
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true)]
 pub struct CapsuleDbArgs {
+    /// `snapshots` or `get` instead of running the role.
     #[command(subcommand)]
     pub cmd: Option<CapsuleDbCmd>,
+    /// The capsule, the owner key and where the records are (the subcommands take them too).
     #[command(flatten)]
     pub open: OpenArgs,
     /// The KV keys from the leader instead of --owner (attesting with --attest).
     #[command(flatten)]
     pub kv: crate::kvkeys::KvLeaderArgs,
+    /// How the role attests to the leader (with --kv-leader).
     #[command(flatten)]
     pub attest: crate::attest::AttestArgs,
     /// The fabric (`--fabric URL`, alias `--router`) and its NATS options.
@@ -77,14 +81,19 @@ pub struct CapsuleDbArgs {
     /// GET, DUMP and DIGEST for the operator, see --control-pub).
     #[arg(long, value_name = "ADDR")]
     pub control: Option<SocketAddr>,
+    /// Who may use the control interface (`--control-pub`, `--control-idle-ms`).
     #[command(flatten)]
     pub control_auth: crate::roles::ControlArgs,
+    /// The memory budget (`--memory-budget-mb`).
     #[command(flatten)]
     pub budget: crate::roles::BudgetArgs,
+    /// How the ring threads wait for work (`--dedicated-cores`).
     #[command(flatten)]
     pub cores: crate::roles::CoresArgs,
 }
 
+/// Where CapsuleDB's records are and how to open them: the capsule file, the owner key, the
+/// store directories and the capsule servers.
 #[derive(Args, Debug, Clone)]
 pub struct OpenArgs {
     /// The capsule file that names the capsule.
@@ -108,16 +117,20 @@ pub struct OpenArgs {
     pub recover_timeout_ms: u64,
 }
 
+/// The subcommands of `psl capsuledb`: read the stored tree without running the role.
 #[derive(Subcommand, Debug)]
 pub enum CapsuleDbCmd {
     /// List the kept indexes (snapshots), newest first.
     Snapshots {
+        /// Print one JSON object: the newest index's sequence number and every kept one.
         #[arg(long)]
         json: bool,
     },
     /// Read KEY, as of index `--at` (the newest stored index without it).
     Get {
+        /// The key to read (its UTF-8 bytes).
         key: String,
+        /// The sequence number of the index to read through (one that `snapshots` lists).
         #[arg(long)]
         at: Option<u64>,
     },
@@ -260,6 +273,8 @@ fn open_newest(
     }
 }
 
+/// Runs `psl capsuledb`: the role (until killed), or `snapshots` (exit 0) or `get` (exit 0 if
+/// the key holds a value, 1 if deleted or absent).
 pub fn run(a: CapsuleDbArgs) -> Result<i32> {
     let config = Config {
         memtable_entries_max: a.memtable_entries,

@@ -33,6 +33,7 @@
 //!   progress bars, the binaries beside this one).
 //! - `doctor`: `psl doctor`: what this machine offers and lacks (TEEs, nats-server, ports, limits).
 
+#![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 mod attest;
 mod capsule;

@@ -26,6 +26,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// `psl memcached`: the SecureCached front end, on the embedded default or joining a deployment.
 #[derive(Args, Debug)]
 pub struct MemcachedArgs {
     /// Address to serve the memcached protocol on.
@@ -117,6 +118,7 @@ pub struct MemcachedArgs {
     /// Memory budget (`--memory-budget-mb`; the item memory is `--memory-mb`).
     #[command(flatten)]
     pub budget: crate::roles::BudgetArgs,
+    /// How the ring threads wait for work (`--dedicated-cores`).
     #[command(flatten)]
     pub cores: crate::roles::CoresArgs,
     /// With --peers of three or more: home failover. A slot's home holds a lease granted by a
@@ -176,6 +178,7 @@ pub struct KvInfo {
     /// The KV capsule file and its owner key file (mode 0600; see docs/protocol/memcached.md),
     /// where this machine has it (single-machine `psl up --kv`).
     pub capsule: PathBuf,
+    /// The KV capsule's owner key file, where this machine has it.
     #[serde(default)]
     pub owner: Option<PathBuf>,
     /// Where a joining front end gets the KV keys instead (`psl up --config` clusters): the
@@ -201,6 +204,7 @@ pub struct KvInfo {
     /// known (`psl up` records them; `psl bench cluster` reads their counters).
     #[serde(default)]
     pub coordinator_control: Option<SocketAddr>,
+    /// CapsuleDB's control interface (STATS, METRICS), where known.
     #[serde(default)]
     pub capsuledb_control: Option<SocketAddr>,
     /// The operator's control key that signs their commands (secret, mode 0600), where this
@@ -264,6 +268,7 @@ fn draw_node_id(state: &std::path::Path) -> Result<u32> {
 /// The leader that hands a joining front end its keys, and how the front end attests.
 #[derive(serde::Serialize, serde::Deserialize, Debug, Clone)]
 pub struct KvLeaderInfo {
+    /// The leader's address (what `--kv-leader` takes).
     pub addr: SocketAddr,
     /// The deployment's attestation policy (the leader's report is checked against it).
     pub attest_policy: PathBuf,
@@ -320,6 +325,7 @@ fn start_capsuledb_in_process(
     Ok((role, writer))
 }
 
+/// Runs `psl memcached`: serves the memcached protocol until stopped; returns the exit code.
 pub fn run(a: MemcachedArgs) -> Result<i32> {
     let budget_mb = a.budget.watch(crate::roles::RoleKind::FrontEnd, "memcached");
     if a.memory_mb.saturating_mul(2) > budget_mb {

@@ -12,6 +12,8 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The flags `psl node` and `psl coordinator` share: the capsule and its keys, the fabric, the
+/// epoch, the repair cache, the memory budget and the cores.
 #[derive(Args, Debug, Clone)]
 pub struct CommonArgs {
     /// The capsule file that names the capsule (its metadata; records in it are not loaded).
@@ -20,6 +22,7 @@ pub struct CommonArgs {
     /// Owner key file (development); a deployment gives --kv-leader instead.
     #[arg(long)]
     pub owner: Option<PathBuf>,
+    /// The KV keys from the leader (`--kv-leader`) instead of --owner.
     #[command(flatten)]
     pub kv: crate::kvkeys::KvLeaderArgs,
     /// How this role attests to the leader (with --kv-leader).
@@ -37,8 +40,10 @@ pub struct CommonArgs {
     /// coordinator, which keeps no values.
     #[arg(long)]
     pub repair_cache_mb: Option<u64>,
+    /// The memory budget (`--memory-budget-mb`).
     #[command(flatten)]
     pub budget: BudgetArgs,
+    /// How the ring threads wait for work (`--dedicated-cores`).
     #[command(flatten)]
     pub cores: CoresArgs,
 }
@@ -80,11 +85,17 @@ pub struct BudgetArgs {
 /// A role of the deployment, for its default memory budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RoleKind {
+    /// `psl router`.
     Router,
+    /// `psl capsule-server`.
     CapsuleServer,
+    /// `psl coordinator`.
     Coordinator,
+    /// `psl capsuledb`.
     CapsuleDb,
+    /// `psl node`.
     Node,
+    /// `psl memcached` (a SecureCached front end).
     FrontEnd,
 }
 
@@ -175,10 +186,13 @@ impl ControlArgs {
     }
 }
 
+/// `psl node`: a worker node.
 #[derive(Args, Debug)]
 pub struct NodeArgs {
+    /// The flags shared with `psl coordinator`.
     #[command(flatten)]
     pub common: CommonArgs,
+    /// Who may use the control interface (`--control-pub`, `--control-idle-ms`).
     #[command(flatten)]
     pub control_auth: ControlArgs,
     /// Node id, 1 to 32767 (with the incarnation it names the node's writers).
@@ -237,10 +251,13 @@ pub struct NodeArgs {
     pub memtable_keys_max: Option<usize>,
 }
 
+/// `psl coordinator`: a coordinator, primary or shadow.
 #[derive(Args, Debug)]
 pub struct CoordinatorArgs {
+    /// The flags shared with `psl node`.
     #[command(flatten)]
     pub common: CommonArgs,
+    /// Who may use the control interface (`--control-pub`, `--control-idle-ms`).
     #[command(flatten)]
     pub control_auth: ControlArgs,
     /// 0 = primary; 1, 2, ... = shadows that take over, in order, when SYNCs stop.
@@ -354,6 +371,8 @@ pub(crate) fn capsule_id(meta: &psl_capsule::SignedMetadata) -> [u8; 32] {
     meta.name().0 .0
 }
 
+/// Runs `psl node`: starts the node (after recovering from the capsule servers with
+/// --recover-from) and serves its control interface until stopped; returns the exit code.
 pub fn run_node(a: NodeArgs) -> Result<i32> {
     let budget_mb = a.common.budget.watch(RoleKind::Node, "node");
     let meta = read_metadata(&a.common.capsule)?;
@@ -442,6 +461,8 @@ pub fn run_node(a: NodeArgs) -> Result<i32> {
     serve(node, a.control, "node", &a.control_auth)
 }
 
+/// Runs `psl coordinator`: starts the coordinator and serves its control interface until
+/// stopped; returns the exit code.
 pub fn run_coordinator(a: CoordinatorArgs) -> Result<i32> {
     let budget_mb = a.common.budget.watch(RoleKind::Coordinator, "coordinator");
     let meta = read_metadata(&a.common.capsule)?;
@@ -501,6 +522,7 @@ pub fn run_coordinator(a: CoordinatorArgs) -> Result<i32> {
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true)]
 pub struct CapsuleServerArgs {
+    /// `check` a server's storage instead of running a server.
     #[command(subcommand)]
     pub cmd: Option<CapsuleServerCmd>,
     /// The capsule file that names the capsule (its metadata).
@@ -550,10 +572,12 @@ pub struct CapsuleServerArgs {
     /// Attestation (`--attest`): publish a report binding this server's ack-signing key.
     #[command(flatten)]
     pub attest: crate::attest::PublishArgs,
+    /// The memory budget (`--memory-budget-mb`).
     #[command(flatten)]
     pub budget: BudgetArgs,
 }
 
+/// The subcommands of `psl capsule-server`.
 #[derive(clap::Subcommand, Debug)]
 pub enum CapsuleServerCmd {
     /// Re-read and re-verify a server's storage end to end (exit 0 only if clean; 1 if
@@ -568,11 +592,14 @@ pub enum CapsuleServerCmd {
         /// A running server's read address (`psl capsule-server --read`).
         #[arg(long)]
         read: Option<SocketAddr>,
+        /// Print one JSON object.
         #[arg(long)]
         json: bool,
     },
 }
 
+/// Runs `psl capsule-server`: the server until stopped, or `check` (exit 0 if clean, 1 if
+/// damaged).
 pub fn run_capsule_server(a: CapsuleServerArgs) -> Result<i32> {
     match a.cmd {
         Some(CapsuleServerCmd::Check { dir: Some(dir), json, .. }) => return check_server_store(&dir, json),

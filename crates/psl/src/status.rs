@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use crate::cluster::ClusterConfig;
 
+/// `psl status`: the cluster file to probe and how to report.
 #[derive(Args, Debug)]
 pub struct StatusArgs {
     /// The cluster description.
@@ -257,6 +258,8 @@ fn lags(rows: &mut [Value]) {
     }
 }
 
+/// Runs `psl status`: probes every role of the cluster file in parallel and prints a table (or
+/// JSON); exit 0 when every role answered, 1 otherwise.
 pub fn run(a: StatusArgs) -> Result<i32> {
     let c = ClusterConfig::load(&a.config)?;
     let t = Duration::from_millis(a.timeout_ms.max(1));

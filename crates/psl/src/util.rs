@@ -30,6 +30,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
     Ok(())
 }
 
+/// Reads an owner key file (`psl keys new`); the file's text is zeroed once parsed.
 pub fn read_owner_key(path: &Path) -> Result<OwnerKey> {
     let text = zeroize::Zeroizing::new(
         std::fs::read_to_string(path).with_context(|| format!("reading key file {}", path.display()))?,
@@ -76,6 +77,7 @@ pub fn data_key_for(owner: &OwnerKey, meta: &SignedMetadata) -> Result<DataKey> 
     Ok(owner.app(meta.meta.app_index)?.data_key())
 }
 
+/// Milliseconds since the Unix epoch (0 if the clock is set before it).
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
