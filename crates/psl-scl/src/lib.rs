@@ -23,23 +23,32 @@
 //! - [`engine`]: [`NodeEngine`], the node behind one interface: events in, [`Command`]s out;
 //!   it owns the [`NodeCore`] and drives the coordinator's writer (and its own-chain log).
 //!   The runtime's core thread and the simulator both run it.
+//! - `announce`: the key statements (own writers' certificates, revocations) a node announces
+//!   on the fabric, again every [`node::CERTS_ANNOUNCE_MS`] (a handler of the [`NodeCore`]).
 //! - `durability`: the servers' acks per own writer, the quorum, and the durability barriers
 //!   answered with a [`QuorumDurable`] proof (a handler of the [`NodeCore`]).
+//! - `flow`: what paces the own writers beside the durability quorum (CapsuleDB's acks, peers'
+//!   tagged heads hints) and the own heads hinted to peers (a handler of the [`NodeCore`]).
+//! - `rejoin`: the rejoin period after a start (delay, persisted own-chain floor, probes) and
+//!   the own coordinator chain's head it resumes from (a handler of the [`NodeCore`]).
 //! - [`metrics`]: counters, rejections by reason, Prometheus text.
 //!
 //! The protocol is described in `docs/protocol/scl.md`.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
+mod announce;
 pub mod clock;
 pub mod coordinator;
 pub mod dbwire;
 mod durability;
 pub mod engine;
+mod flow;
 pub mod inline_key;
 pub mod memtable;
 pub mod metrics;
 pub mod node;
 pub mod orderer;
+mod rejoin;
 pub mod wire;
 
 pub use clock::LamportClock;

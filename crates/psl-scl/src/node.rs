@@ -6,12 +6,17 @@
 //! Writers (one [`psl_capsule::Author`] each) live outside: in crypto actor threads in the
 //! runtime, inline in the simulator.
 
+use crate::announce::Announcer;
+pub use crate::announce::CERTS_ANNOUNCE_MS;
 use crate::coordinator::{CoordinatorAction, CoordinatorSm};
 use crate::durability::Durability;
 pub use crate::durability::{DurableStatus, DurableTicket, QuorumDurable};
+use crate::flow::Flow;
+pub use crate::flow::PEERS_MAX;
 use crate::memtable::{Memtable, Version};
 use crate::metrics::{Metrics, RejectReason};
 use crate::orderer::{Orderer, OrdererAction, OrdererConfig};
+use crate::rejoin::{Rejoin, RejoinStep};
 use crate::wire::{Ack, Msg};
 use crate::LamportClock;
 use psl_capsule::{
@@ -189,10 +194,6 @@ pub struct NodeCore {
     local: BTreeSet<u32>,
     /// This node's coordinator writer, if it is a coordinator.
     coordinator_writer: Option<u32>,
-    /// The newest record of the coordinator writer's chain this node applied or wrote: what
-    /// a rejoin resumes from. Kept apart from the repair cache, which may have evicted it by
-    /// the end of the rejoin (a bounded cache and a stream of data records).
-    own_head: Option<psl_capsule::Head>,
     cache: Cache,
     /// Outstanding repair answers: (writer, next seq to send, last seq).
     answering: VecDeque<(u32, u64, u64)>,
@@ -203,42 +204,26 @@ pub struct NodeCore {
     last_heads_at: u64,
     /// Hinted heads not yet acted on: writer -> seq.
     hinted: BTreeMap<u32, u64>,
-    /// When the first tick came (the rejoin period starts there), and whether it is over.
-    started_at: Option<u64>,
-    rejoined: bool,
-    /// The coordinator writer's newest seq it ever signed, as its own-chain log remembers it: the
-    /// rejoin period does not end before this node has applied its own chain through it.
-    own_floor: Option<u64>,
-    last_floor_log: u64,
-    last_probe: Option<u64>,
+    /// The rejoin period after a start, and the own coordinator chain's head it resumes from.
+    rejoin: Rejoin,
     /// The servers' acks of own writers' records and the durability barriers on them.
     durability: Durability,
     /// The newest unverified ack per server, verified at the next tick: acks are cumulative,
     /// so one signature check per server per tick stands for all those that came meanwhile
     /// (a server acks every group commit, a front end would otherwise verify thousands a second).
     pending_acks: BTreeMap<u32, Ack>,
-    /// Per own writer: CapsuleDB's taken-in next seq (its acks, see [`NodeConfig::capsuledb`]).
-    db_acked: BTreeMap<u32, u64>,
-    /// When (the core's clock, ms) CapsuleDB's acks last moved for an own writer; 0 before
-    /// the first (so a node counts on its CapsuleDB from the start, and waits at most one
-    /// stall if it is absent).
-    db_moved_at: u64,
+    /// CapsuleDB's acks and peers' tagged hints of own writers (flow control), and the own
+    /// heads hinted to the peers.
+    flow: Flow,
     /// The core's clock at the last tick.
     now_ms: u64,
     /// Incoming messages waiting for the core, as the runtime last said.
     inbound_backlog: usize,
-    /// Per peer id (tagged heads hints): per own writer, the peer's applied next seq and when
-    /// it last moved; and when the peer last hinted. At most [`PEERS_MAX`] peers.
-    peers: BTreeMap<u64, PeerFlow>,
-    /// Own heads as last hinted for flow control, and when.
-    flow_hinted: BTreeMap<u32, u64>,
-    last_flow_hint_at: u64,
     /// The application key generation this node's coordinator writer holds keys for.
     coordinator_key_gen: u32,
     /// Certificates of this node's own writers (a certified capsule), announced on the fabric
     /// every [`CERTS_ANNOUNCE_MS`] so that late joiners learn them (`wire` module docs).
-    announce: Vec<KeyStatement>,
-    last_announce_at: Option<u64>,
+    announce: Announcer,
 }
 
 /// The key of CapsuleDB's pending ack beside the servers' ids (which are below 2^15).
@@ -246,21 +231,6 @@ const DB_ACKER: u32 = u32::MAX;
 
 /// Above this many incoming messages waiting, hints make no repair requests.
 pub const INBOUND_BACKLOG_HINTS_MAX: usize = 64;
-
-/// Most peers whose hints pace this node's writers; beyond it the one silent longest is
-/// forgotten.
-pub const PEERS_MAX: usize = 64;
-
-/// What one peer said of this node's writers (flow control toward peers).
-#[derive(Debug, Default)]
-struct PeerFlow {
-    /// Per own writer: the peer's applied next seq, and when (ms) it last moved.
-    writers: BTreeMap<u32, (u64, u64)>,
-    last_seen: u64,
-}
-
-/// How often a node (and a capsule server) announces its own writers' certificates.
-pub const CERTS_ANNOUNCE_MS: u64 = 1000;
 
 impl std::fmt::Debug for NodeCore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -291,7 +261,6 @@ impl NodeCore {
             coordinator,
             local: local_writers.into_iter().collect(),
             coordinator_writer,
-            own_head: None,
             cache: Cache::new(cfg.cache_records_max, cfg.cache_bytes_max),
             answering: VecDeque::new(),
             syncs: BTreeMap::new(),
@@ -299,23 +268,14 @@ impl NodeCore {
             last_sync: None,
             last_heads_at: 0,
             hinted: BTreeMap::new(),
-            started_at: None,
-            rejoined: false,
-            own_floor: None,
-            last_floor_log: 0,
-            last_probe: None,
+            rejoin: Rejoin::new(cfg.rejoin_ms, coordinator_writer),
             durability: Durability::new(cfg.servers),
             pending_acks: BTreeMap::new(),
-            db_acked: BTreeMap::new(),
-            db_moved_at: 0,
+            flow: Flow::new(),
             now_ms: 0,
             inbound_backlog: 0,
-            peers: BTreeMap::new(),
-            flow_hinted: BTreeMap::new(),
-            last_flow_hint_at: 0,
             coordinator_key_gen: 0,
-            announce: Vec::new(),
-            last_announce_at: None,
+            announce: Announcer::new(),
             cfg,
         }
     }
@@ -326,8 +286,7 @@ impl NodeCore {
         for (writer, e) in self.verifier.install_own(&statements) {
             tracing::error!(writer, "own certificate refused: {e}");
         }
-        self.announce = statements;
-        self.last_announce_at = None;
+        self.announce.set(statements);
     }
 
     /// Adds a statement (the leader's revocation of a writer) to what this node announces,
@@ -337,10 +296,7 @@ impl NodeCore {
         if self.verifier.install_statement(&s)? && matches!(s, KeyStatement::Revoke(_)) {
             self.purge_refused();
         }
-        if !self.announce.contains(&s) {
-            self.announce.push(s);
-        }
-        self.last_announce_at = None;
+        self.announce.add(s);
         Ok(())
     }
 
@@ -477,7 +433,7 @@ impl NodeCore {
         self.check_own_key(&rec);
         let mut out = Vec::new();
         self.orderer.advance_own(&rec, now);
-        self.note_own_head(&rec);
+        self.rejoin.note_head(&rec);
         self.cache.insert(&rec);
         self.metrics.repair_cache_bytes.store(self.cache.bytes as u64, Ordering::Relaxed);
         Metrics::add(&self.metrics.records_written, 1);
@@ -648,22 +604,8 @@ impl NodeCore {
     /// Unauthenticated, like every hint: it can only make the writers wait (at most one stall
     /// per pause, like dropping messages would) or not wait.
     fn on_peer_heads(&mut self, id: u64, heads: &[(u32, u64)]) {
-        let now = self.now_ms;
-        if !self.peers.contains_key(&id) && self.peers.len() >= PEERS_MAX {
-            if let Some(old) = self.peers.iter().min_by_key(|(_, p)| p.last_seen).map(|(k, _)| *k) {
-                self.peers.remove(&old);
-            }
-        }
-        let p = self.peers.entry(id).or_default();
-        p.last_seen = now;
-        for (w, seq) in heads.iter().filter(|(w, _)| self.local.contains(w)) {
-            // A forged hint may name seq u64::MAX: never overflow on it.
-            let next = seq.saturating_add(1);
-            let e = p.writers.entry(*w).or_insert((0, now));
-            if next > e.0 {
-                *e = (next, now);
-            }
-        }
+        let local = &self.local;
+        self.flow.on_peer_heads(id, heads, self.now_ms, |w| local.contains(&w));
     }
 
     /// A capsule server's ack, or CapsuleDB's. Only entries for this node's own writers matter;
@@ -694,7 +636,7 @@ impl NodeCore {
                 }
             }
         };
-        let known = if id == DB_ACKER { Some(&self.db_acked) } else { self.durability.acked(id) };
+        let known = if id == DB_ACKER { Some(self.flow.db_acked()) } else { self.durability.acked(id) };
         let useful = a.entries.iter().any(|e| {
             self.local.contains(&e.writer) && known.and_then(|m| m.get(&e.writer)).is_none_or(|next| e.to_seq >= *next)
         });
@@ -744,7 +686,6 @@ impl NodeCore {
                 return;
             }
         }
-        let mut moved = false;
         for e in a.entries.iter().filter(|e| self.local.contains(&e.writer)) {
             if self.orderer.applied_hash(e.writer, e.to_seq) != Some(e.hash) {
                 tracing::warn!(
@@ -756,15 +697,10 @@ impl NodeCore {
                 continue;
             }
             if id == DB_ACKER {
-                let next = self.db_acked.entry(e.writer).or_insert(0);
-                moved |= e.to_seq + 1 > *next;
-                *next = (*next).max(e.to_seq + 1);
+                self.flow.db_record(e.writer, e.to_seq + 1, self.now_ms);
             } else {
                 self.durability.record(id, e.writer, e.to_seq + 1);
             }
-        }
-        if moved && id == DB_ACKER {
-            self.db_moved_at = self.now_ms;
         }
     }
 
@@ -787,31 +723,15 @@ impl NodeCore {
     /// this node applied is released.
     pub fn flow_next(&self, writer: u32, stall_ms: u64, peer_slack: u64, peer_lag_max: u64) -> u64 {
         let own = self.orderer.next_seq(writer);
-        let mut next = own;
         let servers = (self.cfg.servers > 0).then(|| self.durable_next(writer));
-        if let Some(s) = servers {
-            next = next.min(s);
-        }
-        if self.cfg.capsuledb.is_some() {
-            let d = self.db_acked.get(&writer).copied().unwrap_or(0);
-            let live = self.now_ms.saturating_sub(self.db_moved_at) < stall_ms || servers.is_some_and(|s| d >= s);
-            if live {
-                next = next.min(d);
-            }
-        }
-        for p in self.peers.values() {
-            let Some((n, at)) = p.writers.get(&writer).copied() else { continue };
-            if n < own && own - n <= peer_lag_max && self.now_ms.saturating_sub(at) < stall_ms {
-                next = next.min(n.saturating_add(peer_slack));
-            }
-        }
-        next
+        let uses_db = self.cfg.capsuledb.is_some();
+        self.flow.next(writer, own, servers, uses_db, self.now_ms, stall_ms, peer_slack, peer_lag_max)
     }
 
     /// Peers whose tagged hints this node keeps (at most [`PEERS_MAX`]); whether each paces a
     /// writer now is decided per writer by [`NodeCore::flow_next`].
     pub fn peers_tracked(&self) -> usize {
-        self.peers.len()
+        self.flow.peers()
     }
 
     /// Majority of the configured servers.
@@ -853,47 +773,14 @@ impl NodeCore {
 
     /// Whether the rejoin period is over (writers may write).
     pub fn rejoined(&self) -> bool {
-        self.rejoined
+        self.rejoin.rejoined()
     }
 
     /// A restarted coordinator's persisted newest seq: the rejoin period lasts until this node
     /// has applied its own coordinator chain through `seq` (learnt back from peers and servers),
     /// however long that takes, so the coordinator continues after it and never re-signs a slot.
     pub fn hold_rejoin_until(&mut self, seq: u64) {
-        self.own_floor = Some(self.own_floor.map_or(seq, |s| s.max(seq)));
-    }
-
-    /// Whether the own coordinator chain is applied through the persisted floor (if any).
-    fn own_floor_reached(&mut self, now: u64) -> bool {
-        let (Some(floor), Some(w)) = (self.own_floor, self.coordinator_writer) else { return true };
-        let next = self.orderer.next_seq(w);
-        if next > floor {
-            return true;
-        }
-        if now.saturating_sub(self.last_floor_log) >= 1000 {
-            self.last_floor_log = now;
-            tracing::info!(
-                writer = w,
-                applied_next_seq = next,
-                persisted_seq = floor,
-                "rejoin: waiting to learn the coordinator's own chain back through its persisted newest seq"
-            );
-        }
-        false
-    }
-
-    /// Notes `rec` as the newest of the coordinator's own chain, if it is of that chain.
-    fn note_own_head(&mut self, rec: &Record) {
-        let h = rec.header();
-        if Some(h.writer) == self.coordinator_writer && self.own_head.is_none_or(|o| h.seq > o.seq) {
-            self.own_head = Some(psl_capsule::Head {
-                writer: h.writer,
-                seq: h.seq,
-                hash: rec.hash(),
-                lamport: h.lamport,
-                epoch: h.epoch,
-            });
-        }
+        self.rejoin.hold_until(seq);
     }
 
     /// Time passes: repair requests, repair answers, the coordinator's epoch clock.
@@ -918,32 +805,17 @@ impl NodeCore {
     /// Tick step: until rejoined, waits out the rejoin delay and own floor (resuming the
     /// coordinator's chain), probing for the own writers' records meanwhile.
     fn tick_rejoin(&mut self, now: u64, out: &mut Vec<Output>) {
-        if self.rejoined {
-            return;
-        }
-        let start = *self.started_at.get_or_insert(now);
-        if now.saturating_sub(start) >= self.cfg.rejoin_ms && self.own_floor_reached(now) {
-            self.rejoined = true;
-            if let Some(w) = self.coordinator_writer {
-                if let Some(l) = self.orderer.heads().get(&w) {
-                    match self.own_head.filter(|h| h.seq == l.seq && h.hash == l.hash) {
-                        Some(head) => {
-                            tracing::info!(writer = w, seq = l.seq, "rejoined: continuing the coordinator's chain");
-                            out.push(Output::Resume(head));
-                        }
-                        // Cannot happen: every record the orderer advanced over was applied
-                        // or written here, and noted. Writing on would re-sign its seqs.
-                        None => tracing::error!(
-                            writer = w,
-                            seq = l.seq,
-                            "rejoined without the head of the coordinator's own chain"
-                        ),
+        let orderer = &self.orderer;
+        match self.rejoin.tick(now, self.cfg.orderer.repair_retry_ms, |w| orderer.next_seq(w)) {
+            RejoinStep::Idle => {}
+            RejoinStep::Probe => out.extend(self.probe_own(now)),
+            RejoinStep::Rejoined => {
+                if let Some(w) = self.coordinator_writer {
+                    if let Some(l) = self.orderer.heads().get(&w) {
+                        out.extend(self.rejoin.resume(l).map(Output::Resume));
                     }
                 }
             }
-        } else if self.last_probe.is_none_or(|t| now.saturating_sub(t) >= self.cfg.orderer.repair_retry_ms) {
-            self.last_probe = Some(now);
-            out.extend(self.probe_own(now));
         }
     }
 
@@ -971,13 +843,7 @@ impl NodeCore {
 
     /// Tick step: re-announces the certificate statements to announce, every `CERTS_ANNOUNCE_MS`.
     fn tick_announce_certs(&mut self, name: CapsuleName, now: u64, out: &mut Vec<Output>) {
-        if !self.announce.is_empty() && self.last_announce_at.is_none_or(|t| now.saturating_sub(t) >= CERTS_ANNOUNCE_MS)
-        {
-            self.last_announce_at = Some(now);
-            for chunk in self.announce.chunks(psl_capsule::certs::STATEMENTS_PER_RECORD_MAX) {
-                out.push(Output::Publish(Msg::Certs { capsule: name, statements: chunk.to_vec() }.encode()));
-            }
-        }
+        out.extend(self.announce.due(name, now).into_iter().map(|m| Output::Publish(m.encode())));
     }
 
     /// Tick step: publishes all heads every heads interval, and the moved ones (flow hints) between.
@@ -985,27 +851,20 @@ impl NodeCore {
         let sender = (self.cfg.peer_id != 0).then_some(self.cfg.peer_id);
         if now.saturating_sub(self.last_heads_at) >= self.cfg.heads_interval_ms {
             self.last_heads_at = now;
-            self.last_flow_hint_at = now;
             let heads: Vec<(u32, u64)> =
                 self.orderer.heads().into_values().map(|l| (l.writer, l.seq)).take(crate::wire::HEADS_MAX).collect();
+            self.flow.hinted_all(now, &heads);
             if !heads.is_empty() {
-                self.flow_hinted.extend(heads.iter().copied());
                 out.push(Output::Publish(Msg::Heads { capsule: name, heads, sender }.encode()));
             }
-        } else if sender.is_some() && now.saturating_sub(self.last_flow_hint_at) >= self.cfg.flow_hint_ms {
+        } else if sender.is_some() {
             // Between full hints, the heads that moved: what pacing writers need to know.
-            self.last_flow_hint_at = now;
-            let moved: Vec<(u32, u64)> = self
-                .orderer
-                .heads()
-                .into_values()
-                .filter(|l| self.flow_hinted.get(&l.writer).is_none_or(|s| *s < l.seq))
-                .map(|l| (l.writer, l.seq))
-                .take(crate::wire::HEADS_MAX)
-                .collect();
-            if !moved.is_empty() {
-                self.flow_hinted.extend(moved.iter().copied());
-                out.push(Output::Publish(Msg::Heads { capsule: name, heads: moved, sender }.encode()));
+            let orderer = &self.orderer;
+            let heads = || orderer.heads().into_values();
+            if let Some(moved) = self.flow.moved(now, self.cfg.flow_hint_ms, heads, crate::wire::HEADS_MAX) {
+                if !moved.is_empty() {
+                    out.push(Output::Publish(Msg::Heads { capsule: name, heads: moved, sender }.encode()));
+                }
             }
         }
     }
@@ -1033,7 +892,7 @@ impl NodeCore {
     /// Tick step: runs the coordinator's epoch clock (once rejoined), turning its actions into outputs.
     fn tick_coordinator(&mut self, now: u64, out: &mut Vec<Output>) {
         let hold = if self.coordinator.is_some() { self.coordinator_hold() } else { None };
-        if let Some(c) = self.coordinator.as_mut().filter(|_| self.rejoined) {
+        if let Some(c) = self.coordinator.as_mut().filter(|_| self.rejoin.rejoined()) {
             c.hold_from(hold);
             let heads: BTreeMap<u32, Link> = self
                 .orderer
@@ -1141,7 +1000,7 @@ impl NodeCore {
             self.cache.insert(&r.record);
             self.metrics.repair_cache_bytes.store(self.cache.bytes as u64, Ordering::Relaxed);
         }
-        self.note_own_head(&r.record);
+        self.rejoin.note_head(&r.record);
         self.clock.observe(h.lamport);
         Metrics::add(&self.metrics.records_applied, 1);
         if let Body::Data(ops) = &r.body {
@@ -1261,8 +1120,7 @@ impl NodeCore {
         self.last_sync = None;
         self.hinted.clear();
         self.durability.forget_barriers();
-        self.peers.clear();
-        self.flow_hinted.clear();
+        self.flow.reset();
         if let Some(c) = &mut self.coordinator {
             c.reset(now);
         }
