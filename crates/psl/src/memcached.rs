@@ -279,14 +279,9 @@ pub struct KvLeaderInfo {
 
 /// Where the front end's node joins.
 enum Join {
-    Router {
-        fabric: psl_fabric::FabricSpec,
-        capsule: PathBuf,
-        owner: Option<PathBuf>,
-        id: u32,
-        state: Option<PathBuf>,
-        db: Option<u32>,
-    },
+    /// `--cluster ROUTER`: everything from the command line.
+    Router(JoinTarget),
+    /// `--cluster DIR`: from the deployment's cluster file.
     Dir(Box<KvInfo>),
 }
 
@@ -411,14 +406,15 @@ fn join_router(a: &MemcachedArgs, url: psl_fabric::FabricUrl) -> Result<Join> {
     if a.capsuledb {
         bail!("with --cluster ROUTER, give CapsuleDB's writer index: --capsuledb-writer W");
     }
-    Ok(Join::Router {
+    Ok(Join::Router(JoinTarget {
         fabric,
         capsule: capsule.clone(),
         owner: a.owner.clone(),
         id,
         state: a.state.clone(),
         db: a.capsuledb_writer,
-    })
+        servers: a.servers,
+    }))
 }
 
 /// `--cluster DIR`: joining the KV deployment of `psl up --kv`, as DIR/cluster.json records it.
@@ -467,6 +463,7 @@ fn start_embedded(a: &MemcachedArgs, config: Config) -> Result<Started> {
 }
 
 /// Where and as whom a joining front end's node runs.
+#[derive(Clone)]
 struct JoinTarget {
     fabric: psl_fabric::FabricSpec,
     capsule: PathBuf,
@@ -482,7 +479,7 @@ struct JoinTarget {
 /// Joins a running deployment: starts the front end's node on its fabric and joins (or serves)
 /// the front-end group.
 fn join_deployment(a: &MemcachedArgs, join: Join, config: Config, budget_mb: u64) -> Result<Started> {
-    let t = join_target(a, &join)?;
+    let t = join_target(&join)?;
     let bytes = std::fs::read(&t.capsule).with_context(|| format!("reading {}", t.capsule.display()))?;
     let f = CapsuleFile::parse(&bytes).with_context(|| format!("{}", t.capsule.display()))?;
     let (kv, attest) = kv_source(a, &join);
@@ -516,17 +513,9 @@ fn join_deployment(a: &MemcachedArgs, join: Join, config: Config, budget_mb: u64
 
 /// The node's fabric, capsule, keys, id, state and CapsuleDB: from the command line
 /// (`--cluster ROUTER`), or from the cluster file with a freshly drawn id (`--cluster DIR`).
-fn join_target(a: &MemcachedArgs, join: &Join) -> Result<JoinTarget> {
+fn join_target(join: &Join) -> Result<JoinTarget> {
     Ok(match join {
-        Join::Router { fabric, capsule, owner, id, state, db } => JoinTarget {
-            fabric: fabric.clone(),
-            capsule: capsule.clone(),
-            owner: owner.clone(),
-            id: *id,
-            state: state.clone(),
-            db: *db,
-            servers: a.servers,
-        },
+        Join::Router(target) => target.clone(),
         Join::Dir(kv) => {
             let id = draw_node_id(&kv.state)?;
             let state = kv.state.join("nodes").join(id.to_string());
@@ -622,8 +611,8 @@ fn join_group(
             }
             None
         }
-        (Join::Router { .. }, None) => None,
-        (Join::Router { .. }, Some(listen)) => {
+        (Join::Router(_), None) => None,
+        (Join::Router(_), Some(listen)) => {
             let mine = a.peer_advertise.unwrap_or(listen);
             let me = a.peers.iter().position(|p| *p == mine).with_context(|| {
                 format!("--peer-advertise (or --peer-listen) {mine} must be one of --peers {:?}", a.peers)
