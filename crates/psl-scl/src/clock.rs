@@ -3,10 +3,12 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// A Lamport clock shared by a node's threads: an atomic counter that only moves up.
 #[derive(Debug, Default)]
 pub struct LamportClock(AtomicU64);
 
 impl LamportClock {
+    /// A clock whose current value is `start` (the next `tick()` returns `start + 1`).
     pub fn new(start: u64) -> LamportClock {
         LamportClock(AtomicU64::new(start))
     }
@@ -21,6 +23,7 @@ impl LamportClock {
         self.0.fetch_max(seen, Ordering::AcqRel);
     }
 
+    /// The current value: the newest timestamp ticked or observed, without advancing.
     pub fn now(&self) -> u64 {
         self.0.load(Ordering::Acquire)
     }

@@ -18,9 +18,12 @@
 use psl_capsule::Link;
 use std::collections::BTreeMap;
 
+/// The coordinator's timing and rank settings (times in milliseconds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CoordinatorConfig {
+    /// Epoch length in ms: the next RTS is due this long after its previous SYNC (or its start).
     pub epoch_ms: u64,
+    /// How long (ms) after its RTS the coordinator waits for EOEs before writing SYNC anyway.
     pub eoe_timeout_ms: u64,
     /// Epochs without an applied SYNC before a shadow takes over.
     pub takeover_after_epochs: u64,
@@ -46,6 +49,7 @@ impl Default for CoordinatorConfig {
     }
 }
 
+/// The coordinator term of an epoch number (its upper 32 bits).
 pub fn epoch_term(epoch: u64) -> u64 {
     epoch >> 32
 }
@@ -53,8 +57,18 @@ pub fn epoch_term(epoch: u64) -> u64 {
 /// What the coordinator wants written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CoordinatorAction {
-    WriteRts { epoch: u64 },
-    WriteSync { epoch: u64, heads: Vec<Link> },
+    /// Write an RTS (ready-to-sync) control record opening epoch `epoch`.
+    WriteRts {
+        /// The epoch being opened (`term << 32 | counter`).
+        epoch: u64,
+    },
+    /// Write a SYNC control record closing epoch `epoch`.
+    WriteSync {
+        /// The epoch being closed.
+        epoch: u64,
+        /// The links to include, sorted by writer: each writer's EOE, or its newest applied record.
+        heads: Vec<Link>,
+    },
 }
 
 #[derive(Debug)]
@@ -64,6 +78,8 @@ struct Collecting {
     eoes: BTreeMap<u32, Link>,
 }
 
+/// One coordinator's epoch state machine (primary or shadow): fed EOEs, SYNCs and time, it
+/// returns the RTS/SYNC records to write.
 #[derive(Debug)]
 pub struct CoordinatorSm {
     cfg: CoordinatorConfig,
@@ -82,6 +98,8 @@ pub struct CoordinatorSm {
 }
 
 impl CoordinatorSm {
+    /// A coordinator at epoch 0, term 0, active iff `cfg.rank == 0`; `now` is the time in ms (its
+    /// first RTS is due `epoch_ms` later).
     pub fn new(cfg: CoordinatorConfig, now: u64) -> CoordinatorSm {
         CoordinatorSm {
             active: cfg.rank == 0,
@@ -108,14 +126,17 @@ impl CoordinatorSm {
         }
     }
 
+    /// Whether this coordinator currently drives epochs (the primary, or a shadow that took over).
     pub fn is_active(&self) -> bool {
         self.active
     }
 
+    /// The highest term seen: its own, or that of the newest SYNC applied.
     pub fn term(&self) -> u64 {
         self.term
     }
 
+    /// The configuration it was built with.
     pub fn config(&self) -> &CoordinatorConfig {
         &self.cfg
     }

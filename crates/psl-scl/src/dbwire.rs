@@ -96,50 +96,71 @@ const ANSWER_CONTEXT: &[u8] = b"psl/db-answer/v2";
 const ANSWER_DOMAIN: &[u8] = b"psl-db-answer-v2";
 const HEADS_DOMAIN: &[u8] = b"psl-db-heads-v1";
 
+/// A worker's read request for one key (type 5, unsigned): the key sealed under the data key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DbGet {
+    /// The capsule whose key is asked for.
     pub capsule: CapsuleName,
+    /// The requester's id for this request, echoed in the answer's `req_ids`.
     pub req_id: u64,
+    /// The random salt the sealing key was derived from.
     pub salt: [u8; SALT_LEN],
+    /// The key (1 to 1024 bytes) sealed with AES-256-GCM; at most [`SEALED_BYTES_MAX`] bytes.
     pub sealed: Vec<u8>,
 }
 
+/// CapsuleDB's signed answer to one or more gets (type 6): a sealed [`AnswerBody`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DbAnswer {
+    /// The capsule answered for.
     pub capsule: CapsuleName,
     /// CapsuleDB's writer index (whose key signs).
     pub signer: u32,
     /// CapsuleDB's index sequence number when it answered.
     pub index_seq: u64,
+    /// The requests answered (1 to [`ANSWER_REQS_MAX`] ids, taken from the gets).
     pub req_ids: Vec<u64>,
+    /// The random salt the sealing key was derived from.
     pub salt: [u8; SALT_LEN],
+    /// The [`AnswerBody`] sealed under the data key; at most [`ANSWER_SEALED_BYTES_MAX`] bytes.
     pub sealed: Vec<u8>,
+    /// CapsuleDB's ECDSA signature over every byte before it (domain `psl-db-answer-v2`).
     pub signature: Signature,
 }
 
+/// CapsuleDB's signed frontier (type 7): per writer, the Lamport time up to which its writes are
+/// stored, so that bounded memtables may evict them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DbHeads {
+    /// The capsule the frontier is for.
     pub capsule: CapsuleName,
+    /// CapsuleDB's writer index (whose key signs).
     pub signer: u32,
     /// The index sequence number whose blocks hold the frontier.
     pub seq: u64,
     /// Per writer: every write up to this Lamport time is in CapsuleDB's stored blocks.
     pub frontier: Vec<(u32, u64)>,
+    /// CapsuleDB's ECDSA signature over every byte before it (domain `psl-db-heads-v1`).
     pub signature: Signature,
 }
 
 /// A scan request: the query sealed under the data key (see the module docs).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DbScan {
+    /// The capsule whose keys are scanned.
     pub capsule: CapsuleName,
+    /// The requester's id for this scan, echoed in the [`DbScanAnswer`].
     pub req_id: u64,
+    /// The random salt the sealing key was derived from.
     pub salt: [u8; SALT_LEN],
+    /// The encoded [`ScanQuery`] sealed under the data key; at most [`SEALED_BYTES_MAX`] bytes.
     pub sealed: Vec<u8>,
 }
 
 /// What a scan asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScanQuery {
+    /// Only keys starting with these bytes (0 to 1024 bytes; empty: every key).
     pub prefix: Vec<u8>,
     /// Only keys strictly above this one.
     pub after: Option<Vec<u8>>,
@@ -150,12 +171,19 @@ pub struct ScanQuery {
 /// CapsuleDB's answer to one scan, signed like a get's answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DbScanAnswer {
+    /// The capsule answered for.
     pub capsule: CapsuleName,
+    /// CapsuleDB's writer index (whose key signs).
     pub signer: u32,
+    /// CapsuleDB's index sequence number when it answered.
     pub index_seq: u64,
+    /// The [`DbScan`] answered.
     pub req_id: u64,
+    /// The random salt the sealing key was derived from.
     pub salt: [u8; SALT_LEN],
+    /// The [`ScanBody`] sealed under the data key; at most [`SCAN_SEALED_BYTES_MAX`] bytes.
     pub sealed: Vec<u8>,
+    /// CapsuleDB's ECDSA signature over every byte before it (domain `psl-db-scan-answer-v2`).
     pub signature: Signature,
 }
 
@@ -163,7 +191,9 @@ pub struct DbScanAnswer {
 /// is a delete, and which of the body's records wrote it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Proof {
+    /// The newest version CapsuleDB holds for the key: `(lamport, writer)`.
     pub version: Version,
+    /// Whether that version is a delete (a tombstone) rather than a put.
     pub deleted: bool,
     /// Index into the body's `records`.
     pub record: u16,
@@ -175,7 +205,10 @@ pub struct Proof {
 pub struct ScanBody {
     /// More keys match after the last one here.
     pub more: bool,
+    /// The encoded signed data records the entries' proofs index (each at most
+    /// [`ANSWER_RECORD_BYTES_MAX`] bytes).
     pub records: Vec<Vec<u8>>,
+    /// The matching keys in strictly increasing order, each with its newest version's proof.
     pub entries: Vec<(Vec<u8>, Proof)>,
 }
 
@@ -183,23 +216,33 @@ pub struct ScanBody {
 /// (`None`: deleted), taken from the records.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Scanned {
+    /// More keys match after the last one here (ask again with `after` set to it).
     pub more: bool,
+    /// In key order: each key, its newest version, and its value (`None`: deleted).
     pub entries: Vec<(Vec<u8>, Version, Option<Vec<u8>>)>,
 }
 
+/// Any CapsuleDB message on the fabric (wire types 5 to 9).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DbMsg {
+    /// A worker's read request for one key (type 5).
     Get(DbGet),
+    /// CapsuleDB's signed answer to gets (type 6).
     Answer(DbAnswer),
+    /// CapsuleDB's signed frontier (type 7).
     Heads(DbHeads),
+    /// A worker's prefix scan request (type 8).
     Scan(DbScan),
+    /// CapsuleDB's signed answer to one scan (type 9).
     ScanAnswer(DbScanAnswer),
 }
 
 /// A read request for the CapsuleDB role to answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DbRequest {
+    /// A read of one key.
     Get(DbGet),
+    /// A prefix scan.
     Scan(DbScan),
 }
 
@@ -210,7 +253,9 @@ pub type Found = Option<(Version, Option<Vec<u8>>)>;
 /// One key of an answer on the wire: a miss (`None`) or the version with its proof.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AnswerEntry {
+    /// The key asked for (1 to 1024 bytes).
     pub key: Vec<u8>,
+    /// The newest version CapsuleDB holds and the record proving it; `None`: it holds nothing.
     pub found: Option<Proof>,
 }
 
@@ -218,27 +263,38 @@ pub struct AnswerEntry {
 /// covers them all, and the records that wrote them (each once).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AnswerBody {
+    /// The encoded signed data records the entries' proofs index (each at most
+    /// [`ANSWER_RECORD_BYTES_MAX`] bytes).
     pub records: Vec<Vec<u8>>,
+    /// One entry per key answered (1 to [`ANSWER_KEYS_MAX`]).
     pub entries: Vec<AnswerEntry>,
 }
 
 /// Most keys in one answer.
 pub const ANSWER_KEYS_MAX: usize = 256;
 
+/// Why a CapsuleDB message, or one of its sealed parts or proofs, is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DbWireError {
+    /// The message (of this many bytes) is shorter than the 34-byte common prefix.
     #[error("message of {0} bytes is too short")]
     Short(usize),
+    /// The prefix's version or type (given) is not a CapsuleDB message's.
     #[error("not a CapsuleDB message (version {0}, type {1})")]
     NotDb(u8, u8),
+    /// A field is truncated, out of its bounds, or followed by trailing bytes (which, given).
     #[error("{0}")]
     Malformed(&'static str),
+    /// An answer's or frontier's signature does not verify with CapsuleDB's public key.
     #[error("signature does not verify with CapsuleDB's key")]
     Signature,
+    /// A sealed key, query or body fails AES-GCM opening with the data key.
     #[error("sealed part does not open with the data key (altered, or another capsule's)")]
     Decryption,
+    /// A record carried as proof fails to decode or verify (the verifier's reason, given).
     #[error("carried record refused: {0}")]
     Record(String),
+    /// A carried record verifies but does not prove the answered version (why, given).
     #[error("the carried record does not prove the answer: {0}")]
     Unproven(&'static str),
 }
@@ -345,6 +401,8 @@ fn decode_proof(r: &mut Reader<'_>, tag: u8, nrec: usize) -> Result<Proof, DbWir
 }
 
 impl AnswerBody {
+    /// The plaintext body (v2 layout, see the module docs); panics on counts or lengths that do
+    /// not fit their fields.
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(64 + self.records.iter().map(|r| 4 + r.len()).sum::<usize>());
         encode_records(&mut b, &self.records);
@@ -362,6 +420,8 @@ impl AnswerBody {
         b
     }
 
+    /// Decodes a plaintext body: 1 to [`ANSWER_KEYS_MAX`] keys of 1 to 1024 bytes, at most as
+    /// many records, record indexes in range, no trailing bytes.
     pub fn decode(b: &[u8]) -> Result<AnswerBody, DbWireError> {
         let mut r = Reader(b);
         let records = decode_records(&mut r, ANSWER_KEYS_MAX)?;
@@ -512,6 +572,8 @@ impl DbAnswer {
 }
 
 impl DbHeads {
+    /// A frontier of at most [`DB_HEADS_MAX`] writers (more panics) for index `seq`, signed with
+    /// CapsuleDB's key.
     pub fn sign(capsule: CapsuleName, signer: u32, seq: u64, frontier: Vec<(u32, u64)>, key: &SigningKey) -> DbHeads {
         assert!(frontier.len() <= DB_HEADS_MAX, "callers cap the frontier");
         let mut h = DbHeads { capsule, signer, seq, frontier, signature: Signature([0; 64]) };
@@ -536,6 +598,7 @@ impl DbHeads {
         sha256(&[HEADS_DOMAIN, &self.body()])
     }
 
+    /// Checks the signature with CapsuleDB's public key.
     pub fn verify(&self, key: &VerifyingKey) -> Result<(), DbWireError> {
         key.verify(&self.digest(), &self.signature).map_err(|_| DbWireError::Signature)
     }
@@ -548,6 +611,8 @@ fn scan_aad(capsule: &CapsuleName, req_id: u64) -> Vec<u8> {
 }
 
 impl ScanQuery {
+    /// The plaintext query (layout in the module docs); panics on a prefix or `after` longer than
+    /// `u16::MAX` bytes.
     pub fn encode(&self) -> Vec<u8> {
         assert!(self.prefix.len() <= u16::MAX as usize, "scan prefix length does not fit its u16 field");
         assert!(self.after.as_ref().is_none_or(|a| a.len() <= u16::MAX as usize), "scan after length");
@@ -566,6 +631,8 @@ impl ScanQuery {
         b
     }
 
+    /// Decodes a plaintext query: limit 1 to [`SCAN_LIMIT_MAX`], prefix at most 1024 bytes,
+    /// `after` 1 to 1024 bytes, no trailing bytes.
     pub fn decode(b: &[u8]) -> Result<ScanQuery, DbWireError> {
         let mut r = Reader(b);
         let limit = r.u16()?;
@@ -609,6 +676,7 @@ impl DbScan {
         DbScan { capsule, req_id, salt, sealed }
     }
 
+    /// The query, opened with the data key and decoded.
     pub fn open(&self, data_key: &DataKey) -> Result<ScanQuery, DbWireError> {
         let q = data_key
             .open(&self.salt, SCAN_CONTEXT, &scan_aad(&self.capsule, self.req_id), &self.sealed)
@@ -618,6 +686,8 @@ impl DbScan {
 }
 
 impl ScanBody {
+    /// The plaintext body (v2 layout, see the module docs); panics on counts or lengths that do
+    /// not fit their fields.
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(64 + self.records.iter().map(|r| 4 + r.len()).sum::<usize>());
         b.push(u8::from(self.more));
@@ -733,6 +803,7 @@ impl DbScanAnswer {
 }
 
 impl DbMsg {
+    /// The capsule the message is about.
     pub fn capsule(&self) -> CapsuleName {
         match self {
             DbMsg::Get(g) => g.capsule,
@@ -797,7 +868,8 @@ impl DbMsg {
     }
 
     /// Decodes the framing (bounded, total); signatures and sealed parts are checked by
-    /// [`DbAnswer::verify_open`], [`DbHeads::verify`] and [`DbGet::open`].
+    /// [`DbAnswer::verify_open`], [`DbScanAnswer::verify_open`], [`DbHeads::verify`],
+    /// [`DbGet::open`] and [`DbScan::open`].
     pub fn decode(b: &[u8]) -> Result<DbMsg, DbWireError> {
         if b.len() < PREFIX_LEN {
             return Err(DbWireError::Short(b.len()));

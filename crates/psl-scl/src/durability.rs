@@ -16,12 +16,17 @@ pub struct DurableTicket {
 /// distinct servers have acked everything it needs, and how many must.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DurableStatus {
+    /// Distinct servers that acked all the barrier needs of its least acked own writer (0 for a
+    /// barrier no longer tracked).
     pub acked_by: usize,
+    /// Servers that must ack: a majority of `servers`.
     pub quorum: usize,
+    /// Capsule servers configured.
     pub servers: u32,
 }
 
 impl DurableStatus {
+    /// Whether the barrier reached its quorum (`acked_by >= quorum`).
     pub fn done(&self) -> bool {
         self.acked_by >= self.quorum
     }
@@ -43,6 +48,7 @@ impl QuorumDurable {
         self.acked_by
     }
 
+    /// How many servers had to ack (a majority of those configured).
     pub fn quorum(&self) -> usize {
         self.quorum
     }

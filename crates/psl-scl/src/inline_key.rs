@@ -18,11 +18,19 @@ pub const INLINE_KEY_BYTES_MAX: usize = 38;
 /// A byte string, inline up to [`INLINE_KEY_BYTES_MAX`] bytes, boxed beyond.
 #[derive(Clone)]
 pub enum InlineKey {
-    Inline { len: u8, buf: [u8; INLINE_KEY_BYTES_MAX] },
+    /// A key of at most [`INLINE_KEY_BYTES_MAX`] bytes, stored in place.
+    Inline {
+        /// The key's length in bytes (at most [`INLINE_KEY_BYTES_MAX`]).
+        len: u8,
+        /// The key in its first `len` bytes, zeros after.
+        buf: [u8; INLINE_KEY_BYTES_MAX],
+    },
+    /// A longer key, on the heap.
     Heap(Box<[u8]>),
 }
 
 impl InlineKey {
+    /// The key's bytes.
     pub fn as_slice(&self) -> &[u8] {
         match self {
             // `len` is at most INLINE_KEY_BYTES_MAX by construction (`From<&[u8]>`); `get`

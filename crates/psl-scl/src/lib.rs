@@ -35,6 +35,7 @@
 //!
 //! The protocol is described in `docs/protocol/scl.md`.
 
+#![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 mod announce;
 pub mod clock;

@@ -20,14 +20,18 @@ use std::time::Duration;
 /// The version of a value: compared by Lamport time, then by writer index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Version {
+    /// The Lamport time of the write (compared first).
     pub lamport: u64,
+    /// The index of the writer that wrote it (breaks ties between equal Lamport times).
     pub writer: u32,
 }
 
 /// What the memtable holds for a key: a value, or a tombstone (`None`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
+    /// The version of the newest write of the key.
     pub version: Version,
+    /// The value written; `None`: a delete (a tombstone).
     pub value: Option<Arc<[u8]>>,
 }
 
@@ -60,7 +64,9 @@ pub enum EvictKey {
 /// One entry of [`Memtable::scan`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScanEntry {
+    /// The key.
     pub key: Vec<u8>,
+    /// What the memtable holds for it (a value or a tombstone).
     pub entry: Entry,
     /// The version may be older than one this node evicted (see [`Memtable`]).
     pub unsure: bool,
@@ -178,6 +184,7 @@ pub fn spread(h: u64, n: usize) -> usize {
 }
 
 impl Memtable {
+    /// An empty, unbounded memtable without a journal.
     pub fn new() -> Memtable {
         Memtable::default()
     }
@@ -509,6 +516,7 @@ impl Memtable {
         self.shards.iter().map(|s| s.read().map.values().filter(|e| e.entry.value.is_some() && !e.unsure).count()).sum()
     }
 
+    /// Whether no key has a live value ([`Memtable::len`] is 0).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

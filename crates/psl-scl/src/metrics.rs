@@ -7,15 +7,28 @@ use std::sync::atomic::{AtomicU64, Ordering};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum RejectReason {
     /// Verifier reasons (see `psl_capsule::Reason::name`).
+    ///
+    /// This one: a record's bytes do not decode under the capsule's limits.
     Encoding,
+    /// A record or message for another capsule.
     Capsule,
+    /// A record whose writer index has no derivable key, a record signed by a capsule server's
+    /// key (servers sign acks only), or an ack from a server this node does not count.
     Writer,
+    /// A record under a key generation unknown here or not yet in force at its epoch, or a
+    /// refused rotation certificate.
     KeyGeneration,
+    /// A record of a kind its writer may not write (coordinator kinds from a non-coordinator).
     Kind,
+    /// A record whose header or links break the format's structural rules.
     Structure,
+    /// A record's or an ack's signature that does not verify under its writer's key.
     Signature,
+    /// A record body that does not decrypt under the application data key.
     Decryption,
+    /// A decrypted body (or a Rotate record's certificate) that does not decode.
     Body,
+    /// A SYNC naming an application key other than the one in force.
     KeyFingerprint,
     /// A record signed with an application key generation retired at or before its epoch.
     RetiredKey,
@@ -46,6 +59,7 @@ pub enum RejectReason {
 }
 
 impl RejectReason {
+    /// Every reason, in metric output order.
     pub const ALL: [RejectReason; 23] = [
         RejectReason::Encoding,
         RejectReason::Capsule,
@@ -72,6 +86,7 @@ impl RejectReason {
         RejectReason::Certificate,
     ];
 
+    /// The reason's stable metric label (`reason="…"`), in kebab case.
     pub fn name(self) -> &'static str {
         match self {
             RejectReason::Encoding => "encoding",
@@ -131,19 +146,29 @@ impl RejectReason {
 #[derive(Debug, Default)]
 pub struct Metrics {
     rejected: [AtomicU64; 23],
+    /// Records verified and applied in per-writer order (not this node's own new records).
     pub records_applied: AtomicU64,
+    /// Data ops (puts and deletes) in the applied records, counted even where no values are kept.
     pub ops_applied: AtomicU64,
+    /// Own records written and published (data, control and CapsuleDB records).
     pub records_written: AtomicU64,
+    /// Data ops in the own data records written.
     pub ops_written: AtomicU64,
+    /// Records put in the hold-back buffer to wait for an earlier seq of their writer.
     pub records_held: AtomicU64,
+    /// Repair requests published (one per missing seq range asked for).
     pub repair_requests_sent: AtomicU64,
     /// Of those, first tries asked of the records' writer only (`origin_only`).
     pub repair_requests_origin: AtomicU64,
+    /// Records published from the repair cache in answer to repair requests.
     pub repair_records_sent: AtomicU64,
+    /// SYNC records applied (each moves the node into a new epoch).
     pub syncs_applied: AtomicU64,
+    /// Withholding reports: a writer's gap that repair could not fill within `withholding_after_ms`.
     pub withholding_reports: AtomicU64,
     /// Messages dropped because the outbound ring stayed full (the host side stalled).
     pub outbound_dropped: AtomicU64,
+    /// The epoch in force: that of the newest SYNC applied (a gauge).
     pub epoch: AtomicU64,
     /// Newest application key generation installed (0: never rotated).
     pub key_gen: AtomicU64,
@@ -156,18 +181,22 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// Counts one rejection for reason `r`.
     pub fn reject(&self, r: RejectReason) {
         self.rejected[r.index()].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Rejections counted so far for reason `r`.
     pub fn rejected(&self, r: RejectReason) -> u64 {
         self.rejected[r.index()].load(Ordering::Relaxed)
     }
 
+    /// Adds `n` to counter `c`.
     pub fn add(c: &AtomicU64, n: u64) {
         c.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// The current value of counter `c`.
     pub fn get(c: &AtomicU64) -> u64 {
         c.load(Ordering::Relaxed)
     }

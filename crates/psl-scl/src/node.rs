@@ -31,8 +31,10 @@ use std::sync::Arc;
 /// A node's repair cache bound by default ([`NodeConfig::cache_bytes_max`]).
 pub const CACHE_BYTES_MAX_DEFAULT: usize = 128 << 20;
 
+/// A node core's bounds, rates and roles (times in milliseconds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NodeConfig {
+    /// The receive orderer's bounds and repair timers.
     pub orderer: OrdererConfig,
     /// Records kept to answer repair requests (oldest evicted first).
     pub cache_records_max: usize,
@@ -96,22 +98,31 @@ pub enum Output {
     Publish(Vec<u8>),
     /// Every local writer: the next record links to this SYNC and carries its epoch.
     EnterEpoch {
+        /// The SYNC record just applied.
         sync: Link,
+        /// Its epoch, now in force.
         epoch: u64,
     },
     /// Every local data writer: flush pending ops, then write an EOE for `epoch` linking
     /// `heads` (the newest record this node has applied of every other writer: an authenticated
     /// anti-entropy hint, so that a record only some nodes received still reaches everyone).
     WriteEoe {
+        /// The epoch the applied RTS opened.
         epoch: u64,
+        /// Newest applied record of each other data writer (not this node's, not
+        /// coordinators'), at most `links_per_record_max - 1` of them.
         heads: Vec<Link>,
     },
     /// The local coordinator writer: write an RTS / a SYNC.
     WriteRts {
+        /// The epoch the RTS opens.
         epoch: u64,
     },
+    /// The local coordinator writer: write a SYNC closing `epoch` that links `heads`.
     WriteSync {
+        /// The epoch the SYNC closes.
         epoch: u64,
+        /// Each writer's EOE, or its newest applied record (see [`CoordinatorAction::WriteSync`]).
         heads: Vec<Link>,
     },
     /// The rejoin period is over: continue this own writer's chain after `head` (a restarted
@@ -119,15 +130,22 @@ pub enum Output {
     Resume(psl_capsule::Head),
     /// A writer's records could not be obtained for `withholding_after_ms`.
     Withholding {
+        /// The writer reported.
         writer: u32,
+        /// The first missing seq.
         from_seq: u64,
+        /// The highest seq known to exist (inclusive).
         to_seq: u64,
     },
     /// Two different signed records for one (writer, seq).
     Equivocation {
+        /// The equivocating writer.
         writer: u32,
+        /// The slot with two records.
         seq: u64,
+        /// The hash already held (applied, or named by a SYNC or EOE).
         a: Hash256,
+        /// The conflicting hash offered.
         b: Hash256,
     },
 }
@@ -182,6 +200,8 @@ impl Cache {
     }
 }
 
+/// One node's protocol logic (orderer, optional coordinator, repair cache, barriers, acks): pure
+/// state, fed events, returning [`Output`]s. [`NodeEngine`](crate::NodeEngine) drives it.
 pub struct NodeCore {
     verifier: Arc<Verifier>,
     memtable: Arc<Memtable>,
@@ -239,6 +259,8 @@ impl std::fmt::Debug for NodeCore {
 }
 
 impl NodeCore {
+    /// A core at epoch 0 applying to `memtable` and ticking `clock`; `local_writers` are this
+    /// node's data writers, `coordinator` its coordinator's writer index and state machine.
     pub fn new(
         verifier: Arc<Verifier>,
         memtable: Arc<Memtable>,
@@ -335,22 +357,28 @@ impl NodeCore {
         }
     }
 
+    /// The capsule's verifier (keys, certificates, rotations, held-back records).
     pub fn verifier(&self) -> &Arc<Verifier> {
         &self.verifier
     }
 
+    /// The receive orderer.
     pub fn orderer(&self) -> &Orderer {
         &self.orderer
     }
 
+    /// The epoch in force: that of the newest SYNC applied (0 before any).
     pub fn epoch(&self) -> u64 {
         self.orderer.current_epoch()
     }
 
+    /// This node's own writers (its data writers, and those added by own records sealed
+    /// elsewhere, such as CapsuleDB's).
     pub fn local_writers(&self) -> &BTreeSet<u32> {
         &self.local
     }
 
+    /// The coordinator state machine, on a node that runs a coordinator.
     pub fn coordinator(&self) -> Option<&CoordinatorSm> {
         self.coordinator.as_ref()
     }
@@ -767,6 +795,7 @@ impl NodeCore {
         self.durability.end(t);
     }
 
+    /// The node's Lamport clock (shared with its writers).
     pub fn clock(&self) -> &Arc<LamportClock> {
         &self.clock
     }
@@ -1137,6 +1166,7 @@ pub fn payload_epoch(p: &[u8]) -> Option<u64> {
     p.try_into().ok().map(u64::from_le_bytes)
 }
 
+/// The payload of an RTS or EOE for `epoch` (8 bytes, little-endian; see [`payload_epoch`]).
 pub fn epoch_payload(epoch: u64) -> Vec<u8> {
     epoch.to_le_bytes().to_vec()
 }

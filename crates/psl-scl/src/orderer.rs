@@ -12,6 +12,7 @@ use psl_capsule::{Link, Opened, Record, Verified};
 use psl_crypto::Hash256;
 use std::collections::BTreeMap;
 
+/// The orderer's bounds and timers (times in milliseconds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OrdererConfig {
     /// Most records held back across all writers; beyond it early records are dropped (and
@@ -60,6 +61,7 @@ impl Default for OrdererConfig {
 /// What the orderer holds and hands back: a verified record, opened (a node, which holds the
 /// data key) or not (a capsule server, which verifies signatures only).
 pub trait Chained {
+    /// The signed record (header, chain link, encoded bytes).
     fn record(&self) -> &Record;
 }
 
@@ -152,17 +154,38 @@ pub struct Delivery<T = Verified<Opened>> {
 /// ranges reported as withheld.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct TickWork {
+    /// Ranges to request repair of, `to_seq` inclusive (gaps first, then hinted heads).
     pub repairs: Vec<(u32, u64, u64)>,
+    /// Ranges of writers newly reported as withholding, `to_seq` inclusive.
     pub withholding: Vec<(u32, u64, u64)>,
 }
 
 /// Something the orderer asks its caller to do on a tick.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OrdererAction {
-    Repair { writer: u32, from_seq: u64, to_seq: u64 },
-    Withholding { writer: u32, from_seq: u64, to_seq: u64 },
+    /// Ask peers for `writer`'s records `from_seq..=to_seq` (at most `repair_chunk` seqs).
+    Repair {
+        /// The writer whose records are missing.
+        writer: u32,
+        /// The first missing seq (the writer's next expected).
+        from_seq: u64,
+        /// The last seq asked for (inclusive).
+        to_seq: u64,
+    },
+    /// `writer` is withholding: `from_seq..=to_seq` are known to exist but made no progress for
+    /// `withholding_after_ms` (reported once per stuck gap).
+    Withholding {
+        /// The writer reported.
+        writer: u32,
+        /// The first missing seq.
+        from_seq: u64,
+        /// The highest seq known to exist (inclusive).
+        to_seq: u64,
+    },
 }
 
+/// The receive state machine (see the module docs): per writer, next seq, applied hashes,
+/// hold-back buffer and gap state; generic over what it holds ([`Chained`]).
 #[derive(Debug)]
 pub struct Orderer<T = Verified<Opened>> {
     cfg: OrdererConfig,
@@ -196,6 +219,7 @@ impl<T> Default for Orderer<T> {
 }
 
 impl<T: Chained> Orderer<T> {
+    /// An empty orderer (no writer known, epoch 0) with these bounds and timers.
     pub fn new(cfg: OrdererConfig) -> Orderer<T> {
         Orderer { cfg, ..Default::default() }
     }
@@ -209,6 +233,7 @@ impl<T: Chained> Orderer<T> {
         self.current_epoch = self.current_epoch.max(e);
     }
 
+    /// Records held back across all writers (at most `held_records_max`).
     pub fn held_total(&self) -> usize {
         self.held_total
     }

@@ -36,6 +36,7 @@ use psl_capsule::{CapsuleName, KeyStatement};
 use psl_crypto::{sha256, Hash256, Signature, SigningKey, VerifyingKey};
 use std::sync::Arc;
 
+/// The wire format version, the first byte of every message (CapsuleDB's included).
 pub const WIRE_VERSION: u8 = 1;
 const TYPE_RECORD: u8 = 1;
 const TYPE_REPAIR: u8 = 2;
@@ -54,40 +55,77 @@ const ACK_DOMAIN: &[u8] = b"psl-ack-v1";
 pub const HEADS_MAX: usize = 4096;
 const PREFIX_LEN: usize = 2 + 32;
 
+/// A message on the fabric (wire types 1 to 4 and 10; see the module docs for the layout).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Msg {
     /// A record's exact bytes (not yet verified).
-    Record { capsule: CapsuleName, bytes: Arc<[u8]> },
+    Record {
+        /// The capsule the record claims to belong to.
+        capsule: CapsuleName,
+        /// The encoded record, undecoded.
+        bytes: Arc<[u8]>,
+    },
     /// Please re-send records `from_seq ..= to_seq` of `writer`. With `origin_only`, only the
     /// node that wrote them answers (a requester's first try; see `docs/protocol/scl.md` §6).
-    Repair { capsule: CapsuleName, writer: u32, from_seq: u64, to_seq: u64, origin_only: bool },
+    Repair {
+        /// The capsule whose records are asked for.
+        capsule: CapsuleName,
+        /// The writer whose records are asked for.
+        writer: u32,
+        /// The first seq asked for.
+        from_seq: u64,
+        /// The last seq asked for (inclusive; not below `from_seq`).
+        to_seq: u64,
+        /// Only the records' own writer's node should answer.
+        origin_only: bool,
+    },
     /// Hint: the sender has applied each `(writer, seq)` listed. `sender` (a node's random
     /// peer id) lets writers pace themselves to the peers that hint (flow control toward peer
     /// nodes, `NodeCore::flow_next`); capsule servers send none.
-    Heads { capsule: CapsuleName, heads: Vec<(u32, u64)>, sender: Option<u64> },
+    Heads {
+        /// The capsule the hint is about.
+        capsule: CapsuleName,
+        /// `(writer, seq)`: the newest seq of the writer the sender applied (at most
+        /// [`HEADS_MAX`] entries).
+        heads: Vec<(u32, u64)>,
+        /// The sending node's random peer id (`None` from capsule servers).
+        sender: Option<u64>,
+    },
     /// A capsule server's signed durability ack (see the module documentation).
     Ack(Ack),
     /// Writer certificates and revocations (1 to `psl_capsule::certs::STATEMENTS_PER_RECORD_MAX`).
-    Certs { capsule: CapsuleName, statements: Vec<KeyStatement> },
+    Certs {
+        /// The capsule the statements are for.
+        capsule: CapsuleName,
+        /// The statements, each signed by the application key.
+        statements: Vec<KeyStatement>,
+    },
 }
 
 /// One acked range: writer `writer`'s records `from_seq ..= to_seq` are durable at the server,
 /// and so is every earlier record of that writer (servers store chains in order).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AckEntry {
+    /// The writer whose chain is acked.
     pub writer: u32,
+    /// The first seq the server's latest fsync covered (informative only).
     pub from_seq: u64,
+    /// The last seq acked (inclusive): the writer's chain up to it is durable at the server.
     pub to_seq: u64,
     /// Hash of record `to_seq`: the ack names the exact chain it covers.
     pub hash: Hash256,
 }
 
+/// A capsule server's signed durability ack (wire type 4; see the module docs).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ack {
+    /// The capsule whose records are acked.
     pub capsule: CapsuleName,
     /// The server's writer index (its key's BIP32 child index).
     pub server: u32,
+    /// The acked ranges (1 to [`ACK_ENTRIES_MAX`]).
     pub entries: Vec<AckEntry>,
+    /// The server's ECDSA signature over [`ack_digest`].
     pub signature: Signature,
 }
 
@@ -128,27 +166,46 @@ impl Ack {
     }
 }
 
+/// Why [`Msg::decode`] refused a message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WireError {
+    /// The message (of this many bytes) is shorter than the 34-byte common prefix.
     #[error("message of {0} bytes is too short for its header")]
     Short(usize),
+    /// The first byte (given) is not [`WIRE_VERSION`].
     #[error("unsupported message version {0}")]
     Version(u8),
+    /// The type byte (given) is not 1 to 4 or 10 (CapsuleDB's 5 to 9 included: see
+    /// [`crate::dbwire`]).
     #[error("unknown message type {0}")]
     Type(u8),
+    /// A repair request's payload (of this many bytes) is neither 20 bytes nor 21 ending in
+    /// flags 1.
     #[error("repair request payload is {0} bytes, expected 20, or 21 ending in flags 1")]
     RepairLen(usize),
+    /// A repair request whose `to_seq` is below its `from_seq`.
     #[error("repair request range {from}..={to} is empty")]
-    RepairRange { from: u64, to: u64 },
+    RepairRange {
+        /// The request's `from_seq`.
+        from: u64,
+        /// The request's `to_seq`.
+        to: u64,
+    },
+    /// A malformed heads hint: no count, over [`HEADS_MAX`] entries, or a length that does not
+    /// match the count.
     #[error("heads hint: {0}")]
     Heads(&'static str),
+    /// A malformed ack: too short, 0 or over [`ACK_ENTRIES_MAX`] entries, a length that does not
+    /// match the count, or an empty range.
     #[error("ack: {0}")]
     Ack(&'static str),
+    /// A key statement list that does not decode.
     #[error("key statements: {0}")]
     Certs(psl_capsule::DecodeError),
 }
 
 impl Msg {
+    /// The capsule the message names.
     pub fn capsule(&self) -> CapsuleName {
         match self {
             Msg::Record { capsule, .. }
@@ -159,6 +216,8 @@ impl Msg {
         }
     }
 
+    /// The message's bytes; panics on counts or ranges [`Msg::decode`] would refuse (a bug of
+    /// the sender).
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(PREFIX_LEN + 32);
         b.push(WIRE_VERSION);

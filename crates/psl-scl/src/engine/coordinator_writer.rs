@@ -18,10 +18,27 @@ pub trait CoordinatorLog: Send {
 /// Why the coordinator writer did not produce a record.
 #[derive(Debug, thiserror::Error)]
 pub enum CoordinatorWriteError {
+    /// The author refused to seal the record (nothing was written; the writer goes on).
     #[error("cannot seal the {what} record: {source}")]
-    Seal { what: &'static str, source: SealError },
+    Seal {
+        /// The kind of record: `"RTS"`, `"SYNC"`, `"Cert"`, `"Rotate"`, …
+        what: &'static str,
+        /// Why sealing failed.
+        source: SealError,
+    },
+    /// The sealed record could not be appended to the own-chain log: it is dropped unpublished
+    /// and the coordinator writer stops.
     #[error("coordinator stopped: cannot persist its {what} record (writer {writer}, seq {seq}): {reason}")]
-    Persist { what: &'static str, writer: u32, seq: u64, reason: String },
+    Persist {
+        /// The kind of record: `"RTS"`, `"SYNC"`, `"Cert"`, `"Rotate"`, …
+        what: &'static str,
+        /// The coordinator's writer index.
+        writer: u32,
+        /// The record's sequence number, now lost.
+        seq: u64,
+        /// The log's error.
+        reason: String,
+    },
 }
 
 pub(crate) struct CoordinatorWriter {

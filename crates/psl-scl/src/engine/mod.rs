@@ -45,13 +45,30 @@ pub enum Command {
     /// `verify_elsewhere`; otherwise it verifies inline.
     Verify(Record),
     /// Every local data writer: the next record links to this SYNC and carries its epoch.
-    EnterEpoch { sync: Link, epoch: u64 },
+    EnterEpoch {
+        /// The SYNC record that closed the previous epoch.
+        sync: Link,
+        /// The epoch now entered (the SYNC's).
+        epoch: u64,
+    },
     /// Every local data writer: seal the ops it holds, then write an EOE for `epoch`
     /// ([`writer::end_of_epoch`]); the first writer links `heads`, the others nothing.
-    WriteEoe { epoch: u64, heads: Vec<Link> },
+    WriteEoe {
+        /// The epoch the EOE ends (the RTS's).
+        epoch: u64,
+        /// The records the first writer's EOE links.
+        heads: Vec<Link>,
+    },
     /// The coordinator's writer signed (and logged) this record: for observers (the
     /// simulator's checker keeps every honest record).
-    Signed { writer: u32, seq: u64, hash: Hash256 },
+    Signed {
+        /// The coordinator's writer index.
+        writer: u32,
+        /// The record's sequence number in the coordinator's chain.
+        seq: u64,
+        /// The record's hash.
+        hash: Hash256,
+    },
     /// A protocol fault seen: a writer withholding records, or an equivocation.
     Report(Output),
 }
@@ -73,7 +90,10 @@ pub struct RotationState {
 
 /// An application key rotation for the engine.
 pub struct Rotation {
+    /// The rotation certificate: the new generation and the epoch it takes effect at.
     pub cert: RotationCert,
+    /// The application's data key under the new generation, if this node has it (a coordinator
+    /// needs it).
     pub data_key: Option<DataKey>,
     /// The coordinator writer's key under the new generation (a node running a coordinator).
     pub coordinator: Option<SigningKey>,
@@ -93,6 +113,8 @@ pub fn verify(v: &Verifier, rec: Record, now_ms: u64) -> Result<Option<Box<Verif
     })
 }
 
+/// One node's protocol engine: events in, [`Command`]s out (see the module docs). Owns the
+/// [`NodeCore`] and, on a coordinator's node, the coordinator's writer.
 pub struct NodeEngine {
     core: NodeCore,
     verifier: Arc<Verifier>,
@@ -142,6 +164,7 @@ impl NodeEngine {
         self.commands.pop_front()
     }
 
+    /// The core, to read its state.
     pub fn core(&self) -> &NodeCore {
         &self.core
     }
@@ -152,6 +175,7 @@ impl NodeEngine {
         &mut self.core
     }
 
+    /// The capsule's verifier the engine checks records with (shared with the verify pool).
     pub fn verifier(&self) -> &Arc<Verifier> {
         &self.verifier
     }
@@ -211,6 +235,8 @@ impl NodeEngine {
         }
     }
 
+    /// A record verified and opened (by the verify pool or inline): applied by the core; a Cert
+    /// record also releases the records held back for certificates.
     pub fn on_verified(&mut self, v: Verified<Opened>, now: u64) {
         let certs = v.record.header().kind == Kind::Cert;
         let out = self.core.on_verified(v, now);
@@ -220,6 +246,7 @@ impl NodeEngine {
         }
     }
 
+    /// A record the verify pool refused, counted under `r`.
     pub fn on_rejected(&mut self, r: RejectReason) {
         self.core.on_rejected(r);
     }
@@ -263,6 +290,8 @@ impl NodeEngine {
         }
     }
 
+    /// Time passes (`now` in ms): the core's timers (repairs, coordinator epochs, hints,
+    /// announcements) run.
     pub fn on_tick(&mut self, now: u64) {
         let out = self.core.on_tick(now);
         self.outputs(out, now);
@@ -295,6 +324,7 @@ impl NodeEngine {
         Ok(self.core.epoch())
     }
 
+    /// Where this node stands in application key rotation.
     pub fn rotation_state(&self) -> RotationState {
         let v = &self.verifier;
         let epoch = self.core.epoch();

@@ -18,10 +18,21 @@ pub const WRITE_TRIES_MAX: u32 = 16;
 /// Why a local write was not applied (nothing was written).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum StampError {
+    /// The clock's next time is at or above the caller's fence `below`.
     #[error("the write would get Lamport time {lamport}, not below the caller's fence {below}: nothing was written")]
-    Fenced { lamport: u64, below: u64 },
+    Fenced {
+        /// The Lamport time the clock gave the write.
+        lamport: u64,
+        /// The caller's fence: the write's time had to be below it.
+        below: u64,
+    },
+    /// Every one of [`WRITE_TRIES_MAX`] times taken was superseded by another writer's newer
+    /// version of the key before the write applied.
     #[error("other writers kept writing this key newer than each of {tries} Lamport times this write took: nothing was written; retry")]
-    Superseded { tries: u32 },
+    Superseded {
+        /// How many Lamport times the write took ([`WRITE_TRIES_MAX`]).
+        tries: u32,
+    },
 }
 
 /// Stamps a local write of `key` (`None`: a delete) by `writer` and applies it to the memtable:
