@@ -121,8 +121,8 @@ impl Actor {
                 match c {
                     ActorCtl::EnterEpoch(link, epoch) => self.author.enter_epoch(link, epoch),
                     ActorCtl::WriteEoe { epoch, heads } => {
-                        self.drain_all();
-                        match psl_scl::engine::writer::end_of_epoch(&mut self.author, &self.clock, epoch, heads) {
+                        let at = self.drain_all_then_tick();
+                        match psl_scl::engine::writer::end_of_epoch(&mut self.author, &self.clock, at, epoch, heads) {
                             Ok((rec, body)) => self.send(CoreMsg::Local { rec, body: Some(body), ops: 0 }),
                             Err(e) => tracing::error!(writer = self.queue.writer, "cannot seal EOE: {e}"),
                         }
@@ -187,6 +187,31 @@ impl Actor {
         drop(ops);
         q.space.notify_all();
         (batch, r)
+    }
+
+    /// Seals every queued op, then returns a Lamport time ticked after all of them: the queue is
+    /// taken empty and the clock ticked under the queue's lock, which every put stamps and
+    /// queues under, so no op stamped before the returned time is left to be sealed after an
+    /// EOE that carries it (the chain would go back in time: test `node_chain_lamport`).
+    fn drain_all_then_tick(&mut self) -> u64 {
+        let (batches, at) = {
+            let mut ops = self.queue.ops.lock();
+            let mut batches = Vec::new();
+            loop {
+                let n = fitting(&ops, self.batch_ops_max, self.batch_bytes_max);
+                if n == 0 {
+                    break;
+                }
+                let batch: Vec<Op> = ops.drain(..n).collect();
+                batches.push((batch, self.queue.flow.reserve(n)));
+            }
+            (batches, self.clock.tick())
+        };
+        self.queue.space.notify_all();
+        for (batch, r) in batches {
+            self.seal(batch, r);
+        }
+        at
     }
 
     fn drain_all(&mut self) {

@@ -282,8 +282,9 @@ impl SimNode {
                     for i in 0..self.authors.len() {
                         // The first writer carries the node's view of every other writer's head.
                         let links = if i == 0 { heads.clone() } else { Vec::new() };
-                        let (rec, body) = writer::end_of_epoch(&mut self.authors[i], &self.clock, epoch, links)
-                            .expect("control record fits");
+                        let (rec, body) =
+                            writer::end_of_epoch(&mut self.authors[i], &self.clock, self.clock.tick(), epoch, links)
+                                .expect("control record fits");
                         self.local_record(rec, Some(body), 0, now, fx);
                     }
                 }

@@ -27,15 +27,20 @@ fn own_cert_body(author: &Author) -> Body {
 
 /// The end-of-epoch record for `epoch`, linking `heads` (the first writer of a node carries its
 /// view of every other writer's head; the others link nothing). Control records take their
-/// Lamport time from the node's clock, like data.
+/// Lamport time from the node's clock, like data: `at` is a time the caller ticked from
+/// `clock` after every op stamped before it was sealed into this writer's chain. A runtime
+/// whose puts stamp concurrently must tick `at` under the lock its puts stamp and queue under,
+/// as it takes the queued ops; an op stamped before `at` but sealed after the EOE would take
+/// the chain back in time.
 pub fn end_of_epoch(
     author: &mut Author,
     clock: &LamportClock,
+    at: u64,
     epoch: u64,
     heads: Vec<Link>,
 ) -> Result<(Record, Body), SealError> {
     let body = Body::Control { code: ControlCode::Eoe, payload: crate::node::epoch_payload(epoch) };
-    author.observe(clock.tick());
+    author.observe(at);
     let rec = author.write_control(body.clone(), heads)?;
     clock.observe(rec.header().lamport);
     Ok((rec, body))
