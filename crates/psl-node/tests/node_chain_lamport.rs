@@ -5,14 +5,15 @@
 //! lamport time goes backwards along the chain", first seen in `psl chaos --byzantine` seed
 //! 416 on an honest front end).
 
-use parking_lot::Mutex;
-use psl_capsule::{new_capsule, Kind, Limits, Record};
+mod common;
+
+use common::Observer;
+use psl_capsule::{new_capsule, Kind, Limits};
 use psl_crypto::OwnerKey;
-use psl_fabric::{Fabric, FabricConfig, InProcHub};
+use psl_fabric::{FabricConfig, InProcHub};
 use psl_node::{Node, NodeKeys, NodeOptions};
-use psl_scl::{CoordinatorConfig, Msg};
+use psl_scl::CoordinatorConfig;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -25,23 +26,8 @@ fn puts_racing_end_of_epoch_records_keep_the_chain_monotonic() {
     let hub = InProcHub::new(FabricConfig::default()).unwrap();
 
     // An untrusted observer keeps every record on the fabric.
-    let seen: Arc<Mutex<Vec<Record>>> = Arc::default();
-    let stop = Arc::new(AtomicBool::new(false));
-    let observer = {
-        let ep = hub.endpoint("observer");
-        let (seen, stop) = (seen.clone(), stop.clone());
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Acquire) {
-                if let Ok(Some(m)) = ep.recv_timeout(Duration::from_millis(20)) {
-                    if let Ok(Msg::Record { bytes, .. }) = Msg::decode(&m) {
-                        if let Ok(r) = Record::decode(&bytes, &limits) {
-                            seen.lock().push(r);
-                        }
-                    }
-                }
-            }
-        })
-    };
+    let observer = Observer::start(&hub, limits);
+    let seen = observer.seen.clone();
 
     // Epochs as short as the coordinator allows: an EOE from the node every couple of ms.
     let coord_opts = NodeOptions {
@@ -74,8 +60,7 @@ fn puts_racing_end_of_epoch_records_keep_the_chain_monotonic() {
     let puts: u64 = putters.into_iter().map(|p| p.join().unwrap()).sum();
     node.sync(Duration::from_secs(30)).expect("sync completes");
     std::thread::sleep(Duration::from_millis(200));
-    stop.store(true, Ordering::Release);
-    observer.join().unwrap();
+    observer.stop();
 
     let writer = node.writers()[0];
     let mut chain: BTreeMap<u64, (u64, bool)> = BTreeMap::new();

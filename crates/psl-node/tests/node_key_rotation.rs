@@ -6,8 +6,10 @@
 //! sealed with a retired writer key is refused everywhere as `retired-key` and no memtable
 //! changes.
 
-use parking_lot::Mutex;
-use psl_capsule::{new_capsule, Author, Kind, Limits, Link, Record, RotationCert, Verifier};
+mod common;
+
+use common::Observer;
+use psl_capsule::{new_capsule, Author, Kind, Limits, Link, RotationCert, Verifier};
 use psl_crypto::OwnerKey;
 use psl_fabric::{Fabric, FabricConfig, InProcHub};
 use psl_node::{Node, NodeKeys, NodeOptions, NodeRotation};
@@ -40,23 +42,8 @@ fn rotation_mid_load_converges_and_retires_the_old_key() {
     let limits = meta.meta.policy.limits;
 
     // An untrusted observer keeps every record on the fabric.
-    let seen: Arc<Mutex<Vec<Record>>> = Arc::default();
-    let stop_obs = Arc::new(AtomicBool::new(false));
-    let observer = {
-        let ep = hub.endpoint("observer");
-        let (seen, stop) = (seen.clone(), stop_obs.clone());
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Acquire) {
-                if let Ok(Some(m)) = ep.recv_timeout(Duration::from_millis(20)) {
-                    if let Ok(Msg::Record { bytes, .. }) = Msg::decode(&m) {
-                        if let Ok(r) = Record::decode(&bytes, &limits) {
-                            seen.lock().push(r);
-                        }
-                    }
-                }
-            }
-        })
-    };
+    let observer = Observer::start(&hub, limits);
+    let seen = observer.seen.clone();
 
     let coord_opts = NodeOptions {
         node_id: 0x7000,
@@ -266,8 +253,7 @@ fn rotation_mid_load_converges_and_retires_the_old_key() {
         assert_eq!(n.get(b"forged"), None);
     }
 
-    stop_obs.store(true, Ordering::Release);
-    observer.join().unwrap();
+    observer.stop();
     for n in nodes {
         Arc::try_unwrap(n).unwrap().shutdown();
     }
