@@ -50,6 +50,11 @@ pub struct Audit {
     pub records_verified: usize,
     pub opened: bool,
     pub problems: Vec<Problem>,
+    /// Links to a record the file does not hold that a revocation the file carries refuses
+    /// (the target's seq is at or past the revocation's seq bound): an honest writer applied it
+    /// before it learnt the revocation, and every store drops it since. Not a problem: were
+    /// the target there, the verifier would refuse it.
+    pub links_to_revoked: usize,
 }
 
 impl Audit {
@@ -89,6 +94,7 @@ pub fn audit_file_rotated(
         records_verified: 0,
         opened: false,
         problems: Vec::new(),
+        links_to_revoked: 0,
     };
     let verifier = metadata.map(|m| {
         let key = data_key.filter(|k| {
@@ -142,8 +148,10 @@ pub fn audit_file_rotated(
         }
     }
     problems.extend(s.fatal.as_ref().map(fatal_problem));
-    if let Some(r) = &replica {
-        problems.extend(chain_problems(r, &index_of));
+    if let (Some(r), Some(v)) = (&replica, &verifier) {
+        let (chain, links_to_revoked) = chain_problems(r, v, &index_of);
+        problems.extend(chain);
+        audit.links_to_revoked = links_to_revoked;
     }
     audit.replica = replica;
     audit.problems = problems;
@@ -214,8 +222,27 @@ fn fatal_problem(fatal: &FileProblem) -> Problem {
 
 /// The chains' problems (broken links, gaps, equivocations), at the file index of the record
 /// they name.
-fn chain_problems(r: &Replica, index_of: &std::collections::HashMap<Hash256, usize>) -> Vec<Problem> {
-    r.check()
+/// The replica's chain problems, and how many links it found to an absent record that a
+/// revocation `v` knows refuses ([`Audit::links_to_revoked`], left out of the problems).
+fn chain_problems(
+    r: &Replica,
+    v: &Verifier,
+    index_of: &std::collections::HashMap<Hash256, usize>,
+) -> (Vec<Problem>, usize) {
+    let revocations = v.revocations();
+    // The target is absent, so its key generation and epoch are unknown: only the seq bound
+    // decides, for a revocation of the linking record's own key generation.
+    let refused = |p: &crate::ChainProblem| match p {
+        crate::ChainProblem::MissingLinkTarget { hash, target_writer, target_seq, .. } => {
+            let gen = r.get(hash).map(|rec| rec.header().key_gen);
+            revocations
+                .iter()
+                .any(|x| x.writer == *target_writer && Some(x.key_gen) == gen && *target_seq >= x.from_seq)
+        }
+        _ => false,
+    };
+    let (revoked, kept): (Vec<_>, Vec<_>) = r.check().into_iter().partition(|p| refused(p));
+    let problems = kept
         .into_iter()
         .map(|p| {
             let (hash, seq) = match &p {
@@ -236,5 +263,6 @@ fn chain_problems(r: &Replica, index_of: &std::collections::HashMap<Hash256, usi
                 detail: p.detail(),
             }
         })
-        .collect()
+        .collect();
+    (problems, revoked.len())
 }

@@ -276,3 +276,36 @@ fn derived_capsules_keep_verifying_and_refuse_cert_records() {
     assert_eq!(reason(&v, r).name(), "structure");
     assert!(v.install_statement(&KeyStatement::Cert(cert)).is_err());
 }
+
+/// A writer revoked from a seq it had already reached: an honest writer applied the record at
+/// that seq before it learnt the revocation and links to it; every store drops the record
+/// since. A file without it verifies (the link is counted, not a problem), but a link to an
+/// absent record no revocation refuses is still one: withholding that is not excused.
+#[test]
+fn a_link_to_a_record_a_revocation_refuses_may_be_missing_from_a_file() {
+    let (_, app, meta) = capsule();
+    // The file a server exports: the raced record (writer 1's third) dropped, the honest
+    // writer's EOE linking to it kept, the revocation (from `from_seq`) carried by the coordinator.
+    let file = |from_seq: u64| {
+        let mut bad = Author::new(&meta, &app, 1).unwrap();
+        let mut good = Author::new(&meta, &app, 2).unwrap();
+        let mut coord = Author::new(&meta, &app, meta.meta.policy.coordinator).unwrap();
+        let mut recs: Vec<_> = [&mut bad, &mut good, &mut coord].map(|a| a.write_own_cert().unwrap().unwrap()).into();
+        recs.push(bad.write_ops([("k", Some("kept"))]).unwrap());
+        let raced = bad.write_ops([("k", Some("raced"))]).unwrap();
+        assert_eq!(raced.header().seq, 2);
+        let eoe = Body::Control { code: psl_capsule::ControlCode::Eoe, payload: vec![] };
+        recs.push(good.write_control(eoe, vec![raced.link()]).unwrap());
+        let revoke = Revocation::issue(&app, meta.name(), 0, 1, 9, from_seq).unwrap();
+        recs.push(coord.write_certs(vec![KeyStatement::Revoke(revoke)]).unwrap());
+        psl_capsule::file::encode(&meta, recs.iter())
+    };
+    // Revoked from the raced record's seq: its absence is what the revocation asks for.
+    let a = psl_capsule::audit_file(&file(2), Some(app.data_key()));
+    assert!(a.ok(), "{:?}", a.problems);
+    assert_eq!(a.links_to_revoked, 1);
+    // Revoked from the seq after it: the raced record is valid, and withholding it is a problem.
+    let a = psl_capsule::audit_file(&file(3), Some(app.data_key()));
+    assert_eq!(a.links_to_revoked, 0);
+    assert_eq!(a.problems.iter().map(|p| p.check).collect::<Vec<_>>(), ["link-missing"], "{:?}", a.problems);
+}

@@ -669,14 +669,19 @@ fn verify(path: &Path, key: Option<&Path>, json: bool) -> Result<i32> {
                 "writers": summary.map(|s| s.1),
                 "syncs": summary.map(|s| s.2),
                 "decrypted": audit.opened,
+                "links_to_revoked": audit.links_to_revoked,
                 "problems": audit.problems,
             })
         );
     } else if audit.ok() {
         let (n, w, s) = summary.unwrap_or_default();
         println!(
-            "OK: capsule {}: {n} records from {w} writers, {s} SYNC record(s); every signature, hash, chain and link checks out{}",
+            "OK: capsule {}: {n} records from {w} writers, {s} SYNC record(s); every signature, hash, chain and link checks out{}{}",
             audit.metadata.as_ref().map(|m| m.name().to_string()).unwrap_or_default(),
+            match audit.links_to_revoked {
+                0 => String::new(),
+                n => format!(" ({n} links name a record a revocation refuses, rightly absent)"),
+            },
             if audit.opened { ", and every body decrypts" } else { " (bodies not decrypted: no --key)" }
         );
     } else {
