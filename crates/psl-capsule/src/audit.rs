@@ -14,11 +14,15 @@ use std::fmt;
 pub struct Problem {
     /// Position of the record in the file, when the problem concerns one record.
     pub index: Option<usize>,
+    /// The record hash, as 64 lowercase hex digits, when the record decoded.
     pub hash: Option<String>,
+    /// The record's writer index, when known.
     pub writer: Option<u32>,
+    /// The record's seq, when known.
     pub seq: Option<u64>,
     /// Stable name of the failed check (`encoding`, `signature`, `decryption`, `prev`, ...).
     pub check: &'static str,
+    /// Human-readable description of the failure (the error's message).
     pub detail: String,
 }
 
@@ -43,12 +47,17 @@ impl fmt::Display for Problem {
 /// The outcome of auditing a capsule file.
 #[derive(Debug)]
 pub struct Audit {
+    /// The file's signed metadata; `None` if it does not decode or its owner signature fails.
     pub metadata: Option<SignedMetadata>,
     /// Every record that passed the record checks (chain problems are listed separately).
     pub replica: Option<Replica>,
+    /// Record frames in the file, damaged ones included.
     pub records_total: usize,
+    /// Records that passed every verifier check.
     pub records_verified: usize,
+    /// Whether bodies were decrypted and checked: a data key was given and matches the metadata.
     pub opened: bool,
+    /// Every problem found, file-level and per record; empty for a clean file.
     pub problems: Vec<Problem>,
     /// Links to a record the file does not hold that a revocation the file carries refuses
     /// (the target's seq is at or past the revocation's seq bound): an honest writer applied it
@@ -58,6 +67,7 @@ pub struct Audit {
 }
 
 impl Audit {
+    /// Whether the audit found no problem at all.
     pub fn ok(&self) -> bool {
         self.problems.is_empty()
     }

@@ -164,6 +164,7 @@ impl Author {
         self.epoch = self.epoch.max(head.epoch);
     }
 
+    /// This author's writer index.
     pub fn writer(&self) -> u32 {
         self.writer
     }
@@ -218,14 +219,18 @@ impl Author {
         }
     }
 
+    /// The seq the next record will take (0 for a fresh chain).
     pub fn next_seq(&self) -> u64 {
         self.next_seq
     }
 
+    /// The writer's Lamport clock: the newest time it has stamped or observed; the next op takes
+    /// one more.
     pub fn lamport(&self) -> u64 {
         self.lamport
     }
 
+    /// The epoch the writer is in (the newest SYNC entered), written into its next record.
     pub fn epoch(&self) -> u64 {
         self.epoch
     }

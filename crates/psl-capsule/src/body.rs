@@ -11,22 +11,31 @@ use psl_crypto::Hash256;
 /// One key-value operation, stamped with its Lamport time.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Op {
+    /// The op's Lamport time; strictly increasing within a record, and the last op's is the
+    /// header's `lamport`.
     pub lamport: u64,
+    /// The key, 1 to `key_bytes_max` bytes.
     pub key: Vec<u8>,
+    /// What the op does to the key.
     pub action: Action,
 }
 
+/// What an [`Op`] does to its key (tag 1 or 2 in a data body).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
+    /// Sets the key to this value (at most `value_bytes_max` bytes; may be empty).
     Put(Vec<u8>),
+    /// Removes the key.
     Delete,
 }
 
 impl Op {
+    /// A put of `value` under `key` at Lamport time `lamport`.
     pub fn put(lamport: u64, key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Op {
         Op { lamport, key: key.into(), action: Action::Put(value.into()) }
     }
 
+    /// A delete of `key` at Lamport time `lamport`.
     pub fn delete(lamport: u64, key: impl Into<Vec<u8>>) -> Op {
         Op { lamport, key: key.into(), action: Action::Delete }
     }
@@ -76,20 +85,27 @@ pub enum Body {
     Data(Vec<Op>),
     /// A SYNC: the fingerprint of the application key in force.
     Sync {
+        /// Fingerprint of the application xpub of the key generation in force at the SYNC's
+        /// epoch (`SHA-256("psl/app-key-fp/v1" ‖ xpub)`); the whole 32-byte body.
         app_key_fp: Hash256,
     },
+    /// A control message (RTS, EOE, RESET, ROTATE).
     Control {
+        /// Which control message.
         code: ControlCode,
+        /// Arbitrary bytes to the end of the body; for ROTATE, a 214-byte rotation certificate.
         payload: Vec<u8>,
     },
-    /// CapsuleDB block and index bodies; their content is CapsuleDB's.
+    /// A CapsuleDB block body; its content is CapsuleDB's and this layer does not decode it.
     DbBlock(Vec<u8>),
+    /// A CapsuleDB index body; its content is CapsuleDB's and this layer does not decode it.
     DbIndex(Vec<u8>),
     /// Writer certificates and revocations (a Cert record, stored in the clear).
     Certs(Vec<KeyStatement>),
 }
 
 impl Body {
+    /// The record kind that carries this body.
     pub fn kind(&self) -> Kind {
         match self {
             Body::Data(_) => Kind::Data,
@@ -157,6 +173,7 @@ impl Body {
         Ok(())
     }
 
+    /// The plaintext bytes of the body (before sealing); does not check limits (see `check`).
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::new();
         match self {

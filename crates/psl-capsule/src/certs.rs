@@ -39,6 +39,7 @@ use psl_crypto::{sha256, AppKey, Hash256, Signature, SigningKey, VerifyingKey};
 
 const CERT_MAGIC: &[u8; 4] = b"PSLW";
 const REVOKE_MAGIC: &[u8; 4] = b"PSLX";
+/// Version byte of both statement encodings (certificate and revocation); the decoder refuses any other.
 pub const CERT_VERSION: u8 = 1;
 const CERT_SIGNED_LEN: usize = 4 + 1 + 32 + 4 + 4 + 33 + 8 + 8;
 /// Bytes of an encoded writer certificate.
@@ -89,12 +90,21 @@ pub fn writer_credentials(
 /// application key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WriterCert {
+    /// The capsule the certificate is valid in.
     pub capsule: CapsuleName,
+    /// The certified writer index (below 2^31).
     pub writer: u32,
+    /// The application key generation that signs the certificate and whose records it covers.
     pub key_gen: u32,
+    /// The writer's public key, which verifies its records' signatures.
     pub key: VerifyingKey,
+    /// First header epoch the certificate covers.
     pub valid_from_epoch: u64,
+    /// First header epoch it no longer covers (exclusive; [`OPEN_ENDED`]: no end). Must be
+    /// above `valid_from_epoch`.
     pub valid_until_epoch: u64,
+    /// Signature by generation `key_gen`'s application key over
+    /// `SHA-256("psl/writer-cert/v1" ‖ the 94 encoded bytes before it)`.
     pub signature: Signature,
 }
 
@@ -106,11 +116,19 @@ pub struct WriterCert {
 /// choose. [`ANY_SEQ`]: no seq bound (the issuer does not know how far the chain got).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Revocation {
+    /// The capsule the revocation applies in.
     pub capsule: CapsuleName,
+    /// The revoked writer index (below 2^31).
     pub writer: u32,
+    /// The application key generation whose writer is revoked (and whose key signs this).
     pub key_gen: u32,
+    /// First header epoch whose records of `(key_gen, writer)` are refused.
     pub from_epoch: u64,
+    /// First seq of the writer's chain whose records are refused, whatever epoch they claim
+    /// ([`ANY_SEQ`]: no seq bound).
     pub from_seq: u64,
+    /// Signature by generation `key_gen`'s application key over
+    /// `SHA-256("psl/writer-revoke/v1" ‖ the 61 encoded bytes before it)`.
     pub signature: Signature,
 }
 
@@ -120,31 +138,66 @@ pub const ANY_SEQ: u64 = u64::MAX;
 /// One entry of a Cert record's body.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyStatement {
+    /// A writer certificate (tag 1, 158 bytes).
     Cert(WriterCert),
+    /// A revocation (tag 2, 125 bytes).
     Revoke(Revocation),
 }
 
 /// Why a certificate or revocation is not accepted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CertError {
+    /// The statement or statement list does not decode.
     #[error("key statement encoding: {0}")]
     Decode(#[from] DecodeError),
+    /// The statement names another capsule.
     #[error("key statement is for capsule {found}, not this one")]
-    Capsule { found: Hash256 },
+    Capsule {
+        /// The capsule name the statement carries.
+        found: Hash256,
+    },
+    /// The signature does not verify under the application key of the statement's generation.
     #[error("key statement for writer {writer} does not verify under the application key of generation {key_gen}")]
-    Signature { writer: u32, key_gen: u32 },
+    Signature {
+        /// The writer the statement is about.
+        writer: u32,
+        /// The key generation it names.
+        key_gen: u32,
+    },
+    /// The statement names a key generation the verifier has no rotation certificate for.
     #[error("key statement names key generation {0}, which this verifier does not know")]
     KeyGeneration(u32),
+    /// The writer index is 2^31 or more.
     #[error("writer {0} is not a writer index (must be below 2^31)")]
     Writer(u32),
+    /// A certificate's window is empty (`valid_from_epoch >= valid_until_epoch`).
     #[error("certificate for writer {writer} has an empty validity window {from}..{until}")]
-    Window { writer: u32, from: u64, until: u64 },
+    Window {
+        /// The certified writer.
+        writer: u32,
+        /// `valid_from_epoch`.
+        from: u64,
+        /// `valid_until_epoch`.
+        until: u64,
+    },
+    /// A different certificate is already installed for the same `(key_gen, writer)`; a writer's
+    /// key never changes in place.
     #[error("writer {writer} of key generation {key_gen} already has a different certificate")]
-    Conflict { writer: u32, key_gen: u32 },
+    Conflict {
+        /// The certified writer.
+        writer: u32,
+        /// The key generation.
+        key_gen: u32,
+    },
+    /// The capsule's writer keys are derived, so it accepts no statements.
     #[error("this capsule derives writer keys; it takes no writer certificates")]
     NotCertified,
+    /// A verifier table is full: certificates, revoked writers, or revocations of one writer.
     #[error("more than {max} certificates or revocations (in all, or of one writer)")]
-    TooMany { max: usize },
+    TooMany {
+        /// The bound that was reached.
+        max: usize,
+    },
 }
 
 /// The layout both statements open with: magic, version, capsule, writer, key generation.
@@ -279,6 +332,7 @@ impl WriterCert {
         self.valid_from_epoch <= epoch && epoch < self.valid_until_epoch
     }
 
+    /// The 158-byte encoding ([`WRITER_CERT_LEN`]): the signed fields, then the signature.
     pub fn encode(&self) -> Vec<u8> {
         let mut b = self.signed_bytes();
         b.extend_from_slice(&self.signature.0);
@@ -336,6 +390,8 @@ impl Revocation {
         Ok(r)
     }
 
+    /// Checks the capsule, the writer index and the signature under `app_point` (the
+    /// application public key of `key_gen`); errors `Capsule`, `Writer` or `Signature`.
     pub fn check(&self, capsule: CapsuleName, app_point: &VerifyingKey) -> Result<(), CertError> {
         if self.capsule != capsule {
             return Err(CertError::Capsule { found: self.capsule.0 });
@@ -346,6 +402,7 @@ impl Revocation {
             .map_err(|_| CertError::Signature { writer: self.writer, key_gen: self.key_gen })
     }
 
+    /// The 125-byte encoding ([`REVOCATION_LEN`]): the signed fields, then the signature.
     pub fn encode(&self) -> Vec<u8> {
         let mut b = self.signed_bytes();
         b.extend_from_slice(&self.signature.0);
@@ -353,6 +410,7 @@ impl Revocation {
         b
     }
 
+    /// Decodes exactly one revocation. Checks the encoding only; see [`Revocation::check`].
     pub fn decode(bytes: &[u8]) -> Result<Revocation, DecodeError> {
         decode_exact(bytes, "revocation", Self::decode_from)
     }
@@ -367,6 +425,7 @@ impl Revocation {
 }
 
 impl KeyStatement {
+    /// The writer index the statement is about.
     pub fn writer(&self) -> u32 {
         match self {
             KeyStatement::Cert(c) => c.writer,
@@ -374,6 +433,7 @@ impl KeyStatement {
         }
     }
 
+    /// The key generation the statement names (and whose application key must sign it).
     pub fn key_gen(&self) -> u32 {
         match self {
             KeyStatement::Cert(c) => c.key_gen,

@@ -6,22 +6,75 @@
 /// Why a byte string is not a valid encoding. `field` names what was being read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
+    /// The input ended before a fixed-size or length-prefixed field was complete.
     #[error("truncated: {field} needs {need} bytes at offset {offset}, {have} left")]
-    Truncated { field: &'static str, offset: usize, need: usize, have: usize },
+    Truncated {
+        /// The field being read.
+        field: &'static str,
+        /// Byte offset in the input where the field starts.
+        offset: usize,
+        /// Bytes the field needs.
+        need: usize,
+        /// Bytes left in the input from `offset`.
+        have: usize,
+    },
+    /// A length or count is above its limit; checked before anything is allocated or copied.
     #[error("{field} is {len}, over the limit of {max}")]
-    Limit { field: &'static str, len: u64, max: u64 },
+    Limit {
+        /// The length or count field.
+        field: &'static str,
+        /// The value found (bytes, or items for a count).
+        len: u64,
+        /// The largest value allowed, in the same unit.
+        max: u64,
+    },
+    /// A version byte this build does not read.
     #[error("unsupported {what} version {found} (this build reads version {supported})")]
-    Version { what: &'static str, found: u8, supported: u8 },
+    Version {
+        /// The encoding whose version it is (metadata, record, proof, ...).
+        what: &'static str,
+        /// The version byte found.
+        found: u8,
+        /// The newest version this build reads.
+        supported: u8,
+    },
+    /// The leading magic bytes are not the ones of the expected encoding.
     #[error("bad magic for {what}")]
-    Magic { what: &'static str },
+    Magic {
+        /// The encoding that was expected.
+        what: &'static str,
+    },
+    /// A tag, kind or code byte with no defined meaning.
     #[error("unknown {field} value {value}")]
-    Tag { field: &'static str, value: u64 },
+    Tag {
+        /// The tag field.
+        field: &'static str,
+        /// The value found.
+        value: u64,
+    },
+    /// Bytes are left over after a complete encoding: every decoder reads exactly its input.
     #[error("{count} trailing bytes after the end of {what}")]
-    Trailing { what: &'static str, count: usize },
+    Trailing {
+        /// The encoding that ended early.
+        what: &'static str,
+        /// How many bytes follow its end.
+        count: usize,
+    },
+    /// A text field (such as the metadata label) is not valid UTF-8.
     #[error("{field} is not valid UTF-8")]
-    Utf8 { field: &'static str },
+    Utf8 {
+        /// The text field.
+        field: &'static str,
+    },
+    /// A field decodes but its value is not allowed (not a curve point, an index at or above
+    /// 2^31, an empty window, ...).
     #[error("{field}: {why}")]
-    Invalid { field: &'static str, why: &'static str },
+    Invalid {
+        /// The field whose value is refused.
+        field: &'static str,
+        /// Why it is refused.
+        why: &'static str,
+    },
 }
 
 pub(crate) struct Reader<'a> {

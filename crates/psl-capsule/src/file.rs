@@ -19,6 +19,7 @@ use crate::meta::{MetadataError, SignedMetadata};
 use crate::record::Record;
 use psl_crypto::{sha256, Hash256};
 
+/// The first 8 bytes of every capsule file: the magic `PSLCAPS` and format version 1.
 pub const FILE_MAGIC: &[u8; 8] = b"PSLCAPS\x01";
 const TAG_RECORD: u8 = b'R';
 const TAG_TRAILER: u8 = b'T';
@@ -49,13 +50,17 @@ pub struct Frame {
     pub index: usize,
     /// Byte offset of the frame's tag.
     pub offset: usize,
+    /// The frame's record decoded (not verified) under the metadata's limits, or why it does
+    /// not decode.
     pub record: Result<Record, DecodeError>,
 }
 
 /// Everything a scan found, good and bad, so that `verify` can name every problem.
 #[derive(Debug)]
 pub struct Scan {
+    /// The signed metadata, decoded and owner-signature checked, or why it is refused.
     pub metadata: Result<SignedMetadata, MetadataError>,
+    /// Every record frame read before the trailer or a fatal problem, in file order.
     pub frames: Vec<Frame>,
     /// A problem that stopped the scan (bad magic, framing, truncation, trailing bytes).
     pub fatal: Option<FileProblem>,
@@ -63,25 +68,51 @@ pub struct Scan {
     pub trailer_ok: bool,
 }
 
+/// A problem with a file's structure (magic, framing, trailer) that stops a scan.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FileProblem {
+    /// The file does not start with [`FILE_MAGIC`].
     #[error("not a capsule file (bad magic or version)")]
     Magic,
+    /// The metadata's length prefix is unreadable, over the limit, or runs past the file's end.
     #[error("metadata at offset 8: {0}")]
     Metadata(DecodeError),
+    /// A frame has an unknown tag, or a record length that is over `record_bytes_max` or runs
+    /// past the file's end.
     #[error("record #{index} at offset {offset}: frame: {err}")]
-    Frame { index: usize, offset: usize, err: DecodeError },
+    Frame {
+        /// Position of the frame among the file's records, from 0.
+        index: usize,
+        /// Byte offset of the frame's tag.
+        offset: usize,
+        /// What is wrong with the frame.
+        err: DecodeError,
+    },
+    /// The file ends, or the trailer is cut short, before the trailer is complete.
     #[error("file ends without a trailer after record #{after} (truncated?)")]
-    NoTrailer { after: usize },
+    NoTrailer {
+        /// How many frames were read before the end.
+        after: usize,
+    },
+    /// The trailer's record count differs from the frames read.
     #[error("trailer says {claimed} records, the file holds {found}")]
-    Count { claimed: u64, found: u64 },
+    Count {
+        /// The count the trailer states.
+        claimed: u64,
+        /// The frames actually read.
+        found: u64,
+    },
+    /// The trailer's SHA-256 does not match the bytes before it (accidental damage; it has no key).
     #[error("trailer digest does not match the file's bytes (altered?)")]
     Digest,
+    /// Bytes follow the trailer; carries how many.
     #[error("{0} bytes after the trailer")]
     Trailing(usize),
 }
 
 impl Scan {
+    /// Whether nothing is wrong: metadata verified, no fatal problem, a matching trailer and
+    /// every record decoded (records are not verified here).
     pub fn is_clean(&self) -> bool {
         self.metadata.is_ok() && self.fatal.is_none() && self.trailer_ok && self.frames.iter().all(|f| f.record.is_ok())
     }
@@ -172,21 +203,36 @@ pub fn scan(bytes: &[u8]) -> Scan {
 /// A strictly parsed file: every check of the framing passed and every record decoded.
 #[derive(Debug, Clone)]
 pub struct CapsuleFile {
+    /// The file's signed metadata, owner signature checked.
     pub metadata: SignedMetadata,
+    /// Every record, in file order, decoded but not verified (see `Verifier`).
     pub records: Vec<Record>,
 }
 
+/// Why [`CapsuleFile::parse`] refused a file: the first problem found.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FileError {
+    /// The file's structure is broken (magic, framing, trailer).
     #[error("{0}")]
     Problem(#[from] FileProblem),
+    /// The metadata does not decode or its owner signature does not verify.
     #[error("metadata: {0}")]
     Metadata(#[from] MetadataError),
+    /// A record inside an intact frame does not decode.
     #[error("record #{index} at offset {offset}: {err}")]
-    Record { index: usize, offset: usize, err: DecodeError },
+    Record {
+        /// Position of the record among the file's records, from 0.
+        index: usize,
+        /// Byte offset of its frame's tag.
+        offset: usize,
+        /// Why the record does not decode.
+        err: DecodeError,
+    },
 }
 
 impl CapsuleFile {
+    /// Parses a whole file strictly: any framing, trailer, metadata or record decoding problem
+    /// is an error. Records are decoded, not verified.
     pub fn parse(bytes: &[u8]) -> Result<CapsuleFile, FileError> {
         let s = scan(bytes);
         if let Some(f) = s.fatal {
@@ -200,6 +246,7 @@ impl CapsuleFile {
         Ok(CapsuleFile { metadata, records })
     }
 
+    /// The file's bytes, records in the order held, with a fresh trailer (see [`encode`]).
     pub fn encode(&self) -> Vec<u8> {
         encode(&self.metadata, &self.records)
     }

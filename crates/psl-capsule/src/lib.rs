@@ -19,6 +19,7 @@
 //!
 //! The byte formats are specified in `docs/formats/datacapsule.md`.
 
+#![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 pub mod audit;
 pub mod author;

@@ -3,6 +3,9 @@
 
 use serde::Serialize;
 
+/// A capsule's size limits, stored in its metadata policy so that every replica enforces the same
+/// values. `Default` gives 250-byte keys, 1 MiB values, 4096 ops and 1024 links per record and
+/// 8 MiB records; no field may exceed [`Limits::CEILING`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Limits {
     /// Largest key of a put or delete, in bytes (memcached's limit is 250).
@@ -29,6 +32,8 @@ impl Limits {
         record_bytes_max: 128 << 20,
     };
 
+    /// Whether every limit is at or below [`Limits::CEILING`] and `key_bytes_max` and
+    /// `ops_per_record_max` are at least 1: the check metadata decoding and signing apply.
     pub fn within_ceiling(&self) -> bool {
         let c = Self::CEILING;
         self.key_bytes_max <= c.key_bytes_max

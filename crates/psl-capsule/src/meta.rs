@@ -41,8 +41,9 @@ pub struct Policy {
     /// writers `coordinator, coordinator - 1, ..., coordinator - (coordinators - 1)`: the only
     /// writers allowed to write SYNC records.
     pub coordinator: u32,
-    /// How many coordinator writer indices there are (1 to 255).
+    /// How many coordinator writer indices there are (1 to `coordinator + 1`, at most 255).
     pub coordinators: u8,
+    /// Size limits every replica enforces, each within [`Limits::CEILING`].
     pub limits: Limits,
     /// Fingerprint of the application data key, so a key holder can tell it has the right one.
     pub data_key_fp: Hash256,
@@ -70,16 +71,23 @@ impl Policy {
 /// Canonical capsule metadata.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Metadata {
+    /// The owner master public key, which signs the capsule name and rotation certificates.
     pub owner: OwnerPublicKey,
-    /// Hardened child index of the application key under the owner master key.
+    /// Hardened child index of the application key under the owner master key (below 2^31).
     pub app_index: u32,
+    /// Extended public key (point and chain code) of generation 0's application key `m/a'`.
     pub app: AppPublicKey,
+    /// Creation time, in milliseconds since the Unix epoch.
     pub created_ms: u64,
+    /// Free-form UTF-8 label, at most [`LABEL_BYTES_MAX`] bytes.
     pub label: String,
+    /// Coordinators, limits, data key fingerprint and writer key scheme.
     pub policy: Policy,
 }
 
 impl Metadata {
+    /// The canonical encoding (version 1 for derived writer keys, 2 for certified), whose
+    /// SHA-256 is the capsule name. Panics on a label over [`LABEL_BYTES_MAX`].
     pub fn encode(&self) -> Vec<u8> {
         assert!(self.label.len() <= LABEL_BYTES_MAX, "label checked by the constructor");
         let mut b = Vec::with_capacity(META_BYTES_MAX);
@@ -110,6 +118,8 @@ impl Metadata {
         b
     }
 
+    /// Decodes exactly `bytes` (at most [`META_BYTES_MAX`]), refusing an unknown version, keys
+    /// that are not curve points, indices at or above 2^31 and limits above the ceilings.
     pub fn decode(bytes: &[u8]) -> Result<Metadata, DecodeError> {
         if bytes.len() > META_BYTES_MAX {
             return Err(DecodeError::Limit { field: "metadata", len: bytes.len() as u64, max: META_BYTES_MAX as u64 });
@@ -187,21 +197,31 @@ impl Metadata {
 /// Metadata with the owner's signature over the capsule name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SignedMetadata {
+    /// The metadata; its encoding hashes to the capsule name.
     pub meta: Metadata,
+    /// The owner master key's signature over the 32-byte capsule name (so over every metadata byte).
     pub signature: Signature,
     name: CapsuleName,
 }
 
+/// Why metadata cannot be signed or why signed metadata is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MetadataError {
+    /// The metadata or its signed envelope does not decode.
     #[error("metadata encoding: {0}")]
     Decode(#[from] DecodeError),
+    /// The owner signature does not verify under the owner key the metadata names (when
+    /// signing: the key given is not that owner's).
     #[error("metadata signature does not verify under the owner key it names")]
     Signature,
+    /// The label is longer than [`LABEL_BYTES_MAX`]; carries its length in bytes.
     #[error("label is {0} bytes, over the limit of {LABEL_BYTES_MAX}")]
     Label(usize),
+    /// The policy limits are above [`Limits::CEILING`] (or a minimum is 0).
     #[error("policy limits are outside the hard ceilings")]
     Limits,
+    /// The application index or coordinator writer is at or above 2^31, or the coordinator
+    /// count is not 1 to `coordinator + 1`.
     #[error("application index and coordinator writer must be below 2^31, with 1 to coordinator + 1 coordinators")]
     Index,
 }
@@ -230,6 +250,7 @@ impl SignedMetadata {
         Ok(s)
     }
 
+    /// The capsule name: SHA-256 of the metadata encoding, which the signature covers.
     pub fn name(&self) -> CapsuleName {
         self.name
     }
@@ -286,6 +307,7 @@ pub enum WriterKeys {
 }
 
 impl WriterKeys {
+    /// The scheme of a metadata scheme byte (1 derived, 2 certified); `None` for any other.
     pub fn from_u8(v: u8) -> Option<WriterKeys> {
         match v {
             1 => Some(WriterKeys::Derived),
@@ -294,6 +316,7 @@ impl WriterKeys {
         }
     }
 
+    /// The scheme's name as printed: `derived` or `certified`.
     pub fn name(self) -> &'static str {
         match self {
             WriterKeys::Derived => "derived",

@@ -29,16 +29,25 @@ const PROOF_VERSION: u8 = 2;
 /// Most steps a proof may hold (a path longer than this is refused on decode).
 pub const PROOF_STEPS_MAX: u32 = 1 << 20;
 
+/// One record on a proof's path, without its body: enough to recompute its record hash.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProofStep {
+    /// The record's exact header bytes (at most `116 + 44 × links_per_record_max`).
     pub header: Vec<u8>,
+    /// Length of the record's body as stored (sealed), in bytes.
     pub body_len: u32,
+    /// SHA-256 of the record's body as stored (sealed; clear for a Cert record).
     pub body_digest: Hash256,
 }
 
+/// A path of record headers from a signed head down to a target record, with the capsule's
+/// signed metadata as trust anchor; checkable with public keys alone ([`MembershipProof::verify`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MembershipProof {
+    /// The capsule's owner-signed metadata; its name is the capsule the proof is about.
     pub metadata: SignedMetadata,
+    /// The head writer's signature over the head's record hash (step 0); the only signature
+    /// in the proof.
     pub head_signature: Signature,
     /// The head writer's certificate, in a capsule that certifies writers (its public key is not
     /// derivable). A proof shows the head was signed by a certified writer; whether that writer
@@ -53,50 +62,115 @@ pub struct MembershipProof {
 /// otherwise the target's own writer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProofOutcome {
+    /// The capsule named by the proof's metadata (equal to the expected name, if one was given).
     pub capsule: CapsuleName,
     /// The signed head (step 0).
     pub head: Link,
+    /// The head record's kind: SYNC (a coordinator vouches for any writer) or another kind (the
+    /// target's own writer vouches).
     pub head_kind: Kind,
     /// The record proved (the last step).
     pub target: Link,
 }
 
+/// Why a membership proof cannot be built, decoded or verified. Step numbers count from 0, the head.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ProofError {
+    /// The proof, or one of its step headers, does not decode.
     #[error("proof encoding: {0}")]
     Decode(#[from] DecodeError),
+    /// The proof's metadata does not decode or its owner signature does not verify.
     #[error("proof metadata: {0}")]
     Metadata(#[from] MetadataError),
+    /// The proof is about another capsule than the one the caller expects.
     #[error("proof is for capsule {found}, expected {expected}")]
-    Capsule { expected: CapsuleName, found: CapsuleName },
+    Capsule {
+        /// The capsule name the caller trusts.
+        expected: CapsuleName,
+        /// The capsule name of the proof's metadata.
+        found: CapsuleName,
+    },
+    /// The proof has no step, so no head and no target.
     #[error("proof has no steps")]
     Empty,
+    /// This step's header names another capsule.
     #[error("step {0} belongs to another capsule")]
     StepCapsule(usize),
+    /// This step's key generation is not 0, its writer is 2^31 or more, or `seq = 0` does not
+    /// match a zero `prev`.
     #[error("step {0} breaks a structural rule (key generation other than 0, writer index at or above 2^31, or prev inconsistent with seq)")]
     StepStructure(usize),
+    /// The head signature does not verify over the head's record hash under this writer's key
+    /// (or, in a derived capsule, the key cannot be derived).
     #[error("head signature does not verify under writer {0}'s key")]
     HeadSignature(u32),
+    /// Neither the previous step's `prev` nor any of its links points at this step.
     #[error("step {step} ({hash}) is not pointed at by step {}", step - 1)]
-    Unlinked { step: usize, hash: Hash256 },
+    Unlinked {
+        /// The step that is not pointed at.
+        step: usize,
+        /// Its record hash.
+        hash: Hash256,
+    },
+    /// Building: the target record is not in the replica.
     #[error("target {0} is not in the replica")]
     UnknownTarget(Hash256),
+    /// Building: the head the caller chose is not in the replica.
     #[error("head {0} is not in the replica")]
     UnknownHead(Hash256),
+    /// Building: no allowed chain of pointers leads from any candidate head to the target.
     #[error("no chain of pointers leads from head {head} to target {target}")]
-    NoPath { head: Hash256, target: Hash256 },
+    NoPath {
+        /// The first head tried.
+        head: Hash256,
+        /// The target record.
+        target: Hash256,
+    },
+    /// Certified capsule: the proof has no head certificate, or it does not name the head's
+    /// writer and generation 0 or cover the head's epoch (building: none in the replica's Cert
+    /// records); derived capsule: the proof carries one. Carries the head's writer.
     #[error("head writer {0} has no certificate in the replica (a certified capsule's proof carries one)")]
     NoHeadCert(u32),
+    /// The head certificate fails its check (capsule, writer index, or the signature of the
+    /// metadata's application key).
     #[error("head certificate: {0}")]
     HeadCert(#[from] CertError),
+    /// A step is signed with a capsule server's key (writers `2^15 .. 2^16`), which signs acks only.
     #[error("step {step} is by writer {writer}, a capsule server's key (servers sign acks, never records; step 0 is the head)")]
-    ServerWriter { step: usize, writer: u32 },
+    ServerWriter {
+        /// The offending step.
+        step: usize,
+        /// Its writer index.
+        writer: u32,
+    },
+    /// A step is a SYNC by a writer that is not one of the policy's coordinators.
     #[error("step {step} is a SYNC by writer {writer}, which is not one of the policy's coordinators")]
-    SyncWriter { step: usize, writer: u32 },
+    SyncWriter {
+        /// The offending step.
+        step: usize,
+        /// Its writer index.
+        writer: u32,
+    },
+    /// A step is reached by a link that the verifier would refuse in a record of the previous
+    /// step's kind (a data record may link only to the SYNC of its own epoch).
     #[error("step {step} is reached from step {} by a link the verifier refuses: {rule}", step - 1)]
-    LinkNotAllowed { step: usize, rule: &'static str },
+    LinkNotAllowed {
+        /// The step reached.
+        step: usize,
+        /// The rule the link breaks.
+        rule: &'static str,
+    },
+    /// The head is neither a SYNC nor a record of the target's writer, so its signer cannot
+    /// vouch for the target.
     #[error("a {} record of writer {head_writer} cannot head a proof of writer {target_writer}'s record: only a coordinator's SYNC vouches for other writers", head_kind.name())]
-    HeadCannotVouch { head_writer: u32, head_kind: Kind, target_writer: u32 },
+    HeadCannotVouch {
+        /// The head's writer.
+        head_writer: u32,
+        /// The head's kind (not SYNC).
+        head_kind: Kind,
+        /// The target's writer.
+        target_writer: u32,
+    },
 }
 
 impl MembershipProof {
@@ -244,6 +318,7 @@ impl MembershipProof {
         Ok(ProofOutcome { capsule, head, head_kind, target: Link { writer: th.writer, seq: th.seq, hash: thash } })
     }
 
+    /// The proof's bytes: version 2 when it carries a head certificate, else version 1.
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::new();
         b.extend_from_slice(PROOF_MAGIC);

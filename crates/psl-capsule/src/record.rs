@@ -6,6 +6,7 @@ use crate::meta::CapsuleName;
 use psl_crypto::{sha256, Hash256, Signature, SALT_LEN, SIGNATURE_LEN};
 use std::sync::Arc;
 
+/// The record encoding version, byte 0 of every record; the decoder refuses any other.
 pub const RECORD_VERSION: u8 = 1;
 /// Bytes of a header with no links.
 pub const HEADER_FIXED_LEN: usize = 116;
@@ -13,14 +14,20 @@ pub const HEADER_FIXED_LEN: usize = 116;
 pub const LINK_LEN: usize = 44;
 const HASH_DOMAIN: &[u8] = b"psl/record/v1";
 
+/// A record's kind (header byte 1), which fixes its body layout and who may write it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 #[repr(u8)]
 pub enum Kind {
+    /// A batch of key-value ops; its links may name only the coordinator's SYNC of its epoch.
     Data = 1,
+    /// A SYNC, written only by a coordinator, linking each writer's last record of the epoch.
     Sync = 2,
+    /// A control message (RTS, EOE, RESET, ROTATE): a code and a payload.
     Control = 3,
+    /// A CapsuleDB block.
     DbBlock = 4,
+    /// A CapsuleDB index.
     DbIndex = 5,
     /// Writer certificates and revocations ([`crate::certs`]): the one kind whose body is
     /// stored in the clear, so that verifiers without the data key learn writer keys.
@@ -28,6 +35,7 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// The kind of a header's kind byte; `None` for a byte outside 1 to 6.
     pub fn from_u8(v: u8) -> Option<Kind> {
         Some(match v {
             1 => Kind::Data,
@@ -46,6 +54,8 @@ impl Kind {
         self == Kind::Cert
     }
 
+    /// The kind's stable kebab-case name (`data`, `sync`, `control`, `db-block`, `db-index`,
+    /// `cert`), as printed and serialized.
     pub fn name(self) -> &'static str {
         match self {
             Kind::Data => "data",
@@ -62,19 +72,26 @@ impl Kind {
 /// the target without fetching it first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Link {
+    /// Writer index of the target record.
     pub writer: u32,
+    /// Seq of the target record in its writer's chain.
     pub seq: u64,
+    /// Record hash of the target (see [`record_hash`]).
     pub hash: Hash256,
 }
 
 /// The plaintext, signed header of a record. Its encoding is the AEAD's associated data.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Header {
+    /// The record's kind.
     pub kind: Kind,
+    /// Name of the capsule the record belongs to; the verifier refuses any other.
     pub capsule: CapsuleName,
-    /// Writer index: the non-hardened BIP32 child whose key signs this record.
+    /// Writer index `w < 2^31`. The signing key is the BIP32 child `m/a'/w` (derived writer
+    /// keys) or the hardened child `m/a'/w'` (certified writer keys).
     pub writer: u32,
-    /// Generation of the application key that signed (0 = the key named in the metadata).
+    /// Generation of the application key whose writer key signed the record and whose data key
+    /// sealed its body (0 = the key named in the metadata).
     pub key_gen: u32,
     /// Per-writer sequence number, dense from 0.
     pub seq: u64,
@@ -93,6 +110,7 @@ pub struct Header {
 }
 
 impl Header {
+    /// Bytes of the encoded header: `116 + 44 × links`.
     pub fn encoded_len(&self) -> usize {
         HEADER_FIXED_LEN + LINK_LEN * self.links.len()
     }
@@ -284,10 +302,13 @@ impl Record {
         Ok(Parts { header, header_len, body_len: body.len(), body_digest, hash })
     }
 
+    /// The decoded header.
     pub fn header(&self) -> &Header {
         &self.header
     }
 
+    /// The record hash, its identity: covers the header, body length and body digest, not the
+    /// signature (see [`record_hash`]).
     pub fn hash(&self) -> Hash256 {
         self.hash
     }
@@ -297,6 +318,7 @@ impl Record {
         &self.raw
     }
 
+    /// The record's exact bytes as a shared buffer (a reference count, no copy).
     pub fn shared_bytes(&self) -> Arc<[u8]> {
         self.raw.clone()
     }
@@ -311,14 +333,18 @@ impl Record {
         &self.raw[self.header_len + 4..self.header_len + 4 + self.body_len]
     }
 
+    /// SHA-256 of the body as stored (sealed, or clear for a Cert record), as the record hash uses it.
     pub fn body_digest(&self) -> Hash256 {
         self.body_digest
     }
 
+    /// Length of the body as stored, in bytes (for a sealed body, ciphertext plus 16-byte tag).
     pub fn body_len(&self) -> u32 {
         self.body_len as u32
     }
 
+    /// The writer's 64-byte compact ECDSA signature over the record hash (the last 64 bytes);
+    /// not checked here.
     pub fn signature(&self) -> Signature {
         let mut s = [0u8; SIGNATURE_LEN];
         s.copy_from_slice(&self.raw[self.raw.len() - SIGNATURE_LEN..]);

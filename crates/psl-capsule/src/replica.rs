@@ -13,6 +13,8 @@ use psl_crypto::Hash256;
 use std::collections::BTreeMap;
 use std::fmt;
 
+/// A grow-only set of verified records of one capsule, keyed by record hash, with an index by
+/// (writer, seq) that keeps every record claiming a slot.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Replica {
     capsule: CapsuleName,
@@ -27,10 +29,13 @@ impl fmt::Debug for Replica {
     }
 }
 
+/// A record or replica of another capsule was offered to a replica; nothing was added.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("record of capsule {found} cannot join a replica of capsule {expected}")]
 pub struct WrongCapsule {
+    /// The replica's capsule.
     pub expected: CapsuleName,
+    /// The capsule of the record or replica offered.
     pub found: CapsuleName,
 }
 
@@ -38,24 +43,89 @@ pub struct WrongCapsule {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ChainProblem {
     /// Two or more different records claim one (writer, seq).
-    Equivocation { writer: u32, seq: u64, hashes: Vec<Hash256> },
+    Equivocation {
+        /// The writer of the slot.
+        writer: u32,
+        /// The seq claimed more than once.
+        seq: u64,
+        /// The hashes of every record claiming the slot, sorted.
+        hashes: Vec<Hash256>,
+    },
     /// Seqs `from ..= to` of a writer are missing below a record that exists.
-    Gap { writer: u32, from: u64, to: u64 },
+    Gap {
+        /// The writer whose chain has the gap.
+        writer: u32,
+        /// First missing seq.
+        from: u64,
+        /// Last missing seq (inclusive).
+        to: u64,
+    },
     /// A record's `prev` is not the hash of the writer's record `seq - 1`.
-    BrokenPrev { writer: u32, seq: u64, hash: Hash256, prev: Hash256, actual: Hash256 },
+    BrokenPrev {
+        /// The writer whose chain holds the record.
+        writer: u32,
+        /// The record's seq.
+        seq: u64,
+        /// The record's hash.
+        hash: Hash256,
+        /// The `prev` the record names.
+        prev: Hash256,
+        /// The hash of the one record the replica holds at `seq - 1`.
+        actual: Hash256,
+    },
     /// A link names a (writer, seq) whose record in this replica is another one, or points at
     /// a record the replica holds under another (writer, seq).
-    DanglingLink { writer: u32, seq: u64, hash: Hash256, target: Hash256 },
+    DanglingLink {
+        /// The writer whose chain holds the linking record.
+        writer: u32,
+        /// The linking record's seq.
+        seq: u64,
+        /// The linking record's hash.
+        hash: Hash256,
+        /// The hash the link names.
+        target: Hash256,
+    },
     /// A link points at a record this replica does not hold at all (neither the hash nor
     /// anything at the named slot). In a file that claims to be the whole capsule this is a
     /// problem like any other; in a live replica it is lag (the record was lost on the fabric or
     /// its writer crashed after sending it to some peers), which anti-entropy fills: see
     /// [`ChainProblem::is_incompleteness`].
-    MissingLinkTarget { writer: u32, seq: u64, hash: Hash256, target: Hash256, target_writer: u32, target_seq: u64 },
+    MissingLinkTarget {
+        /// The writer whose chain holds the linking record.
+        writer: u32,
+        /// The linking record's seq.
+        seq: u64,
+        /// The linking record's hash.
+        hash: Hash256,
+        /// The hash the link names.
+        target: Hash256,
+        /// The writer the link names.
+        target_writer: u32,
+        /// The seq the link names.
+        target_seq: u64,
+    },
     /// A data record links to something that is not a SYNC of the record's epoch.
-    LinkEpoch { writer: u32, seq: u64, hash: Hash256, target: Hash256 },
+    LinkEpoch {
+        /// The writer whose chain holds the data record.
+        writer: u32,
+        /// The data record's seq.
+        seq: u64,
+        /// The data record's hash.
+        hash: Hash256,
+        /// The hash of the linked record, which is not a SYNC of that epoch.
+        target: Hash256,
+    },
     /// Lamport time or epoch goes backwards along a writer's chain.
-    Regression { writer: u32, seq: u64, hash: Hash256, what: &'static str },
+    Regression {
+        /// The writer whose chain holds the record.
+        writer: u32,
+        /// The record's seq.
+        seq: u64,
+        /// The record's hash.
+        hash: Hash256,
+        /// What goes backwards from `seq - 1`: `lamport time` or `epoch`.
+        what: &'static str,
+    },
 }
 
 impl ChainProblem {
@@ -72,6 +142,7 @@ impl ChainProblem {
         }
     }
 
+    /// The writer whose chain (or whose record) has the problem.
     pub fn writer(&self) -> u32 {
         match self {
             ChainProblem::Equivocation { writer, .. }
@@ -134,26 +205,35 @@ impl fmt::Display for ChainProblem {
 /// The newest record of a writer's unbroken chain from seq 0.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Head {
+    /// The writer.
     pub writer: u32,
+    /// Seq of the head record; the writer's next record takes `seq + 1`.
     pub seq: u64,
+    /// Hash of the head record; the writer's next record names it as `prev`.
     pub hash: Hash256,
+    /// The head record's Lamport time.
     pub lamport: u64,
+    /// The head record's epoch.
     pub epoch: u64,
 }
 
 impl Replica {
+    /// An empty replica of `capsule`.
     pub fn new(capsule: CapsuleName) -> Replica {
         Replica { capsule, records: BTreeMap::new(), slots: BTreeMap::new() }
     }
 
+    /// The capsule whose records this replica holds.
     pub fn capsule(&self) -> CapsuleName {
         self.capsule
     }
 
+    /// Number of distinct records (by hash) held.
     pub fn len(&self) -> usize {
         self.records.len()
     }
 
+    /// Whether the replica holds no record.
     pub fn is_empty(&self) -> bool {
         self.records.is_empty()
     }
@@ -192,6 +272,7 @@ impl Replica {
         Ok(n)
     }
 
+    /// The record with record hash `hash`, if held.
     pub fn get(&self, hash: &Hash256) -> Option<&Verified<Record>> {
         self.records.get(hash)
     }
@@ -212,6 +293,7 @@ impl Replica {
         self.slots.values().flatten().filter_map(|h| self.records.get(h))
     }
 
+    /// Every writer with at least one record here, ascending.
     pub fn writers(&self) -> Vec<u32> {
         let mut w: Vec<u32> = self.slots.keys().map(|(w, _)| *w).collect();
         w.dedup();

@@ -26,6 +26,7 @@ use crate::meta::{CapsuleName, SignedMetadata};
 use psl_crypto::{sha256, AppPublicKey, Hash256, OwnerKey, Signature};
 
 const MAGIC: &[u8; 4] = b"PSLK";
+/// Version byte of the rotation certificate encoding; the decoder refuses any other.
 pub const ROTATION_VERSION: u8 = 1;
 /// Bytes of the signed part.
 const SIGNED_LEN: usize = 4 + 1 + 32 + 4 + 4 + 65 + 32 + 8;
@@ -40,34 +41,69 @@ pub const KEY_GENERATIONS_MAX: u32 = 1024;
 /// the capsule owner.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RotationCert {
+    /// The capsule whose application key rotates.
     pub capsule: CapsuleName,
+    /// The generation announced: 1 to [`KEY_GENERATIONS_MAX`] - 1, the newest known plus one.
     pub key_gen: u32,
+    /// Hardened child index `a_g` of the new application key under the owner master key: below
+    /// 2^31 and used by no earlier generation of this capsule (nor the metadata).
     pub app_index: u32,
+    /// Extended public key of `m/app_index'`, which verifies this generation's writer keys or
+    /// writer certificates.
     pub app: AppPublicKey,
+    /// Fingerprint of this generation's data key (`SHA-256("psl/data-key-fp/v1" ‖ key)`).
     pub data_key_fp: Hash256,
+    /// The rotation epoch: the first header epoch at which this generation is in force (and
+    /// the previous one retired); above the previous generation's.
     pub from_epoch: u64,
+    /// The owner master key's signature over `SHA-256("psl/rotation/v1" ‖ the 150 encoded
+    /// bytes before it)`.
     pub signature: Signature,
 }
 
 /// Why a rotation certificate is not accepted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RotationError {
+    /// The certificate does not decode.
     #[error("rotation certificate encoding: {0}")]
     Decode(#[from] DecodeError),
+    /// The certificate names another capsule.
     #[error("rotation certificate is for capsule {found}, not this one")]
-    Capsule { found: Hash256 },
+    Capsule {
+        /// The capsule name the certificate carries.
+        found: Hash256,
+    },
+    /// The signature does not verify under the metadata's owner key (when issuing: the owner
+    /// key given is not the capsule's).
     #[error("rotation certificate signature does not verify under the capsule owner's key")]
     Signature,
+    /// The generation is 0, at or above [`KEY_GENERATIONS_MAX`], or not the newest known plus one.
     #[error("rotation to key generation {found} does not follow the newest known generation {newest}")]
-    Generation { found: u32, newest: u32 },
+    Generation {
+        /// The generation the certificate names.
+        found: u32,
+        /// The newest generation the verifier holds (0 when checked without a verifier).
+        newest: u32,
+    },
+    /// The rotation epoch is not above the previous generation's `from_epoch`.
     #[error("rotation epoch {found} is not after the previous generation's first epoch {previous}")]
-    Epoch { found: u64, previous: u64 },
+    Epoch {
+        /// The certificate's `from_epoch`.
+        found: u64,
+        /// The previous generation's `from_epoch` (0 for generation 0).
+        previous: u64,
+    },
+    /// The application index is 2^31 or more, or already used by this capsule's metadata or an
+    /// earlier generation.
     #[error("the application index {0} is not a fresh hardened child (below 2^31 and unused by this capsule)")]
     AppIndex(u32),
+    /// The verifier already holds a different certificate for this generation.
     #[error("key generation {0} is already known with a different certificate")]
     Conflict(u32),
+    /// The data key passed with the certificate does not match its `data_key_fp`.
     #[error("the data key handed over does not match the certificate's fingerprint")]
     DataKey,
+    /// The capsule would have more than [`KEY_GENERATIONS_MAX`] key generations (generation 0 included).
     #[error("more than {KEY_GENERATIONS_MAX} key generations")]
     TooMany,
 }
@@ -120,7 +156,9 @@ impl RotationCert {
         Ok(cert)
     }
 
-    /// Checks the owner's signature and that the certificate is for `meta`'s capsule.
+    /// Checks the owner's signature and that the certificate is for `meta`'s capsule, with a
+    /// generation in `1..KEY_GENERATIONS_MAX` and an application index other than the metadata's.
+    /// The checks against earlier generations are the verifier's (`Verifier::install_rotation`).
     pub fn check(&self, meta: &SignedMetadata) -> Result<(), RotationError> {
         if self.capsule != meta.name() {
             return Err(RotationError::Capsule { found: self.capsule.0 });
@@ -134,6 +172,7 @@ impl RotationCert {
         meta.meta.owner.0.verify(&self.digest(), &self.signature).map_err(|_| RotationError::Signature)
     }
 
+    /// The 214-byte encoding ([`ROTATION_CERT_LEN`]): the signed fields, then the signature.
     pub fn encode(&self) -> Vec<u8> {
         let mut b = self.signed_bytes();
         b.extend_from_slice(&self.signature.0);

@@ -9,29 +9,58 @@ use psl_crypto::{DataKey, Hash256, SigningKey, SALT_LEN, SIGNATURE_LEN, TAG_LEN}
 /// Everything a writer decides about a record before it is sealed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Draft {
+    /// Writer index (below 2^31) whose key signs the record.
     pub writer: u32,
+    /// Application key generation whose writer key signs and whose data key seals.
     pub key_gen: u32,
+    /// Position in the writer's chain; 0 exactly when `prev` is zero.
     pub seq: u64,
+    /// Lamport time; for a data body, must equal the last op's.
     pub lamport: u64,
+    /// Number of the newest SYNC the writer has seen.
     pub epoch: u64,
+    /// Hash of the writer's record `seq - 1`; zero for seq 0.
     pub prev: Hash256,
+    /// Hash pointers besides `prev`, at most the capsule's `links_per_record_max`.
     pub links: Vec<Link>,
+    /// The plaintext body; its kind becomes the record's kind.
     pub body: Body,
 }
 
 /// Why a draft cannot be sealed. These are caller bugs or over-limit inputs; nothing is written.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SealError {
+    /// The body fails `Body::check` under the capsule's limits and the draft's Lamport time.
     #[error("body does not fit the capsule's limits: {0}")]
     Body(#[from] crate::codec::DecodeError),
+    /// More links than `links_per_record_max`.
     #[error("{links} links, over the limit of {max}")]
-    Links { links: usize, max: u32 },
+    Links {
+        /// Links in the draft.
+        links: usize,
+        /// The capsule's `links_per_record_max`.
+        max: u32,
+    },
+    /// The sealed record, signature included, would exceed `record_bytes_max`.
     #[error("record would be {len} bytes, over the limit of {max}")]
-    RecordSize { len: usize, max: u32 },
+    RecordSize {
+        /// Bytes the sealed record would take.
+        len: usize,
+        /// The capsule's `record_bytes_max`, in bytes.
+        max: u32,
+    },
+    /// The chain rule is broken: seq 0 must have a zero `prev`, every later seq a non-zero one.
     #[error("seq {seq} with {} prev pointer: seq 0 has none, every later seq has one", if *has_prev { "a" } else { "no" })]
-    Prev { seq: u64, has_prev: bool },
+    Prev {
+        /// The draft's seq.
+        seq: u64,
+        /// Whether the draft's `prev` is non-zero.
+        has_prev: bool,
+    },
+    /// The limits passed are above [`Limits::CEILING`] (or a minimum is 0).
     #[error("the limits given are outside the hard ceilings (Limits::CEILING)")]
     Limits,
+    /// The writer index is 2^31 or more.
     #[error("writer index {0} is not a non-hardened child index")]
     Writer(u32),
 }

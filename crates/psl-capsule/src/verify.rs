@@ -40,6 +40,7 @@ pub const REVOCATIONS_PER_WRITER_MAX: usize = 16;
 pub struct Verified<T>(T);
 
 impl<T> Verified<T> {
+    /// The verified value, giving up the proof that it was verified.
     pub fn into_inner(self) -> T {
         self.0
     }
@@ -61,15 +62,20 @@ impl<T: fmt::Debug> fmt::Debug for Verified<T> {
 /// A verified record together with its decrypted, decoded body.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Opened {
+    /// The record as received (its body still sealed).
     pub record: Record,
+    /// The record's body, decrypted (for a Cert record, decoded from the clear), decoded and
+    /// checked against the capsule's limits.
     pub body: Body,
 }
 
 impl Verified<Opened> {
+    /// Separates the verified record from its opened body, without copying either.
     pub fn split(self) -> (Verified<Record>, Body) {
         (Verified(self.0.record), self.0.body)
     }
 
+    /// A copy of the verified record (cheap: the record's bytes are shared).
     pub fn record(&self) -> Verified<Record> {
         Verified(self.0.record.clone())
     }
@@ -78,39 +84,110 @@ impl Verified<Opened> {
 /// Which check refused a record. `name()` is stable: logs and metrics label rejections with it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Reason {
+    /// `encoding`: the bytes do not decode as a record under the capsule's limits.
     #[error("{0}")]
     Encoding(DecodeError),
+    /// `capsule`: the header names another capsule.
     #[error("record belongs to capsule {found}, not this one")]
-    Capsule { found: Hash256 },
+    Capsule {
+        /// The capsule name in the record's header.
+        found: Hash256,
+    },
+    /// `writer`: the writer index is 2^31 or more, lies in the capsule servers' range (their keys
+    /// sign acks, never records), or its key cannot be derived.
     #[error("writer index {0} has no derivable public key (a hardened index, or a failed derivation)")]
     Writer(u32),
+    /// `key-generation`: the record's key generation is unknown to this verifier, or not yet in
+    /// force at the record's epoch.
     #[error("key generation {0} is not known to this verifier, or not yet in force at the record's epoch")]
     KeyGeneration(u32),
+    /// `retired-key`: a newer key generation is in force at the record's epoch.
     #[error("key generation {key_gen} was retired from epoch {retired_from}; the record claims epoch {epoch}")]
-    RetiredKey { key_gen: u32, epoch: u64, retired_from: u64 },
+    RetiredKey {
+        /// The record's key generation.
+        key_gen: u32,
+        /// The record's header epoch.
+        epoch: u64,
+        /// The next generation's `from_epoch`, from which `key_gen` is retired.
+        retired_from: u64,
+    },
+    /// `kind`: a SYNC record by a writer that is not one of the policy's coordinators.
     #[error("{kind} records may only be written by a coordinator (writer {coordinator} or a shadow below it)")]
-    KindNotAllowed { kind: &'static str, coordinator: u32 },
+    KindNotAllowed {
+        /// Name of the refused kind.
+        kind: &'static str,
+        /// The policy's primary coordinator writer index.
+        coordinator: u32,
+    },
+    /// `structure`: a header rule is broken (seq 0 without a zero `prev` or the reverse, a data
+    /// record linking to a non-coordinator, a Cert record in a derived capsule, ...).
     #[error("{0}")]
     Structure(&'static str),
+    /// `signature`: the signature over the record hash does not verify under this writer's key.
     #[error("signature does not verify under writer {0}'s key")]
     Signature(u32),
+    /// `decryption`: the body does not open under the data key of its generation (or the
+    /// verifier lacks that key).
     #[error("body does not decrypt under the application data key")]
     Decryption,
+    /// `body`: the opened body does not decode or fails `Body::check`.
     #[error("decrypted body is invalid: {0}")]
     Body(DecodeError),
+    /// `key-fingerprint`: a SYNC's body names an application key other than its generation's.
     #[error("SYNC names application key {found}, but the key in force is {expected}")]
-    KeyFingerprint { found: Hash256, expected: Hash256 },
+    KeyFingerprint {
+        /// The fingerprint in the SYNC body.
+        found: Hash256,
+        /// The fingerprint of the record's key generation's application xpub.
+        expected: Hash256,
+    },
+    /// `uncertified`: no certificate is known for the writer (certified capsules); the only
+    /// reason a record may become valid later ([`Reason::wants_cert`]).
     #[error("writer {writer} of key generation {key_gen} has no certificate (held back for it, then refused)")]
-    Uncertified { writer: u32, key_gen: u32 },
+    Uncertified {
+        /// The record's writer.
+        writer: u32,
+        /// The record's key generation.
+        key_gen: u32,
+    },
+    /// `cert-window`: the writer's certificate does not cover the record's epoch.
     #[error("writer {writer}'s certificate covers epochs {from}..{until}, not the record's epoch {epoch}")]
-    CertWindow { writer: u32, epoch: u64, from: u64, until: u64 },
+    CertWindow {
+        /// The record's writer.
+        writer: u32,
+        /// The record's header epoch.
+        epoch: u64,
+        /// The certificate's `valid_from_epoch`.
+        from: u64,
+        /// The certificate's `valid_until_epoch` (exclusive).
+        until: u64,
+    },
+    /// `revoked`: an installed revocation refuses the record (or, from `writer_key`, the signer).
     #[error("writer {writer} of key generation {key_gen} is revoked from epoch {from_epoch} or seq {from_seq}; the record is epoch {epoch}, seq {seq}")]
-    Revoked { writer: u32, key_gen: u32, epoch: u64, seq: u64, from_epoch: u64, from_seq: u64 },
+    Revoked {
+        /// The revoked writer.
+        writer: u32,
+        /// The key generation of the revocation.
+        key_gen: u32,
+        /// The record's header epoch (from `writer_key`, which has no record: the revocation's
+        /// `from_epoch`).
+        epoch: u64,
+        /// The record's seq (from `writer_key`: the revocation's `from_seq`).
+        seq: u64,
+        /// The revocation's `from_epoch`.
+        from_epoch: u64,
+        /// The revocation's `from_seq` (`u64::MAX`: no seq bound).
+        from_seq: u64,
+    },
+    /// `certificate`: a Cert record carries a statement that fails its check, conflicts with an
+    /// installed certificate, or does not fit a full table.
     #[error("Cert record carries a statement that is not accepted: {0}")]
     Certificate(CertError),
 }
 
 impl Reason {
+    /// The check's stable name (`encoding`, `capsule`, `writer`, `key-generation`, ...), used
+    /// by logs, metrics and audits.
     pub fn name(&self) -> &'static str {
         match self {
             Reason::Encoding(_) => "encoding",
@@ -141,9 +218,13 @@ impl Reason {
 /// A refused record, named as far as its bytes allow.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rejected {
+    /// The record hash; `None` when the bytes did not decode.
     pub hash: Option<Hash256>,
+    /// The header's writer index; `None` when the bytes did not decode.
     pub writer: Option<u32>,
+    /// The header's seq; `None` when the bytes did not decode.
     pub seq: Option<u64>,
+    /// The check that refused the record.
     pub reason: Reason,
 }
 
@@ -234,6 +315,9 @@ impl fmt::Debug for Verifier {
 }
 
 impl Verifier {
+    /// A verifier for the capsule of `meta` (whose owner signature was checked when it was
+    /// decoded or signed), knowing generation 0 only. With `data_key` (generation 0's) it also
+    /// opens and checks bodies; without, it checks everything else.
     pub fn new(meta: SignedMetadata, data_key: Option<DataKey>) -> Verifier {
         Verifier {
             meta,
@@ -274,8 +358,9 @@ impl Verifier {
     /// Installs a certificate or revocation learnt out of band (the leader's key bundle, a
     /// file) or from a Cert record. Checked first; idempotent (`Ok(false)`: nothing new). A
     /// second, different certificate for the same (generation, writer) is refused: a writer's
-    /// key changes with a new generation or a new writer index, never in place. A later
-    /// revocation of a writer replaces an earlier one only if it takes effect sooner.
+    /// key changes with a new generation or a new writer index, never in place. A revocation
+    /// is a no-op if an installed one already refuses everything it does (both bounds lower or
+    /// equal); otherwise it is kept beside the others, up to [`REVOCATIONS_PER_WRITER_MAX`].
     pub fn install_statement(&self, s: &KeyStatement) -> Result<bool, CertError> {
         self.check_statement(s)?;
         let id = (s.key_gen(), s.writer());
@@ -554,14 +639,17 @@ impl Verifier {
         Some(Reason::Revoked { writer, key_gen, epoch, seq, from_epoch: r.from_epoch, from_seq: r.from_seq })
     }
 
+    /// The capsule's signed metadata this verifier checks against.
     pub fn metadata(&self) -> &SignedMetadata {
         &self.meta
     }
 
+    /// The name of the capsule this verifier accepts records of.
     pub fn name(&self) -> CapsuleName {
         self.meta.name()
     }
 
+    /// Whether the verifier holds generation 0's data key, and so opens and checks bodies.
     pub fn can_open(&self) -> bool {
         self.data_key.is_some()
     }

@@ -6,11 +6,15 @@ use std::time::Duration;
 /// Server settings.
 #[derive(Clone)]
 pub struct ServerConfig {
+    /// Open connections allowed at once; past it a new connection gets
+    /// `SERVER_ERROR too many open connections` and is closed (counted in `rejected_connections`).
     pub max_connections: usize,
     /// Close a connection that sent nothing for this long (`None`: never).
     pub idle_timeout: Option<Duration>,
     /// Worker threads: event loops (plain TCP) or the tokio runtime's workers (TLS).
     pub threads: usize,
+    /// Serve TLS with this acceptor (see [`crate::tls_acceptor`]) on a tokio runtime;
+    /// `None`: plain TCP on the `evloop` event loops.
     pub tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
@@ -31,10 +35,18 @@ impl std::fmt::Debug for ServerConfig {
     }
 }
 
+/// Why a server could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
+    /// A system call failed (binding, reading the local address, spawning a thread or the runtime).
     #[error("{what}: {source}")]
-    Io { what: String, source: std::io::Error },
+    Io {
+        /// What the server was doing, e.g. `binding 127.0.0.1:11211`.
+        what: String,
+        /// The underlying I/O error.
+        source: std::io::Error,
+    },
+    /// The TLS certificate or key could not be read or used (the message names the file).
     #[error("TLS: {0}")]
     Tls(String),
 }

@@ -22,10 +22,13 @@ pub struct EmbeddedOptions {
     /// Verify actors per node; 0 (the default): each node's core thread verifies, which on a
     /// few shared cores saves two thread hand-offs per record (docs/protocol/memcached.md §8).
     pub verifiers: usize,
+    /// The coordinator's epoch length in milliseconds (`CoordinatorConfig::epoch_ms`); it
+    /// waits three epochs for the nodes' end-of-epoch messages (`eoe_timeout_ms`).
     pub epoch_ms: u64,
     /// How long a writer actor waits for a batch to fill. Longer batches mean fewer
     /// signatures (sealing and verifying) per op, at the cost of replication delay.
     pub flush_delay: std::time::Duration,
+    /// Settings of every front end (limits, memory limit, reported `stats` values).
     pub config: Config,
     /// CapsuleDB's writer index: front-end nodes read what they evicted back from it
     /// (`NodeOptions::capsuledb`). The caller runs the CapsuleDB role on [`Embedded::hub`].
@@ -51,19 +54,26 @@ impl Default for EmbeddedOptions {
     }
 }
 
+/// Why an in-process deployment could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum DeployError {
+    /// A node's keys could not be derived or the node did not start.
     #[error("node: {0}")]
     Node(#[from] NodeError),
+    /// Making the application key, the capsule or the in-process hub failed (the reason).
     #[error("{0}")]
     Other(String),
 }
 
 /// Everything of an in-process deployment; dropping it stops the nodes.
 pub struct Embedded {
+    /// The in-process fabric every node is on; more roles (CapsuleDB) can join it.
     pub hub: InProcHub,
+    /// The signed metadata of the deployment's fresh capsule.
     pub meta: SignedMetadata,
+    /// The front ends, one per node, joined in one group (the first node runs the coordinator).
     pub front_ends: Vec<Arc<FrontEnd>>,
+    /// The receive-only nodes, which verify and apply every write.
     pub replicas: Vec<Arc<Node>>,
     _app: AppKey,
 }

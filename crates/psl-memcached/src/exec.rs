@@ -13,7 +13,9 @@ pub const VERSION: &str = "1.6.21";
 /// What the connection does after a command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Flow {
+    /// Keep reading commands.
     Continue,
+    /// Close the connection once the replies so far are written (`quit`).
     Close,
 }
 

@@ -56,6 +56,9 @@ pub struct FailoverConfig {
 }
 
 impl FailoverConfig {
+    /// Settings for leases of `lease_ms`: control calls bounded by a quarter lease (between
+    /// 20 ms and `peer_timeout`), commands by the larger of `peer_timeout` and four leases,
+    /// `sync()` by 10 s.
     pub fn new(lease_ms: u64, fresh: bool, peer_timeout: Duration) -> FailoverConfig {
         let lease = Duration::from_millis(lease_ms);
         FailoverConfig {
@@ -71,12 +74,21 @@ impl FailoverConfig {
 /// Counters of home failover (in `stats` as `psl_home_*`).
 #[derive(Debug, Default)]
 pub struct FailoverStats {
+    /// Hand-overs completed: slots this member began to serve (its own slot included).
     pub takeovers: AtomicU64,
+    /// Hand-overs that failed (a fetch, `sync()` or rewrite did not complete); the lease is
+    /// released and the slot tried again later.
     pub takeovers_failed: AtomicU64,
+    /// Writes of earlier homes rewritten during hand-overs.
     pub rewrites: AtomicU64,
+    /// Forwarded commands refused as `NotHome` by the member believed home.
     pub redirects: AtomicU64,
+    /// Home writes (or hand-over rewrites) not stored on a majority of acceptors in time: the
+    /// command fails with `SERVER_ERROR` (the hand-over fails).
     pub replicate_failures: AtomicU64,
+    /// Commands whose lease ended before their answer (answered with `SERVER_ERROR`).
     pub lease_lost: AtomicU64,
+    /// `Prune` requests sent to the acceptors.
     pub prunes: AtomicU64,
 }
 
@@ -116,6 +128,7 @@ pub struct Failover {
     stop: AtomicBool,
     /// Per slot: writes made as its home since the last prune began.
     dirty: Vec<AtomicBool>,
+    /// This member's failover counters.
     pub stats: FailoverStats,
 }
 
@@ -234,6 +247,7 @@ impl Failover {
         (crate::lru::key_hash(key) % self.n as u64) as usize
     }
 
+    /// Members of the group (`n`, the length of the peer list).
     pub fn members(&self) -> usize {
         self.n
     }

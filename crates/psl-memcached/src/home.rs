@@ -95,12 +95,17 @@ pub struct HomeConfig {
     pub fresh: bool,
     /// How far above its node's clock a home registers its ceiling.
     pub ceiling_headroom: u64,
-    /// Bounds on the writes an acceptor stores per slot until they are pruned.
+    /// Bounds on the writes an acceptor stores per slot until they are pruned: at most this
+    /// many keys (past it `Replicate` is refused as [`Refusal::Full`]) …
     pub slot_entries_max: usize,
+    /// … and at most this many bytes (key, value and 48 bytes of overhead per write).
     pub slot_bytes_max: usize,
 }
 
 impl HomeConfig {
+    /// Settings for member `me` of `n` with leases of `lease_ms`, and the defaults for the
+    /// rest: 1% drift, a guard of `lease_ms / 40` (at least 5 ms), a ceiling headroom of 2^32,
+    /// 65 536 writes or 64 MiB stored per slot. Not checked: see [`HomeConfig::validate`].
     pub fn new(n: usize, me: usize, lease_ms: u64, fresh: bool) -> HomeConfig {
         HomeConfig {
             n,
@@ -135,6 +140,7 @@ impl HomeConfig {
         Ok(())
     }
 
+    /// Grants needed to be home: more than half of the `n` members.
     pub fn majority(&self) -> usize {
         self.n / 2 + 1
     }
@@ -153,6 +159,7 @@ impl HomeConfig {
         (l * (1_000_000 + d)).div_ceil(1_000_000 - d) as u64 + self.guard_ms
     }
 
+    /// How often a home renews its lease: every quarter of `lease_ms` (at least 1 ms).
     pub fn renew_ms(&self) -> u64 {
         (self.lease_ms / 4).max(1)
     }
@@ -175,8 +182,11 @@ impl HomeConfig {
 /// A write stored for a slot: key, version and value (`None`: deleted).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Held {
+    /// The item's key (at most 255 bytes travel on the wire).
     pub key: Vec<u8>,
+    /// The record version `(lamport, writer)` the home wrote it at.
     pub version: Version,
+    /// The encoded item, or `None` for a delete.
     pub value: Option<Arc<[u8]>>,
 }
 
@@ -191,20 +201,62 @@ impl Held {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ctl {
     /// Grant me (the ballot's member) slot `slot` for `lease_ms`; `renew`: I hold it now.
-    Acquire { slot: u16, ballot: u64, lease_ms: u32, ceiling: u64, renew: bool },
+    Acquire {
+        /// The slot asked for.
+        slot: u16,
+        /// The requester's ballot ([`ballot`]); it names the requesting member.
+        ballot: u64,
+        /// How long the grant lasts on the acceptor's clock, in ms (1 to [`LEASE_MS_MAX`]).
+        lease_ms: u32,
+        /// The Lamport time below which the requester's conditional writes stay; the
+        /// acceptor keeps the highest it has seen.
+        ceiling: u64,
+        /// The requester holds the lease now and extends it.
+        renew: bool,
+    },
     /// Store these writes of mine, made as home of `slot` under `ballot`.
-    Replicate { slot: u16, ballot: u64, entries: Vec<Held> },
+    Replicate {
+        /// The slot the writes belong to.
+        slot: u16,
+        /// The home's ballot; refused if a higher one was promised.
+        ballot: u64,
+        /// The writes; an acceptor keeps the newest version of each key.
+        entries: Vec<Held>,
+    },
     /// My writes up to Lamport time `upto` are covered by a SYNC; `instances`: the acceptor
     /// instances I knew before that sync began.
-    Prune { slot: u16, ballot: u64, upto: u64, instances: Vec<u64> },
+    Prune {
+        /// The slot whose stored writes to drop.
+        slot: u16,
+        /// The home's ballot; refused if a higher one was promised.
+        ballot: u64,
+        /// Stored writes with a Lamport time up to this one are dropped.
+        upto: u64,
+        /// Acceptor instances the home knew before its sync began; an acceptor named here is
+        /// complete for the slot from then on.
+        instances: Vec<u64>,
+    },
     /// I give up my grant of `slot` under `ballot` (I no longer use it).
-    Release { slot: u16, ballot: u64 },
+    Release {
+        /// The slot given up.
+        slot: u16,
+        /// The ballot of the grant given up (a grant under another ballot stays).
+        ballot: u64,
+    },
     /// The writes you store for `slot` with keys after `after`, in key order (to a member
     /// holding your grant under `ballot`).
-    Entries { slot: u16, ballot: u64, after: Option<Vec<u8>> },
+    Entries {
+        /// The slot whose stored writes to send.
+        slot: u16,
+        /// The ballot of the requester's grant here; refused as stale otherwise.
+        ballot: u64,
+        /// The last key of the previous page (`None`: from the first key).
+        after: Option<Vec<u8>>,
+    },
 }
 
 impl Ctl {
+    /// The slot the request is about.
     pub fn slot(&self) -> u16 {
         match self {
             Ctl::Acquire { slot, .. }
@@ -215,6 +267,7 @@ impl Ctl {
         }
     }
 
+    /// The requester's ballot, which names the requesting member ([`ballot_member`]).
     pub fn ballot(&self) -> u64 {
         match self {
             Ctl::Acquire { ballot, .. }
@@ -244,13 +297,46 @@ pub enum Refusal {
 /// An acceptor's answer. Every answer names the acceptor's instance (random per process).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CtlReply {
-    Granted { ceiling: u64, complete: bool, instance: u64 },
-    Refused { why: Refusal, holder: Option<u16>, promised: u64, instance: u64 },
-    Ack { instance: u64 },
-    Page { entries: Vec<Held>, more: bool, instance: u64 },
+    /// `Acquire` granted.
+    Granted {
+        /// The highest ceiling this acceptor has seen for the slot (a new home moves its
+        /// node's clock past the highest of its majority).
+        ceiling: u64,
+        /// This acceptor's stored writes of the slot include every acknowledged one it took
+        /// part in ([`Acceptor::complete`]).
+        complete: bool,
+        /// The acceptor's instance.
+        instance: u64,
+    },
+    /// The request was refused.
+    Refused {
+        /// Why.
+        why: Refusal,
+        /// The member holding an unexpired grant of the slot here, if any.
+        holder: Option<u16>,
+        /// The highest ballot promised for the slot here (0 for an invalid slot).
+        promised: u64,
+        /// The acceptor's instance.
+        instance: u64,
+    },
+    /// `Replicate`, `Prune` or `Release` done.
+    Ack {
+        /// The acceptor's instance.
+        instance: u64,
+    },
+    /// One page of the slot's stored writes, answering `Entries`.
+    Page {
+        /// Writes in key order, about [`PAGE_BYTES`] at most (a single larger write alone).
+        entries: Vec<Held>,
+        /// More writes follow: ask again after the last key of this page.
+        more: bool,
+        /// The acceptor's instance.
+        instance: u64,
+    },
 }
 
 impl CtlReply {
+    /// The answering acceptor's instance (random per process start).
     pub fn instance(&self) -> u64 {
         match self {
             CtlReply::Granted { instance, .. }
@@ -298,11 +384,14 @@ pub struct Acceptor {
 }
 
 impl Acceptor {
+    /// An acceptor with no grants and no stored writes, started at `now` under the random
+    /// `instance`; one that ran before (`cfg.fresh` false) is quarantined from `now` on.
     pub fn new(cfg: HomeConfig, instance: u64, now: Ms) -> Acceptor {
         let slots = (0..cfg.n).map(|_| AccSlot { healed: cfg.fresh, ..AccSlot::default() }).collect();
         Acceptor { cfg, instance, started: now, slots }
     }
 
+    /// This acceptor's instance (random per process start), named in every answer.
     pub fn instance(&self) -> u64 {
         self.instance
     }
@@ -324,6 +413,7 @@ impl Acceptor {
         self.slots[slot].grant.filter(|g| g.expires > now).map(|g| ballot_member(g.ballot))
     }
 
+    /// The highest ballot promised for `slot` (0: none yet); lower ballots are refused.
     pub fn promised(&self, slot: usize) -> u64 {
         self.slots[slot].promised
     }
@@ -459,6 +549,7 @@ impl Acceptor {
 /// A lease this member holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lease {
+    /// The ballot the majority granted it under.
     pub ballot: u64,
     /// Home until then (this member's clock).
     pub valid_until: Ms,
@@ -475,15 +566,21 @@ pub struct Lease {
 /// An `Acquire` in flight: new (`renew` false) or a renewal of a held lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Attempt {
+    /// The slot asked for.
     pub slot: u16,
+    /// This member's ballot for it.
     pub ballot: u64,
     /// When the request was sent (this member's clock).
     pub t0: Ms,
+    /// The Lamport ceiling registered with it: the node's clock plus the configured headroom.
     pub ceiling: u64,
+    /// A renewal of a lease this member holds.
     pub renew: bool,
 }
 
 impl Attempt {
+    /// The `Acquire` to send to every member, asking for `lease_ms` (capped at
+    /// [`LEASE_MS_MAX`]).
     pub fn request(&self, lease_ms: u64) -> Ctl {
         Ctl::Acquire {
             slot: self.slot,
@@ -502,7 +599,12 @@ pub enum Action {
     /// [`Member::on_replies`] once a majority granted or the wait is over.
     Acquire(Attempt),
     /// Send `Release` to every member (after no command uses the lease any more).
-    Release { slot: u16, ballot: u64 },
+    Release {
+        /// The slot given up.
+        slot: u16,
+        /// The ballot of the lease given up.
+        ballot: u64,
+    },
 }
 
 /// What an `Acquire` achieved.
@@ -514,14 +616,27 @@ pub enum Acquired {
     /// node's clock past `ceiling`, renew (to register a ceiling above it), fetch the stored
     /// writes of `from`, `sync()`, rewrite the newest version of each, then
     /// [`Member::takeover_done`].
-    TakeOver { slot: u16, ballot: u64, ceiling: u64, from: Vec<usize> },
+    TakeOver {
+        /// The slot taken over.
+        slot: u16,
+        /// The ballot of the new lease.
+        ballot: u64,
+        /// The highest ceiling the granting acceptors reported (at least the attempt's own).
+        ceiling: u64,
+        /// The members whose stored writes to fetch.
+        from: Vec<usize>,
+    },
     /// Not granted; with `release`, some acceptors did grant: send them `Release`.
-    Failed { release: bool },
+    Failed {
+        /// Some acceptors granted: release their grants.
+        release: bool,
+    },
 }
 
 /// Whether this member may decide a slot's commands now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Serve {
+    /// Home, serving, under this lease.
     Home(Lease),
     /// Home, but the hand-over is still running.
     TakingOver,
@@ -541,7 +656,9 @@ struct HomeSlot {
 /// One member: its acceptor, and its side as a (would-be) home of each slot.
 #[derive(Debug)]
 pub struct Member {
+    /// The group's settings and this member's index in it.
     pub cfg: HomeConfig,
+    /// This member's acceptor, which answers every member's requests.
     pub acc: Acceptor,
     started: Ms,
     slots: Vec<HomeSlot>,
@@ -551,6 +668,7 @@ pub struct Member {
 }
 
 impl Member {
+    /// A member that holds no lease yet, with its acceptor started at `now` under `instance`.
     pub fn new(cfg: HomeConfig, instance: u64, now: Ms) -> Member {
         let n = cfg.n;
         let mut instances = vec![0; n];

@@ -18,7 +18,9 @@
 //! A value that does not start with the tag or is shorter than the header is not an item of
 //! this front end (another application wrote the key): it reads as missing.
 
+/// The format tag, the first byte of every item this front end writes.
 pub const TAG: u8 = 0xC2;
+/// Header length in bytes (tag, flags, expiry, store time, kept unique); the payload follows.
 pub const HEADER: usize = 29;
 
 /// The 30-day boundary of memcached expiry times: above it a time is absolute.
@@ -27,11 +29,15 @@ pub const REL_MAX: i64 = 60 * 60 * 24 * 30;
 /// A decoded item view over a stored value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ItemRef<'a> {
+    /// The client's opaque flags.
     pub flags: u32,
+    /// Absolute expiry in Unix seconds: 0 never, -1 (or any past time) expired.
     pub expiry: i64,
+    /// When it was stored, in microseconds since the Unix epoch (compared with `flush_all` times).
     pub stored_us: u64,
     /// 0, or the unique kept through a touch.
     pub kept_cas: u64,
+    /// The payload: the client's data block.
     pub data: &'a [u8],
 }
 
@@ -55,6 +61,8 @@ pub fn encode_keeping(flags: u32, expiry: i64, stored_us: u64, kept_cas: u64, pa
     v
 }
 
+/// Reads the item layout of a stored value; `None` if it is not an item of this front end
+/// (shorter than [`HEADER`] or without [`TAG`]), which then reads as missing.
 pub fn decode(v: &[u8]) -> Option<ItemRef<'_>> {
     if v.len() < HEADER || v[0] != TAG {
         return None;

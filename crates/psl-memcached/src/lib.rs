@@ -84,6 +84,7 @@
 //! **Durability** is SCL's: a write is in the local memtable and queued for sealing when the
 //! reply is sent; see `docs/protocol/scl.md`.
 
+#![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 mod config;
 pub mod deploy;

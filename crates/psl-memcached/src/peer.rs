@@ -55,14 +55,27 @@ const POOL_MAX: usize = 16;
 /// A served peer connection idle this long is closed.
 const SERVER_IDLE: Duration = Duration::from_secs(600);
 
+/// Why a peer frame was refused: it does not open, or does not decode. The connection that
+/// carried it is dropped.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PeerError {
+    /// The frame ends before a field does; the offset where the missing field starts.
     #[error("peer frame truncated at byte {0}")]
     Truncated(usize),
+    /// A field holds a value outside its range (an unknown tag or mode, a length or count
+    /// past its bound, an invalid key).
     #[error("peer frame: bad {what} {value}")]
-    Bad { what: &'static str, value: u64 },
+    Bad {
+        /// Which field.
+        what: &'static str,
+        /// The value found in it.
+        value: u64,
+    },
+    /// Bytes left over after a complete message (how many).
     #[error("peer frame: {0} trailing bytes")]
     Trailing(usize),
+    /// AES-GCM authentication failed: another peer key, a tampered frame, or a frame replayed
+    /// or reordered (its connection nonce or sequence number differs).
     #[error("peer frame does not open under the peer key (wrong capsule, tampered or replayed)")]
     Seal,
 }
@@ -72,6 +85,8 @@ pub enum PeerError {
 pub struct PeerKey(DataKey);
 
 impl PeerKey {
+    /// The peer key of the capsule whose data key is `data_key` (one-way: it reveals nothing
+    /// of the data key). Every member of a group derives the same one.
     pub fn derive(data_key: &DataKey) -> PeerKey {
         let mut h = sha256(&[b"psl-memcached/peer-key/v1", &data_key.expose_bytes()[..]]);
         let key = PeerKey(DataKey::from_bytes(&h.0));
@@ -317,6 +332,8 @@ pub fn encode_outcome(o: &Outcome, out: &mut Vec<u8>) {
     }
 }
 
+/// Decodes what [`encode_outcome`] wrote (an `Unavailable` comes back as `Failed`); fails on
+/// an unknown tag, a truncated field or trailing bytes.
 pub fn decode_outcome(b: &[u8]) -> Result<Outcome, PeerError> {
     let mut r = Rd { b, pos: 0 };
     let o = match r.u8()? {
@@ -344,7 +361,10 @@ pub fn decode_outcome(b: &[u8]) -> Result<Outcome, PeerError> {
 /// (home failover), naming the member it believes is (`None`: it does not know).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Routed {
+    /// The command ran at this member; its outcome.
     Done(Outcome),
+    /// Not this member's key now; the index (in the group's peer list) of the member it
+    /// believes is the home, if any.
     NotHome(Option<u16>),
 }
 
@@ -359,6 +379,7 @@ pub fn encode_routed(r: &Routed, out: &mut Vec<u8>) {
     }
 }
 
+/// Decodes what [`encode_routed`] wrote; fails as [`decode_outcome`] does.
 pub fn decode_routed(b: &[u8]) -> Result<Routed, PeerError> {
     if b.first() == Some(&12) {
         let mut r = Rd { b, pos: 1 };
@@ -557,6 +578,8 @@ pub fn encode_ctl_reply(r: &CtlReply, o: &mut Vec<u8>) {
     }
 }
 
+/// Decodes what [`encode_ctl_reply`] wrote; fails on an unknown tag or refusal, a truncated
+/// field or trailing bytes.
 pub fn decode_ctl_reply(b: &[u8]) -> Result<CtlReply, PeerError> {
     let mut r = Rd { b, pos: 0 };
     let c = match r.u8()? {
@@ -632,6 +655,9 @@ pub struct PeerServer {
 }
 
 impl PeerServer {
+    /// Serves `fe` on `listener` from an accept thread; frames must seal under `key`. The
+    /// server holds `fe` weakly: once it is dropped, each connection ends at its next frame.
+    /// Fails if the listener's address cannot be read or the thread cannot be spawned.
     pub fn start<S: PeerService + 'static>(
         fe: &Arc<S>,
         listener: TcpListener,
@@ -677,6 +703,7 @@ impl PeerServer {
         Ok(PeerServer { addr, stop, thread: Some(thread) })
     }
 
+    /// The address the server accepts peer connections on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
@@ -742,10 +769,13 @@ pub struct PeerClient {
 }
 
 impl PeerClient {
+    /// A client of the member at peer address `addr`; it connects on the first call (no I/O
+    /// here) and keeps up to 16 idle connections.
     pub fn new(addr: SocketAddr, key: PeerKey, cfg: PeerConfig) -> PeerClient {
         PeerClient { addr, key, cfg, pool: Mutex::new(Vec::new()) }
     }
 
+    /// The member's peer address.
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }

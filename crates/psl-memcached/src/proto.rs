@@ -34,11 +34,17 @@ impl Default for Limits {
 /// Which storage command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreMode {
+    /// `set`: store unconditionally.
     Set,
+    /// `add`: store only if the key has no live item.
     Add,
+    /// `replace`: store only if the key has a live item.
     Replace,
+    /// `append`: add the data after a live item's data (flags and expiry kept).
     Append,
+    /// `prepend`: add the data before a live item's data (flags and expiry kept).
     Prepend,
+    /// `cas`: store only if the item's CAS unique is the one given.
     Cas,
 }
 
@@ -47,6 +53,7 @@ pub enum StoreMode {
 pub struct Keys<'a>(&'a [u8]);
 
 impl<'a> Keys<'a> {
+    /// The keys in the order given (empty tokens from repeated spaces skipped).
     pub fn iter(&self) -> impl Iterator<Item = &'a [u8]> + 'a {
         self.0.split(|b| *b == b' ').filter(|t| !t.is_empty())
     }
@@ -57,74 +64,127 @@ impl<'a> Keys<'a> {
 pub enum Command<'a> {
     /// `get`/`gets` (`touch: None`), `gat`/`gats` (`touch: Some(exptime)`).
     Get {
+        /// The keys to read (at least one, each valid).
         keys: Keys<'a>,
+        /// Return CAS uniques in the `VALUE` lines (`gets`, `gats`).
         cas: bool,
+        /// The new exptime of `gat`/`gats`; `None` for `get`/`gets`.
         touch: Option<i64>,
     },
+    /// `set`, `add`, `replace`, `append`, `prepend` or `cas`, with its data block.
     Store {
+        /// Which storage command.
         mode: StoreMode,
+        /// The item's key.
         key: &'a [u8],
+        /// The client's opaque 32-bit flags.
         flags: u32,
+        /// memcached exptime: 0 never, negative expired, up to 30 days relative seconds,
+        /// above an absolute Unix time.
         exptime: i64,
+        /// The unique to compare for `cas`; 0 for every other mode.
         cas: u64,
+        /// The data block, without its trailing `\r\n`.
         data: &'a [u8],
+        /// Send no reply.
         noreply: bool,
     },
+    /// `delete <key> [0] [noreply]`.
     Delete {
+        /// The key to delete.
         key: &'a [u8],
+        /// Send no reply.
         noreply: bool,
     },
+    /// `incr` or `decr <key> <delta> [noreply]`.
     Arith {
+        /// `incr` when true, `decr` when false.
         incr: bool,
+        /// The counter's key.
         key: &'a [u8],
+        /// The amount to add or subtract.
         delta: u64,
+        /// Send no reply.
         noreply: bool,
     },
+    /// `touch <key> <exptime> [noreply]`: a new expiry, same data and CAS unique.
     Touch {
+        /// The item's key.
         key: &'a [u8],
+        /// The new memcached exptime.
         exptime: i64,
+        /// Send no reply.
         noreply: bool,
     },
+    /// `flush_all [delay] [noreply]`.
     FlushAll {
+        /// Seconds (or an absolute Unix time, as an exptime) until items stored before then
+        /// read as missing; 0 or less: at once.
         delay: i64,
+        /// Send no reply.
         noreply: bool,
     },
     /// `stats` with its (possibly empty) argument.
     Stats {
+        /// The rest of the line, trimmed: empty (general counters), `settings`, `reset`, or
+        /// another group name (`items`, `slabs`, `sizes`, `conns` answer just `END`).
         arg: &'a [u8],
     },
+    /// `version`: replies `VERSION` and the implemented memcached version.
     Version,
+    /// `verbosity <level> [noreply]`: accepted and ignored (replies `OK`).
     Verbosity {
+        /// Send no reply.
         noreply: bool,
     },
+    /// `quit`: close the connection.
     Quit,
+    /// `mg <key> <flags>*`: meta get.
     MetaGet {
+        /// The item's key.
         key: &'a [u8],
+        /// The meta flags, in request order.
         flags: MetaFlags<'a>,
     },
+    /// `ms <key> <datalen> <flags>*` and its data block: meta set.
     MetaSet {
+        /// The item's key.
         key: &'a [u8],
+        /// The data block, without its trailing `\r\n`.
         data: &'a [u8],
+        /// The meta flags, in request order.
         flags: MetaFlags<'a>,
     },
+    /// `md <key> <flags>*`: meta delete.
     MetaDelete {
+        /// The item's key.
         key: &'a [u8],
+        /// The meta flags, in request order.
         flags: MetaFlags<'a>,
     },
+    /// `ma <key> <flags>*`: meta arithmetic (increment or decrement).
     MetaArith {
+        /// The counter's key.
         key: &'a [u8],
+        /// The meta flags, in request order.
         flags: MetaFlags<'a>,
     },
+    /// `mn`: meta no-op, replies `MN` (marks the end of a pipeline of quiet commands).
     MetaNoop,
 }
 
 /// `ms` modes (`M` flag).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MetaSetMode {
+    /// `MS` (the default): store unconditionally.
     Set,
+    /// `ME`: store only if the key has no live item.
     Add,
+    /// `MR`: store only if the key has a live item.
     Replace,
+    /// `MA`: append to a live item's data.
     Append,
+    /// `MP`: prepend to a live item's data.
     Prepend,
 }
 
@@ -132,6 +192,7 @@ pub enum MetaSetMode {
 /// the return flags (`k`, `O`, `c`, `f`, `s`, `t`, `b`) in the order the client asked.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct MetaFlags<'a> {
+    /// The flag tokens as they appeared on the line (trimmed), read by [`MetaFlags::tokens`].
     pub raw: &'a [u8],
     /// `q`: quiet mode (suppress the common reply: `EN` for mg, `HD` for ms/md/ma).
     pub quiet: bool,
@@ -169,36 +230,57 @@ impl<'a> MetaFlags<'a> {
 /// What [`parse`] found at the front of the buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Parsed<'a> {
+    /// The line or the data block has not fully arrived: read more and parse again.
     Incomplete,
+    /// A complete command.
     Cmd {
+        /// The command, borrowing the buffer.
         cmd: Command<'a>,
+        /// Bytes it took from the front of the buffer (line and data block).
         used: usize,
     },
     /// Reply `reply` (one line, `\r\n` not included), drop `used` bytes, then skip `swallow`
     /// more bytes (an oversized data block and its `\r\n`), which may not have arrived yet.
     Error {
+        /// The error line memcached sends.
         reply: &'static str,
+        /// Bytes to drop from the front of the buffer.
         used: usize,
+        /// Bytes to skip after those, as they arrive.
         swallow: usize,
     },
     /// Reply and close the connection.
     Close {
+        /// The error line to send before closing.
         reply: &'static str,
     },
 }
 
+/// Unknown command, or too few arguments (also the reply to an unknown `stats` argument).
 pub const ERROR: &str = "ERROR";
+/// A malformed command line: invalid key, or a non-numeric flags, exptime, length or unique.
 pub const BAD_FORMAT: &str = "CLIENT_ERROR bad command line format";
+/// A data block not followed by `\r\n` where its declared length ends.
 pub const BAD_CHUNK: &str = "CLIENT_ERROR bad data chunk";
+/// A data block above `item_size_max`, or an item that grows past the size limit.
 pub const TOO_LARGE: &str = "SERVER_ERROR object too large for cache";
+/// A command line of `line_max` bytes or more without a newline; the connection is closed.
 pub const LINE_TOO_LONG: &str = "CLIENT_ERROR line too long";
+/// An exptime (of `gat`, `gats`, `touch`) or `flush_all` delay that is not a decimal i64.
 pub const BAD_EXPTIME: &str = "CLIENT_ERROR invalid exptime argument";
+/// An `incr`/`decr` delta that is not a decimal u64.
 pub const BAD_DELTA: &str = "CLIENT_ERROR invalid numeric delta argument";
+/// `incr`/`decr` of an item whose data is not a decimal u64.
 pub const NON_NUMERIC: &str = "CLIENT_ERROR cannot increment or decrement non-numeric value";
+/// `delete` with arguments other than a legacy `0` and `noreply`.
 pub const DELETE_USAGE: &str = "CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]";
+/// A meta flag that is not a letter or not allowed for the command.
 pub const INVALID_FLAG: &str = "CLIENT_ERROR invalid flag";
+/// A meta flag's numeric token (`T`, `N`, `F`, `C`, `J`, `D`) that does not parse.
 pub const BAD_TOKEN: &str = "CLIENT_ERROR bad token in command line format";
+/// An `ms` mode (`M` flag) other than `S`, `E`, `R`, `A`, `P`.
 pub const BAD_MS_MODE: &str = "CLIENT_ERROR invalid mode for ms M token";
+/// An `ma` mode (`M` flag) other than `I`, `+`, `D`, `-`.
 pub const BAD_MA_MODE: &str = "CLIENT_ERROR invalid mode for ma M token";
 
 /// At most this many tokens are looked at on a line other than a key list.
@@ -532,6 +614,7 @@ pub fn parse_u64(s: &[u8]) -> Option<u64> {
     Some(v)
 }
 
+/// Strict unsigned decimal that fits in 32 bits (client flags).
 pub fn parse_u32(s: &[u8]) -> Option<u32> {
     parse_u64(s).and_then(|v| u32::try_from(v).ok())
 }

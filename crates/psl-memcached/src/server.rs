@@ -98,6 +98,7 @@ impl Server {
         Ok(Server { addr, runtime: Runtime::Tokio { stop, thread: Some(thread) } })
     }
 
+    /// The address the server listens on (with the actual port when bound to port 0).
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
@@ -114,6 +115,7 @@ impl Server {
         }
     }
 
+    /// Stops accepting, closes every connection and joins the server's threads.
     pub fn stop(mut self) {
         self.stop_inner();
     }

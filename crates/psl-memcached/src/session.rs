@@ -67,6 +67,7 @@ impl Default for Session {
 }
 
 impl Session {
+    /// A fresh connection: empty buffers of 16 KiB capacity each, nothing pending.
     pub fn new() -> Session {
         Session {
             input: BytesMut::with_capacity(BUF_INITIAL),

@@ -41,6 +41,7 @@ const PINNED_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// Front end settings.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// Parser bounds (line, key and item sizes); `item_size_max` also caps stored items.
     pub limits: Limits,
     /// Bytes of items this front end keeps before evicting (memcached `-m`), default 64 MiB.
     pub memory_limit: u64,
@@ -59,10 +60,14 @@ impl Default for Config {
 /// A read's result.
 #[derive(Debug, Clone)]
 pub enum Lookup {
+    /// A live item (not expired, not flushed).
     Hit {
+        /// The encoded item (see [`crate::item`]).
         value: Arc<[u8]>,
+        /// Its CAS unique.
         cas: u64,
     },
+    /// No live item: never written, deleted, expired, flushed or evicted here (without CapsuleDB).
     Miss,
     /// Evicted here and CapsuleDB did not answer in time (never a silent miss).
     Unreadable(String),
@@ -109,6 +114,7 @@ pub struct FrontEnd {
     value_max: usize,
     locks: Box<[Mutex<()>]>,
     lru: Lru,
+    /// This front end's `stats` counters.
     pub stats: Stats,
     started: Instant,
     last_stamp: AtomicU64,
@@ -154,6 +160,7 @@ enum Home {
     Remote(Arc<PeerClient>),
 }
 
+/// The wall clock in Unix seconds (0 if it reads before the epoch).
 pub fn unix_now() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
 }
@@ -179,6 +186,7 @@ impl Now {
 }
 
 impl FrontEnd {
+    /// A front end storing its items in `node`, alone (no group) until a `join_*` call.
     pub fn new(node: Arc<Node>, cfg: Config) -> Arc<FrontEnd> {
         let node_max = node.limits().value_bytes_max as usize;
         let value_max = (cfg.limits.item_size_max.saturating_add(item::HEADER)).min(node_max);
@@ -205,14 +213,17 @@ impl FrontEnd {
         self.backed
     }
 
+    /// The node whose memtable and writers hold this front end's items.
     pub fn node(&self) -> &Arc<Node> {
         &self.node
     }
 
+    /// The settings this front end was made with.
     pub fn config(&self) -> &Config {
         &self.cfg
     }
 
+    /// Whole seconds since the front end was made (`uptime` in `stats`).
     pub fn uptime(&self) -> u64 {
         self.started.elapsed().as_secs()
     }
@@ -249,7 +260,9 @@ impl FrontEnd {
 
     /// As [`FrontEnd::join_remote_group`], with home failover (`peers` of three or more): a
     /// slot's home is whichever member holds its lease ([`crate::failover`]), so conditional
-    /// commands keep working when a front end is down.
+    /// commands keep working when a front end is down. Fails (with the reason) if the
+    /// settings do not validate (fewer than three peers, `me` out of range, a lease outside
+    /// 100 ms ..= 600 s) or a failover thread cannot be spawned.
     pub fn join_remote_group_with_failover(
         self: &Arc<Self>,
         peers: &[SocketAddr],
