@@ -18,10 +18,11 @@
 //! - [`options`]: [`NodeOptions`] and the limits of every queue.
 //! - `actor`: writer actors (one [`psl_capsule::Author`] each) and their bounded op queues.
 //! - `core`: the core thread that owns the [`psl_scl::NodeCore`]; `msg`: what it is sent.
-//! - [`flow`]: flow control from the capsule servers', CapsuleDB's and peers' acks back to the
-//!   writers: a writer runs at most [`flow::FlowOptions::window_ops`] ops and
-//!   [`flow::FlowOptions::window_records`] records ahead of what a quorum holds, a live
-//!   CapsuleDB has taken in and its pacing peers have applied.
+//! - [`flow`]: `psl_scl::window` under the name the options have always used: flow control
+//!   from the capsule servers', CapsuleDB's and peers' acks back to the writers: a writer
+//!   runs at most [`flow::FlowOptions::window_ops`] ops and [`flow::FlowOptions::window_records`]
+//!   records ahead of what a quorum holds, a live CapsuleDB has taken in and its pacing peers
+//!   have applied. The window's logic is the engine's; the runtime waits on it.
 //! - [`chainlog`]: a coordinator's own-chain log (write-ahead of every record it signs), so a
 //!   coordinator restarted on its state directory never signs a seq twice.
 //! - `dbclient`: the CapsuleDB miss path: sealed requests, verified answers and frontiers
@@ -47,12 +48,12 @@ pub mod chainlog;
 pub mod control;
 mod core;
 mod dbclient;
-pub mod flow;
 mod host;
 pub mod memory;
 mod msg;
 pub mod node;
 pub mod options;
+pub use psl_scl::window as flow;
 pub mod recovery;
 mod ring;
 

@@ -223,6 +223,13 @@ impl NodeKeys {
     }
 }
 
+/// `at` in milliseconds of this process's monotonic clock (from its first call): the time base
+/// of the writers' flow windows (`psl_scl::window`), which take the caller's time.
+pub(crate) fn mono_ms(at: Instant) -> u64 {
+    static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    at.saturating_duration_since(*BASE.get_or_init(Instant::now)).as_millis() as u64
+}
+
 /// A writer's chain state from its key: with its certificate in a certified capsule.
 fn make_author(
     meta: &SignedMetadata,
@@ -520,7 +527,7 @@ impl Node {
                 }
                 let now = Instant::now();
                 let mut opened = false;
-                match q.flow.admit(ops.len(), now, &mut opened) {
+                match q.flow.admit(ops.len(), crate::node::mono_ms(now), &mut opened) {
                     crate::flow::Admit::Go => {
                         if opened {
                             Metrics::add(&self.metrics.flow_opened, 1);
@@ -533,7 +540,8 @@ impl Node {
                         }
                         break;
                     }
-                    crate::flow::Admit::WaitUntil(t) => {
+                    crate::flow::Admit::WaitUntilMs(ms) => {
+                        let t = now + Duration::from_millis(ms.saturating_sub(crate::node::mono_ms(now)));
                         if !waited_for_acks {
                             waited_for_acks = true;
                             Metrics::add(&self.metrics.flow_waits, 1);

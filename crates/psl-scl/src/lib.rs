@@ -25,6 +25,11 @@
 //!   The runtime's core thread and the simulator both run it.
 //! - `announce`: the key statements (own writers' certificates, revocations) a node announces
 //!   on the fabric, again every [`node::CERTS_ANNOUNCE_MS`] (a handler of the [`NodeCore`]).
+//! - [`window`]: a writer's flow-control window toward what paces it (a quorum of capsule
+//!   servers, CapsuleDB, pacing peers), shared by the runtime's `put` and writer actor.
+//! - `repair`: the repair cache that answers peers' requests, the answers owed, the heads
+//!   hints not yet asked for (a handler of the [`NodeCore`]).
+//! - `barrier`: the pending `sync()` barriers (a handler of the [`NodeCore`]).
 //! - `durability`: the servers' acks per own writer, the quorum, and the durability barriers
 //!   answered with a [`QuorumDurable`] proof (a handler of the [`NodeCore`]).
 //! - `flow`: what paces the own writers beside the durability quorum (CapsuleDB's acks, peers'
@@ -38,6 +43,7 @@
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 mod announce;
+mod barrier;
 pub mod clock;
 pub mod coordinator;
 pub mod dbwire;
@@ -50,6 +56,8 @@ pub mod metrics;
 pub mod node;
 pub mod orderer;
 mod rejoin;
+mod repair;
+pub mod window;
 pub mod wire;
 
 pub use clock::LamportClock;

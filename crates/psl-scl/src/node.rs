@@ -8,6 +8,8 @@
 
 use crate::announce::Announcer;
 pub use crate::announce::CERTS_ANNOUNCE_MS;
+use crate::barrier::Barriers;
+pub use crate::barrier::SyncTicket;
 use crate::coordinator::{CoordinatorAction, CoordinatorSm};
 use crate::durability::Durability;
 pub use crate::durability::{DurableStatus, DurableTicket, QuorumDurable};
@@ -17,6 +19,7 @@ use crate::memtable::{Memtable, Version};
 use crate::metrics::{Metrics, RejectReason};
 use crate::orderer::{Orderer, OrdererAction, OrdererConfig};
 use crate::rejoin::{Rejoin, RejoinStep};
+use crate::repair::Repair;
 use crate::wire::{Ack, Msg};
 use crate::LamportClock;
 use psl_capsule::{
@@ -24,7 +27,7 @@ use psl_capsule::{
     Verified, Verifier,
 };
 use psl_crypto::{DataKey, Hash256};
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -150,56 +153,6 @@ pub enum Output {
     },
 }
 
-/// A pending `sync()`: see [`NodeCore::begin_sync`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SyncTicket {
-    id: u64,
-}
-
-#[derive(Debug)]
-struct SyncWait {
-    /// Own writers' next seqs when the call began: the first SYNC must link a later record.
-    need: BTreeMap<u32, u64>,
-    /// Epoch of that first SYNC, once seen.
-    first: Option<u64>,
-    done: bool,
-}
-
-/// Records kept for repair answers, by (writer, seq), within a count and a byte bound.
-#[derive(Debug, Default)]
-struct Cache {
-    by_slot: BTreeMap<(u32, u64), Record>,
-    order: VecDeque<(u32, u64)>,
-    max: usize,
-    bytes_max: usize,
-    /// Bytes of the records in `by_slot`.
-    bytes: usize,
-}
-
-impl Cache {
-    fn new(max: usize, bytes_max: usize) -> Cache {
-        Cache { max, bytes_max, ..Default::default() }
-    }
-
-    fn insert(&mut self, r: &Record) {
-        let k = (r.header().writer, r.header().seq);
-        let len = r.bytes().len();
-        match self.by_slot.insert(k, r.clone()) {
-            None => self.order.push_back(k),
-            Some(old) => self.bytes -= old.bytes().len(),
-        }
-        self.bytes += len;
-        while self.order.len() > self.max || (self.bytes > self.bytes_max && self.order.len() > 1) {
-            if let Some(old) = self.order.pop_front() {
-                if let Some(gone) = self.by_slot.remove(&old) {
-                    self.bytes -= gone.bytes().len();
-                }
-            }
-        }
-        debug_assert_eq!(self.order.len(), self.by_slot.len(), "every cached record has one place in the order");
-    }
-}
-
 /// One node's protocol logic (orderer, optional coordinator, repair cache, barriers, acks): pure
 /// state, fed events, returning [`Output`]s. [`NodeEngine`](crate::NodeEngine) drives it.
 pub struct NodeCore {
@@ -214,16 +167,15 @@ pub struct NodeCore {
     local: BTreeSet<u32>,
     /// This node's coordinator writer, if it is a coordinator.
     coordinator_writer: Option<u32>,
-    cache: Cache,
-    /// Outstanding repair answers: (writer, next seq to send, last seq).
-    answering: VecDeque<(u32, u64, u64)>,
-    syncs: BTreeMap<u64, SyncWait>,
+    /// The repair cache, the repair answers owed, the hints not yet asked for.
+    repair: Repair,
+    /// The pending `sync()` barriers.
+    barriers: Barriers,
+    /// Ids of durability barriers.
     next_ticket: u64,
     /// Newest SYNC applied: epoch and links.
     last_sync: Option<(u64, Vec<Link>)>,
     last_heads_at: u64,
-    /// Hinted heads not yet acted on: writer -> seq.
-    hinted: BTreeMap<u32, u64>,
     /// The rejoin period after a start, and the own coordinator chain's head it resumes from.
     rejoin: Rejoin,
     /// The servers' acks of own writers' records and the durability barriers on them.
@@ -283,13 +235,11 @@ impl NodeCore {
             coordinator,
             local: local_writers.into_iter().collect(),
             coordinator_writer,
-            cache: Cache::new(cfg.cache_records_max, cfg.cache_bytes_max),
-            answering: VecDeque::new(),
-            syncs: BTreeMap::new(),
+            repair: Repair::new(cfg.cache_records_max, cfg.cache_bytes_max),
+            barriers: Barriers::default(),
             next_ticket: 0,
             last_sync: None,
             last_heads_at: 0,
-            hinted: BTreeMap::new(),
             rejoin: Rejoin::new(cfg.rejoin_ms, coordinator_writer),
             durability: Durability::new(cfg.servers),
             pending_acks: BTreeMap::new(),
@@ -462,8 +412,8 @@ impl NodeCore {
         let mut out = Vec::new();
         self.orderer.advance_own(&rec, now);
         self.rejoin.note_head(&rec);
-        self.cache.insert(&rec);
-        self.metrics.repair_cache_bytes.store(self.cache.bytes as u64, Ordering::Relaxed);
+        let bytes = self.repair.cache(&rec);
+        self.metrics.repair_cache_bytes.store(bytes as u64, Ordering::Relaxed);
         Metrics::add(&self.metrics.records_written, 1);
         if let Body::Data(ops) = body {
             Metrics::add(&self.metrics.ops_written, ops.len() as u64);
@@ -505,8 +455,8 @@ impl NodeCore {
         Metrics::add(&self.metrics.records_written, 1);
         Metrics::add(&self.metrics.ops_written, ops as u64);
         out.push(Output::Publish(Msg::Record { capsule: self.verifier.name(), bytes: rec.shared_bytes() }.encode()));
-        self.cache.insert(&rec);
-        self.metrics.repair_cache_bytes.store(self.cache.bytes as u64, Ordering::Relaxed);
+        let bytes = self.repair.cache(&rec);
+        self.metrics.repair_cache_bytes.store(bytes as u64, Ordering::Relaxed);
         out
     }
 
@@ -576,14 +526,7 @@ impl NodeCore {
 
     /// A repair request arrived: queue the records we hold in that range.
     pub fn on_repair(&mut self, writer: u32, from_seq: u64, to_seq: u64) {
-        let to = to_seq.min(from_seq.saturating_add(self.cfg.orderer.repair_chunk.max(1) - 1));
-        if !self.answering.iter().any(|a| *a == (writer, from_seq, to)) {
-            self.answering.push_back((writer, from_seq, to));
-        }
-        // Bound the queue of pending answers: drop the oldest requests first.
-        while self.answering.len() > 1024 {
-            self.answering.pop_front();
-        }
+        self.repair.on_request(writer, from_seq, to_seq, self.cfg.orderer.repair_chunk);
     }
 
     /// A message from the fabric that is not a record (records go through the verifier).
@@ -603,13 +546,8 @@ impl NodeCore {
                     // write no records), and none that only a revoked writer could fulfil.
                     let next = self.orderer.next_seq(w);
                     if s >= next && crate::server_id(w).is_none() && !self.verifier.hint_refused(w, next) {
-                        let e = self.hinted.entry(w).or_insert(s);
-                        *e = (*e).max(s);
+                        self.repair.on_hint(w, s);
                     }
-                }
-                // Bound the hint table (dropping the highest writer indices first).
-                while self.hinted.len() > crate::wire::HEADS_MAX {
-                    self.hinted.pop_last();
                 }
             }
             Msg::Ack(a) if a.capsule == self.verifier.name() => self.on_ack(a),
@@ -855,7 +793,7 @@ impl NodeCore {
         // go to everyone and fill their queues). Gaps proven by later records still are.
         let hint_budget =
             if self.inbound_backlog > INBOUND_BACKLOG_HINTS_MAX { 0 } else { self.cfg.hint_requests_per_tick };
-        let work = self.orderer.tick_with_hints(&mut self.hinted, hint_budget, now);
+        let work = self.orderer.tick_with_hints(self.repair.hints_mut(), hint_budget, now);
         Metrics::add(&self.metrics.repair_requests_sent, work.repairs.len() as u64);
         Metrics::add(&self.metrics.withholding_reports, work.withholding.len() as u64);
         for (writer, from_seq, to_seq) in work.repairs {
@@ -900,22 +838,9 @@ impl NodeCore {
 
     /// Tick step: answers queued repair requests from the cache, up to the per-tick budget.
     fn tick_repair_answers(&mut self, name: CapsuleName, out: &mut Vec<Output>) {
-        let mut budget = self.cfg.repair_answers_per_tick;
-        while budget > 0 {
-            let Some((w, from, to)) = self.answering.pop_front() else { break };
-            let mut s = from;
-            while s <= to && budget > 0 {
-                if let Some(r) = self.cache.by_slot.get(&(w, s)) {
-                    out.push(Output::Publish(Msg::Record { capsule: name, bytes: r.shared_bytes() }.encode()));
-                    Metrics::add(&self.metrics.repair_records_sent, 1);
-                    budget -= 1;
-                }
-                s += 1;
-            }
-            if s <= to {
-                self.answering.push_front((w, s, to));
-            }
-        }
+        let answers = self.repair.answers(name, self.cfg.repair_answers_per_tick);
+        Metrics::add(&self.metrics.repair_records_sent, answers.len() as u64);
+        out.extend(answers.into_iter().map(|m| Output::Publish(m.encode())));
     }
 
     /// Tick step: runs the coordinator's epoch clock (once rejoined), turning its actions into outputs.
@@ -964,60 +889,23 @@ impl NodeCore {
     /// links. A node without data writers has no post-call record to wait for: any SYNC
     /// applied after the call counts as the first, so its barrier is best effort.
     pub fn begin_sync(&mut self, next_seqs: BTreeMap<u32, u64>) -> SyncTicket {
-        let id = self.next_ticket;
-        self.next_ticket += 1;
-        self.syncs.insert(id, SyncWait { need: next_seqs, first: None, done: false });
-        SyncTicket { id }
+        self.barriers.begin(next_seqs)
     }
 
     /// Whether the barrier has completed (and forgets it if so).
     pub fn sync_done(&mut self, t: &SyncTicket) -> bool {
-        match self.syncs.get(&t.id) {
-            Some(w) if w.done => {
-                self.syncs.remove(&t.id);
-                true
-            }
-            Some(_) => false,
-            None => true,
-        }
+        self.barriers.done(t)
     }
 
     /// Abandons a barrier (a caller that timed out).
     pub fn cancel_sync(&mut self, t: &SyncTicket) {
-        self.syncs.remove(&t.id);
+        self.barriers.cancel(t);
     }
 
-    fn on_sync_applied(&mut self, epoch: u64, links: &[Link]) {
-        for w in self.syncs.values_mut() {
-            if w.done {
-                continue;
-            }
-            match w.first {
-                None => {
-                    let covers =
-                        w.need.iter().all(|(writer, next)| links.iter().any(|l| l.writer == *writer && l.seq >= *next));
-                    if covers {
-                        w.first = Some(epoch);
-                    }
-                }
-                Some(e) if epoch > e => {
-                    // Completion also needs everything this SYNC links applied: check_syncs.
-                }
-                Some(_) => {}
-            }
-        }
-    }
-
+    /// The barriers' step after records were applied: the newest SYNC's links all applied?
     fn check_syncs(&mut self) {
         let Some((epoch, links)) = &self.last_sync else { return };
-        let covered = self.orderer.covers(links);
-        for w in self.syncs.values_mut() {
-            if let Some(e) = w.first {
-                if *epoch > e && covered {
-                    w.done = true;
-                }
-            }
-        }
+        self.barriers.check(*epoch, self.orderer.covers(links));
     }
 
     fn apply(&mut self, r: &Verified<Opened>, now: u64, out: &mut Vec<Output>) {
@@ -1026,8 +914,8 @@ impl NodeCore {
         // CapsuleDB's blocks and indexes are not: they are large, no node reads them, and the
         // capsule servers (and CapsuleDB itself, until they are durable) answer repairs for them.
         if !is_db_kind(h.kind) {
-            self.cache.insert(&r.record);
-            self.metrics.repair_cache_bytes.store(self.cache.bytes as u64, Ordering::Relaxed);
+            let bytes = self.repair.cache(&r.record);
+            self.metrics.repair_cache_bytes.store(bytes as u64, Ordering::Relaxed);
         }
         self.rejoin.note_head(&r.record);
         self.clock.observe(h.lamport);
@@ -1133,7 +1021,7 @@ impl NodeCore {
                 out.push(Output::EnterEpoch { sync: rec.link(), epoch });
                 self.last_sync = Some((epoch, h.links.clone()));
                 let links = h.links.clone();
-                self.on_sync_applied(epoch, &links);
+                self.barriers.on_sync(epoch, &links);
             }
             _ => {}
         }
@@ -1143,11 +1031,9 @@ impl NodeCore {
     pub fn reset(&mut self, now: u64) {
         self.memtable.clear();
         self.orderer.clear();
-        self.cache = Cache::new(self.cfg.cache_records_max, self.cfg.cache_bytes_max);
-        self.answering.clear();
-        self.syncs.clear();
+        self.repair.clear();
+        self.barriers.clear();
         self.last_sync = None;
-        self.hinted.clear();
         self.durability.forget_barriers();
         self.flow.reset();
         if let Some(c) = &mut self.coordinator {

@@ -1,4 +1,5 @@
-//! Flow control from the capsule servers back to a node's writers: each writer may have at most
+//! [`Window`]: flow control from the capsule servers back to a node's writers (the runtime's
+//! `put` and writer actors share one per writer; time is the caller's, in milliseconds): each writer may have at most
 //! `window_ops` ops sealed and not yet durable at a quorum of servers, plus those still queued.
 //! A `put` beyond the window waits for acks, so a writer runs at the pace of the servers' quorum
 //! (the queues toward them stay bounded and nothing is dropped into a repair storm) instead of
@@ -19,7 +20,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How far a writer may run ahead of its servers' acks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,9 +62,12 @@ const TRACKED_RECORDS_MAX: usize = 4_096;
 /// is being sealed) and records the sealed record's seq, the core retires what a quorum acked,
 /// `put` reads the total under the queue's lock.
 #[derive(Debug)]
-pub(crate) struct Flow {
+pub struct Window {
+    /// [`FlowOptions::window_ops`].
     pub window_ops: usize,
+    /// [`FlowOptions::window_records`], at least 1.
     pub window_records: usize,
+    /// [`FlowOptions::stall`].
     pub stall: Duration,
     /// Ops taken from the queue and not yet durable at a quorum.
     unacked_ops: AtomicUsize,
@@ -81,8 +85,8 @@ struct FlowState {
     inflight: VecDeque<(u64, usize, usize)>,
     /// The quorum's durable next seq for this writer, as last told by the core.
     durable_next: u64,
-    /// When a `put` first waited for acks since they last moved.
-    waiting_since: Option<Instant>,
+    /// When (ms) a `put` first waited for acks since they last moved.
+    waiting_since: Option<u64>,
     /// Bumped each time the window opens: reservations of an earlier generation were dropped
     /// with the count.
     generation: u64,
@@ -92,23 +96,24 @@ struct FlowState {
 /// or open).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use]
-pub(crate) struct Reserved {
+pub struct Reserved {
     generation: u64,
     ops: usize,
 }
 
-/// What `Flow::admit` tells a waiting `put`.
+/// What [`Window::admit`] tells a waiting `put`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Admit {
+pub enum Admit {
     /// Room in the window (or flow control is off or open).
     Go,
-    /// Wait for acks, at most until this instant; then ask again.
-    WaitUntil(Instant),
+    /// Wait for acks, at most until this time (ms, the caller's clock); then ask again.
+    WaitUntilMs(u64),
 }
 
-impl Flow {
-    pub fn new(o: FlowOptions) -> Flow {
-        Flow {
+impl Window {
+    /// A closed, empty window with options `o`.
+    pub fn new(o: FlowOptions) -> Window {
+        Window {
             window_ops: o.window_ops,
             window_records: o.window_records.max(1),
             stall: o.stall,
@@ -124,10 +129,12 @@ impl Flow {
         FlowOptions { window_ops: self.window_ops, window_records: self.window_records, stall: self.stall }
     }
 
+    /// Ops reserved or sealed and not yet acked.
     pub fn unacked_ops(&self) -> usize {
         self.unacked_ops.load(Ordering::Acquire)
     }
 
+    /// Whether the window is open (acks stalled while a writer waited).
     pub fn is_open(&self) -> bool {
         self.open.load(Ordering::Acquire)
     }
@@ -140,6 +147,7 @@ impl Flow {
         let _ = self.unacked_records.fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| Some(u.saturating_sub(n)));
     }
 
+    /// Records sealed and not yet acked.
     pub fn unacked_records(&self) -> usize {
         self.unacked_records.load(Ordering::Acquire)
     }
@@ -161,15 +169,15 @@ impl Flow {
     /// ask again: the stall deadline, counted from the first wait since acks last moved. At
     /// it the window opens, the call answers `Go` and sets `opened` (for the caller to count
     /// and report).
-    pub fn admit(&self, queued: usize, now: Instant, opened: &mut bool) -> Admit {
+    pub fn admit(&self, queued: usize, now_ms: u64, opened: &mut bool) -> Admit {
         if self.has_room(queued) {
             return Admit::Go;
         }
         let mut st = self.state.lock();
-        let since = *st.waiting_since.get_or_insert(now);
-        let deadline = since + self.stall;
-        if now < deadline {
-            return Admit::WaitUntil(deadline);
+        let since = *st.waiting_since.get_or_insert(now_ms);
+        let deadline = since.saturating_add(self.stall.as_millis() as u64);
+        if now_ms < deadline {
+            return Admit::WaitUntilMs(deadline);
         }
         st.waiting_since = None;
         st.inflight.clear();
@@ -248,12 +256,12 @@ impl Flow {
 mod tests {
     use super::*;
 
-    fn flow(window_ops: usize) -> Flow {
-        Flow::new(FlowOptions { window_ops, window_records: 1_000_000, stall: Duration::from_millis(100) })
+    fn flow(window_ops: usize) -> Window {
+        Window::new(FlowOptions { window_ops, window_records: 1_000_000, stall: Duration::from_millis(100) })
     }
 
     /// The actor's side: take `ops` from the queue, seal them as the record ending before `next`.
-    fn seal(f: &Flow, ops: usize, next: u64) {
+    fn seal(f: &Window, ops: usize, next: u64) {
         let r = f.reserve(ops);
         f.sealed(r, next);
     }
@@ -261,14 +269,14 @@ mod tests {
     #[test]
     fn the_window_counts_queued_and_sealed_ops_until_a_quorum_acks_them() {
         let f = flow(10);
-        let now = Instant::now();
+        let now = 1_000;
         let mut opened = false;
         assert_eq!(f.admit(9, now, &mut opened), Admit::Go);
         seal(&f, 4, 1);
         seal(&f, 4, 2);
         assert_eq!(f.unacked_ops(), 8);
         assert_eq!(f.admit(1, now, &mut opened), Admit::Go);
-        assert_eq!(f.admit(2, now, &mut opened), Admit::WaitUntil(now + Duration::from_millis(100)));
+        assert_eq!(f.admit(2, now, &mut opened), Admit::WaitUntilMs(now + 100));
         // An ack for the first record frees its ops; an old one changes nothing.
         assert!(f.acked(1));
         assert!(!f.acked(1));
@@ -286,8 +294,8 @@ mod tests {
 
     #[test]
     fn small_records_are_bounded_in_number_too() {
-        let f = Flow::new(FlowOptions { window_ops: 1_000, window_records: 3, stall: Duration::from_millis(100) });
-        let now = Instant::now();
+        let f = Window::new(FlowOptions { window_ops: 1_000, window_records: 3, stall: Duration::from_millis(100) });
+        let now = 1_000;
         let mut opened = false;
         for next in 1..=3 {
             assert!(!f.records_full());
@@ -300,7 +308,7 @@ mod tests {
         assert_eq!((f.unacked_ops(), f.unacked_records()), (1, 1));
         assert!(!f.records_full());
         // Merged entries free every record they stand for.
-        let tracked = Flow::new(FlowOptions { window_ops: 1_000, window_records: 1_000_000, stall: Duration::ZERO });
+        let tracked = Window::new(FlowOptions { window_ops: 1_000, window_records: 1_000_000, stall: Duration::ZERO });
         for next in 1..=(TRACKED_RECORDS_MAX as u64 + 10) {
             seal(&tracked, 1, next);
         }
@@ -312,14 +320,14 @@ mod tests {
     #[test]
     fn acks_that_stall_open_the_window_and_the_next_ack_that_moves_closes_it() {
         let f = flow(4);
-        let t0 = Instant::now();
-        let ms = |n| t0 + Duration::from_millis(n);
+        let t0 = 5_000;
+        let ms = |n| t0 + n;
         let mut opened = false;
         // A reservation taken before the window opens is dropped with the count.
         let before = f.reserve(4);
         // The stall is measured from the first wait, not from the last ack.
-        assert_eq!(f.admit(0, t0, &mut opened), Admit::WaitUntil(ms(100)));
-        assert_eq!(f.admit(0, ms(50), &mut opened), Admit::WaitUntil(ms(100)));
+        assert_eq!(f.admit(0, t0, &mut opened), Admit::WaitUntilMs(ms(100)));
+        assert_eq!(f.admit(0, ms(50), &mut opened), Admit::WaitUntilMs(ms(100)));
         assert_eq!(f.admit(0, ms(100), &mut opened), Admit::Go);
         assert!(opened && f.is_open());
         assert_eq!(f.unacked_ops(), 0);
@@ -334,7 +342,7 @@ mod tests {
         f.sealed(before, 1);
         seal(&f, 4, 3);
         assert_eq!(f.unacked_ops(), 4);
-        assert_eq!(f.admit(0, ms(200), &mut opened), Admit::WaitUntil(ms(300)));
+        assert_eq!(f.admit(0, ms(200), &mut opened), Admit::WaitUntilMs(ms(300)));
         assert!(f.acked(3));
         assert_eq!(f.unacked_ops(), 0);
     }
@@ -358,7 +366,7 @@ mod tests {
         let mut opened = false;
         seal(&f, 1_000_000, 1);
         assert_eq!(f.unacked_ops(), 0);
-        assert_eq!(f.admit(usize::MAX / 2, Instant::now(), &mut opened), Admit::Go);
+        assert_eq!(f.admit(usize::MAX / 2, 0, &mut opened), Admit::Go);
         assert!(!f.acked(5));
     }
 }
