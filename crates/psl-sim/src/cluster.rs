@@ -22,21 +22,30 @@ const COORDINATOR_ID_BASE: u32 = 1000;
 
 /// One capsule server: down between a crash and its restart; its disk survives.
 pub struct ServerSlot {
+    /// The running server (`None` while it is down).
     pub server: Option<SimServer>,
+    /// Its disk, kept across crashes (minus what a crash loses).
     pub disk: SimDisk,
+    /// When a crashed server restarts, in simulated ms.
     pub restart_at: Option<u64>,
 }
 
 /// A worker node or a coordinator: down (`node: None`) between a crash and its restart.
 pub struct Endpoint {
+    /// The running node (`None` while it is down, or for good after a coordinator crash).
     pub node: Option<SimNode>,
     /// Data writers per incarnation (0 for coordinators).
     pub writers: usize,
+    /// Its node id, the same across incarnations (worker nodes from 1, coordinators from 1000).
     pub id: u32,
     /// A coordinator's rank.
     pub rank: Option<u8>,
+    /// When a crashed node restarts, in simulated ms (`None`: it is up, or stays down).
     pub restart_at: Option<u64>,
+    /// The current (or next, while down) incarnation: one more at each restart.
     pub incarnation: u32,
+    /// Whether it ever crashed or was RESET: the completeness check counts only what nodes
+    /// that never crashed sealed.
     pub ever_crashed: bool,
     /// A coordinator's own-chain log (runs whose primary coordinator restarts).
     pub log: Option<SimLog>,
@@ -51,13 +60,19 @@ pub struct Produced {
     pub server: Vec<(usize, ServerEffect)>,
 }
 
+/// Everything that runs in one simulated run: the capsule, its worker nodes and coordinators,
+/// and its capsule servers with their disks.
 pub struct Cluster<'c> {
     cfg: &'c SimConfig,
     seed: u64,
+    /// The capsule's signed metadata (owner key derived from the seed).
     pub meta: SignedMetadata,
+    /// The capsule's application key: the writers' and servers' keys come from it (and the
+    /// revocation scenario's leader signs with it).
     pub app: AppKey,
     /// Worker nodes, then coordinators.
     pub eps: Vec<Endpoint>,
+    /// The capsule servers, by server id; network endpoint `nodes() + i` is slot `i`.
     pub slots: Vec<ServerSlot>,
     /// Servers whose synced copies a write needs to count as durable (f + 1).
     pub quorum: usize,

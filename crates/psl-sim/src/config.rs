@@ -2,6 +2,8 @@
 
 use serde::Serialize;
 
+/// What one simulated run looks like: the cluster's shape, the workload, and the fault rates and
+/// schedule. Times are simulated milliseconds; rates are probabilities in [0, 1].
 #[derive(Debug, Clone, Serialize)]
 pub struct SimConfig {
     /// Worker nodes.
@@ -20,31 +22,45 @@ pub struct SimConfig {
     pub work_ms: u64,
     /// Milliseconds after faults stop within which every memtable must be identical.
     pub settle_ms: u64,
+    /// Period in ms at which every node seals its writers' pending ops into records.
     pub flush_ms: u64,
+    /// Period in ms of the node and server ticks (timers, repair, announcements); also how
+    /// often the settling phase checks convergence.
     pub tick_ms: u64,
+    /// Coordinators' epoch length in ms (the EOE timeout is three of them); a converged run
+    /// must stay converged for three epochs.
     pub epoch_ms: u64,
+    /// Ops a writer batches before it seals a record at once, without waiting for the flush.
     pub batch_ops_max: usize,
     // Faults, as probabilities per message delivery or per millisecond.
+    /// Per delivery (per receiver): probability that the message is dropped.
     pub loss: f64,
+    /// Per delivery: probability that the receiver gets the message twice.
     pub duplicate: f64,
     /// Largest delivery delay in ms (uniform), which reorders messages.
     pub delay_ms_max: u64,
+    /// Per delivered copy: probability that 1 to 3 bits of it are flipped.
     pub corrupt: f64,
+    /// Per publish: probability that an old message (from the last 4096 published) is
+    /// delivered again to a random endpoint.
     pub replay: f64,
     /// Per node per ms: probability of a crash (the node restarts `restart_ms` later, empty).
     pub crash: f64,
+    /// Downtime in ms of a crashed worker node before it restarts (empty, new incarnation).
     pub restart_ms: u64,
     /// Per ms: probability that the primary coordinator crashes (for good, unless
     /// `coordinator_restart_ms`).
     pub coordinator_crash: f64,
     /// Per ms: probability of a partition splitting the nodes in two, healed after `heal_ms`.
     pub partition: f64,
+    /// How long in ms a partition lasts before it heals (all partitions heal when faults stop).
     pub heal_ms: u64,
     /// Capsule servers n = 2f + 1 (0: none). Nodes count a write durable once f + 1 acked it.
     pub servers: usize,
     /// Per server per ms: probability of a crash (at most f are down at once); it restarts
     /// `server_restart_ms` later from what its disk kept.
     pub server_crash: f64,
+    /// Downtime in ms of a crashed capsule server before it restarts from its disk.
     pub server_restart_ms: u64,
     /// Simulated fsync duration: a batch written at t is durable (and acked) at t + fsync_ms; a
     /// crash in between loses it.

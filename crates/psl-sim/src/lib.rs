@@ -29,6 +29,7 @@
 //! Everything random comes from one seed (network, workload, faults, and the record salts), so
 //! a seed replays exactly: `psl sim --seeds 1 --start SEED`.
 
+#![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 pub mod checker;
 pub mod cluster;

@@ -6,34 +6,53 @@ use rand::rngs::StdRng;
 use rand::Rng;
 use std::collections::BTreeMap;
 
+/// Counters of what the network did over a run (in messages), for the report.
 #[derive(Debug, Default, Clone, Copy, serde::Serialize)]
 pub struct NetStats {
+    /// Messages handed to the network: publishes and the adversary's direct sends.
     pub sent: u64,
+    /// Copies delivered to an endpoint (whether or not it was up to take them).
     pub delivered: u64,
+    /// Copies lost to the loss rate (one per receiver of a publish).
     pub dropped: u64,
+    /// Copies sent twice to a receiver.
     pub duplicated: u64,
+    /// Copies whose bits were flipped on the way.
     pub corrupted: u64,
+    /// Old messages delivered again to a random endpoint.
     pub replayed: u64,
+    /// Copies not delivered because sender and receiver were on different sides of a partition.
     pub partitioned: u64,
 }
 
+/// The simulated network: a queue of copies ordered by delivery time, the recent messages an
+/// attacker could replay, and the current partition.
 #[derive(Debug)]
 pub struct Net {
     /// (deliver_at, sequence) -> (to, bytes); the sequence keeps order deterministic.
     queue: BTreeMap<(u64, u64), (usize, Vec<u8>)>,
     seq: u64,
     history: Vec<Vec<u8>>,
+    /// Per endpoint, its side of the current partition (0 or 1; all 0 when there is none).
     pub side: Vec<u8>,
     /// When the current partition heals.
     heal_at: Option<u64>,
+    /// What the network did so far.
     pub stats: NetStats,
 }
 
+/// The fault model applied to each message: the run's rates while the workload runs, calm
+/// ones while it settles.
 pub struct Faults {
+    /// Per delivery: probability that the copy is dropped.
     pub loss: f64,
+    /// Per delivery: probability that the receiver gets two copies.
     pub duplicate: f64,
+    /// Largest extra delay in ms (uniform over 0..=max, after the 1 ms minimum); reorders.
     pub delay_ms_max: u64,
+    /// Per copy: probability that 1 to 3 bits are flipped.
     pub corrupt: f64,
+    /// Per publish: probability that an old message is delivered again to a random endpoint.
     pub replay: f64,
 }
 
@@ -58,6 +77,8 @@ impl Faults {
 }
 
 impl Net {
+    /// A network of `endpoints` endpoints (nodes, coordinators, then servers), unpartitioned
+    /// and empty.
     pub fn new(endpoints: usize) -> Net {
         Net {
             queue: BTreeMap::new(),
@@ -74,7 +95,8 @@ impl Net {
         self.queue.insert((at, self.seq), (to, bytes));
     }
 
-    /// `from` publishes `bytes` at `now` to every other endpoint in `alive`.
+    /// `from` publishes `bytes` at `now` to every other of the first `endpoints` endpoints,
+    /// each copy through the fault model `f`; the message joins the replay history.
     pub fn publish(&mut self, rng: &mut StdRng, f: &Faults, now: u64, from: usize, bytes: &[u8], endpoints: usize) {
         self.stats.sent += 1;
         if self.history.len() < HISTORY_MAX {
@@ -170,6 +192,7 @@ impl Net {
         }
     }
 
+    /// Copies queued and not yet delivered.
     pub fn in_flight(&self) -> usize {
         self.queue.len()
     }

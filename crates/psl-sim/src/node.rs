@@ -11,17 +11,31 @@ use psl_scl::{
 };
 use std::sync::{Arc, Mutex};
 
+/// One simulated node (a worker node with data writers, or a coordinator with none): the real
+/// engine, its memtable, clock and metrics, and its writers run inline.
 pub struct SimNode {
+    /// The node's id, which its data writers' indices are made from (in a [`crate::cluster`],
+    /// worker nodes count from 1 and coordinators from 1000).
     pub id: u32,
+    /// Which life of the node this is: 0 at start, one more at each restart (its writers'
+    /// indices differ per incarnation, so a restarted node never reuses a chain).
     pub incarnation: u32,
+    /// Set at creation and never cleared: a crashed node is dropped from its endpoint instead.
     pub alive: bool,
+    /// The product's node engine (protocol core, verifier, coordinator writer), as
+    /// `psl-node`'s core thread runs it.
     pub engine: NodeEngine,
+    /// The node's key-value view, which the checkers read.
     pub memtable: Arc<Memtable>,
+    /// The node's Lamport clock, which stamps local writes.
     pub clock: Arc<LamportClock>,
+    /// The node's counters (records written, rejections by reason), summed into the report.
     pub metrics: Arc<Metrics>,
     /// The data writers (the runtime's writer actors).
     pub authors: Vec<Author>,
+    /// Per data writer (same index as `authors`), the ops written locally and not yet sealed.
     pub pending: Vec<Vec<Op>>,
+    /// Pending ops of one writer that make it seal a record at once.
     pub batch_ops_max: usize,
     /// No puts before this time (a restarted node catching up first).
     pub quiet_until: u64,
@@ -32,19 +46,27 @@ pub struct SimNode {
 
 /// Something a node produced that the run loop must act on.
 pub enum Effect {
+    /// Bytes to publish on the network (an encoded `psl_scl::Msg`).
     Publish(Vec<u8>),
     /// A data op sealed into a record: (key, version, value).
     Sealed(Vec<u8>, Version, Option<Vec<u8>>),
     /// A record this node wrote: (writer, seq, hash, the data ops in it as (key, version)).
     Wrote(u32, u64, psl_crypto::Hash256, Vec<(Vec<u8>, Version)>),
+    /// A report from the node's core (an equivocation, a withholding writer, ...); an
+    /// equivocation report fails the run.
     Note(Output),
 }
 
 /// How to make a [`SimNode`].
 pub struct NodeSpec<'a> {
+    /// The node's id, from 1 to 2^15 - 2 for a node with data writers (it goes into their
+    /// writer indices).
     pub id: u32,
+    /// Its incarnation (below 2^12 with data writers): 0 at start, one more at each restart.
     pub incarnation: u32,
+    /// The capsule's signed metadata (its policy, limits and writer key scheme).
     pub meta: &'a SignedMetadata,
+    /// The application key from which the writers' keys (and certificates) come.
     pub app: &'a AppKey,
     /// Data writers (0 for a coordinator).
     pub writers: usize,
@@ -52,7 +74,9 @@ pub struct NodeSpec<'a> {
     pub coordinator: Option<(u8, CoordinatorConfig)>,
     /// Seeds the record salts.
     pub seed: u64,
+    /// Simulated time of creation in ms (starts the coordinator's state machine).
     pub now: u64,
+    /// Pending ops of one writer that make it seal a record at once.
     pub batch_ops_max: usize,
     /// The core's configuration (`servers`, the repair cache's bounds, `rejoin_ms`).
     pub config: NodeConfig,
@@ -89,6 +113,8 @@ impl CoordinatorLog for SimLog {
 }
 
 impl SimNode {
+    /// A fresh node as `spec` describes it: empty memtable, clock at 0, its writers' (and
+    /// coordinator's) chains starting at seq 0.
     pub fn new(spec: NodeSpec<'_>) -> SimNode {
         let NodeSpec { id, incarnation, meta, app, writers, coordinator, seed, now, batch_ops_max, config, log } = spec;
         let verifier = Arc::new(psl_capsule::Verifier::new(meta.clone(), Some(app.data_key())));
@@ -221,6 +247,8 @@ impl SimNode {
         Some(version)
     }
 
+    /// The periodic flush: each writer seals its pending ops into a record (a fresh certified
+    /// writer first introduces itself with its Cert record).
     pub fn flush(&mut self, now: u64, fx: &mut Vec<Effect>) {
         self.introduce(now, fx);
         for i in 0..self.authors.len() {
@@ -300,6 +328,7 @@ impl SimNode {
         self.commands(now, fx);
     }
 
+    /// The periodic tick: the engine's timers (epochs, repair, announcements, durability).
     pub fn tick(&mut self, now: u64, fx: &mut Vec<Effect>) {
         self.engine.on_tick(now);
         self.commands(now, fx);

@@ -11,6 +11,8 @@ use psl_capsule::{Author, KeyStatement, Revocation, WriterCert};
 use rand::rngs::StdRng;
 use rand::Rng;
 
+/// The revocation scenario's leader and, once it has revoked a writer, the adversary holding
+/// that writer's key. Does nothing in runs without `revoke_at_ms`.
 #[derive(Default)]
 pub struct Revoker {
     /// The adversary holding the revoked writer's key, once it is revoked.

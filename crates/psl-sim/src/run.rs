@@ -23,26 +23,41 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use std::collections::BTreeMap;
 
+/// What a run that broke no invariant did: its workload, faults, convergence and counters.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct SimReport {
+    /// The seed that replays this run exactly.
     pub seed: u64,
+    /// Puts and deletes the workload issued.
     pub ops_issued: u64,
+    /// Records the nodes' own writers wrote (data, control and Cert records; crashed nodes
+    /// included).
     pub records_written: u64,
+    /// Worker node crashes, the revocation scenario's RESET included.
     pub crashes: u64,
+    /// Crashes of the primary coordinator.
     pub coordinator_crashes: u64,
+    /// Partitions that split the endpoints in two.
     pub partitions: u64,
+    /// Simulated ms from which the memtables stayed identical (and quiet) until the run ended.
     pub converged_at_ms: u64,
+    /// The highest epoch counter a live node reached (the low 32 bits: without the term).
     pub epochs: u64,
+    /// Withholding reports the nodes' cores made (a writer's records could not be obtained).
     pub withholding_reports: u64,
+    /// Capsule server crashes.
     pub server_crashes: u64,
     /// Records written but not synced that server crashes lost.
     pub records_lost_on_crash: u64,
+    /// Server crashes that left a torn prefix of the unsynced writes on the disk.
     pub torn_writes: u64,
     /// Records counted durable by their nodes (all writers).
     pub durable_records: u64,
     /// Nodes restarted empty and rebuilt from a majority of servers (each checked at once).
     pub recoveries: u64,
+    /// Messages and records the nodes refused, by reject reason (only reasons seen).
     pub rejected: BTreeMap<&'static str, u64>,
+    /// What the network did: sent, delivered, dropped, duplicated, corrupted, replayed.
     pub net: NetStats,
     /// The revoked writer and the epoch its revocation takes effect (`revoke_at_ms` runs).
     pub revoked: Option<(u32, u64)>,
@@ -58,40 +73,186 @@ pub struct SimReport {
     pub coordinator_restarts: u64,
 }
 
+/// An invariant a run broke: the first one its checkers caught, with the seed that replays it.
+/// Every variant's `seed` is that seed, and `at_ms` (where present) the simulated ms of the step
+/// that broke it.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Violation {
+    /// No unverified byte applied: a live node's memtable holds a (version, value) for a key that
+    /// no honest writer issued (a corrupted, replayed or forged message was applied).
     #[error("seed {seed} at {at_ms} ms: node {node} holds key {key:?} at {version:?}, which no honest writer issued with that value")]
-    Unverified { seed: u64, at_ms: u64, node: u32, key: String, version: Version },
+    Unverified {
+        /// The seed that replays the run.
+        seed: u64,
+        /// Simulated ms of the step that caught it.
+        at_ms: u64,
+        /// The node's id (stable across its incarnations).
+        node: u32,
+        /// The key (lossy UTF-8).
+        key: String,
+        /// The version the node holds for the key.
+        version: Version,
+    },
+    /// Coherence: within one incarnation, a node's version of a key went backwards.
     #[error("seed {seed} at {at_ms} ms: node {node}, key {key:?}: version went back from {from:?} to {to:?}")]
-    Coherence { seed: u64, at_ms: u64, node: u32, key: String, from: Version, to: Version },
+    Coherence {
+        /// The seed that replays the run.
+        seed: u64,
+        /// Simulated ms of the step that caught it.
+        at_ms: u64,
+        /// The node's id (stable across its incarnations).
+        node: u32,
+        /// The key (lossy UTF-8).
+        key: String,
+        /// The version the node showed before.
+        from: Version,
+        /// The older version it showed next.
+        to: Version,
+    },
+    /// No equivocation: a node or a server reported two signed records for one (writer, seq).
     #[error("seed {seed} at {at_ms} ms: equivocation by honest writer {writer} at seq {seq}")]
-    Equivocation { seed: u64, at_ms: u64, writer: u32, seq: u64 },
+    Equivocation {
+        /// The seed that replays the run.
+        seed: u64,
+        /// Simulated ms of the step that caught it.
+        at_ms: u64,
+        /// The honest writer's index.
+        writer: u32,
+        /// The seq with two records.
+        seq: u64,
+    },
+    /// Convergence: the live nodes' memtables still differed (or were not quiet) `settle_ms`
+    /// after faults stopped.
     #[error("seed {seed}: memtables still differ {settle_ms} ms after faults stopped: {detail}")]
-    NoConvergence { seed: u64, settle_ms: u64, detail: String },
+    NoConvergence {
+        /// The seed that replays the run.
+        seed: u64,
+        /// How long the run settled, in ms.
+        settle_ms: u64,
+        /// Each live node's key count, memtable digest and gaps.
+        detail: String,
+    },
+    /// Completeness: at the end, a live node lacks (or holds an older version than) an op that a
+    /// node that never crashed sealed into a record.
     #[error("seed {seed}: node {node}, key {key:?}: holds {held:?}, but {expected:?} was issued and sealed by a node that never crashed")]
-    Lost { seed: u64, node: u32, key: String, held: Option<Version>, expected: Version },
+    Lost {
+        /// The seed that replays the run.
+        seed: u64,
+        /// The node's id (stable across its incarnations).
+        node: u32,
+        /// The key (lossy UTF-8).
+        key: String,
+        /// The version the node holds (`None`: no entry).
+        held: Option<Version>,
+        /// The version sealed by a node that never crashed.
+        expected: Version,
+    },
+    /// Durability: a record a node counted durable is not in the synced part of f + 1 servers'
+    /// disks.
     #[error("seed {seed} at {at_ms} ms: writer {writer} seq {seq} was counted durable but is synced on only {on} servers ({need} needed)")]
-    NotDurable { seed: u64, at_ms: u64, writer: u32, seq: u64, on: usize, need: usize },
+    NotDurable {
+        /// The seed that replays the run.
+        seed: u64,
+        /// Simulated ms of the step that caught it.
+        at_ms: u64,
+        /// The honest writer's index.
+        writer: u32,
+        /// The newest seq counted durable.
+        seq: u64,
+        /// Servers whose synced disk holds the record.
+        on: usize,
+        /// Servers it needs to be on (f + 1).
+        need: usize,
+    },
+    /// No unverified record stored: a server wrote to its disk a record no honest writer sealed.
     #[error("seed {seed} at {at_ms} ms: server {server} wrote record {hash}, which no honest writer sealed")]
-    UnverifiedStored { seed: u64, at_ms: u64, server: u32, hash: Hash256 },
+    UnverifiedStored {
+        /// The seed that replays the run.
+        seed: u64,
+        /// Simulated ms of the step that caught it.
+        at_ms: u64,
+        /// The server's id (its slot index).
+        server: u32,
+        /// The stored record's hash.
+        hash: Hash256,
+    },
+    /// Durability: a node just rebuilt from a majority of the servers lacks a write in a record
+    /// counted durable.
     #[error("seed {seed} at {at_ms} ms: node {node} rebuilt from a majority of servers lacks key {key:?} at {expected:?} (holds {held:?}), which is in a record counted durable")]
-    NotRecovered { seed: u64, at_ms: u64, node: u32, key: String, held: Option<Version>, expected: Version },
+    NotRecovered {
+        /// The seed that replays the run.
+        seed: u64,
+        /// Simulated ms of the step that caught it.
+        at_ms: u64,
+        /// The node's id (stable across its incarnations).
+        node: u32,
+        /// The key (lossy UTF-8).
+        key: String,
+        /// The version the node holds (`None`: no entry).
+        held: Option<Version>,
+        /// The version in the durable record.
+        expected: Version,
+    },
+    /// Durability: at the end, a live node lacks an op of a record counted durable.
     #[error("seed {seed}: node {node}, key {key:?}: holds {held:?}, but {expected:?} is in a record counted durable")]
-    DurableLost { seed: u64, node: u32, key: String, held: Option<Version>, expected: Version },
+    DurableLost {
+        /// The seed that replays the run.
+        seed: u64,
+        /// The node's id (stable across its incarnations).
+        node: u32,
+        /// The key (lossy UTF-8).
+        key: String,
+        /// The version the node holds (`None`: no entry).
+        held: Option<Version>,
+        /// The version in the durable record.
+        expected: Version,
+    },
+    /// No equivocation: an honest writer signed two different records at one seq (a restarted
+    /// coordinator resumed before the newest seq it had signed, say).
     #[error("seed {seed} at {at_ms} ms: honest writer {writer} signed seq {seq} twice, as {first} and as {second}")]
-    SignedTwice { seed: u64, at_ms: u64, writer: u32, seq: u64, first: Hash256, second: Hash256 },
+    SignedTwice {
+        /// The seed that replays the run.
+        seed: u64,
+        /// Simulated ms of the step that caught it.
+        at_ms: u64,
+        /// The honest writer's index.
+        writer: u32,
+        /// The seq in the writer's chain.
+        seq: u64,
+        /// The hash signed first.
+        first: Hash256,
+        /// The hash signed next.
+        second: Hash256,
+    },
+    /// Read your writes: right after a local write, its node does not show the write's version,
+    /// or that version does not supersede what the node showed before.
     #[error("seed {seed} at {at_ms} ms: node {node} wrote key {key:?} at {written:?} but then showed {shown:?} (before the write: {before:?}): the write does not supersede what its node showed")]
     WriteNotShown {
+        /// The seed that replays the run.
         seed: u64,
+        /// Simulated ms of the step that caught it.
         at_ms: u64,
+        /// The node's id (stable across its incarnations).
         node: u32,
+        /// The key (lossy UTF-8).
         key: String,
+        /// What the node showed for the key before the write.
         before: Option<Version>,
+        /// The version the write was given.
         written: Version,
+        /// What the node showed right after the write.
         shown: Option<Version>,
     },
+    /// Revocation learnt: at the end, a live node or server has not learnt the revocation.
     #[error("seed {seed}: {who} never learnt the revocation of writer {writer}")]
-    RevocationNotLearnt { seed: u64, who: String, writer: u32 },
+    RevocationNotLearnt {
+        /// The seed that replays the run.
+        seed: u64,
+        /// Which endpoint: `node N` or `server N`.
+        who: String,
+        /// The revoked writer.
+        writer: u32,
+    },
 }
 
 fn is_zero(v: &u64) -> bool {

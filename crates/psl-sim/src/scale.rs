@@ -24,21 +24,29 @@ use std::collections::VecDeque;
 /// What one scale run looks like.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ScaleConfig {
+    /// Seeds the capsules' owner keys, the record salts and the workload.
     pub seed: u64,
+    /// Worker nodes, over all capsules (at least `capsules`).
     pub nodes: usize,
     /// Capsules (KV spaces); node `i` serves capsule `i % capsules`.
     pub capsules: usize,
     /// Writes per node per simulated second.
     pub puts_per_node_per_s: f64,
+    /// Size of every value written, in bytes.
     pub value_bytes: usize,
     /// Distinct keys per capsule.
     pub keys: usize,
+    /// Milliseconds during which the nodes write.
     pub work_ms: u64,
     /// Quiet time after the writes for the nodes to converge.
     pub settle_ms: u64,
+    /// Period in ms at which every node seals its pending ops into records.
     pub flush_ms: u64,
+    /// Period in ms of the nodes' ticks (timers, repair, announcements).
     pub tick_ms: u64,
+    /// The coordinators' epoch length in ms.
     pub epoch_ms: u64,
+    /// Pending ops of one writer that make it seal a record at once.
     pub batch_ops_max: usize,
 }
 
@@ -65,7 +73,9 @@ impl ScaleConfig {
 /// Mean and max over nodes.
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
 pub struct Spread {
+    /// The mean over nodes (0 with no nodes).
     pub mean: f64,
+    /// The largest value of any node.
     pub max: f64,
 }
 
@@ -76,25 +86,36 @@ fn spread(v: &[f64]) -> Spread {
     Spread { mean: v.iter().sum::<f64>() / v.len() as f64, max: v.iter().copied().fold(0.0, f64::max) }
 }
 
+/// What one scale run measured: delivery costs per worker node under subjects and under the
+/// router tree's flood, verifications, convergence and memory.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ScaleReport {
+    /// The configuration that ran.
     pub config: ScaleConfig,
+    /// Worker nodes per capsule, on average.
     pub nodes_per_capsule: f64,
+    /// Puts the worker nodes issued.
     pub ops_issued: u64,
     /// Messages published per simulated second, all endpoints.
     pub published_per_s: f64,
-    /// Subject fan-out: what each worker node received, per simulated second.
+    /// Subject fan-out: records each worker node received, per simulated second.
     pub records_received_per_s: Spread,
+    /// Subject fan-out: bytes (all messages) each worker node received, per simulated second.
     pub bytes_received_per_s: Spread,
-    /// The router tree's flood: what each worker node would have received.
+    /// The router tree's flood: records each worker node would have received, per simulated
+    /// second.
     pub flood_records_received_per_s: Spread,
+    /// The flood: bytes (all messages) each worker node would have received, per simulated
+    /// second.
     pub flood_bytes_received_per_s: Spread,
     /// Records verified per simulated second, all nodes (each receiver verifies each record).
     pub verifications_per_s: f64,
     /// Every capsule's nodes hold identical memtables at the end.
     pub converged: bool,
-    /// Resident memory when the run ended (from the caller's probe), and per node.
+    /// Resident memory when the run ended, in bytes (from the caller's probe).
     pub rss_bytes: u64,
+    /// Growth of resident memory from before the nodes were made to the end, per worker
+    /// node, in bytes (coordinators' share included).
     pub rss_per_node_bytes: u64,
 }
 

@@ -22,7 +22,9 @@ pub struct SimDisk {
     unsynced: Vec<u32>,
     /// Hashes of records written since the run loop last looked (it checks each one).
     pub fresh: Vec<Hash256>,
+    /// Records written but not synced that crashes lost, over the run (torn ones included).
     pub lost_on_crash: u64,
+    /// Crashes that left a torn prefix of the unsynced writes on the medium.
     pub torn_writes: u64,
 }
 
@@ -175,7 +177,9 @@ impl Disk for SimDisk {
 /// One simulated capsule server (its disk lives outside it, in the run loop, so that it
 /// survives crashes).
 pub struct SimServer {
+    /// The server's id (its slot index), from which its key and writer index come.
     pub id: u32,
+    /// The product's server core (ordering, acks, repair, equivocation detection).
     pub core: ServerCore,
     verifier: Arc<Verifier>,
     /// A batch written and waiting for its fsync: (records, fsync done at).
@@ -186,11 +190,20 @@ pub struct SimServer {
 
 /// Something a simulated server did that the run loop acts on.
 pub enum ServerEffect {
+    /// Bytes to publish on the network: an ack, an announcement, or a served record.
     Publish(Vec<u8>),
-    Equivocation { writer: u32, seq: u64 },
+    /// The server saw two different signed records for one (writer, seq); fails the run.
+    Equivocation {
+        /// The writer that equivocated.
+        writer: u32,
+        /// The seq it signed twice.
+        seq: u64,
+    },
 }
 
 impl SimServer {
+    /// Server `id` (re)started at `now` over `disk`: it learns the statements in its synced
+    /// records and adopts its chains; `ack_before_sync` is the deliberate bug.
     pub fn new(
         id: u32,
         meta: &SignedMetadata,
@@ -210,6 +223,8 @@ impl SimServer {
         SimServer { id, core, verifier, syncing: None, ack_before_sync }
     }
 
+    /// A message from the network: a record of its capsule is prechecked and verified (or held
+    /// for a certificate) before the core takes it; undecodable bytes count as rejected.
     pub fn receive(&mut self, bytes: &[u8], now: u64, disk: &SimDisk, fx: &mut Vec<ServerEffect>) {
         match psl_scl::Msg::decode(bytes) {
             Err(_) => self.core.on_rejected(),
@@ -231,6 +246,7 @@ impl SimServer {
         }
     }
 
+    /// The server's verifier (its revocations tell whether it has learnt one).
     pub fn verifier(&self) -> &Arc<Verifier> {
         &self.verifier
     }

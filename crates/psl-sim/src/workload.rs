@@ -12,17 +12,20 @@ use rand::rngs::StdRng;
 use rand::Rng;
 use std::sync::Arc;
 
+/// The ops the worker nodes issue: puts and deletes over a small fixed key set.
 pub struct Workload {
     /// The keys ops touch (few, so that they collide).
     pub keys: Vec<Vec<u8>>,
 }
 
 impl Workload {
+    /// The workload of `cfg`: `cfg.keys` keys named `key000`, `key001`, ...
     pub fn new(cfg: &SimConfig) -> Workload {
         Workload { keys: (0..cfg.keys).map(|k| format!("key{k:03}").into_bytes()).collect() }
     }
 
-    /// One millisecond of ops.
+    /// One millisecond of ops: each worker node that is up and not catching up issues one with
+    /// probability `op_rate`, each checked at once for read your writes.
     pub fn issue(
         &self,
         seed: u64,

@@ -7,6 +7,7 @@ use crate::Violation;
 use psl_scl::Version;
 use std::collections::HashMap;
 
+/// The coherence checker's state: what each node showed at the last check.
 #[derive(Default)]
 pub struct Coherence {
     /// Per endpoint: the incarnation seen and each key's version then.
@@ -14,6 +15,8 @@ pub struct Coherence {
 }
 
 impl Coherence {
+    /// After a step: no live node shows an older version of any workload key than it did at
+    /// the last check in the same incarnation; `Violation::Coherence` otherwise.
     pub fn check(&mut self, seed: u64, now: u64, cluster: &Cluster, keys: &[Vec<u8>]) -> Result<(), Violation> {
         for (i, ep) in cluster.eps.iter().enumerate() {
             let Some(node) = &ep.node else { continue };

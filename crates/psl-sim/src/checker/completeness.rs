@@ -6,6 +6,8 @@ use super::{newest, show, History};
 use crate::cluster::Cluster;
 use crate::Violation;
 
+/// At the end: every live memtable holds, for each key, at least the newest version sealed by
+/// a node that never crashed; `Violation::Lost` otherwise.
 pub fn check_end(seed: u64, cluster: &Cluster, h: &History) -> Result<(), Violation> {
     let sealed = cluster.eps.iter().enumerate().filter(|(_, ep)| !ep.ever_crashed).flat_map(|(i, _)| &h.sealed_by[i]);
     let model = newest(sealed);

@@ -8,6 +8,7 @@ use crate::node::SimNode;
 use crate::Violation;
 use psl_scl::RejectReason;
 
+/// The convergence checker's state: since when the live nodes have been identical and quiet.
 #[derive(Default)]
 pub struct Convergence {
     stable_since: Option<u64>,

@@ -11,6 +11,8 @@ use crate::node::SimNode;
 use crate::Violation;
 use std::collections::BTreeMap;
 
+/// The durability checker's state: the durable seq of every writer, as high as any node ever
+/// counted it (a crash does not lower it).
 #[derive(Default)]
 pub struct Durability {
     /// Per writer: the highest next seq any node ever counted durable.

@@ -42,6 +42,7 @@ pub type KeyVersions = Vec<(Vec<u8>, Version)>;
 pub struct History {
     /// Every record an honest writer sealed: (writer, seq) -> (hash, data ops in it).
     pub honest: HashMap<(u32, u64), (Hash256, KeyVersions)>,
+    /// The hashes of every record in `honest`: what a server may store.
     pub honest_hashes: HashSet<Hash256>,
     /// Every op any honest writer issued: (key, version) -> value.
     pub issued: HashMap<(Vec<u8>, Version), Option<Vec<u8>>>,
@@ -50,6 +51,7 @@ pub struct History {
 }
 
 impl History {
+    /// An empty history for `endpoints` nodes and coordinators.
     pub fn new(endpoints: usize) -> History {
         History {
             honest: HashMap::new(),

@@ -7,6 +7,8 @@
 use crate::cluster::Cluster;
 use crate::Violation;
 
+/// At the end of a run that revoked a writer: every live node and server has learnt the
+/// revocation; `Violation::RevocationNotLearnt` names one that has not.
 pub fn check_end(seed: u64, cluster: &Cluster, revoked: Option<(u32, u64)>) -> Result<(), Violation> {
     let Some((writer, _)) = revoked else { return Ok(()) };
     for ep in &cluster.eps {
