@@ -139,11 +139,17 @@ mod tests {
     use psl_capsule::{new_capsule, Author, Limits};
     use psl_crypto::OwnerKey;
 
-    fn records(n: usize) -> (CapsuleName, Vec<Record>) {
+    /// A handler whose cache holds at most `records_max` records, given `n` records of
+    /// writer 5 (seqs 0 ..n) to cache.
+    fn filled(n: usize, records_max: usize) -> (CapsuleName, Repair) {
         let owner = OwnerKey::from_seed(&[31; 32]).unwrap();
         let meta = new_capsule(&owner, 1, "repair", 1, Limits::default()).unwrap();
         let mut a = Author::new(&meta, &owner.app(1).unwrap(), 5).unwrap();
-        (meta.name(), (0..n).map(|i| a.write_ops([(format!("k{i}"), Some("v"))]).unwrap()).collect())
+        let mut r = Repair::new(records_max, usize::MAX);
+        for i in 0..n {
+            r.cache(&a.write_ops([(format!("k{i}"), Some("v"))]).unwrap());
+        }
+        (meta.name(), r)
     }
 
     fn seqs(msgs: &[Msg]) -> Vec<u64> {
@@ -157,11 +163,7 @@ mod tests {
 
     #[test]
     fn answers_keep_to_the_budget_and_carry_the_rest_over() {
-        let (name, recs) = records(6);
-        let mut r = Repair::new(100, usize::MAX);
-        for rec in &recs {
-            r.cache(rec);
-        }
+        let (name, mut r) = filled(6, 100);
         r.on_request(5, 1, 4, 64);
         r.on_request(5, 1, 4, 64);
         assert_eq!(seqs(&r.answers(name, 3)), [1, 2, 3], "one request queued once, three records this tick");
@@ -174,11 +176,7 @@ mod tests {
 
     #[test]
     fn the_cache_keeps_to_its_record_bound_and_answers_only_what_it_holds() {
-        let (name, recs) = records(5);
-        let mut r = Repair::new(2, usize::MAX);
-        for rec in &recs {
-            r.cache(rec);
-        }
+        let (name, mut r) = filled(5, 2);
         assert_eq!(r.cached(), 2);
         r.on_request(5, 0, 4, 64);
         assert_eq!(seqs(&r.answers(name, 10)), [3, 4], "the oldest were evicted");
