@@ -75,6 +75,7 @@
 //! `cargo run --release -p psl-boundary --features bench --example crossings`.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
+#![deny(missing_docs)]
 pub mod backoff;
 #[cfg(feature = "bench")]
 pub mod bench;
