@@ -40,7 +40,9 @@ pub type Measurement = Hash256;
 /// A report, as bytes, plus the backend that made it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Evidence {
+    /// The backend that made the report (`SIM_BACKEND`, `DCAP_BACKEND`, `SNP_BACKEND`).
     pub backend: &'static str,
+    /// The report (or quote) as the backend encodes it.
     pub bytes: Vec<u8>,
 }
 
@@ -54,6 +56,7 @@ pub enum VerifyTime {
 }
 
 impl VerifyTime {
+    /// The time as Unix seconds (the clock's for `Now`, 0 if it is before 1970).
     pub fn unix_secs(self) -> u64 {
         match self {
             VerifyTime::At(t) => t,
@@ -152,8 +155,10 @@ pub enum TeeKind {
 }
 
 impl TeeKind {
+    /// Every kind, in the order `psl attest` lists them.
     pub const ALL: [TeeKind; 4] = [TeeKind::Sim, TeeKind::Sgx, TeeKind::Tdx, TeeKind::Snp];
 
+    /// The kind's name in policy files (`sim`, `sgx`, `tdx`, `snp`).
     pub fn as_str(self) -> &'static str {
         match self {
             TeeKind::Sim => "sim",
@@ -163,6 +168,7 @@ impl TeeKind {
         }
     }
 
+    /// The kind named `s` (as `as_str` spells it), if any.
     pub fn parse(s: &str) -> Option<TeeKind> {
         TeeKind::ALL.into_iter().find(|k| k.as_str() == s)
     }
@@ -182,38 +188,64 @@ pub fn backend_by_name(name: &str) -> Option<&'static str> {
 /// What a verifier establishes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VerifiedReport {
+    /// The TEE kind that produced the report.
     pub kind: TeeKind,
     /// The allowed measurement digest the report matched.
     pub measurement: Measurement,
+    /// The report data the report binds (the hash of the key the attested party offered).
     pub report_data: [u8; 32],
 }
 
+/// Why evidence was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AttestError {
+    /// The evidence does not parse (or has the wrong form).
     #[error("evidence is malformed: {0}")]
     Malformed(String),
+    /// The evidence is from another backend than the verifier's.
     #[error("evidence is from backend '{got}', the verifier accepts '{want}'")]
-    Backend { got: &'static str, want: &'static str },
+    Backend {
+        /// The evidence's backend.
+        got: &'static str,
+        /// The verifier's backend.
+        want: &'static str,
+    },
+    /// The report's signature does not verify under its signing key.
     #[error("the report's signature does not verify under its signing key (the sim platform key, or the chip's VCEK)")]
     Signature,
+    /// The report's measurement (hex) is not one the policy allows.
     #[error("measurement {0} is not in the policy")]
     Measurement(String),
+    /// The report is not over the nonce the verifier issued.
     #[error("the report's nonce is not the one issued (stale or replayed report)")]
     Nonce,
+    /// The report does not bind the key offered with it.
     #[error("the report does not bind the channel key offered with it")]
     ReportData,
+    /// The quote's signature chain or its DCAP collateral was refused.
     #[error("quote signature chain or collateral refused: {0}")]
     Collateral(String),
+    /// The DCAP platform TCB status is not one the policy accepts.
     #[error("platform TCB status {status} is not accepted by the policy (advisories: {advisories})")]
-    TcbStatus { status: String, advisories: String },
+    TcbStatus {
+        /// The platform's TCB status as Intel names it.
+        status: String,
+        /// The Intel security advisory ids listed for that TCB level, comma-separated.
+        advisories: String,
+    },
+    /// A certificate chain (VCEK, ASK, ARK, or a CRL) was refused.
     #[error("certificate chain refused: {0}")]
     Chain(String),
+    /// The report breaks a policy rule (debug, migration agent, SMT, VMPL, minimum TCB or SVN).
     #[error("the report breaks the policy: {0}")]
     Policy(String),
+    /// The report's TEE kind is not in the policy's `allowed_kinds`.
     #[error("TEE kind '{0}' is not allowed by the policy (allowed_kinds)")]
     KindNotAllowed(String),
+    /// A sim report, and the policy does not accept the INSECURE sim backend.
     #[error("evidence from the INSECURE sim backend, and the policy does not say allow_insecure_sim = true: refused")]
     InsecureSim,
+    /// The platform's attestation interface (device, configfs, driver) failed.
     #[error("the platform's attestation interface failed: {0}")]
     Platform(String),
 }
@@ -221,7 +253,9 @@ pub enum AttestError {
 /// How one check ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CheckStatus {
+    /// The check passed.
     Pass,
+    /// The check failed (verification stopped there).
     Fail,
     /// Not made (for example the expected report data was not given to `psl attest verify`).
     Skipped,
@@ -230,18 +264,23 @@ pub enum CheckStatus {
 /// One check a verifier made, with what it found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Check {
+    /// What was checked.
     pub name: String,
+    /// How the check ended.
     pub status: CheckStatus,
+    /// What was found (or why it failed or was skipped).
     pub detail: String,
 }
 
 /// The checks of one verification, in the order they were made.
 #[derive(Clone, Debug, Default)]
 pub struct CheckLog {
+    /// The checks in order.
     pub checks: Vec<Check>,
 }
 
 impl CheckLog {
+    /// Records a passed check.
     pub fn pass(&mut self, name: &str, detail: impl Into<String>) {
         self.checks.push(Check { name: name.into(), status: CheckStatus::Pass, detail: detail.into() });
     }
@@ -252,6 +291,7 @@ impl CheckLog {
         e
     }
 
+    /// Records a check that was not made, and why.
     pub fn skip(&mut self, name: &str, why: impl Into<String>) {
         self.checks.push(Check { name: name.into(), status: CheckStatus::Skipped, detail: why.into() });
     }
@@ -292,6 +332,7 @@ impl CheckLog {
 pub trait Attester: Send + Sync {
     /// The evidence backend its reports are for ([`SIM_BACKEND`], `dcap`, `snp`).
     fn backend(&self) -> &'static str;
+    /// The TEE kind its reports are of.
     fn kind(&self) -> TeeKind;
     /// What it is and where it gets its reports (for logs: `auto` says what it chose).
     fn describe(&self) -> String;
@@ -305,13 +346,16 @@ pub trait Attester: Send + Sync {
 /// without `--nonce` / `--report-data`): those checks are then reported as skipped.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Expected {
+    /// The nonce the report must carry; `None`: the check is skipped.
     pub nonce: Option<[u8; 32]>,
+    /// The report data the report must bind; `None`: the check is skipped.
     pub report_data: Option<[u8; 32]>,
 }
 
 /// A set of allowed measurement digests.
 #[derive(Clone, Debug, Default)]
 pub struct AttestPolicy {
+    /// The measurement digests accepted.
     pub allowed: BTreeSet<Measurement>,
 }
 
@@ -402,6 +446,7 @@ pub fn measure(binary: &Hash256, runtime_config: &[u8]) -> Measurement {
 const SIM_MAGIC: &[u8; 8] = b"PSLSIMR1";
 const SIM_BODY: usize = 8 + 32 + 32 + 32;
 const SIM_LEN: usize = SIM_BODY + 64;
+/// The INSECURE sim backend: reports signed by a simulated platform key (`SimPlatform`).
 pub const SIM_BACKEND: &str = "sim-INSECURE";
 /// Intel SGX and TDX quotes (`attest_dcap`).
 pub const DCAP_BACKEND: &str = "dcap";
@@ -437,6 +482,7 @@ pub struct SimPlatform {
 }
 
 impl SimPlatform {
+    /// A fresh simulated platform with a random key (warns once per process: INSECURE).
     pub fn new() -> Arc<SimPlatform> {
         warn_insecure_sim(SIM_IN_USE);
         Arc::new(SimPlatform { key: SigningKey::generate() })
@@ -451,6 +497,7 @@ impl SimPlatform {
         Ok(Arc::new(SimPlatform { key }))
     }
 
+    /// The platform's public key, which verifiers of its reports must be given.
     pub fn public(&self) -> VerifyingKey {
         self.key.verifying_key()
     }
@@ -463,6 +510,7 @@ pub struct SimAttester {
 }
 
 impl SimAttester {
+    /// An attester that signs reports of `measurement` with the platform's key.
     pub fn new(platform: Arc<SimPlatform>, measurement: Measurement) -> SimAttester {
         SimAttester { platform, measurement }
     }
@@ -497,6 +545,7 @@ pub struct SimVerifier {
 }
 
 impl SimVerifier {
+    /// A verifier of reports signed by `platform`, accepting the measurements in `policy`.
     pub fn new(platform: VerifyingKey, policy: AttestPolicy) -> SimVerifier {
         SimVerifier { platform, policy }
     }

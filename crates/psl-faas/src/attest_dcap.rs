@@ -112,6 +112,7 @@ pub struct DcapPolicy {
     /// Refuse collateral (TCB info, QE identity, PCK CRL) issued longer ago than this, in
     /// seconds, even inside its validity window.
     pub max_age_secs: Option<u64>,
+    /// The time certificates, CRLs and collateral are checked at.
     pub time: VerifyTime,
 }
 
@@ -172,10 +173,15 @@ impl DcapPolicy {
 /// What a DCAP verification established, beyond the trait's [`VerifiedReport`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DcapReport {
+    /// The TEE kind's name (`sgx` or `tdx`).
     pub tee: &'static str,
+    /// The platform's TCB status as the collateral rates it (for example `UpToDate`).
     pub tcb_status: String,
+    /// Intel security advisories (INTEL-SA ids) that apply at that TCB level.
     pub advisory_ids: Vec<String>,
+    /// The allowed measurement digest the quote matched.
     pub measurement: Measurement,
+    /// The quote's 64-byte report data.
     pub report_data: [u8; 64],
 }
 
@@ -205,12 +211,15 @@ pub fn tdx_measurement(mr_td: &[u8; 48], rtmr: [&[u8; 48]; 4]) -> Measurement {
 /// What a quote claims, read without verifying it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QuoteIdentity {
+    /// SGX or TDX.
     pub kind: TeeKind,
     /// Measurement digests, the most specific first (SGX: MRENCLAVE, then MRSIGNER + product).
     pub digests: Vec<Measurement>,
+    /// The quote's 64-byte report data.
     pub report_data: [u8; 64],
     /// SGX: the enclave's ISV SVN.
     pub isv_svn: Option<u16>,
+    /// Whether the enclave or TD has the debug attribute set.
     pub debug: bool,
     /// The registers, named, in hex (for `psl attest measure`).
     pub registers: Vec<(&'static str, String)>,
@@ -339,6 +348,8 @@ fn check_freshness(c: &Collateral, t: u64, max_age: Option<u64>) -> Result<Strin
 }
 
 impl DcapVerifier {
+    /// A verifier for this policy, getting collateral from `collateral` and trusting Intel's
+    /// production SGX root CA.
     pub fn new(policy: DcapPolicy, collateral: Arc<dyn CollateralSource>) -> DcapVerifier {
         DcapVerifier { policy, collateral, root_ca_der: INTEL_SGX_ROOT_CA_DER.to_vec() }
     }
@@ -349,6 +360,7 @@ impl DcapVerifier {
         self
     }
 
+    /// The policy it checks quotes against.
     pub fn policy(&self) -> &DcapPolicy {
         &self.policy
     }

@@ -98,10 +98,13 @@ const SIGSTRUCT_HEADER2: [u8; 16] = [1, 1, 0, 0, 0x60, 0, 0, 0, 0x60, 0, 0, 0, 1
 /// What an enclave's SIGSTRUCT (`.sig` file) fixes about it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sigstruct {
+    /// MRENCLAVE: the enclave's measurement the SIGSTRUCT commits to.
     pub mrenclave: [u8; 32],
     /// SHA-256 of the signer's RSA modulus (little-endian, as stored).
     pub mrsigner: [u8; 32],
+    /// The enclave's ISV product id.
     pub isv_prod_id: u16,
+    /// The enclave's ISV security version number.
     pub isv_svn: u16,
     /// ATTRIBUTES.FLAGS bit 1: a debug enclave.
     pub debug: bool,

@@ -48,13 +48,16 @@ const IO_TIMEOUT: Duration = Duration::from_secs(30);
 /// A parsed HTTP response.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HttpResponse {
+    /// The HTTP status code.
     pub status: u16,
     /// Header names lowercased, in order.
     pub headers: Vec<(String, String)>,
+    /// The body (de-chunked).
     pub body: Vec<u8>,
 }
 
 impl HttpResponse {
+    /// The first header named `name` (case-insensitive), if any.
     pub fn header(&self, name: &str) -> Option<&str> {
         let n = name.to_ascii_lowercase();
         self.headers.iter().find(|(k, _)| *k == n).map(|(_, v)| v.as_str())
@@ -139,8 +142,11 @@ fn dechunk(mut b: &[u8]) -> Result<Vec<u8>, AttestError> {
 /// Where a PCCS is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BaseUrl {
+    /// Whether the PCCS speaks HTTPS (else plain HTTP).
     pub https: bool,
+    /// Host name or address.
     pub host: String,
+    /// TCP port (default 443 for HTTPS, 80 for HTTP).
     pub port: u16,
     /// Path prefix without a trailing slash (`""`, or `/pccs`).
     pub prefix: String,
@@ -188,6 +194,8 @@ pub struct PccsClient {
 }
 
 impl PccsClient {
+    /// A client of the PCCS at `url` (`https://host[:port][/prefix]`); `AttestError::Collateral`
+    /// if the URL is not one or the TLS setup fails.
     pub fn new(url: &str) -> Result<PccsClient, AttestError> {
         let base = BaseUrl::parse(url)?;
         let mut c = PccsClient { base, tls: None, extra_roots: Vec::new() };
@@ -386,6 +394,8 @@ pub struct PccsCollateral {
 }
 
 impl PccsCollateral {
+    /// Collateral fetched through `client`, cached in memory and in `dir` if given, refetched
+    /// after `max_secs` seconds even inside its validity window.
     pub fn new(client: PccsClient, dir: Option<PathBuf>, max_secs: u64) -> PccsCollateral {
         PccsCollateral { client, dir, max_secs, mem: Mutex::new(HashMap::new()) }
     }

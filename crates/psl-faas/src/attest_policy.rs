@@ -69,20 +69,27 @@ pub struct PolicyFile {
     /// Accept the INSECURE sim backend (development only).
     #[serde(default)]
     pub allow_insecure_sim: bool,
+    /// `[collateral]`: where DCAP collateral comes from and how fresh any collateral must be.
     #[serde(default)]
     pub collateral: CollateralSection,
+    /// `[sgx]`: what is accepted of SGX enclaves (required when `sgx` is allowed).
     #[serde(default)]
     pub sgx: Option<SgxSection>,
+    /// `[tdx]`: what is accepted of TDX guests (required when `tdx` is allowed).
     #[serde(default)]
     pub tdx: Option<TdxSection>,
+    /// `[snp]`: what is accepted of SEV-SNP guests (required when `snp` is allowed).
     #[serde(default)]
     pub snp: Option<SnpSection>,
+    /// `[sim]`: the INSECURE sim backend's key and measurements (with `allow_insecure_sim`).
     #[serde(default)]
     pub sim: Option<SimSection>,
+    /// `[hosts]`: whether capsule hosts must attest before they get their keys.
     #[serde(default)]
     pub hosts: HostsSection,
 }
 
+/// The `[collateral]` section.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CollateralSection {
@@ -100,12 +107,16 @@ pub struct CollateralSection {
     pub max_age_days: Option<u64>,
 }
 
+/// The `[sgx]` section.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SgxSection {
+    /// TCB statuses accepted (names as Intel spells them); absent: `default_accepted()`.
     pub accepted_tcb_statuses: Option<Vec<String>>,
+    /// Accept enclaves built in debug mode (never in production).
     #[serde(default)]
     pub allow_debug: bool,
+    /// The enclave identities accepted (`[[sgx.allow]]`).
     #[serde(default)]
     pub allow: Vec<SgxAllow>,
 }
@@ -114,75 +125,107 @@ pub struct SgxSection {
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SgxAllow {
+    /// Accepted MRENCLAVE (32 bytes, hex); exclusive with `mrsigner`.
     pub mrenclave: Option<String>,
+    /// Accepted MRSIGNER (32 bytes, hex); needs `isv_prod_id`.
     pub mrsigner: Option<String>,
+    /// The enclave's ISV product id (with `mrsigner` only).
     pub isv_prod_id: Option<u16>,
+    /// Lowest accepted ISV SVN (with `mrsigner` only; default 0).
     pub min_isv_svn: Option<u16>,
 }
 
+/// The `[tdx]` section.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TdxSection {
+    /// TCB statuses accepted (names as Intel spells them); absent: `default_accepted()`.
     pub accepted_tcb_statuses: Option<Vec<String>>,
+    /// Accept TDs with the debug attribute set (never in production).
     #[serde(default)]
     pub allow_debug: bool,
+    /// The TD identities accepted (`[[tdx.allow]]`).
     #[serde(default)]
     pub allow: Vec<TdxAllow>,
 }
 
+/// An accepted TD identity: all five registers must match (each 48 bytes, hex).
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TdxAllow {
+    /// MRTD: the measurement of the TD's initial image.
     pub mrtd: String,
+    /// RTMR0 (firmware configuration).
     pub rtmr0: String,
+    /// RTMR1 (the OS loader and kernel).
     pub rtmr1: String,
+    /// RTMR2 (the kernel command line and initrd).
     pub rtmr2: String,
+    /// RTMR3 (runtime extensions).
     pub rtmr3: String,
 }
 
+/// The `[snp]` section.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SnpSection {
+    /// Accept guests whose policy allows debugging (never in production).
     #[serde(default)]
     pub allow_debug: bool,
+    /// Accept guests that may be associated with a migration agent.
     #[serde(default)]
     pub allow_migration_agent: bool,
+    /// Accept hosts with SMT enabled; absent: accepted.
     pub allow_smt: Option<bool>,
+    /// Accepted VMPLs of the report's requester; absent: only VMPL 0.
     pub vmpls: Option<Vec<u32>>,
+    /// Lowest accepted reported TCB, component by component.
     #[serde(default)]
     pub min_tcb: MinTcbSection,
+    /// Lowest accepted guest SVN.
     #[serde(default)]
     pub min_guest_svn: u32,
     /// A directory of VCEKs (from AMD's KDS, and learnt from evidence) and CRLs (`*.crl`).
     pub vcek_cache_dir: Option<PathBuf>,
+    /// Extra VCEK files (DER or PEM) to trust under the anchors.
     #[serde(default)]
     pub vcek_files: Vec<PathBuf>,
+    /// CRL files (DER or PEM) from AMD's KDS.
     #[serde(default)]
     pub crl_files: Vec<PathBuf>,
+    /// Refuse a report when no CRL for its product line is known.
     #[serde(default)]
     pub require_crl: bool,
     /// ARK certificates to trust instead of AMD's (tests, or pinning one product line).
     #[serde(default)]
     pub trust_anchors: Vec<PathBuf>,
+    /// The guests accepted (`[[snp.allow]]`).
     #[serde(default)]
     pub allow: Vec<SnpAllow>,
 }
 
+/// The `[snp] min_tcb` table: minimum SPL of each component (default 0).
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MinTcbSection {
+    /// Minimum bootloader SPL.
     #[serde(default)]
     pub bootloader: u8,
+    /// Minimum PSP OS (TEE) SPL.
     #[serde(default)]
     pub tee: u8,
+    /// Minimum SNP firmware SPL.
     #[serde(default)]
     pub snp: u8,
+    /// Minimum microcode SPL.
     #[serde(default)]
     pub microcode: u8,
+    /// Minimum FMC SPL (Turin only).
     #[serde(default)]
     pub fmc: u8,
 }
 
+/// An accepted SEV-SNP guest (`[[snp.allow]]`).
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SnpAllow {
@@ -199,16 +242,20 @@ pub struct SnpAllow {
 pub struct SimSection {
     /// The simulated platform's public key (hex, 33 bytes compressed).
     pub platform_public: String,
+    /// The measurements accepted (`[[sim.allow]]`).
     #[serde(default)]
     pub allow: Vec<SimAllow>,
 }
 
+/// An accepted sim measurement (`[[sim.allow]]`).
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SimAllow {
+    /// The measurement (32 bytes, hex).
     pub measurement: String,
 }
 
+/// The `[hosts]` section.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HostsSection {
@@ -226,10 +273,23 @@ pub struct HostsSection {
 /// Why a policy file was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyError {
+    /// The file could not be read (missing, unreadable, or over `POLICY_BYTES_MAX`).
     #[error("reading the policy {path}: {why}")]
-    Read { path: String, why: String },
+    Read {
+        /// The policy file's path.
+        path: String,
+        /// The I/O error.
+        why: String,
+    },
+    /// The file was read but refused: bad TOML, an unknown key or kind, a missing section,
+    /// a malformed value, or a combination that makes no sense.
     #[error("policy {path}: {why}")]
-    Invalid { path: String, why: String },
+    Invalid {
+        /// The policy's path or origin.
+        path: String,
+        /// What is wrong with it.
+        why: String,
+    },
 }
 
 fn hex_n<const N: usize>(what: &str, s: &str) -> Result<[u8; N], String> {
@@ -257,9 +317,11 @@ fn parse_u64(what: &str, v: &toml::Value) -> Result<u64, String> {
 /// A policy, parsed and checked; paths resolved.
 #[derive(Clone, Debug)]
 pub struct Policy {
+    /// The file as parsed.
     pub file: PolicyFile,
     /// The directory relative paths resolve against.
     pub base: PathBuf,
+    /// The TEE kinds accepted (`sim` added when `allow_insecure_sim` is set).
     pub allowed_kinds: Vec<TeeKind>,
     /// Where it came from (for logs).
     pub origin: String,
@@ -320,6 +382,8 @@ impl Policy {
         Ok(p)
     }
 
+    /// Reads and parses a policy file (at most `POLICY_BYTES_MAX` bytes); relative paths resolve
+    /// against its directory. `PolicyError::Read` if it cannot be read, `Invalid` if it is refused.
     pub fn load(path: &Path) -> Result<Policy, PolicyError> {
         let read = |why: String| PolicyError::Read { path: path.display().to_string(), why };
         let meta = std::fs::metadata(path).map_err(|e| read(e.to_string()))?;
@@ -331,6 +395,7 @@ impl Policy {
         Policy::parse(&text, &base, &path.display().to_string())
     }
 
+    /// A path from the file, resolved against its directory when relative.
     pub fn path(&self, p: &Path) -> PathBuf {
         if p.is_absolute() {
             p.to_path_buf()
@@ -339,14 +404,17 @@ impl Policy {
         }
     }
 
+    /// Whether reports of this TEE kind are accepted at all.
     pub fn allows(&self, kind: TeeKind) -> bool {
         self.allowed_kinds.contains(&kind)
     }
 
+    /// Whether the INSECURE sim backend is accepted.
     pub fn allow_insecure_sim(&self) -> bool {
         self.file.allow_insecure_sim
     }
 
+    /// Whether capsule hosts must attest before the leader sends them their key.
     pub fn require_host_attestation(&self) -> bool {
         self.file.hosts.require_attestation
     }
@@ -465,7 +533,9 @@ pub struct PolicyVerifier {
 /// How a [`PolicyVerifier`] gets DCAP collateral, if not as the policy says (tests, `psl attest
 /// verify --collateral FILE`).
 pub enum CollateralOverride {
+    /// Collateral as the policy's `[collateral]` section says.
     None,
+    /// This collateral source instead.
     Source(Arc<dyn CollateralSource>),
 }
 
@@ -475,6 +545,8 @@ impl PolicyVerifier {
         PolicyVerifier::with_collateral(policy, time, CollateralOverride::None)
     }
 
+    /// A verifier for the policy, with DCAP collateral from `collateral` instead of the policy's
+    /// own source if given; `PolicyError::Invalid` if a section cannot be turned into a verifier.
     pub fn with_collateral(
         policy: Policy,
         time: VerifyTime,
@@ -569,6 +641,7 @@ impl PolicyVerifier {
         Ok(PolicyVerifier { policy, sim, sgx, tdx, snp })
     }
 
+    /// The policy it enforces.
     pub fn policy(&self) -> &Policy {
         &self.policy
     }

@@ -16,14 +16,18 @@ use std::path::PathBuf;
 pub enum AttestChoice {
     /// The INSECURE simulated platform.
     Sim,
+    /// Intel SGX through Gramine's `/dev/attestation` (DCAP).
     Sgx,
+    /// Intel TDX through a configfs-tsm report entry.
     Tdx,
+    /// AMD SEV-SNP through a configfs-tsm report entry.
     Snp,
     /// Whichever hardware is present; never sim.
     Auto,
 }
 
 impl AttestChoice {
+    /// The choice named `s` (`sim`, `sgx`, `tdx`, `snp`, `auto`), if any.
     pub fn parse(s: &str) -> Option<AttestChoice> {
         Some(match s {
             "sim" => AttestChoice::Sim,

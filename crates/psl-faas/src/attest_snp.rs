@@ -69,8 +69,11 @@ pub const CACHED_VCEKS_MAX: usize = 4096;
 
 /// GUIDs of the certificate table (GHCB specification), in the byte order of their text form.
 pub const GUID_VCEK: [u8; 16] = guid(0x63da758d, 0xe664, 0x4564, [0xad, 0xc5, 0xf4, 0xb9, 0x3b, 0xe8, 0xac, 0xcd]);
+/// GUID of the VLEK entry (the versioned loaded endorsement key, used instead of a VCEK).
 pub const GUID_VLEK: [u8; 16] = guid(0xa8074bc2, 0xa25a, 0x483e, [0xaa, 0xe6, 0x39, 0xc0, 0x45, 0xa0, 0xb8, 0xa1]);
+/// GUID of the ASK entry (AMD SEV key, the intermediate that signs the VCEK).
 pub const GUID_ASK: [u8; 16] = guid(0x4ab7b379, 0xbbac, 0x4fe4, [0xa0, 0x2f, 0x05, 0xae, 0xf3, 0x27, 0xc7, 0x82]);
+/// GUID of the ARK entry (AMD root key).
 pub const GUID_ARK: [u8; 16] = guid(0xc0b406a4, 0xa803, 0x4952, [0x97, 0x43, 0x3f, 0xb6, 0x01, 0x4c, 0xd0, 0xae]);
 
 const fn guid(a: u32, b: u16, c: u16, d: [u8; 8]) -> [u8; 16] {
@@ -85,10 +88,15 @@ const fn guid(a: u32, b: u16, c: u16, d: [u8; 8]) -> [u8; 16] {
 /// ARK-Milan 69d063b4…540bcd, ARK-Genoa 4c6598d1…3db2f1, ARK-Turin 1f084161…dd3f6a;
 /// SEV-Milan 67d303bd…0bac1b, SEV-Genoa 5464738c…828521, SEV-Turin 5b77ef5f…3b3185.
 pub const AMD_ARK_MILAN: &[u8] = include_bytes!("amd/ark_milan.der");
+/// AMD's root key (ARK) for Genoa, DER; a built-in trust anchor.
 pub const AMD_ARK_GENOA: &[u8] = include_bytes!("amd/ark_genoa.der");
+/// AMD's root key (ARK) for Turin, DER; a built-in trust anchor.
 pub const AMD_ARK_TURIN: &[u8] = include_bytes!("amd/ark_turin.der");
+/// AMD's SEV signing key (ASK) for Milan, DER, signed by the Milan ARK.
 pub const AMD_ASK_MILAN: &[u8] = include_bytes!("amd/ask_milan.der");
+/// AMD's SEV signing key (ASK) for Genoa, DER, signed by the Genoa ARK.
 pub const AMD_ASK_GENOA: &[u8] = include_bytes!("amd/ask_genoa.der");
+/// AMD's SEV signing key (ASK) for Turin, DER, signed by the Turin ARK.
 pub const AMD_ASK_TURIN: &[u8] = include_bytes!("amd/ask_turin.der");
 
 const OID_RSASSA_PSS: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.10");
@@ -109,7 +117,9 @@ const OID_HW_ID: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.3.6.1.4.1.37
 
 /// Guest policy bits (SEV-SNP ABI, GUEST_POLICY).
 pub const POLICY_SMT: u64 = 1 << 16;
+/// Guest policy bit MIGRATE_MA: the guest may be associated with a migration agent.
 pub const POLICY_MIGRATE_MA: u64 = 1 << 18;
+/// Guest policy bit DEBUG: the hypervisor may debug the guest (its memory is not private).
 pub const POLICY_DEBUG: u64 = 1 << 19;
 /// PLATFORM_INFO bit 0: SMT is enabled on the host.
 pub const PLATFORM_SMT_EN: u64 = 1;
@@ -117,12 +127,16 @@ pub const PLATFORM_SMT_EN: u64 = 1;
 /// An AMD EPYC product line with SEV-SNP.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Product {
+    /// Zen 3 (EPYC 7003).
     Milan,
+    /// Zen 4 (EPYC 9004).
     Genoa,
+    /// Zen 5 (EPYC 9005).
     Turin,
 }
 
 impl Product {
+    /// The product line's name as AMD's KDS and the VCEK's product-name extension spell it.
     pub fn name(self) -> &'static str {
         match self {
             Product::Milan => "Milan",
@@ -164,9 +178,13 @@ impl Product {
 pub struct Tcb {
     /// Turin only.
     pub fmc: Option<u8>,
+    /// Bootloader SPL.
     pub bootloader: u8,
+    /// PSP OS (TEE) SPL.
     pub tee: u8,
+    /// SNP firmware SPL.
     pub snp: u8,
+    /// CPU microcode SPL.
     pub microcode: u8,
     /// Bytes the layout reserves (must be zero in a VCEK's TCB; the `spl4`..`spl7` extensions).
     pub reserved: [u8; 4],
@@ -184,28 +202,49 @@ impl std::fmt::Display for Tcb {
 /// An attestation report, parsed (its bytes kept: the signature covers them).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SnpReport {
+    /// The report's bytes as received (the signature covers the first 0x2A0 of them).
     pub raw: Vec<u8>,
+    /// Report format version (2 to 5 accepted).
     pub version: u32,
+    /// The guest's security version number, set by its ID block.
     pub guest_svn: u32,
+    /// The guest policy the guest was launched with (`POLICY_*` bits).
     pub policy: u64,
+    /// Family id from the guest's ID block.
     pub family_id: [u8; 16],
+    /// Image id from the guest's ID block.
     pub image_id: [u8; 16],
+    /// VMPL of the requester of the report (0 is the most privileged).
     pub vmpl: u32,
+    /// Signature algorithm (1: ECDSA P-384 with SHA-384, the only one accepted).
     pub signature_algo: u32,
+    /// The platform's current TCB version (raw; decode with `Product::tcb`).
     pub current_tcb: u64,
+    /// Platform information bits (bit 0: SMT enabled).
     pub platform_info: u64,
     /// Bit 0 AUTHOR_KEY_EN, bit 1 MASK_CHIP_KEY, bits 4:2 SIGNING_KEY (0 VCEK, 1 VLEK).
     pub key_info: u32,
+    /// The 64 bytes the guest asked to be bound into the report (what verifiers check the binding of).
     pub report_data: [u8; 64],
+    /// The launch measurement of the guest (SHA-384).
     pub measurement: [u8; 48],
+    /// Data the hypervisor supplied at launch.
     pub host_data: [u8; 32],
+    /// SHA-384 of the ID key that signed the guest's ID block (zero without one).
     pub id_key_digest: [u8; 48],
+    /// SHA-384 of the author key that certified the ID key (zero without one).
     pub author_key_digest: [u8; 48],
+    /// Id of the guest, fixed at launch.
     pub report_id: [u8; 32],
+    /// Id of the guest's migration agent (all ones when there is none).
     pub report_id_ma: [u8; 32],
+    /// The TCB version the VCEK was derived from (raw; checked against the VCEK and the policy).
     pub reported_tcb: u64,
+    /// The chip's unique id (zero when MASK_CHIP_ID is set).
     pub chip_id: [u8; 64],
+    /// The platform's committed TCB version (raw).
     pub committed_tcb: u64,
+    /// The TCB version at the guest's launch (raw).
     pub launch_tcb: u64,
 }
 
@@ -274,6 +313,7 @@ impl SnpReport {
         (self.key_info >> 2) & 7
     }
 
+    /// Whether the chip key is masked (MASK_CHIP_KEY): the report is then not signed.
     pub fn chip_key_masked(&self) -> bool {
         self.key_info & 2 != 0
     }
@@ -313,7 +353,9 @@ pub fn report_measurements(r: &SnpReport) -> [Measurement; 2] {
 /// One certificate of a certificate table.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TableEntry {
+    /// Which certificate the entry holds (`GUID_VCEK`, `GUID_VLEK`, `GUID_ASK`, `GUID_ARK`).
     pub guid: [u8; 16],
+    /// The certificate's bytes (DER).
     pub data: Vec<u8>,
 }
 
@@ -457,11 +499,15 @@ fn signed_part(der: &[u8]) -> Option<&[u8]> {
 /// A parsed certificate with its original bytes.
 #[derive(Clone, Debug)]
 pub struct Cert {
+    /// The certificate's DER bytes as given.
     pub der: Vec<u8>,
+    /// The parsed certificate.
     pub x: x509_cert::Certificate,
 }
 
 impl Cert {
+    /// Parses a DER certificate; `AttestError::Chain` if it does not parse or is not exactly
+    /// one DER SEQUENCE.
     pub fn from_der(der: &[u8]) -> Result<Cert, AttestError> {
         let x = x509_cert::Certificate::from_der(der)
             .map_err(|e| AttestError::Chain(format!("certificate does not parse: {e}")))?;
@@ -480,6 +526,7 @@ impl Cert {
         Cert::from_der(p.contents())
     }
 
+    /// The subject's distinguished name, as text.
     pub fn subject(&self) -> String {
         self.x.tbs_certificate().subject().to_string()
     }
@@ -586,13 +633,21 @@ fn common_name(dn: &str) -> String {
 /// What a VCEK certificate says about its chip.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VcekInfo {
+    /// The product name extension (for example `Milan-B0`).
     pub product_name: String,
+    /// The hardware id extension: the chip id it was issued for.
     pub hw_id: Vec<u8>,
+    /// Bootloader SPL the VCEK was issued for.
     pub bl: u8,
+    /// PSP OS (TEE) SPL the VCEK was issued for.
     pub tee: u8,
+    /// SNP firmware SPL the VCEK was issued for.
     pub snp: u8,
+    /// Microcode SPL the VCEK was issued for.
     pub ucode: u8,
+    /// FMC SPL the VCEK was issued for (Turin only).
     pub fmc: Option<u8>,
+    /// The `spl4`..`spl7` extensions, zero when absent.
     pub spl_reserved: [u8; 4],
 }
 
@@ -606,6 +661,8 @@ fn der_small_int(b: &[u8]) -> Option<u8> {
 }
 
 impl VcekInfo {
+    /// Reads the product name, hardware id and SPL extensions; `AttestError::Chain` if one is
+    /// missing or malformed.
     pub fn from_cert(c: &Cert) -> Result<VcekInfo, AttestError> {
         let bad = |what: &str| AttestError::Chain(format!("VCEK: extension {what} missing or malformed"));
         let spl = |oid: &ObjectIdentifier, what: &str| c.ext(oid).and_then(der_small_int).ok_or_else(|| bad(what));
@@ -723,6 +780,7 @@ impl SnpTrustAnchors {
         Ok(SnpTrustAnchors { anchors, known_asks: Vec::new() })
     }
 
+    /// The product lines with a trust anchor.
     pub fn products(&self) -> Vec<Product> {
         self.anchors.iter().map(|(p, _)| *p).collect()
     }
@@ -739,6 +797,7 @@ pub struct SnpCollateral {
 }
 
 impl SnpCollateral {
+    /// An empty collateral set with no cache directory.
     pub fn new() -> SnpCollateral {
         SnpCollateral::default()
     }
@@ -763,6 +822,7 @@ impl SnpCollateral {
         Ok(c)
     }
 
+    /// Adds a VCEK file (DER or PEM); `AttestError::Collateral` if it cannot be read or parsed.
     pub fn add_vcek_file(&mut self, p: &Path) -> Result<(), AttestError> {
         let b = std::fs::read(p).map_err(|e| AttestError::Collateral(format!("reading VCEK {}: {e}", p.display())))?;
         let c = Cert::from_der_or_pem(&b).map_err(|e| AttestError::Collateral(format!("VCEK {}: {e}", p.display())))?;
@@ -782,10 +842,13 @@ impl SnpCollateral {
         Ok(())
     }
 
+    /// Adds a CRL given as DER.
     pub fn add_crl(&mut self, der: Vec<u8>) {
         self.crls.push(der);
     }
 
+    /// Remembers a VCEK learnt from evidence (also written to the cache directory if there is one);
+    /// the oldest is dropped past `CACHED_VCEKS_MAX`.
     pub fn add_vcek(&self, der: &[u8]) {
         let mut v = self.vceks.write();
         if v.iter().any(|x| x == der) {
@@ -808,10 +871,12 @@ impl SnpCollateral {
         self.vceks.read().clone()
     }
 
+    /// How many VCEKs are known.
     pub fn len(&self) -> usize {
         self.vceks.read().len()
     }
 
+    /// Whether no VCEK is known.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -820,10 +885,15 @@ impl SnpCollateral {
 /// Minimum security patch levels.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MinTcb {
+    /// Minimum bootloader SPL.
     pub bootloader: u8,
+    /// Minimum PSP OS (TEE) SPL.
     pub tee: u8,
+    /// Minimum SNP firmware SPL.
     pub snp: u8,
+    /// Minimum microcode SPL.
     pub microcode: u8,
+    /// Minimum FMC SPL (checked on Turin only).
     pub fmc: u8,
 }
 
@@ -840,12 +910,15 @@ pub struct SnpPolicy {
     pub allow_smt: bool,
     /// Accepted VMPLs of the report's requester.
     pub vmpls: Vec<u32>,
+    /// Lowest accepted reported TCB, component by component.
     pub min_tcb: MinTcb,
+    /// Lowest accepted guest SVN.
     pub min_guest_svn: u32,
     /// Refuse when no CRL for the product line is known.
     pub require_crl: bool,
     /// Refuse a CRL issued longer ago than this (seconds).
     pub crl_max_age_secs: Option<u64>,
+    /// The time certificates and CRLs are checked at.
     pub time: VerifyTime,
 }
 
@@ -869,9 +942,13 @@ impl Default for SnpPolicy {
 /// What an SNP verification established.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SnpVerified {
+    /// The product line whose chain verified the report.
     pub product: Product,
+    /// The reported TCB, decoded for that product line.
     pub tcb: Tcb,
+    /// The launch measurement.
     pub measurement: Measurement,
+    /// The report data (checked against the expected binding by the caller).
     pub report_data: [u8; 64],
 }
 
@@ -904,10 +981,12 @@ fn check_vcek_info(vcek: &Cert, product: Product, report: &SnpReport, log: &mut 
 }
 
 impl SnpVerifier {
+    /// A verifier with this policy, trust anchors and VCEK/CRL collateral.
     pub fn new(policy: SnpPolicy, anchors: SnpTrustAnchors, collateral: Arc<SnpCollateral>) -> SnpVerifier {
         SnpVerifier { policy, anchors, collateral }
     }
 
+    /// The policy it checks reports against.
     pub fn policy(&self) -> &SnpPolicy {
         &self.policy
     }

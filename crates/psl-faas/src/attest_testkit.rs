@@ -179,14 +179,20 @@ pub fn vcek_extensions(product: Product, chip_id: &[u8; 64], tcb: u64) -> Vec<Ve
 
 /// 2020-01-01 and 2045-01-01: the test PKI's validity.
 pub const PKI_NOT_BEFORE: u64 = 1_577_836_800;
+/// End of the test PKI's validity (2045-01-01, Unix seconds).
 pub const PKI_NOT_AFTER: u64 = 2_366_841_600;
 
 /// A private AMD-shaped PKI for one product line.
 pub struct TestAmd {
+    /// The product line the PKI stands in for.
     pub product: Product,
+    /// The test ARK's private key (RSA-2048).
     pub ark_key: RsaKeyPair,
+    /// The test ARK's self-signed certificate (DER).
     pub ark_der: Vec<u8>,
+    /// The test ASK's private key (RSA-2048).
     pub ask_key: RsaKeyPair,
+    /// The test ASK's certificate, signed by the ARK (DER).
     pub ask_der: Vec<u8>,
 }
 
@@ -258,22 +264,34 @@ impl TestAmd {
 
 /// A test VCEK and its private key.
 pub struct TestVcek {
+    /// The VCEK's private key (ECDSA P-384): it signs the test reports.
     pub key: EcdsaKeyPair,
+    /// The VCEK's certificate, signed by the test ASK (DER).
     pub der: Vec<u8>,
+    /// The chip id the VCEK is issued for (put in its reports).
     pub chip_id: [u8; 64],
+    /// The reported TCB the VCEK is issued for (raw TCB version).
     pub tcb: u64,
 }
 
 /// The fields of a test report.
 #[derive(Clone, Debug)]
 pub struct ReportSpec {
+    /// Report format version (default 3).
     pub version: u32,
+    /// Guest SVN (default 1).
     pub guest_svn: u32,
+    /// Guest policy (default 0x30000: SMT allowed, reserved bit set).
     pub policy: u64,
+    /// VMPL of the requester (default 0).
     pub vmpl: u32,
+    /// Platform information bits (default 1: SMT enabled).
     pub platform_info: u64,
+    /// Launch measurement.
     pub measurement: [u8; 48],
+    /// Report data (the verifier's binding; the fake TSM overwrites it with `inblob`).
     pub report_data: [u8; 64],
+    /// Migration agent's report id (default all ones: none).
     pub report_id_ma: [u8; 32],
 }
 
@@ -347,6 +365,7 @@ fn mkfifo(p: &Path) {
 /// What a fake entry does wrong.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TsmFault {
+    /// Reports are served faithfully.
     None,
     /// Another writer: the generation moves by two during each report.
     GenerationJump,
@@ -359,7 +378,9 @@ pub type ReportFn = dyn Fn(&[u8; 64]) -> (Vec<u8>, Vec<u8>) + Send + Sync;
 /// `auxblob` are FIFOs, so the thread sees each write of `inblob` (and moves `generation`, as
 /// the kernel does) and answers the read of `outblob` that follows.
 pub struct FakeTsm {
+    /// The configfs-tsm root directory (what `TsmAttester` is pointed at).
     pub root: PathBuf,
+    /// The report entry's name under `report/`.
     pub entry: String,
     stop: Arc<AtomicBool>,
     served: Arc<AtomicU64>,
@@ -474,6 +495,7 @@ pub type QuoteMaker = Arc<dyn Fn(&[u8; 64]) -> Vec<u8> + Send + Sync>;
 /// Gramine's `/dev/attestation` with DCAP, served by a thread (`user_report_data` and `quote`
 /// are FIFOs).
 pub struct FakeGramine {
+    /// The directory standing in for `/dev/attestation`.
     pub dir: PathBuf,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -524,8 +546,11 @@ impl Drop for FakeGramine {
 /// [`FakeTsm`] that signs a report over whatever `inblob` holds. `tamper` alters each report
 /// after signing (to test that the verifier refuses it).
 pub struct FakeSnpPlatform {
+    /// The private AMD PKI (Milan).
     pub amd: TestAmd,
+    /// The chip's VCEK.
     pub vcek: TestVcek,
+    /// The fields of every report it makes (the report data is what `inblob` holds).
     pub spec: ReportSpec,
 }
 
@@ -533,6 +558,7 @@ pub struct FakeSnpPlatform {
 pub const TEST_TCB: u64 = u64::from_le_bytes([3, 0, 0, 0, 0, 0, 8, 115]);
 
 impl FakeSnpPlatform {
+    /// A Milan platform with a fresh PKI and a VCEK at `TEST_TCB`, making reports per `spec`.
     pub fn new(spec: ReportSpec) -> FakeSnpPlatform {
         let amd = TestAmd::new(Product::Milan);
         let vcek = amd.vcek(&[0x5a; 64], TEST_TCB, PKI_NOT_BEFORE, PKI_NOT_AFTER);

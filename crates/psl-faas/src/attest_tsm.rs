@@ -119,6 +119,7 @@ impl TsmAttester {
         Ok(a)
     }
 
+    /// The report entry's directory (under `<root>/report/`).
     pub fn entry(&self) -> &Path {
         &self.entry
     }

@@ -18,6 +18,7 @@ pub struct ChannelKey {
 }
 
 impl ChannelKey {
+    /// A fresh X25519 key pair; `FaasError::Channel` if key generation fails.
     pub fn generate() -> Result<ChannelKey, FaasError> {
         let private =
             PrivateKey::generate(&X25519).map_err(|_| FaasError::Channel("X25519 key generation failed".into()))?;
@@ -27,6 +28,7 @@ impl ChannelKey {
         Ok(ChannelKey { private, public })
     }
 
+    /// The X25519 public key, which the worker's report binds and the leader seals to.
     pub fn public(&self) -> [u8; 32] {
         self.public
     }

@@ -41,7 +41,9 @@ const NODE_WAIT: Duration = Duration::from_secs(5);
 /// What one coordinator did in a job (the job report lists one per rank).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CoordinatorStats {
+    /// The coordinator host it ran on.
     pub host: u32,
+    /// Its rank (0: the primary; above: shadows).
     pub rank: u8,
     /// Records its writer signed (its certificate, RTS and SYNC records, statements): a shadow
     /// that never took over wrote none.
@@ -72,7 +74,10 @@ pub trait CoordinatorLink: Send + Sync {
 pub enum RotationStage {
     /// The certificate and the new data key: the coordinator opens no epoch at or after the
     /// rotation epoch until the finish. `refuse_if_begun`: install nothing if that epoch began.
-    Prepare { refuse_if_begun: bool },
+    Prepare {
+        /// Install nothing if the rotation epoch has already begun.
+        refuse_if_begun: bool,
+    },
     /// The coordinator writer's key under the new generation and the generation's certificates.
     Finish,
 }
@@ -350,6 +355,7 @@ struct HostInner {
 
 /// One coordinator host: at most one job's coordinator at a time.
 pub struct CoordinatorHost {
+    /// The host's id (rank r of a job runs on host r).
     pub id: u32,
     attester: Box<dyn Attester>,
     inner: Mutex<HostInner>,
@@ -364,6 +370,7 @@ fn u32_at(b: &[u8], o: usize) -> u32 {
 }
 
 impl CoordinatorHost {
+    /// A host with no coordinator running, attesting with `attester`.
     pub fn new(id: u32, attester: Box<dyn Attester>) -> CoordinatorHost {
         CoordinatorHost { id, attester, inner: Mutex::new(HostInner { channel: None, running: None, last: None }) }
     }
@@ -428,6 +435,7 @@ impl CoordinatorHost {
         f(r)
     }
 
+    /// The epoch its coordinator's node is in; `FaasError::Config` if it runs no coordinator.
     pub fn epoch(&self) -> Result<u64, FaasError> {
         self.with_node(|r| Ok(r.node.rotation_state(Instant::now() + NODE_WAIT)?.epoch))
     }

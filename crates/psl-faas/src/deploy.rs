@@ -30,9 +30,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// How the embedded deployment is set up: how many workers, coordinators and capsule servers,
+/// the sandbox limits, and test hooks.
 #[derive(Debug, Clone)]
 pub struct DeploymentConfig {
+    /// Workers started (1 ..= 255).
     pub workers: usize,
+    /// Resource limits of every lambda's sandbox (part of the workers' measured configuration).
     pub limits: SandboxLimits,
     /// Fewest attested workers a job may run on.
     pub min_workers: usize,
@@ -75,9 +79,13 @@ impl Default for DeploymentConfig {
     }
 }
 
+/// A job to run on the embedded deployment.
 pub struct JobRequest {
+    /// The lambda program (JavaScript source); sealed before it leaves the client.
     pub program: String,
+    /// How many lambdas to run (1 ..= `LAMBDAS_MAX`).
     pub lambdas: u32,
+    /// Input handed to every lambda, sealed like the program; `None`: no input.
     pub input: Option<String>,
     /// The owner key; a fresh one if `None`.
     pub owner: Option<OwnerKey>,
@@ -89,15 +97,24 @@ pub struct JobRequest {
 /// Most lambdas in one job.
 pub const LAMBDAS_MAX: u32 = 256;
 
+/// What one lambda did in a job.
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct LambdaReport {
+    /// The lambda's index in the job.
     pub lambda: u32,
+    /// The worker that ran it.
     pub worker: u32,
+    /// What the lambda emitted, in order.
     pub emitted: Vec<String>,
+    /// The lambda's log lines.
     pub logs: Vec<String>,
+    /// Why the lambda failed; `None` if it succeeded.
     pub error: Option<String>,
+    /// The failure's kind (a short machine-readable name), if it failed.
     pub error_kind: Option<String>,
+    /// CPU time the lambda used, in milliseconds.
     pub cpu_ms: f64,
+    /// Wall-clock time from its start to its end, in milliseconds.
     pub wall_ms: f64,
 }
 
@@ -106,27 +123,44 @@ pub struct LambdaReport {
 pub struct LaunchBreakdown {
     /// Over the network: the client attests the leader and hands it the owner key (TLS).
     pub leader_attest_ms: f64,
+    /// Client submit to the scheduler receiving the sealed job.
     pub client_to_scheduler_ms: f64,
+    /// Scheduler receiving the program to the worker receiving it.
     pub scheduler_to_workers_ms: f64,
+    /// Forward to grant: the worker and the leader attesting each other.
     pub attestation_ms: f64,
+    /// Grant to keys opened and the node started.
     pub key_delivery_ms: f64,
+    /// Keys ready to the program opened and every lambda started.
     pub program_load_ms: f64,
+    /// Last lambda started to the latest first host operation.
     pub first_op_ms: f64,
     /// Submit to every lambda running.
     pub launch_ms: f64,
+    /// Submit to the report (the whole job, its lambdas' run included).
     pub total_ms: f64,
 }
 
+/// What `run_job` (or a cluster run) returns: each lambda's outcome, timings, the refused
+/// workers, what was stored and whether the job ended durable.
 #[derive(Debug, Clone, Serialize)]
 pub struct JobReport {
+    /// The job id (hex).
     pub job: String,
+    /// The job capsule's name (hex).
     pub capsule: String,
+    /// Each lambda's report.
     pub lambdas: Vec<LambdaReport>,
+    /// Workers refused admission, with why.
     pub refused_workers: Vec<(u32, String)>,
+    /// Where the launch time went.
     pub launch: LaunchBreakdown,
+    /// Whether every lambda succeeded.
     pub ok: bool,
+    /// The job's capsule file, when the deployment records it (not serialized).
     #[serde(skip)]
     pub capsule_file: Option<Vec<u8>>,
+    /// How many records the capsule file holds.
     pub capsule_records: usize,
     /// What each worker held right after its RESET.
     pub resets: Vec<(u32, WorkerDebug)>,
@@ -152,7 +186,9 @@ pub struct JobReport {
 /// What a worker seals for the client at the end of a job (over the network).
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct WorkerResultBody {
+    /// Each lambda this worker ran.
     pub lambdas: Vec<LambdaReport>,
+    /// Whether every write of the worker's node was acked by the job's capsule servers.
     pub durable: DurableEnd,
 }
 
@@ -165,7 +201,9 @@ pub fn job_durable(reported: &[(u32, DurableEnd)], granted: usize) -> bool {
 /// One application key rotation of a job.
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct KeyRotationReport {
+    /// The key generation the rotation produced.
     pub key_gen: u32,
+    /// The first epoch in which the new key is used.
     pub from_epoch: u64,
     /// The owner-signed certificate (hex; public): the capsule's auditors need it, and with the
     /// owner key it gives the new data key (its application index).
@@ -178,6 +216,7 @@ pub struct KeyRotationReport {
 }
 
 impl KeyRotationReport {
+    /// The decoded rotation certificate; `FaasError::Malformed` if `cert` is not hex or does not decode.
     pub fn certificate(&self) -> Result<psl_capsule::RotationCert, FaasError> {
         let b = hex::decode(&self.cert)
             .map_err(|e| FaasError::Malformed { what: "rotation certificate", why: e.to_string() })?;
@@ -186,14 +225,22 @@ impl KeyRotationReport {
     }
 }
 
+/// Every role in one process over an `InProcHub`: a leader, a scheduler, workers, coordinator
+/// hosts and, per job, capsule servers. Attestation is the INSECURE sim backend.
 pub struct Deployment {
+    /// The in-process fabric every role's endpoint is on.
     pub hub: InProcHub,
+    /// The trusted leader.
     pub leader: Leader,
+    /// The untrusted scheduler.
     pub scheduler: Scheduler,
+    /// The workers (ids 0 ..).
     pub workers: Vec<Arc<Worker>>,
     /// Coordinator hosts (ids 0 ..): rank r of each job runs on host r.
     pub coordinator_hosts: Vec<Arc<CoordinatorHost>>,
+    /// The configuration it was started with.
     pub config: DeploymentConfig,
+    /// The measurement the workers (and the leader) attest to.
     pub measurement: Measurement,
     /// The client's check of the leader (the development sim policy).
     verifier: PolicyVerifier,
@@ -319,6 +366,9 @@ impl Deployment {
         (stored_records, resets)
     }
 
+    /// Runs one job end to end: seals the program, dispatches it, admits workers, runs the
+    /// lambdas, optionally rotates the key, ends the job and RESETs the workers.
+    /// `FaasError::Config` for a lambda count outside 1 ..= `LAMBDAS_MAX`.
     pub fn run_job(&self, req: JobRequest) -> Result<JobReport, FaasError> {
         if req.lambdas == 0 || req.lambdas > LAMBDAS_MAX {
             return Err(FaasError::Config(format!("lambdas must be 1 ..= {LAMBDAS_MAX}, got {}", req.lambdas)));

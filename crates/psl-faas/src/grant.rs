@@ -13,8 +13,11 @@ use psl_crypto::DataKey;
 
 /// A worker's bid for a job: its report, binding its channel key.
 pub struct Offer {
+    /// The worker's id.
     pub worker: u32,
+    /// The worker's X25519 channel public key: the keys are sealed to it, the report binds it.
     pub channel_public: [u8; 32],
+    /// The worker's report over the leader's nonce.
     pub evidence: Evidence,
     /// Over TLS: the hash of the public key of the certificate the worker presented on the
     /// connection the offer came in on (filled in by the leader from the session, never taken
@@ -44,8 +47,11 @@ impl Offer {
 
 /// What the leader sends one admitted worker.
 pub struct Grant {
+    /// The worker's id.
     pub worker: u32,
+    /// The worker's node id in the job (nonzero; its writers are derived from it).
     pub node_id: u32,
+    /// The lambda slots (indices in the job) the worker runs.
     pub lambdas: Vec<u32>,
     /// The key bundle sealed to the worker's channel key.
     pub sealed_keys: Vec<u8>,
@@ -53,7 +59,9 @@ pub struct Grant {
 
 /// What the leader sends one granted worker when it rotates the job's application key.
 pub struct RotationGrant {
+    /// The worker's id.
     pub worker: u32,
+    /// The key generation the bundle moves the worker to.
     pub key_gen: u32,
     /// The rotation bundle sealed to the worker's channel key.
     pub sealed_keys: Vec<u8>,

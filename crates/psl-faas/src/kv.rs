@@ -16,7 +16,10 @@ use std::time::Duration;
 /// the lambda continues with `after` set to the last key it got.
 pub const SCAN_BYTES_MAX: usize = 8 << 20;
 
+/// The sandbox's KV host (`psl_sandbox::KvHost`) over a worker's node: reads and writes of
+/// the lambdas go to the job's capsule through it.
 pub struct NodeKv {
+    /// The worker's node for the job.
     pub node: Arc<Node>,
     /// How long `sync()` may wait for a covering SYNC before failing.
     pub sync_timeout: Duration,

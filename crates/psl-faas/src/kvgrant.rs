@@ -26,8 +26,11 @@ use zeroize::Zeroizing;
 /// attestation (`Leader::grant_kv`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum KvRole {
+    /// The KV front end (`frontend`).
     FrontEnd,
+    /// A KV coordinator (`coordinator`).
     Coordinator,
+    /// A CapsuleDB instance (`capsuledb`).
     CapsuleDb,
 }
 
@@ -41,6 +44,7 @@ impl KvRole {
         }
     }
 
+    /// The role named `s` (`frontend`, `coordinator`, `capsuledb`); `FaasError::Net` for any other.
     pub fn parse(s: &str) -> Result<KvRole, FaasError> {
         Ok(match s {
             "frontend" => KvRole::FrontEnd,
@@ -190,8 +194,11 @@ pub fn seal_kv_bundle(
 
 /// One writer a KV role was granted: its index, signing key and certificate.
 pub struct GrantedWriter {
+    /// The writer's index in the KV capsule.
     pub writer: u32,
+    /// The writer's signing key.
     pub key: SigningKey,
+    /// The writer's certificate, signed under the capsule's application key.
     pub cert: WriterCert,
 }
 

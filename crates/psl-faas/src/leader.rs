@@ -55,6 +55,8 @@ struct Attached {
     link: Box<dyn CoordinatorLink>,
 }
 
+/// The trusted leader: attests workers, coordinator hosts and KV roles, derives and seals their
+/// keys, places a job's coordinators, rotates its application key and RESETs its workers.
 pub struct Leader {
     attester: Box<dyn Attester>,
     verifier: Box<dyn AttestVerifier>,
@@ -66,6 +68,7 @@ pub struct Leader {
     kv: Mutex<Option<KvCapsule>>,
     /// Nonces issued to KV roles (by role and id).
     kv_nonces: Mutex<HashMap<(KvRole, u32), [u8; 32]>>,
+    /// How the job's coordinators run (epochs, takeover of a shadow).
     pub coordinator: CoordinatorConfig,
 }
 
@@ -635,6 +638,7 @@ impl Leader {
         Ok(Some(from))
     }
 
+    /// The running job's capsule metadata, if a job is running.
     pub fn meta(&self) -> Option<SignedMetadata> {
         self.job.lock().as_ref().map(|j| j.meta.clone())
     }
@@ -660,6 +664,7 @@ impl Leader {
         out
     }
 
+    /// Whether the leader holds a job's keys (a job is running).
     pub fn holds_keys(&self) -> bool {
         self.job.lock().is_some()
     }

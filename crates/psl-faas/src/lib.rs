@@ -47,6 +47,7 @@
 //! Trust: the leader and the workers are trusted (they would run in TEEs); the scheduler, the
 //! fabric and everything that only sees sealed bytes are not. The scheduler never holds a key.
 
+#![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 pub mod attest;
 pub mod attest_dcap;

@@ -18,6 +18,7 @@ const HEADER_LEN: usize = 8 + 16 + 1 + SALT_LEN + 4;
 pub struct JobId(pub [u8; 16]);
 
 impl JobId {
+    /// A fresh random job id.
     pub fn random() -> JobId {
         JobId(rand::random())
     }
@@ -38,7 +39,9 @@ impl fmt::Debug for JobId {
 /// What a sealed blob holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Payload {
+    /// The job's program.
     Program = 1,
+    /// The job's input.
     Input = 2,
     /// A worker's results, sealed for the client.
     Result = 3,
@@ -57,6 +60,8 @@ impl Payload {
 /// A sealed program or input. Opaque to everyone without the application data key.
 #[derive(Clone, PartialEq, Eq)]
 pub struct SealedProgram {
+    /// The sealed blob: `magic ‖ job id ‖ kind ‖ salt ‖ ciphertext length` (the AES-256-GCM
+    /// associated data), then the ciphertext and its tag.
     pub bytes: Vec<u8>,
 }
 

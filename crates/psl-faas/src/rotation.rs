@@ -34,6 +34,7 @@ pub const ROTATION_MARGIN_EPOCHS: u64 = 4;
 
 /// A derived key generation, ready to hand out. Secrets are erased on drop.
 pub struct Rotation {
+    /// The owner-signed rotation certificate of the new generation (public).
     pub cert: RotationCert,
     app: AppKey,
     writers: BTreeMap<u32, SigningKey>,

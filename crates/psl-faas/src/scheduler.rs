@@ -8,14 +8,20 @@ use std::collections::BTreeMap;
 /// A job as the scheduler sees it: sealed bytes and public configuration.
 #[derive(Clone, Debug)]
 pub struct SealedJob {
+    /// The job id.
     pub job: JobId,
+    /// The sealed program (the scheduler cannot open it).
     pub program: SealedProgram,
+    /// The sealed input, if any.
     pub input: Option<SealedProgram>,
+    /// How many lambdas the job runs in all.
     pub lambdas: u32,
 }
 
 type Tamper = Box<dyn Fn(&mut SealedJob) + Send + Sync>;
 
+/// The untrusted scheduler of the embedded deployment: which workers are idle; it hands out
+/// sealed jobs and never holds a key.
 #[derive(Default)]
 pub struct Scheduler {
     idle: Mutex<BTreeMap<u32, bool>>,
@@ -24,10 +30,12 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
+    /// A scheduler with no worker registered.
     pub fn new() -> Scheduler {
         Scheduler::default()
     }
 
+    /// Registers `worker` as idle.
     pub fn register(&self, worker: u32) {
         self.idle.lock().insert(worker, true);
     }
@@ -55,10 +63,12 @@ impl Scheduler {
             .collect()
     }
 
+    /// Marks `worker` idle again after its job.
     pub fn release(&self, worker: u32) {
         self.idle.lock().insert(worker, true);
     }
 
+    /// How many registered workers are idle.
     pub fn idle_workers(&self) -> usize {
         self.idle.lock().values().filter(|&&i| i).count()
     }

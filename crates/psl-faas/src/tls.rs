@@ -19,8 +19,9 @@ use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs
 use tokio_rustls::rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use tokio_rustls::rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 
-/// A TLS stream over TCP (either side).
+/// A TLS stream over TCP, client side.
 pub type ClientStream = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
+/// A TLS stream over TCP, server side.
 pub type ServerStream = rustls::StreamOwned<rustls::ServerConnection, TcpStream>;
 
 fn tls_err(what: &str, e: impl std::fmt::Display) -> FaasError {
@@ -61,6 +62,8 @@ const KEY_PEM_TAG: &str = "PRIVATE KEY";
 const KEY_FILE_MAX: u64 = 16 << 10;
 
 impl TlsIdentity {
+    /// A fresh Ed25519 key and its self-signed certificate for `common_name`;
+    /// `FaasError::Channel` if key generation fails.
     pub fn generate(common_name: &str) -> Result<TlsIdentity, FaasError> {
         use aws_lc_rs::signature::Ed25519KeyPair;
         let rng = aws_lc_rs::rand::SystemRandom::new();

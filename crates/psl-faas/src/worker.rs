@@ -33,20 +33,30 @@ struct Inner {
     attested: bool,
 }
 
+/// A worker: attests to the leader, opens its sealed keys, and runs its lambda slots on a
+/// `psl_node::Node` in the job's capsule.
 pub struct Worker {
+    /// The worker's id (as registered with the scheduler).
     pub id: u32,
     attester: Box<dyn Attester>,
+    /// Resource limits of each lambda's sandbox (part of the measured configuration).
     pub limits: SandboxLimits,
+    /// How long the worker waits for a SYNC of its node to be acknowledged (default 10 s).
     pub sync_timeout: Duration,
     inner: Mutex<Inner>,
 }
 
 /// What a worker did with its slots.
 pub struct WorkerRun {
+    /// The worker's id.
     pub worker: u32,
+    /// When its keys were opened and its node started.
     pub keys_ready: Instant,
+    /// When its program was opened and every slot's lambda started.
     pub lambdas_started: Instant,
+    /// Each lambda's outcome, in slot order.
     pub outcomes: Vec<LambdaOutcome>,
+    /// The final SYNC of the worker's node after its lambdas ended (its error as text).
     pub final_sync: Result<(), String>,
     /// Whether every write of the worker's node ended acked by f + 1 of the job's capsule
     /// servers.
@@ -65,6 +75,7 @@ pub struct DurableEnd {
 }
 
 impl DurableEnd {
+    /// Whether the writes ended durable: the job has capsule servers and the wait succeeded.
     pub fn is_durable(&self) -> bool {
         self.servers > 0 && self.error.is_none()
     }
@@ -73,13 +84,18 @@ impl DurableEnd {
 /// What a worker holds, for tests and debug dumps (no secret is shown, only its presence).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct WorkerDebug {
+    /// Whether it holds any key material (channel key, data key, or a node with keys).
     pub holds_keys: bool,
+    /// Whether its node is running.
     pub node_running: bool,
+    /// Entries in its node's memtable.
     pub memtable_entries: usize,
+    /// Whether it was granted and opened keys for a job (cleared by RESET).
     pub attested: bool,
 }
 
 impl Worker {
+    /// A worker with no keys, attesting with `attester`; its SYNC timeout is 10 s.
     pub fn new(id: u32, attester: Box<dyn Attester>, limits: SandboxLimits) -> Worker {
         Worker {
             id,
@@ -257,6 +273,7 @@ impl Worker {
         d
     }
 
+    /// What the worker holds now.
     pub fn debug(&self) -> WorkerDebug {
         let g = self.inner.lock();
         WorkerDebug {

@@ -27,16 +27,21 @@ use serde::{Deserialize, Serialize};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
+/// A worker of the deployment, as the cluster file lists it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct WorkerInfo {
+    /// The worker's id.
     pub id: u32,
+    /// The worker's control address (its `DEBUG` line interface).
     pub control: SocketAddr,
 }
 
 /// The cluster file (`cluster.json`) of a running deployment.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ClusterInfo {
+    /// The scheduler's address.
     pub scheduler: SocketAddr,
+    /// The leader's address (TLS; clients attest it before sending it anything).
     pub leader: SocketAddr,
     /// The deployment's fabric (`router` in cluster files written before NATS).
     #[serde(alias = "router")]
@@ -46,6 +51,7 @@ pub struct ClusterInfo {
     pub attestation_backend: String,
     /// The attestation policy file clients check the leader against (the leader's own).
     pub attest_policy: std::path::PathBuf,
+    /// The workers started with the deployment.
     pub workers: Vec<WorkerInfo>,
     /// Capsule hosts: server id, address, store directory (one store per job capsule in it).
     #[serde(default)]
@@ -66,11 +72,17 @@ impl ClusterInfo {
     }
 }
 
+/// A job to run on a deployment over the network (`psl run --cluster`).
 pub struct RemoteJob {
+    /// The lambda program (JavaScript source); sealed before it leaves the client.
     pub program: String,
+    /// How many lambdas to run.
     pub lambdas: u32,
+    /// Input handed to every lambda, sealed like the program; `None`: no input.
     pub input: Option<String>,
+    /// The owner key; a fresh one if `None`.
     pub owner: Option<OwnerKey>,
+    /// Fewest attested workers the job may run on.
     pub min_workers: usize,
     /// Keep every record of the job (an observer on the router) for the `.capsule` file.
     pub record_capsule: bool,

@@ -26,8 +26,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// How a coordinator host process is run.
 pub struct CoordHostConfig {
+    /// The host's id (rank r of a job runs on host r).
     pub id: u32,
+    /// Where it listens for the leader (TLS).
     pub listen: SocketAddr,
     /// The fabric each job's coordinator attaches to.
     pub fabric: psl_fabric::FabricSpec,
@@ -198,6 +201,7 @@ const ANSWER_WAIT: Duration = Duration::from_secs(10);
 
 /// A coordinator host that attested for a job and waits for its rank.
 pub struct PendingCoordinator {
+    /// The host's id.
     pub id: u32,
     stream: ClientStream,
     offer: crate::grant::Offer,

@@ -42,9 +42,13 @@ pub const ORPHAN_WAIT: Duration = Duration::from_secs(120);
 /// Servers whose leader went away, by capsule name, with the orphaning's serial number.
 type Orphans = Arc<Mutex<HashMap<String, (u64, psl_server::Server)>>>;
 
+/// How a capsule host process is run.
 pub struct HostConfig {
+    /// The host's id: the capsule server id it serves each job as.
     pub id: u32,
+    /// The directory it keeps one store per job capsule in.
     pub dir: PathBuf,
+    /// Where it listens for the leader (TLS).
     pub listen: SocketAddr,
     /// The fabric each job's capsule server attaches to (subscribed, on NATS, to that capsule's
     /// records, repair and heads).
@@ -57,6 +61,9 @@ pub struct HostConfig {
     pub tls: Option<TlsIdentity>,
 }
 
+/// The sealed blob: `magic ‖ job id ‖ kind ‖ salt ‖ ciphertext length` (the AES-256-GCM
+/// associated data), then the ciphertext and its tag.
+/// bound address, then serves the leader's connections. Fails only on bind or setup errors.
 pub fn serve_host(mut cfg: HostConfig, ready: impl FnOnce(SocketAddr)) -> Result<(), FaasError> {
     std::fs::create_dir_all(&cfg.dir)?;
     let listener = TcpListener::bind(cfg.listen).map_err(|e| FaasError::Net(format!("binding {}: {e}", cfg.listen)))?;

@@ -29,7 +29,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zeroize::Zeroizing;
 
+/// How the leader process is run.
 pub struct LeaderConfig {
+    /// Where it listens for clients, workers, and KV roles (TLS).
     pub listen: SocketAddr,
     /// The fabric each job's coordinator attaches to.
     pub fabric: psl_fabric::FabricSpec,

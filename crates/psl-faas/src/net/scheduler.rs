@@ -17,9 +17,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// How the scheduler process (`psl scheduler`) is run.
 #[derive(Clone, Debug)]
 pub struct SchedulerConfig {
+    /// Where it listens for workers and clients (plain TCP: it only sees sealed bytes).
     pub listen: SocketAddr,
+    /// A worker silent for this long is dropped from the registry.
     pub heartbeat_timeout: Duration,
     /// How long a client waits for a worker's outcome.
     pub job_timeout: Duration,
@@ -53,6 +56,8 @@ struct Shared {
     next_conn: AtomicU64,
 }
 
+/// Runs the scheduler until the process ends: binds `cfg.listen`, calls `ready` with the bound
+/// address, then serves workers and clients. Fails only on bind or setup errors.
 pub fn serve_scheduler(cfg: SchedulerConfig, ready: impl FnOnce(SocketAddr)) -> Result<(), FaasError> {
     let listener = TcpListener::bind(cfg.listen).map_err(|e| FaasError::Net(format!("binding {}: {e}", cfg.listen)))?;
     let addr = listener.local_addr()?;

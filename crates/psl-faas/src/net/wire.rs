@@ -31,96 +31,147 @@ pub struct WorkerTimes {
 #[serde(tag = "t")]
 pub enum Msg {
     // worker -> scheduler
+    /// A worker announces itself to the scheduler (on connecting, and again after losing the link).
     Register {
+        /// The worker's id.
         worker: u32,
+        /// The worker's control address (`host:port`, its `DEBUG` line interface), for operators.
         control: String,
         /// A job is still running on the worker (it registers again after losing the link).
         #[serde(default)]
         busy: bool,
     },
+    /// A worker is still alive (sent periodically to the scheduler).
     Heartbeat {
+        /// The worker's id.
         worker: u32,
     },
+    /// A worker finished its job and can take another.
     Idle {
+        /// The worker's id.
         worker: u32,
     },
     /// A worker's outcome for a job: sealed results (for the client) or an error.
     WorkerDone {
+        /// The worker's id.
         worker: u32,
+        /// The job id (hex).
         job: String,
+        /// The job's results sealed for the client (hex); absent on error.
         sealed_result: Option<String>,
+        /// Why the job failed on this worker; absent on success.
         error: Option<String>,
+        /// Launch-path timestamps the worker recorded for this job.
         times: WorkerTimes,
     },
     // scheduler -> worker
+    /// The scheduler's answer to `Register`: the worker is in its registry.
     Registered,
+    /// The scheduler forwards a client's sealed program to a worker.
     Forward {
+        /// The job id (hex).
         job: String,
+        /// The sealed program (hex, a `SealedProgram`'s bytes; the scheduler cannot open it).
         program: String,
+        /// The sealed input (hex), if the job has one.
         input: Option<String>,
+        /// How many lambdas the job runs in all.
         lambdas: u32,
     },
     // client -> scheduler
+    /// A client hands the scheduler a sealed program to run.
     Submit {
+        /// The job id (hex).
         job: String,
+        /// The sealed program (hex).
         program: String,
+        /// The sealed input (hex), if any.
         input: Option<String>,
+        /// How many lambdas the job runs in all.
         lambdas: u32,
     },
+    /// A client asks the scheduler for its registry (answered with `StatusReply`).
     Status,
     // scheduler -> client
+    /// The scheduler's answer to `Submit`: the workers it forwarded the program to.
     Dispatched {
+        /// Ids of the workers the program was forwarded to.
         workers: Vec<u32>,
+        /// When the scheduler received the submission (Unix microseconds).
         received_us: u64,
     },
+    /// One worker's outcome, relayed by the scheduler to the client.
     WorkerResult {
+        /// The worker's `WorkerDone` message.
         done: Box<Msg>,
     },
+    /// The scheduler's answer to `Status`.
     StatusReply {
+        /// Every registered worker's state.
         workers: Vec<WorkerStatus>,
     },
     // client <-> leader (TLS)
+    /// A client opens a session with the leader and asks for its report over `nonce`.
     ClientHello {
+        /// The client's fresh 32-byte nonce (hex).
         nonce: String,
     },
+    /// The leader's report over the client's nonce (answers `ClientHello`).
     LeaderReport {
+        /// The attestation backend's name (for example `sim`, `dcap`, `snp`).
         backend: String,
+        /// The report bytes (hex), binding the leader's TLS certificate key.
         evidence: String,
     },
+    /// A client starts a job at the leader (answered `Ok` or `Error`).
     BeginJob {
+        /// The job id (hex).
         job: String,
         /// The owner key file's text: secret, erased when the message is dropped.
         owner: zeroize::Zeroizing<String>,
+        /// The job capsule's signed metadata (hex).
         meta: String,
+        /// How many lambdas the job runs in all.
         lambdas: u32,
+        /// Fewest attested workers the job needs to be admitted.
         min_workers: usize,
         /// A job already running whose leader went away (a restarted leader takes it back to
         /// end it): each granted worker, its node id and its lambda slots, as `Admitted` said.
         #[serde(default)]
         resume: Option<Vec<(u32, u32, u32)>>,
     },
+    /// The client tells the leader which workers the scheduler dispatched to (answered `Admitted`).
     Expect {
+        /// Ids of the dispatched workers.
         workers: Vec<u32>,
     },
+    /// The leader's admission outcome for the workers the client expects.
     Admitted {
+        /// Each granted worker with the lambda slots it runs.
         granted: Vec<(u32, Vec<u32>)>,
+        /// Each refused worker with why (bad report, no offer in time, not needed).
         refused: Vec<(u32, String)>,
         /// Each granted worker's node id (for a restarted leader to take the job back).
         #[serde(default)]
         nodes: Vec<(u32, u32)>,
     },
+    /// The client ends its job: keys erased, workers RESET (answered `Ended`).
     EndJob,
     /// Rotate the running job's application key, the rotation epoch `margin_epochs` ahead.
     RotateKey {
+        /// How many epochs after the current one the new key takes effect.
         margin_epochs: u64,
     },
     /// The rotation done: the certificate and who installed it.
     Rotated {
+        /// The new certificate and which workers and coordinators installed it.
         report: crate::deploy::KeyRotationReport,
     },
     /// `stored`: records each capsule host holds for the job when it closed it.
     Ended {
+        /// Each worker RESET at the end of the job, with its state dump.
         resets: Vec<(u32, WorkerDebug)>,
+        /// Each capsule host's id and the records it stored for the job.
         #[serde(default)]
         stored: Vec<(u32, u64)>,
         /// What each of the job's coordinators did (primary first).
@@ -131,14 +182,21 @@ pub enum Msg {
     /// When the policy requires attested hosts: the host's report over `nonce`, binding its TLS
     /// certificate key, comes before the leader sends it a key.
     HostHello {
+        /// The leader's fresh 32-byte nonce (hex).
         nonce: String,
     },
+    /// A capsule host's report over the leader's nonce (answers `HostHello`).
     HostReport {
+        /// The attestation backend's name.
         backend: String,
+        /// The report bytes (hex), binding the host's TLS certificate key.
         evidence: String,
     },
+    /// The leader opens the job's capsule on a capsule host and hands it its server key.
     HostOpen {
+        /// The capsule server's id.
         id: u32,
+        /// The job capsule's signed metadata (hex).
         meta: String,
         /// The server's signing key (hex): secret, erased when the message is dropped.
         key: zeroize::Zeroizing<String>,
@@ -146,23 +204,34 @@ pub enum Msg {
         #[serde(default)]
         cert: Option<String>,
     },
+    /// A capsule host closed the job's capsule (answers `EndJob`).
     HostClosed {
+        /// How many records it stored for the job.
         records: u64,
     },
     /// A rotation certificate for the job's capsule (hex; public).
     HostRotate {
+        /// The encoded rotation certificate (hex).
         cert: String,
     },
     // leader <-> coordinator host (TLS; the host attests like a worker, binding its channel key
     // and its certificate key)
+    /// The leader asks a coordinator host to attest for a job.
     CoordHello {
+        /// The coordinator host's id (the host refuses a hello meant for another id).
         id: u32,
+        /// The job id (16 bytes, hex).
         job: String,
+        /// The leader's fresh 32-byte nonce (hex).
         nonce: String,
     },
+    /// A coordinator host's attested bid (answers `CoordHello`).
     CoordOffer {
+        /// The host's X25519 channel public key (hex), bound in its report.
         channel_public: String,
+        /// The attestation backend's name.
         backend: String,
+        /// The report bytes (hex) over the leader's nonce.
         evidence: String,
         /// The rank this host already runs for the job (its leader went away), if any.
         #[serde(default)]
@@ -170,78 +239,118 @@ pub enum Msg {
     },
     /// The keys of coordinator rank `rank`, sealed to the host's channel key (hex).
     CoordOpen {
+        /// The coordinator rank (0 is the primary, the others shadows).
         rank: u8,
+        /// The rank's key bundle sealed to the host's channel key (hex).
         sealed: String,
     },
     /// `adopted`: the host was already running this job's coordinator of this rank (its
     /// leader had gone away) and kept it.
     CoordOpened {
+        /// Whether the host kept a coordinator it was already running.
         adopted: bool,
     },
+    /// The leader asks a coordinator host for its coordinator's current epoch.
     CoordEpoch,
+    /// A coordinator host's current epoch (answers `CoordEpoch`).
     CoordEpochIs {
+        /// The coordinator's current epoch.
         epoch: u64,
     },
     /// A key rotation stage sealed to the host's channel key (hex).
     CoordRotate {
+        /// The key generation being rotated to.
         key_gen: u32,
+        /// Which stage of the rotation this message carries.
         stage: crate::coordinator::RotationStage,
+        /// The stage's keys sealed to the host's channel key (hex).
         sealed: String,
     },
     /// Key statements (revocations; public), `KeyStatement::encode_list` in hex.
     CoordStatements {
+        /// The encoded statement list (hex).
         list: String,
     },
+    /// A coordinator host closed the job's coordinator (answers `EndJob`).
     CoordClosed {
+        /// What the coordinator did over the job.
         stats: crate::coordinator::CoordinatorStats,
     },
     // worker <-> leader (TLS, both sides attested)
+    /// A worker asks the leader for its keys for a job and for the leader's report over `nonce`.
     WorkerHello {
+        /// The worker's id.
         worker: u32,
+        /// The job id (hex).
         job: String,
+        /// The worker's fresh 32-byte nonce (hex).
         nonce: String,
     },
+    /// The leader's report over a role's nonce, and the leader's own nonce for the role's report.
     LeaderChallenge {
+        /// The attestation backend's name.
         backend: String,
+        /// The leader's report bytes (hex), binding its TLS certificate key.
         evidence: String,
+        /// The leader's fresh 32-byte nonce (hex) the role must attest over.
         nonce: String,
     },
+    /// A role's attested bid for keys (answers `LeaderChallenge`).
     Offer {
+        /// The role's X25519 channel public key (hex), bound in its report.
         channel_public: String,
+        /// The attestation backend's name.
         backend: String,
+        /// The role's report bytes (hex) over the leader's nonce.
         evidence: String,
     },
+    /// The leader admits a worker: its node id, lambda slots and keys sealed to its channel key.
     Grant {
+        /// The worker's node id in the job.
         node_id: u32,
+        /// The lambda slots (indices in the job) the worker runs.
         lambdas: Vec<u32>,
+        /// The worker's key bundle sealed to its channel key (hex).
         sealed_keys: String,
         /// The job capsule's name (hex; public): which capsule the worker's fabric endpoint
         /// subscribes to before the key bundle is opened. Absent: every capsule.
         #[serde(default)]
         capsule: Option<String>,
     },
+    /// The leader refuses a role's bid.
     Refused {
+        /// Why it was refused.
         why: String,
     },
     /// A key rotation: the certificate, the new data key and this worker's new writer keys,
     /// sealed to its channel key (hex).
     Rotate {
+        /// The key generation being rotated to.
         key_gen: u32,
+        /// The rotation bundle sealed to the worker's channel key (hex).
         sealed_keys: String,
     },
+    /// A worker installed a key rotation (answers `Rotate`).
     RotateDone {
+        /// The key generation it installed.
         key_gen: u32,
     },
+    /// The leader tells a worker to RESET: erase its keys and stop its lambdas.
     Reset,
+    /// A worker's answer to `Reset`.
     ResetDone {
+        /// The worker's state when it was reset.
         debug: WorkerDebug,
     },
     // KV role (front end, KV coordinator, CapsuleDB) <-> leader (TLS, both sides attested):
     // `KvHello` -> `LeaderChallenge`; `Offer` -> `KvKeys` or `Refused`.
+    /// A KV role asks the leader for its keys and for the leader's report over `nonce`.
     KvHello {
         /// "frontend", "coordinator" or "capsuledb".
         role: String,
+        /// The role's instance id.
         id: u32,
+        /// The role's fresh 32-byte nonce (hex).
         nonce: String,
         /// The writers the role will sign with (at most `kvgrant::KV_WRITERS_MAX`, all its
         /// own): the leader grants their keys and no other.
@@ -251,19 +360,27 @@ pub enum Msg {
     /// The KV capsule's keys for this role (its data key, its writers' keys and
     /// certificates), sealed to its channel key (hex).
     KvKeys {
+        /// The role's key bundle sealed to its channel key (hex).
         sealed: String,
     },
     // any
+    /// Success, for requests that carry no other answer.
     Ok,
+    /// Failure of a request.
     Error {
+        /// What went wrong.
         why: String,
     },
 }
 
+/// One registered worker's state as the scheduler sees it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct WorkerStatus {
+    /// The worker's id.
     pub worker: u32,
+    /// Whether the worker is free to take a job.
     pub idle: bool,
+    /// Milliseconds since the worker's last heartbeat.
     pub since_heartbeat_ms: u64,
 }
 
@@ -288,6 +405,7 @@ impl Msg {
         Msg::LeaderChallenge { backend: ev.backend.into(), evidence: hex::encode(&ev.bytes), nonce: hex::encode(nonce) }
     }
 
+    /// The variant's name, for logs and errors (`Debug` prints only this).
     pub fn name(&self) -> &'static str {
         match self {
             Msg::Register { .. } => "Register",
@@ -345,6 +463,8 @@ fn net(what: &str, e: impl std::fmt::Display) -> FaasError {
     FaasError::Net(format!("{what}: {e}"))
 }
 
+/// Writes `m` as one frame and flushes; fails with `FaasError::Net` on an I/O error or
+/// a message over `FRAME_BYTES_MAX`.
 pub fn write_msg<W: Write>(w: &mut W, m: &Msg) -> Result<(), FaasError> {
     // Frame buffers are wiped when dropped: some messages carry key material (over TLS).
     // Encoded into room reserved up front, so that growing the buffer leaves no unwiped copy of
@@ -361,6 +481,8 @@ pub fn write_msg<W: Write>(w: &mut W, m: &Msg) -> Result<(), FaasError> {
     w.flush().map_err(|e| net(&format!("sending {}", m.name()), e))
 }
 
+/// Reads one frame and decodes it; fails with `FaasError::Net` on an I/O error, a frame
+/// over `FRAME_BYTES_MAX`, a short frame or undecodable JSON.
 pub fn read_msg<R: Read>(r: &mut R) -> Result<Msg, FaasError> {
     let mut len = [0u8; 4];
     r.read_exact(&mut len).map_err(|e| net("reading a frame header", e))?;

@@ -36,16 +36,23 @@ pub const CONTROL_LINE_BYTES_MAX: usize = 256;
 /// A control connection that sends (or reads) nothing for this long is closed.
 pub const CONTROL_IDLE_MS: u64 = 30_000;
 
+/// How a `psl worker` process is run.
 pub struct WorkerConfig {
+    /// The worker's id.
     pub id: u32,
+    /// The scheduler's address.
     pub scheduler: SocketAddr,
+    /// The leader's address (TLS).
     pub leader: SocketAddr,
     /// The fabric each job's node attaches to.
     pub fabric: psl_fabric::FabricSpec,
     /// Checks the leader's reports (the worker's copy of the deployment's policy).
     pub leader_verifier: Box<dyn AttestVerifier>,
+    /// Resource limits of each lambda's sandbox (part of the measured configuration).
     pub limits: SandboxLimits,
+    /// How often the worker heartbeats to the scheduler.
     pub heartbeat: Duration,
+    /// Where the control listener binds: a bounded line protocol (`DEBUG`) for operators and tests.
     pub control: SocketAddr,
     /// The control address others reach (told to the scheduler); default: the bound one.
     pub advertise_control: Option<String>,
@@ -55,6 +62,7 @@ pub struct WorkerConfig {
 
 /// Addresses the worker bound, for whoever started it.
 pub struct WorkerReady {
+    /// The control address the listener bound (the actual port when 0 was asked for).
     pub control: SocketAddr,
 }
 
