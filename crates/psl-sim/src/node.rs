@@ -20,8 +20,6 @@ pub struct SimNode {
     /// Which life of the node this is: 0 at start, one more at each restart (its writers'
     /// indices differ per incarnation, so a restarted node never reuses a chain).
     pub incarnation: u32,
-    /// Set at creation and never cleared: a crashed node is dropped from its endpoint instead.
-    pub alive: bool,
     /// The product's node engine (protocol core, verifier, coordinator writer), as
     /// `psl-node`'s core thread runs it.
     pub engine: NodeEngine,
@@ -155,7 +153,6 @@ impl SimNode {
         SimNode {
             id,
             incarnation,
-            alive: true,
             engine: NodeEngine::new(core, coord_author.map(|a| (a, log)), false),
             memtable,
             clock,

@@ -38,6 +38,7 @@ pub enum CapsuleCmd {
         writer_keys: String,
         #[arg(long)]
         force: bool,
+        /// Print the result as one JSON object instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -58,6 +59,7 @@ pub enum CapsuleCmd {
         /// KEY to delete (repeatable); deletes follow the puts in the record.
         #[arg(long = "del", value_name = "KEY")]
         dels: Vec<String>,
+        /// Print the result as one JSON object instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -66,6 +68,7 @@ pub enum CapsuleCmd {
         capsule: PathBuf,
         #[arg(long)]
         owner: PathBuf,
+        /// Print the result as one JSON object instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -85,6 +88,7 @@ pub enum CapsuleCmd {
         /// counts; `none`: no seq bound).
         #[arg(long)]
         from_seq: Option<String>,
+        /// Print the result as one JSON object instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -94,6 +98,7 @@ pub enum CapsuleCmd {
         /// Owner key: also decrypt and check every body.
         #[arg(long)]
         key: Option<PathBuf>,
+        /// Print the result as one JSON object instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -103,6 +108,7 @@ pub enum CapsuleCmd {
         capsule: PathBuf,
         #[arg(long)]
         key: Option<PathBuf>,
+        /// Print the result as one JSON object instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -112,6 +118,7 @@ pub enum CapsuleCmd {
         b: PathBuf,
         #[arg(long)]
         out: PathBuf,
+        /// Print the result as one JSON object instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -126,6 +133,7 @@ pub enum CapsuleCmd {
         /// Also write the binary proof here.
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Print the result as one JSON object instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -135,6 +143,7 @@ pub enum CapsuleCmd {
         /// The capsule name you trust (hex).
         #[arg(long)]
         name: Option<String>,
+        /// Print the result as one JSON object instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -143,6 +152,7 @@ pub enum CapsuleCmd {
         store: PathBuf,
         #[arg(long)]
         out: PathBuf,
+        /// Print the result as one JSON object instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -151,6 +161,7 @@ pub enum CapsuleCmd {
         capsule: PathBuf,
         #[arg(long)]
         into: PathBuf,
+        /// Print the result as one JSON object instead of text.
         #[arg(long)]
         json: bool,
     },

@@ -15,6 +15,7 @@ pub enum KeysCmd {
         /// Overwrite an existing file.
         #[arg(long)]
         force: bool,
+        /// Print the result as one JSON object instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -28,6 +29,7 @@ pub enum KeysCmd {
         /// derived key (capsules with derived writer keys) and the hardened one (certified).
         #[arg(long, requires = "app")]
         writer: Option<u32>,
+        /// Print the result as one JSON object instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -74,6 +76,7 @@ pub enum KeysCmd {
         until_epoch: Option<u64>,
         #[arg(long)]
         out: PathBuf,
+        /// Print the result as one JSON object instead of text.
         #[arg(long)]
         json: bool,
     },
