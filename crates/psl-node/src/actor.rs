@@ -66,11 +66,6 @@ impl ActorQueue {
         }
     }
 
-    /// Whether a `put` that leaves `len` ops queued should wake the actor.
-    pub fn wakes_at(&self, len: usize) -> bool {
-        len == 1 || len.is_multiple_of(self.batch_ops)
-    }
-
     /// Wakes the actor for a control message already sent on its channel.
     pub fn poke(&self) {
         self.ctl_waiting.store(true, Ordering::Release);
@@ -260,10 +255,10 @@ mod tests {
     fn put_wakes_the_actor_to_start_a_batch_and_when_one_is_full() {
         let off = crate::flow::FlowOptions { window_ops: 0, ..Default::default() };
         let q = ActorQueue::new(1, 4096, 512, off);
-        let wakes: Vec<usize> = (1..=1536).filter(|&n| q.wakes_at(n)).collect();
+        let wakes: Vec<usize> = (1..=1536).filter(|&n| psl_scl::engine::write::wakes_writer(n, q.batch_ops)).collect();
         assert_eq!(wakes, vec![1, 512, 1024, 1536]);
         // A batch of one op: every put is a full batch.
         let one = ActorQueue::new(1, 16, 0, off);
-        assert!((1..=16).all(|n| one.wakes_at(n)));
+        assert!((1..=16).all(|n| psl_scl::engine::write::wakes_writer(n, one.batch_ops)));
     }
 }

@@ -516,19 +516,15 @@ impl Node {
         let (q, _) = &self.actors[key_shard(key, self.actors.len())];
         let mut ops = q.ops.lock();
         if ops.len() >= q.cap || !q.flow.has_room(ops.len()) {
+            // The engine decides (`engine::write::admit`); this thread only waits.
+            use psl_scl::engine::write::{admit, Admission};
             let deadline = Instant::now() + self.put_timeout;
+            let deadline_ms = mono_ms(deadline);
             let mut waited_for_acks = false;
             loop {
-                if ops.len() >= q.cap {
-                    if q.space.wait_until(&mut ops, deadline).timed_out() && ops.len() >= q.cap {
-                        return Err(NodeError::Backpressure(self.put_timeout));
-                    }
-                    continue;
-                }
                 let now = Instant::now();
-                let mut opened = false;
-                match q.flow.admit(ops.len(), crate::node::mono_ms(now), &mut opened) {
-                    crate::flow::Admit::Go => {
+                match admit(ops.len(), q.cap, &q.flow, mono_ms(now), deadline_ms) {
+                    Admission::Go { opened } => {
                         if opened {
                             Metrics::add(&self.metrics.flow_opened, 1);
                             tracing::warn!(
@@ -540,17 +536,18 @@ impl Node {
                         }
                         break;
                     }
-                    crate::flow::Admit::WaitUntilMs(ms) => {
-                        let t = now + Duration::from_millis(ms.saturating_sub(crate::node::mono_ms(now)));
+                    Admission::WaitForSpace => {
+                        q.space.wait_until(&mut ops, deadline);
+                    }
+                    Admission::WaitForAcks { until_ms } => {
                         if !waited_for_acks {
                             waited_for_acks = true;
                             Metrics::add(&self.metrics.flow_waits, 1);
                         }
-                        if now >= deadline {
-                            return Err(NodeError::Backpressure(self.put_timeout));
-                        }
-                        q.space.wait_until(&mut ops, t.min(deadline));
+                        let wait = Duration::from_millis(until_ms.saturating_sub(mono_ms(now)).max(1));
+                        q.space.wait_until(&mut ops, (now + wait).min(deadline));
                     }
+                    Admission::Backpressure => return Err(NodeError::Backpressure(self.put_timeout)),
                 }
             }
         }
@@ -569,7 +566,7 @@ impl Node {
                 None => Action::Delete,
             },
         });
-        let wake = q.wakes_at(ops.len());
+        let wake = psl_scl::engine::write::wakes_writer(ops.len(), q.batch_ops);
         drop(ops);
         if wake {
             q.work.notify_one();
