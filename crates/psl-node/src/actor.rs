@@ -39,7 +39,7 @@ pub(crate) enum ActorCtl {
 pub(crate) struct ActorQueue {
     pub writer: u32,
     /// What the writer has in flight to the capsule servers (flow control).
-    pub flow: crate::flow::Window,
+    pub flow: Arc<crate::flow::Window>,
     pub ops: Mutex<VecDeque<Op>>,
     /// Signalled when ops or control arrive.
     pub work: Condvar,
@@ -56,7 +56,7 @@ impl ActorQueue {
     pub fn new(writer: u32, cap: usize, batch_ops: usize, flow: crate::flow::FlowOptions) -> ActorQueue {
         ActorQueue {
             writer,
-            flow: crate::flow::Window::new(flow),
+            flow: Arc::new(crate::flow::Window::new(flow)),
             ops: Mutex::new(VecDeque::new()),
             work: Condvar::new(),
             space: Condvar::new(),

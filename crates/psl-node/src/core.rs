@@ -11,20 +11,17 @@ pub(crate) use crate::msg::{CoreMsg, RotationState};
 use crate::ring::CoreRing;
 use crossbeam_channel::{Receiver, Select, Sender, TrySendError};
 use psl_capsule::Record;
-use psl_scl::{Command, DurableStatus, DurableTicket, Metrics, NodeEngine, QuorumDurable, SyncTicket};
+use psl_scl::{Command, DurableStatus, Metrics, NodeEngine, QuorumDurable};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// A `sync_durable()` caller: its barrier, where to answer, and when it gives up.
-type DurableWaiter = (DurableTicket, Sender<Result<QuorumDurable, DurableStatus>>, Instant);
-/// A `sync()` caller: its barrier, where to answer, and when it gives up.
-type SyncWaiter = (SyncTicket, Sender<()>, Instant);
-
-/// The callers waiting on barriers.
+/// Where to answer the callers waiting on barriers, by the engine's ticket (the engine decides
+/// when: `Command::SyncAnswer`, `Command::DurableAnswer`).
 #[derive(Default)]
-struct Waiters {
-    sync: Vec<SyncWaiter>,
-    durable: Vec<DurableWaiter>,
+pub(crate) struct Replies {
+    sync: HashMap<u64, Sender<()>>,
+    durable: HashMap<u64, Sender<Result<QuorumDurable, DurableStatus>>>,
 }
 
 pub(crate) struct Core {
@@ -45,6 +42,8 @@ pub(crate) struct Core {
     /// tick, read without asking the core ([`crate::Node::applied_heads`]: the role's apply
     /// thread must never wait for a core that may be waiting for it on a full journal).
     pub applied: Option<Arc<parking_lot::Mutex<Vec<psl_capsule::Link>>>>,
+    /// The callers waiting on barriers.
+    pub replies: Replies,
 }
 
 impl Core {
@@ -52,8 +51,15 @@ impl Core {
         self.start.elapsed().as_millis() as u64
     }
 
+    /// `at` on the engine's clock (ms since the core started).
+    fn ms(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.start).as_millis() as u64
+    }
+
     pub fn run(mut self) {
-        let mut waiters = Waiters::default();
+        for (q, _) in &self.actors {
+            self.engine.pace_writer(q.writer, q.flow.clone());
+        }
         let mut next_tick = Instant::now() + self.tick;
         loop {
             let msg = self.receive(next_tick.saturating_duration_since(Instant::now()));
@@ -61,24 +67,25 @@ impl Core {
                 next_tick = Instant::now() + self.tick;
                 self.tick();
             }
-            // Durability barriers complete on acks (messages) and time out on their own clock.
-            self.answer_durable(&mut waiters.durable);
-            let Some(msg) = msg else { continue };
+            // Barriers complete on acks and SYNCs (messages) and time out on their own clock.
             let now = self.now();
+            self.engine.answer_waiters(now);
+            self.commands(now);
+            let Some(msg) = msg else { continue };
             match msg {
                 CoreMsg::Sync { next_seqs, reply, deadline } => {
-                    let t = self.engine.core_mut().begin_sync(next_seqs);
-                    waiters.sync.push((t, reply, deadline));
+                    let t = self.engine.begin_sync(next_seqs, self.ms(deadline));
+                    self.replies.sync.insert(t, reply);
                 }
                 CoreMsg::SyncDurable { next_seqs, reply, deadline } => {
-                    let t = self.engine.core_mut().begin_durable(next_seqs);
-                    waiters.durable.push((t, reply, deadline));
+                    let t = self.engine.begin_durable(next_seqs, self.ms(deadline));
+                    self.replies.durable.insert(t, reply);
                 }
                 CoreMsg::Stop => return,
                 msg => self.handle(msg, now),
             }
+            self.engine.answer_waiters(now);
             self.commands(now);
-            self.answer_syncs(&mut waiters.sync);
         }
     }
 
@@ -116,7 +123,6 @@ impl Core {
         self.engine.core_mut().set_inbound_backlog(backlog);
         self.engine.on_tick(now);
         self.commands(now);
-        self.flow_acked();
         if let Some(a) = &self.applied {
             *a.lock() = self.engine.core().orderer().heads().into_values().collect();
         }
@@ -158,67 +164,6 @@ impl Core {
         }
     }
 
-    /// Answers the durable syncs whose barrier has its proof, and, at their deadline, those
-    /// without (with how far they got).
-    fn answer_durable(&mut self, durable: &mut Vec<DurableWaiter>) {
-        if durable.is_empty() {
-            return;
-        }
-        let now_i = Instant::now();
-        durable.retain(|(t, reply, deadline)| {
-            match self.engine.core().durable_proof(t) {
-                Ok(proof) => {
-                    let _ = reply.send(Ok(proof));
-                }
-                Err(st) if now_i >= *deadline => {
-                    let _ = reply.send(Err(st));
-                }
-                Err(_) => return true,
-            }
-            self.engine.core_mut().end_durable(t);
-            false
-        });
-    }
-
-    /// Barriers complete when SYNCs apply: answers the callers whose barrier is done, and
-    /// forgets those whose caller gave up.
-    fn answer_syncs(&mut self, waiting: &mut Vec<SyncWaiter>) {
-        let now_i = Instant::now();
-        waiting.retain(|(t, reply, deadline)| {
-            if self.engine.core_mut().sync_done(t) {
-                let _ = reply.send(());
-                false
-            } else if now_i >= *deadline {
-                self.engine.core_mut().cancel_sync(t);
-                false
-            } else {
-                true
-            }
-        });
-    }
-
-    /// Tells each writer's flow window what a quorum of servers now holds, CapsuleDB has taken
-    /// in and the pacing peers have applied ([`NodeCore::flow_next`]), and wakes the `put`s
-    /// waiting for room when it moved.
-    fn flow_acked(&self) {
-        for (q, _) in &self.actors {
-            let stall_ms = q.flow.stall.as_millis() as u64;
-            // A peer may lag a window's records behind its last hint before it slows the
-            // writer; one further behind than 64 windows is catching up by repair and does not
-            // pace.
-            let slack = q.flow.window_records as u64;
-            let peer_lag_max = 64 * slack;
-            if q.flow.window_ops > 0
-                && q.flow.acked(self.engine.core().flow_next(q.writer, stall_ms, slack, peer_lag_max))
-            {
-                let _g = q.ops.lock();
-                q.space.notify_all();
-                // The actor may wait for records in flight to be acked.
-                q.work.notify_all();
-            }
-        }
-    }
-
     /// Carries out what the engine asked for.
     pub fn commands(&mut self, now: u64) {
         while let Some(c) = self.engine.next_command() {
@@ -252,6 +197,25 @@ impl Core {
                 }
                 Command::Signed { .. } => {}
                 Command::Report(o) => tracing::debug!("protocol fault: {o:?}"),
+                Command::SyncAnswer { ticket, done } => {
+                    // Not done: the reply is dropped, and the caller's wait fails at its deadline.
+                    if let (Some(reply), true) = (self.replies.sync.remove(&ticket), done) {
+                        let _ = reply.send(());
+                    }
+                }
+                Command::DurableAnswer { ticket, result } => {
+                    if let Some(reply) = self.replies.durable.remove(&ticket) {
+                        let _ = reply.send(result);
+                    }
+                }
+                Command::WakeWriter { writer } => {
+                    if let Some((q, _)) = self.actors.iter().find(|(q, _)| q.writer == writer) {
+                        let _g = q.ops.lock();
+                        q.space.notify_all();
+                        // The actor may wait for records in flight to be acked.
+                        q.work.notify_all();
+                    }
+                }
             }
         }
     }

@@ -393,6 +393,7 @@ impl Node {
             tick: opts.tick,
             start,
             applied: applied.clone(),
+            replies: Default::default(),
         };
         // What the engine said while the own-chain log was restored (before the thread started).
         core.commands(0);

@@ -16,12 +16,17 @@
 //! - [`write`](mod@write): the local write path's rules about time (a write supersedes what its node
 //!   shows; what CapsuleDB answers passes the clock first), shared with the runtime's `put`.
 //! - `coordinator_writer`: the coordinator's writer and its own-chain log.
+//! - `replies`: the runtime's callers waiting on `sync()` and durable-sync barriers (answered
+//!   by command, at completion or deadline) and the own writers' flow windows (paced at every
+//!   tick, woken by command).
 
 mod coordinator_writer;
+mod replies;
 pub mod write;
 pub mod writer;
 
 pub use coordinator_writer::{CoordinatorLog, CoordinatorWriteError};
+pub use replies::WAITERS_MAX;
 
 use crate::metrics::RejectReason;
 use crate::node::{epoch_payload, NodeCore, Output};
@@ -71,6 +76,27 @@ pub enum Command {
     },
     /// A protocol fault seen: a writer withholding records, or an equivocation.
     Report(Output),
+    /// Answer the `sync()` caller of `ticket` ([`NodeEngine::begin_sync`]): its barrier is
+    /// done, or (`done` false) its deadline passed and it failed.
+    SyncAnswer {
+        /// The caller's ticket.
+        ticket: u64,
+        /// Whether the barrier completed.
+        done: bool,
+    },
+    /// Answer the durable-sync caller of `ticket` ([`NodeEngine::begin_durable`]): the
+    /// quorum's proof, or where the barrier stood at its deadline.
+    DurableAnswer {
+        /// The caller's ticket.
+        ticket: u64,
+        /// The proof, or the status at the deadline.
+        result: Result<crate::QuorumDurable, crate::DurableStatus>,
+    },
+    /// Own writer `writer`'s flow window moved: wake its waiting writes and its writer.
+    WakeWriter {
+        /// The writer whose window moved.
+        writer: u32,
+    },
 }
 
 /// A node's view of application key rotation.
@@ -124,6 +150,8 @@ pub struct NodeEngine {
     /// bounded per event and per tick: repair answers, hint requests, one record per coordinator
     /// duty), since every runtime drains it after each event.
     commands: VecDeque<Command>,
+    /// The runtime's callers waiting on barriers, and the own writers' flow windows.
+    waiters: replies::Waiters,
 }
 
 impl std::fmt::Debug for NodeEngine {
@@ -156,6 +184,7 @@ impl NodeEngine {
             coordinator: coordinator.map(|(a, log)| CoordinatorWriter::new(a, log)),
             verify_elsewhere,
             commands: VecDeque::new(),
+            waiters: replies::Waiters::default(),
         }
     }
 
@@ -295,6 +324,7 @@ impl NodeEngine {
     pub fn on_tick(&mut self, now: u64) {
         let out = self.core.on_tick(now);
         self.outputs(out, now);
+        self.pace_windows();
     }
 
     // ---- the leader's requests
