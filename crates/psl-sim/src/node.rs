@@ -315,6 +315,9 @@ impl SimNode {
                 }
                 Command::Signed { writer, seq, hash } => fx.push(Effect::Wrote(writer, seq, hash, Vec::new())),
                 Command::Report(o) => fx.push(Effect::Note(o)),
+                // The simulator waits on no barrier and paces no window (its writers seal at
+                // once): the engine has nothing to answer or wake here.
+                Command::SyncAnswer { .. } | Command::DurableAnswer { .. } | Command::WakeWriter { .. } => {}
             }
         }
     }
