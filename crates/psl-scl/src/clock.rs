@@ -14,16 +14,19 @@ impl LamportClock {
     }
 
     /// The next local timestamp (strictly greater than any returned or observed before).
+    #[inline]
     pub fn tick(&self) -> u64 {
         self.0.fetch_add(1, Ordering::AcqRel) + 1
     }
 
     /// Moves the clock up to `seen` (never down).
+    #[inline]
     pub fn observe(&self, seen: u64) {
         self.0.fetch_max(seen, Ordering::AcqRel);
     }
 
     /// The current value: the newest timestamp ticked or observed, without advancing.
+    #[inline]
     pub fn now(&self) -> u64 {
         self.0.load(Ordering::Acquire)
     }

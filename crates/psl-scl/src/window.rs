@@ -130,11 +130,13 @@ impl Window {
     }
 
     /// Ops reserved or sealed and not yet acked.
+    #[inline]
     pub fn unacked_ops(&self) -> usize {
         self.unacked_ops.load(Ordering::Acquire)
     }
 
     /// Whether the window is open (acks stalled while a writer waited).
+    #[inline]
     pub fn is_open(&self) -> bool {
         self.open.load(Ordering::Acquire)
     }
@@ -148,18 +150,21 @@ impl Window {
     }
 
     /// Records sealed and not yet acked.
+    #[inline]
     pub fn unacked_records(&self) -> usize {
         self.unacked_records.load(Ordering::Acquire)
     }
 
     /// The fast path of `put`, without the lock: flow control is off or open, or the window has
     /// room for one more op beside `queued`.
+    #[inline]
     pub fn has_room(&self, queued: usize) -> bool {
         self.window_ops == 0 || self.is_open() || queued + self.unacked_ops() < self.window_ops
     }
 
     /// Whether the writer has `window_records` records in flight: its actor then waits (up to
     /// `stall`) before it seals the next one, and the ops queue up into larger records meanwhile.
+    #[inline]
     pub fn records_full(&self) -> bool {
         self.window_ops > 0 && !self.is_open() && self.unacked_records() >= self.window_records
     }

@@ -57,6 +57,7 @@ pub fn admit(queued: usize, queue_cap: usize, window: &Window, now_ms: u64, dead
 /// Whether a write that leaves `queued` ops in its writer's queue wakes the writer: at the
 /// first op (it may be asleep) and at every full batch of `batch_ops` (it may be waiting for
 /// one to fill); in between it is awake or about to seal.
+#[inline]
 pub fn wakes_writer(queued: usize, batch_ops: usize) -> bool {
     queued == 1 || queued.is_multiple_of(batch_ops.max(1))
 }
@@ -90,6 +91,7 @@ pub enum StampError {
 /// every version the node applies or learns, so the first tick is normally enough; a version
 /// that arrived between the tick and the apply is observed and the write takes a later time.
 /// `below`: a fence the write's time must stay under (`u64::MAX`: none).
+#[inline]
 pub fn stamp(
     memtable: &Memtable,
     clock: &LamportClock,
