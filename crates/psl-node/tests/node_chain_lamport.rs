@@ -12,7 +12,6 @@ use psl_capsule::{new_capsule, Kind, Limits};
 use psl_crypto::OwnerKey;
 use psl_fabric::{FabricConfig, InProcHub};
 use psl_node::{Node, NodeKeys, NodeOptions};
-use psl_scl::CoordinatorConfig;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,14 +29,7 @@ fn puts_racing_end_of_epoch_records_keep_the_chain_monotonic() {
     let seen = observer.seen.clone();
 
     // Epochs as short as the coordinator allows: an EOE from the node every couple of ms.
-    let coord_opts = NodeOptions {
-        node_id: 0x7000,
-        writers: 0,
-        coordinator: Some(CoordinatorConfig { epoch_ms: 2, eoe_timeout_ms: 200, ..CoordinatorConfig::default() }),
-        ..NodeOptions::default()
-    };
-    let keys = NodeKeys::derive(&meta, &app, &coord_opts).unwrap();
-    let coordinator = Node::start(keys, Arc::new(hub.endpoint("coordinator")), coord_opts).unwrap();
+    let coordinator = common::start_coordinator(&hub, &meta, &app, 2);
     let opts = NodeOptions { node_id: 1, writers: 1, ..NodeOptions::default() };
     let keys = NodeKeys::derive(&meta, &app, &opts).unwrap();
     let node = Arc::new(Node::start(keys, Arc::new(hub.endpoint("node1")), opts).unwrap());

@@ -5,24 +5,17 @@ use psl_capsule::{new_capsule, Limits};
 use psl_crypto::OwnerKey;
 use psl_fabric::{Fabric, FabricConfig, InProcHub};
 use psl_node::{Node, NodeKeys, NodeOptions};
-use psl_scl::CoordinatorConfig;
 use std::sync::Arc;
 use std::time::Duration;
+
+mod common;
 
 fn cluster(nodes: u32) -> (Vec<Node>, Node) {
     let owner = OwnerKey::from_seed(&[42; 32]).unwrap();
     let app = owner.app(3).unwrap();
     let meta = new_capsule(&owner, 3, "inproc", 0, Limits::default()).unwrap();
     let hub = InProcHub::new(FabricConfig::default()).unwrap();
-    let coord_opts = NodeOptions {
-        node_id: 0x7000,
-        writers: 0,
-        coordinator: Some(CoordinatorConfig { epoch_ms: 30, eoe_timeout_ms: 200, ..CoordinatorConfig::default() }),
-        ..NodeOptions::default()
-    };
-    let keys = NodeKeys::derive(&meta, &app, &coord_opts).unwrap();
-    let ep: Arc<dyn Fabric> = Arc::new(hub.endpoint("coordinator"));
-    let coordinator = Node::start(keys, ep, coord_opts).unwrap();
+    let coordinator = common::start_coordinator(&hub, &meta, &app, 30);
     let mut out = Vec::new();
     for id in 1..=nodes {
         let opts = NodeOptions { node_id: id, writers: 2, ..NodeOptions::default() };

@@ -13,7 +13,7 @@ use psl_capsule::{new_capsule, Author, Kind, Limits, Link, RotationCert, Verifie
 use psl_crypto::OwnerKey;
 use psl_fabric::{Fabric, FabricConfig, InProcHub};
 use psl_node::{Node, NodeKeys, NodeOptions, NodeRotation};
-use psl_scl::{CoordinatorConfig, Metrics, Msg, RejectReason};
+use psl_scl::{Metrics, Msg, RejectReason};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -45,15 +45,8 @@ fn rotation_mid_load_converges_and_retires_the_old_key() {
     let observer = Observer::start(&hub, limits);
     let seen = observer.seen.clone();
 
-    let coord_opts = NodeOptions {
-        node_id: 0x7000,
-        writers: 0,
-        coordinator: Some(CoordinatorConfig { epoch_ms: 20, eoe_timeout_ms: 200, ..CoordinatorConfig::default() }),
-        ..NodeOptions::default()
-    };
     let coordinator_writer = meta.meta.policy.coordinator_at(0).unwrap();
-    let keys = NodeKeys::derive(&meta, &app, &coord_opts).unwrap();
-    let coordinator = Node::start(keys, Arc::new(hub.endpoint("coordinator")), coord_opts).unwrap();
+    let coordinator = common::start_coordinator(&hub, &meta, &app, 20);
     let mut nodes = Vec::new();
     for id in 1..=3u32 {
         let opts = NodeOptions { node_id: id, writers: 2, ..NodeOptions::default() };

@@ -1,4 +1,5 @@
 //! Test helpers shared by psl-node's integration tests.
+#![allow(dead_code)] // each test binary uses part of it
 
 use parking_lot::Mutex;
 use psl_capsule::{Limits, Record};
@@ -43,4 +44,22 @@ impl Observer {
         self.stop.store(true, Ordering::Release);
         self.thread.join().expect("the observer thread ends");
     }
+}
+
+/// Starts the coordinator-only node (id `0x7000`, no data writers) of `meta`'s capsule on
+/// `hub`, with `epoch_ms` epochs and a 200 ms EOE timeout.
+pub fn start_coordinator(
+    hub: &InProcHub,
+    meta: &psl_capsule::SignedMetadata,
+    app: &psl_crypto::AppKey,
+    epoch_ms: u64,
+) -> psl_node::Node {
+    let opts = psl_node::NodeOptions {
+        node_id: 0x7000,
+        writers: 0,
+        coordinator: Some(psl_scl::CoordinatorConfig { epoch_ms, eoe_timeout_ms: 200, ..Default::default() }),
+        ..psl_node::NodeOptions::default()
+    };
+    let keys = psl_node::NodeKeys::derive(meta, app, &opts).unwrap();
+    psl_node::Node::start(keys, Arc::new(hub.endpoint("coordinator")), opts).unwrap()
 }
