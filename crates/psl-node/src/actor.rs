@@ -1,16 +1,18 @@
-//! Writer actors: each owns one writer's [`Author`] (its signing key and chain state) and a
-//! bounded op queue. `put` stamps an op with the node's Lamport clock and applies it to the
-//! memtable under the queue's lock, so each queue holds its ops in increasing Lamport order;
-//! the actor takes up to `batch_ops_max` of them (waiting up to `flush_delay` for a batch to
-//! fill), seals one record and hands it to the core thread.
+//! Writer actors: each owns one writer's [`Author`] (its signing key and chain state) and
+//! shares the writer's bounded queue (`psl_scl::engine::queue::WriterQueue`) with `put`. A put
+//! is admitted, stamped with the node's Lamport clock, applied to the memtable and queued under
+//! the queue's lock, so each queue holds its ops in increasing Lamport order; the actor waits
+//! as the queue's seal policy says (a fuller batch, up to `flush_delay`; acks), takes one
+//! record's ops, seals them and hands the record to the core thread. The decisions are the
+//! engine's; this thread only waits and wakes.
 
-use crate::flow::Reserved;
+use crate::flow::{FlowOptions, Reserved, Window};
 use crate::msg::CoreMsg;
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
 use psl_capsule::{Author, Link, Op, RotationCert};
 use psl_crypto::{DataKey, SigningKey};
-use std::collections::VecDeque;
+use psl_scl::engine::queue::{SealPolicy, SealStep, WriterQueue};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,30 +40,28 @@ pub(crate) enum ActorCtl {
 
 pub(crate) struct ActorQueue {
     pub writer: u32,
-    /// What the writer has in flight to the capsule servers (flow control).
-    pub flow: Arc<crate::flow::Window>,
-    pub ops: Mutex<VecDeque<Op>>,
+    /// What the writer has in flight to the capsule servers (flow control); the same window
+    /// the queue holds, reachable without its lock.
+    pub flow: Arc<Window>,
+    /// The writer's queue of client writes and its seal policy (`psl_scl::engine::queue`):
+    /// puts on any thread and the actor take turns under this lock.
+    pub state: Mutex<WriterQueue>,
     /// Signalled when ops or control arrive.
     pub work: Condvar,
     /// Signalled when space frees up.
     pub space: Condvar,
-    pub cap: usize,
-    /// Ops in one full batch: `put` wakes the actor at the first op (to start its flush
-    /// timer) and whenever a full batch is waiting, not in between.
-    pub batch_ops: usize,
     pub ctl_waiting: AtomicBool,
 }
 
 impl ActorQueue {
-    pub fn new(writer: u32, cap: usize, batch_ops: usize, flow: crate::flow::FlowOptions) -> ActorQueue {
+    pub fn new(writer: u32, cap: usize, policy: SealPolicy, flow: FlowOptions) -> ActorQueue {
+        let flow = Arc::new(Window::new(flow));
         ActorQueue {
             writer,
-            flow: Arc::new(crate::flow::Window::new(flow)),
-            ops: Mutex::new(VecDeque::new()),
+            state: Mutex::new(WriterQueue::new(writer, cap, policy, flow.clone())),
+            flow,
             work: Condvar::new(),
             space: Condvar::new(),
-            cap,
-            batch_ops: batch_ops.max(1),
             ctl_waiting: AtomicBool::new(false),
         }
     }
@@ -69,9 +69,20 @@ impl ActorQueue {
     /// Wakes the actor for a control message already sent on its channel.
     pub fn poke(&self) {
         self.ctl_waiting.store(true, Ordering::Release);
-        let _g = self.ops.lock();
+        let _g = self.state.lock();
         self.work.notify_one();
     }
+}
+
+/// The actor's clock for the seal policy: µs since the process's first call.
+fn mono_us(at: Instant) -> u64 {
+    static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    at.saturating_duration_since(*BASE.get_or_init(Instant::now)).as_micros() as u64
+}
+
+/// The instant of a time `mono_us` gave (`t_us` in the future of `now`).
+fn instant_of(now: Instant, now_us: u64, t_us: u64) -> Instant {
+    now + Duration::from_micros(t_us.saturating_sub(now_us))
 }
 
 pub(crate) struct Actor {
@@ -79,27 +90,7 @@ pub(crate) struct Actor {
     pub author: Author,
     pub ctl: Receiver<ActorCtl>,
     pub core: Sender<CoreMsg>,
-    pub batch_ops_max: usize,
-    /// Most body bytes in one record (the capsule's record limit less header room), so that a
-    /// batch of large values is split instead of failing to seal.
-    pub batch_bytes_max: usize,
-    pub flush_delay: Duration,
     pub clock: Arc<psl_scl::LamportClock>,
-}
-
-/// How many of the first ops of `ops` fit one record: at most `max_ops`, at most `max_bytes`
-/// of encoded ops, and at least one.
-fn fitting(ops: &VecDeque<Op>, max_ops: usize, max_bytes: usize) -> usize {
-    let mut bytes = 0;
-    let mut n = 0;
-    for op in ops.iter().take(max_ops) {
-        bytes += op.encoded_len();
-        if n > 0 && bytes > max_bytes {
-            break;
-        }
-        n += 1;
-    }
-    n
 }
 
 impl Actor {
@@ -136,52 +127,39 @@ impl Actor {
                     ActorCtl::Stop => return,
                 }
             }
-            let (batch, r) = self.take_batch();
-            if !batch.is_empty() {
+            if let Some((batch, r)) = self.take_batch() {
                 self.seal(batch, r);
             }
         }
     }
 
-    /// Waits for ops, then for a full batch or `flush_delay`, whichever first. The ops taken
-    /// are counted in flight (flow control) before the queue's lock is released.
-    fn take_batch(&mut self) -> (Vec<Op>, Reserved) {
+    /// Waits as the queue's seal policy says (`WriterQueue::seal_step`: for a first op, a
+    /// fuller batch or acks), then takes one record's ops; `None` to serve control messages
+    /// first (one is waiting, or no op came within 20 ms). The ops taken are counted in flight
+    /// (flow control) before the queue's lock is released.
+    fn take_batch(&mut self) -> Option<(Vec<Op>, Reserved)> {
         let q = &self.queue;
-        let none = (Vec::new(), q.flow.reserve(0));
-        let mut ops = q.ops.lock();
-        if ops.is_empty() {
-            if q.ctl_waiting.load(Ordering::Acquire) {
-                return none;
-            }
-            q.work.wait_for(&mut ops, Duration::from_millis(20));
-            if ops.is_empty() {
-                return none;
-            }
-        }
-        if ops.len() < self.batch_ops_max {
-            let deadline = Instant::now() + self.flush_delay;
-            while ops.len() < self.batch_ops_max && !q.ctl_waiting.load(Ordering::Acquire) {
-                if q.work.wait_until(&mut ops, deadline).timed_out() {
-                    break;
+        let mut st = q.state.lock();
+        let mut idle_waited = false;
+        let (batch, r) = loop {
+            let urgent = q.ctl_waiting.load(Ordering::Acquire);
+            let now = Instant::now();
+            let now_us = mono_us(now);
+            match st.seal_step(now_us, urgent) {
+                SealStep::Idle if urgent || idle_waited => return None,
+                SealStep::Idle => {
+                    idle_waited = true;
+                    q.work.wait_for(&mut st, Duration::from_millis(20));
                 }
-            }
-        }
-        // Flow control in messages: with `window_records` records in flight, wait (up to a
-        // stall) for acks; the batch grows meanwhile.
-        if q.flow.records_full() {
-            let deadline = Instant::now() + q.flow.stall;
-            while q.flow.records_full() && !q.ctl_waiting.load(Ordering::Acquire) {
-                if q.work.wait_until(&mut ops, deadline).timed_out() {
-                    break;
+                SealStep::WaitUntilUs(t) => {
+                    q.work.wait_until(&mut st, instant_of(now, now_us, t));
                 }
+                SealStep::Seal { ops } => break st.take(ops),
             }
-        }
-        let n = fitting(&ops, self.batch_ops_max, self.batch_bytes_max);
-        let batch: Vec<Op> = ops.drain(..n).collect();
-        let r = q.flow.reserve(n);
-        drop(ops);
+        };
+        drop(st);
         q.space.notify_all();
-        (batch, r)
+        Some((batch, r))
     }
 
     /// Seals every queued op, then returns a Lamport time ticked after all of them: the queue is
@@ -190,15 +168,10 @@ impl Actor {
     /// EOE that carries it (the chain would go back in time: test `node_chain_lamport`).
     fn drain_all_then_tick(&mut self) -> u64 {
         let (batches, at) = {
-            let mut ops = self.queue.ops.lock();
+            let mut st = self.queue.state.lock();
             let mut batches = Vec::new();
-            loop {
-                let n = fitting(&ops, self.batch_ops_max, self.batch_bytes_max);
-                if n == 0 {
-                    break;
-                }
-                let batch: Vec<Op> = ops.drain(..n).collect();
-                batches.push((batch, self.queue.flow.reserve(n)));
+            while let Some(b) = st.take_batch_now() {
+                batches.push(b);
             }
             (batches, self.clock.tick())
         };
@@ -211,33 +184,22 @@ impl Actor {
 
     fn drain_all(&mut self) {
         loop {
-            let (batch, r): (Vec<Op>, Reserved) = {
-                let mut ops = self.queue.ops.lock();
-                let n = fitting(&ops, self.batch_ops_max, self.batch_bytes_max);
-                (ops.drain(..n).collect(), self.queue.flow.reserve(n))
-            };
+            let next = self.queue.state.lock().take_batch_now();
             self.queue.space.notify_all();
-            if batch.is_empty() {
-                return;
+            match next {
+                Some((batch, r)) => self.seal(batch, r),
+                None => return,
             }
-            self.seal(batch, r);
         }
     }
 
     fn seal(&mut self, batch: Vec<Op>, r: Reserved) {
         let n = batch.len();
-        match self.author.write_stamped(batch) {
-            Ok(rec) => {
-                // Tracked before the core can publish it, so its ack cannot come first.
-                self.queue.flow.sealed(r, self.author.next_seq());
-                self.send(CoreMsg::Local { rec, body: None, ops: n })
-            }
+        match psl_scl::engine::writer::seal_batch(&mut self.author, &self.queue.flow, batch, r) {
+            Ok(rec) => self.send(CoreMsg::Local { rec, body: None, ops: n }),
             // Ops were checked against the limits at `put`; failing here is a bug, and the ops
             // stay applied locally only. Say so loudly.
-            Err(e) => {
-                self.queue.flow.unseal(r);
-                tracing::error!(writer = self.queue.writer, ops = n, "cannot seal a batch: {e}")
-            }
+            Err(e) => tracing::error!(writer = self.queue.writer, ops = n, "cannot seal a batch: {e}"),
         }
     }
 
@@ -252,13 +214,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn put_wakes_the_actor_to_start_a_batch_and_when_one_is_full() {
-        let off = crate::flow::FlowOptions { window_ops: 0, ..Default::default() };
-        let q = ActorQueue::new(1, 4096, 512, off);
-        let wakes: Vec<usize> = (1..=1536).filter(|&n| psl_scl::engine::write::wakes_writer(n, q.batch_ops)).collect();
-        assert_eq!(wakes, vec![1, 512, 1024, 1536]);
-        // A batch of one op: every put is a full batch.
-        let one = ActorQueue::new(1, 16, 0, off);
-        assert!((1..=16).all(|n| psl_scl::engine::write::wakes_writer(n, one.batch_ops)));
+    fn a_wait_the_policy_names_ends_at_that_time() {
+        let now = Instant::now();
+        let now_us = mono_us(now);
+        assert_eq!(instant_of(now, now_us, now_us + 1_500), now + Duration::from_micros(1_500));
+        assert_eq!(instant_of(now, now_us, now_us.saturating_sub(5)), now, "a time passed is now");
     }
 }

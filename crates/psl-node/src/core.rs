@@ -210,7 +210,7 @@ impl Core {
                 }
                 Command::WakeWriter { writer } => {
                     if let Some((q, _)) = self.actors.iter().find(|(q, _)| q.writer == writer) {
-                        let _g = q.ops.lock();
+                        let _g = q.state.lock();
                         q.space.notify_all();
                         // The actor may wait for records in flight to be acked.
                         q.work.notify_all();

@@ -2,10 +2,12 @@
 //! evicted, or never seen) sends a sealed request over the fabric and waits for CapsuleDB's
 //! signed answer; the dispatcher verifies answers and frontiers and feeds the memtable.
 //!
-//! Pending requests are kept by request id (random 64 bits) with their key: an answer is
-//! applied only for a request of this node still pending for that exact key, so an old
-//! answer replayed by the fabric changes nothing. Every waiter for a key is woken by the
-//! first good answer, whichever request it names (the answer is then fresh for all of them).
+//! Pending requests are kept by request id (random 64 bits) with their key in the engine's
+//! table (`psl_scl::engine::asks::Asks`, at most `ASKS_MAX`): an answer is applied only for a
+//! request of this node still pending for that exact key, so an old answer replayed by the
+//! fabric changes nothing. Every waiter for a key is woken by the first good answer, whichever
+//! request it names (the answer is then fresh for all of them). This module verifies and
+//! wakes; the table decides.
 //!
 //! CapsuleDB's signature is not enough: every version an answer names must come with the
 //! signed data record that wrote it, which this node checks with its own verifier (writer
@@ -18,6 +20,7 @@ use psl_crypto::{DataKey, VerifyingKey};
 use psl_scl::dbwire::{
     DbAnswer, DbGet, DbHeads, DbMsg, DbRequest, DbScan, DbScanAnswer, RecordCheck, ScanQuery, Scanned,
 };
+use psl_scl::engine::asks::{Answer, Asks, AsksFull, ASKS_MAX};
 use psl_scl::{LamportClock, Memtable};
 use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,8 +41,7 @@ pub struct DbClientStats {
     pub heads: AtomicU64,
 }
 
-/// CapsuleDB's answer for one key: its newest version and value (`None`: deleted), or `None`.
-pub(crate) type Answered = Option<(psl_scl::Version, Option<Arc<[u8]>>)>;
+pub(crate) use psl_scl::engine::asks::Answered;
 
 pub(crate) struct DbClient {
     pub capsule: CapsuleName,
@@ -52,11 +54,8 @@ pub(crate) struct DbClient {
     /// The node's Lamport clock: it observes every version an answer brings, before the
     /// memtable shows it, so that a later write of the key is newer than what was read.
     clock: Arc<LamportClock>,
-    /// Request id -> key, for requests still waiting.
-    pending: Mutex<FxHashMap<u64, Arc<[u8]>>>,
-    /// Request id -> what CapsuleDB answered: the newest version with its value (`None`: a
-    /// tombstone), or `None` for never written; until the waiter takes it.
-    done: Mutex<FxHashMap<u64, Answered>>,
+    /// The gets waiting for CapsuleDB and their answers until taken (the engine's table).
+    asks: Mutex<Asks>,
     /// Scans still waiting, and the answers (with the index they were read at) until taken.
     scans: Mutex<FxHashMap<u64, Option<(u64, Scanned)>>>,
     /// Bumped (and waiters woken) whenever an answer settles some key.
@@ -81,8 +80,7 @@ impl DbClient {
             data_key,
             memtable,
             clock,
-            pending: Mutex::new(FxHashMap::default()),
-            done: Mutex::new(FxHashMap::default()),
+            asks: Mutex::new(Asks::new()),
             scans: Mutex::new(FxHashMap::default()),
             settled: Mutex::new(0),
             wake: Condvar::new(),
@@ -96,21 +94,27 @@ impl DbClient {
     }
 
     /// Registers a request for `key` and returns its wire bytes.
-    pub fn request(&self, key: &[u8]) -> (u64, Vec<u8>) {
+    pub fn request(&self, key: &[u8]) -> Result<(u64, Vec<u8>), AsksFull> {
         let req_id: u64 = rand::random();
-        self.pending.lock().insert(req_id, key.into());
+        self.asks.lock().ask(req_id, key)?;
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
         let g = DbGet::seal(self.capsule, req_id, key, &self.data_key, rand::random());
-        (req_id, DbMsg::Get(g).encode())
+        Ok((req_id, DbMsg::Get(g).encode()))
     }
 
-    /// Registers a scan and returns its wire bytes.
-    pub fn request_scan(&self, q: &ScanQuery) -> (u64, Vec<u8>) {
+    /// Registers a scan and returns its wire bytes (at most `ASKS_MAX` scans wait at once).
+    pub fn request_scan(&self, q: &ScanQuery) -> Result<(u64, Vec<u8>), AsksFull> {
         let req_id: u64 = rand::random();
-        self.scans.lock().insert(req_id, None);
+        {
+            let mut scans = self.scans.lock();
+            if scans.len() >= ASKS_MAX {
+                return Err(AsksFull);
+            }
+            scans.insert(req_id, None);
+        }
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
         let m = DbScan::seal(self.capsule, req_id, q, &self.data_key, rand::random());
-        (req_id, DbMsg::Scan(m).encode())
+        Ok((req_id, DbMsg::Scan(m).encode()))
     }
 
     /// The answer to scan `req_id` (its index sequence and body), once it came.
@@ -123,18 +127,17 @@ impl DbClient {
     }
 
     pub fn forget(&self, req_id: u64) {
-        self.pending.lock().remove(&req_id);
-        self.done.lock().remove(&req_id);
+        self.asks.lock().forget(req_id);
     }
 
     /// Whether request `req_id` is still waiting.
     pub fn is_pending(&self, req_id: u64) -> bool {
-        self.pending.lock().contains_key(&req_id)
+        self.asks.lock().is_pending(req_id)
     }
 
     /// The answer to `req_id`, once it came (taken once).
     pub fn take_answer(&self, req_id: u64) -> Option<Answered> {
-        self.done.lock().remove(&req_id)
+        self.asks.lock().take(req_id)
     }
 
     /// Waits until something settles or `until`; returns false on timeout.
@@ -206,7 +209,7 @@ impl DbClient {
             return;
         }
         // Cheap filter before the signature check: is any of its requests ours?
-        if !a.req_ids.iter().any(|r| self.is_pending(*r)) {
+        if !self.asks.lock().any_pending(&a.req_ids) {
             return;
         }
         let Some(signer_key) = self.signer_key() else {
@@ -226,11 +229,8 @@ impl DbClient {
         let mut records = RecordCheck::new(&self.verifier, self.signer, &body.records);
         for e in &body.entries {
             let key = &e.key;
-            let mine = {
-                let p = self.pending.lock();
-                a.req_ids.iter().any(|r| p.get(r).is_some_and(|k| **k == **key))
-            };
-            if !mine {
+            // Checked against the records only for keys this node still waits for.
+            if !self.asks.lock().wants(&a.req_ids, key) {
                 continue;
             }
             let found = match &e.found {
@@ -246,31 +246,24 @@ impl DbClient {
                 },
             };
             let found = found.map(|(v, val)| (v, val.map(Arc::<[u8]>::from)));
-            // The clock passes the answer's version before the memtable can show it: a write
-            // of this key after the read (a `cas` at its home) gets a newer version. Without
-            // this, a node that learned a key from CapsuleDB before applying the record that
-            // wrote it (its clock still below that record's) wrote the key *below* what it had
-            // just read: the write was sealed but never applied anywhere, and two `cas` on one
-            // unique were both answered STORED (psl chaos seed 5, cas_stale).
-            if psl_scl::engine::write::learn(&self.memtable, &self.clock, key, found.clone(), a.index_seq).is_none() {
+            // The engine takes the answer in (`Asks::answer`): the clock passes its version
+            // before the memtable can show it, so a write of this key after the read (a `cas`
+            // at its home) gets a newer version. Without that, a node that learned a key from
+            // CapsuleDB before applying the record that wrote it (its clock still below that
+            // record's) wrote the key *below* what it had just read: the write was sealed but
+            // never applied anywhere, and two `cas` on one unique were both answered STORED
+            // (psl chaos seed 5, cas_stale). Every request of ours for the key is answered.
+            match self.asks.lock().answer(&a.req_ids, key, found, a.index_seq, &self.memtable, &self.clock) {
+                Answer::NotAsked => {}
                 // Older than the frontier this node evicted under: the waiters ask again.
-                self.stats.rejected.fetch_add(1, Ordering::Relaxed);
-                continue;
-            }
-            any = true;
-            self.stats.answers.fetch_add(1, Ordering::Relaxed);
-            // Every request of ours for this key is answered by it: `learn` checked that it
-            // knows everything this node evicted, which is all a fresh answer promises.
-            let mut p = self.pending.lock();
-            let mut d = self.done.lock();
-            p.retain(|r, k| {
-                if **k == *key {
-                    d.insert(*r, found.clone());
-                    false
-                } else {
-                    true
+                Answer::Stale => {
+                    self.stats.rejected.fetch_add(1, Ordering::Relaxed);
                 }
-            });
+                Answer::Settled(_) => {
+                    any = true;
+                    self.stats.answers.fetch_add(1, Ordering::Relaxed);
+                }
+            }
         }
         if !any {
             return;

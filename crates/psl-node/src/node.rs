@@ -6,12 +6,13 @@ use crate::host::HostStats;
 use crate::options::NodeOptions;
 use crossbeam_channel::{bounded, Sender};
 use psl_capsule::{
-    writer_credentials, Action, Author, KeyStatement, Limits, Op, Record, RotationCert, SignedMetadata, Verifier,
-    WriterKeys,
+    writer_credentials, Author, KeyStatement, Limits, Record, RotationCert, SignedMetadata, Verifier, WriterKeys,
 };
 use psl_crypto::{AppKey, DataKey, Hash256, SigningKey};
 use psl_fabric::Fabric;
-use psl_scl::engine::write::StampError;
+use psl_scl::engine::asks::{ask_step, AskStep};
+use psl_scl::engine::queue::SealPolicy;
+use psl_scl::engine::write::{Admission, StampError};
 use psl_scl::memtable::key_shard;
 use psl_scl::{CoordinatorSm, LamportClock, Memtable, Metrics, Msg, NodeCore, NodeEngine, RejectReason, Version};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -77,6 +78,10 @@ pub enum NodeError {
     /// `db_get_timeout` (carried).
     #[error("CapsuleDB did not answer a read within {0:?} (is `psl capsuledb` running on this fabric?)")]
     CapsuleDbTimeout(Duration),
+    /// A read the memtable could not answer found the most reads already waiting for
+    /// CapsuleDB (`psl_scl::engine::asks::ASKS_MAX`): refused at once, nothing was sent.
+    #[error("CapsuleDB read: {0}")]
+    CapsuleDbBusy(#[from] psl_scl::engine::asks::AsksFull),
     /// The node's keys or certificates are missing or do not fit the capsule, or a statement
     /// was refused; the string says which.
     #[error("keys: {0}")]
@@ -226,8 +231,17 @@ impl NodeKeys {
 /// `at` in milliseconds of this process's monotonic clock (from its first call): the time base
 /// of the writers' flow windows (`psl_scl::window`), which take the caller's time.
 pub(crate) fn mono_ms(at: Instant) -> u64 {
+    at.saturating_duration_since(mono_base()).as_millis() as u64
+}
+
+/// The instant of a time [`mono_ms`] gave.
+pub(crate) fn at_mono_ms(t: u64) -> Instant {
+    mono_base() + Duration::from_millis(t)
+}
+
+fn mono_base() -> Instant {
     static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    at.saturating_duration_since(*BASE.get_or_init(Instant::now)).as_millis() as u64
+    *BASE.get_or_init(Instant::now)
 }
 
 /// A writer's chain state from its key: with its certificate in a certified capsule.
@@ -515,16 +529,17 @@ impl Node {
             return Err(NodeError::Stopped);
         }
         let (q, _) = &self.actors[key_shard(key, self.actors.len())];
-        let mut ops = q.ops.lock();
-        if ops.len() >= q.cap || !q.flow.has_room(ops.len()) {
-            // The engine decides (`engine::write::admit`); this thread only waits.
-            use psl_scl::engine::write::{admit, Admission};
+        // A client write is an event into its writer's queue (`psl_scl::engine::queue`): the
+        // queue decides whether it goes, stamps it and says whether it wakes the writer; this
+        // thread only waits and wakes as it says.
+        let mut st = q.state.lock();
+        if !st.has_room() {
             let deadline = Instant::now() + self.put_timeout;
             let deadline_ms = mono_ms(deadline);
             let mut waited_for_acks = false;
             loop {
                 let now = Instant::now();
-                match admit(ops.len(), q.cap, &q.flow, mono_ms(now), deadline_ms) {
+                match st.admit(mono_ms(now), deadline_ms) {
                     Admission::Go { opened } => {
                         if opened {
                             Metrics::add(&self.metrics.flow_opened, 1);
@@ -538,7 +553,7 @@ impl Node {
                         break;
                     }
                     Admission::WaitForSpace => {
-                        q.space.wait_until(&mut ops, deadline);
+                        q.space.wait_until(&mut st, deadline);
                     }
                     Admission::WaitForAcks { until_ms } => {
                         if !waited_for_acks {
@@ -546,29 +561,17 @@ impl Node {
                             Metrics::add(&self.metrics.flow_waits, 1);
                         }
                         let wait = Duration::from_millis(until_ms.saturating_sub(mono_ms(now)).max(1));
-                        q.space.wait_until(&mut ops, (now + wait).min(deadline));
+                        q.space.wait_until(&mut st, (now + wait).min(deadline));
                     }
                     Admission::Backpressure => return Err(NodeError::Backpressure(self.put_timeout)),
                 }
             }
         }
-        let version = psl_scl::engine::write::stamp(&self.memtable, &self.clock, key, value, q.writer, below).map_err(
-            |e| match e {
-                StampError::Fenced { lamport, below } => NodeError::Fenced { lamport, below },
-                StampError::Superseded { tries } => NodeError::Superseded { tries },
-            },
-        )?;
-        let lamport = version.lamport;
-        ops.push_back(Op {
-            lamport,
-            key: key.to_vec(),
-            action: match value {
-                Some(v) => Action::Put(v.to_vec()),
-                None => Action::Delete,
-            },
-        });
-        let wake = psl_scl::engine::write::wakes_writer(ops.len(), q.batch_ops);
-        drop(ops);
+        let (version, wake) = st.write(&self.memtable, &self.clock, key, value, below).map_err(|e| match e {
+            StampError::Fenced { lamport, below } => NodeError::Fenced { lamport, below },
+            StampError::Superseded { tries } => NodeError::Superseded { tries },
+        })?;
+        drop(st);
         if wake {
             q.work.notify_one();
         }
@@ -615,11 +618,14 @@ impl Node {
         if key.is_empty() || key.len() > self.limits.key_bytes_max as usize {
             return Ok(None);
         }
-        let deadline = Instant::now() + self.db_get_timeout;
+        // The engine's policy decides when to wait, ask again or give up (`ask_step`); this
+        // thread only waits.
+        let deadline_ms = mono_ms(Instant::now() + self.db_get_timeout);
+        let retry_ms = self.db_get_retry.as_millis() as u64;
         loop {
-            let (req, bytes) = db.request(key);
+            let (req, bytes) = db.request(key)?;
             self.publish(bytes)?;
-            let resend = (Instant::now() + self.db_get_retry).min(deadline);
+            let sent_ms = mono_ms(Instant::now());
             loop {
                 let seen = db.settled();
                 if let Some(a) = db.take_answer(req) {
@@ -633,11 +639,12 @@ impl Node {
                     // Answered under another request id of ours, or refused as stale: look again.
                     break;
                 }
-                let now = Instant::now();
-                if now >= resend {
-                    break;
+                match ask_step(mono_ms(Instant::now()), sent_ms, retry_ms, deadline_ms) {
+                    AskStep::WaitUntil(t) => {
+                        db.wait(seen, at_mono_ms(t));
+                    }
+                    AskStep::AskAgain | AskStep::GiveUp => break,
                 }
-                db.wait(seen, resend);
                 if self.stop.load(Ordering::Acquire) {
                     db.forget(req);
                     return Err(NodeError::Stopped);
@@ -647,7 +654,7 @@ impl Node {
             if let Some(e) = self.memtable.lookup_entry(key) {
                 return Ok(Some(e));
             }
-            if Instant::now() >= deadline {
+            if ask_step(mono_ms(Instant::now()), sent_ms, retry_ms, deadline_ms) == AskStep::GiveUp {
                 db.stats.timeouts.fetch_add(1, Ordering::Relaxed);
                 return Err(NodeError::CapsuleDbTimeout(self.db_get_timeout));
             }
@@ -739,10 +746,12 @@ impl Node {
         q: &psl_scl::dbwire::ScanQuery,
         deadline: Instant,
     ) -> Result<psl_scl::dbwire::Scanned, NodeError> {
+        let deadline_ms = mono_ms(deadline);
+        let retry_ms = self.db_get_retry.as_millis() as u64;
         loop {
-            let (req, bytes) = db.request_scan(q);
+            let (req, bytes) = db.request_scan(q)?;
             self.publish(bytes)?;
-            let resend = (Instant::now() + self.db_get_retry).min(deadline);
+            let sent_ms = mono_ms(Instant::now());
             loop {
                 let seen = db.settled();
                 if let Some((seq, body)) = db.take_scan(req) {
@@ -753,17 +762,19 @@ impl Node {
                     db.stats.rejected.fetch_add(1, Ordering::Relaxed);
                     break;
                 }
-                if Instant::now() >= resend {
-                    break;
+                match ask_step(mono_ms(Instant::now()), sent_ms, retry_ms, deadline_ms) {
+                    AskStep::WaitUntil(t) => {
+                        db.wait(seen, at_mono_ms(t));
+                    }
+                    AskStep::AskAgain | AskStep::GiveUp => break,
                 }
-                db.wait(seen, resend);
                 if self.stop.load(Ordering::Acquire) {
                     db.forget_scan(req);
                     return Err(NodeError::Stopped);
                 }
             }
             db.forget_scan(req);
-            if Instant::now() >= deadline {
+            if ask_step(mono_ms(Instant::now()), sent_ms, retry_ms, deadline_ms) == AskStep::GiveUp {
                 db.stats.timeouts.fetch_add(1, Ordering::Relaxed);
                 return Err(NodeError::CapsuleDbTimeout(self.db_get_timeout));
             }
@@ -1195,22 +1206,17 @@ fn spawn_writers(
     let limits = keys.meta.meta.policy.limits;
     let mut actors = Vec::new();
     for (w, key) in writers {
-        let batch_ops_max = opts.batch_ops_max.clamp(1, limits.ops_per_record_max as usize);
+        let policy = SealPolicy {
+            batch_ops_max: opts.batch_ops_max.clamp(1, limits.ops_per_record_max as usize),
+            batch_bytes_max: (limits.record_bytes_max as usize).saturating_sub(64 * 1024).max(1),
+            flush_delay_us: opts.flush_delay.as_micros() as u64,
+        };
         // Servers, CapsuleDB and peers pace the writer (without any of them the window is
         // released as fast as the core applies the own records).
-        let q = Arc::new(ActorQueue::new(w, opts.queue_ops_max.max(opts.batch_ops_max), batch_ops_max, opts.flow));
+        let q = Arc::new(ActorQueue::new(w, opts.queue_ops_max.max(opts.batch_ops_max), policy, opts.flow));
         let (ctl_tx, ctl_rx) = bounded(1024);
         let author = make_author(&keys.meta, &keys.data_key, &keys.certs, key, w)?;
-        let actor = Actor {
-            queue: q.clone(),
-            author,
-            ctl: ctl_rx,
-            core: core.clone(),
-            batch_ops_max,
-            batch_bytes_max: (limits.record_bytes_max as usize).saturating_sub(64 * 1024).max(1),
-            flush_delay: opts.flush_delay,
-            clock: clock.clone(),
-        };
+        let actor = Actor { queue: q.clone(), author, ctl: ctl_rx, core: core.clone(), clock: clock.clone() };
         threads.push(std::thread::Builder::new().name(format!("writer-{w}")).spawn(move || actor.run())?);
         actors.push((q, ctl_tx));
     }

@@ -168,6 +168,7 @@ impl<'c> Cluster<'c> {
             seed,
             now,
             batch_ops_max: self.cfg.batch_ops_max,
+            flush_ms: self.cfg.flush_ms,
             config,
             log,
         })
@@ -217,14 +218,12 @@ impl<'c> Cluster<'c> {
         }
     }
 
-    /// Nodes flush their writers' batches and tick on their periods; servers group-commit
+    /// Nodes' writers seal the batches their seal policy says are due, nodes tick on their period; servers group-commit
     /// (write, then the fsync completes `fsync_ms` later) and tick.
     pub fn flush_and_tick(&mut self, now: u64, out: &mut Produced) {
         for (i, ep) in self.eps.iter_mut().enumerate() {
             let Some(node) = ep.node.as_mut() else { continue };
-            if now.is_multiple_of(self.cfg.flush_ms) {
-                node.flush(now, &mut self.fx);
-            }
+            node.seal_due(now, &mut self.fx);
             if now.is_multiple_of(self.cfg.tick_ms) {
                 node.tick(now, &mut self.fx);
             }

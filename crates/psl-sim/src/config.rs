@@ -22,7 +22,8 @@ pub struct SimConfig {
     pub work_ms: u64,
     /// Milliseconds after faults stop within which every memtable must be identical.
     pub settle_ms: u64,
-    /// Period in ms at which every node seals its writers' pending ops into records.
+    /// Flush delay in ms of every data writer: a batch that is not full is sealed this long
+    /// after its writer first saw it (the runtime's seal policy, `psl_scl::engine::queue`).
     pub flush_ms: u64,
     /// Period in ms of the node and server ticks (timers, repair, announcements); also how
     /// often the settling phase checks convergence.

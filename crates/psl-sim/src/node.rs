@@ -3,8 +3,11 @@
 
 use psl_capsule::{Action, Author, Body, KeyStatement, Op, Record, SignedMetadata};
 use psl_crypto::AppKey;
-use psl_scl::engine::{write, writer, CoordinatorLog};
+use psl_scl::engine::asks::{Answer, Answered, Asks};
+use psl_scl::engine::queue::{SealPolicy, SealStep, WriterQueue};
+use psl_scl::engine::{writer, CoordinatorLog};
 use psl_scl::memtable::key_shard;
+use psl_scl::window::{FlowOptions, Reserved, Window};
 use psl_scl::{
     Command, CoordinatorConfig, CoordinatorSm, LamportClock, Memtable, Metrics, NodeConfig, NodeCore, NodeEngine,
     Output, Version,
@@ -31,15 +34,19 @@ pub struct SimNode {
     pub metrics: Arc<Metrics>,
     /// The data writers (the runtime's writer actors).
     pub authors: Vec<Author>,
-    /// Per data writer (same index as `authors`), the ops written locally and not yet sealed.
-    pub pending: Vec<Vec<Op>>,
-    /// Pending ops of one writer that make it seal a record at once.
-    pub batch_ops_max: usize,
+    /// Per data writer (same index as `authors`), its queue of ops written locally and not yet
+    /// sealed, with the seal policy the runtime's writer actors follow
+    /// (`psl_scl::engine::queue`).
+    pub queues: Vec<WriterQueue>,
     /// No puts before this time (a restarted node catching up first).
     pub quiet_until: u64,
     /// Whether the data writers have introduced themselves (a certified capsule: their own
     /// Cert records, as each writer actor does when it starts).
     introduced: bool,
+    /// Reads waiting for CapsuleDB (the runtime's table); the simulator answers each at once.
+    asks: Asks,
+    /// The last request id this node gave a CapsuleDB read.
+    next_ask: u64,
 }
 
 /// Something a node produced that the run loop must act on.
@@ -74,8 +81,10 @@ pub struct NodeSpec<'a> {
     pub seed: u64,
     /// Simulated time of creation in ms (starts the coordinator's state machine).
     pub now: u64,
-    /// Pending ops of one writer that make it seal a record at once.
+    /// Most ops in one record: a writer with this many queued seals at once.
     pub batch_ops_max: usize,
+    /// How long a writer's batch that is not full waits for more ops (ms).
+    pub flush_ms: u64,
     /// The core's configuration (`servers`, the repair cache's bounds, `rejoin_ms`).
     pub config: NodeConfig,
     /// The coordinator's own-chain log (a coordinator that restarts with its writer index).
@@ -114,7 +123,20 @@ impl SimNode {
     /// A fresh node as `spec` describes it: empty memtable, clock at 0, its writers' (and
     /// coordinator's) chains starting at seq 0.
     pub fn new(spec: NodeSpec<'_>) -> SimNode {
-        let NodeSpec { id, incarnation, meta, app, writers, coordinator, seed, now, batch_ops_max, config, log } = spec;
+        let NodeSpec {
+            id,
+            incarnation,
+            meta,
+            app,
+            writers,
+            coordinator,
+            seed,
+            now,
+            batch_ops_max,
+            flush_ms,
+            config,
+            log,
+        } = spec;
         let verifier = Arc::new(psl_capsule::Verifier::new(meta.clone(), Some(app.data_key())));
         let memtable = Arc::new(Memtable::new());
         let clock = Arc::new(LamportClock::new(0));
@@ -157,11 +179,12 @@ impl SimNode {
             memtable,
             clock,
             metrics,
-            pending: vec![Vec::new(); authors.len()],
+            queues: authors.iter().map(|a| sim_queue(a.writer(), meta, batch_ops_max, flush_ms)).collect(),
             authors,
-            batch_ops_max,
             quiet_until: 0,
             introduced: false,
+            asks: Asks::new(),
+            next_ask: 0,
         }
     }
 
@@ -181,10 +204,20 @@ impl SimNode {
         self.commands(now, fx);
     }
 
-    /// What CapsuleDB answered for `key`: its newest version and value (another node's, with
-    /// its original version), taken in by the runtime's rule ([`write::learn`]).
-    pub fn learn(&mut self, key: &[u8], found: Option<(Version, Option<Arc<[u8]>>)>) -> Option<bool> {
-        write::learn(&self.memtable, &self.clock, key, found, 0)
+    /// A read of `key` that went to CapsuleDB, and CapsuleDB's answer `found` (its newest
+    /// version and value: another node's, with its original version): asked and taken in
+    /// through the engine's table as the runtime's reads are ([`Asks`]: the clock passes the
+    /// answer's version before the memtable shows it). Returns what the reader is answered.
+    pub fn read_through(&mut self, key: &[u8], found: Answered) -> Option<Answered> {
+        self.next_ask += 1;
+        let req = self.next_ask;
+        self.asks.ask(req, key).ok()?;
+        let taken = match self.asks.answer(&[req], key, found, 0, &self.memtable, &self.clock) {
+            Answer::Settled(_) => self.asks.take(req),
+            Answer::NotAsked | Answer::Stale => None,
+        };
+        self.asks.forget(req);
+        taken
     }
 
     /// The protocol core inside the engine (epochs, the orderer, durability).
@@ -227,37 +260,45 @@ impl SimNode {
             return None;
         }
         let shard = key_shard(&key, self.authors.len());
-        let writer = self.authors[shard].writer();
-        // The runtime's rule: the write supersedes every version of the key this node shows.
-        // Single-threaded, the second tick always passes what the first missed.
-        let version = write::stamp(&self.memtable, &self.clock, &key, value.as_deref(), writer, u64::MAX)
+        // The runtime's client write: stamped (it supersedes every version of the key this node
+        // shows; single-threaded, the second tick always passes what the first missed),
+        // applied and queued by the writer's queue.
+        let (version, _wake) = self.queues[shard]
+            .write(&self.memtable, &self.clock, &key, value.as_deref(), u64::MAX)
             .expect("a simulated write supersedes what its node shows");
-        let lamport = version.lamport;
-        let action = match value {
-            Some(v) => Action::Put(v),
-            None => Action::Delete,
-        };
-        self.pending[shard].push(Op { lamport, key, action });
-        if self.pending[shard].len() >= self.batch_ops_max {
-            self.flush_one(shard, now, fx);
-        }
+        // A full batch seals at once, as it wakes the runtime's writer.
+        self.seal_due_one(shard, now, fx);
         Some(version)
     }
 
-    /// The periodic flush: each writer seals its pending ops into a record (a fresh certified
-    /// writer first introduces itself with its Cert record).
-    pub fn flush(&mut self, now: u64, fx: &mut Vec<Effect>) {
+    /// Each writer seals what its queue's seal policy says is due at `now` (a full batch, or
+    /// one whose flush delay has passed); a fresh certified writer first introduces itself
+    /// with its Cert record. The run loop calls this every simulated millisecond.
+    pub fn seal_due(&mut self, now: u64, fx: &mut Vec<Effect>) {
         self.introduce(now, fx);
         for i in 0..self.authors.len() {
-            self.flush_one(i, now, fx);
+            self.seal_due_one(i, now, fx);
         }
     }
 
-    fn flush_one(&mut self, i: usize, now: u64, fx: &mut Vec<Effect>) {
-        if self.pending[i].is_empty() {
-            return;
+    fn seal_due_one(&mut self, i: usize, now: u64, fx: &mut Vec<Effect>) {
+        while let SealStep::Seal { ops } = self.queues[i].seal_step(now * 1_000, false) {
+            let (batch, reserved) = self.queues[i].take(ops);
+            self.seal(i, batch, reserved, now, fx);
         }
-        let ops = std::mem::take(&mut self.pending[i]);
+    }
+
+    /// Every writer seals everything queued (before an EOE), whatever its policy says.
+    pub fn flush(&mut self, now: u64, fx: &mut Vec<Effect>) {
+        self.introduce(now, fx);
+        for i in 0..self.authors.len() {
+            while let Some((batch, reserved)) = self.queues[i].take_batch_now() {
+                self.seal(i, batch, reserved, now, fx);
+            }
+        }
+    }
+
+    fn seal(&mut self, i: usize, ops: Vec<Op>, reserved: Reserved, now: u64, fx: &mut Vec<Effect>) {
         let writer = self.authors[i].writer();
         let mut applied = Vec::with_capacity(ops.len());
         for op in &ops {
@@ -269,7 +310,8 @@ impl SimNode {
             fx.push(Effect::Sealed(op.key.clone(), Version { lamport: op.lamport, writer }, v));
         }
         let n = ops.len();
-        let rec = self.authors[i].write_stamped(ops).expect("simulated ops fit the limits");
+        let rec = writer::seal_batch(&mut self.authors[i], self.queues[i].window(), ops, reserved)
+            .expect("simulated ops fit the limits");
         fx.push(Effect::Wrote(writer, rec.header().seq, rec.hash(), applied));
         self.local_record(rec, None, n, now, fx);
     }
@@ -333,4 +375,18 @@ impl SimNode {
         self.engine.on_tick(now);
         self.commands(now, fx);
     }
+}
+
+/// A simulated writer's queue: the runtime's seal policy with the capsule's record limit, and a
+/// flow window that is off (the simulator paces no writer: its servers' acks only count toward
+/// durability).
+fn sim_queue(writer: u32, meta: &SignedMetadata, batch_ops_max: usize, flush_ms: u64) -> WriterQueue {
+    let limits = meta.meta.policy.limits;
+    let policy = SealPolicy {
+        batch_ops_max: batch_ops_max.clamp(1, limits.ops_per_record_max as usize),
+        batch_bytes_max: (limits.record_bytes_max as usize).saturating_sub(64 * 1024).max(1),
+        flush_delay_us: flush_ms * 1_000,
+    };
+    let off = FlowOptions { window_ops: 0, ..FlowOptions::default() };
+    WriterQueue::new(writer, usize::MAX, policy, Arc::new(Window::new(off)))
 }

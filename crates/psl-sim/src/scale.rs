@@ -40,7 +40,8 @@ pub struct ScaleConfig {
     pub work_ms: u64,
     /// Quiet time after the writes for the nodes to converge.
     pub settle_ms: u64,
-    /// Period in ms at which every node seals its pending ops into records.
+    /// Flush delay in ms of every data writer: a batch that is not full is sealed this long
+    /// after its writer first saw it (the runtime's seal policy, `psl_scl::engine::queue`).
     pub flush_ms: u64,
     /// Period in ms of the nodes' ticks (timers, repair, announcements).
     pub tick_ms: u64,
@@ -216,6 +217,7 @@ fn endpoints(cfg: &ScaleConfig) -> Result<(Vec<(SignedMetadata, AppKey)>, Vec<Ep
             seed: cfg.seed ^ id as u64,
             now: 0,
             batch_ops_max: cfg.batch_ops_max,
+            flush_ms: cfg.flush_ms,
             config: NodeSpec::config(0),
             log: None,
         });
@@ -251,6 +253,7 @@ fn endpoints(cfg: &ScaleConfig) -> Result<(Vec<(SignedMetadata, AppKey)>, Vec<Ep
             seed: cfg.seed ^ 0xC0,
             now: 0,
             batch_ops_max: cfg.batch_ops_max,
+            flush_ms: cfg.flush_ms,
             config: NodeSpec::config(0),
             log: None,
         });
@@ -298,9 +301,7 @@ fn drive(cfg: &ScaleConfig, rng: &mut StdRng, eps: &mut [Ep], by_capsule: &[Vec<
                 e.node.put(key, Some(value), now, &mut fx);
                 ops += 1;
             }
-            if now.is_multiple_of(cfg.flush_ms) {
-                e.node.flush(now, &mut fx);
-            }
+            e.node.seal_due(now, &mut fx);
             if now.is_multiple_of(cfg.tick_ms) {
                 e.node.tick(now, &mut fx);
             }

@@ -63,7 +63,8 @@ impl Workload {
 }
 
 /// Node `i` reads `key` through CapsuleDB: the answer is the newest version any other live
-/// node shows (with its original version and value), taken in by the runtime's rule.
+/// node shows (with its original version and value), asked and taken in as the runtime's reads
+/// are (`SimNode::read_through`).
 fn read_through(cluster: &mut Cluster, i: usize, key: &[u8]) {
     let found: Option<(Version, Option<Arc<[u8]>>)> = cluster
         .eps
@@ -74,6 +75,6 @@ fn read_through(cluster: &mut Cluster, i: usize, key: &[u8]) {
         .map(|e| (e.version, e.value.clone()))
         .max_by_key(|(v, _)| *v);
     if let Some(node) = cluster.eps[i].node.as_mut() {
-        node.learn(key, found);
+        node.read_through(key, found);
     }
 }

@@ -15,12 +15,19 @@
 //!   runtime's writer actors and the simulator's inline writers.
 //! - [`write`](mod@write): the local write path's rules about time (a write supersedes what its node
 //!   shows; what CapsuleDB answers passes the clock first), shared with the runtime's `put`.
+//! - [`asks`]: reads that went to CapsuleDB: the requests waiting, CapsuleDB's answer taken in
+//!   (an event), and a waiting reader's policy (wait, ask again, give up).
+//! - [`queue`]: a data writer's queue, where a client write goes in (admitted, stamped,
+//!   queued) and the seal policy takes batches out; the runtime keeps it under a lock that its
+//!   callers' threads and the writer's actor share, the simulator inline.
 //! - `coordinator_writer`: the coordinator's writer and its own-chain log.
 //! - `replies`: the runtime's callers waiting on `sync()` and durable-sync barriers (answered
 //!   by command, at completion or deadline) and the own writers' flow windows (paced at every
 //!   tick, woken by command).
 
+pub mod asks;
 mod coordinator_writer;
+pub mod queue;
 mod replies;
 pub mod write;
 pub mod writer;

@@ -1,10 +1,12 @@
 //! A data writer's duties that do not depend on where it runs: its introduction (a certified
-//! capsule's fresh writer first writes its own certificate) and its end-of-epoch record. The
+//! capsule's fresh writer first writes its own certificate), sealing a batch its queue gave
+//! it ([`seal_batch`]) and its end-of-epoch record. The
 //! runtime's writer actors and the simulator's inline writers both call these, so the records
 //! they seal are built one way.
 
+use crate::window::{Reserved, Window};
 use crate::LamportClock;
-use psl_capsule::{Author, Body, ControlCode, KeyStatement, Link, Record, SealError};
+use psl_capsule::{Author, Body, ControlCode, KeyStatement, Link, Op, Record, SealError};
 
 /// A fresh writer's first record in a certified capsule: its own certificate, so that the log
 /// carries every writer's key for servers, CapsuleDB and auditors. `None`: nothing to write (an
@@ -44,4 +46,22 @@ pub fn end_of_epoch(
     let rec = author.write_control(body.clone(), heads)?;
     clock.observe(rec.header().lamport);
     Ok((rec, body))
+}
+
+/// Seals `ops` (a batch [`crate::engine::queue::WriterQueue::take`] gave, `reserved` in the
+/// writer's flow `window`) into one data record. The window tracks the record before the
+/// caller can publish it, so its ack cannot come first; a batch that fails to seal is no longer
+/// counted in flight (its ops stay applied locally only: they were checked against the
+/// capsule's limits when admitted, so this is a bug the caller reports).
+pub fn seal_batch(author: &mut Author, window: &Window, ops: Vec<Op>, reserved: Reserved) -> Result<Record, SealError> {
+    match author.write_stamped(ops) {
+        Ok(rec) => {
+            window.sealed(reserved, author.next_seq());
+            Ok(rec)
+        }
+        Err(e) => {
+            window.unseal(reserved);
+            Err(e)
+        }
+    }
 }

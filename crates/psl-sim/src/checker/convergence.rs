@@ -21,7 +21,7 @@ impl Convergence {
         let same = alive.windows(2).all(|w| w[0].memtable.digest() == w[1].memtable.digest());
         let quiet = alive.iter().all(|x| {
             x.core().orderer().gaps().iter().all(|(w, _, _)| cluster.dead_writers.contains(w))
-                && x.pending.iter().all(Vec::is_empty)
+                && x.queues.iter().all(|q| q.is_empty())
         }) && cluster.eps.iter().all(|e| e.restart_at.is_none());
         if same && quiet {
             let since = *self.stable_since.get_or_insert(now);

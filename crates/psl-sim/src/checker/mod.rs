@@ -77,9 +77,9 @@ impl History {
 
     /// Ops still pending in a node's queues are issued too (visible in its memtable).
     pub fn pending(&mut self, node: &SimNode) {
-        for (ai, pend) in node.pending.iter().enumerate() {
+        for (ai, pend) in node.queues.iter().enumerate() {
             let w = node.authors[ai].writer();
-            for op in pend {
+            for op in pend.queued() {
                 let v = Version { lamport: op.lamport, writer: w };
                 let val = match &op.action {
                     psl_capsule::Action::Put(x) => Some(x.clone()),
