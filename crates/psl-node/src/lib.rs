@@ -16,7 +16,9 @@
 //! - [`node`]: [`Node`]: start, `put`/`delete`/`get`/`sync`, metrics, shutdown; installing an
 //!   application key rotation ([`NodeRotation`]) through the core's and writers' channels.
 //! - [`options`]: [`NodeOptions`] and the limits of every queue.
-//! - `actor`: writer actors (one [`psl_capsule::Author`] each) and their bounded op queues.
+//! - `actor`: writer actors (one [`psl_capsule::Author`] each), each sharing its writer's queue
+//!   (`psl_scl::engine::queue::WriterQueue`) with `put` under one lock; they wait as its seal
+//!   policy says.
 //! - `core`: the core thread that owns the [`psl_scl::NodeCore`]; `msg`: what it is sent.
 //! - [`flow`]: `psl_scl::window` under the name the options have always used: flow control
 //!   from the capsule servers', CapsuleDB's and peers' acks back to the writers: a writer
@@ -26,7 +28,8 @@
 //! - [`chainlog`]: a coordinator's own-chain log (write-ahead of every record it signs), so a
 //!   coordinator restarted on its state directory never signs a seq twice.
 //! - `dbclient`: the CapsuleDB miss path: sealed requests, verified answers and frontiers
-//!   (bounded memtables evict what CapsuleDB holds and ask it back).
+//!   (bounded memtables evict what CapsuleDB holds and ask it back); the requests waiting and
+//!   the answers' intake are the engine's (`psl_scl::engine::asks`).
 //! - `host`: the untrusted side: two threads moving messages between the rings and the fabric.
 //! - [`recovery`]: a node restarting empty rebuilds its memtable from the capsule servers'
 //!   read interface (freshness-checked) before it rejoins, under an incarnation above any the

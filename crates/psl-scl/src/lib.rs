@@ -22,7 +22,9 @@
 //!   ack counting (durability from the servers, flow control from them and CapsuleDB).
 //! - [`engine`]: [`NodeEngine`], the node behind one interface: events in, [`Command`]s out;
 //!   it owns the [`NodeCore`] and drives the coordinator's writer (and its own-chain log).
-//!   The runtime's core thread and the simulator both run it.
+//!   The runtime's core thread and the simulator both run it, and both put client writes
+//!   through its per-writer queues (`engine::queue`: admission, stamp, seal policy) and
+//!   CapsuleDB reads through its table of asks (`engine::asks`).
 //! - `announce`: the key statements (own writers' certificates, revocations) a node announces
 //!   on the fabric, again every [`node::CERTS_ANNOUNCE_MS`] (a handler of the [`NodeCore`]).
 //! - [`window`]: a writer's flow-control window toward what paces it (a quorum of capsule
