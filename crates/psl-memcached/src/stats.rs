@@ -16,6 +16,17 @@ macro_rules! counters {
                 vec![$((stringify!($name), self.$name.load(Ordering::Relaxed)),)*]
             }
 
+            /// Every counter as Prometheus text (`psl_memcached_<name>`; `curr_connections` a
+            /// gauge, the rest counters), what `--metrics` serves.
+            pub fn render_prometheus(&self) -> String {
+                let mut out = String::new();
+                for (name, v) in self.all() {
+                    let kind = if name == "curr_connections" { "gauge" } else { "counter" };
+                    out.push_str(&format!("# TYPE psl_memcached_{name} {kind}\npsl_memcached_{name} {v}\n"));
+                }
+                out
+            }
+
             /// `stats reset`: zeroes every counter except the `curr_connections` gauge.
             pub fn reset(&self) {
                 $(if stringify!($name) != "curr_connections" { self.$name.store(0, Ordering::Relaxed); })*

@@ -87,6 +87,9 @@ pub struct CapsuleDbArgs {
     /// The memory budget (`--memory-budget-mb`).
     #[command(flatten)]
     pub budget: crate::roles::BudgetArgs,
+    /// Prometheus metrics over HTTP (`--metrics ADDR`).
+    #[command(flatten)]
+    pub metrics: crate::roles::MetricsArgs,
     /// How the ring threads wait for work (`--dedicated-cores`).
     #[command(flatten)]
     pub cores: crate::roles::CoresArgs,
@@ -363,8 +366,26 @@ fn run_role(a: CapsuleDbArgs, config: Config, writer: u32) -> Result<i32> {
     if let Some(addr) = a.control {
         serve_control(&a, addr, &node)?;
     }
-    let role =
-        Role::start_shared(node, db, role_keys, stores.dirs.clone(), role_opts, !replaying, stores.publisher.clone())?;
+    let role = Arc::new(Role::start_shared(
+        node,
+        db,
+        role_keys,
+        stores.dirs.clone(),
+        role_opts,
+        !replaying,
+        stores.publisher.clone(),
+    )?);
+    let r = role.clone();
+    let _metrics = a.metrics.serve(
+        move || {
+            let mut s = r.node().render_metrics();
+            s.push_str(&r.stats().render_prometheus());
+            let index = r.db().lock().index_seq();
+            s.push_str(&format!("# TYPE psl_capsuledb_index_seq gauge\npsl_capsuledb_index_seq {index}\n"));
+            s
+        },
+        false,
+    )?;
     let replayed_ops = match &stores.survey {
         Some(survey) => Some(replay_from_servers(&a, &meta, &role, survey, &frontier, &keyed)?),
         None => None,

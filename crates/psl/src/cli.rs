@@ -24,6 +24,8 @@ struct RouterCmd {
     router: psl_fabric::RouterArgs,
     #[command(flatten)]
     budget: roles::BudgetArgs,
+    #[command(flatten)]
+    metrics: roles::MetricsArgs,
 }
 
 #[derive(Subcommand)]
@@ -132,6 +134,8 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Coordinator(a) => roles::run_coordinator(a),
         Cmd::Router(a) => {
             a.budget.watch(roles::RoleKind::Router, "router");
+            // The router's own figures are its process's (it keeps no counters of its own yet).
+            let _metrics = a.metrics.serve(String::new, true)?;
             psl_fabric::run_router(a.router).map(|()| 0)
         }
         Cmd::Kv(c) => kv::run(c),

@@ -74,6 +74,10 @@ pub struct Settings {
     /// Each front end's flow window in records (`--flow-window-records`).
     #[serde(default)]
     pub kv_flow_window_records: Option<usize>,
+    /// Whether every role serves its Prometheus metrics (`--metrics`), on a free port of its
+    /// host's control address, listed in `dir/NAME/metrics.json` and printed at start.
+    #[serde(default = "default_metrics")]
+    pub metrics: bool,
 }
 
 impl Default for Settings {
@@ -92,6 +96,7 @@ impl Default for Settings {
             kv_flush_us: None,
             kv_flow_window_ops: None,
             kv_flow_window_records: None,
+            metrics: default_metrics(),
         }
     }
 }
@@ -104,6 +109,9 @@ fn default_shared() -> PathBuf {
 }
 fn default_operator() -> PathBuf {
     "psl-operator".into()
+}
+fn default_metrics() -> bool {
+    true
 }
 fn default_prefix() -> String {
     psl_fabric::subject::SUBJECT_PREFIX_DEFAULT.into()
@@ -869,6 +877,9 @@ pub fn up_host(config: &Path, name: &str) -> Result<i32> {
     check_shared_files(&c, &sh, config, base)?;
     check_host_keys(&c, &h, config, &dir)?;
     crate::kids::catch_signals();
+    if c.cluster.metrics {
+        crate::kids::serve_metrics_on(h.control_bind());
+    }
     let up = HostUp::new(config, base, c, h, dir, sh)?;
     let mut kids: Vec<Kid> = Vec::new();
     if let Err(e) = up.start_roles(&mut kids) {
@@ -876,10 +887,27 @@ pub fn up_host(config: &Path, name: &str) -> Result<i32> {
         return Err(e);
     }
     up.print_roles(&kids)?;
+    write_metrics_list(&up.dir)?;
     let code = supervise_host(&up.h.name, &mut kids);
     eprintln!("host {}: stopping {} processes", up.h.name, kids.len());
     stop_all(&mut kids);
     Ok(code)
+}
+
+/// Writes `dir/metrics.json` (each role's scrape URL by name) and prints a `metrics NAME URL`
+/// line per role, when the roles serve metrics.
+fn write_metrics_list(dir: &Path) -> Result<()> {
+    let urls = crate::kids::metrics_urls();
+    if urls.is_empty() {
+        return Ok(());
+    }
+    for (name, url) in &urls {
+        println!("metrics {name} {url}");
+    }
+    crate::util::write_atomic(&dir.join("metrics.json"), serde_json::to_string_pretty(&urls)?.as_bytes(), 0o644)?;
+    use std::io::Write;
+    std::io::stdout().flush()?;
+    Ok(())
 }
 
 /// Fails unless the shared files `--init` makes are here, and the KV owner key is not.

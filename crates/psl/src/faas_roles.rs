@@ -68,6 +68,9 @@ pub struct LeaderArgs {
     /// `[hosts] allow_insecure_unauthenticated = true` (INSECURE).
     #[arg(long = "capsule-host-pin", value_name = "ID=HASH", value_parser = parse_pin)]
     pub capsule_host_pins: Vec<(u32, [u8; 32])>,
+    /// Prometheus metrics over HTTP (`--metrics ADDR`): this process's figures.
+    #[command(flatten)]
+    pub metrics: crate::roles::MetricsArgs,
 }
 
 /// `ID=HASH` of `--capsule-host-pin`.
@@ -80,6 +83,8 @@ fn parse_pin(s: &str) -> Result<(u32, [u8; 32]), String> {
 }
 
 pub fn run_leader(a: LeaderArgs) -> Result<i32> {
+    // The role's own counters are not exported yet: what it serves is its process's.
+    let _metrics = a.metrics.serve(String::new, true)?;
     let attester = a.attest.open_required("leader", || measurement(a.attest.sim_binary_hash.as_deref()))?;
     let verifier = load_policy(&a.attest_policy, "leader")?;
     let mut pins = vec![None; a.capsule_hosts.len()];
@@ -130,9 +135,14 @@ pub struct SchedulerArgs {
     /// forwards, as a malicious scheduler would.
     #[arg(long)]
     pub test_flip_program_byte: Option<usize>,
+    /// Prometheus metrics over HTTP (`--metrics ADDR`): this process's figures.
+    #[command(flatten)]
+    pub metrics: crate::roles::MetricsArgs,
 }
 
 pub fn run_scheduler(a: SchedulerArgs) -> Result<i32> {
+    // The role's own counters are not exported yet: what it serves is its process's.
+    let _metrics = a.metrics.serve(String::new, true)?;
     let cfg = scheduler::SchedulerConfig {
         listen: a.listen,
         heartbeat_timeout: Duration::from_millis(a.heartbeat_timeout_ms.max(10)),
@@ -181,9 +191,14 @@ pub struct WorkerArgs {
     /// TEST ONLY: stop heartbeating after this many milliseconds (a hung worker).
     #[arg(long)]
     pub test_stop_heartbeats_after_ms: Option<u64>,
+    /// Prometheus metrics over HTTP (`--metrics ADDR`): this process's figures.
+    #[command(flatten)]
+    pub metrics: crate::roles::MetricsArgs,
 }
 
 pub fn run_worker(a: WorkerArgs) -> Result<i32> {
+    // The role's own counters are not exported yet: what it serves is its process's.
+    let _metrics = a.metrics.serve(String::new, true)?;
     if a.id == 0 || a.id > 32767 {
         anyhow::bail!("--id must be 1 ..= 32767");
     }
@@ -246,9 +261,14 @@ pub struct CapsuleHostArgs {
     /// from an attested host (or, INSECURE, when its policy allows unauthenticated hosts).
     #[arg(long, value_name = "FILE")]
     pub tls_key: Option<PathBuf>,
+    /// Prometheus metrics over HTTP (`--metrics ADDR`): this process's figures.
+    #[command(flatten)]
+    pub metrics: crate::roles::MetricsArgs,
 }
 
 pub fn run_capsule_host(a: CapsuleHostArgs) -> Result<i32> {
+    // The role's own counters are not exported yet: what it serves is its process's.
+    let _metrics = a.metrics.serve(String::new, true)?;
     let attester =
         a.attest.open(&format!("capsule host {}", a.id), || measurement(a.attest.sim_binary_hash.as_deref()))?;
     let cfg = host::HostConfig {
@@ -291,9 +311,14 @@ pub struct CoordinatorHostArgs {
     /// to take the job back.
     #[arg(long, default_value_t = 120)]
     pub orphan_s: u64,
+    /// Prometheus metrics over HTTP (`--metrics ADDR`): this process's figures.
+    #[command(flatten)]
+    pub metrics: crate::roles::MetricsArgs,
 }
 
 pub fn run_coordinator_host(a: CoordinatorHostArgs) -> Result<i32> {
+    // The role's own counters are not exported yet: what it serves is its process's.
+    let _metrics = a.metrics.serve(String::new, true)?;
     let id = a.id;
     if id > 2 {
         anyhow::bail!("--id must be 0 ..= 2 (a job capsule allows three coordinator ranks)");

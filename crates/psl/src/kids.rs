@@ -3,6 +3,7 @@
 //! after 3 s); Ctrl-C and SIGTERM set `STOP`; and the fabric flags every child role gets.
 
 use anyhow::{bail, Context, Result};
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -45,11 +46,58 @@ pub(crate) struct Kid {
     pub(crate) gone: bool,
 }
 
-/// Spawns `psl ARGS`; the child gets SIGTERM if this process dies (even by SIGKILL).
+/// The roles that serve `--metrics` (every long-running `psl` role).
+const METRICS_ROLES: [&str; 11] = [
+    "node",
+    "coordinator",
+    "router",
+    "leader",
+    "scheduler",
+    "worker",
+    "capsule-host",
+    "coordinator-host",
+    "capsule-server",
+    "memcached",
+    "capsuledb",
+];
+
+/// Where the roles [`spawn`] starts serve their metrics (`None`: they do not), and the scrape
+/// URL of each by child name.
+static METRICS: std::sync::Mutex<(Option<std::net::IpAddr>, BTreeMap<String, String>)> =
+    std::sync::Mutex::new((None, BTreeMap::new()));
+
+/// Every role [`spawn`] starts from now on serves its Prometheus metrics on a free port of
+/// `ip` (`--metrics`); [`metrics_urls`] says where.
+pub(crate) fn serve_metrics_on(ip: std::net::IpAddr) {
+    METRICS.lock().unwrap_or_else(std::sync::PoisonError::into_inner).0 = Some(ip);
+}
+
+/// The scrape URL of each role started with `--metrics`, by child name (the newest start of a
+/// restarted child).
+pub(crate) fn metrics_urls() -> BTreeMap<String, String> {
+    METRICS.lock().unwrap_or_else(std::sync::PoisonError::into_inner).1.clone()
+}
+
+/// Spawns `psl ARGS`; the child gets SIGTERM if this process dies (even by SIGKILL). A
+/// long-running role gets `--metrics` when [`serve_metrics_on`] was called.
 pub(crate) fn spawn(name: &str, args: &[String]) -> Result<(Kid, std::sync::mpsc::Receiver<String>)> {
     let exe = std::env::current_exe().context("finding the psl binary")?;
     let mut cmd = Command::new(exe);
     cmd.args(args);
+    let ip = METRICS.lock().unwrap_or_else(std::sync::PoisonError::into_inner).0;
+    if let (Some(ip), Some(role)) = (ip, args.first()) {
+        if METRICS_ROLES.contains(&role.as_str()) && !args.iter().any(|x| x == "--metrics") {
+            let addr = psl_fabric::natsd::free_port(ip).with_context(|| format!("a free metrics port for {name}"))?;
+            cmd.args(["--metrics".to_string(), addr.to_string()]);
+            let reach = if ip.is_unspecified() {
+                std::net::SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), addr.port())
+            } else {
+                addr
+            };
+            let mut m = METRICS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            m.1.insert(name.to_string(), format!("http://{reach}/metrics"));
+        }
+    }
     spawn_cmd(name, cmd)
 }
 

@@ -118,6 +118,9 @@ pub struct MemcachedArgs {
     /// Memory budget (`--memory-budget-mb`; the item memory is `--memory-mb`).
     #[command(flatten)]
     pub budget: crate::roles::BudgetArgs,
+    /// Prometheus metrics over HTTP (`--metrics ADDR`).
+    #[command(flatten)]
+    pub metrics: crate::roles::MetricsArgs,
     /// How the ring threads wait for work (`--dedicated-cores`).
     #[command(flatten)]
     pub cores: crate::roles::CoresArgs,
@@ -641,7 +644,16 @@ fn join_group(
 /// Serves the memcached protocol on `--listen` (publishing the attestation report when asked),
 /// prints `listening ADDR`, and waits for the server to stop.
 fn serve(a: &MemcachedArgs, fe: Arc<FrontEnd>, scfg: ServerConfig) -> Result<i32> {
+    let f = fe.clone();
     let server = Server::start(fe, a.listen, scfg)?;
+    let _metrics = a.metrics.serve(
+        move || {
+            let mut s = f.node().render_metrics();
+            s.push_str(&f.stats.render_prometheus());
+            s
+        },
+        false,
+    )?;
     // With --kv-leader, --attest is how the front end attests to the leader; it publishes a
     // report for clients too when it serves TLS (--tls-cert).
     if a.attest.attest.attest.is_some() && (a.tls_cert.is_some() || a.kv.kv_leader.is_none()) {

@@ -46,6 +46,9 @@ pub struct CommonArgs {
     /// How the ring threads wait for work (`--dedicated-cores`).
     #[command(flatten)]
     pub cores: CoresArgs,
+    /// Prometheus metrics over HTTP (`--metrics ADDR`).
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
 }
 
 /// `--dedicated-cores`: how a role's ring threads wait for work.
@@ -80,6 +83,44 @@ pub struct BudgetArgs {
     /// 64, coordinator 128, capsule server and CapsuleDB 192, node and front end 256).
     #[arg(long, value_name = "MB")]
     pub memory_budget_mb: Option<u64>,
+}
+
+/// `--metrics ADDR`: a role's Prometheus metrics over HTTP (`psl-http`).
+#[derive(Args, Debug, Clone, Default)]
+pub struct MetricsArgs {
+    /// Serve this role's Prometheus metrics at http://ADDR/metrics (GET; port 0 picks a free
+    /// one). Prints `metrics http://ADDR/metrics`. The counters carry no secrets and need no
+    /// credential: bind loopback or a private network.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<SocketAddr>,
+}
+
+impl MetricsArgs {
+    /// Starts the metrics server when `--metrics` was given, serving what `render` renders,
+    /// the memory budget watch's figures (`psl_process_*`) when `process` is set (a node's
+    /// render has them already), and this process's CPU, memory, threads and descriptors
+    /// (`process_*`). Keep the returned server alive as long as the role runs.
+    pub fn serve(
+        &self,
+        render: impl Fn() -> String + Send + Sync + 'static,
+        process: bool,
+    ) -> Result<Option<psl_http::MetricsServer>> {
+        let Some(addr) = self.metrics else { return Ok(None) };
+        let render: psl_http::Render = Arc::new(move || {
+            let mut s = render();
+            if process {
+                s.push_str(&psl_node::memory::render_metrics());
+            }
+            s.push_str(&psl_http::process_metrics());
+            s
+        });
+        let server = psl_http::MetricsServer::start(addr, render)?;
+        // Tests, `psl up` and scripts read this line to find the port.
+        println!("metrics {}", server.url());
+        use std::io::Write;
+        std::io::stdout().flush()?;
+        Ok(Some(server))
+    }
 }
 
 /// A role of the deployment, for its default memory budget.
@@ -321,8 +362,14 @@ pub(crate) fn next_incarnation(dir: &Path) -> Result<u32> {
     Ok(next)
 }
 
-pub(crate) fn serve(node: Node, control: SocketAddr, what: &str, auth: &ControlArgs) -> Result<i32> {
-    serve_with(node, control, what, auth.options(None)?)
+pub(crate) fn serve(
+    node: Node,
+    control: SocketAddr,
+    what: &str,
+    auth: &ControlArgs,
+    metrics: &MetricsArgs,
+) -> Result<i32> {
+    serve_with(node, control, what, auth.options(None)?, metrics)
 }
 
 /// A revoker for the control interface's `REVOKE`, from the application key this role holds.
@@ -341,6 +388,7 @@ pub(crate) fn serve_with(
     control: SocketAddr,
     what: &str,
     opts: psl_node::control::ControlOptions,
+    metrics: &MetricsArgs,
 ) -> Result<i32> {
     let listener =
         std::net::TcpListener::bind(control).with_context(|| format!("binding the control address {control}"))?;
@@ -351,6 +399,8 @@ pub(crate) fn serve_with(
     std::io::stdout().flush()?;
     tracing::info!(%addr, "{what} ready; writers {:?}", node.writers());
     let node = Arc::new(node);
+    let n = node.clone();
+    let _metrics = metrics.serve(move || n.render_metrics(), false)?;
     let stop = Arc::new(AtomicBool::new(false));
     psl_node::control::serve_opts(node, listener, stop, opts)?;
     Ok(0)
@@ -446,7 +496,7 @@ pub fn run_node(a: NodeArgs) -> Result<i32> {
     let name = format!("node-{}", a.id);
     let Some(r) = recovery else {
         let node = Node::start(keys, fabric(&spec, &name, &interest)?, opts)?;
-        return serve(node, a.control, "node", &a.control_auth);
+        return serve(node, a.control, "node", &a.control_auth, &a.common.metrics);
     };
     let count = r.messages.len() as u64;
     let pre = Arc::new(psl_node::recovery::Preloaded::new(fabric(&spec, &name, &interest)?, r.messages));
@@ -458,7 +508,7 @@ pub fn run_node(a: NodeArgs) -> Result<i32> {
     let epoch = r.newest_sync_epoch.map(|e| format!("{e:#x}")).unwrap_or_else(|| "none".into());
     let from: Vec<String> = r.servers.iter().map(|s| s.to_string()).collect();
     println!("recovered {count} records from {} newest-sync-epoch {epoch} incarnation {incarnation}", from.join(","));
-    serve(node, a.control, "node", &a.control_auth)
+    serve(node, a.control, "node", &a.control_auth, &a.common.metrics)
 }
 
 /// Runs `psl coordinator`: starts the coordinator and serves its control interface until
@@ -515,7 +565,7 @@ pub fn run_coordinator(a: CoordinatorArgs) -> Result<i32> {
         Some(app) if certified => Some(revoker(&meta, app)),
         _ => None,
     };
-    serve_with(node, a.control, "coordinator", a.control_auth.options(revoker)?)
+    serve_with(node, a.control, "coordinator", a.control_auth.options(revoker)?, &a.common.metrics)
 }
 
 /// `psl capsule-server`: run a DataCapsule server, or `check` a server's storage.
@@ -575,6 +625,9 @@ pub struct CapsuleServerArgs {
     /// The memory budget (`--memory-budget-mb`).
     #[command(flatten)]
     pub budget: BudgetArgs,
+    /// Prometheus metrics over HTTP (`--metrics ADDR`).
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
 }
 
 /// The subcommands of `psl capsule-server`.
@@ -650,8 +703,10 @@ pub fn run_capsule_server(a: CapsuleServerArgs) -> Result<i32> {
     };
     tracing::info!(id, n = a.n, f, fsync = %a.fsync, "capsule server configuration");
     let ep = fabric(&spec, &format!("capsule-server-{id}"), &psl_fabric::Interest::server(capsule_id(&meta)))?;
-    let server = psl_server::Server::start(&dir, meta, key, ep, opts)?;
+    let server = Arc::new(psl_server::Server::start(&dir, meta, key, ep, opts)?);
     let rep = server.start_report().clone();
+    let s = server.clone();
+    let _metrics = a.metrics.serve(move || s.stats().render_prometheus(), true)?;
     // Tests and scripts read this line.
     println!("ready {} records={} repaired={}", server.writer(), rep.records, rep.repaired);
     if let Some(r) = server.read_addr() {

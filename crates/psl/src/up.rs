@@ -133,6 +133,10 @@ pub struct UpArgs {
     /// Interface every role listens on (0.0.0.0: all; then give --advertise).
     #[arg(long, default_value = "127.0.0.1")]
     pub bind: std::net::IpAddr,
+    /// Do not serve the roles' Prometheus metrics. By default every role serves them on a free
+    /// port of --bind (`--metrics`), listed in `DIR/cluster.json` under `metrics`.
+    #[arg(long)]
+    pub no_metrics: bool,
     /// Address other machines reach this one at: printed and written to the cluster file in
     /// place of the bound one (default: --bind).
     #[arg(long)]
@@ -816,6 +820,11 @@ fn write_cluster_file(path: &std::path::Path, up: &Started) -> Result<()> {
     if let Some(kv) = &up.kv {
         file["kv"] = serde_json::to_value(kv)?;
     }
+    // Each role's Prometheus scrape URL, by name (`--metrics`; none with --no-metrics).
+    let metrics = crate::kids::metrics_urls();
+    if !metrics.is_empty() {
+        file["metrics"] = serde_json::to_value(metrics)?;
+    }
     crate::util::write_atomic(path, serde_json::to_string_pretty(&file)?.as_bytes(), 0o644)?;
     Ok(())
 }
@@ -921,6 +930,9 @@ pub fn run(a: UpArgs) -> Result<i32> {
     let t0 = Instant::now();
     let kv_front_ends = check_counts(&a)?;
     catch_signals();
+    if !a.no_metrics {
+        crate::kids::serve_metrics_on(a.bind);
+    }
     std::fs::create_dir_all(&a.dir).with_context(|| format!("creating {}", a.dir.display()))?;
     let (attest_flags, policy_path) = attestation(&a)?;
     let attest_policy = policy_path.display().to_string();
