@@ -416,6 +416,14 @@ pub fn bind_channel_key(channel_public: &[u8]) -> [u8; 32] {
     sha256(&[b"psl/report-data/v1", channel_public]).0
 }
 
+/// The report data of a role's HTTPS endpoint (`psl verify`): the hash of its TLS
+/// certificate's public key ([`crate::tls::TlsIdentity::spki_hash`], as a client computes it
+/// from the certificate it was shown), under a label of its own so that it can never be taken
+/// for another binding.
+pub fn bind_https_tls(spki_hash: &[u8; 32]) -> [u8; 32] {
+    bind_channel_key(&[&b"psl/https-tls/v1"[..], &spki_hash[..]].concat())
+}
+
 /// The report data of a worker's offer: its key-delivery channel key and, over the network, the
 /// hash of its TLS certificate's public key (see [`crate::tls`]).
 pub fn bind_offer(channel_public: &[u8; 32], tls_spki: Option<&[u8; 32]>) -> [u8; 32] {

@@ -1,9 +1,11 @@
 //! PSL's HTTP stack: hyper's HTTP/1.1 server behind PSL's limits, on a thread of its own.
 //!
-//! Today it serves the roles' Prometheus metrics ([`MetricsServer`], `--metrics ADDR`): every
-//! long-running role renders its counters as Prometheus text, and a scraper reads them with
-//! `GET /metrics`. It is the stack the roles' attested API will sit on too, so its limits are
-//! the API's:
+//! It serves the roles' Prometheus metrics ([`MetricsServer`], `--metrics ADDR`: every
+//! long-running role renders its counters as Prometheus text, a scraper reads them with
+//! `GET /metrics`), and the attested HTTPS endpoint of the trusted roles ([`HttpServer::serve`]
+//! with TLS and [`Routes::attestation`]: `GET /v1/attestation?nonce=HEX` answers evidence that
+//! binds the server's TLS key and the client's nonce, which `psl verify` checks). The
+//! roles' API will sit on the same server, so its limits are the API's:
 //!
 //! - at most [`Limits::connections_max`] connections at once; one beyond it is closed at
 //!   accept and counted (`psl_http_connections_refused_total`);
@@ -15,10 +17,13 @@
 //! Metrics carry no secrets and need no credential; a deployment that must not publish them
 //! binds the address to loopback or a private network (docs/security/threat-model.md).
 //!
-//! Modules: this file only (the server, its routes and its own counters).
+//! Modules: this file (the server, its routes, its own counters, the process's figures) and
+//! [`client`] (one GET over TLS that keeps the server's certificate, for `psl verify`).
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 #![deny(missing_docs)]
+
+pub mod client;
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -40,6 +45,24 @@ pub const HEAD_BYTES_MAX: usize = 8 * 1024;
 
 /// What renders a role's metrics as Prometheus text (called once per scrape).
 pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// What answers `GET /v1/attestation?nonce=HEX`: evidence (as JSON) binding this server's TLS
+/// key and the client's 32-byte nonce, or why there is none. Runs on a blocking thread (a
+/// hardware quote takes milliseconds); at most [`ATTESTATIONS_MAX`] at once.
+pub type Attest = Arc<dyn Fn([u8; 32]) -> Result<serde_json::Value, String> + Send + Sync>;
+
+/// Most attestation requests served at once; more are answered 503 (evidence costs the
+/// hardware time, so a client cannot queue unbounded work).
+pub const ATTESTATIONS_MAX: usize = 4;
+
+/// What a server answers besides errors.
+#[derive(Clone, Default)]
+pub struct Routes {
+    /// `GET /metrics` (and `/healthz`).
+    pub metrics: Option<Render>,
+    /// `GET /v1/attestation?nonce=HEX`.
+    pub attestation: Option<Attest>,
+}
 
 /// The server's bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,23 +183,37 @@ fn parse_stat(s: &str) -> Option<Stat> {
     Some(Stat { utime: at(14)?, stime: at(15)?, threads: at(20)?, rss_pages: at(24)? })
 }
 
-/// A running `/metrics` server; dropping it stops the server and joins its thread.
-pub struct MetricsServer {
+/// A running server; dropping it stops the server and joins its thread.
+pub struct HttpServer {
     addr: SocketAddr,
+    tls: bool,
     stats: Arc<HttpStats>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
 
-impl MetricsServer {
+/// The `--metrics` server: an [`HttpServer`] with the metrics route only, in plain HTTP.
+pub type MetricsServer = HttpServer;
+
+impl HttpServer {
     /// Serves `GET /metrics` (`render`'s text, then the server's own counters) on `addr`
-    /// (port 0: any free port, see [`MetricsServer::local_addr`]) under the default [`Limits`].
-    pub fn start(addr: SocketAddr, render: Render) -> Result<MetricsServer, HttpError> {
-        MetricsServer::start_with(addr, render, Limits::default())
+    /// (port 0: any free port, see [`HttpServer::local_addr`]) under the default [`Limits`].
+    pub fn start(addr: SocketAddr, render: Render) -> Result<HttpServer, HttpError> {
+        HttpServer::start_with(addr, render, Limits::default())
     }
 
-    /// [`MetricsServer::start`] under `limits`.
-    pub fn start_with(addr: SocketAddr, render: Render, limits: Limits) -> Result<MetricsServer, HttpError> {
+    /// [`HttpServer::start`] under `limits`.
+    pub fn start_with(addr: SocketAddr, render: Render, limits: Limits) -> Result<HttpServer, HttpError> {
+        HttpServer::serve(addr, Routes { metrics: Some(render), attestation: None }, None, limits)
+    }
+
+    /// Serves `routes` on `addr`, over TLS with `tls` (HTTPS), else plain HTTP.
+    pub fn serve(
+        addr: SocketAddr,
+        routes: Routes,
+        tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
+        limits: Limits,
+    ) -> Result<HttpServer, HttpError> {
         let listener = std::net::TcpListener::bind(addr).map_err(|source| HttpError::Bind { addr, source })?;
         let bound = listener.local_addr().map_err(|source| HttpError::Start { addr, source })?;
         listener.set_nonblocking(true).map_err(|source| HttpError::Start { addr: bound, source })?;
@@ -187,12 +224,14 @@ impl MetricsServer {
         let stats = Arc::new(HttpStats::default());
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let st = stats.clone();
+        let https = tls.is_some();
         let thread = std::thread::Builder::new()
-            .name("metrics-http".into())
-            .spawn(move || rt.block_on(serve(listener, render, st, limits, stopped)))
+            .name("http".into())
+            .spawn(move || rt.block_on(serve(listener, Arc::new(routes), tls, st, limits, stopped)))
             .map_err(|source| HttpError::Start { addr: bound, source })?;
-        tracing::info!(addr = %bound, "serving metrics at http://{bound}/metrics");
-        Ok(MetricsServer { addr: bound, stats, stop: Some(stop), thread: Some(thread) })
+        let server = HttpServer { addr: bound, tls: https, stats, stop: Some(stop), thread: Some(thread) };
+        tracing::info!(addr = %bound, "serving {}", server.base_url());
+        Ok(server)
     }
 
     /// The address the server listens on.
@@ -200,9 +239,14 @@ impl MetricsServer {
         self.addr
     }
 
+    /// `http://ADDR` or `https://ADDR`.
+    pub fn base_url(&self) -> String {
+        format!("{}://{}", if self.tls { "https" } else { "http" }, self.addr)
+    }
+
     /// The scrape URL: `http://ADDR/metrics`.
     pub fn url(&self) -> String {
-        format!("http://{}/metrics", self.addr)
+        format!("{}/metrics", self.base_url())
     }
 
     /// The server's own counters.
@@ -211,7 +255,7 @@ impl MetricsServer {
     }
 }
 
-impl Drop for MetricsServer {
+impl Drop for HttpServer {
     fn drop(&mut self) {
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
@@ -224,7 +268,8 @@ impl Drop for MetricsServer {
 
 async fn serve(
     listener: std::net::TcpListener,
-    render: Render,
+    routes: Arc<Routes>,
+    tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
     stats: Arc<HttpStats>,
     limits: Limits,
     mut stopped: tokio::sync::oneshot::Receiver<()>,
@@ -232,11 +277,13 @@ async fn serve(
     let listener = match tokio::net::TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(e) => {
-            tracing::error!("metrics server: cannot take the listener into the runtime: {e}");
+            tracing::error!("http server: cannot take the listener into the runtime: {e}");
             return;
         }
     };
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.connections_max.max(1)));
+    let attesting = Arc::new(tokio::sync::Semaphore::new(ATTESTATIONS_MAX));
     loop {
         let accepted = tokio::select! {
             _ = &mut stopped => return,
@@ -246,7 +293,7 @@ async fn serve(
             Ok((s, _)) => s,
             Err(e) => {
                 // Out of descriptors or a reset before accept: wait a little, never spin.
-                tracing::debug!("metrics server: accept: {e}");
+                tracing::debug!("http server: accept: {e}");
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
@@ -256,30 +303,58 @@ async fn serve(
             continue; // dropped: closed at once
         };
         let _ = stream.set_nodelay(true);
-        let (render, stats) = (render.clone(), stats.clone());
+        let (routes, stats, attesting, acceptor) = (routes.clone(), stats.clone(), attesting.clone(), acceptor.clone());
         tokio::spawn(async move {
             let svc = service_fn(move |req: Request<Incoming>| {
-                let resp = respond(&req, &render, &stats);
-                async move { Ok::<_, Infallible>(resp) }
+                let (routes, stats, attesting) = (routes.clone(), stats.clone(), attesting.clone());
+                async move { Ok::<_, Infallible>(respond(req, &routes, &stats, &attesting).await) }
             });
-            let conn = http1::Builder::new()
+            let http = http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(Duration::from_millis(limits.header_read_ms))
                 .max_buf_size(HEAD_BYTES_MAX)
-                .serve_connection(TokioIo::new(stream), svc);
-            let _ = tokio::time::timeout(Duration::from_millis(limits.connection_ms), conn).await;
+                .clone();
+            let whole = Duration::from_millis(limits.connection_ms);
+            match acceptor {
+                None => {
+                    let _ = tokio::time::timeout(whole, http.serve_connection(TokioIo::new(stream), svc)).await;
+                }
+                Some(acc) => {
+                    // The handshake counts against the head deadline.
+                    let hs = Duration::from_millis(limits.header_read_ms);
+                    if let Ok(Ok(tls)) = tokio::time::timeout(hs, acc.accept(stream)).await {
+                        let _ = tokio::time::timeout(whole, http.serve_connection(TokioIo::new(tls), svc)).await;
+                    }
+                }
+            }
             drop(slot);
         });
     }
 }
 
 /// The answer to one request (no body is read).
-fn respond(req: &Request<Incoming>, render: &Render, stats: &HttpStats) -> Response<Full<Bytes>> {
-    let path = req.uri().path();
-    let known = ["/metrics", "/healthz"];
-    if !known.contains(&path) {
+async fn respond(
+    req: Request<Incoming>,
+    routes: &Routes,
+    stats: &HttpStats,
+    attesting: &Arc<tokio::sync::Semaphore>,
+) -> Response<Full<Bytes>> {
+    let path = req.uri().path().to_string();
+    let served = |p: &str| match p {
+        "/metrics" | "/healthz" => routes.metrics.is_some(),
+        "/v1/attestation" => routes.attestation.is_some(),
+        _ => false,
+    };
+    if !served(&path) {
         stats.refused.fetch_add(1, Ordering::Relaxed);
-        let msg = format!("no such path {path:?}: this server answers GET /metrics and GET /healthz");
+        let mut list: Vec<&str> = Vec::new();
+        if routes.metrics.is_some() {
+            list.extend(["GET /metrics", "GET /healthz"]);
+        }
+        if routes.attestation.is_some() {
+            list.push("GET /v1/attestation?nonce=HEX");
+        }
+        let msg = format!("no such path {path:?}: this server answers {}", list.join(", "));
         return json_error(StatusCode::NOT_FOUND, &msg);
     }
     if req.method() != Method::GET && req.method() != Method::HEAD {
@@ -289,6 +364,15 @@ fn respond(req: &Request<Incoming>, render: &Render, stats: &HttpStats) -> Respo
         r.headers_mut().insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
         return r;
     }
+    if path == "/v1/attestation" {
+        let Some(attest) = routes.attestation.clone() else {
+            return json_error(StatusCode::NOT_FOUND, "no attestation here");
+        };
+        return attestation(req.uri().query(), attest, stats, attesting).await;
+    }
+    let Some(render) = &routes.metrics else {
+        return json_error(StatusCode::NOT_FOUND, "no metrics here");
+    };
     stats.ok.fetch_add(1, Ordering::Relaxed);
     let (body, kind) = if path == "/metrics" {
         let mut text = render();
@@ -300,6 +384,43 @@ fn respond(req: &Request<Incoming>, render: &Render, stats: &HttpStats) -> Respo
     let mut r = Response::new(Full::new(Bytes::from(body)));
     r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(kind));
     r
+}
+
+/// `GET /v1/attestation?nonce=HEX`: the nonce must be exactly 64 hex digits.
+async fn attestation(
+    query: Option<&str>,
+    attest: Attest,
+    stats: &HttpStats,
+    attesting: &Arc<tokio::sync::Semaphore>,
+) -> Response<Full<Bytes>> {
+    let nonce = query.and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("nonce="))).and_then(|h| {
+        let mut n = [0u8; 32];
+        hex::decode_to_slice(h, &mut n).ok().map(|()| n)
+    });
+    let Some(nonce) = nonce else {
+        stats.refused.fetch_add(1, Ordering::Relaxed);
+        return json_error(StatusCode::BAD_REQUEST, "give a fresh nonce: GET /v1/attestation?nonce=<64 hex digits>");
+    };
+    let Ok(permit) = attesting.clone().try_acquire_owned() else {
+        stats.refused.fetch_add(1, Ordering::Relaxed);
+        return json_error(StatusCode::SERVICE_UNAVAILABLE, "too many attestation requests at once: retry");
+    };
+    let answer = tokio::task::spawn_blocking(move || {
+        let r = attest(nonce);
+        drop(permit);
+        r
+    })
+    .await;
+    match answer {
+        Ok(Ok(v)) => {
+            stats.ok.fetch_add(1, Ordering::Relaxed);
+            let mut r = Response::new(Full::new(Bytes::from(v.to_string())));
+            r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            r
+        }
+        Ok(Err(e)) => json_error(StatusCode::SERVICE_UNAVAILABLE, &format!("no evidence: {e}")),
+        Err(e) => json_error(StatusCode::INTERNAL_SERVER_ERROR, &format!("the attestation task failed: {e}")),
+    }
 }
 
 fn json_error(status: StatusCode, msg: &str) -> Response<Full<Bytes>> {

@@ -86,6 +86,9 @@ enum Cmd {
     /// Attestation: print the measurements for a policy; verify a quote or report offline.
     #[command(subcommand)]
     Attest(attest::AttestCmd),
+    /// Check a role's HTTPS endpoint (`--http`) before trusting it: its evidence under a policy,
+    /// bound to the TLS key this client sees and to a fresh nonce; exit 0 only if it verifies.
+    Verify(crate::verify::VerifyUrlArgs),
     /// Say what this machine offers and lacks (TEEs, nats-server, memcached, ports, limits, disk,
     /// clock): one PASS/WARN/FAIL line each, with the fix; exit 1 if any FAILs.
     Doctor(doctor::DoctorArgs),
@@ -153,6 +156,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Memcached(a) => memcached::run(*a),
         Cmd::Capsuledb(a) => capsuledb::run(a),
         Cmd::Attest(c) => attest::run(c),
+        Cmd::Verify(a) => crate::verify::run(a),
         Cmd::Doctor(a) => doctor::run(a),
         Cmd::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();

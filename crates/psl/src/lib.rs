@@ -55,6 +55,7 @@ pub mod status;
 pub mod tools;
 mod up;
 pub mod util;
+mod verify;
 
 /// `psl --version` (and `psl-tools --version`): the crate version and the git commit.
 pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("PSL_GIT_COMMIT"), ")");

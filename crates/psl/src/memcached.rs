@@ -121,6 +121,9 @@ pub struct MemcachedArgs {
     /// Prometheus metrics over HTTP (`--metrics ADDR`).
     #[command(flatten)]
     pub metrics: crate::roles::MetricsArgs,
+    /// The attested HTTPS endpoint (`--http ADDR`).
+    #[command(flatten)]
+    pub https: crate::roles::HttpsArgs,
     /// How the ring threads wait for work (`--dedicated-cores`).
     #[command(flatten)]
     pub cores: crate::roles::CoresArgs,
@@ -646,17 +649,26 @@ fn join_group(
 fn serve(a: &MemcachedArgs, fe: Arc<FrontEnd>, scfg: ServerConfig) -> Result<i32> {
     let f = fe.clone();
     let server = Server::start(fe, a.listen, scfg)?;
-    let _metrics = a.metrics.serve(
-        move || {
-            let mut s = f.node().render_metrics();
-            s.push_str(&f.stats.render_prometheus());
-            s
-        },
-        false,
-    )?;
+    let render = move || {
+        let mut s = f.node().render_metrics();
+        s.push_str(&f.stats.render_prometheus());
+        s
+    };
+    let render = Arc::new(render);
+    let r = render.clone();
+    let _metrics = a.metrics.serve(move || r(), false)?;
+    let attester = if a.https.http.is_some() {
+        a.attest.attest.open("memcached", || crate::attest::measurement(a.attest.attest.sim_binary_hash.as_deref()))?
+    } else {
+        None
+    };
+    let _https = a.https.serve("memcached", attester, move || render())?;
     // With --kv-leader, --attest is how the front end attests to the leader; it publishes a
-    // report for clients too when it serves TLS (--tls-cert).
-    if a.attest.attest.attest.is_some() && (a.tls_cert.is_some() || a.kv.kv_leader.is_none()) {
+    // report for clients too when it serves TLS (--tls-cert). With --http, clients ask the
+    // HTTPS endpoint for evidence over their own nonce (`psl verify`) instead.
+    if a.attest.attest.attest.is_some()
+        && (a.tls_cert.is_some() || (a.kv.kv_leader.is_none() && a.https.http.is_none()))
+    {
         let cert = a.tls_cert.as_ref().context("--attest needs --tls-cert: the report binds the TLS certificate")?;
         let pem = std::fs::read(cert).with_context(|| format!("reading {}", cert.display()))?;
         let leaf = pem::parse(&pem).with_context(|| format!("{}: not PEM", cert.display()))?;

@@ -49,6 +49,9 @@ pub struct CommonArgs {
     /// Prometheus metrics over HTTP (`--metrics ADDR`).
     #[command(flatten)]
     pub metrics: MetricsArgs,
+    /// The attested HTTPS endpoint (`--http ADDR`).
+    #[command(flatten)]
+    pub https: HttpsArgs,
 }
 
 /// `--dedicated-cores`: how a role's ring threads wait for work.
@@ -117,6 +120,61 @@ impl MetricsArgs {
         let server = psl_http::MetricsServer::start(addr, render)?;
         // Tests, `psl up` and scripts read this line to find the port.
         println!("metrics {}", server.url());
+        use std::io::Write;
+        std::io::stdout().flush()?;
+        Ok(Some(server))
+    }
+}
+
+/// `--http ADDR`: a trusted role's HTTPS endpoint, whose TLS key its attestation evidence binds.
+#[derive(Args, Debug, Clone, Default)]
+pub struct HttpsArgs {
+    /// Serve HTTPS here (port 0 picks a free one) under a fresh TLS key of this process, bound
+    /// into its attestation evidence: `GET /v1/attestation?nonce=HEX` answers evidence over the
+    /// client's nonce and that key (with `--attest`), which `psl verify https://ADDR --policy
+    /// FILE` checks; `GET /metrics` is served there too. Prints `https https://ADDR`.
+    #[arg(long, value_name = "ADDR")]
+    pub http: Option<SocketAddr>,
+}
+
+impl HttpsArgs {
+    /// Starts the HTTPS endpoint when `--http` was given. `attester`: how this role attests
+    /// (`None`: the attestation route says there is none to give).
+    pub fn serve(
+        &self,
+        role: &str,
+        attester: Option<Box<dyn psl_faas::attest::Attester>>,
+        render: impl Fn() -> String + Send + Sync + 'static,
+    ) -> Result<Option<psl_http::HttpServer>> {
+        let Some(addr) = self.http else { return Ok(None) };
+        let id = psl_faas::tls::TlsIdentity::generate(&format!("psl {role}"))?;
+        let spki = id.spki_hash();
+        let role_name = role.to_string();
+        let attestation: psl_http::Attest = Arc::new(move |nonce: [u8; 32]| {
+            let Some(att) = &attester else {
+                return Err(format!("psl {role_name} runs without --attest: it has no evidence to give"));
+            };
+            let rd = psl_faas::attest::bind_https_tls(&spki);
+            let ev = att.attest(&nonce, &rd).map_err(|e| e.to_string())?;
+            Ok(serde_json::json!({
+                "role": role_name,
+                "backend": ev.backend,
+                "evidence": hex::encode(&ev.bytes),
+                "binds": format!("tls-spki {}", hex::encode(spki)),
+                "report_data": hex::encode(rd),
+                "nonce": hex::encode(nonce),
+            }))
+        });
+        let render: psl_http::Render = Arc::new(move || {
+            let mut s = render();
+            s.push_str(&psl_http::process_metrics());
+            s
+        });
+        let routes = psl_http::Routes { metrics: Some(render), attestation: Some(attestation) };
+        let server =
+            psl_http::HttpServer::serve(addr, routes, Some(id.server_config(false)?), psl_http::Limits::default())?;
+        // Tests, `psl up` and scripts read this line.
+        println!("https {}", server.base_url());
         use std::io::Write;
         std::io::stdout().flush()?;
         Ok(Some(server))
@@ -367,9 +425,9 @@ pub(crate) fn serve(
     control: SocketAddr,
     what: &str,
     auth: &ControlArgs,
-    metrics: &MetricsArgs,
+    common: &CommonArgs,
 ) -> Result<i32> {
-    serve_with(node, control, what, auth.options(None)?, metrics)
+    serve_with(node, control, what, auth.options(None)?, common)
 }
 
 /// A revoker for the control interface's `REVOKE`, from the application key this role holds.
@@ -388,7 +446,7 @@ pub(crate) fn serve_with(
     control: SocketAddr,
     what: &str,
     opts: psl_node::control::ControlOptions,
-    metrics: &MetricsArgs,
+    common: &CommonArgs,
 ) -> Result<i32> {
     let listener =
         std::net::TcpListener::bind(control).with_context(|| format!("binding the control address {control}"))?;
@@ -400,7 +458,13 @@ pub(crate) fn serve_with(
     tracing::info!(%addr, "{what} ready; writers {:?}", node.writers());
     let node = Arc::new(node);
     let n = node.clone();
-    let _metrics = metrics.serve(move || n.render_metrics(), false)?;
+    let _metrics = common.metrics.serve(move || n.render_metrics(), false)?;
+    let attester = match common.https.http {
+        Some(_) => common.attest.open(what, || crate::attest::measurement(common.attest.sim_binary_hash.as_deref()))?,
+        None => None,
+    };
+    let n = node.clone();
+    let _https = common.https.serve(what, attester, move || n.render_metrics())?;
     let stop = Arc::new(AtomicBool::new(false));
     psl_node::control::serve_opts(node, listener, stop, opts)?;
     Ok(0)
@@ -496,7 +560,7 @@ pub fn run_node(a: NodeArgs) -> Result<i32> {
     let name = format!("node-{}", a.id);
     let Some(r) = recovery else {
         let node = Node::start(keys, fabric(&spec, &name, &interest)?, opts)?;
-        return serve(node, a.control, "node", &a.control_auth, &a.common.metrics);
+        return serve(node, a.control, "node", &a.control_auth, &a.common);
     };
     let count = r.messages.len() as u64;
     let pre = Arc::new(psl_node::recovery::Preloaded::new(fabric(&spec, &name, &interest)?, r.messages));
@@ -508,7 +572,7 @@ pub fn run_node(a: NodeArgs) -> Result<i32> {
     let epoch = r.newest_sync_epoch.map(|e| format!("{e:#x}")).unwrap_or_else(|| "none".into());
     let from: Vec<String> = r.servers.iter().map(|s| s.to_string()).collect();
     println!("recovered {count} records from {} newest-sync-epoch {epoch} incarnation {incarnation}", from.join(","));
-    serve(node, a.control, "node", &a.control_auth, &a.common.metrics)
+    serve(node, a.control, "node", &a.control_auth, &a.common)
 }
 
 /// Runs `psl coordinator`: starts the coordinator and serves its control interface until
@@ -565,7 +629,7 @@ pub fn run_coordinator(a: CoordinatorArgs) -> Result<i32> {
         Some(app) if certified => Some(revoker(&meta, app)),
         _ => None,
     };
-    serve_with(node, a.control, "coordinator", a.control_auth.options(revoker)?, &a.common.metrics)
+    serve_with(node, a.control, "coordinator", a.control_auth.options(revoker)?, &a.common)
 }
 
 /// `psl capsule-server`: run a DataCapsule server, or `check` a server's storage.
