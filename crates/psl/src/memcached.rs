@@ -197,6 +197,10 @@ pub struct KvInfo {
     pub peers: Vec<SocketAddr>,
     /// The memcached addresses of the group's front ends.
     pub front_ends: Vec<SocketAddr>,
+    /// The front ends' attested HTTPS endpoints (`--http`; `psl verify URL --policy P`), in
+    /// the order of `front_ends`.
+    #[serde(default)]
+    pub http: Vec<String>,
     /// Capsule servers' ids and store directories.
     pub servers: Vec<(u32, PathBuf)>,
     /// Where a joining front end draws its node id (a counter file, locked while drawn) and

@@ -267,10 +267,15 @@ impl KvFiles {
 /// Started children's ids, each with its output.
 type Outputs = Vec<(u32, Receiver<String>)>;
 
+/// Front ends started: their peer addresses, memcached addresses and HTTPS endpoints.
+type FrontEnds = (Vec<SocketAddr>, Vec<SocketAddr>, Vec<String>);
+
 /// What starting the KV deployment's processes needs: the arguments, the fabric, the files
 /// and the deadline for their first lines.
 struct KvLaunch<'a> {
     a: &'a UpArgs,
+    /// The attestation flags the front ends attest their HTTPS endpoint with.
+    attest: &'a [String],
     fabric: &'a psl_fabric::FabricSpec,
     files: KvFiles,
     deadline: Instant,
@@ -335,7 +340,9 @@ impl KvLaunch<'_> {
 
     /// Starts `n` front ends, one peer group, with CapsuleDB's writer index `writer`; returns
     /// their peer addresses and their memcached addresses.
-    fn start_front_ends(&self, n: u32, writer: u32, kids: &mut Vec<Kid>) -> Result<(Vec<SocketAddr>, Vec<SocketAddr>)> {
+    /// Starts `n` front ends in one peer group; returns their peer addresses, their memcached
+    /// addresses and their attested HTTPS endpoints.
+    fn start_front_ends(&self, n: u32, writer: u32, kids: &mut Vec<Kid>) -> Result<FrontEnds> {
         let (a, f, s) = (self.a, &self.files, path_arg);
         let binds = (0..n).map(|_| free_port(a.bind)).collect::<Result<Vec<_>>>()?;
         let peers: Vec<SocketAddr> = binds.iter().map(|b| a.advertised(*b)).collect();
@@ -379,16 +386,23 @@ impl KvLaunch<'_> {
             args.extend(["--peer-listen".into(), binds[i].to_string(), "--peers".into(), list.clone()]);
             args.extend(["--peer-advertise".into(), peer.to_string()]);
             args.extend(["--home-lease-ms".into(), a.home_lease_ms.to_string()]);
+            // Its attested HTTPS endpoint (`psl verify`, docs/client.md).
+            args.extend(["--http".into(), SocketAddr::new(a.bind, 0).to_string()]);
+            args.extend(self.attest.iter().cloned());
             let (k, rx) = spawn(&format!("memcached {id}"), &args)?;
             kids.push(k);
             frx.push((id, rx));
         }
-        let mut listen = Vec::new();
+        let (mut listen, mut http) = (Vec::new(), Vec::new());
         for (id, rx) in frx {
+            // In the order it prints them: its HTTPS endpoint, then its memcached address.
+            let url = wait_line(&format!("memcached {id}"), &rx, "https ", self.deadline)?;
+            let at: SocketAddr = url.trim_start_matches("https://").parse()?;
+            http.push(format!("https://{}", a.advertised(at)));
             listen
                 .push(a.advertised(wait_line(&format!("memcached {id}"), &rx, "listening ", self.deadline)?.parse()?));
         }
-        Ok((peers, listen))
+        Ok((peers, listen, http))
     }
 }
 
@@ -405,12 +419,13 @@ fn capsuledb_writer(ready: &str) -> Result<u32> {
 /// front end needs to join (the `kv` object of the cluster file).
 fn start_kv(
     a: &UpArgs,
+    attest: &[String],
     front_ends: u32,
     fabric: &psl_fabric::FabricSpec,
     kids: &mut Vec<Kid>,
     deadline: Instant,
 ) -> Result<crate::memcached::KvInfo> {
-    let kv = KvLaunch { a, fabric, files: KvFiles::create(a)?, deadline };
+    let kv = KvLaunch { a, attest, fabric, files: KvFiles::create(a)?, deadline };
     let (srx, servers) = kv.spawn_servers(kids)?;
     let mut dargs = kv.common("capsuledb");
     // Its control interface hands out plaintext: loopback only, like the coordinator's.
@@ -432,7 +447,7 @@ fn start_kv(
     let coordinator_control: SocketAddr = wait_line("kv coordinator", &crx, "control ", deadline)?.parse()?;
     let capsuledb_control: SocketAddr = wait_line("kv capsuledb", &drx, "control ", deadline)?.parse()?;
     let writer = capsuledb_writer(&wait_line("kv capsuledb", &drx, "ready ", deadline)?)?;
-    let (peers, listen) = kv.start_front_ends(front_ends, writer, kids)?;
+    let (peers, listen, http) = kv.start_front_ends(front_ends, writer, kids)?;
     let files = kv.files;
     Ok(crate::memcached::KvInfo {
         fabric: fabric.clone(),
@@ -443,6 +458,7 @@ fn start_kv(
         home_lease_ms: if peers.len() >= psl_memcached::failover::MEMBERS_MIN { a.home_lease_ms } else { 0 },
         peers,
         front_ends: listen,
+        http,
         servers,
         state: files.dir.join("joined"),
         coordinator_control: Some(coordinator_control),
@@ -629,7 +645,7 @@ impl Launch<'_> {
         let fabric = start_fabric(a, kids, deadline)?;
         let mut kv = None;
         if let Some(n) = kv_front_ends {
-            kv = Some(start_kv(a, n, &fabric, kids, deadline)?);
+            kv = Some(start_kv(a, &self.attest_flags, n, &fabric, kids, deadline)?);
         }
         let srx = self.spawn_scheduler(kids)?;
         let (hrx, pins) = self.spawn_capsule_hosts(&fabric, kids)?;
@@ -829,6 +845,12 @@ fn write_cluster_file(path: &std::path::Path, up: &Started) -> Result<()> {
     Ok(())
 }
 
+/// The attestation policy the deployment's roles are checked under (what `attestation` wrote
+/// or was given).
+fn self_policy(a: &UpArgs) -> PathBuf {
+    a.attest_policy.clone().unwrap_or_else(|| a.dir.join("attest-policy.toml"))
+}
+
 /// Prints the addresses, the cluster file and the `up MS` line tests read, and flushes them.
 fn print_summary(a: &UpArgs, up: &Started, cluster_path: &std::path::Path, cold_ms: f64) -> Result<()> {
     let info = &up.info;
@@ -853,6 +875,9 @@ fn print_summary(a: &UpArgs, up: &Started, cluster_path: &std::path::Path, cold_
         println!("kv capsuledb writer {}", kv.capsuledb_writer);
         for (i, m) in kv.front_ends.iter().enumerate() {
             println!("memcached {} {m}", i + 1);
+        }
+        if let Some(h) = kv.http.first() {
+            println!("try: psl verify {h} --policy {}", self_policy(a).display());
         }
         println!("try: psl memcached --listen {}:11311 --cluster {}", a.bind, a.dir.display());
     }

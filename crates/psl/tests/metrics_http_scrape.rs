@@ -1,6 +1,8 @@
 //! Every long-running role of `psl up` serves Prometheus metrics over HTTP (`--metrics`), and a
 //! real HTTP client (ureq) scrapes each URL `DIR/cluster.json` lists: the role's own counters
-//! are there, and they move with the traffic (a memcached `set` counts on its front end).
+//! are there, and they move with the traffic (a memcached `set` counts on its front end). The
+//! front end's attested HTTPS endpoint (`kv.http`) verifies with `psl verify` under the
+//! deployment's policy.
 //!
 //! Every wait is bounded; `psl up`'s children die with it.
 
@@ -74,6 +76,15 @@ fn every_role_of_psl_up_serves_its_metrics_to_a_real_http_client() {
         assert!(Instant::now() < deadline, "cmd_set stayed at {now} after a set");
         std::thread::sleep(Duration::from_millis(50));
     }
+    // The front end's attested HTTPS endpoint verifies under the deployment's policy.
+    let https = kv["http"][0].as_str().expect("kv.http lists the front ends' endpoints");
+    let policy = d.join("up/attest-policy.toml");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_psl"))
+        .args(["verify", https, "--policy", policy.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && out.contains("VERIFIED"), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
     // A wrong path is refused with a JSON error, as the API's will be.
     let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().new_agent();
     let base = url.trim_end_matches("/metrics");
