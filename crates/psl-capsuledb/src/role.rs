@@ -158,23 +158,23 @@ pub struct RoleStats {
 impl RoleStats {
     /// The counters as Prometheus text (`psl_capsuledb_*_total`), what `--metrics` serves.
     pub fn render_prometheus(&self) -> String {
+        let c = |v: &AtomicU64| v.load(Ordering::Relaxed);
         let mut out = String::new();
-        for (name, help, v) in [
-            ("applied", "journaled updates applied to the tree", &self.applied),
-            ("requests", "read requests taken (gets and scans)", &self.requests),
-            ("answers", "signed answers multicast", &self.answers),
-            ("misses", "keys read that the tree does not hold", &self.misses),
-            ("errors", "writes, reads, requests, freezes or pointer updates that failed", &self.errors),
-            ("heads_sent", "signed frontiers multicast", &self.heads_sent),
-            ("acks_sent", "acks multicast (flow control)", &self.acks_sent),
-            ("acks_held", "acks held back above the backlog bound", &self.acks_held),
-            ("unproven", "keys not answered: the record that wrote their version was not found", &self.unproven),
-        ] {
-            let v = v.load(Ordering::Relaxed);
-            out.push_str(&format!(
-                "# HELP psl_capsuledb_{name}_total {help}\n# TYPE psl_capsuledb_{name}_total counter\npsl_capsuledb_{name}_total {v}\n"
-            ));
-        }
+        psl_scl::metrics::render_counters(
+            &mut out,
+            "psl_capsuledb",
+            &[
+                ("applied", "journaled updates applied to the tree", c(&self.applied)),
+                ("requests", "read requests taken (gets and scans)", c(&self.requests)),
+                ("answers", "signed answers multicast", c(&self.answers)),
+                ("misses", "keys read that the tree does not hold", c(&self.misses)),
+                ("errors", "writes, reads, requests, freezes or pointer updates that failed", c(&self.errors)),
+                ("heads_sent", "signed frontiers multicast", c(&self.heads_sent)),
+                ("acks_sent", "acks multicast (flow control)", c(&self.acks_sent)),
+                ("acks_held", "acks held back above the backlog bound", c(&self.acks_held)),
+                ("unproven", "keys not answered: the record that wrote their version was not found", c(&self.unproven)),
+            ],
+        );
         out
     }
 }

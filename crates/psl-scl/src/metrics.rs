@@ -233,3 +233,12 @@ impl Metrics {
         s
     }
 }
+
+/// Appends counters to Prometheus text: `# HELP`, `# TYPE … counter` and the sample of each
+/// `(name, help, value)`, named `{prefix}_{name}_total` (the roles' stats structs share it).
+pub fn render_counters(out: &mut String, prefix: &str, counters: &[(&str, &str, u64)]) {
+    for (name, help, v) in counters {
+        let _ = write!(out, "# HELP {prefix}_{name}_total {help}\n# TYPE {prefix}_{name}_total counter\n");
+        let _ = writeln!(out, "{prefix}_{name}_total {v}");
+    }
+}

@@ -137,30 +137,34 @@ impl ServerStats {
     /// The counters as Prometheus text (`psl_server_*_total`), what `--metrics` serves.
     pub fn render_prometheus(&self) -> String {
         let mut out = String::new();
-        for (name, help, v) in [
-            ("records_verified", "records verified and handed to the orderer", self.records_verified),
-            (
-                "records_rejected",
-                "records refused (verification, revoked or retired key, orderer)",
-                self.records_rejected,
-            ),
-            ("duplicates", "records dropped as already stored, ordered or held", self.duplicates),
-            ("records_held", "records held back until their chain's earlier records arrive", self.records_held),
-            ("records_persisted", "records written and fsync'd by group commits", self.records_persisted),
-            ("commits", "group commits (one write and one fsync each)", self.commits),
-            ("acks_sent", "ack messages published", self.acks_sent),
-            ("repair_requests_sent", "repair requests published for gaps", self.repair_requests_sent),
-            ("records_served", "records served in answer to repair requests", self.records_served),
-            ("server_range_refused", "records refused for claiming a server's writer index", self.server_range_refused),
-            ("withholding_reports", "gaps reported as withholding", self.withholding_reports),
-            ("equivocations", "pairs of different signed records found for one (writer, seq)", self.equivocations),
-            ("uncertified", "records refused because their writer's certificate never came", self.uncertified),
-            ("statements_refused", "key statements refused from the fabric", self.statements_refused),
-        ] {
-            out.push_str(&format!(
-                "# HELP psl_server_{name}_total {help}\n# TYPE psl_server_{name}_total counter\npsl_server_{name}_total {v}\n"
-            ));
-        }
+        psl_scl::metrics::render_counters(
+            &mut out,
+            "psl_server",
+            &[
+                ("records_verified", "records verified and handed to the orderer", self.records_verified),
+                (
+                    "records_rejected",
+                    "records refused (verification, revoked or retired key, orderer)",
+                    self.records_rejected,
+                ),
+                ("duplicates", "records dropped as already stored, ordered or held", self.duplicates),
+                ("records_held", "records held back until their chain's earlier records arrive", self.records_held),
+                ("records_persisted", "records written and fsync'd by group commits", self.records_persisted),
+                ("commits", "group commits (one write and one fsync each)", self.commits),
+                ("acks_sent", "ack messages published", self.acks_sent),
+                ("repair_requests_sent", "repair requests published for gaps", self.repair_requests_sent),
+                ("records_served", "records served in answer to repair requests", self.records_served),
+                (
+                    "server_range_refused",
+                    "records refused for claiming a server's writer index",
+                    self.server_range_refused,
+                ),
+                ("withholding_reports", "gaps reported as withholding", self.withholding_reports),
+                ("equivocations", "pairs of different signed records found for one (writer, seq)", self.equivocations),
+                ("uncertified", "records refused because their writer's certificate never came", self.uncertified),
+                ("statements_refused", "key statements refused from the fabric", self.statements_refused),
+            ],
+        );
         out
     }
 }

@@ -365,11 +365,7 @@ fn verify(a: VerifyArgs) -> Result<i32> {
         VerifyTime::Now => format!("now ({})", psl_faas::attest::fmt_utc(VerifyTime::Now.unix_secs())),
     };
     if a.json {
-        let checks: Vec<serde_json::Value> = log
-            .checks
-            .iter()
-            .map(|c| serde_json::json!({"check": c.name, "status": format!("{:?}", c.status).to_lowercase(), "detail": c.detail}))
-            .collect();
+        let checks = checks_json(&log);
         let mut o = serde_json::json!({"evidence": a.evidence.display().to_string(), "backend": ev.backend, "policy": a.policy.display().to_string(), "at": when, "checks": checks, "verified": r.is_ok()});
         match &r {
             Ok(v) => {
@@ -401,6 +397,15 @@ fn verify(a: VerifyArgs) -> Result<i32> {
         }
     }
     Ok(if r.is_ok() { 0 } else { 1 })
+}
+
+/// A verification's checks as JSON: `{"check", "status": "pass"|"fail"|"skipped", "detail"}`
+/// each (`psl attest verify --json`, `psl verify --json`).
+pub(crate) fn checks_json(log: &CheckLog) -> Vec<serde_json::Value> {
+    log.checks
+        .iter()
+        .map(|c| serde_json::json!({"check": c.name, "status": format!("{:?}", c.status).to_lowercase(), "detail": c.detail}))
+        .collect()
 }
 
 fn measure(a: MeasureArgs) -> Result<i32> {

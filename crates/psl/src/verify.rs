@@ -88,11 +88,7 @@ pub fn run(a: VerifyUrlArgs) -> Result<i32> {
     };
     let verified = outcome.verified.is_some();
     if a.json {
-        let checks: Vec<serde_json::Value> = log
-            .checks
-            .iter()
-            .map(|c| serde_json::json!({"check": c.name, "status": format!("{:?}", c.status).to_lowercase(), "detail": c.detail}))
-            .collect();
+        let checks = crate::attest::checks_json(&log);
         let mut o = serde_json::json!({
             "url": a.url, "policy": a.policy.display().to_string(), "nonce": hex::encode(nonce),
             "tls_key": outcome.spki.map(hex::encode), "role": outcome.role, "checks": checks, "verified": verified,
