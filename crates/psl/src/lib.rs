@@ -13,7 +13,10 @@
 //! - `capsule`: the DataCapsule tool (`psl capsule ...`).
 //! - `demo`: the embedded end-to-end demonstration (`psl demo`).
 //! - `roles`: long-running roles: `psl node`, `psl coordinator`, `psl capsule-server`
-//!   (`psl router` comes from psl-fabric).
+//!   (`psl router` comes from psl-fabric); every role's `--metrics ADDR` (Prometheus over
+//!   HTTP) and the trusted roles' `--http ADDR` (the attested HTTPS endpoint), on `psl-http`.
+//! - `verify`: `psl verify URL --policy FILE`: a role's HTTPS endpoint checked before it is
+//!   trusted (its evidence, bound to the TLS key this client sees and to a fresh nonce).
 //! - `run`: `psl run JOB.js`: a job of sandboxed lambdas on a running deployment (`--cluster`)
 //!   or on the embedded FaaS deployment.
 //! - `faas_roles`: `psl leader`, `psl scheduler`, `psl worker`, `psl coordinator-host`,
