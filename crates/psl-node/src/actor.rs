@@ -74,10 +74,9 @@ impl ActorQueue {
     }
 }
 
-/// The actor's clock for the seal policy: µs since the process's first call.
+/// The actor's clock for the seal policy: µs on the node's monotonic clock (`mono_ms`'s base).
 fn mono_us(at: Instant) -> u64 {
-    static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    at.saturating_duration_since(*BASE.get_or_init(Instant::now)).as_micros() as u64
+    at.saturating_duration_since(crate::node::mono_base()).as_micros() as u64
 }
 
 /// The instant of a time `mono_us` gave (`t_us` in the future of `now`).

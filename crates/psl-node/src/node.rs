@@ -239,7 +239,7 @@ pub(crate) fn at_mono_ms(t: u64) -> Instant {
     mono_base() + Duration::from_millis(t)
 }
 
-fn mono_base() -> Instant {
+pub(crate) fn mono_base() -> Instant {
     static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     *BASE.get_or_init(Instant::now)
 }

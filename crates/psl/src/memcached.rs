@@ -651,22 +651,17 @@ fn join_group(
 /// Serves the memcached protocol on `--listen` (publishing the attestation report when asked),
 /// prints `listening ADDR`, and waits for the server to stop.
 fn serve(a: &MemcachedArgs, fe: Arc<FrontEnd>, scfg: ServerConfig) -> Result<i32> {
-    let f = fe.clone();
+    // The front end's node counters and its memcached `stats`, for both servers.
+    let render = |f: Arc<FrontEnd>| {
+        move || {
+            let mut s = f.node().render_metrics();
+            s.push_str(&f.stats.render_prometheus());
+            s
+        }
+    };
+    let _metrics = a.metrics.serve(render(fe.clone()), false)?;
+    let _https = a.https.serve("memcached", &a.attest.attest, render(fe.clone()))?;
     let server = Server::start(fe, a.listen, scfg)?;
-    let render = move || {
-        let mut s = f.node().render_metrics();
-        s.push_str(&f.stats.render_prometheus());
-        s
-    };
-    let render = Arc::new(render);
-    let r = render.clone();
-    let _metrics = a.metrics.serve(move || r(), false)?;
-    let attester = if a.https.http.is_some() {
-        a.attest.attest.open("memcached", || crate::attest::measurement(a.attest.attest.sim_binary_hash.as_deref()))?
-    } else {
-        None
-    };
-    let _https = a.https.serve("memcached", attester, move || render())?;
     // With --kv-leader, --attest is how the front end attests to the leader; it publishes a
     // report for clients too when it serves TLS (--tls-cert). With --http, clients ask the
     // HTTPS endpoint for evidence over their own nonce (`psl verify`) instead.

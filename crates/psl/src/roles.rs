@@ -138,15 +138,17 @@ pub struct HttpsArgs {
 }
 
 impl HttpsArgs {
-    /// Starts the HTTPS endpoint when `--http` was given. `attester`: how this role attests
-    /// (`None`: the attestation route says there is none to give).
+    /// Starts the HTTPS endpoint when `--http` was given, attesting as `attest` says (no
+    /// `--attest`: the attestation route says there is no evidence to give). The attester is
+    /// opened only here, only with `--http`.
     pub fn serve(
         &self,
         role: &str,
-        attester: Option<Box<dyn psl_faas::attest::Attester>>,
+        attest: &crate::attest::AttestArgs,
         render: impl Fn() -> String + Send + Sync + 'static,
     ) -> Result<Option<psl_http::HttpServer>> {
         let Some(addr) = self.http else { return Ok(None) };
+        let attester = attest.open(role, || crate::attest::measurement(attest.sim_binary_hash.as_deref()))?;
         let id = psl_faas::tls::TlsIdentity::generate(&format!("psl {role}"))?;
         let spki = id.spki_hash();
         let role_name = role.to_string();
@@ -459,12 +461,8 @@ pub(crate) fn serve_with(
     let node = Arc::new(node);
     let n = node.clone();
     let _metrics = common.metrics.serve(move || n.render_metrics(), false)?;
-    let attester = match common.https.http {
-        Some(_) => common.attest.open(what, || crate::attest::measurement(common.attest.sim_binary_hash.as_deref()))?,
-        None => None,
-    };
     let n = node.clone();
-    let _https = common.https.serve(what, attester, move || n.render_metrics())?;
+    let _https = common.https.serve(what, &common.attest, move || n.render_metrics())?;
     let stop = Arc::new(AtomicBool::new(false));
     psl_node::control::serve_opts(node, listener, stop, opts)?;
     Ok(0)
