@@ -11,6 +11,8 @@
 //! - [`replica`]: an in-memory replica (a grow-only set) with chain, link and equivocation checks.
 //! - [`certs`]: [`WriterCert`] and [`Revocation`], the application-key-signed statements by
 //!   which a capsule with hardened ([`WriterKeys::Certified`]) writer keys learns and drops writers.
+//! - [`client`]: [`ClientCert`], the owner-signed credential a client shows the HTTPS API, and
+//!   the digests its requests are signed over.
 //! - [`rotation`]: [`RotationCert`], the owner-signed announcement of a new application key
 //!   generation and the epoch from which it is in force (older generations retire there).
 //! - [`proof`]: membership proofs from a signed head down to a record.
@@ -25,6 +27,7 @@ pub mod audit;
 pub mod author;
 pub mod body;
 pub mod certs;
+pub mod client;
 pub mod codec;
 pub mod file;
 pub mod limits;
@@ -40,6 +43,7 @@ pub use audit::{audit_file, audit_file_rotated, Audit, Problem};
 pub use author::Author;
 pub use body::{Action, Body, ControlCode, Op};
 pub use certs::{writer_credentials, CertError, KeyStatement, Revocation, WriterCert};
+pub use client::{ClientCert, ClientCertError, Permissions};
 pub use codec::DecodeError;
 pub use file::CapsuleFile;
 pub use limits::Limits;

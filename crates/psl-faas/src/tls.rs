@@ -39,6 +39,37 @@ pub struct TlsIdentity {
     spki_hash: [u8; 32],
 }
 
+/// Signs with a [`TlsIdentity`]'s key (made by [`TlsIdentity::answer_signer`]).
+pub struct AnswerSigner(aws_lc_rs::signature::Ed25519KeyPair);
+
+impl AnswerSigner {
+    /// The Ed25519 public key (what a client finds in the certificate it pinned).
+    pub fn public_key(&self) -> [u8; 32] {
+        use aws_lc_rs::signature::KeyPair;
+        let mut out = [0u8; 32];
+        out.copy_from_slice(self.0.public_key().as_ref());
+        out
+    }
+
+    /// Whether `sig` is `public`'s Ed25519 signature of `msg` (a client's check of an answer).
+    pub fn verify(public: &[u8; 32], msg: &[u8], sig: &[u8]) -> bool {
+        aws_lc_rs::signature::UnparsedPublicKey::new(&aws_lc_rs::signature::ED25519, public).verify(msg, sig).is_ok()
+    }
+
+    /// The 64-byte Ed25519 signature of `msg`.
+    pub fn sign(&self, msg: &[u8]) -> [u8; 64] {
+        let mut out = [0u8; 64];
+        out.copy_from_slice(self.0.sign(msg).as_ref());
+        out
+    }
+}
+
+impl std::fmt::Debug for AnswerSigner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AnswerSigner(<Ed25519 key>)")
+    }
+}
+
 // DER helpers for the one certificate shape we make.
 fn der(tag: u8, body: &[u8]) -> Vec<u8> {
     let mut v = vec![tag];
@@ -126,6 +157,16 @@ impl TlsIdentity {
     /// What the report data must commit to.
     pub fn spki_hash(&self) -> [u8; 32] {
         self.spki_hash
+    }
+
+    /// A signer with this identity's Ed25519 key, for the HTTPS API's answer signatures
+    /// (docs/client.md, "Answers"): a client that pinned the attested TLS key checks them with
+    /// that same key. Every message it signs starts with a `psl/` label, and TLS 1.3 signs 64
+    /// bytes of 0x20 first (RFC 8446, 4.4.3), so neither use can pass for the other.
+    pub fn answer_signer(&self) -> Result<AnswerSigner, FaasError> {
+        let kp = aws_lc_rs::signature::Ed25519KeyPair::from_pkcs8_maybe_unchecked(&self.pkcs8)
+            .map_err(|_| tls_err("key", "not an Ed25519 PKCS#8 key"))?;
+        Ok(AnswerSigner(kp))
     }
 
     fn key(&self) -> PrivateKeyDer<'static> {

@@ -55,6 +55,83 @@ pub type Attest = Arc<dyn Fn([u8; 32]) -> Result<serde_json::Value, String> + Se
 /// hardware time, so a client cannot queue unbounded work).
 pub const ATTESTATIONS_MAX: usize = 4;
 
+/// One API request, read whole: its body is at most [`Limits::body_bytes_max`].
+#[derive(Debug, Clone)]
+pub struct ApiRequest {
+    /// The method, upper case (`GET`, `PUT`, ...).
+    pub method: String,
+    /// The path and query exactly as on the request line (what request signatures cover).
+    pub path_and_query: String,
+    /// The headers whose names start with `psl-` (lower case), in order.
+    pub psl_headers: Vec<(String, String)>,
+    /// The body.
+    pub body: Bytes,
+    /// The connection it came on (its state lives as long as the connection).
+    pub connection: Arc<Connection>,
+}
+
+/// What the API keeps about one connection: the principal an earlier request on it proved
+/// (over TLS, only the party that made the handshake can send on a connection, so a
+/// credential proved once holds for the connection's later requests).
+#[derive(Debug, Default)]
+pub struct Connection {
+    /// The principal proved on this connection, as the API names it (`None`: none yet).
+    pub principal: parking_lot::Mutex<Option<[u8; 32]>>,
+}
+
+impl ApiRequest {
+    /// The path (before any `?`).
+    pub fn path(&self) -> &str {
+        self.path_and_query.split('?').next().unwrap_or("")
+    }
+
+    /// The query (after the first `?`), if any.
+    pub fn query(&self) -> Option<&str> {
+        self.path_and_query.split_once('?').map(|(_, q)| q)
+    }
+
+    /// The first `psl-` header called `name` (lower case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.psl_headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+}
+
+/// An API answer: a status, a JSON body, and `psl-` headers (the answer's signature).
+#[derive(Debug, Clone)]
+pub struct ApiAnswer {
+    /// The HTTP status.
+    pub status: u16,
+    /// The body's exact bytes (JSON), which an answer signature covers.
+    pub body: Vec<u8>,
+    /// Extra headers.
+    pub headers: Vec<(&'static str, String)>,
+    /// How the API counts it: [`Outcome::Ok`] for a 2xx, else why it was refused.
+    pub outcome: Outcome,
+}
+
+/// How an API answer is counted in the server's metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Served (2xx, or a signed 404/409 that is an answer, not a refusal).
+    Ok,
+    /// Refused: no valid credential (401).
+    Unauthenticated,
+    /// Refused: the credential does not allow it (403).
+    Forbidden,
+    /// Refused: the request was malformed or too large (4xx).
+    Bad,
+    /// Failed on the server's side (5xx).
+    Failed,
+}
+
+/// What answers the API paths (`/v1/...` besides `/v1/attestation`). Runs on a blocking thread
+/// (a write waits for its writer queue, a sync for the coordinator); at most
+/// [`API_CALLS_MAX`] at once, more are answered 503.
+pub type Api = Arc<dyn Fn(ApiRequest) -> ApiAnswer + Send + Sync>;
+
+/// Most API calls served at once.
+pub const API_CALLS_MAX: usize = 64;
+
 /// What a server answers besides errors.
 #[derive(Clone, Default)]
 pub struct Routes {
@@ -62,6 +139,8 @@ pub struct Routes {
     pub metrics: Option<Render>,
     /// `GET /v1/attestation?nonce=HEX`.
     pub attestation: Option<Attest>,
+    /// Every other `/v1/` path, with the prefix it serves (such as `/v1/kv`).
+    pub api: Option<(Vec<&'static str>, Api)>,
 }
 
 /// The server's bounds.
@@ -73,11 +152,13 @@ pub struct Limits {
     pub header_read_ms: u64,
     /// How long one connection may stay open, keep-alive included (ms).
     pub connection_ms: u64,
+    /// Most bytes of an API request's body; a longer one is answered 413 unread.
+    pub body_bytes_max: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { connections_max: 64, header_read_ms: 5_000, connection_ms: 30_000 }
+        Limits { connections_max: 64, header_read_ms: 5_000, connection_ms: 30_000, body_bytes_max: 1024 * 1024 + 4096 }
     }
 }
 
@@ -111,6 +192,28 @@ pub struct HttpStats {
     pub refused: AtomicU64,
     /// Connections closed at accept because `connections_max` were open.
     pub connections_refused: AtomicU64,
+    /// API answers by [`Outcome`]: ok, 401, 403, other 4xx, 5xx.
+    pub api: [AtomicU64; 5],
+    /// API latency histogram: answers that took at most [`API_LATENCY_BUCKETS_US`]`[i]` µs
+    /// (cumulative, as Prometheus's `le` buckets), then the sum of all latencies in µs.
+    pub api_latency: [AtomicU64; API_LATENCY_BUCKETS_US.len()],
+    /// Sum of API latencies (µs).
+    pub api_latency_sum_us: AtomicU64,
+}
+
+/// The API latency histogram's upper bounds (µs).
+pub const API_LATENCY_BUCKETS_US: [u64; 8] = [250, 1_000, 2_500, 10_000, 25_000, 100_000, 1_000_000, u64::MAX];
+
+impl Outcome {
+    fn index(self) -> usize {
+        match self {
+            Outcome::Ok => 0,
+            Outcome::Unauthenticated => 1,
+            Outcome::Forbidden => 2,
+            Outcome::Bad => 3,
+            Outcome::Failed => 4,
+        }
+    }
 }
 
 impl HttpStats {
@@ -131,7 +234,33 @@ impl HttpStats {
                 v.load(Ordering::Relaxed)
             ));
         }
+        let name = "psl_http_api_requests_total";
+        out.push_str(&format!(
+            "# HELP {name} API answers by outcome (401/403: refused credentials)\n# TYPE {name} counter\n"
+        ));
+        for (label, i) in [("ok", 0), ("unauthenticated", 1), ("forbidden", 2), ("bad_request", 3), ("failed", 4)] {
+            out.push_str(&format!("{name}{{outcome=\"{label}\"}} {}\n", self.api[i].load(Ordering::Relaxed)));
+        }
+        let name = "psl_http_api_seconds";
+        out.push_str(&format!("# HELP {name} API latency, request read to answer made\n# TYPE {name} histogram\n"));
+        for (i, le) in API_LATENCY_BUCKETS_US.iter().enumerate() {
+            let le = if *le == u64::MAX { "+Inf".to_string() } else { format!("{}", *le as f64 / 1e6) };
+            out.push_str(&format!("{name}_bucket{{le=\"{le}\"}} {}\n", self.api_latency[i].load(Ordering::Relaxed)));
+        }
+        let count = self.api_latency[API_LATENCY_BUCKETS_US.len() - 1].load(Ordering::Relaxed);
+        let sum = self.api_latency_sum_us.load(Ordering::Relaxed) as f64 / 1e6;
+        out.push_str(&format!("{name}_sum {sum}\n{name}_count {count}\n"));
         out
+    }
+
+    fn count_api(&self, outcome: Outcome, took_us: u64) {
+        self.api[outcome.index()].fetch_add(1, Ordering::Relaxed);
+        for (i, le) in API_LATENCY_BUCKETS_US.iter().enumerate() {
+            if took_us <= *le {
+                self.api_latency[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.api_latency_sum_us.fetch_add(took_us, Ordering::Relaxed);
     }
 }
 
@@ -204,7 +333,7 @@ impl HttpServer {
 
     /// [`HttpServer::start`] under `limits`.
     pub fn start_with(addr: SocketAddr, render: Render, limits: Limits) -> Result<HttpServer, HttpError> {
-        HttpServer::serve(addr, Routes { metrics: Some(render), attestation: None }, None, limits)
+        HttpServer::serve(addr, Routes { metrics: Some(render), attestation: None, api: None }, None, limits)
     }
 
     /// Serves `routes` on `addr`, over TLS with `tls` (HTTPS), else plain HTTP.
@@ -217,7 +346,11 @@ impl HttpServer {
         let listener = std::net::TcpListener::bind(addr).map_err(|source| HttpError::Bind { addr, source })?;
         let bound = listener.local_addr().map_err(|source| HttpError::Start { addr, source })?;
         listener.set_nonblocking(true).map_err(|source| HttpError::Start { addr: bound, source })?;
-        let rt = tokio::runtime::Builder::new_current_thread()
+        // Two workers: an API call runs on its worker (`block_in_place`), which hands the
+        // worker's other connections to the second meanwhile.
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("http")
             .enable_all()
             .build()
             .map_err(|source| HttpError::Start { addr: bound, source })?;
@@ -284,6 +417,7 @@ async fn serve(
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.connections_max.max(1)));
     let attesting = Arc::new(tokio::sync::Semaphore::new(ATTESTATIONS_MAX));
+    let calls = Arc::new(tokio::sync::Semaphore::new(API_CALLS_MAX));
     loop {
         let accepted = tokio::select! {
             _ = &mut stopped => return,
@@ -303,11 +437,13 @@ async fn serve(
             continue; // dropped: closed at once
         };
         let _ = stream.set_nodelay(true);
-        let (routes, stats, attesting, acceptor) = (routes.clone(), stats.clone(), attesting.clone(), acceptor.clone());
+        let gates = Gates { attesting: attesting.clone(), calls: calls.clone(), body_bytes_max: limits.body_bytes_max };
+        let (routes, stats, acceptor) = (routes.clone(), stats.clone(), acceptor.clone());
+        let connection = Arc::new(Connection::default());
         tokio::spawn(async move {
             let svc = service_fn(move |req: Request<Incoming>| {
-                let (routes, stats, attesting) = (routes.clone(), stats.clone(), attesting.clone());
-                async move { Ok::<_, Infallible>(respond(req, &routes, &stats, &attesting).await) }
+                let (routes, stats, gates, conn) = (routes.clone(), stats.clone(), gates.clone(), connection.clone());
+                async move { Ok::<_, Infallible>(respond(req, &routes, &stats, &gates, conn).await) }
             });
             let http = http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -332,14 +468,33 @@ async fn serve(
     }
 }
 
-/// The answer to one request (no body is read).
+/// What bounds a connection's requests (shared by all connections).
+#[derive(Clone)]
+struct Gates {
+    attesting: Arc<tokio::sync::Semaphore>,
+    calls: Arc<tokio::sync::Semaphore>,
+    body_bytes_max: usize,
+}
+
+/// Whether `path` is `prefix` or below it.
+fn under(path: &str, prefix: &str) -> bool {
+    path.strip_prefix(prefix).is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
+/// The answer to one request (only API requests have their body read).
 async fn respond(
     req: Request<Incoming>,
     routes: &Routes,
     stats: &HttpStats,
-    attesting: &Arc<tokio::sync::Semaphore>,
+    gates: &Gates,
+    connection: Arc<Connection>,
 ) -> Response<Full<Bytes>> {
     let path = req.uri().path().to_string();
+    if let Some((prefixes, api)) = &routes.api {
+        if prefixes.iter().any(|p| under(&path, p)) {
+            return api_call(req, api.clone(), stats, gates, connection).await;
+        }
+    }
     let served = |p: &str| match p {
         "/metrics" | "/healthz" => routes.metrics.is_some(),
         "/v1/attestation" => routes.attestation.is_some(),
@@ -353,6 +508,9 @@ async fn respond(
         }
         if routes.attestation.is_some() {
             list.push("GET /v1/attestation?nonce=HEX");
+        }
+        if let Some((prefixes, _)) = &routes.api {
+            list.extend(prefixes.iter().copied());
         }
         let msg = format!("no such path {path:?}: this server answers {}", list.join(", "));
         return json_error(StatusCode::NOT_FOUND, &msg);
@@ -368,7 +526,7 @@ async fn respond(
         let Some(attest) = routes.attestation.clone() else {
             return json_error(StatusCode::NOT_FOUND, "no attestation here");
         };
-        return attestation(req.uri().query(), attest, stats, attesting).await;
+        return attestation(req.uri().query(), attest, stats, &gates.attesting).await;
     }
     let Some(render) = &routes.metrics else {
         return json_error(StatusCode::NOT_FOUND, "no metrics here");
@@ -421,6 +579,64 @@ async fn attestation(
         Ok(Err(e)) => json_error(StatusCode::SERVICE_UNAVAILABLE, &format!("no evidence: {e}")),
         Err(e) => json_error(StatusCode::INTERNAL_SERVER_ERROR, &format!("the attestation task failed: {e}")),
     }
+}
+
+/// An API request: its body read under the bound, then `api` on a blocking thread.
+async fn api_call(
+    req: Request<Incoming>,
+    api: Api,
+    stats: &HttpStats,
+    gates: &Gates,
+    connection: Arc<Connection>,
+) -> Response<Full<Bytes>> {
+    let started = std::time::Instant::now();
+    let refuse = |status: StatusCode, outcome: Outcome, msg: &str| {
+        stats.count_api(outcome, started.elapsed().as_micros() as u64);
+        json_error(status, msg)
+    };
+    let (parts, body) = req.into_parts();
+    let announced = parts.headers.get(hyper::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if announced.is_some_and(|n| n > gates.body_bytes_max as u64) {
+        let msg = format!("the body is {} bytes; at most {} are taken", announced.unwrap_or(0), gates.body_bytes_max);
+        return refuse(StatusCode::PAYLOAD_TOO_LARGE, Outcome::Bad, &msg);
+    }
+    let body = match http_body_util::BodyExt::collect(http_body_util::Limited::new(body, gates.body_bytes_max)).await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            let msg = format!("reading the body (at most {} bytes): {e}", gates.body_bytes_max);
+            return refuse(StatusCode::PAYLOAD_TOO_LARGE, Outcome::Bad, &msg);
+        }
+    };
+    let Ok(permit) = gates.calls.clone().try_acquire_owned() else {
+        return refuse(StatusCode::SERVICE_UNAVAILABLE, Outcome::Failed, "too many API calls at once: retry");
+    };
+    let psl_headers = parts
+        .headers
+        .iter()
+        .filter(|(n, _)| n.as_str().starts_with("psl-"))
+        .filter_map(|(n, v)| Some((n.as_str().to_string(), v.to_str().ok()?.to_string())))
+        .collect();
+    let path_and_query =
+        parts.uri.path_and_query().map_or_else(|| parts.uri.path().to_string(), |p| p.as_str().to_string());
+    let request =
+        ApiRequest { method: parts.method.as_str().to_string(), path_and_query, psl_headers, body, connection };
+    // On this worker: no hand-off to another thread for the common, short call (a memtable
+    // read); one that waits (a sync, a full writer queue, CapsuleDB) gives up only this worker.
+    let a = tokio::task::block_in_place(move || {
+        let a = api(request);
+        drop(permit);
+        a
+    });
+    stats.count_api(a.outcome, started.elapsed().as_micros() as u64);
+    let mut r = Response::new(Full::new(Bytes::from(a.body)));
+    *r.status_mut() = StatusCode::from_u16(a.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    for (name, value) in a.headers {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            r.headers_mut().insert(name, v);
+        }
+    }
+    r
 }
 
 fn json_error(status: StatusCode, msg: &str) -> Response<Full<Bytes>> {

@@ -52,7 +52,7 @@ fn a_wrong_path_or_method_is_refused_in_json_and_counted() {
 
 #[test]
 fn a_client_that_holds_every_connection_slot_is_cut_at_the_head_deadline() {
-    let limits = Limits { connections_max: 1, header_read_ms: 300, connection_ms: 5_000 };
+    let limits = Limits { connections_max: 1, header_read_ms: 300, connection_ms: 5_000, ..Limits::default() };
     let s = MetricsServer::start_with("127.0.0.1:0".parse().unwrap(), render(), limits).unwrap();
     // A slow client takes the only slot: half a request line, then nothing.
     let mut slow = TcpStream::connect(s.local_addr()).unwrap();

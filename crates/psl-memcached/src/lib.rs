@@ -105,4 +105,4 @@ pub mod store;
 pub use exec::VERSION;
 pub use server::{tls_acceptor, Server, ServerConfig, ServerError};
 pub use stats::Stats;
-pub use store::{Config, FrontEnd};
+pub use store::{Config, FrontEnd, Versioned};

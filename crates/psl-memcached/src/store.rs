@@ -424,6 +424,53 @@ impl FrontEnd {
         Some((v, cas))
     }
 
+    /// A read of one key that names its version (the HTTPS API's get): the live item, its
+    /// record version and CAS unique, or `None` (never written, deleted, expired, flushed).
+    /// `Err` when the key was evicted here and CapsuleDB did not answer. Counts as a get.
+    pub fn read_versioned(&self, key: &[u8]) -> Result<Option<Versioned>, String> {
+        Stats::inc(&self.stats.cmd_get);
+        let t = Now::read();
+        let flush = self.flush_state(t.us);
+        let found = self.current(key, t, true)?.and_then(|(e, _)| {
+            let version = e.version;
+            self.live_of(e, t, flush, true).map(|(item, cas)| Versioned { item, version, cas })
+        });
+        Stats::inc(if found.is_some() { &self.stats.get_hits } else { &self.stats.get_misses });
+        Ok(found)
+    }
+
+    /// The live items whose keys start with `prefix`, in key order, after `after`: at most
+    /// `limit`, and whether more follow. Keys a memcached client could not name (the front
+    /// end's own, which hold a space) are left out.
+    pub fn scan_live(&self, prefix: &[u8], after: Option<&[u8]>, limit: usize) -> Result<ScanPage, String> {
+        let t = Now::read();
+        let flush = self.flush_state(t.us);
+        let mut out = Vec::new();
+        let mut after = after.map(<[u8]>::to_vec);
+        // Expired and foreign entries are skipped, so a page may need more than one scan.
+        loop {
+            let want = limit.saturating_sub(out.len()) + 1;
+            let page = self.node.scan(prefix, after.as_deref(), want).map_err(|e| e.to_string())?;
+            let full = page.len() >= want;
+            for (k, e) in page {
+                after = Some(k.clone());
+                if k.iter().any(|b| *b <= b' ' || *b == 0x7f) {
+                    continue;
+                }
+                let version = e.version;
+                if let Some((item, cas)) = self.live_of(e, t, flush, false) {
+                    if out.len() == limit {
+                        return Ok((out, true));
+                    }
+                    out.push((k, Versioned { item, version, cas }));
+                }
+            }
+            if !full {
+                return Ok((out, false));
+            }
+        }
+    }
+
     /// A read of one key (get, gets, mg without T/N). Counts hits and misses.
     pub fn lookup(&self, key: &[u8]) -> Lookup {
         Stats::inc(&self.stats.cmd_get);
@@ -937,6 +984,20 @@ impl FailoverHost for FrontEnd {
 
 /// A live item (encoded) and its CAS unique.
 type LiveItem = (Arc<[u8]>, u64);
+
+/// A page of [`FrontEnd::scan_live`]: the items in key order, and whether more follow.
+pub type ScanPage = (Vec<(Vec<u8>, Versioned)>, bool);
+
+/// A live item with the record version that holds it ([`FrontEnd::read_versioned`]).
+#[derive(Debug, Clone)]
+pub struct Versioned {
+    /// The encoded item (header and payload, see [`crate::item::decode`]).
+    pub item: Arc<[u8]>,
+    /// The record version `(lamport, writer)` of the write that made it.
+    pub version: Version,
+    /// Its CAS unique.
+    pub cas: u64,
+}
 
 fn ttl_of(expiry: i64, now: i64) -> i64 {
     if expiry == 0 {

@@ -471,6 +471,11 @@ impl Node {
         self.verifier.name()
     }
 
+    /// The capsule's signed metadata (its policy and owner key), as the node verified it.
+    pub fn metadata(&self) -> &psl_capsule::SignedMetadata {
+        self.verifier.metadata()
+    }
+
     /// The capsule's size limits (keys, values, records) from its policy.
     pub fn limits(&self) -> Limits {
         self.limits

@@ -80,6 +80,29 @@ pub enum KeysCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Issue a client credential for the HTTPS API (docs/client.md): a fresh client key and a
+    /// certificate by which CAPSULE's owner lets it read, write and/or run. OUT (JSON, secret,
+    /// mode 0600) is what `psl_client.Client(credential=OUT)` reads.
+    Client {
+        /// The owner key file.
+        #[arg(long)]
+        owner: PathBuf,
+        /// The capsule file (names the capsule the credential is for).
+        #[arg(long)]
+        capsule: PathBuf,
+        /// What the client may do: a comma-separated subset of read, write, run.
+        #[arg(long, default_value = "read")]
+        can: String,
+        /// Days until it expires (default: no end).
+        #[arg(long)]
+        days: Option<u64>,
+        /// The credential file to write.
+        #[arg(long)]
+        out: PathBuf,
+        /// Overwrite an existing file.
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 pub fn run(cmd: KeysCmd) -> Result<i32> {
@@ -90,6 +113,9 @@ pub fn run(cmd: KeysCmd) -> Result<i32> {
         KeysCmd::Server { key, capsule, id, out, cert } => server_credentials(&key, &capsule, id, &out, cert)?,
         KeysCmd::Cert { key, capsule, writer, from_epoch, until_epoch, out, json } => {
             issue_cert(CertRequest { key, capsule, writer, from_epoch, until_epoch, out, json })?
+        }
+        KeysCmd::Client { owner, capsule, can, days, out, force } => {
+            client_credential(&owner, &capsule, &can, days, &out, force)?
         }
     }
     Ok(0)
@@ -168,6 +194,47 @@ fn server_credentials(key: &Path, capsule: &Path, id: u32, out: &Path, cert: Opt
     if certified {
         println!("its certificate (public) written to {}", cert_path.display());
     }
+    Ok(())
+}
+
+/// `psl keys client`: a fresh client key and its owner-signed certificate, as one JSON file.
+fn client_credential(key: &Path, capsule: &Path, can: &str, days: Option<u64>, out: &Path, force: bool) -> Result<()> {
+    if out.exists() && !force {
+        bail!("{} exists; pass --force to overwrite it", out.display());
+    }
+    let owner = read_owner_key(key)?;
+    let meta = crate::roles::read_metadata(capsule)?;
+    if owner.public() != meta.meta.owner {
+        bail!("{} is not the owner key of capsule {}", key.display(), meta.name());
+    }
+    let can = psl_capsule::Permissions::parse(can).map_err(|e| anyhow::anyhow!("--can: {e}"))?;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as u64;
+    let expires = match days {
+        None => psl_capsule::client::NO_EXPIRY,
+        Some(d) => now.saturating_add(d.saturating_mul(86_400_000)),
+    };
+    let client = psl_crypto::SigningKey::generate();
+    let cert =
+        psl_capsule::ClientCert::issue(&owner.signing_key(), meta.name(), client.verifying_key(), can, now, expires);
+    let file = zeroize::Zeroizing::new(
+        serde_json::json!({
+            "version": 1,
+            "capsule": hex::encode(meta.name().0 .0),
+            "can": can.names(),
+            "expires_ms": (expires != psl_capsule::client::NO_EXPIRY).then_some(expires),
+            "key": hex::encode(*client.expose_secret_bytes()),
+            "public": hex::encode(client.verifying_key().to_bytes()),
+            "cert": hex::encode(cert.encode()),
+        })
+        .to_string(),
+    );
+    write_atomic(out, file.as_bytes(), 0o600)?;
+    println!(
+        "client credential for capsule {} ({}) written to {} (mode 0600: it is the client's secret)",
+        meta.name(),
+        can.names().join(","),
+        out.display()
+    );
     Ok(())
 }
 

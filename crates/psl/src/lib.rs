@@ -15,6 +15,8 @@
 //! - `roles`: long-running roles: `psl node`, `psl coordinator`, `psl capsule-server`
 //!   (`psl router` comes from psl-fabric); every role's `--metrics ADDR` (Prometheus over
 //!   HTTP) and the trusted roles' `--http ADDR` (the attested HTTPS endpoint), on `psl-http`.
+//! - `api`: the HTTPS API's KV routes over a front end, behind client credentials, every answer
+//!   signed by the endpoint's attested TLS key.
 //! - `verify`: `psl verify URL --policy FILE`: a role's HTTPS endpoint checked before it is
 //!   trusted (its evidence, bound to the TLS key this client sees and to a fresh nonce).
 //! - `run`: `psl run JOB.js`: a job of sandboxed lambdas on a running deployment (`--cluster`)
@@ -38,6 +40,7 @@
 
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
+pub mod api;
 mod attest;
 mod capsule;
 pub mod capsuledb;

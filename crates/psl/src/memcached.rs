@@ -660,7 +660,12 @@ fn serve(a: &MemcachedArgs, fe: Arc<FrontEnd>, scfg: ServerConfig) -> Result<i32
         }
     };
     let _metrics = a.metrics.serve(render(fe.clone()), false)?;
-    let _https = a.https.serve("memcached", &a.attest.attest, render(fe.clone()))?;
+    let (f, meta) = (fe.clone(), fe.node().metadata().clone());
+    let kv: crate::roles::ApiMaker = Box::new(move |spki, signer| {
+        let guard = crate::api::Guard::new(meta.name(), meta.meta.owner, spki, signer);
+        crate::api::kv(f, std::sync::Arc::new(guard))
+    });
+    let _https = a.https.serve("memcached", &a.attest.attest, render(fe.clone()), Some(kv))?;
     let server = Server::start(fe, a.listen, scfg)?;
     // With --kv-leader, --attest is how the front end attests to the leader; it publishes a
     // report for clients too when it serves TLS (--tls-cert). With --http, clients ask the

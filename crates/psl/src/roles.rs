@@ -126,6 +126,9 @@ impl MetricsArgs {
     }
 }
 
+/// Makes a role's API routes from its endpoint's TLS SPKI hash and answer signer.
+pub type ApiMaker = Box<dyn FnOnce([u8; 32], psl_faas::tls::AnswerSigner) -> (Vec<&'static str>, psl_http::Api)>;
+
 /// `--http ADDR`: a trusted role's HTTPS endpoint, whose TLS key its attestation evidence binds.
 #[derive(Args, Debug, Clone, Default)]
 pub struct HttpsArgs {
@@ -141,16 +144,24 @@ impl HttpsArgs {
     /// Starts the HTTPS endpoint when `--http` was given, attesting as `attest` says (no
     /// `--attest`: the attestation route says there is no evidence to give). The attester is
     /// opened only here, only with `--http`.
+    ///
+    /// `api`, when given, makes the role's API routes from the endpoint's TLS identity (its
+    /// SPKI hash and a signer with its key: the API signs its answers with the attested key).
     pub fn serve(
         &self,
         role: &str,
         attest: &crate::attest::AttestArgs,
         render: impl Fn() -> String + Send + Sync + 'static,
+        api: Option<ApiMaker>,
     ) -> Result<Option<psl_http::HttpServer>> {
         let Some(addr) = self.http else { return Ok(None) };
         let attester = attest.open(role, || crate::attest::measurement(attest.sim_binary_hash.as_deref()))?;
         let id = psl_faas::tls::TlsIdentity::generate(&format!("psl {role}"))?;
         let spki = id.spki_hash();
+        let api = match api {
+            Some(make) => Some(make(spki, id.answer_signer()?)),
+            None => None,
+        };
         let role_name = role.to_string();
         let attestation: psl_http::Attest = Arc::new(move |nonce: [u8; 32]| {
             let Some(att) = &attester else {
@@ -172,7 +183,7 @@ impl HttpsArgs {
             s.push_str(&psl_http::process_metrics());
             s
         });
-        let routes = psl_http::Routes { metrics: Some(render), attestation: Some(attestation) };
+        let routes = psl_http::Routes { metrics: Some(render), attestation: Some(attestation), api };
         let server =
             psl_http::HttpServer::serve(addr, routes, Some(id.server_config(false)?), psl_http::Limits::default())?;
         // Tests, `psl up` and scripts read this line.
@@ -462,7 +473,7 @@ pub(crate) fn serve_with(
     let n = node.clone();
     let _metrics = common.metrics.serve(move || n.render_metrics(), false)?;
     let n = node.clone();
-    let _https = common.https.serve(what, &common.attest, move || n.render_metrics())?;
+    let _https = common.https.serve(what, &common.attest, move || n.render_metrics(), None)?;
     let stop = Arc::new(AtomicBool::new(false));
     psl_node::control::serve_opts(node, listener, stop, opts)?;
     Ok(0)

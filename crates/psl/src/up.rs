@@ -878,6 +878,13 @@ fn print_summary(a: &UpArgs, up: &Started, cluster_path: &std::path::Path, cold_
         }
         if let Some(h) = kv.http.first() {
             println!("try: psl verify {h} --policy {}", self_policy(a).display());
+            if let Some(owner) = &kv.owner {
+                println!(
+                    "try: psl keys client --owner {} --capsule {} --can read,write --out client.cred",
+                    owner.display(),
+                    kv.capsule.display()
+                );
+            }
         }
         println!("try: psl memcached --listen {}:11311 --cluster {}", a.bind, a.dir.display());
     }

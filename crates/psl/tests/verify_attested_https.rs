@@ -69,7 +69,7 @@ fn check(v: &serde_json::Value, name: &str) -> String {
 fn hostile(answer: serde_json::Value) -> HttpServer {
     let id = psl_faas::tls::TlsIdentity::generate("mallory").unwrap();
     let attest: Attest = Arc::new(move |_nonce| Ok(answer.clone()));
-    let routes = Routes { metrics: None, attestation: Some(attest) };
+    let routes = Routes { metrics: None, attestation: Some(attest), api: None };
     HttpServer::serve("127.0.0.1:0".parse().unwrap(), routes, Some(id.server_config(false).unwrap()), Limits::default())
         .unwrap()
 }
@@ -95,7 +95,7 @@ fn stale_endpoint(m: &[u8; 32], old_nonce: [u8; 32]) -> HttpServer {
     let ev = att.attest(&old_nonce, &rd).unwrap();
     let answer = serde_json::json!({"role": "memcached", "backend": ev.backend, "evidence": hex::encode(&ev.bytes)});
     let attest: Attest = Arc::new(move |_nonce| Ok(answer.clone()));
-    let routes = Routes { metrics: None, attestation: Some(attest) };
+    let routes = Routes { metrics: None, attestation: Some(attest), api: None };
     HttpServer::serve("127.0.0.1:0".parse().unwrap(), routes, Some(id.server_config(false).unwrap()), Limits::default())
         .unwrap()
 }

@@ -11,6 +11,7 @@
 //! | `launch` | launch time and its phases, embedded and `psl up` | bare sandbox start | `launch` |
 //! | `capsuledb` | cached / uncached gets by lambdas; the LSM alone | fjall | `capsuledb` |
 //! | `memcached` | `psl memcached` under memcaslap | memcached | `memcached` |
+//! | `http` | the HTTPS KV API (signed requests and answers), gets and puts; connect + verify | the memcached protocol on the same front end | — |
 //! | `rrt` | `examples/rrt.js` time to a target path cost by lambdas | bare sandbox, plain map | `rrt` |
 //! | `ycsb` | YCSB A, B, C, D, F against memcached-protocol endpoints and Redis | memcached | `ycsb` |
 //! | `fabric` | messages (256 B, 64 KiB; 3 receivers) and SCL puts over NATS | the router tree | — |
@@ -25,6 +26,7 @@ mod capsule;
 mod capsuledb;
 mod cluster;
 mod fabric;
+mod http;
 mod launch;
 pub mod loadgen;
 mod memcached;
@@ -40,7 +42,7 @@ pub use psl::util::progress;
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// Which benchmark: `capsule`, `scl`, `replication`, `memcached`, `launch`, `capsuledb`,
+    /// Which benchmark: `capsule`, `scl`, `replication`, `memcached`, `http`, `launch`, `capsuledb`,
     /// `rrt`, `ycsb`, `fabric`, `cluster`.
     pub name: String,
     /// Print one JSON object instead of a table.
@@ -66,14 +68,15 @@ pub struct BenchArgs {
 
 /// Every benchmark of this tree (`psl report` asks for others by name and notes them as not
 /// available when the binary says it has no such benchmark).
-pub const NAMES: [&str; 10] =
-    ["capsule", "scl", "replication", "memcached", "launch", "capsuledb", "rrt", "ycsb", "fabric", "cluster"];
+pub const NAMES: [&str; 11] =
+    ["capsule", "scl", "replication", "memcached", "http", "launch", "capsuledb", "rrt", "ycsb", "fabric", "cluster"];
 
 pub fn run(a: BenchArgs) -> Result<i32> {
     let out = match a.name.as_str() {
         "capsule" => capsule::run(a.seconds, !a.json)?,
         "scl" => scl::run(a.seconds * 2.0, &a.cases, !a.json)?,
         "memcached" => memcached::run(a.seconds, !a.json)?,
+        "http" => http::run(a.seconds * 2.0, !a.json)?,
         "fabric" => fabric::run(a.seconds, &a.cases, !a.json)?,
         "cluster" => cluster::run(a.seconds * 5.0, &a.cases, a.reps.unwrap_or(3), a.ycsb.connections, !a.json)?,
         "replication" => replication::run(a.seconds * 2.0, !a.json)?,

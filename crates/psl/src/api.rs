@@ -1,0 +1,598 @@
+//! The trusted roles' HTTPS API (docs/client.md): the KV routes of a front end, behind client
+//! credentials, every answer signed by the endpoint's attested TLS key over the request's nonce.
+//!
+//! [`Guard`] is what every route shares: it checks a request's credential (an owner-signed
+//! [`ClientCert`] and the client's signature over the request) and signs the answer. [`kv`]
+//! maps the KV routes onto a [`FrontEnd`], so the HTTPS API and the memcached protocol are two
+//! views of the same items: a value put over HTTPS is a memcached item with flags 0 and no
+//! expiry, and a memcached `set` is readable over HTTPS.
+
+use base64::Engine as _;
+use psl_capsule::{CapsuleName, ClientCert, Permissions};
+use psl_crypto::{OwnerPublicKey, Signature};
+use psl_faas::tls::AnswerSigner;
+use psl_http::{ApiAnswer, ApiRequest, Outcome as Counted};
+use psl_memcached::op::{Outcome, Rmw};
+use psl_memcached::{FrontEnd, Versioned};
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The prefixes [`kv`] serves.
+pub const KV_PREFIXES: [&str; 3] = ["/v1/kv", "/v1/cas", "/v1/sync"];
+/// Longest key, after percent-decoding: memcached's, so every key is also a memcached key.
+pub const KEY_BYTES_MAX: usize = 250;
+/// Most items one scan answers.
+pub const SCAN_LIMIT_MAX: usize = 1000;
+/// Items a scan answers when the request names no limit.
+pub const SCAN_LIMIT_DEFAULT: usize = 100;
+/// How long a sync may wait before the answer says it timed out.
+pub const SYNC_TIMEOUT_MS: u64 = 10_000;
+
+/// The checks and the signature every API answer shares.
+pub struct Guard {
+    capsule: CapsuleName,
+    owner: OwnerPublicKey,
+    spki_hash: [u8; 32],
+    signer: AnswerSigner,
+    /// Certificates whose owner signature checked, decoded, by the SHA-256 of their bytes: a
+    /// client shows the same one on every request, and its signature never changes. Emptied
+    /// when it reaches [`CERTS_CACHED_MAX`]. What is still checked per request: the capsule,
+    /// the expiry, the permission, and the client's signature over the request (or that its
+    /// connection proved the credential).
+    checked: parking_lot::Mutex<std::collections::HashMap<[u8; 32], ClientCert>>,
+}
+
+/// Most certificates [`Guard`] remembers as checked.
+pub const CERTS_CACHED_MAX: usize = 4096;
+
+/// A refusal before the route runs: status, how it is counted, why.
+type Refusal = (u16, Counted, String);
+
+impl Guard {
+    /// A guard for `capsule` under `owner`'s credentials, signing with the endpoint's TLS key
+    /// (`signer`, whose certificate's SPKI hash is `spki_hash`).
+    pub fn new(capsule: CapsuleName, owner: OwnerPublicKey, spki_hash: [u8; 32], signer: AnswerSigner) -> Guard {
+        Guard { capsule, owner, spki_hash, signer, checked: Default::default() }
+    }
+
+    /// The request's nonce (`psl-nonce`, 64 hex digits; 32 zero bytes when absent).
+    fn nonce(req: &ApiRequest) -> Result<[u8; 32], Refusal> {
+        let Some(h) = req.header("psl-nonce") else { return Ok([0; 32]) };
+        let mut n = [0u8; 32];
+        hex::decode_to_slice(h.trim(), &mut n)
+            .map_err(|_| (400, Counted::Bad, "psl-nonce must be 64 hex digits (32 fresh random bytes)".to_string()))?;
+        Ok(n)
+    }
+
+    /// Checks the credential and the client's signature over this request.
+    fn authorize(&self, req: &ApiRequest, nonce: &[u8; 32], rh: &[u8; 32], needs: Permissions) -> Result<(), Refusal> {
+        let unauth = |why: String| (401, Counted::Unauthenticated, why);
+        let cert = req.header("psl-credential").ok_or_else(|| {
+            unauth("no credential: send psl-credential and psl-signature (psl keys client makes one)".into())
+        })?;
+        let bytes = hex::decode(cert.trim()).map_err(|_| unauth("psl-credential is not hex".into()))?;
+        let refused = |e: psl_capsule::ClientCertError| {
+            let counted = if e.status() == 403 { Counted::Forbidden } else { Counted::Unauthenticated };
+            (e.status(), counted, e.to_string())
+        };
+        let id = psl_crypto::sha256(&[&bytes]).0;
+        let cached = self.checked.lock().get(&id).cloned();
+        let cert = match cached {
+            Some(c) => c,
+            None => {
+                let cert = ClientCert::decode(&bytes).map_err(|e| unauth(format!("psl-credential: {e}")))?;
+                cert.check_signature(&self.owner).map_err(refused)?;
+                let mut c = self.checked.lock();
+                if c.len() >= CERTS_CACHED_MAX {
+                    c.clear();
+                }
+                c.insert(id, cert.clone());
+                cert
+            }
+        };
+        cert.check_use(self.capsule, now_ms(), needs).map_err(refused)?;
+        let proved = *req.connection.principal.lock() == Some(id);
+        let Some(given) = req.header("psl-signature") else {
+            // This connection proved the credential's key already: over TLS, only the party
+            // that made the handshake sends on it.
+            return if proved {
+                Ok(())
+            } else {
+                Err(unauth("no psl-signature: the first request of a connection is signed".into()))
+            };
+        };
+        if req.header("psl-nonce").is_none() {
+            return Err(unauth("a signed request needs psl-nonce: the signature covers it".into()));
+        }
+        let mut sig = [0u8; 64];
+        hex::decode_to_slice(given.trim(), &mut sig)
+            .map_err(|_| unauth("psl-signature must be 128 hex digits (r ‖ s)".into()))?;
+        let digest = psl_capsule::client::request_digest(&self.spki_hash, nonce, rh);
+        cert.key.verify(&digest, &Signature(sig)).map_err(|_| {
+            unauth("psl-signature does not verify under the credential's key for this request and endpoint".into())
+        })?;
+        *req.connection.principal.lock() = Some(id);
+        Ok(())
+    }
+
+    /// The answer, signed over `nonce ‖ request hash ‖ status ‖ SHA-256(body)`.
+    fn answer(&self, nonce: &[u8; 32], rh: &[u8; 32], status: u16, counted: Counted, body: &Value) -> ApiAnswer {
+        let body = body.to_string().into_bytes();
+        let sig = self.signer.sign(&answer_message(nonce, rh, status, &body));
+        ApiAnswer { status, body, headers: vec![("psl-signature", hex::encode(sig))], outcome: counted }
+    }
+
+    /// Serves one request: credential, route, signed answer.
+    pub fn serve(&self, req: &ApiRequest, route: impl FnOnce(&Request) -> (u16, Value)) -> ApiAnswer {
+        let rh = psl_capsule::client::request_hash(&req.method, &req.path_and_query, &req.body);
+        let nonce = match Self::nonce(req) {
+            Ok(n) => n,
+            Err((status, counted, why)) => {
+                return self.answer(&[0; 32], &rh, status, counted, &json!({ "error": why }))
+            }
+        };
+        let parsed = match Request::parse(req) {
+            Ok(r) => r,
+            Err((status, why)) => return self.answer(&nonce, &rh, status, Counted::Bad, &json!({ "error": why })),
+        };
+        if let Err((status, counted, why)) = self.authorize(req, &nonce, &rh, parsed.needs()) {
+            return self.answer(&nonce, &rh, status, counted, &json!({ "error": why }));
+        }
+        let (status, body) = route(&parsed);
+        let counted = match status {
+            200..=299 | 404 | 409 => Counted::Ok,
+            400..=499 => Counted::Bad,
+            _ => Counted::Failed,
+        };
+        self.answer(&nonce, &rh, status, counted, &body)
+    }
+}
+
+/// What an answer signature covers (docs/client.md, "Answers").
+pub fn answer_message(nonce: &[u8; 32], request_hash: &[u8; 32], status: u16, body: &[u8]) -> Vec<u8> {
+    let mut m = b"psl/http-answer/v1".to_vec();
+    m.extend_from_slice(nonce);
+    m.extend_from_slice(request_hash);
+    m.extend_from_slice(&status.to_be_bytes());
+    m.extend_from_slice(&psl_crypto::sha256(&[body]).0);
+    m
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A KV request, parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// `GET /v1/kv/{key}`.
+    Get(Vec<u8>),
+    /// `PUT /v1/kv/{key}` with the value as the body.
+    Put(Vec<u8>, Vec<u8>),
+    /// `DELETE /v1/kv/{key}`.
+    Delete(Vec<u8>),
+    /// `GET /v1/kv?prefix=&after=&limit=`.
+    Scan {
+        /// Keys that start with this.
+        prefix: Vec<u8>,
+        /// Keys after this one (the previous page's last).
+        after: Option<Vec<u8>>,
+        /// At most this many items.
+        limit: usize,
+    },
+    /// `POST /v1/cas/{key}?cas=UNIQUE` with the new value as the body.
+    Cas(Vec<u8>, u64, Vec<u8>),
+    /// `POST /v1/sync?durable=true|false`.
+    Sync {
+        /// Wait for a quorum of capsule servers too.
+        durable: bool,
+    },
+}
+
+impl Request {
+    /// Parses the path, query and body; `Err((status, why))`.
+    pub fn parse(req: &ApiRequest) -> Result<Request, (u16, String)> {
+        let path = req.path();
+        let query = req.query().unwrap_or("");
+        let param = |name: &str| -> Result<Option<Vec<u8>>, (u16, String)> {
+            query
+                .split('&')
+                .find_map(|kv| kv.strip_prefix(name).and_then(|r| r.strip_prefix('=')))
+                .map(|v| percent_decode(v).ok_or((400, format!("query parameter {name} is not percent-encoded"))))
+                .transpose()
+        };
+        let key_of = |rest: &str| -> Result<Vec<u8>, (u16, String)> {
+            let k = percent_decode(rest).ok_or((400, "the key is not percent-encoded".to_string()))?;
+            check_key(&k)?;
+            Ok(k)
+        };
+        let m = req.method.as_str();
+        let wrong = |allowed: &str| Err((405, format!("method {m} is not allowed on {path}: use {allowed}")));
+        if let Some(rest) = path.strip_prefix("/v1/kv/") {
+            let key = key_of(rest)?;
+            return match m {
+                "GET" => Ok(Request::Get(key)),
+                "PUT" => Ok(Request::Put(key, req.body.to_vec())),
+                "DELETE" => Ok(Request::Delete(key)),
+                _ => wrong("GET, PUT or DELETE"),
+            };
+        }
+        if path == "/v1/kv" {
+            if m != "GET" {
+                return wrong("GET");
+            }
+            let limit = match param("limit")? {
+                None => SCAN_LIMIT_DEFAULT,
+                Some(l) => std::str::from_utf8(&l)
+                    .ok()
+                    .and_then(|l| l.parse::<usize>().ok())
+                    .filter(|l| (1..=SCAN_LIMIT_MAX).contains(l))
+                    .ok_or((400, format!("limit must be a number from 1 to {SCAN_LIMIT_MAX}")))?,
+            };
+            let prefix = param("prefix")?.unwrap_or_default();
+            if prefix.len() > KEY_BYTES_MAX {
+                return Err((400, format!("the prefix is over {KEY_BYTES_MAX} bytes")));
+            }
+            return Ok(Request::Scan { prefix, after: param("after")?, limit });
+        }
+        if let Some(rest) = path.strip_prefix("/v1/cas/") {
+            if m != "POST" {
+                return wrong("POST");
+            }
+            let key = key_of(rest)?;
+            let cas = param("cas")?
+                .and_then(|c| std::str::from_utf8(&c).ok()?.parse::<u64>().ok())
+                .filter(|c| *c != 0)
+                .ok_or((400, "give the CAS unique a get returned: POST /v1/cas/{key}?cas=N".to_string()))?;
+            return Ok(Request::Cas(key, cas, req.body.to_vec()));
+        }
+        if path == "/v1/sync" {
+            if m != "POST" {
+                return wrong("POST");
+            }
+            let durable = match param("durable")?.as_deref() {
+                None | Some(b"false") => false,
+                Some(b"true") => true,
+                Some(_) => return Err((400, "durable must be true or false".into())),
+            };
+            return Ok(Request::Sync { durable });
+        }
+        Err((
+            404,
+            format!("no such path {path:?}: the KV API is /v1/kv/{{key}}, /v1/kv?prefix=, /v1/cas/{{key}}, /v1/sync"),
+        ))
+    }
+
+    /// The permission it needs.
+    pub fn needs(&self) -> Permissions {
+        match self {
+            Request::Get(_) | Request::Scan { .. } | Request::Sync { .. } => Permissions::READ,
+            Request::Put(..) | Request::Delete(_) | Request::Cas(..) => Permissions::WRITE,
+        }
+    }
+}
+
+/// A key the API takes: 1 to [`KEY_BYTES_MAX`] bytes, none of them a space or a control
+/// character (memcached's rule, so every key can be named by a memcached client too).
+fn check_key(k: &[u8]) -> Result<(), (u16, String)> {
+    if k.is_empty() || k.len() > KEY_BYTES_MAX {
+        return Err((400, format!("a key is 1 to {KEY_BYTES_MAX} bytes; this one is {}", k.len())));
+    }
+    if k.iter().any(|b| *b <= b' ' || *b == 0x7f) {
+        return Err((400, "a key holds no space or control character".into()));
+    }
+    Ok(())
+}
+
+/// `%XX` decoding (a `+` stays a `+`); `None` on a bad escape.
+pub fn percent_decode(s: &str) -> Option<Vec<u8>> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let h = b.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    Some(out)
+}
+
+fn b64(b: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(b)
+}
+
+fn version_json(v: &Versioned) -> Value {
+    json!({ "lamport": v.version.lamport, "writer": v.version.writer, "cas": v.cas })
+}
+
+fn payload(v: &Versioned) -> &[u8] {
+    psl_memcached::item::decode(&v.item).map_or(&[][..], |it| it.data)
+}
+
+/// The KV routes over `fe` behind `guard` (what `psl memcached --http` serves).
+pub fn kv(fe: Arc<FrontEnd>, guard: Arc<Guard>) -> (Vec<&'static str>, psl_http::Api) {
+    let api: psl_http::Api = Arc::new(move |req: ApiRequest| guard.serve(&req, |r| route(&fe, r)));
+    (KV_PREFIXES.to_vec(), api)
+}
+
+/// Runs one parsed request on the front end: `(status, body)`.
+pub fn route(fe: &FrontEnd, r: &Request) -> (u16, Value) {
+    let node = fe.node();
+    // The gauge the node's core sets when it applies a SYNC (no round trip to the core).
+    let epoch = || node.metrics().epoch.load(std::sync::atomic::Ordering::Relaxed);
+    let failed = |why: String| (503, json!({ "error": why }));
+    let written = |key: &[u8], o: Outcome| match o {
+        Outcome::Stored { cas } => (200, json!({ "key": b64(key), "stored": true, "cas": cas, "epoch": epoch() })),
+        Outcome::Exists => (409, json!({ "key": b64(key), "stored": false, "reason": "exists", "epoch": epoch() })),
+        Outcome::NotFound => {
+            (409, json!({ "key": b64(key), "stored": false, "reason": "not_found", "epoch": epoch() }))
+        }
+        Outcome::TooLarge => (413, json!({ "error": "the value is larger than this front end takes" })),
+        other => failed(format!("not written: {other:?}")),
+    };
+    match r {
+        Request::Get(key) => match fe.read_versioned(key) {
+            Ok(Some(v)) => (
+                200,
+                json!({ "key": b64(key), "found": true, "value": b64(payload(&v)), "version": version_json(&v), "epoch": epoch() }),
+            ),
+            Ok(None) => (404, json!({ "key": b64(key), "found": false, "epoch": epoch() })),
+            Err(e) => failed(format!("the key is not readable now: {e}")),
+        },
+        Request::Put(key, value) => written(key, fe.set(key, 0, 0, value, true)),
+        Request::Delete(key) => match fe.delete(key) {
+            Outcome::Deleted => (200, json!({ "key": b64(key), "deleted": true, "epoch": epoch() })),
+            Outcome::NotFound => (200, json!({ "key": b64(key), "deleted": false, "epoch": epoch() })),
+            other => failed(format!("not deleted: {other:?}")),
+        },
+        Request::Scan { prefix, after, limit } => match fe.scan_live(prefix, after.as_deref(), *limit) {
+            Ok((items, more)) => {
+                let items: Vec<Value> = items
+                    .iter()
+                    .map(|(k, v)| json!({ "key": b64(k), "value": b64(payload(v)), "version": version_json(v) }))
+                    .collect();
+                (200, json!({ "items": items, "more": more, "epoch": epoch() }))
+            }
+            Err(e) => failed(format!("the scan did not complete: {e}")),
+        },
+        Request::Cas(key, cas, value) => {
+            let op = Rmw::Store {
+                mode: psl_memcached::proto::StoreMode::Set,
+                flags: 0,
+                exptime: 0,
+                cas: Some(*cas),
+                data: value,
+            };
+            written(key, fe.rmw(key, op))
+        }
+        Request::Sync { durable } => {
+            let t = Duration::from_millis(SYNC_TIMEOUT_MS);
+            let done = if *durable { node.sync_durable(t) } else { node.sync(t) };
+            match done {
+                Ok(()) => (200, json!({ "epoch": epoch(), "durable": durable })),
+                Err(e) => (504, json!({ "error": format!("the sync did not complete: {e}") })),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use psl_crypto::{OwnerKey, SigningKey};
+    use psl_faas::tls::{AnswerSigner, TlsIdentity};
+
+    fn req(method: &str, pq: &str) -> ApiRequest {
+        ApiRequest {
+            method: method.into(),
+            path_and_query: pq.into(),
+            psl_headers: vec![],
+            body: Default::default(),
+            connection: Default::default(),
+        }
+    }
+
+    /// One in-process front end behind a guard, and a client that signs like the SDK.
+    struct World {
+        _emb: psl_memcached::deploy::Embedded,
+        fe: Arc<FrontEnd>,
+        guard: Guard,
+        spki: [u8; 32],
+        server_key: [u8; 32],
+        owner: OwnerKey,
+        capsule: CapsuleName,
+    }
+
+    struct Cred {
+        key: SigningKey,
+        cert: ClientCert,
+    }
+
+    impl World {
+        fn new() -> World {
+            let emb = psl_memcached::deploy::Embedded::start(&Default::default()).unwrap();
+            let fe = emb.front_ends[0].clone();
+            let id = TlsIdentity::generate("psl test").unwrap();
+            let signer = id.answer_signer().unwrap();
+            let server_key = signer.public_key();
+            let owner = OwnerKey::from_seed(&[3; 32]).unwrap();
+            let capsule = emb.meta.name();
+            let guard = Guard::new(capsule, owner.public(), id.spki_hash(), signer);
+            World { _emb: emb, fe, guard, spki: id.spki_hash(), server_key, owner, capsule }
+        }
+
+        fn cred(&self, owner: &OwnerKey, capsule: CapsuleName, can: &str) -> Cred {
+            let key = SigningKey::generate();
+            let can = Permissions::parse(can).unwrap();
+            let cert = ClientCert::issue(&owner.signing_key(), capsule, key.verifying_key(), can, 0, u64::MAX);
+            Cred { key, cert }
+        }
+
+        /// Sends `method pq body` signed with `cred` for the endpoint `spki`; checks the
+        /// answer's signature as a client would and returns `(status, body)`.
+        fn call(&self, cred: Option<&Cred>, spki: &[u8; 32], method: &str, pq: &str, body: &[u8]) -> (u16, Value) {
+            let nonce: [u8; 32] = rand::random();
+            let rh = psl_capsule::client::request_hash(method, pq, body);
+            let mut r = req(method, pq);
+            r.body = body.to_vec().into();
+            r.psl_headers.push(("psl-nonce".into(), hex::encode(nonce)));
+            if let Some(c) = cred {
+                let sig = c.key.sign(&psl_capsule::client::request_digest(spki, &nonce, &rh));
+                r.psl_headers.push(("psl-credential".into(), hex::encode(c.cert.encode())));
+                r.psl_headers.push(("psl-signature".into(), hex::encode(sig.0)));
+            }
+            let a = self.guard.serve(&r, |p| route(&self.fe, p));
+            let sig = hex::decode(&a.headers.iter().find(|(n, _)| *n == "psl-signature").unwrap().1).unwrap();
+            let m = answer_message(&nonce, &rh, a.status, &a.body);
+            assert!(AnswerSigner::verify(&self.server_key, &m, &sig), "the answer's signature checks");
+            // The same answer does not check for another nonce: a replay is caught.
+            let other = answer_message(&[0xee; 32], &rh, a.status, &a.body);
+            assert!(!AnswerSigner::verify(&self.server_key, &other, &sig));
+            (a.status, serde_json::from_slice(&a.body).unwrap())
+        }
+    }
+
+    #[test]
+    fn a_credentialed_client_puts_gets_scans_cas_and_syncs_with_signed_answers() {
+        let w = World::new();
+        let c = w.cred(&w.owner, w.capsule, "read,write");
+        let (s, put) = w.call(Some(&c), &w.spki, "PUT", "/v1/kv/user%3A1", b"alice");
+        assert_eq!(s, 200, "{put}");
+        let (s, got) = w.call(Some(&c), &w.spki, "GET", "/v1/kv/user%3A1", b"");
+        assert_eq!(s, 200, "{got}");
+        assert_eq!(got["value"], b64(b"alice"));
+        assert_eq!(got["version"]["cas"], put["cas"], "a get names the version the put made");
+        assert!(got["version"]["lamport"].as_u64().unwrap() > 0);
+        // The memcached protocol sees the same item.
+        assert!(matches!(w.fe.lookup(b"user:1"), psl_memcached::store::Lookup::Hit { .. }));
+        // Compare-and-set: the unique the get returned wins once; the stale one loses.
+        let cas = got["version"]["cas"].as_u64().unwrap();
+        let (s, won) = w.call(Some(&c), &w.spki, "POST", &format!("/v1/cas/user%3A1?cas={cas}"), b"bob");
+        assert_eq!((s, &won["stored"]), (200, &json!(true)), "{won}");
+        let (s, lost) = w.call(Some(&c), &w.spki, "POST", &format!("/v1/cas/user%3A1?cas={cas}"), b"carol");
+        assert_eq!((s, &lost["reason"]), (409, &json!("exists")), "{lost}");
+        w.call(Some(&c), &w.spki, "PUT", "/v1/kv/user%3A2", b"dave");
+        w.call(Some(&c), &w.spki, "PUT", "/v1/kv/other", b"x");
+        let (s, scan) = w.call(Some(&c), &w.spki, "GET", "/v1/kv?prefix=user%3A&limit=1", b"");
+        assert_eq!(s, 200);
+        assert_eq!(scan["items"].as_array().unwrap().len(), 1);
+        assert_eq!((scan["items"][0]["value"].clone(), scan["more"].clone()), (json!(b64(b"bob")), json!(true)));
+        let (_, all) = w.call(Some(&c), &w.spki, "GET", "/v1/kv?prefix=user%3A", b"");
+        assert_eq!(all["items"].as_array().unwrap().len(), 2, "{all}");
+        let (s, sync) = w.call(Some(&c), &w.spki, "POST", "/v1/sync", b"");
+        assert_eq!(s, 200, "{sync}");
+        let (s, del) = w.call(Some(&c), &w.spki, "DELETE", "/v1/kv/user%3A1", b"");
+        assert_eq!((s, &del["deleted"]), (200, &json!(true)));
+        let (s, gone) = w.call(Some(&c), &w.spki, "GET", "/v1/kv/user%3A1", b"");
+        assert_eq!((s, &gone["found"]), (404, &json!(false)));
+    }
+
+    #[test]
+    fn requests_without_a_valid_credential_are_refused_401_and_those_it_does_not_allow_403() {
+        let w = World::new();
+        let reader = w.cred(&w.owner, w.capsule, "read");
+        let writer = w.cred(&w.owner, w.capsule, "read,write");
+        // No credential at all.
+        assert_eq!(w.call(None, &w.spki, "GET", "/v1/kv/k", b"").0, 401);
+        // A certificate the client signed itself (not the owner): 401, however wide.
+        let mallory = OwnerKey::from_seed(&[4; 32]).unwrap();
+        let forged = w.cred(&mallory, w.capsule, "read,write,run");
+        assert_eq!(w.call(Some(&forged), &w.spki, "PUT", "/v1/kv/k", b"v").0, 401);
+        // A request signed for another endpoint (a relay that replays it here): 401.
+        assert_eq!(w.call(Some(&writer), &[9; 32], "PUT", "/v1/kv/k", b"v").0, 401);
+        // Someone else's certificate without its key: the signature does not verify.
+        let stolen = Cred { key: SigningKey::generate(), cert: writer.cert.clone() };
+        assert_eq!(w.call(Some(&stolen), &w.spki, "PUT", "/v1/kv/k", b"v").0, 401);
+        // A credential for another capsule of the same owner: 403.
+        let elsewhere = w.cred(&w.owner, CapsuleName(psl_crypto::Hash256([5; 32])), "read,write");
+        assert_eq!(w.call(Some(&elsewhere), &w.spki, "GET", "/v1/kv/k", b"").0, 403);
+        // A reader may read, not write: 403, and nothing is written.
+        let (s, e) = w.call(Some(&reader), &w.spki, "PUT", "/v1/kv/k", b"v");
+        assert_eq!(s, 403, "{e}");
+        assert!(e["error"].as_str().unwrap().contains("needs"), "{e}");
+        assert_eq!(w.call(Some(&reader), &w.spki, "GET", "/v1/kv/k", b"").0, 404);
+        assert_eq!(w.call(Some(&writer), &w.spki, "PUT", "/v1/kv/k", b"v").0, 200);
+        assert_eq!(w.call(Some(&reader), &w.spki, "GET", "/v1/kv/k", b"").0, 200);
+    }
+
+    #[test]
+    fn a_connection_that_proved_a_credential_may_send_that_credential_unsigned_and_no_other() {
+        let w = World::new();
+        let c = w.cred(&w.owner, w.capsule, "read,write");
+        let other = w.cred(&w.owner, w.capsule, "read,write");
+        let send = |conn: &Arc<psl_http::Connection>, cred: &Cred, sign: bool, pq: &str| {
+            let nonce: [u8; 32] = rand::random();
+            let mut r = req("PUT", pq);
+            r.connection = conn.clone();
+            r.psl_headers.push(("psl-nonce".into(), hex::encode(nonce)));
+            r.psl_headers.push(("psl-credential".into(), hex::encode(cred.cert.encode())));
+            if sign {
+                let rh = psl_capsule::client::request_hash("PUT", pq, b"");
+                let sig = cred.key.sign(&psl_capsule::client::request_digest(&w.spki, &nonce, &rh));
+                r.psl_headers.push(("psl-signature".into(), hex::encode(sig.0)));
+            }
+            w.guard.serve(&r, |p| route(&w.fe, p)).status
+        };
+        let (one, two) = (Arc::default(), Arc::default());
+        assert_eq!(send(&one, &c, false, "/v1/kv/a"), 401, "nothing proved yet");
+        assert_eq!(send(&one, &c, true, "/v1/kv/a"), 200);
+        assert_eq!(send(&one, &c, false, "/v1/kv/b"), 200, "proved on this connection");
+        assert_eq!(send(&one, &other, false, "/v1/kv/c"), 401, "another credential must prove itself");
+        assert_eq!(send(&two, &c, false, "/v1/kv/d"), 401, "another connection must prove it again");
+        // A reader proved on a connection still may not write on it.
+        let reader = w.cred(&w.owner, w.capsule, "read");
+        let three = Arc::default();
+        assert_eq!(send(&three, &reader, true, "/v1/kv/e"), 403);
+    }
+
+    /// The bytes both sides compute, fixed: the Python SDK's tests check the same figures
+    /// (clients/python/tests/vectors.json).
+    #[test]
+    fn the_request_digest_and_answer_message_are_fixed() {
+        let rh = psl_capsule::client::request_hash("PUT", "/v1/kv/a%2Fb?x=1", b"value");
+        let d = psl_capsule::client::request_digest(&[1; 32], &[2; 32], &rh);
+        let m = answer_message(&[2; 32], &rh, 200, br#"{"ok":true}"#);
+        assert_eq!(hex::encode(rh), "4d93b2ebc453d3c337677d769522e8961b2916b8bf500094f049ef02400f6fd8");
+        assert_eq!(d.to_hex(), "be32a020479d3b44a0a0d081f5c506ee81c84aac8a553df037715fd7ca27a584");
+        assert_eq!(
+            hex::encode(psl_crypto::sha256(&[&m]).0),
+            "d2bd4890d85dfe3c963a80643f59b3e3232bda5dee247d9389eb1398418a5bec"
+        );
+    }
+
+    #[test]
+    fn routes_parse_with_their_permissions() {
+        assert_eq!(Request::parse(&req("GET", "/v1/kv/a%2Fb")).unwrap(), Request::Get(b"a/b".to_vec()));
+        assert_eq!(Request::parse(&req("DELETE", "/v1/kv/k")).unwrap().needs(), Permissions::WRITE);
+        let scan = Request::parse(&req("GET", "/v1/kv?prefix=us%3A&limit=5")).unwrap();
+        assert_eq!(scan, Request::Scan { prefix: b"us:".to_vec(), after: None, limit: 5 });
+        assert_eq!(scan.needs(), Permissions::READ);
+        assert_eq!(Request::parse(&req("POST", "/v1/cas/k?cas=17")).unwrap(), Request::Cas(b"k".to_vec(), 17, vec![]));
+        assert_eq!(Request::parse(&req("POST", "/v1/sync?durable=true")).unwrap(), Request::Sync { durable: true });
+    }
+
+    #[test]
+    fn bad_requests_say_what_was_wrong() {
+        for (m, pq, status) in [
+            ("GET", "/v1/kv/a%20b", 400),   // a space
+            ("GET", "/v1/kv/", 400),        // empty key
+            ("GET", "/v1/kv/%zz", 400),     // bad escape
+            ("POST", "/v1/kv/k", 405),      // wrong method
+            ("POST", "/v1/cas/k", 400),     // no unique
+            ("GET", "/v1/kv?limit=0", 400), // limit out of range
+            ("POST", "/v1/sync?durable=maybe", 400),
+            ("GET", "/v1/kvx", 404),
+        ] {
+            let e = Request::parse(&req(m, pq)).unwrap_err();
+            assert_eq!(e.0, status, "{m} {pq}: {}", e.1);
+        }
+        let long = format!("/v1/kv/{}", "k".repeat(KEY_BYTES_MAX + 1));
+        assert_eq!(Request::parse(&req("GET", &long)).unwrap_err().0, 400);
+    }
+}
