@@ -216,6 +216,20 @@ pub fn peer_spki_hash(certs: Option<&[CertificateDer<'_>]>) -> Result<[u8; 32], 
     Ok(hash_spki(parsed.subject_public_key_info().as_ref()))
 }
 
+/// The Ed25519 public key in a peer's end-entity certificate: what verifies the HTTPS API's
+/// answer signatures ([`TlsIdentity::answer_signer`]). Refuses a key of any other type.
+pub fn peer_answer_key(certs: Option<&[CertificateDer<'_>]>) -> Result<[u8; 32], FaasError> {
+    let cert = certs.and_then(|c| c.first()).ok_or_else(|| tls_err("peer", "presented no certificate"))?;
+    let parsed = rustls::server::ParsedCertificate::try_from(cert).map_err(|e| tls_err("peer certificate", e))?;
+    let spki = parsed.subject_public_key_info();
+    // SEQUENCE { SEQUENCE { OID 1.3.101.112 }, BIT STRING { 0, 32 key bytes } }: 44 bytes.
+    let prefix = [0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00];
+    match spki.as_ref().strip_prefix(&prefix[..]).and_then(|k| <[u8; 32]>::try_from(k).ok()) {
+        Some(k) => Ok(k),
+        None => Err(tls_err("peer certificate", "its key is not an Ed25519 key")),
+    }
+}
+
 /// Accepts any well-formed certificate (a server's: only one whose key hashes to `pin`, when
 /// set); still checks every handshake signature. The binding to an attestation report is
 /// checked after the handshake, by the caller.

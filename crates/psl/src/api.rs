@@ -1,5 +1,6 @@
-//! The trusted roles' HTTPS API (docs/client.md): the KV routes of a front end, behind client
-//! credentials, every answer signed by the endpoint's attested TLS key over the request's nonce.
+//! The trusted roles' HTTPS API (docs/client.md): the KV routes of a front end and the jobs
+//! routes of the leader, behind client credentials, every answer signed by the endpoint's
+//! attested TLS key over the request's nonce.
 //!
 //! [`Guard`] is what every route shares: it checks a request's credential (an owner-signed
 //! [`ClientCert`] and the client's signature over the request) and signs the answer. [`kv`]
@@ -123,8 +124,20 @@ impl Guard {
         ApiAnswer { status, body, headers: vec![("psl-signature", hex::encode(sig))], outcome: counted }
     }
 
-    /// Serves one request: credential, route, signed answer.
+    /// Serves one KV request: credential, route, signed answer.
     pub fn serve(&self, req: &ApiRequest, route: impl FnOnce(&Request) -> (u16, Value)) -> ApiAnswer {
+        self.serve_with(req, Request::parse, Request::needs, route)
+    }
+
+    /// Serves one request of any route set: `parse` it, check the credential for what it
+    /// `needs`, run `route`, sign the answer.
+    pub fn serve_with<R>(
+        &self,
+        req: &ApiRequest,
+        parse: impl FnOnce(&ApiRequest) -> Result<R, (u16, String)>,
+        needs: impl FnOnce(&R) -> Permissions,
+        route: impl FnOnce(&R) -> (u16, Value),
+    ) -> ApiAnswer {
         let rh = psl_capsule::client::request_hash(&req.method, &req.path_and_query, &req.body);
         let nonce = match Self::nonce(req) {
             Ok(n) => n,
@@ -132,11 +145,11 @@ impl Guard {
                 return self.answer(&[0; 32], &rh, status, counted, &json!({ "error": why }))
             }
         };
-        let parsed = match Request::parse(req) {
+        let parsed = match parse(req) {
             Ok(r) => r,
             Err((status, why)) => return self.answer(&nonce, &rh, status, Counted::Bad, &json!({ "error": why })),
         };
-        if let Err((status, counted, why)) = self.authorize(req, &nonce, &rh, parsed.needs()) {
+        if let Err((status, counted, why)) = self.authorize(req, &nonce, &rh, needs(&parsed)) {
             return self.answer(&nonce, &rh, status, counted, &json!({ "error": why }));
         }
         let (status, body) = route(&parsed);
@@ -382,6 +395,164 @@ pub fn route(fe: &FrontEnd, r: &Request) -> (u16, Value) {
     }
 }
 
+/// The prefix [`jobs`] serves.
+pub const JOBS_PREFIX: &str = "/v1/jobs";
+/// Jobs run at once; one more is answered 503.
+pub const JOBS_RUNNING_MAX: usize = 4;
+/// Finished jobs remembered (the oldest is forgotten first).
+pub const JOBS_KEPT_MAX: usize = 256;
+
+/// What `POST /v1/jobs` asks for.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    /// The lambda program (JavaScript source).
+    pub program: String,
+    /// How many lambdas run it.
+    pub lambdas: u32,
+    /// The input every lambda reads (`input()`), if any.
+    #[serde(default)]
+    pub input: Option<String>,
+}
+
+/// A jobs request, parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobRequest {
+    /// `POST /v1/jobs` with a [`JobSpec`] as JSON.
+    Submit(JobSpec),
+    /// `GET /v1/jobs/{id}`.
+    Status(String),
+}
+
+impl JobRequest {
+    /// Parses a request under [`JOBS_PREFIX`].
+    pub fn parse(req: &ApiRequest) -> Result<JobRequest, (u16, String)> {
+        let path = req.path();
+        let m = req.method.as_str();
+        if path == JOBS_PREFIX {
+            if m != "POST" {
+                return Err((405, format!("method {m} is not allowed on {path}: use POST")));
+            }
+            let spec: JobSpec = serde_json::from_slice(&req.body)
+                .map_err(|e| (400, format!("the body must be JSON {{\"program\", \"lambdas\", \"input\"}}: {e}")))?;
+            let max = psl_faas::deploy::LAMBDAS_MAX;
+            if spec.lambdas == 0 || spec.lambdas > max {
+                return Err((400, format!("lambdas must be 1 to {max}, not {}", spec.lambdas)));
+            }
+            return Ok(JobRequest::Submit(spec));
+        }
+        if let Some(id) = path.strip_prefix("/v1/jobs/") {
+            if m != "GET" {
+                return Err((405, format!("method {m} is not allowed on {path}: use GET")));
+            }
+            if id.len() != 16 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err((404, format!("no job {id:?}: a job id is 16 hex digits")));
+            }
+            return Ok(JobRequest::Status(id.to_ascii_lowercase()));
+        }
+        Err((404, format!("no such path {path:?}: the jobs API is POST /v1/jobs and GET /v1/jobs/{{id}}")))
+    }
+}
+
+/// Runs one job to its end: its report as JSON, or why it failed.
+pub type JobRunner = Arc<dyn Fn(JobSpec) -> Result<Value, String> + Send + Sync>;
+
+enum JobState {
+    Running { started_ms: u64 },
+    Done { report: Value, took_ms: u64 },
+    Failed { error: String, took_ms: u64 },
+}
+
+/// The jobs a leader runs for API clients, each on a thread of its own: at most
+/// [`JOBS_RUNNING_MAX`] at once, at most [`JOBS_KEPT_MAX`] remembered.
+pub struct Jobs {
+    runner: JobRunner,
+    /// By id: the submission number (for forgetting the oldest first) and the state.
+    table: parking_lot::Mutex<std::collections::BTreeMap<String, (u64, JobState)>>,
+}
+
+impl Jobs {
+    /// A table whose jobs `runner` runs.
+    pub fn new(runner: JobRunner) -> Arc<Jobs> {
+        Arc::new(Jobs { runner, table: Default::default() })
+    }
+
+    fn submit(self: &Arc<Self>, spec: &JobSpec) -> (u16, Value) {
+        let id = hex::encode(rand::random::<[u8; 8]>());
+        {
+            let mut t = self.table.lock();
+            let running = t.values().filter(|(_, s)| matches!(s, JobState::Running { .. })).count();
+            if running >= JOBS_RUNNING_MAX {
+                return (503, json!({ "error": format!("{running} jobs are running, the most at once: retry later") }));
+            }
+            while t.len() >= JOBS_KEPT_MAX {
+                let oldest = t
+                    .iter()
+                    .filter(|(_, (_, s))| !matches!(s, JobState::Running { .. }))
+                    .min_by_key(|(_, (n, _))| *n)
+                    .map(|(k, _)| k.clone());
+                match oldest {
+                    Some(k) => t.remove(&k),
+                    None => break,
+                };
+            }
+            let n = t.values().map(|(n, _)| *n).max().unwrap_or(0) + 1;
+            t.insert(id.clone(), (n, JobState::Running { started_ms: now_ms() }));
+        }
+        let (me, spec, job) = (self.clone(), spec.clone(), id.clone());
+        let spawned = std::thread::Builder::new().name(format!("job {id}")).spawn(move || {
+            let t0 = now_ms();
+            let outcome = (me.runner)(spec);
+            let took_ms = now_ms().saturating_sub(t0);
+            let state = match outcome {
+                Ok(report) => JobState::Done { report, took_ms },
+                Err(error) => JobState::Failed { error, took_ms },
+            };
+            if let Some(slot) = me.table.lock().get_mut(&job) {
+                slot.1 = state;
+            }
+        });
+        if let Err(e) = spawned {
+            self.table.lock().remove(&id);
+            return (503, json!({ "error": format!("cannot start the job's thread: {e}") }));
+        }
+        (202, json!({ "id": id, "status": "running" }))
+    }
+
+    fn status(&self, id: &str) -> (u16, Value) {
+        match self.table.lock().get(id) {
+            None => (404, json!({ "id": id, "error": "no such job here (never submitted, or forgotten)" })),
+            Some((_, JobState::Running { started_ms })) => {
+                (200, json!({ "id": id, "status": "running", "running_ms": now_ms().saturating_sub(*started_ms) }))
+            }
+            Some((_, JobState::Done { report, took_ms })) => {
+                let status = if report["ok"].as_bool().unwrap_or(false) { "done" } else { "failed" };
+                (200, json!({ "id": id, "status": status, "took_ms": took_ms, "report": report }))
+            }
+            Some((_, JobState::Failed { error, took_ms })) => {
+                (200, json!({ "id": id, "status": "failed", "took_ms": took_ms, "error": error }))
+            }
+        }
+    }
+
+    /// Serves one parsed jobs request.
+    pub fn route(self: &Arc<Self>, r: &JobRequest) -> (u16, Value) {
+        match r {
+            JobRequest::Submit(spec) => self.submit(spec),
+            JobRequest::Status(id) => self.status(id),
+        }
+    }
+}
+
+/// The jobs routes behind `guard` (what `psl leader --http` serves): `POST /v1/jobs` and
+/// `GET /v1/jobs/{id}`, both needing the `run` permission.
+pub fn jobs(jobs: Arc<Jobs>, guard: Arc<Guard>) -> (Vec<&'static str>, psl_http::Api) {
+    let api: psl_http::Api = Arc::new(move |req: ApiRequest| {
+        guard.serve_with(&req, JobRequest::parse, |_| Permissions::RUN, |r| jobs.route(r))
+    });
+    (vec![JOBS_PREFIX], api)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -549,6 +720,60 @@ mod tests {
         let reader = w.cred(&w.owner, w.capsule, "read");
         let three = Arc::default();
         assert_eq!(send(&three, &reader, true, "/v1/kv/e"), 403);
+    }
+
+    #[test]
+    fn jobs_run_for_a_run_credential_only_and_report_when_done() {
+        let w = World::new();
+        let runner: JobRunner = Arc::new(|spec: JobSpec| {
+            if spec.program.contains("boom") {
+                return Err("the scheduler is gone".into());
+            }
+            Ok(json!({ "ok": true, "lambdas": spec.lambdas }))
+        });
+        let table = Jobs::new(runner);
+        let call = |cred: &Cred, method: &str, pq: &str, body: &[u8]| {
+            let nonce: [u8; 32] = rand::random();
+            let rh = psl_capsule::client::request_hash(method, pq, body);
+            let mut r = req(method, pq);
+            r.body = body.to_vec().into();
+            r.psl_headers.push(("psl-nonce".into(), hex::encode(nonce)));
+            r.psl_headers.push(("psl-credential".into(), hex::encode(cred.cert.encode())));
+            let sig = cred.key.sign(&psl_capsule::client::request_digest(&w.spki, &nonce, &rh));
+            r.psl_headers.push(("psl-signature".into(), hex::encode(sig.0)));
+            let a = w.guard.serve_with(&r, JobRequest::parse, |_| Permissions::RUN, |j| table.route(j));
+            (a.status, serde_json::from_slice::<Value>(&a.body).unwrap())
+        };
+        let wait = |cred: &Cred, id: &str| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let (s, st) = call(cred, "GET", &format!("/v1/jobs/{id}"), b"");
+                assert_eq!(s, 200, "{st}");
+                if st["status"] != "running" {
+                    return st;
+                }
+                assert!(std::time::Instant::now() < deadline, "job {id} never ended");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        let kv_only = w.cred(&w.owner, w.capsule, "read,write");
+        let runner_cred = w.cred(&w.owner, w.capsule, "run");
+        let job = br#"{"program": "emit(1)", "lambdas": 2}"#;
+        assert_eq!(call(&kv_only, "POST", "/v1/jobs", job).0, 403, "read,write may not run jobs");
+        let (s, sub) = call(&runner_cred, "POST", "/v1/jobs", job);
+        assert_eq!(s, 202, "{sub}");
+        let done = wait(&runner_cred, sub["id"].as_str().unwrap());
+        assert_eq!((done["status"].as_str(), done["report"]["lambdas"].as_u64()), (Some("done"), Some(2)));
+        let (_, sub) = call(&runner_cred, "POST", "/v1/jobs", br#"{"program": "boom", "lambdas": 1}"#);
+        let failed = wait(&runner_cred, sub["id"].as_str().unwrap());
+        assert_eq!(
+            (failed["status"].as_str(), failed["error"].as_str()),
+            (Some("failed"), Some("the scheduler is gone"))
+        );
+        assert_eq!(call(&runner_cred, "GET", "/v1/jobs/00000000000000ff", b"").0, 404);
+        assert_eq!(call(&runner_cred, "POST", "/v1/jobs", br#"{"program": "x", "lambdas": 0}"#).0, 400);
+        assert_eq!(call(&runner_cred, "POST", "/v1/jobs", br#"{"program": "x"}"#).0, 400);
+        assert_eq!(call(&runner_cred, "GET", "/v1/jobs", b"").0, 405);
     }
 
     /// The bytes both sides compute, fixed: the Python SDK's tests check the same figures

@@ -17,6 +17,7 @@ use psl_sandbox::SandboxLimits;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 fn ready_line(line: &str) -> Result<()> {
@@ -71,6 +72,48 @@ pub struct LeaderArgs {
     /// Prometheus metrics over HTTP (`--metrics ADDR`): this process's figures.
     #[command(flatten)]
     pub metrics: crate::roles::MetricsArgs,
+    /// The attested HTTPS endpoint (`--http ADDR`); with `--clients-capsule` and
+    /// `--cluster-file` it also serves the jobs API (docs/client.md).
+    #[command(flatten)]
+    pub https: crate::roles::HttpsArgs,
+    /// The capsule whose owner's client credentials (`psl keys client --can run`) the jobs API
+    /// accepts (its metadata only: the owner's public key). `psl up --kv`: the KV capsule.
+    #[arg(long, value_name = "FILE", requires_all = ["http", "cluster_file"])]
+    pub clients_capsule: Option<PathBuf>,
+    /// The deployment's cluster file (`psl up` writes it after the leader starts; read at each
+    /// job): the scheduler, the fabric and the policy a job runs under, as for `psl run
+    /// --cluster`.
+    #[arg(long, value_name = "FILE", requires = "clients_capsule")]
+    pub cluster_file: Option<PathBuf>,
+}
+
+/// The jobs API's routes: each job runs as `psl run --cluster FILE` runs it, from this process
+/// (which attests itself to itself under the cluster's policy, as any client does).
+fn jobs_api(a: &LeaderArgs) -> Result<Option<crate::roles::ApiMaker>> {
+    let (Some(capsule), Some(cluster)) = (&a.clients_capsule, &a.cluster_file) else { return Ok(None) };
+    let meta = crate::roles::read_metadata(capsule)?;
+    let cluster = cluster.clone();
+    let runner: crate::api::JobRunner = Arc::new(move |spec: crate::api::JobSpec| {
+        let run = || -> Result<serde_json::Value> {
+            let info = crate::run::read_cluster(&cluster)?;
+            let verifier = load_policy(&info.attest_policy, "leader jobs API")?;
+            let req = psl_faas::net::RemoteJob {
+                program: spec.program,
+                lambdas: spec.lambdas,
+                input: spec.input,
+                owner: None,
+                min_workers: 1,
+                record_capsule: false,
+                rotate_after_ms: None,
+            };
+            Ok(serde_json::to_value(psl_faas::net::run_remote_with(&info, &verifier, req)?)?)
+        };
+        run().map_err(|e| format!("{e:#}"))
+    });
+    Ok(Some(Box::new(move |spki, signer| {
+        let guard = crate::api::Guard::new(meta.name(), meta.meta.owner, spki, signer);
+        crate::api::jobs(crate::api::Jobs::new(runner), Arc::new(guard))
+    })))
 }
 
 /// `ID=HASH` of `--capsule-host-pin`.
@@ -85,6 +128,7 @@ fn parse_pin(s: &str) -> Result<(u32, [u8; 32]), String> {
 pub fn run_leader(a: LeaderArgs) -> Result<i32> {
     // The role's own counters are not exported yet: what it serves is its process's.
     let _metrics = a.metrics.serve(String::new, true)?;
+    let _https = a.https.serve("leader", &a.attest, String::new, jobs_api(&a)?)?;
     let attester = a.attest.open_required("leader", || measurement(a.attest.sim_binary_hash.as_deref()))?;
     let verifier = load_policy(&a.attest_policy, "leader")?;
     let mut pins = vec![None; a.capsule_hosts.len()];

@@ -627,6 +627,8 @@ struct Started {
     info: ClusterInfo,
     kv: Option<crate::memcached::KvInfo>,
     leader_args: Vec<String>,
+    /// The leader's HTTPS endpoint with the jobs API (with a KV store).
+    faas_http: Option<String>,
 }
 
 /// A capsule host started: its id, its store directory and its output.
@@ -674,13 +676,29 @@ impl Launch<'_> {
         }
         self.attest(&mut largs);
         largs.extend(["--attest-policy".into(), self.attest_policy.clone()]);
+        // With a KV store, the leader serves the jobs API to the KV capsule's credentials.
+        if let Some(kv) = &kv {
+            largs.extend(["--http".into(), SocketAddr::new(a.bind, 0).to_string()]);
+            largs.extend(["--clients-capsule".into(), kv.capsule.display().to_string()]);
+            largs.extend(["--cluster-file".into(), a.dir.join("cluster.json").display().to_string()]);
+        }
         let (k, lrx) = spawn("leader", &largs)?;
         kids.push(k);
         let scheduler: SocketAddr = a.advertised(wait_line("scheduler", &srx, "scheduler ", deadline)?.parse()?);
+        // The endpoint starts before the leader's own port, so its line comes first.
+        let https_at: Option<SocketAddr> = match &kv {
+            Some(_) => Some(wait_line("leader", &lrx, "https ", deadline)?.trim_start_matches("https://").parse()?),
+            None => None,
+        };
+        let faas_http = https_at.map(|at| format!("https://{}", a.advertised(at)));
         let bound: SocketAddr = wait_line("leader", &lrx, "leader ", deadline)?.parse()?;
         let leader: SocketAddr = a.advertised(bound);
         // A leader that exits is started again on the same address (see `supervise`).
         largs[2] = bound.to_string();
+        // And its endpoint on the same port, so the cluster file's `faas.http` stays true.
+        if let (Some(at), Some(i)) = (https_at, largs.iter().position(|x| x == "--http")) {
+            largs[i + 1] = at.to_string();
+        }
         let workers = self.start_workers(&fabric, scheduler, leader, kids)?;
         let info = ClusterInfo {
             scheduler,
@@ -693,7 +711,7 @@ impl Launch<'_> {
             coordinator_hosts,
             pids: kids.iter().map(|k| (k.name.clone(), k.child.id())).collect(),
         };
-        Ok(Started { info, kv, leader_args: largs })
+        Ok(Started { info, kv, leader_args: largs, faas_http })
     }
 
     /// Starts the scheduler; returns its output.
@@ -836,6 +854,9 @@ fn write_cluster_file(path: &std::path::Path, up: &Started) -> Result<()> {
     if let Some(kv) = &up.kv {
         file["kv"] = serde_json::to_value(kv)?;
     }
+    if let Some(url) = &up.faas_http {
+        file["faas"] = serde_json::json!({ "http": url });
+    }
     // Each role's Prometheus scrape URL, by name (`--metrics`; none with --no-metrics).
     let metrics = crate::kids::metrics_urls();
     if !metrics.is_empty() {
@@ -857,6 +878,9 @@ fn print_summary(a: &UpArgs, up: &Started, cluster_path: &std::path::Path, cold_
     println!("fabric    {}", info.fabric);
     println!("scheduler {}", info.scheduler);
     println!("leader    {}", info.leader);
+    if let Some(url) = &up.faas_http {
+        println!("leader https {url} (the jobs API: POST /v1/jobs)");
+    }
     for (id, addr, dir) in &info.capsule_hosts {
         println!("capsule host {id} {addr} (stores in {})", dir.display());
     }
@@ -880,7 +904,7 @@ fn print_summary(a: &UpArgs, up: &Started, cluster_path: &std::path::Path, cold_
             println!("try: psl verify {h} --policy {}", self_policy(a).display());
             if let Some(owner) = &kv.owner {
                 println!(
-                    "try: psl keys client --owner {} --capsule {} --can read,write --out client.cred",
+                    "try: psl keys client --owner {} --capsule {} --can read,write,run --out client.cred",
                     owner.display(),
                     kv.capsule.display()
                 );
