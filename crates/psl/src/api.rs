@@ -395,6 +395,81 @@ pub fn route(fe: &FrontEnd, r: &Request) -> (u16, Value) {
     }
 }
 
+/// The KV routes over a bare node (`psl node --http`): raw values, as lambdas and `psl kv`
+/// write them (a front end's are memcached items; the two are different views, so use one
+/// kind of client per key). Compare-and-set needs a key's home, which only front ends
+/// arbitrate: `POST /v1/cas` is answered 405 here.
+pub fn node_kv(node: Arc<psl_node::Node>, guard: Arc<Guard>) -> (Vec<&'static str>, psl_http::Api) {
+    let api: psl_http::Api = Arc::new(move |req: ApiRequest| guard.serve(&req, |r| route_node(&node, r)));
+    (KV_PREFIXES.to_vec(), api)
+}
+
+fn node_version(v: psl_scl::Version) -> Value {
+    json!({ "lamport": v.lamport, "writer": v.writer, "cas": psl_memcached::item::cas_of(v.lamport, v.writer) })
+}
+
+/// Runs one parsed request on a bare node: `(status, body)`.
+pub fn route_node(node: &psl_node::Node, r: &Request) -> (u16, Value) {
+    let epoch = || node.metrics().epoch.load(std::sync::atomic::Ordering::Relaxed);
+    let failed = |status: u16, why: String| (status, json!({ "error": why }));
+    let write_failed = |e: psl_node::NodeError| match e {
+        psl_node::NodeError::ValueTooLarge { .. } | psl_node::NodeError::KeyTooLong { .. } => {
+            failed(413, e.to_string())
+        }
+        e => failed(503, format!("not written: {e}")),
+    };
+    match r {
+        Request::Get(key) => match node.try_entry(key) {
+            Ok(Some(psl_scl::Entry { version, value: Some(v) })) => (
+                200,
+                json!({ "key": b64(key), "found": true, "value": b64(&v), "version": node_version(version), "epoch": epoch() }),
+            ),
+            Ok(_) => (404, json!({ "key": b64(key), "found": false, "epoch": epoch() })),
+            Err(e) => failed(503, format!("the key is not readable now: {e}")),
+        },
+        Request::Put(key, value) => match node.write_below(key, Some(value), u64::MAX) {
+            Ok(v) => (
+                200,
+                json!({ "key": b64(key), "stored": true, "version": node_version(v), "cas": psl_memcached::item::cas_of(v.lamport, v.writer), "epoch": epoch() }),
+            ),
+            Err(e) => write_failed(e),
+        },
+        Request::Delete(key) => {
+            let existed = matches!(node.try_entry(key), Ok(Some(psl_scl::Entry { value: Some(_), .. })));
+            match node.write_below(key, None, u64::MAX) {
+                Ok(_) => (200, json!({ "key": b64(key), "deleted": existed, "epoch": epoch() })),
+                Err(e) => write_failed(e),
+            }
+        }
+        Request::Scan { prefix, after, limit } => match node.scan(prefix, after.as_deref(), limit + 1) {
+            Ok(mut items) => {
+                let more = items.len() > *limit;
+                items.truncate(*limit);
+                let items: Vec<Value> = items
+                    .into_iter()
+                    .filter_map(|(k, e)| Some((k, e.version, e.value?)))
+                    .map(|(k, v, val)| json!({ "key": b64(&k), "value": b64(&val), "version": node_version(v) }))
+                    .collect();
+                (200, json!({ "items": items, "more": more, "epoch": epoch() }))
+            }
+            Err(e) => failed(503, format!("the scan did not complete: {e}")),
+        },
+        Request::Cas(..) => failed(
+            405,
+            "compare-and-set runs at a key's home front end (psl memcached --http), which arbitrates its writers; \
+             a bare node has no homes"
+                .into(),
+        ),
+        Request::Sync { durable } => {
+            let t = Duration::from_millis(SYNC_TIMEOUT_MS);
+            match if *durable { node.sync_durable(t) } else { node.sync(t) } {
+                Ok(()) => (200, json!({ "epoch": epoch(), "durable": durable })),
+                Err(e) => failed(504, format!("the sync did not complete: {e}")),
+            }
+        }
+    }
+}
+
 /// The prefix [`jobs`] serves.
 pub const JOBS_PREFIX: &str = "/v1/jobs";
 /// Jobs run at once; one more is answered 503.
@@ -774,6 +849,38 @@ mod tests {
         assert_eq!(call(&runner_cred, "POST", "/v1/jobs", br#"{"program": "x", "lambdas": 0}"#).0, 400);
         assert_eq!(call(&runner_cred, "POST", "/v1/jobs", br#"{"program": "x"}"#).0, 400);
         assert_eq!(call(&runner_cred, "GET", "/v1/jobs", b"").0, 405);
+    }
+
+    #[test]
+    fn a_bare_node_serves_raw_values_with_their_versions_and_refuses_cas() {
+        let w = World::new();
+        let c = w.cred(&w.owner, w.capsule, "read,write");
+        let node = w.fe.node().clone();
+        let call = |method: &str, pq: &str, body: &[u8]| {
+            let nonce: [u8; 32] = rand::random();
+            let rh = psl_capsule::client::request_hash(method, pq, body);
+            let mut r = req(method, pq);
+            r.body = body.to_vec().into();
+            r.psl_headers.push(("psl-nonce".into(), hex::encode(nonce)));
+            r.psl_headers.push(("psl-credential".into(), hex::encode(c.cert.encode())));
+            let sig = c.key.sign(&psl_capsule::client::request_digest(&w.spki, &nonce, &rh));
+            r.psl_headers.push(("psl-signature".into(), hex::encode(sig.0)));
+            let a = w.guard.serve(&r, |p| route_node(&node, p));
+            (a.status, serde_json::from_slice::<Value>(&a.body).unwrap())
+        };
+        let (s, put) = call("PUT", "/v1/kv/raw%3A1", b"bytes");
+        assert_eq!(s, 200, "{put}");
+        let (s, got) = call("GET", "/v1/kv/raw%3A1", b"");
+        assert_eq!((s, got["value"].as_str()), (200, Some("Ynl0ZXM=")), "{got}");
+        assert_eq!(got["version"], put["version"], "the get names the version the put made");
+        // Raw: the node holds exactly the bytes (no memcached item header).
+        assert_eq!(node.get(b"raw:1").as_deref(), Some(&b"bytes"[..]));
+        call("PUT", "/v1/kv/raw%3A2", b"x");
+        let (_, scan) = call("GET", "/v1/kv?prefix=raw%3A&limit=1", b"");
+        assert_eq!((scan["items"].as_array().map(Vec::len), &scan["more"]), (Some(1), &json!(true)), "{scan}");
+        assert_eq!(call("POST", "/v1/cas/raw%3A1?cas=5", b"y").0, 405);
+        assert_eq!(call("DELETE", "/v1/kv/raw%3A1", b"").1["deleted"], json!(true));
+        assert_eq!(call("GET", "/v1/kv/raw%3A1", b"").0, 404);
     }
 
     /// The bytes both sides compute, fixed: the Python SDK's tests check the same figures

@@ -473,7 +473,14 @@ pub(crate) fn serve_with(
     let n = node.clone();
     let _metrics = common.metrics.serve(move || n.render_metrics(), false)?;
     let n = node.clone();
-    let _https = common.https.serve(what, &common.attest, move || n.render_metrics(), None)?;
+    // A node serves the KV routes over its values, to the capsule owner's credentials.
+    let (nn, meta) = (node.clone(), node.metadata().clone());
+    let kv: ApiMaker = Box::new(move |spki, signer| {
+        let guard = crate::api::Guard::new(meta.name(), meta.meta.owner, spki, signer);
+        crate::api::node_kv(nn, Arc::new(guard))
+    });
+    let api = (what == "node").then_some(kv);
+    let _https = common.https.serve(what, &common.attest, move || n.render_metrics(), api)?;
     let stop = Arc::new(AtomicBool::new(false));
     psl_node::control::serve_opts(node, listener, stop, opts)?;
     Ok(0)
