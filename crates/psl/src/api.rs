@@ -680,6 +680,19 @@ mod tests {
             Cred { key, cert }
         }
 
+        /// A request signed with `cred` for this endpoint, with its nonce and request hash.
+        fn signed(&self, cred: &Cred, method: &str, pq: &str, body: &[u8]) -> (ApiRequest, [u8; 32], [u8; 32]) {
+            let nonce: [u8; 32] = rand::random();
+            let rh = psl_capsule::client::request_hash(method, pq, body);
+            let mut r = req(method, pq);
+            r.body = body.to_vec().into();
+            r.psl_headers.push(("psl-nonce".into(), hex::encode(nonce)));
+            r.psl_headers.push(("psl-credential".into(), hex::encode(cred.cert.encode())));
+            let sig = cred.key.sign(&psl_capsule::client::request_digest(&self.spki, &nonce, &rh));
+            r.psl_headers.push(("psl-signature".into(), hex::encode(sig.0)));
+            (r, nonce, rh)
+        }
+
         /// Sends `method pq body` signed with `cred` for the endpoint `spki`; checks the
         /// answer's signature as a client would and returns `(status, body)`.
         fn call(&self, cred: Option<&Cred>, spki: &[u8; 32], method: &str, pq: &str, body: &[u8]) -> (u16, Value) {
@@ -808,14 +821,7 @@ mod tests {
         });
         let table = Jobs::new(runner);
         let call = |cred: &Cred, method: &str, pq: &str, body: &[u8]| {
-            let nonce: [u8; 32] = rand::random();
-            let rh = psl_capsule::client::request_hash(method, pq, body);
-            let mut r = req(method, pq);
-            r.body = body.to_vec().into();
-            r.psl_headers.push(("psl-nonce".into(), hex::encode(nonce)));
-            r.psl_headers.push(("psl-credential".into(), hex::encode(cred.cert.encode())));
-            let sig = cred.key.sign(&psl_capsule::client::request_digest(&w.spki, &nonce, &rh));
-            r.psl_headers.push(("psl-signature".into(), hex::encode(sig.0)));
+            let r = w.signed(cred, method, pq, body).0;
             let a = w.guard.serve_with(&r, JobRequest::parse, |_| Permissions::RUN, |j| table.route(j));
             (a.status, serde_json::from_slice::<Value>(&a.body).unwrap())
         };
@@ -857,14 +863,7 @@ mod tests {
         let c = w.cred(&w.owner, w.capsule, "read,write");
         let node = w.fe.node().clone();
         let call = |method: &str, pq: &str, body: &[u8]| {
-            let nonce: [u8; 32] = rand::random();
-            let rh = psl_capsule::client::request_hash(method, pq, body);
-            let mut r = req(method, pq);
-            r.body = body.to_vec().into();
-            r.psl_headers.push(("psl-nonce".into(), hex::encode(nonce)));
-            r.psl_headers.push(("psl-credential".into(), hex::encode(c.cert.encode())));
-            let sig = c.key.sign(&psl_capsule::client::request_digest(&w.spki, &nonce, &rh));
-            r.psl_headers.push(("psl-signature".into(), hex::encode(sig.0)));
+            let r = w.signed(&c, method, pq, body).0;
             let a = w.guard.serve(&r, |p| route_node(&node, p));
             (a.status, serde_json::from_slice::<Value>(&a.body).unwrap())
         };
