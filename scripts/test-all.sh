@@ -34,6 +34,23 @@ cargo test --workspace --locked 2>&1 | tee "$results"
 passed=$(grep -E '^test result:' "$results" | sed -E 's/.* ([0-9]+) passed.*/\1/' | paste -sd+ - | bc)
 failed=$(grep -E '^test result:' "$results" | sed -E 's/.* ([0-9]+) failed.*/\1/' | paste -sd+ - | bc)
 
+log "python client tests (clients/python, against target/debug/psl)"
+py_xml=$(mktemp)
+if pyenv=$(scripts/install-python-client-deps.sh); then
+  PSL_BIN="$PWD/target/debug/psl" PYTHONDONTWRITEBYTECODE=1 "$pyenv/bin/python" -m pytest -q -p no:cacheprovider \
+    --junitxml="$py_xml" clients/python/tests || true
+  read -r py_passed py_failed < <("$pyenv/bin/python" -c '
+import sys, xml.etree.ElementTree as E
+r = E.parse(sys.argv[1]).getroot(); s = r if r.tag == "testsuite" else r.find("testsuite")
+t, f, e, k = (int(s.get(a, 0)) for a in ("tests", "failures", "errors", "skipped"))
+print(t - f - e - k, f + e)' "$py_xml" 2>/dev/null || echo "0 1")
+else
+  py_passed=0 py_failed=1
+fi
+passed=$((passed + py_passed))
+failed=$((failed + py_failed))
+rm -f "$py_xml"
+
 log "fuzz smoke: ${FUZZ_SECONDS}s per target"
 fuzz_failed=()
 for target in $(cargo +nightly fuzz list --fuzz-dir fuzz); do
