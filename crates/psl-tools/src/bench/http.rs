@@ -124,17 +124,39 @@ fn http_client(e: &Endpoint, put: bool, stop: &AtomicBool) -> Result<u64> {
     Ok(n)
 }
 
-/// Runs `CLIENTS` clients for `secs`: operations per second.
-fn load(secs: f64, client: impl Fn(&AtomicBool) -> Result<u64> + Sync) -> Result<f64> {
+/// What one load run measured.
+struct Run {
+    ops_per_s: f64,
+    /// CPU of everything in the process but the clients (the server's side), per operation.
+    server_cpu_us_per_op: f64,
+}
+
+/// Runs `CLIENTS` clients for `secs`. Each client counts its own thread's CPU, so the rest of
+/// the process's CPU is the server's (the front end, its node, the HTTP workers).
+fn load(secs: f64, client: impl Fn(&AtomicBool) -> Result<u64> + Sync) -> Result<Run> {
+    use super::loadgen::{process_cpu_seconds, thread_cpu_seconds};
     let stop = AtomicBool::new(false);
-    let start = Instant::now();
-    let counts = std::thread::scope(|sc| {
-        let hs: Vec<_> = (0..CLIENTS).map(|_| sc.spawn(|| client(&stop))).collect();
+    let (start, cpu0) = (Instant::now(), process_cpu_seconds());
+    let done = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..CLIENTS)
+            .map(|_| {
+                sc.spawn(|| {
+                    let c0 = thread_cpu_seconds();
+                    client(&stop).map(|n| (n, thread_cpu_seconds() - c0))
+                })
+            })
+            .collect();
         std::thread::sleep(Duration::from_secs_f64(secs));
         stop.store(true, Ordering::Relaxed);
         hs.into_iter().map(|h| h.join().map_err(|_| anyhow::anyhow!("a client panicked"))?).collect::<Result<Vec<_>>>()
     })?;
-    Ok(counts.iter().sum::<u64>() as f64 / start.elapsed().as_secs_f64())
+    let (cpu, took) = (process_cpu_seconds() - cpu0, start.elapsed().as_secs_f64());
+    let ops: u64 = done.iter().map(|(n, _)| n).sum();
+    let clients_cpu: f64 = done.iter().map(|(_, c)| c).sum();
+    Ok(Run {
+        ops_per_s: ops as f64 / took,
+        server_cpu_us_per_op: (cpu - clients_cpu).max(0.0) * 1e6 / (ops.max(1) as f64),
+    })
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -217,19 +239,27 @@ pub fn run(seconds: f64, show_progress: bool) -> Result<Value> {
         indicatif::ProgressBar::hidden()
     };
     // Fill the keys once, so gets hit.
-    let _ = load(0.5, |stop| mc_client(mc.addr(), true, stop))?;
+    load(0.5, |stop| mc_client(mc.addr(), true, stop))?;
     let mut out = serde_json::Map::new();
     let every = Endpoint { sign_every: true, ..e.clone() };
     for case in cases {
         let put = case == "put";
         let (mut m, mut h, mut hs) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut mcpu, mut hcpu) = (Vec::new(), Vec::new());
         for _ in 0..ROUNDS {
-            m.push(load(secs, |stop| mc_client(mc.addr(), put, stop))?);
+            let r = load(secs, |stop| mc_client(mc.addr(), put, stop))?;
+            (m.push(r.ops_per_s), mcpu.push(r.server_cpu_us_per_op));
             pb.inc(1);
-            h.push(load(secs, |stop| http_client(&e, put, stop))?);
-            hs.push(load(secs, |stop| http_client(&every, put, stop))?);
+            let r = load(secs, |stop| http_client(&e, put, stop))?;
+            (h.push(r.ops_per_s), hcpu.push(r.server_cpu_us_per_op));
+            hs.push(load(secs, |stop| http_client(&every, put, stop))?.ops_per_s);
             pb.inc(1);
         }
+        let (mc_cpu, https_cpu) = (median(&mut mcpu), median(&mut hcpu));
+        out.insert(format!("server_cpu_us_per_{case}_memcached_protocol"), json!(mc_cpu));
+        out.insert(format!("server_cpu_us_per_{case}_https"), json!(https_cpu));
+        // The server's side alone: what the rate ratio would approach with clients elsewhere.
+        out.insert(format!("ratio_{case}_server_cpu"), json!(mc_cpu / https_cpu.max(1e-9)));
         let (mm, hm, hsm) = (median(&mut m), median(&mut h), median(&mut hs));
         out.insert(format!("memcached_protocol_{case}s_per_s"), json!(mm));
         out.insert(format!("https_{case}s_per_s"), json!(hm));

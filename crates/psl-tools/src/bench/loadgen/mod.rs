@@ -459,9 +459,18 @@ fn drive(spec: &Spec, phase: Phase, window: Arc<AckWindow>) -> Result<Outcome> {
 
 /// CPU time of the calling thread.
 pub fn thread_cpu_seconds() -> f64 {
+    cpu_seconds(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+/// CPU time of this process, all its threads.
+pub fn process_cpu_seconds() -> f64 {
+    cpu_seconds(libc::CLOCK_PROCESS_CPUTIME_ID)
+}
+
+fn cpu_seconds(clock: libc::clockid_t) -> f64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes one timespec into the valid, exclusively borrowed `ts`.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
     if rc != 0 {
         return 0.0;
     }
