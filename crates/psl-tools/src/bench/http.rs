@@ -248,10 +248,12 @@ pub fn run(seconds: f64, show_progress: bool) -> Result<Value> {
         let (mut mcpu, mut hcpu) = (Vec::new(), Vec::new());
         for _ in 0..ROUNDS {
             let r = load(secs, |stop| mc_client(mc.addr(), put, stop))?;
-            (m.push(r.ops_per_s), mcpu.push(r.server_cpu_us_per_op));
+            m.push(r.ops_per_s);
+            mcpu.push(r.server_cpu_us_per_op);
             pb.inc(1);
             let r = load(secs, |stop| http_client(&e, put, stop))?;
-            (h.push(r.ops_per_s), hcpu.push(r.server_cpu_us_per_op));
+            h.push(r.ops_per_s);
+            hcpu.push(r.server_cpu_us_per_op);
             hs.push(load(secs, |stop| http_client(&every, put, stop))?.ops_per_s);
             pb.inc(1);
         }
