@@ -8,6 +8,7 @@
 //! views of the same items: a value put over HTTPS is a memcached item with flags 0 and no
 //! expiry, and a memcached `set` is readable over HTTPS.
 
+use crate::util::now_ms;
 use base64::Engine as _;
 use psl_capsule::{CapsuleName, ClientCert, Permissions};
 use psl_crypto::{OwnerPublicKey, Signature};
@@ -17,7 +18,7 @@ use psl_memcached::op::{Outcome, Rmw};
 use psl_memcached::{FrontEnd, Versioned};
 use serde_json::{json, Value};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 /// The prefixes [`kv`] serves.
 pub const KV_PREFIXES: [&str; 3] = ["/v1/kv", "/v1/cas", "/v1/sync"];
@@ -162,6 +163,51 @@ impl Guard {
     }
 }
 
+/// The client's side of a request (what the SDK does, for Rust callers: the benchmark and
+/// tests): a credential that signs requests for one endpoint and checks its answers.
+pub struct ClientSide {
+    /// The credential's key.
+    pub key: psl_crypto::SigningKey,
+    /// The certificate, hex (the `psl-credential` header).
+    pub cert_hex: String,
+    /// The endpoint's SPKI hash (what the request signature binds).
+    pub spki_hash: [u8; 32],
+    /// The endpoint's Ed25519 key (what answers are checked with).
+    pub answer_key: [u8; 32],
+}
+
+/// One request as [`ClientSide::request`] made it: its headers, nonce and request hash.
+pub struct Outgoing {
+    /// `psl-nonce`, `psl-credential` and (when signed) `psl-signature`.
+    pub headers: Vec<(&'static str, String)>,
+    /// The nonce the answer must be signed over.
+    pub nonce: [u8; 32],
+    /// The request hash the answer must be signed over.
+    pub request_hash: [u8; 32],
+}
+
+impl ClientSide {
+    /// The headers of `method path body` with a fresh nonce, signed when `sign`.
+    pub fn request(&self, method: &str, path: &str, body: &[u8], sign: bool) -> Outgoing {
+        let nonce: [u8; 32] = rand::random();
+        let rh = psl_capsule::client::request_hash(method, path, body);
+        let mut headers = vec![("psl-nonce", hex::encode(nonce)), ("psl-credential", self.cert_hex.clone())];
+        if sign {
+            let sig = self.key.sign(&psl_capsule::client::request_digest(&self.spki_hash, &nonce, &rh));
+            headers.push(("psl-signature", hex::encode(sig.0)));
+        }
+        Outgoing { headers, nonce, request_hash: rh }
+    }
+
+    /// Whether an answer (its status, body and `psl-signature` header, if any) is signed by the
+    /// endpoint over this request.
+    pub fn answer_checks(&self, sent: &Outgoing, status: u16, body: &[u8], signature_hex: Option<&str>) -> bool {
+        let Some(sig) = signature_hex.and_then(|h| hex::decode(h).ok()) else { return false };
+        let m = answer_message(&sent.nonce, &sent.request_hash, status, body);
+        psl_faas::tls::AnswerSigner::verify(&self.answer_key, &m, &sig)
+    }
+}
+
 /// What an answer signature covers (docs/client.md, "Answers").
 pub fn answer_message(nonce: &[u8; 32], request_hash: &[u8; 32], status: u16, body: &[u8]) -> Vec<u8> {
     let mut m = b"psl/http-answer/v1".to_vec();
@@ -170,10 +216,6 @@ pub fn answer_message(nonce: &[u8; 32], request_hash: &[u8; 32], status: u16, bo
     m.extend_from_slice(&status.to_be_bytes());
     m.extend_from_slice(&psl_crypto::sha256(&[body]).0);
     m
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// A KV request, parsed.
@@ -305,8 +347,9 @@ pub fn percent_decode(s: &str) -> Option<Vec<u8>> {
     let mut i = 0;
     while i < b.len() {
         if b[i] == b'%' {
-            let h = b.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok()?);
+            let mut x = [0u8; 1];
+            hex::decode_to_slice(b.get(i + 1..i + 3)?, &mut x).ok()?;
+            out.push(x[0]);
             i += 3;
         } else {
             out.push(b[i]);
@@ -914,6 +957,7 @@ mod tests {
             ("GET", "/v1/kv/a%20b", 400),   // a space
             ("GET", "/v1/kv/", 400),        // empty key
             ("GET", "/v1/kv/%zz", 400),     // bad escape
+            ("GET", "/v1/kv/%+1", 400),     // not two hex digits
             ("POST", "/v1/kv/k", 405),      // wrong method
             ("POST", "/v1/cas/k", 400),     // no unique
             ("GET", "/v1/kv?limit=0", 400), // limit out of range

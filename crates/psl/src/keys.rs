@@ -216,18 +216,23 @@ fn client_credential(key: &Path, capsule: &Path, can: &str, days: Option<u64>, o
     let client = psl_crypto::SigningKey::generate();
     let cert =
         psl_capsule::ClientCert::issue(&owner.signing_key(), meta.name(), client.verifying_key(), can, now, expires);
-    let file = zeroize::Zeroizing::new(
-        serde_json::json!({
-            "version": 1,
-            "capsule": hex::encode(meta.name().0 .0),
-            "can": can.names(),
-            "expires_ms": (expires != psl_capsule::client::NO_EXPIRY).then_some(expires),
-            "key": hex::encode(*client.expose_secret_bytes()),
-            "public": hex::encode(client.verifying_key().to_bytes()),
-            "cert": hex::encode(cert.encode()),
-        })
-        .to_string(),
-    );
+    // The public fields through serde; the secret key is spliced into the text, so no copy
+    // of it is left behind unzeroized (a `serde_json::Value` would hold one).
+    let public = serde_json::json!({
+        "version": 1,
+        "capsule": hex::encode(meta.name().0 .0),
+        "can": can.names(),
+        "expires_ms": (expires != psl_capsule::client::NO_EXPIRY).then_some(expires),
+        "public": hex::encode(client.verifying_key().to_bytes()),
+        "cert": hex::encode(cert.encode()),
+    })
+    .to_string();
+    let secret = zeroize::Zeroizing::new(hex::encode(*client.expose_secret_bytes()));
+    let mut file = zeroize::Zeroizing::new(String::with_capacity(public.len() + 80));
+    file.push_str(&public[..public.len() - 1]); // without the closing brace
+    file.push_str(",\"key\":\"");
+    file.push_str(&secret);
+    file.push_str("\"}");
     write_atomic(out, file.as_bytes(), 0o600)?;
     println!(
         "client credential for capsule {} ({}) written to {} (mode 0600: it is the client's secret)",

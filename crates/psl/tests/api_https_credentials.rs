@@ -6,7 +6,7 @@
 
 use psl_capsule::{ClientCert, Permissions};
 use psl_crypto::{OwnerKey, SigningKey};
-use psl_faas::tls::{AnswerSigner, TlsIdentity};
+use psl_faas::tls::TlsIdentity;
 use psl_http::client::Session;
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,8 +46,7 @@ fn endpoint() -> Endpoint {
 
 struct Client {
     s: Session,
-    key: SigningKey,
-    cert: String,
+    side: psl::api::ClientSide,
 }
 
 impl Client {
@@ -60,24 +59,23 @@ impl Client {
         let key = SigningKey::generate();
         let can = Permissions::parse(can).unwrap();
         let cert = ClientCert::issue(&owner.signing_key(), e.capsule, key.verifying_key(), can, 0, u64::MAX);
-        Client { s, key, cert: hex::encode(cert.encode()) }
+        let side = psl::api::ClientSide {
+            key,
+            cert_hex: hex::encode(cert.encode()),
+            spki_hash: e.spki,
+            answer_key: e.answer_key,
+        };
+        Client { s, side }
     }
 
     /// A signed request; the answer's signature is checked against the pinned key.
-    fn call(&mut self, e: &Endpoint, method: &str, path: &str, body: &[u8]) -> (u16, serde_json::Value) {
-        let nonce: [u8; 32] = rand::random();
-        let rh = psl_capsule::client::request_hash(method, path, body);
-        let sig = self.key.sign(&psl_capsule::client::request_digest(&e.spki, &nonce, &rh));
-        let headers = [
-            ("psl-nonce", hex::encode(nonce)),
-            ("psl-credential", self.cert.clone()),
-            ("psl-signature", hex::encode(sig.0)),
-        ];
-        let a = self.s.request(method, path, &headers, body.to_vec(), 1 << 20).unwrap();
+    fn call(&mut self, method: &str, path: &str, body: &[u8]) -> (u16, serde_json::Value) {
+        let sent = self.side.request(method, path, body, true);
+        let a = self.s.request(method, path, &sent.headers, body.to_vec(), 1 << 20).unwrap();
         if a.status != 413 {
-            let given = &a.psl_headers.iter().find(|(n, _)| n == "psl-signature").expect("a signed answer").1;
-            let m = psl::api::answer_message(&nonce, &rh, a.status, &a.body);
-            assert!(AnswerSigner::verify(&e.answer_key, &m, &hex::decode(given).unwrap()), "{method} {path}");
+            let given = a.psl_headers.iter().find(|(n, _)| n == "psl-signature").map(|(_, v)| v.as_str());
+            assert!(given.is_some(), "{method} {path}: an unsigned answer");
+            assert!(self.side.answer_checks(&sent, a.status, &a.body, given), "{method} {path}");
         }
         (a.status, serde_json::from_slice(&a.body).unwrap())
     }
@@ -98,12 +96,12 @@ fn a_credentialed_client_uses_the_store_over_https_and_the_refusals_are_counted(
     let e = endpoint();
     let mut c = Client::new(&e, &e.owner, "read,write");
     for i in 0..20 {
-        let (s, b) = c.call(&e, "PUT", &format!("/v1/kv/k{i}"), format!("v{i}").as_bytes());
+        let (s, b) = c.call("PUT", &format!("/v1/kv/k{i}"), format!("v{i}").as_bytes());
         assert_eq!(s, 200, "{b}");
     }
-    let (s, b) = c.call(&e, "GET", "/v1/kv/k7", b"");
+    let (s, b) = c.call("GET", "/v1/kv/k7", b"");
     assert_eq!((s, b["value"].as_str()), (200, Some("djc=")), "{b}"); // base64("v7")
-    let (s, b) = c.call(&e, "GET", "/v1/kv?prefix=k1&limit=100", b"");
+    let (s, b) = c.call("GET", "/v1/kv?prefix=k1&limit=100", b"");
     assert_eq!((s, b["items"].as_array().map(Vec::len)), (200, Some(11)), "{b}"); // k1, k10..k19
     let ok = metric(&e, "ok");
     assert!(ok >= 22, "{ok}");
@@ -114,14 +112,14 @@ fn a_credentialed_client_uses_the_store_over_https_and_the_refusals_are_counted(
     assert_eq!(anon.request("GET", "/v1/kv/k1", &[], Vec::new(), 1 << 20).unwrap().status, 401);
     // A credential its holder signed itself: 401.
     let mallory = OwnerKey::generate();
-    assert_eq!(Client::new(&e, &mallory, "read,write").call(&e, "PUT", "/v1/kv/k1", b"x").0, 401);
+    assert_eq!(Client::new(&e, &mallory, "read,write").call("PUT", "/v1/kv/k1", b"x").0, 401);
     // A reader that writes: 403, and the value is unchanged.
     let mut reader = Client::new(&e, &e.owner, "read");
-    assert_eq!(reader.call(&e, "PUT", "/v1/kv/k1", b"x").0, 403);
-    assert_eq!(reader.call(&e, "GET", "/v1/kv/k1", b"").1["value"].as_str(), Some("djE="));
+    assert_eq!(reader.call("PUT", "/v1/kv/k1", b"x").0, 403);
+    assert_eq!(reader.call("GET", "/v1/kv/k1", b"").1["value"].as_str(), Some("djE="));
     assert_eq!(metric(&e, "unauthenticated"), 2);
     assert_eq!(metric(&e, "forbidden"), 1);
     // A body over the bound: 413 before any credential is looked at.
-    assert_eq!(c.call(&e, "PUT", "/v1/kv/big", &vec![b'x'; 5000]).0, 413);
+    assert_eq!(c.call("PUT", "/v1/kv/big", &vec![b'x'; 5000]).0, 413);
     assert_eq!(metric(&e, "bad_request"), 1);
 }

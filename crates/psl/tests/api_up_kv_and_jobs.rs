@@ -19,10 +19,7 @@ use common::{start, Proc};
 
 struct Client {
     s: Session,
-    spki: [u8; 32],
-    answer_key: [u8; 32],
-    key: SigningKey,
-    cert: String,
+    side: psl::api::ClientSide,
     signed_once: bool,
 }
 
@@ -37,24 +34,21 @@ impl Client {
         let mut k = [0u8; 32];
         hex::decode_to_slice(c["key"].as_str().unwrap(), &mut k).unwrap();
         let key = SigningKey::from_bytes(&k).unwrap();
-        Client { s, spki, answer_key, key, cert: c["cert"].as_str().unwrap().to_string(), signed_once: false }
+        let cert_hex = c["cert"].as_str().unwrap().to_string();
+        Client { s, side: psl::api::ClientSide { key, cert_hex, spki_hash: spki, answer_key }, signed_once: false }
     }
 
     /// A request (signed when it is the connection's first); the answer's signature checks.
     fn call(&mut self, method: &str, path: &str, body: &[u8]) -> (u16, serde_json::Value) {
-        let nonce: [u8; 32] = rand::random();
-        let rh = psl_capsule::client::request_hash(method, path, body);
-        let mut headers = vec![("psl-nonce", hex::encode(nonce)), ("psl-credential", self.cert.clone())];
-        if !self.signed_once {
-            let sig = self.key.sign(&psl_capsule::client::request_digest(&self.spki, &nonce, &rh));
-            headers.push(("psl-signature", hex::encode(sig.0)));
-            self.signed_once = true;
-        }
-        let a = self.s.request(method, path, &headers, body.to_vec(), 16 << 20).unwrap();
-        let given = &a.psl_headers.iter().find(|(n, _)| n == "psl-signature").expect("a signed answer").1;
-        let m = psl::api::answer_message(&nonce, &rh, a.status, &a.body);
-        let ok = psl_faas::tls::AnswerSigner::verify(&self.answer_key, &m, &hex::decode(given).unwrap());
-        assert!(ok, "{method} {path}: the answer's signature does not check");
+        let sent = self.side.request(method, path, body, !self.signed_once);
+        self.signed_once = true;
+        let a = self.s.request(method, path, &sent.headers, body.to_vec(), 16 << 20).unwrap();
+        let given = a.psl_headers.iter().find(|(n, _)| n == "psl-signature").map(|(_, v)| v.as_str());
+        assert!(given.is_some(), "{method} {path}: an unsigned answer");
+        assert!(
+            self.side.answer_checks(&sent, a.status, &a.body, given),
+            "{method} {path}: the answer's signature does not check"
+        );
         (a.status, serde_json::from_slice(&a.body).unwrap())
     }
 }

@@ -72,10 +72,7 @@ fn mc_client(addr: SocketAddr, put: bool, stop: &AtomicBool) -> Result<u64> {
 #[derive(Clone)]
 struct Endpoint {
     addr: SocketAddr,
-    spki: [u8; 32],
-    answer_key: [u8; 32],
-    cred_key: Arc<SigningKey>,
-    cert_hex: String,
+    client: Arc<psl::api::ClientSide>,
     /// Sign every request, not only each connection's first.
     sign_every: bool,
 }
@@ -90,17 +87,10 @@ fn signed(
     path: &str,
     body: &[u8],
 ) -> Result<u16> {
-    let nonce: [u8; 32] = rand::random();
-    let rh = psl_capsule::client::request_hash(method, path, body);
-    let mut headers = vec![("psl-nonce", hex::encode(nonce)), ("psl-credential", e.cert_hex.clone())];
-    if sign {
-        let sig = e.cred_key.sign(&psl_capsule::client::request_digest(&e.spki, &nonce, &rh));
-        headers.push(("psl-signature", hex::encode(sig.0)));
-    }
-    let a = s.request(method, path, &headers, body.to_vec(), 1 << 20)?;
-    let given = a.psl_headers.iter().find(|(n, _)| n == "psl-signature").context("an unsigned answer")?;
-    let m = psl::api::answer_message(&nonce, &rh, a.status, &a.body);
-    if !AnswerSigner::verify(&e.answer_key, &m, &hex::decode(&given.1)?) {
+    let sent = e.client.request(method, path, body, sign);
+    let a = s.request(method, path, &sent.headers, body.to_vec(), 1 << 20)?;
+    let given = a.psl_headers.iter().find(|(n, _)| n == "psl-signature").map(|(_, v)| v.as_str());
+    if !e.client.answer_checks(&sent, a.status, &a.body, given) {
         bail!("an answer whose signature does not check");
     }
     Ok(a.status)
@@ -170,7 +160,7 @@ fn crypto_costs(e: &Endpoint, id: &TlsIdentity) -> Result<Value> {
     const N: u32 = 2000;
     let signer = id.answer_signer()?;
     let rh = psl_capsule::client::request_hash("GET", "/v1/kv/bench%3A000001", b"");
-    let d = psl_capsule::client::request_digest(&e.spki, &[7; 32], &rh);
+    let d = psl_capsule::client::request_digest(&e.client.spki_hash, &[7; 32], &rh);
     let time = |f: &mut dyn FnMut()| {
         let t = Instant::now();
         for _ in 0..N {
@@ -178,15 +168,15 @@ fn crypto_costs(e: &Endpoint, id: &TlsIdentity) -> Result<Value> {
         }
         t.elapsed().as_secs_f64() * 1e6 / f64::from(N)
     };
-    let sig = e.cred_key.sign(&d);
-    let pk = e.cred_key.verifying_key();
+    let sig = e.client.key.sign(&d);
+    let pk = e.client.key.verifying_key();
     let m = psl::api::answer_message(&[7; 32], &rh, 200, b"{}");
     let asig = signer.sign(&m);
     Ok(json!({
-        "client_signs_request_secp256k1": time(&mut || { std::hint::black_box(e.cred_key.sign(&d)); }),
+        "client_signs_request_secp256k1": time(&mut || { std::hint::black_box(e.client.key.sign(&d)); }),
         "server_verifies_request_secp256k1": time(&mut || { std::hint::black_box(pk.verify(&d, &sig).is_ok()); }),
         "server_signs_answer_ed25519": time(&mut || { std::hint::black_box(signer.sign(&m)); }),
-        "client_verifies_answer_ed25519": time(&mut || { std::hint::black_box(AnswerSigner::verify(&e.answer_key, &m, &asig)); }),
+        "client_verifies_answer_ed25519": time(&mut || { std::hint::black_box(AnswerSigner::verify(&e.client.answer_key, &m, &asig)); }),
     }))
 }
 
@@ -223,14 +213,9 @@ pub fn run(seconds: f64, show_progress: bool) -> Result<Value> {
     let cred_key = SigningKey::generate();
     let can = Permissions::parse("read,write").map_err(anyhow::Error::msg)?;
     let cert = ClientCert::issue(&owner.signing_key(), emb.meta.name(), cred_key.verifying_key(), can, 0, u64::MAX);
-    let e = Endpoint {
-        addr: https.local_addr(),
-        spki,
-        answer_key,
-        cred_key: Arc::new(cred_key),
-        cert_hex: hex::encode(cert.encode()),
-        sign_every: false,
-    };
+    let client =
+        psl::api::ClientSide { key: cred_key, cert_hex: hex::encode(cert.encode()), spki_hash: spki, answer_key };
+    let e = Endpoint { addr: https.local_addr(), client: Arc::new(client), sign_every: false };
 
     let cases = ["get", "put"];
     let pb = if show_progress {
