@@ -18,7 +18,7 @@ import pytest
 import psl_client
 import psl_client.client as client_mod
 from helpers import TlsRelay
-from psl_client import AnswerError, AuthError, Client, PinError, VerificationError
+from psl_client import AnswerError, ApiError, AuthError, Client, PinError, VerificationError
 
 PSL_BIN = os.environ.get("PSL_BIN")
 pytestmark = [
@@ -128,6 +128,23 @@ def test_round_trip(up, rw):
         assert c.get("py/two")[0] == b"zwei"
     with Client(up.url, up.policy, rw, sign_every_request=True) as c:
         assert c.get("py/two")[0] == b"zwei" and c.delete("py/two")
+
+
+def test_atomic_batch(up, rw):
+    with Client(up.url, up.policy, rw) as c:
+        c.put("bank/gone", "x")
+        versions = c.batch([("bank/a", b"90"), ("bank/b", b"110"), ("bank/gone", None)])
+        assert len(versions) == 3
+        assert [v.lamport for v in versions] == sorted({v.lamport for v in versions})
+        assert c.get("bank/a") == (b"90", versions[0]) and c.get("bank/b")[0] == b"110"
+        assert c.get("bank/gone") is None
+        # One bad op: the endpoint refuses the whole batch and writes nothing.
+        with pytest.raises(ApiError) as refused:
+            c.batch([("bank/c", b"1"), ("bad key", b"2")])
+        assert refused.value.status == 400 and "op 1" in str(refused.value)
+        assert c.get("bank/c") is None
+        with pytest.raises(ValueError):
+            c.batch([])
 
 
 def test_proxy_with_its_own_tls_key_is_refused(up, rw):

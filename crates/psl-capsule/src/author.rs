@@ -279,6 +279,12 @@ impl Author {
         self.write_body(Body::Data(ops))
     }
 
+    /// Seals an already stamped atomic batch ([`Body::Atomic`]): one record whose ops every
+    /// node applies as one.
+    pub fn write_atomic(&mut self, ops: Vec<Op>) -> Result<Record, SealError> {
+        self.write_body(Body::Atomic(ops))
+    }
+
     /// Writes a SYNC record of the next epoch pointing at `heads` (coordinator only).
     pub fn write_sync(&mut self, heads: Vec<Link>) -> Result<Record, SealError> {
         self.write_sync_epoch(self.epoch + 1, heads)
@@ -298,7 +304,10 @@ impl Author {
     /// Seals a non-data body with extra `links` (an EOE naming other writers' heads). The
     /// epoch's SYNC link, if due, comes first.
     pub fn write_control(&mut self, body: Body, links: Vec<Link>) -> Result<Record, SealError> {
-        assert!(!matches!(body, Body::Data(_) | Body::Sync { .. }), "data and SYNC records have their own rules");
+        assert!(
+            !matches!(body, Body::Data(_) | Body::Atomic(_) | Body::Sync { .. }),
+            "data and SYNC records have their own rules"
+        );
         let all: Vec<Link> = self.epoch_link.into_iter().chain(links).collect();
         let rec = self.write_with(body, all, self.epoch, self.lamport + 1)?;
         self.epoch_link = None;
@@ -308,7 +317,7 @@ impl Author {
     /// Seals any body at this writer's next seq.
     pub fn write_body(&mut self, body: Body) -> Result<Record, SealError> {
         let lamport = match &body {
-            Body::Data(ops) => ops.last().map(|o| o.lamport).unwrap_or(self.lamport),
+            Body::Data(ops) | Body::Atomic(ops) => ops.last().map(|o| o.lamport).unwrap_or(self.lamport),
             _ => self.lamport + 1,
         };
         let links = self.epoch_link.into_iter().collect();

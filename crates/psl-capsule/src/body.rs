@@ -83,6 +83,9 @@ impl ControlCode {
 pub enum Body {
     /// A batch of ops, in strictly increasing Lamport order.
     Data(Vec<Op>),
+    /// An atomic batch (a data record whose op count carries [`ATOMIC_FLAG`]): the same ops,
+    /// which every node applies as one, so that no reader sees some of them and not the others.
+    Atomic(Vec<Op>),
     /// A SYNC: the fingerprint of the application key in force.
     Sync {
         /// Fingerprint of the application xpub of the key generation in force at the SYNC's
@@ -104,11 +107,22 @@ pub enum Body {
     Certs(Vec<KeyStatement>),
 }
 
+/// The top bit of a data body's op count: the record is an atomic batch ([`Body::Atomic`]).
+pub const ATOMIC_FLAG: u32 = 1 << 31;
+
 impl Body {
+    /// The ops of a data body, atomic or not (`None` for every other kind).
+    pub fn data_ops(&self) -> Option<&[Op]> {
+        match self {
+            Body::Data(ops) | Body::Atomic(ops) => Some(ops),
+            _ => None,
+        }
+    }
+
     /// The record kind that carries this body.
     pub fn kind(&self) -> Kind {
         match self {
-            Body::Data(_) => Kind::Data,
+            Body::Data(_) | Body::Atomic(_) => Kind::Data,
             Body::Sync { .. } => Kind::Sync,
             Body::Control { .. } => Kind::Control,
             Body::DbBlock(_) => Kind::DbBlock,
@@ -129,7 +143,7 @@ impl Body {
                 });
             }
         }
-        if let Body::Data(ops) = self {
+        if let Some(ops) = self.data_ops() {
             if ops.is_empty() {
                 return Err(DecodeError::Invalid { field: "ops", why: "a data record holds at least one op" });
             }
@@ -177,9 +191,10 @@ impl Body {
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::new();
         match self {
-            Body::Data(ops) => {
+            Body::Data(ops) | Body::Atomic(ops) => {
                 b.reserve(4 + ops.iter().map(Op::encoded_len).sum::<usize>());
-                b.put_u32(ops.len() as u32);
+                let flag = if matches!(self, Body::Atomic(_)) { ATOMIC_FLAG } else { 0 };
+                b.put_u32(ops.len() as u32 | flag);
                 for op in ops {
                     b.put_u8(match op.action {
                         Action::Put(_) => 1,
@@ -210,7 +225,9 @@ impl Body {
         let mut r = Reader::new(bytes);
         let body = match kind {
             Kind::Data => {
-                let n = r.u32("op count")? as u64;
+                let count = r.u32("op count")?;
+                let atomic = count & ATOMIC_FLAG != 0;
+                let n = (count & !ATOMIC_FLAG) as u64;
                 if n > limits.ops_per_record_max as u64 {
                     return Err(DecodeError::Limit {
                         field: "op count",
@@ -243,7 +260,11 @@ impl Body {
                     };
                     ops.push(Op { lamport, key, action });
                 }
-                Body::Data(ops)
+                if atomic {
+                    Body::Atomic(ops)
+                } else {
+                    Body::Data(ops)
+                }
             }
             Kind::Sync => Body::Sync { app_key_fp: Hash256(r.array("key fingerprint")?) },
             Kind::Control => {

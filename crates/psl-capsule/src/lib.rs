@@ -41,7 +41,7 @@ pub mod verify;
 
 pub use audit::{audit_file, audit_file_rotated, Audit, Problem};
 pub use author::Author;
-pub use body::{Action, Body, ControlCode, Op};
+pub use body::{Action, Body, ControlCode, Op, ATOMIC_FLAG};
 pub use certs::{writer_credentials, CertError, KeyStatement, Revocation, WriterCert};
 pub use client::{ClientCert, ClientCertError, Permissions};
 pub use codec::DecodeError;

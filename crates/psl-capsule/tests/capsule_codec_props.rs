@@ -108,6 +108,7 @@ fn control_code() -> impl Strategy<Value = ControlCode> {
 fn body() -> impl Strategy<Value = Body> {
     prop_oneof![
         4 => ops(1..50).prop_map(Body::Data),
+        2 => ops(1..50).prop_map(Body::Atomic),
         1 => hash().prop_map(|app_key_fp| Body::Sync { app_key_fp }),
         1 => (control_code(), prop::collection::vec(any::<u8>(), 0..600)).prop_map(|(code, payload)| Body::Control { code, payload }),
         1 => prop::collection::vec(any::<u8>(), 0..3000).prop_map(Body::DbBlock),
@@ -271,13 +272,16 @@ proptest! {
     #[test]
     fn body_round_trip(body in body()) {
         let limits = Limits::default();
-        prop_assert_eq!(body.check(&limits, match &body {
-            Body::Data(ops) => ops.last().unwrap().lamport,
-            _ => 0,
+        prop_assert_eq!(body.check(&limits, match body.data_ops() {
+            Some(ops) => ops.last().unwrap().lamport,
+            None => 0,
         }), Ok(()));
         let enc = body.encode();
-        if let Body::Data(ops) = &body {
+        if let Some(ops) = body.data_ops() {
             prop_assert_eq!(enc.len(), 4 + ops.iter().map(Op::encoded_len).sum::<usize>());
+            // The count's top bit says atomic, and nothing else does.
+            let atomic = u32::from_le_bytes(enc[..4].try_into().unwrap()) & psl_capsule::ATOMIC_FLAG != 0;
+            prop_assert_eq!(atomic, matches!(body, Body::Atomic(_)));
         }
         prop_assert_eq!(Body::decode(body.kind(), &enc, &limits), Ok(body.clone()));
         // Data and SYNC bodies fill their bytes exactly: one more byte is refused.

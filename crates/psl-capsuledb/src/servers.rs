@@ -711,7 +711,7 @@ fn apply_tail(
             let writer = h.writer;
             // The record proves these writes in the role's answers (the servers hold it).
             let record = rec.hash().0;
-            let Body::Data(ops) =
+            let (Body::Data(ops) | Body::Atomic(ops)) =
                 keyed.open(&rec).map_err(|e| Error::Store(format!("replay: opening a record: {e}")))?
             else {
                 continue;

@@ -511,6 +511,58 @@ impl FrontEnd {
         self.delete_locked(key, None, t, self.flush_state(t.us), None)
     }
 
+    /// An atomic batch of unconditional writes: each `(key, Some(data))` a `set` with flags 0
+    /// and no expiry, each `(key, None)` a delete (a tombstone whether or not the key was
+    /// live). They are written as one record that every node applies as one
+    /// (`psl_node::Node::write_batch`), so no client of any front end sees some and not the
+    /// others. Like `set`, each runs here, last writer wins on each key. Returns each op's
+    /// version and, for a put, its CAS unique (0 for a delete); on an error nothing was
+    /// written: [`Outcome::TooLarge`] for an item over the limit or a batch over one record,
+    /// [`Outcome::Failed`] for a node that refused.
+    pub fn batch(&self, ops: &[(&[u8], Option<&[u8]>)]) -> Result<Vec<(Version, u64)>, Outcome> {
+        // Every key's stripe, in stripe order (so two batches cannot deadlock).
+        let mut stripes: Vec<usize> = ops.iter().map(|(k, _)| (key_hash(k) % LOCK_STRIPES as u64) as usize).collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        let _held: Vec<_> = stripes.iter().map(|&i| self.locks[i].lock()).collect();
+        let t = Now::read();
+        let items: Vec<Option<Vec<u8>>> =
+            ops.iter().map(|(_, d)| d.map(|d| item::encode(0, 0, self.stamp_at(t.us), &[d]))).collect();
+        if items.iter().flatten().any(|v| v.len() > self.value_max) {
+            Stats::inc(&self.stats.store_too_large);
+            return Err(Outcome::TooLarge);
+        }
+        if self.backed && items.iter().any(Option::is_some) && !self.room_for_pinned() {
+            Stats::inc(&self.stats.store_no_memory);
+            return Err(Outcome::Failed("local copies not yet held by CapsuleDB fill the memory limit".into()));
+        }
+        let writes: Vec<(&[u8], Option<&[u8]>)> =
+            ops.iter().zip(&items).map(|((k, _), v)| (*k, v.as_deref())).collect();
+        let versions = match self.node.write_batch(&writes, u64::MAX) {
+            Ok(v) => v,
+            Err(NodeError::ValueTooLarge { .. } | NodeError::BatchTooLarge { .. }) => return Err(Outcome::TooLarge),
+            Err(e) => return Err(Outcome::Failed(e.to_string())),
+        };
+        let mut out = Vec::with_capacity(ops.len());
+        for (((key, _), value), version) in ops.iter().zip(&items).zip(versions) {
+            match value {
+                Some(v) => {
+                    Stats::inc(&self.stats.total_items);
+                    let victims = self.lru.put(key, v.len() as u64, t.us, &|k| self.read_stamp(k));
+                    self.evict(victims);
+                    let cas = item::decode(v)
+                        .map_or(cas_of(version.lamport, version.writer), |it| it.cas(version.lamport, version.writer));
+                    out.push((version, cas));
+                }
+                None => {
+                    self.lru.remove(key);
+                    out.push((version, 0));
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Runs `op` at the key's home front end.
     pub fn rmw(&self, key: &[u8], op: Rmw<'_>) -> Outcome {
         if let Some(f) = self.failover() {

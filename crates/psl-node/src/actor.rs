@@ -6,13 +6,13 @@
 //! record's ops, seals them and hands the record to the core thread. The decisions are the
 //! engine's; this thread only waits and wakes.
 
-use crate::flow::{FlowOptions, Reserved, Window};
+use crate::flow::{FlowOptions, Window};
 use crate::msg::CoreMsg;
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
-use psl_capsule::{Author, Link, Op, RotationCert};
+use psl_capsule::{Author, Link, RotationCert};
 use psl_crypto::{DataKey, SigningKey};
-use psl_scl::engine::queue::{SealPolicy, SealStep, WriterQueue};
+use psl_scl::engine::queue::{SealPolicy, SealStep, Taken, WriterQueue};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -126,8 +126,8 @@ impl Actor {
                     ActorCtl::Stop => return,
                 }
             }
-            if let Some((batch, r)) = self.take_batch() {
-                self.seal(batch, r);
+            if let Some(taken) = self.take_batch() {
+                self.seal(taken);
             }
         }
     }
@@ -136,11 +136,11 @@ impl Actor {
     /// fuller batch or acks), then takes one record's ops; `None` to serve control messages
     /// first (one is waiting, or no op came within 20 ms). The ops taken are counted in flight
     /// (flow control) before the queue's lock is released.
-    fn take_batch(&mut self) -> Option<(Vec<Op>, Reserved)> {
+    fn take_batch(&mut self) -> Option<Taken> {
         let q = &self.queue;
         let mut st = q.state.lock();
         let mut idle_waited = false;
-        let (batch, r) = loop {
+        let taken = loop {
             let urgent = q.ctl_waiting.load(Ordering::Acquire);
             let now = Instant::now();
             let now_us = mono_us(now);
@@ -158,7 +158,7 @@ impl Actor {
         };
         drop(st);
         q.space.notify_all();
-        Some((batch, r))
+        Some(taken)
     }
 
     /// Seals every queued op, then returns a Lamport time ticked after all of them: the queue is
@@ -175,8 +175,8 @@ impl Actor {
             (batches, self.clock.tick())
         };
         self.queue.space.notify_all();
-        for (batch, r) in batches {
-            self.seal(batch, r);
+        for taken in batches {
+            self.seal(taken);
         }
         at
     }
@@ -186,15 +186,15 @@ impl Actor {
             let next = self.queue.state.lock().take_batch_now();
             self.queue.space.notify_all();
             match next {
-                Some((batch, r)) => self.seal(batch, r),
+                Some(taken) => self.seal(taken),
                 None => return,
             }
         }
     }
 
-    fn seal(&mut self, batch: Vec<Op>, r: Reserved) {
-        let n = batch.len();
-        match psl_scl::engine::writer::seal_batch(&mut self.author, &self.queue.flow, batch, r) {
+    fn seal(&mut self, taken: Taken) {
+        let n = taken.ops.len();
+        match psl_scl::engine::writer::seal_batch(&mut self.author, &self.queue.flow, taken) {
             Ok(rec) => self.send(CoreMsg::Local { rec, body: None, ops: n }),
             // Ops were checked against the limits at `put`; failing here is a bug, and the ops
             // stay applied locally only. Say so loudly.

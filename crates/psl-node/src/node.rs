@@ -113,12 +113,31 @@ pub enum NodeError {
         /// The caller's fence.
         below: u64,
     },
+    /// An atomic batch that does not fit one record (too many ops, or too many bytes).
+    #[error("an atomic batch of {ops} ops and {bytes} bytes does not fit one record (at most {ops_max} ops and {bytes_max} bytes)")]
+    BatchTooLarge {
+        /// The batch's op count.
+        ops: usize,
+        /// The batch's encoded size, in bytes.
+        bytes: usize,
+        /// The most ops one record carries here.
+        ops_max: usize,
+        /// The most encoded op bytes one record carries here.
+        bytes_max: usize,
+    },
     /// A fenced write kept being overtaken by newer writes of the same key from other writers.
     #[error("other writers kept writing this key newer than each of {tries} Lamport times this write took: nothing was written; retry")]
     Superseded {
         /// How many Lamport times the write took before giving up.
         tries: u32,
     },
+}
+
+fn stamp_error(e: StampError) -> NodeError {
+    match e {
+        StampError::Fenced { lamport, below } => NodeError::Fenced { lamport, below },
+        StampError::Superseded { tries } => NodeError::Superseded { tries },
+    }
 }
 
 /// Where a role's keys come from: the capsule's data key and, for each writer the role runs,
@@ -515,7 +534,38 @@ impl Node {
         self.write_fenced(key, value, u64::MAX).map(|_| ())
     }
 
-    fn write_fenced(&self, key: &[u8], value: Option<&[u8]>, below: u64) -> Result<Version, NodeError> {
+    /// Writes `ops` (key and value; `None`: a delete) as one atomic batch: applied here as
+    /// one, sealed into one record ([`psl_capsule::Body::Atomic`]) that every node applies as
+    /// one, so no reader on any node sees some of the ops and not the others. Each op is
+    /// still last-writer-wins on its own key, with a Lamport time newer than every version of
+    /// it this node shows, in the order given (a key written twice keeps its last op).
+    /// `below` fences every op as [`Node::write_below`] does (`u64::MAX`: none). Returns the
+    /// ops' versions. The batch must fit one record ([`NodeError::BatchTooLarge`]); on any
+    /// error nothing was written.
+    pub fn write_batch(&self, ops: &[(&[u8], Option<&[u8]>)], below: u64) -> Result<Vec<Version>, NodeError> {
+        for (key, value) in ops {
+            self.check_write(key, *value)?;
+        }
+        let Some((first, _)) = ops.first() else { return Ok(Vec::new()) };
+        let (q, _) = &self.actors[key_shard(first, self.actors.len())];
+        let mut st = self.admitted(q)?;
+        if !st.fits_one_record(ops) {
+            let bytes = ops.iter().map(|(k, v)| 11 + k.len() + v.map_or(0, |v| 4 + v.len())).sum();
+            let p = st.policy();
+            return Err(NodeError::BatchTooLarge {
+                ops: ops.len(),
+                bytes,
+                ops_max: p.batch_ops_max,
+                bytes_max: p.batch_bytes_max,
+            });
+        }
+        let versions = st.write_atomic(&self.memtable, &self.clock, ops, below).map_err(stamp_error)?;
+        drop(st);
+        q.work.notify_one();
+        Ok(versions)
+    }
+
+    fn check_write(&self, key: &[u8], value: Option<&[u8]>) -> Result<(), NodeError> {
         if key.is_empty() {
             return Err(NodeError::EmptyKey);
         }
@@ -533,10 +583,28 @@ impl Node {
         if self.stop.load(Ordering::Acquire) {
             return Err(NodeError::Stopped);
         }
+        Ok(())
+    }
+
+    fn write_fenced(&self, key: &[u8], value: Option<&[u8]>, below: u64) -> Result<Version, NodeError> {
+        self.check_write(key, value)?;
         let (q, _) = &self.actors[key_shard(key, self.actors.len())];
-        // A client write is an event into its writer's queue (`psl_scl::engine::queue`): the
-        // queue decides whether it goes, stamps it and says whether it wakes the writer; this
-        // thread only waits and wakes as it says.
+        let mut st = self.admitted(q)?;
+        let (version, wake) = st.write(&self.memtable, &self.clock, key, value, below).map_err(stamp_error)?;
+        drop(st);
+        if wake {
+            q.work.notify_one();
+        }
+        Ok(version)
+    }
+
+    /// The writer queue `q`'s lock, once a write may go: a client write is an event into its
+    /// writer's queue (`psl_scl::engine::queue`), which decides whether it goes, stamps it and
+    /// says whether it wakes the writer; this thread only waits and wakes as it says.
+    fn admitted<'q>(
+        &self,
+        q: &'q ActorQueue,
+    ) -> Result<parking_lot::MutexGuard<'q, psl_scl::engine::queue::WriterQueue>, NodeError> {
         let mut st = q.state.lock();
         if !st.has_room() {
             let deadline = Instant::now() + self.put_timeout;
@@ -572,15 +640,7 @@ impl Node {
                 }
             }
         }
-        let (version, wake) = st.write(&self.memtable, &self.clock, key, value, below).map_err(|e| match e {
-            StampError::Fenced { lamport, below } => NodeError::Fenced { lamport, below },
-            StampError::Superseded { tries } => NodeError::Superseded { tries },
-        })?;
-        drop(st);
-        if wake {
-            q.work.notify_one();
-        }
-        Ok(version)
+        Ok(st)
     }
 
     /// Reads `key`: from the memtable, or, when it cannot answer and CapsuleDB is configured

@@ -494,7 +494,7 @@ impl<'a> RecordCheck<'a> {
             return Err(DbWireError::Unproven("a data record of CapsuleDB's own key"));
         }
         match &v.body {
-            Body::Data(ops) => Ok((writer, ops.clone())),
+            Body::Data(ops) | Body::Atomic(ops) => Ok((writer, ops.clone())),
             _ => Err(DbWireError::Unproven("not a data record")),
         }
     }

@@ -126,6 +126,23 @@ struct Shard {
     evict_seq: u64,
 }
 
+/// The shards an atomic apply holds ([`Memtable::apply_atomic`]).
+struct Locked<'a> {
+    _gate: parking_lot::RwLockWriteGuard<'a, ()>,
+    guards: Vec<(usize, parking_lot::RwLockWriteGuard<'a, Shard>)>,
+}
+
+impl Locked<'_> {
+    fn shard(&mut self, key: &[u8]) -> &mut Shard {
+        let i = key_shard(key, SHARDS);
+        let at = self
+            .guards
+            .binary_search_by_key(&i, |g| g.0)
+            .unwrap_or_else(|_| unreachable!("every key's shard is locked"));
+        &mut self.guards[at].1
+    }
+}
+
 struct Journal {
     q: Mutex<VecDeque<Update>>,
     space: Condvar,
@@ -147,6 +164,9 @@ struct Journal {
 /// This keeps coherence: a node never shows an older version of a key after a newer one.
 pub struct Memtable {
     shards: Vec<RwLock<Shard>>,
+    /// Held for reading by a scan across all shards, for writing by an atomic apply: a scan
+    /// sees an atomic batch whole or not at all (a single-key read needs only its shard).
+    scan_gate: RwLock<()>,
     shard_keys_max: usize,
     floor: RwLock<Arc<FxHashMap<u32, u64>>>,
     floor_seq: AtomicU64,
@@ -195,6 +215,7 @@ impl Memtable {
     pub fn with_options(keys_max: Option<usize>, journal_updates_max: Option<usize>) -> Memtable {
         Memtable {
             shards: (0..SHARDS).map(|_| RwLock::new(Shard::default())).collect(),
+            scan_gate: RwLock::new(()),
             shard_keys_max: keys_max.map_or(usize::MAX, |k| k.div_ceil(SHARDS).max(1)),
             floor: RwLock::new(Arc::new(FxHashMap::default())),
             floor_seq: AtomicU64::new(0),
@@ -302,7 +323,75 @@ impl Memtable {
             j.push((key.into(), version, value.clone(), origin.cloned()));
         }
         let mut guard = self.shard(key).write();
-        let s = &mut *guard;
+        self.apply_in(&mut guard, key, version, value)
+    }
+
+    /// Applies `updates` (key, version, value) as one: every shard they touch is locked (in
+    /// shard order) before the first is applied and released after the last, and scans wait
+    /// for the whole, so a reader sees all of them or none ([`psl_capsule::Body::Atomic`]).
+    /// Each update is still last-writer-wins on its own key. Returns how many applied.
+    pub fn apply_atomic(&self, updates: &[(&[u8], Version, Option<Arc<[u8]>>)], origin: Option<&Origin>) -> usize {
+        if let Some(j) = &self.journal {
+            for (key, version, value) in updates {
+                j.push(((*key).into(), *version, value.clone(), origin.cloned()));
+            }
+        }
+        let mut locked = self.lock_for(updates.iter().map(|u| u.0));
+        updates
+            .iter()
+            .filter(|(key, version, value)| {
+                let s = locked.shard(key);
+                self.apply_in(s, key, *version, value.clone())
+            })
+            .count()
+    }
+
+    /// A local atomic write: locks every shard `ops` (key, value; `None`: a delete) touch, as
+    /// [`Memtable::apply_atomic`] does, asks `next` for each op's version in order (it is
+    /// given the version the key holds, and must return a newer one, or fail), and applies
+    /// them all only if every op got one. Under the locks no other update of these keys can
+    /// come between a version and its apply, so a `next` that ticks a clock which has passed
+    /// every version applied wins every key. On an error nothing was applied.
+    pub fn write_atomic<E>(
+        &self,
+        ops: &[(&[u8], Option<Arc<[u8]>>)],
+        mut next: impl FnMut(Option<Version>) -> Result<Version, E>,
+    ) -> Result<Vec<Version>, E> {
+        let mut versions = Vec::with_capacity(ops.len());
+        {
+            let mut locked = self.lock_for(ops.iter().map(|o| o.0));
+            for (key, _) in ops {
+                let held = locked.shard(key).map.get(*key).map(|slot| slot.entry.version);
+                // An earlier op of this batch on the same key counts as held.
+                let mine = ops.iter().zip(&versions).filter(|((k, _), _)| k == key).map(|(_, v)| *v).max();
+                versions.push(next(held.max(mine))?);
+            }
+            for ((key, value), version) in ops.iter().zip(&versions) {
+                let s = locked.shard(key);
+                self.apply_in(s, key, *version, value.clone());
+            }
+        }
+        if let Some(j) = &self.journal {
+            for ((key, value), version) in ops.iter().zip(&versions) {
+                j.push(((*key).into(), *version, value.clone(), None));
+            }
+        }
+        Ok(versions)
+    }
+
+    /// The scan gate (for writing) and the write locks of every shard `keys` touch, taken in
+    /// shard order (so two atomic applies cannot deadlock).
+    fn lock_for<'a>(&self, keys: impl Iterator<Item = &'a [u8]>) -> Locked<'_> {
+        let gate = self.scan_gate.write();
+        let mut idx: Vec<usize> = keys.map(|k| key_shard(k, SHARDS)).collect();
+        idx.sort_unstable();
+        idx.dedup();
+        let guards = idx.iter().map(|&i| (i, self.shards[i].write())).collect();
+        Locked { _gate: gate, guards }
+    }
+
+    /// The body of [`Memtable::apply_from`] on a shard its caller has locked.
+    fn apply_in(&self, s: &mut Shard, key: &[u8], version: Version, value: Option<Arc<[u8]>>) -> bool {
         let unsure = s.evicted_max.is_some_and(|m| version <= m);
         // One probe for both cases (an inline key costs no allocation to build).
         match s.map.entry(InlineKey::from(key)) {
@@ -527,6 +616,7 @@ impl Memtable {
     /// order): its cost grows with the keys held, its memory with `limit` only.
     pub fn scan(&self, prefix: &[u8], after: Option<&[u8]>, limit: usize) -> (Vec<ScanEntry>, bool) {
         let mut heap: std::collections::BinaryHeap<ByKey> = std::collections::BinaryHeap::with_capacity(limit + 1);
+        let _gate = self.scan_gate.read();
         for sh in &self.shards {
             let s = sh.read();
             for (k, slot) in s.map.iter() {
@@ -558,6 +648,7 @@ impl Memtable {
     /// Every entry (tombstones included), ordered by key.
     pub fn snapshot(&self) -> BTreeMap<Vec<u8>, Entry> {
         let mut out = BTreeMap::new();
+        let _gate = self.scan_gate.read();
         for s in &self.shards {
             for (k, e) in s.read().map.iter() {
                 out.insert(k.to_vec(), e.entry.clone());
@@ -622,6 +713,67 @@ mod tests {
 
     fn val(b: &[u8]) -> Arc<[u8]> {
         b.into()
+    }
+
+    #[test]
+    fn an_atomic_apply_is_seen_whole_by_gets_and_scans() {
+        let m = Arc::new(Memtable::new());
+        let keys: Vec<Vec<u8>> = (0..16).map(|i| format!("k{i:02}").into_bytes()).collect();
+        let done = Arc::new(AtomicBool::new(false));
+        let reader = {
+            let (m, keys, done) = (m.clone(), keys.clone(), done.clone());
+            std::thread::spawn(move || {
+                let lamport = |e: Option<Entry>| e.map_or(0, |e| e.version.lamport / 100);
+                while !done.load(Ordering::Acquire) {
+                    let mut last = 0;
+                    for k in &keys {
+                        let g = lamport(m.entry(k));
+                        assert!(g >= last, "a later key older than an earlier one");
+                        last = g;
+                    }
+                    let (all, _) = m.scan(b"k", None, 100);
+                    let gens: Vec<u64> = all.iter().map(|e| e.entry.version.lamport / 100).collect();
+                    assert!(gens.windows(2).all(|w| w[0] == w[1]), "a scan saw {gens:?}");
+                }
+            })
+        };
+        for g in 1..=2_000u64 {
+            let updates: Vec<(&[u8], Version, Option<Arc<[u8]>>)> = keys
+                .iter()
+                .enumerate()
+                .map(|(i, k)| (k.as_slice(), Version { lamport: g * 100 + i as u64, writer: 1 }, None))
+                .collect();
+            assert_eq!(m.apply_atomic(&updates, None), keys.len());
+        }
+        done.store(true, Ordering::Release);
+        reader.join().expect("no reader saw a batch half applied");
+        // Last writer wins per key all the same: an older atomic update changes nothing.
+        let old = [(&b"k00"[..], Version { lamport: 5, writer: 1 }, Some(Arc::from(&b"old"[..])))];
+        assert_eq!(m.apply_atomic(&old, None), 0);
+        // A local atomic write gets a version above what each key holds, or nothing.
+        let ops = [(&b"k00"[..], Some(Arc::from(&b"a"[..]))), (b"k01", Some(Arc::from(&b"b"[..])))];
+        let mut next = 1_000_000u64;
+        let vs = m
+            .write_atomic(&ops, |held| {
+                next += 1;
+                assert!(held.is_some_and(|h| h.lamport < next));
+                Ok::<_, ()>(Version { lamport: next, writer: 2 })
+            })
+            .unwrap();
+        assert_eq!(vs.len(), 2);
+        assert_eq!(m.get(b"k01").as_deref(), Some(&b"b"[..]));
+        // The second op fails: the first is not applied either.
+        let mut calls = 0;
+        let refused = m.write_atomic(&[(&b"k02"[..], Some(Arc::from(&b"x"[..]))), (b"k03", None)], |_| {
+            calls += 1;
+            if calls == 2 {
+                Err("fenced")
+            } else {
+                Ok(Version { lamport: 9_000_000, writer: 2 })
+            }
+        });
+        assert_eq!(refused, Err("fenced"));
+        assert!(m.entry(b"k02").is_some_and(|e| e.value.is_none() && e.version.lamport / 100 == 2_000));
     }
 
     #[test]

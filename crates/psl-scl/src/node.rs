@@ -415,7 +415,7 @@ impl NodeCore {
         let bytes = self.repair.cache(&rec);
         self.metrics.repair_cache_bytes.store(bytes as u64, Ordering::Relaxed);
         Metrics::add(&self.metrics.records_written, 1);
-        if let Body::Data(ops) = body {
+        if let Some(ops) = body.data_ops() {
             Metrics::add(&self.metrics.ops_written, ops.len() as u64);
         }
         out.push(Output::Publish(Msg::Record { capsule: self.verifier.name(), bytes: rec.shared_bytes() }.encode()));
@@ -920,19 +920,27 @@ impl NodeCore {
         self.rejoin.note_head(&r.record);
         self.clock.observe(h.lamport);
         Metrics::add(&self.metrics.records_applied, 1);
-        if let Body::Data(ops) = &r.body {
+        if let Some(ops) = r.body.data_ops() {
             // A node that keeps no values (a coordinator) orders and counts the ops, and
             // stores none.
             if self.cfg.keep_values {
                 // The record each op came from: journaled for CapsuleDB (one Arc per record).
                 let origin = (r.record.hash(), r.record.shared_bytes());
-                for op in ops {
-                    let v = Version { lamport: op.lamport, writer: h.writer };
+                let updates = ops.iter().map(|op| {
                     let value = match &op.action {
                         Action::Put(x) => Some(Arc::<[u8]>::from(x.as_slice())),
                         Action::Delete => None,
                     };
-                    self.memtable.apply_from(&op.key, v, value, Some(&origin));
+                    (op.key.as_slice(), Version { lamport: op.lamport, writer: h.writer }, value)
+                });
+                if matches!(r.body, Body::Atomic(_)) {
+                    // An atomic batch: this node's readers see every op of it or none.
+                    let all: Vec<(&[u8], Version, Option<Arc<[u8]>>)> = updates.collect();
+                    self.memtable.apply_atomic(&all, Some(&origin));
+                } else {
+                    for (key, v, value) in updates {
+                        self.memtable.apply_from(key, v, value, Some(&origin));
+                    }
                 }
             }
             Metrics::add(&self.metrics.ops_applied, ops.len() as u64);

@@ -1,13 +1,13 @@
 //! One simulated node: the node's [`NodeEngine`] (the same one `psl-node`'s core thread runs)
 //! with its data writers inline, in place of the writer actors' threads.
 
-use psl_capsule::{Action, Author, Body, KeyStatement, Op, Record, SignedMetadata};
+use psl_capsule::{Action, Author, Body, KeyStatement, Record, SignedMetadata};
 use psl_crypto::AppKey;
 use psl_scl::engine::asks::{Answer, Answered, Asks};
-use psl_scl::engine::queue::{SealPolicy, SealStep, WriterQueue};
+use psl_scl::engine::queue::{SealPolicy, SealStep, Taken, WriterQueue};
 use psl_scl::engine::{writer, CoordinatorLog};
 use psl_scl::memtable::key_shard;
-use psl_scl::window::{FlowOptions, Reserved, Window};
+use psl_scl::window::{FlowOptions, Window};
 use psl_scl::{
     Command, CoordinatorConfig, CoordinatorSm, LamportClock, Memtable, Metrics, NodeConfig, NodeCore, NodeEngine,
     Output, Version,
@@ -283,8 +283,8 @@ impl SimNode {
 
     fn seal_due_one(&mut self, i: usize, now: u64, fx: &mut Vec<Effect>) {
         while let SealStep::Seal { ops } = self.queues[i].seal_step(now * 1_000, false) {
-            let (batch, reserved) = self.queues[i].take(ops);
-            self.seal(i, batch, reserved, now, fx);
+            let taken = self.queues[i].take(ops);
+            self.seal(i, taken, now, fx);
         }
     }
 
@@ -292,16 +292,16 @@ impl SimNode {
     pub fn flush(&mut self, now: u64, fx: &mut Vec<Effect>) {
         self.introduce(now, fx);
         for i in 0..self.authors.len() {
-            while let Some((batch, reserved)) = self.queues[i].take_batch_now() {
-                self.seal(i, batch, reserved, now, fx);
+            while let Some(taken) = self.queues[i].take_batch_now() {
+                self.seal(i, taken, now, fx);
             }
         }
     }
 
-    fn seal(&mut self, i: usize, ops: Vec<Op>, reserved: Reserved, now: u64, fx: &mut Vec<Effect>) {
+    fn seal(&mut self, i: usize, taken: Taken, now: u64, fx: &mut Vec<Effect>) {
         let writer = self.authors[i].writer();
-        let mut applied = Vec::with_capacity(ops.len());
-        for op in &ops {
+        let mut applied = Vec::with_capacity(taken.ops.len());
+        for op in &taken.ops {
             applied.push((op.key.clone(), Version { lamport: op.lamport, writer }));
             let v = match &op.action {
                 Action::Put(x) => Some(x.clone()),
@@ -309,8 +309,8 @@ impl SimNode {
             };
             fx.push(Effect::Sealed(op.key.clone(), Version { lamport: op.lamport, writer }, v));
         }
-        let n = ops.len();
-        let rec = writer::seal_batch(&mut self.authors[i], self.queues[i].window(), ops, reserved)
+        let n = taken.ops.len();
+        let rec = writer::seal_batch(&mut self.authors[i], self.queues[i].window(), taken)
             .expect("simulated ops fit the limits");
         fx.push(Effect::Wrote(writer, rec.header().seq, rec.hash(), applied));
         self.local_record(rec, None, n, now, fx);

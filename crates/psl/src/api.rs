@@ -21,13 +21,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// The prefixes [`kv`] serves.
-pub const KV_PREFIXES: [&str; 3] = ["/v1/kv", "/v1/cas", "/v1/sync"];
+pub const KV_PREFIXES: [&str; 4] = ["/v1/kv", "/v1/cas", "/v1/sync", "/v1/batch"];
 /// Longest key, after percent-decoding: memcached's, so every key is also a memcached key.
 pub const KEY_BYTES_MAX: usize = 250;
 /// Most items one scan answers.
 pub const SCAN_LIMIT_MAX: usize = 1000;
 /// Items a scan answers when the request names no limit.
 pub const SCAN_LIMIT_DEFAULT: usize = 100;
+/// Most ops in one atomic batch (`POST /v1/batch`); the request body's bound limits its bytes.
+pub const BATCH_OPS_MAX: usize = 256;
 /// How long a sync may wait before the answer says it timed out.
 pub const SYNC_TIMEOUT_MS: u64 = 10_000;
 
@@ -238,6 +240,9 @@ pub enum Request {
     },
     /// `POST /v1/cas/{key}?cas=UNIQUE` with the new value as the body.
     Cas(Vec<u8>, u64, Vec<u8>),
+    /// `POST /v1/batch` with `{"ops": [{"op": "put", "key": B64, "value": B64} | {"op":
+    /// "delete", "key": B64}, ...]}`: every op or none, atomically ([`FrontEnd::batch`]).
+    Batch(Vec<(Vec<u8>, Option<Vec<u8>>)>),
     /// `POST /v1/sync?durable=true|false`.
     Sync {
         /// Wait for a quorum of capsule servers too.
@@ -302,6 +307,12 @@ impl Request {
                 .ok_or((400, "give the CAS unique a get returned: POST /v1/cas/{key}?cas=N".to_string()))?;
             return Ok(Request::Cas(key, cas, req.body.to_vec()));
         }
+        if path == "/v1/batch" {
+            if m != "POST" {
+                return wrong("POST");
+            }
+            return parse_batch(&req.body).map(Request::Batch);
+        }
         if path == "/v1/sync" {
             if m != "POST" {
                 return wrong("POST");
@@ -315,7 +326,9 @@ impl Request {
         }
         Err((
             404,
-            format!("no such path {path:?}: the KV API is /v1/kv/{{key}}, /v1/kv?prefix=, /v1/cas/{{key}}, /v1/sync"),
+            format!(
+                "no such path {path:?}: the KV API is /v1/kv/{{key}}, /v1/kv?prefix=, /v1/cas/{{key}}, /v1/batch, /v1/sync"
+            ),
         ))
     }
 
@@ -323,9 +336,43 @@ impl Request {
     pub fn needs(&self) -> Permissions {
         match self {
             Request::Get(_) | Request::Scan { .. } | Request::Sync { .. } => Permissions::READ,
-            Request::Put(..) | Request::Delete(_) | Request::Cas(..) => Permissions::WRITE,
+            Request::Put(..) | Request::Delete(_) | Request::Cas(..) | Request::Batch(_) => Permissions::WRITE,
         }
     }
+}
+
+/// The ops of a `POST /v1/batch` body: 1 to [`BATCH_OPS_MAX`] of them, keys and values in
+/// base64 (standard alphabet, padded), each key checked as a path key is.
+fn parse_batch(body: &[u8]) -> Result<Vec<(Vec<u8>, Option<Vec<u8>>)>, (u16, String)> {
+    use base64::Engine as _;
+    let bad = |why: String| (400, why);
+    let v: Value = serde_json::from_slice(body).map_err(|e| bad(format!("the body is not JSON: {e}")))?;
+    let ops = v.get("ops").and_then(Value::as_array).ok_or_else(|| {
+        bad(r#"the body is {"ops": [{"op": "put", "key": B64, "value": B64} | {"op": "delete", "key": B64}, ...]}"#
+            .into())
+    })?;
+    if ops.is_empty() || ops.len() > BATCH_OPS_MAX {
+        return Err(bad(format!("a batch holds 1 to {BATCH_OPS_MAX} ops; this one holds {}", ops.len())));
+    }
+    let b64d = |i: usize, field: &str, x: Option<&Value>| -> Result<Vec<u8>, (u16, String)> {
+        let text =
+            x.and_then(Value::as_str).ok_or_else(|| bad(format!("op {i}: {field} is missing (a base64 string)")))?;
+        base64::engine::general_purpose::STANDARD
+            .decode(text)
+            .map_err(|e| bad(format!("op {i}: {field} is not base64: {e}")))
+    };
+    ops.iter()
+        .enumerate()
+        .map(|(i, op)| {
+            let key = b64d(i, "key", op.get("key"))?;
+            check_key(&key).map_err(|(s, why)| (s, format!("op {i}: {why}")))?;
+            match op.get("op").and_then(Value::as_str) {
+                Some("put") => Ok((key, Some(b64d(i, "value", op.get("value"))?))),
+                Some("delete") => Ok((key, None)),
+                _ => Err(bad(format!("op {i}: \"op\" is \"put\" or \"delete\""))),
+            }
+        })
+        .collect()
 }
 
 /// A key the API takes: 1 to [`KEY_BYTES_MAX`] bytes, none of them a space or a control
@@ -369,6 +416,24 @@ fn version_json(v: &Versioned) -> Value {
 
 fn payload(v: &Versioned) -> &[u8] {
     psl_memcached::item::decode(&v.item).map_or(&[][..], |it| it.data)
+}
+
+/// The answer to an atomic batch: every op's key and version (a delete's `cas` is 0 on a
+/// front end).
+fn batch_answer(
+    ops: &[(&[u8], Option<&[u8]>)],
+    done: impl Iterator<Item = (psl_scl::Version, u64)>,
+    epoch: u64,
+) -> Value {
+    let ops: Vec<Value> = ops
+        .iter()
+        .zip(done)
+        .map(|((k, v), (ver, cas))| {
+            json!({ "key": b64(k), "op": if v.is_some() { "put" } else { "delete" },
+                    "version": { "lamport": ver.lamport, "writer": ver.writer, "cas": cas } })
+        })
+        .collect();
+    json!({ "applied": true, "ops": ops, "epoch": epoch })
 }
 
 /// The KV routes over `fe` behind `guard` (what `psl memcached --http` serves).
@@ -426,6 +491,17 @@ pub fn route(fe: &FrontEnd, r: &Request) -> (u16, Value) {
                 data: value,
             };
             written(key, fe.rmw(key, op))
+        }
+        Request::Batch(ops) => {
+            let ops: Vec<(&[u8], Option<&[u8]>)> = ops.iter().map(|(k, v)| (k.as_slice(), v.as_deref())).collect();
+            match fe.batch(&ops) {
+                Ok(done) => (200, batch_answer(&ops, done.into_iter(), epoch())),
+                Err(Outcome::TooLarge) => (
+                    413,
+                    json!({ "error": "a value, or the whole batch, is larger than this front end takes in one record" }),
+                ),
+                Err(other) => failed(format!("the batch was not written (no op of it was): {other:?}")),
+            }
         }
         Request::Sync { durable } => {
             let t = Duration::from_millis(SYNC_TIMEOUT_MS);
@@ -503,6 +579,17 @@ pub fn route_node(node: &psl_node::Node, r: &Request) -> (u16, Value) {
              a bare node has no homes"
                 .into(),
         ),
+        Request::Batch(ops) => {
+            let ops: Vec<(&[u8], Option<&[u8]>)> = ops.iter().map(|(k, v)| (k.as_slice(), v.as_deref())).collect();
+            match node.write_batch(&ops, u64::MAX) {
+                Ok(vs) => {
+                    let done = vs.into_iter().map(|v| (v, psl_memcached::item::cas_of(v.lamport, v.writer)));
+                    (200, batch_answer(&ops, done, epoch()))
+                }
+                Err(e @ psl_node::NodeError::BatchTooLarge { .. }) => failed(413, e.to_string()),
+                Err(e) => write_failed(e),
+            }
+        }
         Request::Sync { durable } => {
             let t = Duration::from_millis(SYNC_TIMEOUT_MS);
             match if *durable { node.sync_durable(t) } else { node.sync(t) } {
@@ -796,6 +883,55 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_writes_every_op_or_none_and_says_what_was_wrong() {
+        let w = World::new();
+        let c = w.cred(&w.owner, w.capsule, "read,write");
+        w.call(Some(&c), &w.spki, "PUT", "/v1/kv/old", b"x");
+        let body = json!({ "ops": [
+            { "op": "put", "key": b64(b"acct:a"), "value": b64(b"90") },
+            { "op": "put", "key": b64(b"acct:b"), "value": b64(b"110") },
+            { "op": "delete", "key": b64(b"old") },
+        ]});
+        let (s, done) = w.call(Some(&c), &w.spki, "POST", "/v1/batch", body.to_string().as_bytes());
+        assert_eq!(s, 200, "{done}");
+        assert_eq!(done["applied"], json!(true));
+        let ops = done["ops"].as_array().unwrap();
+        assert_eq!(ops.len(), 3);
+        let lamports: Vec<u64> = ops.iter().map(|o| o["version"]["lamport"].as_u64().unwrap()).collect();
+        assert!(lamports.windows(2).all(|p| p[0] < p[1]), "{done}");
+        let (_, a) = w.call(Some(&c), &w.spki, "GET", "/v1/kv/acct%3Aa", b"");
+        assert_eq!(
+            (a["value"].clone(), a["version"]["cas"].clone()),
+            (json!(b64(b"90")), ops[0]["version"]["cas"].clone())
+        );
+        assert_eq!(w.call(Some(&c), &w.spki, "GET", "/v1/kv/old", b"").0, 404);
+        // Bad batches: nothing of them is written, and the answer says why.
+        let bad_key = json!({ "ops": [
+            { "op": "put", "key": b64(b"acct:c"), "value": b64(b"1") },
+            { "op": "put", "key": b64(b"has space"), "value": b64(b"1") },
+        ]});
+        let many: Vec<Value> =
+            (0..=BATCH_OPS_MAX).map(|i| json!({ "op": "delete", "key": b64(format!("k{i}").as_bytes()) })).collect();
+        for (body, says) in [
+            (bad_key.to_string(), "op 1"),
+            (json!({ "ops": [] }).to_string(), "1 to"),
+            (json!({ "ops": many }).to_string(), "1 to"),
+            (json!({ "ops": [{ "op": "incr", "key": b64(b"k") }] }).to_string(), "put"),
+            (json!({ "ops": [{ "op": "put", "key": "not base64!" }] }).to_string(), "base64"),
+            ("not json".to_string(), "JSON"),
+        ] {
+            let (s, e) = w.call(Some(&c), &w.spki, "POST", "/v1/batch", body.as_bytes());
+            assert_eq!(s, 400, "{e}");
+            assert!(e["error"].as_str().unwrap().contains(says), "{e}");
+        }
+        assert_eq!(w.call(Some(&c), &w.spki, "GET", "/v1/kv/acct%3Ac", b"").0, 404);
+        // A reader may not batch.
+        let reader = w.cred(&w.owner, w.capsule, "read");
+        assert_eq!(w.call(Some(&reader), &w.spki, "POST", "/v1/batch", body.to_string().as_bytes()).0, 403);
+        assert_eq!(w.call(Some(&c), &w.spki, "GET", "/v1/batch", b"").0, 405);
+    }
+
+    #[test]
     fn requests_without_a_valid_credential_are_refused_401_and_those_it_does_not_allow_403() {
         let w = World::new();
         let reader = w.cred(&w.owner, w.capsule, "read");
@@ -923,6 +1059,17 @@ mod tests {
         assert_eq!(call("POST", "/v1/cas/raw%3A1?cas=5", b"y").0, 405);
         assert_eq!(call("DELETE", "/v1/kv/raw%3A1", b"").1["deleted"], json!(true));
         assert_eq!(call("GET", "/v1/kv/raw%3A1", b"").0, 404);
+        // An atomic batch of raw values.
+        let body = json!({ "ops": [
+            { "op": "put", "key": b64(b"raw:3"), "value": b64(b"three") },
+            { "op": "delete", "key": b64(b"raw:2") },
+        ]});
+        let (s, done) = call("POST", "/v1/batch", body.to_string().as_bytes());
+        assert_eq!(s, 200, "{done}");
+        assert_eq!(node.get(b"raw:3").as_deref(), Some(&b"three"[..]));
+        assert_eq!(node.get(b"raw:2"), None);
+        let (_, got) = call("GET", "/v1/kv/raw%3A3", b"");
+        assert_eq!(got["version"], done["ops"][0]["version"], "{done}");
     }
 
     /// The bytes both sides compute, fixed: the Python SDK's tests check the same figures

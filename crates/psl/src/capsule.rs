@@ -920,6 +920,9 @@ fn print_show_json(meta: &SignedMetadata, st: &Statements, rows: Vec<serde_json:
 
 fn describe_body(b: &Body) -> Vec<String> {
     match b {
+        Body::Atomic(ops) => std::iter::once(format!("atomic batch of {} ops:", ops.len()))
+            .chain(describe_body(&Body::Data(ops.clone())))
+            .collect(),
         Body::Data(ops) => ops
             .iter()
             .map(|o| match &o.action {

@@ -38,6 +38,8 @@ ATTESTATION_BYTES_MAX = 1 << 20
 KEY_BYTES_MAX = 250
 #: Largest value (bytes) the endpoint takes.
 VALUE_BYTES_MAX = 1 << 20
+#: Most ops in one atomic batch.
+BATCH_OPS_MAX = 256
 #: Receipts kept by a client (oldest dropped first).
 RECEIPTS_KEPT = 1024
 
@@ -432,6 +434,38 @@ class Client:
         r, p = self.request("POST", f"/v1/cas/{self._key_path(key)}?cas={int(cas_unique)}", v)
         d = self._expect(r, p, (200, 409))
         return r.status == 200 and bool(d.get("stored"))
+
+    def batch(self, ops: Sequence[Tuple[BytesLike, Optional[BytesLike]]]) -> List[Version]:
+        """Writes ``ops`` atomically (``POST /v1/batch``): each ``(key, value)`` a put and each
+        ``(key, None)`` a delete, in one record that every node applies whole, so no reader
+        sees some of them without the others. Returns each op's version, in order (a delete's
+        ``cas`` is 0). At most :data:`BATCH_OPS_MAX` ops; the endpoint refuses the whole batch
+        (nothing written) if any op is bad."""
+        if not 1 <= len(ops) <= BATCH_OPS_MAX:
+            raise ValueError(f"a batch holds 1 to {BATCH_OPS_MAX} ops")
+        wire = []
+        for key, value in ops:
+            k = _b(key)
+            if not 1 <= len(k) <= KEY_BYTES_MAX:
+                raise ValueError(f"a key is 1 to {KEY_BYTES_MAX} bytes")
+            op: Dict[str, Any] = {"key": base64.b64encode(k).decode()}
+            if value is None:
+                op["op"] = "delete"
+            else:
+                v = _b(value)
+                if len(v) > VALUE_BYTES_MAX:
+                    raise ValueError(f"a value is at most {VALUE_BYTES_MAX} bytes")
+                op.update(op="put", value=base64.b64encode(v).decode())
+            wire.append(op)
+        r, p = self.request("POST", "/v1/batch", json.dumps({"ops": wire}).encode())
+        d = self._expect(r, p, (200,))
+        done = d.get("ops")
+        if not d.get("applied") or not isinstance(done, list) or len(done) != len(ops):
+            raise AnswerError("POST /v1/batch: the answer does not name every op")
+        try:
+            return [self._version(o["version"]) for o in done]
+        except (KeyError, ValueError, TypeError) as e:
+            raise AnswerError(f"POST /v1/batch: malformed answer: {e}") from None
 
     def sync(self, durable: bool = True) -> int:
         """Waits until this front end's writes so far are in a closed epoch (and, with

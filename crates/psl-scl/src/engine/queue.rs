@@ -52,11 +52,26 @@ pub enum SealStep {
     },
 }
 
+/// One record's worth of ops taken from a queue ([`WriterQueue::take`]).
+#[derive(Debug)]
+pub struct Taken {
+    /// The ops, in Lamport order.
+    pub ops: Vec<Op>,
+    /// They are one atomic batch ([`WriterQueue::write_atomic`]): seal them as
+    /// [`psl_capsule::Body::Atomic`].
+    pub atomic: bool,
+    /// Their place in the flow window ([`Window::sealed`] or [`Window::unseal`]).
+    pub reserved: Reserved,
+}
+
 /// One data writer's queue of client writes and its seal policy (module docs).
 #[derive(Debug)]
 pub struct WriterQueue {
     writer: u32,
     ops: VecDeque<Op>,
+    /// The atomic batches queued, oldest first: (first op's Lamport time, op count). Each is
+    /// sealed alone, whole, in one record.
+    atomic: VecDeque<(u64, usize)>,
     cap: usize,
     policy: SealPolicy,
     window: Arc<Window>,
@@ -76,6 +91,7 @@ impl WriterQueue {
         WriterQueue {
             writer,
             ops: VecDeque::new(),
+            atomic: VecDeque::new(),
             cap: cap.max(policy.batch_ops_max),
             policy,
             window,
@@ -154,6 +170,43 @@ impl WriterQueue {
         Ok((version, write::wakes_writer(self.ops.len(), self.policy.batch_ops_max)))
     }
 
+    /// An atomic batch of writes (`ops`: key and value, `None`: a delete), admitted: stamped
+    /// and applied to `memtable` as one ([`Memtable::write_atomic`]: each op newer than every
+    /// version of its key the node shows, and every op's time below `below`), then queued to
+    /// be sealed alone in one [`psl_capsule::Body::Atomic`] record. The caller checks the
+    /// batch fits one record ([`WriterQueue::fits_one_record`]). Returns the ops' versions;
+    /// it always wakes the writer. On an error nothing was applied or queued.
+    pub fn write_atomic(
+        &mut self,
+        memtable: &Memtable,
+        clock: &LamportClock,
+        ops: &[(&[u8], Option<&[u8]>)],
+        below: u64,
+    ) -> Result<Vec<Version>, StampError> {
+        if ops.is_empty() {
+            return Ok(Vec::new());
+        }
+        let values: Vec<(&[u8], Option<Arc<[u8]>>)> = ops.iter().map(|(k, v)| (*k, v.map(Arc::from))).collect();
+        let writer = self.writer;
+        let versions = memtable.write_atomic(&values, |held| write::stamp_held(clock, held, writer, below))?;
+        self.atomic.push_back((versions[0].lamport, ops.len()));
+        for ((key, value), version) in ops.iter().zip(&versions) {
+            let action = match value {
+                Some(v) => Action::Put(v.to_vec()),
+                None => Action::Delete,
+            };
+            self.ops.push_back(Op { lamport: version.lamport, key: key.to_vec(), action });
+        }
+        Ok(versions)
+    }
+
+    /// Whether `ops` (key, value) fit one record under the seal policy: at most
+    /// `batch_ops_max` ops and `batch_bytes_max` encoded bytes (one op always fits).
+    pub fn fits_one_record(&self, ops: &[(&[u8], Option<&[u8]>)]) -> bool {
+        let bytes: usize = ops.iter().map(|(k, v)| 1 + 8 + 2 + k.len() + v.map_or(0, |v| 4 + v.len())).sum();
+        ops.len() <= 1 || (ops.len() <= self.policy.batch_ops_max && bytes <= self.policy.batch_bytes_max)
+    }
+
     /// The seal policy at `now_us`: seal when a batch is full, or when the flush delay since
     /// the writer first saw the batch has passed; but while the window has `window_records`
     /// records in flight, first wait (up to the window's stall) for acks, the batch growing
@@ -165,7 +218,8 @@ impl WriterQueue {
             return SealStep::Idle;
         }
         if !urgent {
-            if self.ops.len() < self.policy.batch_ops_max {
+            // A queued atomic batch is whole: it (and the ops before it) need not wait to fill.
+            if self.ops.len() < self.policy.batch_ops_max && self.atomic.is_empty() {
                 let since = *self.batch_since_us.get_or_insert(now_us);
                 let due = since.saturating_add(self.policy.flush_delay_us);
                 if now_us < due {
@@ -184,11 +238,21 @@ impl WriterQueue {
     }
 
     /// How many of the first queued ops fit one record: at most `batch_ops_max`, at most
-    /// `batch_bytes_max` encoded bytes, and at least one (when any is queued).
+    /// `batch_bytes_max` encoded bytes, and at least one (when any is queued); an atomic
+    /// batch at the front whole, and never a plain op with one.
     fn fitting(&self) -> usize {
+        let next_atomic = self.atomic.front().copied();
+        if let Some((first, n)) = next_atomic {
+            if self.ops.front().is_some_and(|o| o.lamport == first) {
+                return n;
+            }
+        }
         let mut bytes = 0;
         let mut n = 0;
         for op in self.ops.iter().take(self.policy.batch_ops_max) {
+            if next_atomic.is_some_and(|(first, _)| op.lamport >= first) {
+                break;
+            }
             bytes += op.encoded_len();
             if n > 0 && bytes > self.policy.batch_bytes_max {
                 break;
@@ -198,21 +262,32 @@ impl WriterQueue {
         n
     }
 
-    /// Takes the first `ops` queued ops for one record, counted in the flow window before they
-    /// leave the queue (so an ack cannot come before they are counted). The batch's timers
-    /// start again. Pair the [`Reserved`] with [`Window::sealed`] or [`Window::unseal`].
-    pub fn take(&mut self, ops: usize) -> (Vec<Op>, Reserved) {
-        let n = ops.min(self.ops.len());
+    /// Takes the first `ops` queued ops for one record (as [`WriterQueue::seal_step`] said:
+    /// an atomic batch is taken whole or not at all, and alone), counted in the flow window
+    /// before they leave the queue (so an ack cannot come before they are counted). The
+    /// batch's timers start again. Pair the [`Reserved`] with [`Window::sealed`] or
+    /// [`Window::unseal`].
+    pub fn take(&mut self, ops: usize) -> Taken {
+        let fit = self.fitting();
+        let mut n = ops.min(self.ops.len());
+        let atomic =
+            self.atomic.front().is_some_and(|&(first, _)| self.ops.front().is_some_and(|o| o.lamport == first));
+        if atomic {
+            n = fit;
+            self.atomic.pop_front();
+        } else {
+            n = n.min(fit.max(1));
+        }
         let batch: Vec<Op> = self.ops.drain(..n).collect();
         self.batch_since_us = None;
         self.acks_since_us = None;
         let reserved = self.window.reserve(n);
-        (batch, reserved)
+        Taken { ops: batch, atomic, reserved }
     }
 
     /// The next record's worth of ops, whatever the policy says (a flush, an EOE): `None` when
     /// the queue is empty.
-    pub fn take_batch_now(&mut self) -> Option<(Vec<Op>, Reserved)> {
+    pub fn take_batch_now(&mut self) -> Option<Taken> {
         if self.ops.is_empty() {
             return None;
         }
@@ -250,7 +325,7 @@ mod tests {
         assert!(!put(&mut q, &m, &c, b"b", b"2"));
         assert_eq!(q.seal_step(1_400, false), SealStep::WaitUntilUs(1_500), "the delay does not restart");
         assert_eq!(q.seal_step(1_500, false), SealStep::Seal { ops: 2 });
-        let (ops, _) = q.take(2);
+        let ops = q.take(2).ops;
         assert_eq!(ops.iter().map(|o| o.key.clone()).collect::<Vec<_>>(), vec![b"a".to_vec(), b"b".to_vec()]);
         assert!(ops[0].lamport < ops[1].lamport, "a queue holds its ops in Lamport order");
         assert_eq!(q.seal_step(1_600, false), SealStep::Idle);
@@ -284,18 +359,57 @@ mod tests {
         let mut q = queue(1, 1 << 20, flow);
         put(&mut q, &m, &c, b"a", b"1");
         let SealStep::Seal { ops } = q.seal_step(0, false) else { panic!("a full batch seals") };
-        let (_, r) = q.take(ops);
+        let r = q.take(ops).reserved;
         q.window().sealed(r, 1);
         put(&mut q, &m, &c, b"b", b"2");
         assert_eq!(q.seal_step(10, false), SealStep::WaitUntilUs(2_010), "one record in flight: wait for its ack");
         assert_eq!(q.seal_step(10, true), SealStep::Seal { ops: 1 }, "a control message does not wait");
         assert!(q.window().acked(1));
         assert_eq!(q.seal_step(20, false), SealStep::Seal { ops: 1 }, "the ack frees the window");
-        let (_, r) = q.take(1);
+        let r = q.take(1).reserved;
         q.window().sealed(r, 2);
         put(&mut q, &m, &c, b"c", b"3");
         assert_eq!(q.seal_step(100, false), SealStep::WaitUntilUs(2_100));
         assert_eq!(q.seal_step(2_100, false), SealStep::Seal { ops: 1 }, "acks stalled: seal anyway");
+    }
+
+    #[test]
+    fn an_atomic_batch_is_sealed_alone_and_whole_between_plain_ops() {
+        let (m, c) = (Memtable::new(), LamportClock::new(0));
+        let mut q = queue(4, 1 << 20, off());
+        put(&mut q, &m, &c, b"p1", b"1");
+        put(&mut q, &m, &c, b"p2", b"2");
+        let batch: Vec<(&[u8], Option<&[u8]>)> = (0..6).map(|_| (&b"k"[..], Some(&b"v"[..]))).collect();
+        assert!(!q.fits_one_record(&batch), "six ops against four a record");
+        let batch = [(&b"a"[..], Some(&b"1"[..])), (b"b", None), (b"c", Some(b"3"))];
+        assert!(q.fits_one_record(&batch));
+        let versions = q.write_atomic(&m, &c, &batch, u64::MAX).expect("applied");
+        assert!(versions.windows(2).all(|w| w[0] < w[1]));
+        put(&mut q, &m, &c, b"p3", b"3");
+        // An atomic batch queued: no flush delay; the plain ops before it go first, without it.
+        assert_eq!(q.seal_step(0, false), SealStep::Seal { ops: 2 });
+        let t = q.take(2);
+        assert!(!t.atomic);
+        assert_eq!(t.ops.iter().map(|o| o.key.clone()).collect::<Vec<_>>(), [b"p1".to_vec(), b"p2".to_vec()]);
+        // Asked for fewer ops, the batch is still taken whole.
+        let t = q.take(1);
+        assert!(t.atomic);
+        assert_eq!(
+            t.ops.iter().map(|o| o.key.clone()).collect::<Vec<_>>(),
+            [b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]
+        );
+        assert_eq!(
+            t.ops.iter().map(|o| o.lamport).collect::<Vec<_>>(),
+            versions.iter().map(|v| v.lamport).collect::<Vec<_>>()
+        );
+        let t = q.take_batch_now().expect("the plain op after it");
+        assert!(!t.atomic && t.ops.len() == 1);
+        assert_eq!(m.get(b"b"), None);
+        assert_eq!(m.get(b"c").as_deref(), Some(&b"3"[..]));
+        // A fenced batch applies and queues nothing.
+        let fenced = [(&b"x"[..], Some(&b"1"[..])), (b"y", Some(b"2"))];
+        assert!(q.write_atomic(&m, &c, &fenced, c.now() + 2).is_err());
+        assert!(q.is_empty() && m.entry(b"x").is_none() && m.entry(b"y").is_none());
     }
 
     #[test]

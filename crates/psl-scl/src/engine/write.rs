@@ -120,6 +120,20 @@ pub fn stamp(
     }
 }
 
+/// The next version of an atomic batch's op ([`crate::memtable::Memtable::write_atomic`],
+/// which calls this under the locks of the batch's keys): a tick of `clock`, past `held` (the
+/// version the key holds, if any) and below `below`.
+pub fn stamp_held(clock: &LamportClock, held: Option<Version>, writer: u32, below: u64) -> Result<Version, StampError> {
+    if let Some(h) = held {
+        clock.observe(h.lamport);
+    }
+    let lamport = clock.tick();
+    if lamport >= below {
+        return Err(StampError::Fenced { lamport, below });
+    }
+    Ok(Version { lamport, writer })
+}
+
 /// CapsuleDB's answer for `key` (its version and value, or absent) taken in: the clock passes
 /// the answer's version before the memtable can show it, then the memtable learns it (see
 /// [`Memtable::learn`]: `None` if the answer is older than the frontier the node evicted under).

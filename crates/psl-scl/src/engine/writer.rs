@@ -4,9 +4,10 @@
 //! runtime's writer actors and the simulator's inline writers both call these, so the records
 //! they seal are built one way.
 
-use crate::window::{Reserved, Window};
+use crate::engine::queue::Taken;
+use crate::window::Window;
 use crate::LamportClock;
-use psl_capsule::{Author, Body, ControlCode, KeyStatement, Link, Op, Record, SealError};
+use psl_capsule::{Author, Body, ControlCode, KeyStatement, Link, Record, SealError};
 
 /// A fresh writer's first record in a certified capsule: its own certificate, so that the log
 /// carries every writer's key for servers, CapsuleDB and auditors. `None`: nothing to write (an
@@ -48,13 +49,16 @@ pub fn end_of_epoch(
     Ok((rec, body))
 }
 
-/// Seals `ops` (a batch [`crate::engine::queue::WriterQueue::take`] gave, `reserved` in the
-/// writer's flow `window`) into one data record. The window tracks the record before the
+/// Seals the ops a queue gave ([`crate::engine::queue::WriterQueue::take`]: reserved in the
+/// writer's flow `window`; an atomic batch as [`psl_capsule::Body::Atomic`]) into one data
+/// record. The window tracks the record before the
 /// caller can publish it, so its ack cannot come first; a batch that fails to seal is no longer
 /// counted in flight (its ops stay applied locally only: they were checked against the
 /// capsule's limits when admitted, so this is a bug the caller reports).
-pub fn seal_batch(author: &mut Author, window: &Window, ops: Vec<Op>, reserved: Reserved) -> Result<Record, SealError> {
-    match author.write_stamped(ops) {
+pub fn seal_batch(author: &mut Author, window: &Window, taken: Taken) -> Result<Record, SealError> {
+    let Taken { ops, atomic, reserved } = taken;
+    let sealed = if atomic { author.write_atomic(ops) } else { author.write_stamped(ops) };
+    match sealed {
         Ok(rec) => {
             window.sealed(reserved, author.next_seq());
             Ok(rec)

@@ -69,7 +69,7 @@ pub fn run(seconds: f64, show_progress: bool) -> Result<Value> {
         let mut opened = 0usize;
         for r in &recs {
             let o = verifier.verify_open(r.clone()).map_err(|e| anyhow::anyhow!("{e}"))?;
-            if let psl_capsule::Body::Data(ops) = &o.body {
+            if let Some(ops) = o.body.data_ops() {
                 opened += ops.len();
             }
         }

@@ -1514,7 +1514,7 @@ fn server_puts(
             if r.header().kind != psl_capsule::Kind::Data {
                 continue;
             }
-            if let Ok(psl_capsule::Body::Data(ops)) = keyed.open(&r) {
+            if let Ok(psl_capsule::Body::Data(ops) | psl_capsule::Body::Atomic(ops)) = keyed.open(&r) {
                 for op in ops {
                     if let psl_capsule::Action::Put(v) = op.action {
                         out.insert((
