@@ -277,8 +277,20 @@ def test_jobs_on_the_leader(up, rw):
         pytest.skip("this psl up lists no faas.http (jobs API)")
     runner = up.credential("run.cred", "read,write,run")
     with Client(faas, up.policy, runner, timeout=10) as c:
-        report = c.run('emit("hi " + lambda.input + " " + lambda.id)', lambdas=2, input="py", timeout=120)
+        steps = []
+        report = c.run(
+            'emit("hi " + lambda.input + " " + lambda.id)', lambdas=2, input="py", timeout=120, on_progress=steps.append
+        )
         assert sorted(e for l in report["lambdas"] for e in l["emitted"]) == ["hi py 0", "hi py 1"]
+        # The progress came as signed events over HTTPS, in order, each step once.
+        names = [s["step"] for s in steps]
+        assert names[:2] == ["begun", "dispatched"] and names[-1] == "ending", names
+        assert "admitted" in names and names.count("worker_done") >= 1
+        # A finished job's stream replays its steps, then its status, marked last.
+        job_id = c.submit('emit("again")')
+        events = list(c.events(job_id))
+        assert events[-1]["last"] is True and events[-1]["status"] == "done", events[-1]
+        assert all(e["status"] == "running" for e in events[:-1]) and len(events) >= 4
         with pytest.raises(psl_client.JobError) as e:
             c.run('throw new Error("boom")', timeout=120)
         assert "boom" in e.value.error

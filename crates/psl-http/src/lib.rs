@@ -96,8 +96,9 @@ impl ApiRequest {
     }
 }
 
-/// An API answer: a status, a JSON body, and `psl-` headers (the answer's signature).
-#[derive(Debug, Clone)]
+/// An API answer: a status, a JSON body, and `psl-` headers (the answer's signature); or, with
+/// [`ApiAnswer::events`], a stream of server-sent events after the head.
+#[derive(Debug, Default)]
 pub struct ApiAnswer {
     /// The HTTP status.
     pub status: u16,
@@ -107,12 +108,106 @@ pub struct ApiAnswer {
     pub headers: Vec<(&'static str, String)>,
     /// How the API counts it: [`Outcome::Ok`] for a 2xx, else why it was refused.
     pub outcome: Outcome,
+    /// A stream instead of `body`: the answer is `text/event-stream`, each frame sent as the
+    /// API's [`EventSink`] gives it, until the sink is dropped (or the connection's deadline).
+    pub events: Option<Events>,
+}
+
+/// Most event frames queued for a slow reader before the sender waits.
+pub const EVENT_FRAMES_QUEUED_MAX: usize = 64;
+
+/// The sending side of an answer's server-sent events ([`event_stream`]), used from any
+/// thread but the server's own.
+#[derive(Debug)]
+pub struct EventSink(tokio::sync::mpsc::Sender<Bytes>);
+
+/// The receiving side, carried in [`ApiAnswer::events`].
+#[derive(Debug)]
+pub struct Events(tokio::sync::mpsc::Receiver<Bytes>);
+
+/// A stream of server-sent events: the API keeps the sink, the answer carries the rest.
+pub fn event_stream() -> (EventSink, Events) {
+    let (tx, rx) = tokio::sync::mpsc::channel(EVENT_FRAMES_QUEUED_MAX);
+    (EventSink(tx), Events(rx))
+}
+
+impl Events {
+    /// The next frame as the server would send it (`id: N\ndata: ...\n\n`), waiting for it;
+    /// `None` once the sink is dropped. For callers outside the server (tests); never call it
+    /// inside an async runtime.
+    pub fn next_blocking(&mut self) -> Option<Bytes> {
+        self.0.blocking_recv()
+    }
+}
+
+impl EventSink {
+    /// Sends one event: `id: {id}` and `data: {data}` (one line: `data` must hold no newline,
+    /// which is refused), waiting while [`EVENT_FRAMES_QUEUED_MAX`] frames are queued. False
+    /// once the client has gone (stop producing). Call it from a thread of your own, never
+    /// from inside the server's runtime.
+    pub fn send(&self, id: u64, data: &str) -> bool {
+        if data.contains(['\n', '\r']) {
+            return false;
+        }
+        self.0.blocking_send(Bytes::from(format!("id: {id}\ndata: {data}\n\n"))).is_ok()
+    }
+
+    /// Whether the client has gone.
+    pub fn is_closed(&self) -> bool {
+        self.0.is_closed()
+    }
+}
+
+/// An answer's body: whole, or a stream of events.
+enum AnswerBody {
+    Whole(Option<Bytes>),
+    Events(tokio::sync::mpsc::Receiver<Bytes>),
+}
+
+impl hyper::body::Body for AnswerBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Infallible>>> {
+        match self.get_mut() {
+            AnswerBody::Whole(b) => std::task::Poll::Ready(b.take().map(|b| Ok(hyper::body::Frame::data(b)))),
+            AnswerBody::Events(rx) => rx.poll_recv(cx).map(|f| f.map(|b| Ok(hyper::body::Frame::data(b)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self, AnswerBody::Whole(None))
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        match self {
+            AnswerBody::Whole(b) => hyper::body::SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+            AnswerBody::Events(_) => hyper::body::SizeHint::default(),
+        }
+    }
+}
+
+fn whole(r: Response<Full<Bytes>>) -> Response<AnswerBody> {
+    r.map(|b| {
+        // A `Full` body is one frame (or none), ready at once.
+        let mut b = std::pin::pin!(b);
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        match hyper::body::Body::poll_frame(b.as_mut(), &mut cx) {
+            std::task::Poll::Ready(Some(Ok(f))) => AnswerBody::Whole(f.into_data().ok()),
+            _ => AnswerBody::Whole(None),
+        }
+    })
 }
 
 /// How an API answer is counted in the server's metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Outcome {
     /// Served (2xx, or a signed 404/409 that is an answer, not a refusal).
+    #[default]
     Ok,
     /// Refused: no valid credential (401).
     Unauthenticated,
@@ -488,13 +583,25 @@ async fn respond(
     stats: &HttpStats,
     gates: &Gates,
     connection: Arc<Connection>,
-) -> Response<Full<Bytes>> {
+) -> Response<AnswerBody> {
     let path = req.uri().path().to_string();
     if let Some((prefixes, api)) = &routes.api {
         if prefixes.iter().any(|p| under(&path, p)) {
             return api_call(req, api.clone(), stats, gates, connection).await;
         }
     }
+    whole(respond_fixed(req, routes, stats, gates, &path).await)
+}
+
+/// The answer to a request outside the API: metrics, health, attestation, or an error.
+async fn respond_fixed(
+    req: Request<Incoming>,
+    routes: &Routes,
+    stats: &HttpStats,
+    gates: &Gates,
+    path: &str,
+) -> Response<Full<Bytes>> {
+    let path = path.to_string();
     let served = |p: &str| match p {
         "/metrics" | "/healthz" => routes.metrics.is_some(),
         "/v1/attestation" => routes.attestation.is_some(),
@@ -588,11 +695,11 @@ async fn api_call(
     stats: &HttpStats,
     gates: &Gates,
     connection: Arc<Connection>,
-) -> Response<Full<Bytes>> {
+) -> Response<AnswerBody> {
     let started = std::time::Instant::now();
     let refuse = |status: StatusCode, outcome: Outcome, msg: &str| {
         stats.count_api(outcome, started.elapsed().as_micros() as u64);
-        json_error(status, msg)
+        whole(json_error(status, msg))
     };
     let (parts, body) = req.into_parts();
     let announced = parts.headers.get(hyper::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
@@ -628,9 +735,16 @@ async fn api_call(
         a
     });
     stats.count_api(a.outcome, started.elapsed().as_micros() as u64);
-    let mut r = Response::new(Full::new(Bytes::from(a.body)));
+    let (body, kind) = match a.events {
+        Some(Events(rx)) => (AnswerBody::Events(rx), "text/event-stream"),
+        None => (AnswerBody::Whole(Some(Bytes::from(a.body))), "application/json"),
+    };
+    let mut r = Response::new(body);
     *r.status_mut() = StatusCode::from_u16(a.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(kind));
+    if kind == "text/event-stream" {
+        r.headers_mut().insert(hyper::header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
     for (name, value) in a.headers {
         if let Ok(v) = HeaderValue::from_str(&value) {
             r.headers_mut().insert(name, v);

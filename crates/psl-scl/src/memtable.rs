@@ -96,6 +96,13 @@ impl Ord for ByKey {
 /// (`None`: deleted), and the record that wrote it when known ([`Memtable::apply_from`]).
 pub type Update = (Box<[u8]>, Version, Option<Arc<[u8]>>, Option<Origin>);
 
+/// One update of an atomic apply ([`Memtable::apply_atomic`]): key, version, value (`None`:
+/// a delete).
+pub type AtomicUpdate<'a> = (&'a [u8], Version, Option<Arc<[u8]>>);
+
+/// One op of a local atomic write ([`Memtable::write_atomic`]): key, value (`None`: a delete).
+pub type AtomicWrite<'a> = (&'a [u8], Option<Arc<[u8]>>);
+
 /// The data record an update came from: its hash and its exact bytes (shared by every op of
 /// the record). CapsuleDB keeps it to prove its answers (`docs/protocol/capsuledb.md` §5).
 pub type Origin = (psl_crypto::Hash256, Arc<[u8]>);
@@ -330,7 +337,7 @@ impl Memtable {
     /// shard order) before the first is applied and released after the last, and scans wait
     /// for the whole, so a reader sees all of them or none ([`psl_capsule::Body::Atomic`]).
     /// Each update is still last-writer-wins on its own key. Returns how many applied.
-    pub fn apply_atomic(&self, updates: &[(&[u8], Version, Option<Arc<[u8]>>)], origin: Option<&Origin>) -> usize {
+    pub fn apply_atomic(&self, updates: &[AtomicUpdate<'_>], origin: Option<&Origin>) -> usize {
         if let Some(j) = &self.journal {
             for (key, version, value) in updates {
                 j.push(((*key).into(), *version, value.clone(), origin.cloned()));
@@ -354,7 +361,7 @@ impl Memtable {
     /// every version applied wins every key. On an error nothing was applied.
     pub fn write_atomic<E>(
         &self,
-        ops: &[(&[u8], Option<Arc<[u8]>>)],
+        ops: &[AtomicWrite<'_>],
         mut next: impl FnMut(Option<Version>) -> Result<Version, E>,
     ) -> Result<Vec<Version>, E> {
         let mut versions = Vec::with_capacity(ops.len());
@@ -738,7 +745,7 @@ mod tests {
             })
         };
         for g in 1..=2_000u64 {
-            let updates: Vec<(&[u8], Version, Option<Arc<[u8]>>)> = keys
+            let updates: Vec<AtomicUpdate<'_>> = keys
                 .iter()
                 .enumerate()
                 .map(|(i, k)| (k.as_slice(), Version { lamport: g * 100 + i as u64, writer: 1 }, None))

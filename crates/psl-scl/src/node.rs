@@ -935,7 +935,7 @@ impl NodeCore {
                 });
                 if matches!(r.body, Body::Atomic(_)) {
                     // An atomic batch: this node's readers see every op of it or none.
-                    let all: Vec<(&[u8], Version, Option<Arc<[u8]>>)> = updates.collect();
+                    let all: Vec<crate::memtable::AtomicUpdate<'_>> = updates.collect();
                     self.memtable.apply_atomic(&all, Some(&origin));
                 } else {
                     for (key, v, value) in updates {

@@ -124,7 +124,7 @@ impl Guard {
     fn answer(&self, nonce: &[u8; 32], rh: &[u8; 32], status: u16, counted: Counted, body: &Value) -> ApiAnswer {
         let body = body.to_string().into_bytes();
         let sig = self.signer.sign(&answer_message(nonce, rh, status, &body));
-        ApiAnswer { status, body, headers: vec![("psl-signature", hex::encode(sig))], outcome: counted }
+        ApiAnswer { status, body, headers: vec![("psl-signature", hex::encode(sig))], outcome: counted, events: None }
     }
 
     /// Serves one KV request: credential, route, signed answer.
@@ -141,28 +141,101 @@ impl Guard {
         needs: impl FnOnce(&R) -> Permissions,
         route: impl FnOnce(&R) -> (u16, Value),
     ) -> ApiAnswer {
-        let rh = psl_capsule::client::request_hash(&req.method, &req.path_and_query, &req.body);
-        let nonce = match Self::nonce(req) {
-            Ok(n) => n,
-            Err((status, counted, why)) => {
-                return self.answer(&[0; 32], &rh, status, counted, &json!({ "error": why }))
+        match self.admit(req, parse, needs) {
+            Ok((parsed, nonce, rh)) => {
+                let (status, body) = route(&parsed);
+                self.answer(&nonce, &rh, status, counted_as(status), &body)
             }
-        };
-        let parsed = match parse(req) {
-            Ok(r) => r,
-            Err((status, why)) => return self.answer(&nonce, &rh, status, Counted::Bad, &json!({ "error": why })),
-        };
-        if let Err((status, counted, why)) = self.authorize(req, &nonce, &rh, needs(&parsed)) {
-            return self.answer(&nonce, &rh, status, counted, &json!({ "error": why }));
+            Err(refused) => refused,
         }
-        let (status, body) = route(&parsed);
-        let counted = match status {
-            200..=299 | 404 | 409 => Counted::Ok,
-            400..=499 => Counted::Bad,
-            _ => Counted::Failed,
-        };
-        self.answer(&nonce, &rh, status, counted, &body)
     }
+
+    /// Nonce, parse and credential: the request parsed with its nonce and hash, or the
+    /// signed refusal.
+    fn admit<R>(
+        &self,
+        req: &ApiRequest,
+        parse: impl FnOnce(&ApiRequest) -> Result<R, (u16, String)>,
+        needs: impl FnOnce(&R) -> Permissions,
+    ) -> Result<(R, [u8; 32], [u8; 32]), ApiAnswer> {
+        let rh = psl_capsule::client::request_hash(&req.method, &req.path_and_query, &req.body);
+        let nonce = Self::nonce(req)
+            .map_err(|(status, counted, why)| self.answer(&[0; 32], &rh, status, counted, &json!({ "error": why })))?;
+        let parsed = parse(req)
+            .map_err(|(status, why)| self.answer(&nonce, &rh, status, Counted::Bad, &json!({ "error": why })))?;
+        if let Err((status, counted, why)) = self.authorize(req, &nonce, &rh, needs(&parsed)) {
+            return Err(self.answer(&nonce, &rh, status, counted, &json!({ "error": why })));
+        }
+        Ok((parsed, nonce, rh))
+    }
+
+    /// Serves a request answered by a stream of server-sent events: checked as
+    /// [`Guard::serve_with`] checks, then `start` gets an [`EventSigner`] bound to this
+    /// request and returns the stream (or a status and body to answer instead). The stream's
+    /// head is signed over an empty body; each event is signed on its own.
+    pub fn serve_events<R>(
+        self: &Arc<Self>,
+        req: &ApiRequest,
+        parse: impl FnOnce(&ApiRequest) -> Result<R, (u16, String)>,
+        needs: impl FnOnce(&R) -> Permissions,
+        start: impl FnOnce(&R, EventSigner) -> Result<psl_http::Events, (u16, Value)>,
+    ) -> ApiAnswer {
+        let (parsed, nonce, rh) = match self.admit(req, parse, needs) {
+            Ok(a) => a,
+            Err(refused) => return refused,
+        };
+        match start(&parsed, EventSigner { guard: self.clone(), nonce, request_hash: rh }) {
+            Ok(events) => {
+                let sig = self.signer.sign(&answer_message(&nonce, &rh, 200, b""));
+                ApiAnswer {
+                    status: 200,
+                    body: Vec::new(),
+                    headers: vec![("psl-signature", hex::encode(sig))],
+                    outcome: Counted::Ok,
+                    events: Some(events),
+                }
+            }
+            Err((status, body)) => self.answer(&nonce, &rh, status, counted_as(status), &body),
+        }
+    }
+}
+
+fn counted_as(status: u16) -> Counted {
+    match status {
+        200..=299 | 404 | 409 => Counted::Ok,
+        400..=499 => Counted::Bad,
+        _ => Counted::Failed,
+    }
+}
+
+/// Signs the events of one streamed answer, each over the request's nonce and hash and its
+/// sequence number ([`event_message`]), so a client can tell an event of its own stream, in
+/// its place, from a replayed or reordered one.
+pub struct EventSigner {
+    guard: Arc<Guard>,
+    nonce: [u8; 32],
+    request_hash: [u8; 32],
+}
+
+impl EventSigner {
+    /// The `data:` line of event `seq`: the signature (128 hex digits), a space, then the
+    /// event's JSON exactly as signed.
+    pub fn frame(&self, seq: u64, event: &Value) -> String {
+        let json = event.to_string();
+        let sig = self.guard.signer.sign(&event_message(&self.nonce, &self.request_hash, seq, json.as_bytes()));
+        format!("{} {json}", hex::encode(sig))
+    }
+}
+
+/// What an event signature covers: `"psl/http-event/v1" ‖ nonce ‖ request hash ‖ seq (u64,
+/// big-endian) ‖ SHA-256(event JSON)` (docs/client.md, "Job progress").
+pub fn event_message(nonce: &[u8; 32], request_hash: &[u8; 32], seq: u64, json: &[u8]) -> Vec<u8> {
+    let mut m = b"psl/http-event/v1".to_vec();
+    m.extend_from_slice(nonce);
+    m.extend_from_slice(request_hash);
+    m.extend_from_slice(&seq.to_be_bytes());
+    m.extend_from_slice(&psl_crypto::sha256(&[json]).0);
+    m
 }
 
 /// The client's side of a request (what the SDK does, for Rust callers: the benchmark and
@@ -242,7 +315,7 @@ pub enum Request {
     Cas(Vec<u8>, u64, Vec<u8>),
     /// `POST /v1/batch` with `{"ops": [{"op": "put", "key": B64, "value": B64} | {"op":
     /// "delete", "key": B64}, ...]}`: every op or none, atomically ([`FrontEnd::batch`]).
-    Batch(Vec<(Vec<u8>, Option<Vec<u8>>)>),
+    Batch(Vec<BatchOp>),
     /// `POST /v1/sync?durable=true|false`.
     Sync {
         /// Wait for a quorum of capsule servers too.
@@ -343,7 +416,7 @@ impl Request {
 
 /// The ops of a `POST /v1/batch` body: 1 to [`BATCH_OPS_MAX`] of them, keys and values in
 /// base64 (standard alphabet, padded), each key checked as a path key is.
-fn parse_batch(body: &[u8]) -> Result<Vec<(Vec<u8>, Option<Vec<u8>>)>, (u16, String)> {
+fn parse_batch(body: &[u8]) -> Result<Vec<BatchOp>, (u16, String)> {
     use base64::Engine as _;
     let bad = |why: String| (400, why);
     let v: Value = serde_json::from_slice(body).map_err(|e| bad(format!("the body is not JSON: {e}")))?;
@@ -374,6 +447,9 @@ fn parse_batch(body: &[u8]) -> Result<Vec<(Vec<u8>, Option<Vec<u8>>)>, (u16, Str
         })
         .collect()
 }
+
+/// One op of a batch: the key and the value (`None`: a delete).
+pub type BatchOp = (Vec<u8>, Option<Vec<u8>>);
 
 /// A key the API takes: 1 to [`KEY_BYTES_MAX`] bytes, none of them a space or a control
 /// character (memcached's rule, so every key can be named by a memcached client too).
@@ -627,6 +703,8 @@ pub enum JobRequest {
     Submit(JobSpec),
     /// `GET /v1/jobs/{id}`.
     Status(String),
+    /// `GET /v1/jobs/{id}/events`: the job's progress as server-sent events.
+    Events(String),
 }
 
 impl JobRequest {
@@ -646,21 +724,39 @@ impl JobRequest {
             }
             return Ok(JobRequest::Submit(spec));
         }
-        if let Some(id) = path.strip_prefix("/v1/jobs/") {
+        if let Some(rest) = path.strip_prefix("/v1/jobs/") {
             if m != "GET" {
                 return Err((405, format!("method {m} is not allowed on {path}: use GET")));
             }
+            let (id, events) = match rest.strip_suffix("/events") {
+                Some(id) => (id, true),
+                None => (rest, false),
+            };
             if id.len() != 16 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
                 return Err((404, format!("no job {id:?}: a job id is 16 hex digits")));
             }
-            return Ok(JobRequest::Status(id.to_ascii_lowercase()));
+            let id = id.to_ascii_lowercase();
+            return Ok(if events { JobRequest::Events(id) } else { JobRequest::Status(id) });
         }
-        Err((404, format!("no such path {path:?}: the jobs API is POST /v1/jobs and GET /v1/jobs/{{id}}")))
+        Err((
+            404,
+            format!(
+                "no such path {path:?}: the jobs API is POST /v1/jobs, GET /v1/jobs/{{id}} and GET /v1/jobs/{{id}}/events"
+            ),
+        ))
     }
 }
 
-/// Runs one job to its end: its report as JSON, or why it failed.
-pub type JobRunner = Arc<dyn Fn(JobSpec) -> Result<Value, String> + Send + Sync>;
+/// Runs one job to its end, telling `progress` each step: its report as JSON, or why it
+/// failed.
+pub type JobRunner = Arc<dyn Fn(JobSpec, psl_faas::net::Progress) -> Result<Value, String> + Send + Sync>;
+
+/// Most progress steps a job keeps for its event streams.
+pub const JOB_STEPS_KEPT_MAX: usize = 256;
+/// Most event streams open at once on one leader; more are answered 503.
+pub const JOB_STREAMS_MAX: usize = 16;
+/// A stream with nothing new says the job still runs this often.
+pub const JOB_HEARTBEAT_MS: u64 = 5_000;
 
 enum JobState {
     Running { started_ms: u64 },
@@ -674,16 +770,94 @@ pub struct Jobs {
     runner: JobRunner,
     /// By id: the submission number (for forgetting the oldest first) and the state.
     table: parking_lot::Mutex<std::collections::BTreeMap<String, (u64, JobState)>>,
+    /// By id: the progress steps so far (at most [`JOB_STEPS_KEPT_MAX`]), for event streams.
+    steps: parking_lot::Mutex<std::collections::HashMap<String, Vec<Value>>>,
+    /// Signalled at every step and every end.
+    changed: parking_lot::Condvar,
+    streams: std::sync::atomic::AtomicUsize,
 }
 
 impl Jobs {
     /// A table whose jobs `runner` runs.
     pub fn new(runner: JobRunner) -> Arc<Jobs> {
-        Arc::new(Jobs { runner, table: Default::default() })
+        Arc::new(Jobs {
+            runner,
+            table: Default::default(),
+            steps: Default::default(),
+            changed: Default::default(),
+            streams: Default::default(),
+        })
+    }
+
+    /// `GET /v1/jobs/{id}/events`: a thread that sends each progress step as it happens and,
+    /// last, the job's final status (the body `GET /v1/jobs/{id}` answers, with `"last":
+    /// true`), then ends the stream.
+    fn stream(self: &Arc<Self>, id: &str, signer: EventSigner) -> Result<psl_http::Events, (u16, Value)> {
+        use std::sync::atomic::Ordering::AcqRel;
+        if !self.table.lock().contains_key(id) {
+            return Err(self.status(id));
+        }
+        if self.streams.fetch_add(1, AcqRel) >= JOB_STREAMS_MAX {
+            self.streams.fetch_sub(1, AcqRel);
+            return Err((
+                503,
+                json!({ "error": format!("{JOB_STREAMS_MAX} event streams are open: poll GET /v1/jobs/{id}") }),
+            ));
+        }
+        let (sink, events) = psl_http::event_stream();
+        let (me, id) = (self.clone(), id.to_string());
+        let spawned = std::thread::Builder::new().name(format!("job {id} events")).spawn(move || {
+            me.send_events(&id, &signer, &sink);
+            me.streams.fetch_sub(1, AcqRel);
+        });
+        if let Err(e) = spawned {
+            self.streams.fetch_sub(1, AcqRel);
+            return Err((503, json!({ "error": format!("cannot start the stream's thread: {e}") })));
+        }
+        Ok(events)
+    }
+
+    fn send_events(&self, id: &str, signer: &EventSigner, sink: &psl_http::EventSink) {
+        let mut sent = 0;
+        let mut seq = 0u64;
+        let mut send = |event: Value| {
+            seq += 1;
+            sink.send(seq, &signer.frame(seq, &event))
+        };
+        loop {
+            let (new, running) = {
+                let mut steps = self.steps.lock();
+                let due = std::time::Instant::now() + Duration::from_millis(JOB_HEARTBEAT_MS);
+                loop {
+                    let have = steps.get(id).map_or(0, Vec::len);
+                    let running = matches!(self.table.lock().get(id), Some((_, JobState::Running { .. })));
+                    if have > sent || !running || self.changed.wait_until(&mut steps, due).timed_out() {
+                        let new: Vec<Value> = steps.get(id).map_or(&[][..], |s| &s[sent.min(s.len())..]).to_vec();
+                        break (new, running);
+                    }
+                }
+            };
+            sent += new.len();
+            for step in new {
+                if !send(json!({ "id": id, "status": "running", "progress": step })) {
+                    return;
+                }
+            }
+            if !running {
+                let (_, mut last) = self.status(id);
+                last["last"] = json!(true);
+                send(last);
+                return;
+            }
+            if sink.is_closed() {
+                return;
+            }
+        }
     }
 
     fn submit(self: &Arc<Self>, spec: &JobSpec) -> (u16, Value) {
         let id = hex::encode(rand::random::<[u8; 8]>());
+        let mut forgotten = Vec::new();
         {
             let mut t = self.table.lock();
             let running = t.values().filter(|(_, s)| matches!(s, JobState::Running { .. })).count();
@@ -697,17 +871,37 @@ impl Jobs {
                     .min_by_key(|(_, (n, _))| *n)
                     .map(|(k, _)| k.clone());
                 match oldest {
-                    Some(k) => t.remove(&k),
+                    Some(k) => {
+                        forgotten.push(k.clone());
+                        t.remove(&k)
+                    }
                     None => break,
                 };
             }
             let n = t.values().map(|(n, _)| *n).max().unwrap_or(0) + 1;
             t.insert(id.clone(), (n, JobState::Running { started_ms: now_ms() }));
         }
+        // Not under the table's lock: a stream takes the steps' lock, then the table's.
+        let mut steps = self.steps.lock();
+        for k in forgotten {
+            steps.remove(&k);
+        }
+        drop(steps);
         let (me, spec, job) = (self.clone(), spec.clone(), id.clone());
+        let (steps, at) = (self.clone(), id.clone());
+        let progress: psl_faas::net::Progress = Arc::new(move |p: psl_faas::net::JobProgress| {
+            let step = serde_json::to_value(&p).unwrap_or(Value::Null);
+            let mut all = steps.steps.lock();
+            let kept = all.entry(at.clone()).or_default();
+            if kept.len() < JOB_STEPS_KEPT_MAX {
+                kept.push(step);
+            }
+            drop(all);
+            steps.changed.notify_all();
+        });
         let spawned = std::thread::Builder::new().name(format!("job {id}")).spawn(move || {
             let t0 = now_ms();
-            let outcome = (me.runner)(spec);
+            let outcome = (me.runner)(spec, progress);
             let took_ms = now_ms().saturating_sub(t0);
             let state = match outcome {
                 Ok(report) => JobState::Done { report, took_ms },
@@ -716,6 +910,10 @@ impl Jobs {
             if let Some(slot) = me.table.lock().get_mut(&job) {
                 slot.1 = state;
             }
+            // Under the steps' lock, so a stream between its check and its wait hears it.
+            let steps = me.steps.lock();
+            me.changed.notify_all();
+            drop(steps);
         });
         if let Err(e) = spawned {
             self.table.lock().remove(&id);
@@ -744,7 +942,7 @@ impl Jobs {
     pub fn route(self: &Arc<Self>, r: &JobRequest) -> (u16, Value) {
         match r {
             JobRequest::Submit(spec) => self.submit(spec),
-            JobRequest::Status(id) => self.status(id),
+            JobRequest::Status(id) | JobRequest::Events(id) => self.status(id),
         }
     }
 }
@@ -753,6 +951,17 @@ impl Jobs {
 /// `GET /v1/jobs/{id}`, both needing the `run` permission.
 pub fn jobs(jobs: Arc<Jobs>, guard: Arc<Guard>) -> (Vec<&'static str>, psl_http::Api) {
     let api: psl_http::Api = Arc::new(move |req: ApiRequest| {
+        if req.path().ends_with("/events") {
+            return guard.serve_events(
+                &req,
+                JobRequest::parse,
+                |_| Permissions::RUN,
+                |r, signer| match r {
+                    JobRequest::Events(id) => jobs.stream(id, signer),
+                    other => Err(jobs.route(other)),
+                },
+            );
+        }
         guard.serve_with(&req, JobRequest::parse, |_| Permissions::RUN, |r| jobs.route(r))
     });
     (vec![JOBS_PREFIX], api)
@@ -778,7 +987,7 @@ mod tests {
     struct World {
         _emb: psl_memcached::deploy::Embedded,
         fe: Arc<FrontEnd>,
-        guard: Guard,
+        guard: Arc<Guard>,
         spki: [u8; 32],
         server_key: [u8; 32],
         owner: OwnerKey,
@@ -799,7 +1008,7 @@ mod tests {
             let server_key = signer.public_key();
             let owner = OwnerKey::from_seed(&[3; 32]).unwrap();
             let capsule = emb.meta.name();
-            let guard = Guard::new(capsule, owner.public(), id.spki_hash(), signer);
+            let guard = Arc::new(Guard::new(capsule, owner.public(), id.spki_hash(), signer));
             World { _emb: emb, fe, guard, spki: id.spki_hash(), server_key, owner, capsule }
         }
 
@@ -992,7 +1201,7 @@ mod tests {
     #[test]
     fn jobs_run_for_a_run_credential_only_and_report_when_done() {
         let w = World::new();
-        let runner: JobRunner = Arc::new(|spec: JobSpec| {
+        let runner: JobRunner = Arc::new(|spec: JobSpec, _| {
             if spec.program.contains("boom") {
                 return Err("the scheduler is gone".into());
             }
@@ -1034,6 +1243,70 @@ mod tests {
         assert_eq!(call(&runner_cred, "POST", "/v1/jobs", br#"{"program": "x", "lambdas": 0}"#).0, 400);
         assert_eq!(call(&runner_cred, "POST", "/v1/jobs", br#"{"program": "x"}"#).0, 400);
         assert_eq!(call(&runner_cred, "GET", "/v1/jobs", b"").0, 405);
+    }
+
+    #[test]
+    fn a_jobs_progress_streams_as_signed_events_ending_with_its_status() {
+        let w = World::new();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let go_rx = parking_lot::Mutex::new(go_rx);
+        let runner: JobRunner = Arc::new(move |spec: JobSpec, progress: psl_faas::net::Progress| {
+            use psl_faas::net::JobProgress;
+            progress(JobProgress::Begun);
+            progress(JobProgress::Dispatched { workers: 2 });
+            // Held until the test has subscribed, so some steps come live, not from the log.
+            let _ = go_rx.lock().recv_timeout(Duration::from_secs(10));
+            for done in 1..=2 {
+                progress(JobProgress::WorkerDone { worker: done as u32, done, of: 2 });
+            }
+            progress(JobProgress::Ending);
+            Ok(json!({ "ok": true, "lambdas": spec.lambdas }))
+        });
+        let (_, api) = jobs(Jobs::new(runner), w.guard.clone());
+        let runner_cred = w.cred(&w.owner, w.capsule, "run");
+        let (r, _, _) = w.signed(&runner_cred, "POST", "/v1/jobs", br#"{"program": "emit(1)", "lambdas": 2}"#);
+        let sub: Value = serde_json::from_slice(&api(r).body).unwrap();
+        let id = sub["id"].as_str().unwrap().to_string();
+        let path = format!("/v1/jobs/{id}/events");
+        // A reader may not watch; an unknown job is 404 (signed, no stream).
+        let reader = w.cred(&w.owner, w.capsule, "read");
+        let refused = api(w.signed(&reader, "GET", &path, b"").0);
+        assert!(refused.status == 403 && refused.events.is_none());
+        let unknown = api(w.signed(&runner_cred, "GET", "/v1/jobs/00000000000000ff/events", b"").0);
+        assert_eq!((unknown.status, unknown.events.is_none()), (404, true));
+        let (r, nonce, rh) = w.signed(&runner_cred, "GET", &path, b"");
+        let mut a = api(r);
+        assert_eq!(a.status, 200);
+        let head_sig = hex::decode(&a.headers[0].1).unwrap();
+        assert!(AnswerSigner::verify(&w.server_key, &answer_message(&nonce, &rh, 200, b""), &head_sig));
+        go_tx.send(()).unwrap();
+        let mut events = a.events.take().expect("a stream");
+        let mut got = Vec::new();
+        while let Some(frame) = events.next_blocking() {
+            let text = String::from_utf8(frame.to_vec()).unwrap();
+            let (id_line, data) = text.trim_end().split_once('\n').unwrap();
+            let seq: u64 = id_line.strip_prefix("id: ").unwrap().parse().unwrap();
+            let (sig, json) = data.strip_prefix("data: ").unwrap().split_once(' ').unwrap();
+            let m = event_message(&nonce, &rh, seq, json.as_bytes());
+            assert!(AnswerSigner::verify(&w.server_key, &m, &hex::decode(sig).unwrap()), "event {seq} is signed");
+            // Signed for its place: the same event under another seq does not verify.
+            let moved = event_message(&nonce, &rh, seq + 1, json.as_bytes());
+            assert!(!AnswerSigner::verify(&w.server_key, &moved, &hex::decode(sig).unwrap()));
+            assert_eq!(seq, got.len() as u64 + 1);
+            got.push(serde_json::from_str::<Value>(json).unwrap());
+        }
+        let steps: Vec<&str> = got.iter().filter_map(|e| e["progress"]["step"].as_str()).collect();
+        assert_eq!(steps, ["begun", "dispatched", "worker_done", "worker_done", "ending"], "{got:?}");
+        let last = got.last().unwrap();
+        assert_eq!((last["status"].as_str(), last["last"].as_bool()), (Some("done"), Some(true)), "{last}");
+        assert_eq!(last["report"]["lambdas"], json!(2));
+        // Once it has ended, a new stream gives the whole log and the end at once.
+        let mut again = api(w.signed(&runner_cred, "GET", &path, b"").0).events.expect("a stream");
+        let mut n = 0;
+        while again.next_blocking().is_some() {
+            n += 1;
+        }
+        assert_eq!(n, 6);
     }
 
     #[test]

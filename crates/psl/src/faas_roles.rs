@@ -93,7 +93,7 @@ fn jobs_api(a: &LeaderArgs) -> Result<Option<crate::roles::ApiMaker>> {
     let (Some(capsule), Some(cluster)) = (&a.clients_capsule, &a.cluster_file) else { return Ok(None) };
     let meta = crate::roles::read_metadata(capsule)?;
     let cluster = cluster.clone();
-    let runner: crate::api::JobRunner = Arc::new(move |spec: crate::api::JobSpec| {
+    let runner: crate::api::JobRunner = Arc::new(move |spec: crate::api::JobSpec, progress| {
         let run = || -> Result<serde_json::Value> {
             let info = crate::run::read_cluster(&cluster)?;
             let verifier = load_policy(&info.attest_policy, "leader jobs API")?;
@@ -105,6 +105,7 @@ fn jobs_api(a: &LeaderArgs) -> Result<Option<crate::roles::ApiMaker>> {
                 min_workers: 1,
                 record_capsule: false,
                 rotate_after_ms: None,
+                progress: Some(progress),
             };
             Ok(serde_json::to_value(psl_faas::net::run_remote_with(&info, &verifier, req)?)?)
         };

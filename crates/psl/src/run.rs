@@ -167,6 +167,7 @@ fn run_on_cluster(a: &RunArgs, c: &std::path::Path, job: JobInputs) -> Result<Jo
         min_workers: 1,
         record_capsule: a.capsule_out.is_some(),
         rotate_after_ms: a.rotate_after_ms,
+        progress: None,
     };
     let report = psl_faas::net::run_remote_with(&info, &verifier, req)?;
     Ok(JobDone { report, workers: info.workers.len(), cold_ms: None, attestation })

@@ -88,6 +88,12 @@ def answer_message(nonce: bytes, req_hash: bytes, status: int, body: bytes) -> b
     return ANSWER_LABEL + nonce + req_hash + struct.pack(">H", status) + sha256(body)
 
 
+def event_message(nonce: bytes, req_hash: bytes, seq: int, event_json: bytes) -> bytes:
+    """What a streamed event's signature covers: ``"psl/http-event/v1" ‖ nonce ‖ request hash
+    ‖ seq (u64, big-endian) ‖ SHA-256(event JSON)``."""
+    return b"psl/http-event/v1" + nonce + req_hash + struct.pack(">Q", seq) + sha256(event_json)
+
+
 def sign_digest(key: ec.EllipticCurvePrivateKey, digest: bytes) -> bytes:
     """Signs a 32-byte digest as is (no further hashing) with secp256k1 ECDSA; returns the
     64-byte compact ``r || s`` with low S (``s <= n/2``)."""

@@ -88,6 +88,44 @@ pub struct RemoteJob {
     pub record_capsule: bool,
     /// Ask the leader to rotate the job's application key this long after admission.
     pub rotate_after_ms: Option<u64>,
+    /// Told each step of the job as it happens (the leader's jobs API streams these).
+    pub progress: Option<Progress>,
+}
+
+/// A callback told each step of a running job ([`RemoteJob::progress`]).
+pub type Progress = std::sync::Arc<dyn Fn(JobProgress) + Send + Sync>;
+
+/// A step of a running job, in the order they happen.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "step", rename_all = "snake_case")]
+pub enum JobProgress {
+    /// The program and input are sealed; the leader is attested and the job begun.
+    Begun,
+    /// The scheduler forwarded the job to these many workers.
+    Dispatched {
+        /// Workers the scheduler forwarded to.
+        workers: usize,
+    },
+    /// The leader attested the workers and granted them lambdas.
+    Admitted {
+        /// Workers granted lambdas.
+        workers: usize,
+        /// Lambdas granted, over all of them.
+        lambdas: usize,
+        /// Workers the leader refused.
+        refused: usize,
+    },
+    /// A worker's sealed outcome came back.
+    WorkerDone {
+        /// The worker.
+        worker: u32,
+        /// Outcomes back so far.
+        done: usize,
+        /// Outcomes expected.
+        of: usize,
+    },
+    /// Every outcome is back: the leader is ending the job (RESET, durability report).
+    Ending,
 }
 
 fn ms_us(a: u64, b: u64) -> f64 {
@@ -116,15 +154,23 @@ pub fn run_remote_with(
     if req.lambdas == 0 || req.lambdas > LAMBDAS_MAX {
         return Err(FaasError::Config(format!("lambdas must be 1 ..= {LAMBDAS_MAX}, got {}", req.lambdas)));
     }
+    let progress = req.progress.take();
+    let tell = |p: JobProgress| {
+        if let Some(f) = &progress {
+            f(p)
+        }
+    };
     let (prep, session) = PreparedJob::prepare(c, leader_verifier, &mut req)?;
     tracing::debug!("client: capsule and sealing {:.1} ms", ms_us(prep.t0, unix_us()));
     let mut lead = session.begin(None)?;
+    tell(JobProgress::Begun);
     tracing::debug!("client: leader attested, job begun {:.1} ms", ms_us(prep.t0, unix_us()));
     let t_leader = unix_us();
     // 2. Submit to the scheduler.
     let (mut sched, t_submit) = prep.submit(c, req.lambdas)?;
     let mut admitted = Vec::<(u32, u32, u32)>::new();
-    let result = run_job(&mut sched, &mut lead, req.rotate_after_ms, &mut admitted);
+    let result = run_job(&mut sched, &mut lead, req.rotate_after_ms, &mut admitted, &tell);
+    tell(JobProgress::Ending);
     let end = end_job(&mut lead, &session, &admitted)?;
     let run = result?;
     let b = LaunchBreakdown {
@@ -341,10 +387,12 @@ fn run_job(
     lead: &mut tls::ClientStream,
     rotate_after_ms: Option<u64>,
     admitted: &mut Vec<(u32, u32, u32)>,
+    tell: &dyn Fn(JobProgress),
 ) -> Result<JobRun, FaasError> {
     let Msg::Dispatched { workers, received_us } = expect_ok(read_msg(sched)?, "scheduler")? else {
         return Err(FaasError::Net("expected Dispatched from the scheduler".into()));
     };
+    tell(JobProgress::Dispatched { workers: workers.len() });
     // 3. The leader admits (attests) the workers the scheduler forwarded to.
     write_msg(lead, &Msg::Expect { workers: workers.clone() })?;
     let Msg::Admitted { granted, refused, nodes } = expect_ok(read_msg(lead)?, "leader: admission")? else {
@@ -354,6 +402,11 @@ fn run_job(
         .iter()
         .filter_map(|(w, l)| nodes.iter().find(|(x, _)| x == w).map(|(_, n)| (*w, *n, l.len() as u32)))
         .collect();
+    tell(JobProgress::Admitted {
+        workers: granted.len(),
+        lambdas: granted.iter().map(|(_, l)| l.len()).sum(),
+        refused: refused.len(),
+    });
     // 3b. A key rotation while the lambdas run, if asked for (outcomes queue meanwhile).
     let mut rotations = Vec::new();
     if let Some(ms) = rotate_after_ms {
@@ -363,7 +416,14 @@ fn run_job(
     let mut outcomes = Vec::new();
     for _ in 0..workers.len() {
         match read_msg(sched)? {
-            Msg::WorkerResult { done } => outcomes.push(*done),
+            Msg::WorkerResult { done } => {
+                let worker = match &*done {
+                    Msg::WorkerDone { worker, .. } => *worker,
+                    _ => u32::MAX,
+                };
+                outcomes.push(*done);
+                tell(JobProgress::WorkerDone { worker, done: outcomes.len(), of: workers.len() });
+            }
             m => return Err(FaasError::Net(format!("scheduler: unexpected {}", m.name()))),
         }
     }

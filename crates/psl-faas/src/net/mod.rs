@@ -23,7 +23,7 @@ pub mod scheduler;
 pub mod wire;
 pub mod worker;
 
-pub use client::{run_remote, run_remote_with, ClusterInfo, RemoteJob, WorkerInfo};
+pub use client::{run_remote, run_remote_with, ClusterInfo, JobProgress, Progress, RemoteJob, WorkerInfo};
 
 use std::sync::OnceLock;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};

@@ -186,7 +186,7 @@ impl WriterQueue {
         if ops.is_empty() {
             return Ok(Vec::new());
         }
-        let values: Vec<(&[u8], Option<Arc<[u8]>>)> = ops.iter().map(|(k, v)| (*k, v.map(Arc::from))).collect();
+        let values: Vec<crate::memtable::AtomicWrite<'_>> = ops.iter().map(|(k, v)| (*k, v.map(Arc::from))).collect();
         let writer = self.writer;
         let versions = memtable.write_atomic(&values, |held| write::stamp_held(clock, held, writer, below))?;
         self.atomic.push_back((versions[0].lamport, ops.len()));

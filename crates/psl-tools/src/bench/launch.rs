@@ -183,6 +183,7 @@ fn multi_process(out: &mut Map<String, Value>, launches: usize, pb: &indicatif::
                 min_workers: 1,
                 record_capsule: false,
                 rotate_after_ms: None,
+                progress: None,
             },
         )
     };

@@ -21,6 +21,7 @@ from .errors import AnswerError, ApiError, AuthError, JobError, PinError, Verifi
 from .policy import Policy
 from .wire import (
     answer_message,
+    event_message,
     bind_https_tls,
     cert_ed25519_key,
     cert_spki_der,
@@ -40,6 +41,8 @@ KEY_BYTES_MAX = 250
 VALUE_BYTES_MAX = 1 << 20
 #: Most ops in one atomic batch.
 BATCH_OPS_MAX = 256
+#: Longest line of an event stream read.
+EVENT_LINE_BYTES_MAX = 1 << 20
 #: Receipts kept by a client (oldest dropped first).
 RECEIPTS_KEPT = 1024
 
@@ -495,16 +498,114 @@ class Client:
         r, p = self.request("GET", f"/v1/jobs/{job_id}")
         return self._expect(r, p, (200,))
 
+    def events(self, job_id: str) -> Iterator[Dict[str, Any]]:
+        """A job's progress as the leader streams it (``GET /v1/jobs/{id}/events``, server-sent
+        events): yields each event, in order, once its signature checks under the pinned key
+        over this request's nonce and hash and the event's place in the stream. Steps carry
+        ``"progress": {"step": ...}``; the last event is the job's final status (what
+        :meth:`job` answers) with ``"last": True``. A stream that ends before its last event
+        (the endpoint caps a connection at 30 s) raises :class:`AnswerError`; subscribe again
+        (the new stream starts from the job's first step)."""
+        if self.credential is None:
+            raise AuthError(401, "this client has no credential")
+        if not (len(job_id) == 16 and all(c in "0123456789abcdef" for c in job_id)):
+            raise ValueError("a job id is 16 lower-case hex digits")
+        path = f"/v1/jobs/{job_id}/events"
+        with self._lock:
+            conn = self._conn
+            if conn.sock is None:
+                conn.connect()
+            nonce = os.urandom(32)
+            rh = request_hash("GET", path, b"")
+            headers = {
+                "psl-nonce": nonce.hex(),
+                "psl-credential": self.credential.cert.hex(),
+                "psl-signature": self.credential.sign(request_digest(self.spki_hash, nonce, rh)).hex(),
+                "Content-Length": "0",
+            }
+            try:
+                conn.request("GET", path, headers=headers)
+                resp = conn.getresponse()
+                if resp.status != 200:
+                    data = _read_bounded(resp, self.max_body)
+                    sig = bytes.fromhex(resp.getheader("psl-signature") or "")
+                    receipt = Receipt("GET", path, b"", nonce, resp.status, data, sig, self.pinned_key)
+                    if not receipt.verify():
+                        raise AnswerError(f"GET {path}: HTTP {resp.status} answer whose signature does not check")
+                    parsed = json.loads(data) if data else None
+                    msg = parsed.get("error", "") if isinstance(parsed, dict) else ""
+                    if resp.status in (401, 403):
+                        raise AuthError(resp.status, msg, receipt)
+                    raise ApiError(resp.status, msg, receipt)
+                head = bytes.fromhex(resp.getheader("psl-signature") or "")
+                if not ed25519_verify(self.pinned_key, answer_message(nonce, rh, 200, b""), head):
+                    raise AnswerError(f"GET {path}: the stream's head is not signed for this request: refused")
+                seq, said = 0, None
+                while True:
+                    line = resp.readline(EVENT_LINE_BYTES_MAX + 1)
+                    if not line or len(line) > EVENT_LINE_BYTES_MAX:
+                        raise AnswerError(f"GET {path}: the stream ended before its last event")
+                    line = line.rstrip(b"\r\n")
+                    if line.startswith(b"id: "):
+                        said = int(line[4:])
+                    elif line.startswith(b"data: "):
+                        sig_hex, _, body = line[6:].partition(b" ")
+                        seq += 1
+                        try:
+                            sig = bytes.fromhex(sig_hex.decode())
+                        except ValueError:
+                            sig = b""
+                        if said != seq or not ed25519_verify(self.pinned_key, event_message(nonce, rh, seq, body), sig):
+                            raise AnswerError(f"GET {path}: event {seq} is not signed for its place in this stream: refused")
+                        event = json.loads(body)
+                        if not isinstance(event, dict):
+                            raise AnswerError(f"GET {path}: event {seq} is not a JSON object")
+                        yield event
+                        if event.get("last"):
+                            return
+            finally:
+                conn.close()  # a stream's connection is not kept for other calls
+
     def run(
-        self, program: str, lambdas: int = 1, input: Optional[str] = None, timeout: float = 120.0, poll: float = 0.2
+        self,
+        program: str,
+        lambdas: int = 1,
+        input: Optional[str] = None,
+        timeout: float = 120.0,
+        poll: float = 0.2,
+        on_progress: Optional[Any] = None,
     ) -> Dict[str, Any]:
-        """Runs a job on the leader and waits (polling every ``poll`` s, at most ``timeout``
-        s) for its end; returns its report (``report["lambdas"][i]["emitted"]``). Raises
-        :class:`JobError` if it failed or did not end in time."""
+        """Runs a job on the leader and waits (at most ``timeout`` s) for its end, following
+        its event stream (:meth:`events`; ``on_progress`` is called with each step), or
+        polling every ``poll`` s if no stream is to be had; returns its report
+        (``report["lambdas"][i]["emitted"]``). Raises :class:`JobError` if it failed or did
+        not end in time."""
         job_id = self.submit(program, lambdas, input)
         deadline = time.monotonic() + timeout
+        steps_seen = 0
         while True:
-            st = self.job(job_id)
+            st: Optional[Dict[str, Any]] = None
+            try:
+                n = 0
+                for ev in self.events(job_id):
+                    if ev.get("last"):
+                        st = ev
+                    elif "progress" in ev:
+                        n += 1
+                        if n > steps_seen:
+                            steps_seen = n
+                            if on_progress is not None:
+                                on_progress(ev["progress"])
+                    if time.monotonic() >= deadline:
+                        break
+            except AnswerError as e:
+                if "ended before its last event" not in str(e):
+                    raise
+            except ApiError as e:
+                if e.status != 503:
+                    raise
+            if st is None:
+                st = self.job(job_id)
             status = st.get("status")
             if status == "done":
                 report = st.get("report")
