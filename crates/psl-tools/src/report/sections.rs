@@ -18,7 +18,7 @@ pub struct Section {
     pub mirrors: &'static str,
 }
 
-pub const SECTIONS: [Section; 12] = [
+pub const SECTIONS: [Section; 13] = [
     Section {
         name: "scl",
         title: "SCL put throughput against writer nodes, with and without batching",
@@ -75,6 +75,11 @@ pub const SECTIONS: [Section; 12] = [
         mirrors: "issue #17's comparison: the KV store as separate processes against memcached",
     },
     Section {
+        name: "http",
+        title: "The attested HTTPS API against the memcached protocol on one front end",
+        mirrors: "issue #33's goal: gets at least 0.5x the memcached protocol, connect + verify under 50 ms (docs/client.md)",
+    },
+    Section {
         name: "fabric",
         title: "The NATS fabric (psl bench fabric)",
         mirrors: "the router tree against a local nats-server: messages and SCL puts",
@@ -87,8 +92,8 @@ pub fn section_name(s: &str) -> Option<&'static str> {
 
 /// A benchmark name as a static string (any name: unknown ones stay unknown to the binary).
 pub fn bench_name(s: &str) -> &'static str {
-    const KNOWN: [&str; 10] =
-        ["capsule", "scl", "replication", "memcached", "launch", "capsuledb", "rrt", "ycsb", "cluster", "fabric"];
+    const KNOWN: [&str; 11] =
+        ["capsule", "scl", "replication", "memcached", "launch", "capsuledb", "rrt", "ycsb", "cluster", "fabric", "http"];
     KNOWN.iter().find(|k| **k == s).copied().unwrap_or("unknown")
 }
 
@@ -183,6 +188,9 @@ pub fn plan(mode: Mode, only: &[String]) -> Vec<Case> {
     }
     if mode == Full {
         v.push(case("memcached", "memcached", "memcached", &["--seconds", "1"], 160.0));
+    }
+    if mode != Tiny {
+        v.push(case("http", "http", "http", &["--seconds", f(mode, "", "0.5", "2")], f(mode, 0.0, 12.0, 40.0)));
     }
     if mode != Tiny {
         v.push(case("capsule", "capsule", "capsule", &["--seconds", f(mode, "", "0.2", "1")], f(mode, 0.0, 4.0, 12.0)));
@@ -308,6 +316,7 @@ pub fn render(ctx: &RunInfo, results: &[CaseResult], dir: &Path) -> Result<Vec<B
             "capsule" => capsule(&mut o, &rs)?,
             "cluster" => cluster(&mut o, &rs)?,
             "fabric" => fabric(&mut o, &rs)?,
+            "http" => http(&mut o, &rs)?,
             _ => generic(&mut o, &rs),
         }
     }
@@ -1195,6 +1204,44 @@ fn fabric(o: &mut Out, rs: &[&CaseResult]) -> Result<()> {
         "–",
         "0.83, 1.01, 0.74 (scale.md §6)",
     );
+    Ok(())
+}
+
+fn http(o: &mut Out, rs: &[&CaseResult]) -> Result<()> {
+    let v = first_ok(rs).expect("checked");
+    let mut rows = Vec::new();
+    for case in ["get", "put"] {
+        rows.push(vec![
+            format!("{case}s"),
+            cell(num(v, &format!("memcached_protocol_{case}s_per_s"))),
+            cell(num(v, &format!("https_{case}s_per_s"))),
+            cell(num(v, &format!("ratio_{case}"))),
+            cell(num(v, &format!("ratio_{case}_signed_every"))),
+            cell(num(v, &format!("server_cpu_us_per_{case}_memcached_protocol"))),
+            cell(num(v, &format!("server_cpu_us_per_{case}_https"))),
+        ]);
+    }
+    o.blocks.push(Block::Table(
+        [
+            "op",
+            "memcached protocol /s",
+            "HTTPS /s",
+            "ratio",
+            "ratio, every request signed",
+            "server CPU µs/op, memcached",
+            "server CPU µs/op, HTTPS",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+        rows,
+    ));
+    if let Some(c) = v.get("crypto_us_per_request").and_then(Value::as_object) {
+        let rows = c.iter().filter_map(|(k, x)| Some(vec![format!("`{k}`"), fmt_num(x.as_f64()?)])).collect();
+        o.blocks.push(Block::Table(vec!["signature work per request".into(), "µs".into()], rows));
+    }
+    o.sum("http", "HTTPS gets against the memcached protocol (goal 0.5)", cell(num(v, "ratio_get")), "–", "docs/client.md");
+    o.sum("http", "connect + verify p50, ms (goal 50)", cell(num(v, "connect_verify_p50_ms")), "–", "docs/client.md");
     Ok(())
 }
 
