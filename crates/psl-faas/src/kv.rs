@@ -71,6 +71,13 @@ impl KvHost for NodeKv {
     fn sync_durable(&self, timeout: Duration) -> Result<(), HostError> {
         self.node.sync_durable(timeout).map_err(host_err)
     }
+    fn batch(&self, ops: &[(String, Option<KvValue>)]) -> Result<(), HostError> {
+        let now = unix_now().1;
+        let encoded: Vec<(&[u8], Option<Vec<u8>>)> =
+            ops.iter().map(|(k, v)| (k.as_bytes(), v.as_ref().map(|v| encode(v, now)))).collect();
+        let writes: Vec<(&[u8], Option<&[u8]>)> = encoded.iter().map(|(k, v)| (*k, v.as_deref())).collect();
+        self.node.write_batch(&writes, u64::MAX).map(|_| ()).map_err(host_err)
+    }
     fn scan(&self, prefix: &str, after: Option<&str>, limit: usize) -> Result<Vec<KvEntry>, HostError> {
         let found = self.node.scan(prefix.as_bytes(), after.map(str::as_bytes), limit).map_err(host_err)?;
         let now = unix_now().0;

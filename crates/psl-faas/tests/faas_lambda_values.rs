@@ -164,3 +164,49 @@ fn a_scan_includes_the_keys_a_bounded_memtable_evicted_to_capsuledb() {
     assert!(st.answers.load(std::sync::atomic::Ordering::Relaxed) >= 5, "the scans went through CapsuleDB");
     role.shutdown();
 }
+
+/// A lambda moves money between two accounts with `batch`, one atomic record per transfer,
+/// while a lambda on another worker scans the accounts: every scan sees the sum whole, and
+/// the transfer count agrees with what was moved (never half a transfer). Bad batches throw
+/// and write nothing.
+const TRANSFERS: &str = r#"
+const me = lambda.id;
+if (me === 0) {
+  batch([{ put: "acct/a", value: "100" }, { put: "acct/b", value: "0" }]);
+  for (let i = 1; i <= 100; i++) {
+    batch([{ put: "acct/a", value: String(100 - i) }, { put: "acct/b", value: String(i) }, { put: "acct/n", value: String(i) }]);
+  }
+  batch([{ put: "stop", value: "1" }, { del: "acct/gone" }]);
+  const errs = [];
+  for (const bad of [[], "x", [{ put: "bad/1", value: "1" }, { nope: 1 }], [{ put: "bad/2", value: "1", del: "bad/2" }]]) {
+    try { batch(bad); errs.push("stored"); } catch (e) { errs.push(e.name); }
+  }
+  sync();
+  emit(JSON.stringify({ errs, bad: scan("bad/").length, a: get("acct/a"), b: get("acct/b") }));
+} else {
+  let checks = 0, broken = [];
+  const until = Date.now() + 20000;
+  while (get("stop") === null && Date.now() < until) {
+    const m = {};
+    for (const e of scan("acct/")) m[e.key] = Number(e.value);
+    if ("acct/a" in m) {
+      checks++;
+      if (m["acct/a"] + m["acct/b"] !== 100 || ("acct/n" in m && m["acct/n"] !== m["acct/b"])) broken.push(JSON.stringify(m));
+    }
+  }
+  emit(JSON.stringify({ checks, broken, stopped: get("stop") !== null }));
+}
+"#;
+
+#[test]
+fn a_batch_of_transfers_is_never_seen_half_applied_on_another_worker() {
+    let d = common::deployment(2, Vec::new());
+    let r = common::run(&d, TRANSFERS, 2, None);
+    assert!(r.ok, "{:?}", r.lambdas);
+    let writer: serde_json::Value = serde_json::from_str(r.lambdas[0].emitted.last().unwrap()).unwrap();
+    assert_eq!(writer["errs"], serde_json::json!(["RangeError", "TypeError", "TypeError", "TypeError"]), "{writer}");
+    assert_eq!((writer["bad"].as_u64(), writer["a"].as_str(), writer["b"].as_str()), (Some(0), Some("0"), Some("100")));
+    let reader: serde_json::Value = serde_json::from_str(r.lambdas[1].emitted.last().unwrap()).unwrap();
+    assert_eq!(reader["broken"], serde_json::json!([]), "{reader}");
+    assert_eq!(reader["stopped"], serde_json::json!(true), "{reader}");
+}

@@ -67,7 +67,14 @@ pub trait KvHost: Send + Sync {
     /// `limit` (the implementation may return fewer to keep an answer's bytes bounded; asking
     /// again after the last key returned continues).
     fn scan(&self, prefix: &str, after: Option<&str>, limit: usize) -> Result<Vec<KvEntry>, HostError>;
+    /// Writes `ops` (key and value; `None`: a delete) atomically: every reader, here and on
+    /// every other node, sees all of them or none. On an error none was written. At most
+    /// [`BATCH_OPS_MAX`] ops (the caller checks).
+    fn batch(&self, ops: &[(String, Option<KvValue>)]) -> Result<(), HostError>;
 }
+
+/// Most ops in one atomic `batch`.
+pub const BATCH_OPS_MAX: usize = 256;
 
 /// A [`KvHost`] over an in-memory map shared by every lambda that holds it (tests, examples
 /// without a cluster). `sync` is a no-op: the map is already coherent. Nothing is durable:
@@ -112,6 +119,26 @@ impl KvHost for MapHost {
     }
     fn sync_durable(&self, _timeout: Duration) -> Result<(), HostError> {
         Err(HostError::Failed("this store keeps values in memory only: nothing can be made durable".into()))
+    }
+    fn batch(&self, ops: &[(String, Option<KvValue>)]) -> Result<(), HostError> {
+        if ops.iter().any(|(k, _)| k.is_empty()) {
+            return Err(HostError::Failed("key is empty".into()));
+        }
+        // One lock for the whole batch: no reader sees part of it.
+        let mut g = self.map.lock();
+        for (key, value) in ops {
+            match value {
+                Some(v) => {
+                    g.0 += 1;
+                    let lamport = g.0;
+                    g.1.insert(key.clone(), KvEntry { key: key.clone(), value: v.clone(), lamport, writer: 0 });
+                }
+                None => {
+                    g.1.remove(key);
+                }
+            }
+        }
+        Ok(())
     }
     fn scan(&self, prefix: &str, after: Option<&str>, limit: usize) -> Result<Vec<KvEntry>, HostError> {
         let g = self.map.lock();

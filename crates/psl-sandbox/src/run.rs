@@ -199,7 +199,7 @@ const PRELUDE: &str = r#"
   // Atomics.wait would block the thread where no interrupt can reach it: not offered.
   delete g.Atomics;
   delete g.SharedArrayBuffer;
-  for (const name of ["put", "get", "getEntry", "del", "sync", "scan", "putJSON", "getJSON", "emit", "log"]) {
+  for (const name of ["put", "get", "getEntry", "del", "batch", "sync", "scan", "putJSON", "getJSON", "emit", "log"]) {
     Object.defineProperty(g, name, { value: g[name], writable: false, configurable: false });
   }
   Object.freeze(g.lambda);
@@ -429,6 +429,72 @@ fn install_writes<'js>(
             write(&ctx, &*h, &lim, "del", &key.0, None, opts.0)
         })?,
     )?;
+    let (h, st) = (host.clone(), state.clone());
+    g.set(
+        "batch",
+        Function::new(ctx.clone(), move |ctx: Ctx<'js>, ops: Value<'js>, opts: Opt<Value<'js>>| {
+            note_op(&st);
+            batch(&ctx, &*h, &lim, ops, opts.0)
+        })?,
+    )?;
+    Ok(())
+}
+
+/// `batch([{put: key, value: v} | {del: key}, ...], {durable})`: every op or none, atomically
+/// (`KvHost::batch`); a value as `put` takes it.
+fn batch<'js>(
+    ctx: &Ctx<'js>,
+    h: &dyn KvHost,
+    lim: &SandboxLimits,
+    ops: Value<'js>,
+    opts: Option<Value<'js>>,
+) -> rquickjs::Result<()> {
+    let what = "batch";
+    let o = opts_object(ctx, what, opts)?;
+    let durable = durable_wait(ctx, lim, what, o.as_ref())?;
+    let arr = ops.into_array().ok_or_else(|| {
+        Exception::throw_type(ctx, "batch: give an array of {put: key, value} and {del: key} objects")
+    })?;
+    if arr.is_empty() || arr.len() > crate::host::BATCH_OPS_MAX {
+        return Err(Exception::throw_range(
+            ctx,
+            &format!("batch: 1 to {} ops, not {}", crate::host::BATCH_OPS_MAX, arr.len()),
+        ));
+    }
+    let mut out = Vec::with_capacity(arr.len());
+    for (i, op) in arr.iter::<Value<'js>>().enumerate() {
+        let op =
+            op?.into_object().ok_or_else(|| Exception::throw_type(ctx, &format!("batch: op {i} is not an object")))?;
+        let put: Option<Coerced<String>> = op.get("put")?;
+        let del: Option<Coerced<String>> = op.get("del")?;
+        match (put, del) {
+            (Some(k), None) => {
+                let v = to_kv(ctx, what, op.get::<_, Value<'js>>("value")?)?;
+                if v.payload_len() > lim.value_bytes_max {
+                    return Err(Exception::throw_range(
+                        ctx,
+                        &format!(
+                            "batch: op {i}: the value is {} bytes, over the limit of {} bytes",
+                            v.payload_len(),
+                            lim.value_bytes_max
+                        ),
+                    ));
+                }
+                out.push((k.0, Some(v)));
+            }
+            (None, Some(k)) => out.push((k.0, None)),
+            _ => {
+                return Err(Exception::throw_type(
+                    ctx,
+                    &format!("batch: op {i} names neither put nor del (exactly one of them)"),
+                ))
+            }
+        }
+    }
+    h.batch(&out).map_err(|e| throw_host(ctx, what, e))?;
+    if let Some(t) = durable {
+        h.sync_durable(t).map_err(|e| throw_host(ctx, what, e))?;
+    }
     Ok(())
 }
 

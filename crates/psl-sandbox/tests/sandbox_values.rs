@@ -147,6 +147,9 @@ impl KvHost for Servers {
     fn del(&self, key: &str) -> Result<(), HostError> {
         self.map.del(key)
     }
+    fn batch(&self, ops: &[(String, Option<KvValue>)]) -> Result<(), HostError> {
+        self.map.batch(ops)
+    }
     fn sync(&self) -> Result<(), HostError> {
         Ok(())
     }

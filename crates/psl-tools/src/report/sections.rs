@@ -77,7 +77,8 @@ pub const SECTIONS: [Section; 13] = [
     Section {
         name: "http",
         title: "The attested HTTPS API against the memcached protocol on one front end",
-        mirrors: "issue #33's goal: gets at least 0.5x the memcached protocol, connect + verify under 50 ms (docs/client.md)",
+        mirrors:
+            "issue #33's goal: gets at least 0.5x the memcached protocol, connect + verify under 50 ms (docs/client.md)",
     },
     Section {
         name: "fabric",
@@ -92,8 +93,19 @@ pub fn section_name(s: &str) -> Option<&'static str> {
 
 /// A benchmark name as a static string (any name: unknown ones stay unknown to the binary).
 pub fn bench_name(s: &str) -> &'static str {
-    const KNOWN: [&str; 11] =
-        ["capsule", "scl", "replication", "memcached", "launch", "capsuledb", "rrt", "ycsb", "cluster", "fabric", "http"];
+    const KNOWN: [&str; 11] = [
+        "capsule",
+        "scl",
+        "replication",
+        "memcached",
+        "launch",
+        "capsuledb",
+        "rrt",
+        "ycsb",
+        "cluster",
+        "fabric",
+        "http",
+    ];
     KNOWN.iter().find(|k| **k == s).copied().unwrap_or("unknown")
 }
 
@@ -1240,7 +1252,13 @@ fn http(o: &mut Out, rs: &[&CaseResult]) -> Result<()> {
         let rows = c.iter().filter_map(|(k, x)| Some(vec![format!("`{k}`"), fmt_num(x.as_f64()?)])).collect();
         o.blocks.push(Block::Table(vec!["signature work per request".into(), "µs".into()], rows));
     }
-    o.sum("http", "HTTPS gets against the memcached protocol (goal 0.5)", cell(num(v, "ratio_get")), "–", "docs/client.md");
+    o.sum(
+        "http",
+        "HTTPS gets against the memcached protocol (goal 0.5)",
+        cell(num(v, "ratio_get")),
+        "–",
+        "docs/client.md",
+    );
     o.sum("http", "connect + verify p50, ms (goal 50)", cell(num(v, "connect_verify_p50_ms")), "–", "docs/client.md");
     Ok(())
 }
