@@ -219,10 +219,22 @@ pub enum Outcome {
     Failed,
 }
 
-/// What answers the API paths (`/v1/...` besides `/v1/attestation`). Runs on a blocking thread
-/// (a write waits for its writer queue, a sync for the coordinator); at most
-/// [`API_CALLS_MAX`] at once, more are answered 503.
+/// What answers the API paths (`/v1/...` besides `/v1/attestation`). Runs inline on one of the
+/// server's two worker threads, so it must not wait: any part that may (a write that waits
+/// for its writer queue, a sync for the coordinator, a read from CapsuleDB) goes inside
+/// [`may_block`]. At most [`API_CALLS_MAX`] at once, more are answered 503.
 pub type Api = Arc<dyn Fn(ApiRequest) -> ApiAnswer + Send + Sync>;
+
+/// Runs `f`, which may wait, from an [`Api`]: on the server's worker it first hands the
+/// worker's other connections to another thread (`tokio::task::block_in_place`, which costs
+/// a thread hand-off: about 18 µs of CPU a call here, so only calls that may wait pay it);
+/// anywhere else it just runs `f`.
+pub fn may_block<R>(f: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
 
 /// Most API calls served at once.
 pub const API_CALLS_MAX: usize = 64;
@@ -441,8 +453,8 @@ impl HttpServer {
         let listener = std::net::TcpListener::bind(addr).map_err(|source| HttpError::Bind { addr, source })?;
         let bound = listener.local_addr().map_err(|source| HttpError::Start { addr, source })?;
         listener.set_nonblocking(true).map_err(|source| HttpError::Start { addr: bound, source })?;
-        // Two workers: an API call runs on its worker (`block_in_place`), which hands the
-        // worker's other connections to the second meanwhile.
+        // Two workers: an API call runs inline on its worker; a part that may wait hands the
+        // worker's other connections to another thread meanwhile (`may_block`).
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("http")
@@ -727,13 +739,11 @@ async fn api_call(
         parts.uri.path_and_query().map_or_else(|| parts.uri.path().to_string(), |p| p.as_str().to_string());
     let request =
         ApiRequest { method: parts.method.as_str().to_string(), path_and_query, psl_headers, body, connection };
-    // On this worker: no hand-off to another thread for the common, short call (a memtable
-    // read); one that waits (a sync, a full writer queue, CapsuleDB) gives up only this worker.
-    let a = tokio::task::block_in_place(move || {
-        let a = api(request);
-        drop(permit);
-        a
-    });
+    // On this worker, inline: the common, short call (a memtable read) costs no hand-off. A
+    // call that may wait (a sync, a full writer queue, CapsuleDB) wraps that part in
+    // `may_block`, which gives up only this worker meanwhile.
+    let a = api(request);
+    drop(permit);
     stats.count_api(a.outcome, started.elapsed().as_micros() as u64);
     let (body, kind) = match a.events {
         Some(Events(rx)) => (AnswerBody::Events(rx), "text/event-stream"),

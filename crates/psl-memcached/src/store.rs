@@ -428,15 +428,35 @@ impl FrontEnd {
     /// record version and CAS unique, or `None` (never written, deleted, expired, flushed).
     /// `Err` when the key was evicted here and CapsuleDB did not answer. Counts as a get.
     pub fn read_versioned(&self, key: &[u8]) -> Result<Option<Versioned>, String> {
-        Stats::inc(&self.stats.cmd_get);
+        self.read_versioned_inner(key, false).unwrap_or_else(|| Err("no answer".into()))
+    }
+
+    /// Like [`FrontEnd::read_versioned`] when this front end's memtable can answer, without
+    /// waiting; `None` when only CapsuleDB can (the key was evicted, or never seen here): then
+    /// call `read_versioned`, which waits for it.
+    pub fn read_versioned_local(&self, key: &[u8]) -> Option<Result<Option<Versioned>, String>> {
+        self.read_versioned_inner(key, true)
+    }
+
+    fn read_versioned_inner(&self, key: &[u8], local_only: bool) -> Option<Result<Option<Versioned>, String>> {
         let t = Now::read();
+        let current = if local_only && self.backed {
+            Ok(Some(self.node.memtable().entry_read(key, true, t.us)?))
+        } else {
+            self.current(key, t, true)
+        };
+        Stats::inc(&self.stats.cmd_get);
+        let current = match current {
+            Ok(c) => c,
+            Err(e) => return Some(Err(e)),
+        };
         let flush = self.flush_state(t.us);
-        let found = self.current(key, t, true)?.and_then(|(e, _)| {
+        let found = current.and_then(|(e, _)| {
             let version = e.version;
             self.live_of(e, t, flush, true).map(|(item, cas)| Versioned { item, version, cas })
         });
         Stats::inc(if found.is_some() { &self.stats.get_hits } else { &self.stats.get_misses });
-        Ok(found)
+        Some(Ok(found))
     }
 
     /// The live items whose keys start with `prefix`, in key order, after `after`: at most

@@ -512,10 +512,33 @@ fn batch_answer(
     json!({ "applied": true, "ops": ops, "epoch": epoch })
 }
 
-/// The KV routes over `fe` behind `guard` (what `psl memcached --http` serves).
+/// The KV routes over `fe` behind `guard` (what `psl memcached --http` serves). The checks
+/// and a get the memtable answers run inline on the server's worker; everything that may
+/// wait runs under [`psl_http::may_block`].
 pub fn kv(fe: Arc<FrontEnd>, guard: Arc<Guard>) -> (Vec<&'static str>, psl_http::Api) {
-    let api: psl_http::Api = Arc::new(move |req: ApiRequest| guard.serve(&req, |r| route(&fe, r)));
+    let api: psl_http::Api = Arc::new(move |req: ApiRequest| {
+        guard.serve(&req, |r| match r {
+            Request::Get(key) => match fe.read_versioned_local(key) {
+                Some(read) => get_answer(&fe, key, read),
+                None => psl_http::may_block(|| route(&fe, r)),
+            },
+            r => psl_http::may_block(|| route(&fe, r)),
+        })
+    });
     (KV_PREFIXES.to_vec(), api)
+}
+
+/// The answer to a get on a front end, from what the read found.
+fn get_answer(fe: &FrontEnd, key: &[u8], read: Result<Option<Versioned>, String>) -> (u16, Value) {
+    let epoch = fe.node().metrics().epoch.load(std::sync::atomic::Ordering::Relaxed);
+    match read {
+        Ok(Some(v)) => (
+            200,
+            json!({ "key": b64(key), "found": true, "value": b64(payload(&v)), "version": version_json(&v), "epoch": epoch }),
+        ),
+        Ok(None) => (404, json!({ "key": b64(key), "found": false, "epoch": epoch })),
+        Err(e) => (503, json!({ "error": format!("the key is not readable now: {e}") })),
+    }
 }
 
 /// Runs one parsed request on the front end: `(status, body)`.
@@ -534,14 +557,7 @@ pub fn route(fe: &FrontEnd, r: &Request) -> (u16, Value) {
         other => failed(format!("not written: {other:?}")),
     };
     match r {
-        Request::Get(key) => match fe.read_versioned(key) {
-            Ok(Some(v)) => (
-                200,
-                json!({ "key": b64(key), "found": true, "value": b64(payload(&v)), "version": version_json(&v), "epoch": epoch() }),
-            ),
-            Ok(None) => (404, json!({ "key": b64(key), "found": false, "epoch": epoch() })),
-            Err(e) => failed(format!("the key is not readable now: {e}")),
-        },
+        Request::Get(key) => get_answer(fe, key, fe.read_versioned(key)),
         Request::Put(key, value) => written(key, fe.set(key, 0, 0, value, true)),
         Request::Delete(key) => match fe.delete(key) {
             Outcome::Deleted => (200, json!({ "key": b64(key), "deleted": true, "epoch": epoch() })),
@@ -595,7 +611,8 @@ pub fn route(fe: &FrontEnd, r: &Request) -> (u16, Value) {
 /// kind of client per key). Compare-and-set needs a key's home, which only front ends
 /// arbitrate: `POST /v1/cas` is answered 405 here.
 pub fn node_kv(node: Arc<psl_node::Node>, guard: Arc<Guard>) -> (Vec<&'static str>, psl_http::Api) {
-    let api: psl_http::Api = Arc::new(move |req: ApiRequest| guard.serve(&req, |r| route_node(&node, r)));
+    let api: psl_http::Api =
+        Arc::new(move |req: ApiRequest| guard.serve(&req, |r| psl_http::may_block(|| route_node(&node, r))));
     (KV_PREFIXES.to_vec(), api)
 }
 
