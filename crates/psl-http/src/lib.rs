@@ -4,21 +4,25 @@
 //! long-running role renders its counters as Prometheus text, a scraper reads them with
 //! `GET /metrics`), and the attested HTTPS endpoint of the trusted roles ([`HttpServer::serve`]
 //! with TLS and [`Routes::attestation`]: `GET /v1/attestation?nonce=HEX` answers evidence that
-//! binds the server's TLS key and the client's nonce, which `psl verify` checks). The
-//! roles' API will sit on the same server, so its limits are the API's:
+//! binds the server's TLS key and the client's nonce, which `psl verify` checks), and the
+//! roles' API ([`Routes::api`]: `psl::api`'s KV and jobs routes) under the same limits:
 //!
 //! - at most [`Limits::connections_max`] connections at once; one beyond it is closed at
 //!   accept and counted (`psl_http_connections_refused_total`);
 //! - a request's head must arrive within [`Limits::header_read_ms`], and is at most
 //!   [`HEAD_BYTES_MAX`]; a connection lives at most [`Limits::connection_ms`];
-//! - request bodies are never read on these routes;
+//! - request bodies are read only on the API's routes, at most [`Limits::body_bytes_max`];
+//!   at most [`API_CALLS_MAX`] API calls at once; an API call runs inline on the server's
+//!   worker, and a part that may wait goes through [`may_block`];
+//! - an API answer is whole JSON, or a stream of server-sent events ([`event_stream`]);
 //! - every error answer is JSON that says what was wrong (`{"error": "..."}`).
 //!
 //! Metrics carry no secrets and need no credential; a deployment that must not publish them
 //! binds the address to loopback or a private network (docs/security/threat-model.md).
 //!
-//! Modules: this file (the server, its routes, its own counters, the process's figures) and
-//! [`client`] (one GET over TLS that keeps the server's certificate, for `psl verify`).
+//! Modules: this file (the server, its routes, its own counters, the process's figures, event
+//! streams) and [`client`] (a keep-alive HTTPS session that keeps the server's certificate,
+//! for `psl verify`, the benchmark and tests).
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 #![deny(missing_docs)]

@@ -5,7 +5,8 @@
 //!
 //! Module map:
 //! - [`memtable`]: the concurrent key-value map with last-writer-wins by `(lamport, writer)`,
-//!   optionally bounded (evicts cold keys CapsuleDB holds), with an optional update journal.
+//!   optionally bounded (evicts cold keys CapsuleDB holds), with an optional update journal;
+//!   atomic batches apply under every shard they touch and a scan gate.
 //! - [`inline_key`]: [`InlineKey`], a map key that keeps short keys in the table's slot.
 //! - [`clock`]: the node's Lamport clock.
 //! - [`wire`]: the messages nodes exchange over the untrusted fabric (records, repair requests

@@ -15,8 +15,9 @@
 //! - `roles`: long-running roles: `psl node`, `psl coordinator`, `psl capsule-server`
 //!   (`psl router` comes from psl-fabric); every role's `--metrics ADDR` (Prometheus over
 //!   HTTP) and the trusted roles' `--http ADDR` (the attested HTTPS endpoint), on `psl-http`.
-//! - `api`: the HTTPS API's KV routes over a front end, behind client credentials, every answer
-//!   signed by the endpoint's attested TLS key.
+//! - `api`: the HTTPS API's KV routes over a front end or a node (atomic batches included) and
+//!   the leader's jobs routes (a job's progress as signed server-sent events), behind client
+//!   credentials, every answer signed by the endpoint's attested TLS key.
 //! - `verify`: `psl verify URL --policy FILE`: a role's HTTPS endpoint checked before it is
 //!   trusted (its evidence, bound to the TLS key this client sees and to a fresh nonce).
 //! - `run`: `psl run JOB.js`: a job of sandboxed lambdas on a running deployment (`--cluster`)
