@@ -524,6 +524,17 @@ impl FrontEnd {
         self.write(key, v, want_cas, t, None)
     }
 
+    /// [`FrontEnd::set`] without waiting: `None`, and nothing written, when it would wait (its
+    /// key's stripe is busy, its writer queue or flow window is full, or local copies not yet
+    /// in CapsuleDB fill the memory limit); then call `set`, which waits. For a caller that
+    /// must not block (the HTTPS API's worker thread).
+    pub fn try_set(&self, key: &[u8], flags: u32, exptime: i64, data: &[u8], want_cas: bool) -> Option<Outcome> {
+        let _g = self.locks[(key_hash(key) % LOCK_STRIPES as u64) as usize].try_lock()?;
+        let t = Now::read();
+        let v = item::encode(flags, absolute_expiry(exptime, t.secs), self.stamp_at(t.us), &[data]);
+        self.write_with(key, v, want_cas, t, None, false)
+    }
+
     /// `delete` (no condition): runs here.
     pub fn delete(&self, key: &[u8]) -> Outcome {
         let _g = self.lock(key);
@@ -816,27 +827,58 @@ impl FrontEnd {
 
     /// Stores an encoded item (caller holds the key's stripe lock).
     fn write(&self, key: &[u8], value: Vec<u8>, want_cas: bool, t: Now, fence: Option<&Fence>) -> Outcome {
+        self.write_with(key, value, want_cas, t, fence, true)
+            .unwrap_or_else(|| Outcome::Failed("a write that may wait did not".into()))
+    }
+
+    /// [`FrontEnd::write`]; without `wait`, `None` (nothing written) where it would wait.
+    fn write_with(
+        &self,
+        key: &[u8],
+        value: Vec<u8>,
+        want_cas: bool,
+        t: Now,
+        fence: Option<&Fence>,
+        wait: bool,
+    ) -> Option<Outcome> {
         if value.len() > self.value_max {
             Stats::inc(&self.stats.store_too_large);
-            return Outcome::TooLarge;
+            return Some(Outcome::TooLarge);
         }
         let size = value.len() as u64;
-        if self.backed && !self.room_for_pinned() {
-            Stats::inc(&self.stats.store_no_memory);
-            return Outcome::Failed("local copies not yet held by CapsuleDB fill the memory limit".into());
+        if self.backed {
+            let room = if wait {
+                self.room_for_pinned()
+            } else {
+                self.drain_pinned();
+                if self.pinned_bytes.load(Ordering::Relaxed) > self.cfg.memory_limit {
+                    return None;
+                }
+                true
+            };
+            if !room {
+                Stats::inc(&self.stats.store_no_memory);
+                return Some(Outcome::Failed("local copies not yet held by CapsuleDB fill the memory limit".into()));
+            }
         }
         // Unfenced writes take any Lamport time (u64::MAX is never reached).
         let below = fence.map_or(u64::MAX, |f| f.below);
-        let version = match self.node.write_below(key, Some(&value), below) {
-            Ok(version) => version,
-            Err(NodeError::ValueTooLarge { .. }) => return Outcome::TooLarge,
+        let written = if wait {
+            self.node.write_below(key, Some(&value), below).map(Some)
+        } else {
+            self.node.try_write_below(key, Some(&value), below)
+        };
+        let version = match written {
+            Ok(Some(version)) => version,
+            Ok(None) => return None,
+            Err(NodeError::ValueTooLarge { .. }) => return Some(Outcome::TooLarge),
             Err(e @ NodeError::Fenced { .. }) => {
-                return Outcome::Unavailable(format!("home front end at its lease's ceiling ({e}); retry"))
+                return Some(Outcome::Unavailable(format!("home front end at its lease's ceiling ({e}); retry")))
             }
-            Err(e @ NodeError::Superseded { .. }) => return Outcome::Failed(e.to_string()),
+            Err(e @ NodeError::Superseded { .. }) => return Some(Outcome::Failed(e.to_string())),
             Err(e) => {
                 Stats::inc(&self.stats.store_no_memory);
-                return Outcome::Failed(e.to_string());
+                return Some(Outcome::Failed(e.to_string()));
             }
         };
         Stats::inc(&self.stats.total_items);
@@ -855,7 +897,7 @@ impl FrontEnd {
         if let Some(f) = fence {
             f.wrote.set(Some(Held { key: key.to_vec(), version, value: Some(Arc::from(value)) }));
         }
-        Outcome::Stored { cas }
+        Some(Outcome::Stored { cas })
     }
 
     /// Drops this front end's local copy of each victim.

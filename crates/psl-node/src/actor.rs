@@ -76,7 +76,7 @@ impl ActorQueue {
 
 /// The actor's clock for the seal policy: µs on the node's monotonic clock (`mono_ms`'s base).
 fn mono_us(at: Instant) -> u64 {
-    at.saturating_duration_since(crate::node::mono_base()).as_micros() as u64
+    at.saturating_duration_since(crate::mono::mono_base()).as_micros() as u64
 }
 
 /// The instant of a time `mono_us` gave (`t_us` in the future of `now`).

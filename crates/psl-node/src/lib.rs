@@ -20,6 +20,8 @@
 //!   (`psl_scl::engine::queue::WriterQueue`) with `put` under one lock; they wait as its seal
 //!   policy says.
 //! - `core`: the core thread that owns the [`psl_scl::NodeCore`]; `msg`: what it is sent.
+//! - `mono`: this process's monotonic clock in ms and µs, the time base of the flow windows
+//!   and seal policies.
 //! - [`flow`]: `psl_scl::window` under the name the options have always used: flow control
 //!   from the capsule servers', CapsuleDB's and peers' acks back to the writers: a writer
 //!   runs at most [`flow::FlowOptions::window_ops`] ops and [`flow::FlowOptions::window_records`]
@@ -53,6 +55,7 @@ mod core;
 mod dbclient;
 mod host;
 pub mod memory;
+mod mono;
 mod msg;
 pub mod node;
 pub mod options;

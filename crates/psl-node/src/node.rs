@@ -3,6 +3,7 @@
 use crate::actor::{Actor, ActorCtl, ActorQueue};
 use crate::core::{Core, CoreMsg, RotationState};
 use crate::host::HostStats;
+use crate::mono::{at_mono_ms, mono_ms};
 use crate::options::NodeOptions;
 use crossbeam_channel::{bounded, Sender};
 use psl_capsule::{
@@ -245,22 +246,6 @@ impl NodeKeys {
         }
         Ok(NodeKeys { meta: meta.clone(), data_key: src.data_key(), writers, coordinator, certs })
     }
-}
-
-/// `at` in milliseconds of this process's monotonic clock (from its first call): the time base
-/// of the writers' flow windows (`psl_scl::window`), which take the caller's time.
-pub(crate) fn mono_ms(at: Instant) -> u64 {
-    at.saturating_duration_since(mono_base()).as_millis() as u64
-}
-
-/// The instant of a time [`mono_ms`] gave.
-pub(crate) fn at_mono_ms(t: u64) -> Instant {
-    mono_base() + Duration::from_millis(t)
-}
-
-pub(crate) fn mono_base() -> Instant {
-    static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    *BASE.get_or_init(Instant::now)
 }
 
 /// A writer's chain state from its key: with its certificate in a certified capsule.
@@ -584,6 +569,24 @@ impl Node {
             return Err(NodeError::Stopped);
         }
         Ok(())
+    }
+
+    /// [`Node::write_below`] without waiting: `Ok(None)`, and nothing written, when the write
+    /// would have to wait for room in its writer's queue or flow window (call `write_below`,
+    /// which waits). For callers on a thread that must not block (the HTTPS API's worker).
+    pub fn try_write_below(&self, key: &[u8], value: Option<&[u8]>, below: u64) -> Result<Option<Version>, NodeError> {
+        self.check_write(key, value)?;
+        let (q, _) = &self.actors[key_shard(key, self.actors.len())];
+        let mut st = q.state.lock();
+        if !st.has_room() {
+            return Ok(None);
+        }
+        let (version, wake) = st.write(&self.memtable, &self.clock, key, value, below).map_err(stamp_error)?;
+        drop(st);
+        if wake {
+            q.work.notify_one();
+        }
+        Ok(Some(version))
     }
 
     fn write_fenced(&self, key: &[u8], value: Option<&[u8]>, below: u64) -> Result<Version, NodeError> {

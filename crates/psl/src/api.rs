@@ -522,10 +522,26 @@ pub fn kv(fe: Arc<FrontEnd>, guard: Arc<Guard>) -> (Vec<&'static str>, psl_http:
                 Some(read) => get_answer(&fe, key, read),
                 None => psl_http::may_block(|| route(&fe, r)),
             },
+            Request::Put(key, value) => match fe.try_set(key, 0, 0, value, true) {
+                Some(o) => put_answer(&fe, key, o),
+                None => psl_http::may_block(|| route(&fe, r)),
+            },
             r => psl_http::may_block(|| route(&fe, r)),
         })
     });
     (KV_PREFIXES.to_vec(), api)
+}
+
+/// The answer to a put or a compare-and-set on a front end, from what the write did.
+fn put_answer(fe: &FrontEnd, key: &[u8], o: Outcome) -> (u16, Value) {
+    let epoch = fe.node().metrics().epoch.load(std::sync::atomic::Ordering::Relaxed);
+    match o {
+        Outcome::Stored { cas } => (200, json!({ "key": b64(key), "stored": true, "cas": cas, "epoch": epoch })),
+        Outcome::Exists => (409, json!({ "key": b64(key), "stored": false, "reason": "exists", "epoch": epoch })),
+        Outcome::NotFound => (409, json!({ "key": b64(key), "stored": false, "reason": "not_found", "epoch": epoch })),
+        Outcome::TooLarge => (413, json!({ "error": "the value is larger than this front end takes" })),
+        other => (503, json!({ "error": format!("not written: {other:?}") })),
+    }
 }
 
 /// The answer to a get on a front end, from what the read found.
@@ -547,15 +563,7 @@ pub fn route(fe: &FrontEnd, r: &Request) -> (u16, Value) {
     // The gauge the node's core sets when it applies a SYNC (no round trip to the core).
     let epoch = || node.metrics().epoch.load(std::sync::atomic::Ordering::Relaxed);
     let failed = |why: String| (503, json!({ "error": why }));
-    let written = |key: &[u8], o: Outcome| match o {
-        Outcome::Stored { cas } => (200, json!({ "key": b64(key), "stored": true, "cas": cas, "epoch": epoch() })),
-        Outcome::Exists => (409, json!({ "key": b64(key), "stored": false, "reason": "exists", "epoch": epoch() })),
-        Outcome::NotFound => {
-            (409, json!({ "key": b64(key), "stored": false, "reason": "not_found", "epoch": epoch() }))
-        }
-        Outcome::TooLarge => (413, json!({ "error": "the value is larger than this front end takes" })),
-        other => failed(format!("not written: {other:?}")),
-    };
+    let written = |key: &[u8], o: Outcome| put_answer(fe, key, o);
     match r {
         Request::Get(key) => get_answer(fe, key, fe.read_versioned(key)),
         Request::Put(key, value) => written(key, fe.set(key, 0, 0, value, true)),
