@@ -164,7 +164,7 @@ impl EventSink {
 
 /// An answer's body: whole, or a stream of events.
 enum AnswerBody {
-    Whole(Option<Bytes>),
+    Whole(Full<Bytes>),
     Events(tokio::sync::mpsc::Receiver<Bytes>),
 }
 
@@ -177,34 +177,28 @@ impl hyper::body::Body for AnswerBody {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Infallible>>> {
         match self.get_mut() {
-            AnswerBody::Whole(b) => std::task::Poll::Ready(b.take().map(|b| Ok(hyper::body::Frame::data(b)))),
+            AnswerBody::Whole(b) => std::pin::Pin::new(b).poll_frame(cx),
             AnswerBody::Events(rx) => rx.poll_recv(cx).map(|f| f.map(|b| Ok(hyper::body::Frame::data(b)))),
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        matches!(self, AnswerBody::Whole(None))
+        match self {
+            AnswerBody::Whole(b) => b.is_end_stream(),
+            AnswerBody::Events(_) => false,
+        }
     }
 
     fn size_hint(&self) -> hyper::body::SizeHint {
         match self {
-            AnswerBody::Whole(b) => hyper::body::SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+            AnswerBody::Whole(b) => b.size_hint(),
             AnswerBody::Events(_) => hyper::body::SizeHint::default(),
         }
     }
 }
 
 fn whole(r: Response<Full<Bytes>>) -> Response<AnswerBody> {
-    r.map(|b| {
-        // A `Full` body is one frame (or none), ready at once.
-        let mut b = std::pin::pin!(b);
-        let waker = std::task::Waker::noop();
-        let mut cx = std::task::Context::from_waker(waker);
-        match hyper::body::Body::poll_frame(b.as_mut(), &mut cx) {
-            std::task::Poll::Ready(Some(Ok(f))) => AnswerBody::Whole(f.into_data().ok()),
-            _ => AnswerBody::Whole(None),
-        }
-    })
+    r.map(AnswerBody::Whole)
 }
 
 /// How an API answer is counted in the server's metrics.
@@ -751,7 +745,7 @@ async fn api_call(
     stats.count_api(a.outcome, started.elapsed().as_micros() as u64);
     let (body, kind) = match a.events {
         Some(Events(rx)) => (AnswerBody::Events(rx), "text/event-stream"),
-        None => (AnswerBody::Whole(Some(Bytes::from(a.body))), "application/json"),
+        None => (AnswerBody::Whole(Full::new(Bytes::from(a.body))), "application/json"),
     };
     let mut r = Response::new(body);
     *r.status_mut() = StatusCode::from_u16(a.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);

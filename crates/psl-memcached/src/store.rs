@@ -367,7 +367,7 @@ impl FrontEnd {
     }
 
     fn lock(&self, key: &[u8]) -> parking_lot::MutexGuard<'_, ()> {
-        self.locks[(key_hash(key) % LOCK_STRIPES as u64) as usize].lock()
+        self.locks[stripe(key)].lock()
     }
 
     /// A key's last read stamp (µs), kept in its memtable slot: the LRU's second chance.
@@ -529,7 +529,7 @@ impl FrontEnd {
     /// in CapsuleDB fill the memory limit); then call `set`, which waits. For a caller that
     /// must not block (the HTTPS API's worker thread).
     pub fn try_set(&self, key: &[u8], flags: u32, exptime: i64, data: &[u8], want_cas: bool) -> Option<Outcome> {
-        let _g = self.locks[(key_hash(key) % LOCK_STRIPES as u64) as usize].try_lock()?;
+        let _g = self.locks[stripe(key)].try_lock()?;
         let t = Now::read();
         let v = item::encode(flags, absolute_expiry(exptime, t.secs), self.stamp_at(t.us), &[data]);
         self.write_with(key, v, want_cas, t, None, false)
@@ -552,7 +552,7 @@ impl FrontEnd {
     /// [`Outcome::Failed`] for a node that refused.
     pub fn batch(&self, ops: &[(&[u8], Option<&[u8]>)]) -> Result<Vec<(Version, u64)>, Outcome> {
         // Every key's stripe, in stripe order (so two batches cannot deadlock).
-        let mut stripes: Vec<usize> = ops.iter().map(|(k, _)| (key_hash(k) % LOCK_STRIPES as u64) as usize).collect();
+        let mut stripes: Vec<usize> = ops.iter().map(|(k, _)| stripe(k)).collect();
         stripes.sort_unstable();
         stripes.dedup();
         let _held: Vec<_> = stripes.iter().map(|&i| self.locks[i].lock()).collect();
@@ -1111,6 +1111,11 @@ pub struct Versioned {
     pub version: Version,
     /// Its CAS unique.
     pub cas: u64,
+}
+
+/// The lock stripe of `key`.
+fn stripe(key: &[u8]) -> usize {
+    (key_hash(key) % LOCK_STRIPES as u64) as usize
 }
 
 fn ttl_of(expiry: i64, now: i64) -> i64 {

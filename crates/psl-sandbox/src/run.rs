@@ -470,16 +470,7 @@ fn batch<'js>(
         match (put, del) {
             (Some(k), None) => {
                 let v = to_kv(ctx, what, op.get::<_, Value<'js>>("value")?)?;
-                if v.payload_len() > lim.value_bytes_max {
-                    return Err(Exception::throw_range(
-                        ctx,
-                        &format!(
-                            "batch: op {i}: the value is {} bytes, over the limit of {} bytes",
-                            v.payload_len(),
-                            lim.value_bytes_max
-                        ),
-                    ));
-                }
+                check_value_len(ctx, &format!("batch: op {i}"), lim, &v)?;
                 out.push((k.0, Some(v)));
             }
             (None, Some(k)) => out.push((k.0, None)),
@@ -746,22 +737,26 @@ fn write<'js>(
     let o = opts_object(ctx, what, opts)?;
     let durable = durable_wait(ctx, lim, what, o.as_ref())?;
     match &value {
-        Some(v) if v.payload_len() > lim.value_bytes_max => {
-            return Err(Exception::throw_range(
-                ctx,
-                &format!(
-                    "{what}: the value is {} bytes, over the limit of {} bytes",
-                    v.payload_len(),
-                    lim.value_bytes_max
-                ),
-            ));
+        Some(v) => {
+            check_value_len(ctx, what, lim, v)?;
+            h.put(key, v)
         }
-        Some(v) => h.put(key, v),
         None => h.del(key),
     }
     .map_err(|e| throw_host(ctx, what, e))?;
     if let Some(t) = durable {
         h.sync_durable(t).map_err(|e| throw_host(ctx, what, e))?;
+    }
+    Ok(())
+}
+
+/// A `RangeError` naming `what` and the limit when `v` is over [`SandboxLimits::value_bytes_max`].
+fn check_value_len(ctx: &Ctx<'_>, what: &str, lim: &SandboxLimits, v: &KvValue) -> rquickjs::Result<()> {
+    if v.payload_len() > lim.value_bytes_max {
+        return Err(Exception::throw_range(
+            ctx,
+            &format!("{what}: the value is {} bytes, over the limit of {} bytes", v.payload_len(), lim.value_bytes_max),
+        ));
     }
     Ok(())
 }

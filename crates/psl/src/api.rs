@@ -230,11 +230,17 @@ impl EventSigner {
 /// What an event signature covers: `"psl/http-event/v1" ‖ nonce ‖ request hash ‖ seq (u64,
 /// big-endian) ‖ SHA-256(event JSON)` (docs/client.md, "Job progress").
 pub fn event_message(nonce: &[u8; 32], request_hash: &[u8; 32], seq: u64, json: &[u8]) -> Vec<u8> {
-    let mut m = b"psl/http-event/v1".to_vec();
+    signed_message(b"psl/http-event/v1", nonce, request_hash, &seq.to_be_bytes(), json)
+}
+
+/// `label ‖ nonce ‖ request hash ‖ place ‖ SHA-256(bytes)`: what the endpoint's answer and
+/// event signatures cover.
+fn signed_message(label: &[u8], nonce: &[u8; 32], request_hash: &[u8; 32], place: &[u8], bytes: &[u8]) -> Vec<u8> {
+    let mut m = label.to_vec();
     m.extend_from_slice(nonce);
     m.extend_from_slice(request_hash);
-    m.extend_from_slice(&seq.to_be_bytes());
-    m.extend_from_slice(&psl_crypto::sha256(&[json]).0);
+    m.extend_from_slice(place);
+    m.extend_from_slice(&psl_crypto::sha256(&[bytes]).0);
     m
 }
 
@@ -285,12 +291,7 @@ impl ClientSide {
 
 /// What an answer signature covers (docs/client.md, "Answers").
 pub fn answer_message(nonce: &[u8; 32], request_hash: &[u8; 32], status: u16, body: &[u8]) -> Vec<u8> {
-    let mut m = b"psl/http-answer/v1".to_vec();
-    m.extend_from_slice(nonce);
-    m.extend_from_slice(request_hash);
-    m.extend_from_slice(&status.to_be_bytes());
-    m.extend_from_slice(&psl_crypto::sha256(&[body]).0);
-    m
+    signed_message(b"psl/http-answer/v1", nonce, request_hash, &status.to_be_bytes(), body)
 }
 
 /// A KV request, parsed.
@@ -517,19 +518,19 @@ fn batch_answer(
 /// wait runs under [`psl_http::may_block`].
 pub fn kv(fe: Arc<FrontEnd>, guard: Arc<Guard>) -> (Vec<&'static str>, psl_http::Api) {
     let api: psl_http::Api = Arc::new(move |req: ApiRequest| {
-        guard.serve(&req, |r| match r {
-            Request::Get(key) => match fe.read_versioned_local(key) {
-                Some(read) => get_answer(&fe, key, read),
-                None => psl_http::may_block(|| route(&fe, r)),
-            },
-            Request::Put(key, value) => match fe.try_set(key, 0, 0, value, true) {
-                Some(o) => put_answer(&fe, key, o),
-                None => psl_http::may_block(|| route(&fe, r)),
-            },
-            r => psl_http::may_block(|| route(&fe, r)),
-        })
+        guard.serve(&req, |r| route_inline(&fe, r).unwrap_or_else(|| psl_http::may_block(|| route(&fe, r))))
     });
     (KV_PREFIXES.to_vec(), api)
+}
+
+/// `r` on the front end without waiting: a get the memtable answers, a put its writer queue
+/// has room for; `None` for everything else (run [`route`] where it may wait).
+fn route_inline(fe: &FrontEnd, r: &Request) -> Option<(u16, Value)> {
+    match r {
+        Request::Get(key) => fe.read_versioned_local(key).map(|read| get_answer(fe, key, read)),
+        Request::Put(key, value) => fe.try_set(key, 0, 0, value, true).map(|o| put_answer(fe, key, o)),
+        _ => None,
+    }
 }
 
 /// The answer to a put or a compare-and-set on a front end, from what the write did.
