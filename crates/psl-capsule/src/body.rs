@@ -42,13 +42,17 @@ impl Op {
 
     /// Bytes this op takes in a data body.
     pub fn encoded_len(&self) -> usize {
-        1 + 8
-            + 2
-            + self.key.len()
-            + match &self.action {
-                Action::Put(v) => 4 + v.len(),
-                Action::Delete => 0,
-            }
+        let value = match &self.action {
+            Action::Put(v) => Some(v.as_slice()),
+            Action::Delete => None,
+        };
+        Op::encoded_len_of(&self.key, value)
+    }
+
+    /// Bytes an op of `key` (and, for a put, `value`) takes in a data body: tag, Lamport
+    /// time, key length and key, then a put's value length and value.
+    pub fn encoded_len_of(key: &[u8], value: Option<&[u8]>) -> usize {
+        1 + 8 + 2 + key.len() + value.map_or(0, |v| 4 + v.len())
     }
 }
 

@@ -7,7 +7,7 @@ use crate::mono::{at_mono_ms, mono_ms};
 use crate::options::NodeOptions;
 use crossbeam_channel::{bounded, Sender};
 use psl_capsule::{
-    writer_credentials, Author, KeyStatement, Limits, Record, RotationCert, SignedMetadata, Verifier, WriterKeys,
+    writer_credentials, Author, KeyStatement, Limits, Op, Record, RotationCert, SignedMetadata, Verifier, WriterKeys,
 };
 use psl_crypto::{AppKey, DataKey, Hash256, SigningKey};
 use psl_fabric::Fabric;
@@ -533,10 +533,13 @@ impl Node {
         }
         let Some((first, _)) = ops.first() else { return Ok(Vec::new()) };
         let (q, _) = &self.actors[key_shard(first, self.actors.len())];
-        let mut st = self.admitted(q)?;
-        if !st.fits_one_record(ops) {
-            let bytes = ops.iter().map(|(k, v)| 11 + k.len() + v.map_or(0, |v| 4 + v.len())).sum();
-            let p = st.policy();
+        // Refused before it waits for room: no wait makes it fit.
+        let (fits, p) = {
+            let st = q.state.lock();
+            (st.fits_one_record(ops), st.policy())
+        };
+        if !fits {
+            let bytes = ops.iter().map(|(k, v)| Op::encoded_len_of(k, *v)).sum();
             return Err(NodeError::BatchTooLarge {
                 ops: ops.len(),
                 bytes,
@@ -544,6 +547,7 @@ impl Node {
                 bytes_max: p.batch_bytes_max,
             });
         }
+        let mut st = self.admitted(q)?;
         let versions = st.write_atomic(&self.memtable, &self.clock, ops, below).map_err(stamp_error)?;
         drop(st);
         q.work.notify_one();

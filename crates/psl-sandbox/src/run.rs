@@ -475,10 +475,7 @@ fn batch<'js>(
             }
             (None, Some(k)) => out.push((k.0, None)),
             _ => {
-                return Err(Exception::throw_type(
-                    ctx,
-                    &format!("batch: op {i} names neither put nor del (exactly one of them)"),
-                ))
+                return Err(Exception::throw_type(ctx, &format!("batch: op {i} must name exactly one of put and del")))
             }
         }
     }

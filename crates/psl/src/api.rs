@@ -801,17 +801,25 @@ pub struct Jobs {
     /// Signalled at every step and every end.
     changed: parking_lot::Condvar,
     streams: std::sync::atomic::AtomicUsize,
+    /// A stream with nothing new repeats the job's status this often.
+    heartbeat: Duration,
 }
 
 impl Jobs {
     /// A table whose jobs `runner` runs.
     pub fn new(runner: JobRunner) -> Arc<Jobs> {
+        Jobs::with_heartbeat(runner, Duration::from_millis(JOB_HEARTBEAT_MS))
+    }
+
+    /// [`Jobs::new`], with streams that repeat a quiet job's status every `heartbeat`.
+    pub fn with_heartbeat(runner: JobRunner, heartbeat: Duration) -> Arc<Jobs> {
         Arc::new(Jobs {
             runner,
             table: Default::default(),
             steps: Default::default(),
             changed: Default::default(),
             streams: Default::default(),
+            heartbeat,
         })
     }
 
@@ -853,7 +861,7 @@ impl Jobs {
         loop {
             let (new, running) = {
                 let mut steps = self.steps.lock();
-                let due = std::time::Instant::now() + Duration::from_millis(JOB_HEARTBEAT_MS);
+                let due = std::time::Instant::now() + self.heartbeat;
                 loop {
                     let have = steps.get(id).map_or(0, Vec::len);
                     let running = matches!(self.table.lock().get(id), Some((_, JobState::Running { .. })));
@@ -863,6 +871,11 @@ impl Jobs {
                     }
                 }
             };
+            // Nothing new for a heartbeat: say the job still runs (a client's read timeout
+            // must not take a quiet job for a dead stream).
+            if new.is_empty() && running && !send(self.status(id).1) {
+                return;
+            }
             sent += new.len();
             for step in new {
                 if !send(json!({ "id": id, "status": "running", "progress": step })) {
@@ -1269,6 +1282,31 @@ mod tests {
         assert_eq!(call(&runner_cred, "POST", "/v1/jobs", br#"{"program": "x", "lambdas": 0}"#).0, 400);
         assert_eq!(call(&runner_cred, "POST", "/v1/jobs", br#"{"program": "x"}"#).0, 400);
         assert_eq!(call(&runner_cred, "GET", "/v1/jobs", b"").0, 405);
+    }
+
+    #[test]
+    fn a_quiet_jobs_stream_repeats_its_status_until_the_job_ends() {
+        let w = World::new();
+        let runner: JobRunner = Arc::new(|_: JobSpec, progress: psl_faas::net::Progress| {
+            progress(psl_faas::net::JobProgress::Begun);
+            std::thread::sleep(Duration::from_millis(400));
+            Ok(json!({ "ok": true }))
+        });
+        let (_, api) = jobs(Jobs::with_heartbeat(runner, Duration::from_millis(50)), w.guard.clone());
+        let cred = w.cred(&w.owner, w.capsule, "run");
+        let (r, _, _) = w.signed(&cred, "POST", "/v1/jobs", br#"{"program": "emit(1)", "lambdas": 1}"#);
+        let id = serde_json::from_slice::<Value>(&api(r).body).unwrap()["id"].as_str().unwrap().to_string();
+        let mut events = api(w.signed(&cred, "GET", &format!("/v1/jobs/{id}/events"), b"").0).events.expect("a stream");
+        let mut got = Vec::new();
+        while let Some(frame) = events.next_blocking() {
+            let text = String::from_utf8(frame.to_vec()).unwrap();
+            let json = text.split_once("data: ").unwrap().1.split_once(' ').unwrap().1.trim_end().to_string();
+            got.push(serde_json::from_str::<Value>(&json).unwrap());
+        }
+        let heartbeats = got.iter().filter(|e| e.get("progress").is_none() && e.get("last").is_none()).count();
+        assert!(heartbeats >= 2, "a 400 ms quiet stretch under a 50 ms heartbeat: {got:?}");
+        assert!(got.iter().filter(|e| e.get("last").is_none()).all(|e| e["status"] == "running"), "{got:?}");
+        assert_eq!(got.last().unwrap()["last"], json!(true));
     }
 
     #[test]

@@ -547,7 +547,10 @@ class Client:
                         raise AnswerError(f"GET {path}: the stream ended before its last event")
                     line = line.rstrip(b"\r\n")
                     if line.startswith(b"id: "):
-                        said = int(line[4:])
+                        try:
+                            said = int(line[4:])
+                        except ValueError:
+                            raise AnswerError(f"GET {path}: an event id is not a number: refused") from None
                     elif line.startswith(b"data: "):
                         sig_hex, _, body = line[6:].partition(b" ")
                         seq += 1
@@ -557,7 +560,10 @@ class Client:
                             sig = b""
                         if said != seq or not ed25519_verify(self.pinned_key, event_message(nonce, rh, seq, body), sig):
                             raise AnswerError(f"GET {path}: event {seq} is not signed for its place in this stream: refused")
-                        event = json.loads(body)
+                        try:
+                            event = json.loads(body)
+                        except ValueError:
+                            raise AnswerError(f"GET {path}: event {seq} is not JSON") from None
                         if not isinstance(event, dict):
                             raise AnswerError(f"GET {path}: event {seq} is not a JSON object")
                         yield event

@@ -203,7 +203,7 @@ impl WriterQueue {
     /// Whether `ops` (key, value) fit one record under the seal policy: at most
     /// `batch_ops_max` ops and `batch_bytes_max` encoded bytes (one op always fits).
     pub fn fits_one_record(&self, ops: &[(&[u8], Option<&[u8]>)]) -> bool {
-        let bytes: usize = ops.iter().map(|(k, v)| 1 + 8 + 2 + k.len() + v.map_or(0, |v| 4 + v.len())).sum();
+        let bytes: usize = ops.iter().map(|(k, v)| Op::encoded_len_of(k, *v)).sum();
         ops.len() <= 1 || (ops.len() <= self.policy.batch_ops_max && bytes <= self.policy.batch_bytes_max)
     }
 
