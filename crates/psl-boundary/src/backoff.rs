@@ -79,12 +79,13 @@ impl Default for BackoffPolicy {
 
 impl BackoffPolicy {
     /// The default spin and yield phases, then parking with the doorbell: an idle waiter costs
-    /// nothing until its peer pushes (or pops), and a park lasts at most 50 ms, so even a peer
-    /// that never rings is noticed within that.
+    /// nothing until its peer pushes (or pops). A park lasts 50 ms at first and twice as long
+    /// each time after, up to 500 ms, so even a peer that never rang would be noticed within
+    /// that, while an idle waiter wakes twice a second rather than twenty times.
     pub fn parking() -> BackoffPolicy {
         BackoffPolicy {
             min_sleep: Duration::from_millis(50),
-            max_sleep: Duration::from_millis(50),
+            max_sleep: Duration::from_millis(500),
             doorbell: true,
             ..BackoffPolicy::default()
         }

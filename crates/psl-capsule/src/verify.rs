@@ -562,6 +562,11 @@ impl Verifier {
         }
     }
 
+    /// Whether any record is held back for want of a certificate.
+    pub fn holds_any(&self) -> bool {
+        self.held.lock().unwrap_or_else(|p| p.into_inner()).total > 0
+    }
+
     /// Refuses held records older than [`CERT_WAIT_MS`] at `now_ms`, as uncertified.
     pub fn expire_held(&self, now_ms: u64) -> Vec<Rejected> {
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());

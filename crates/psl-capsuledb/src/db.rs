@@ -655,7 +655,9 @@ impl Inner {
                     None => {
                         w.compacting = false;
                         self.changed.notify_all();
-                        self.changed.wait_for(&mut w, Duration::from_millis(100));
+                        // Every new index (and the stop) notifies: this only bounds a wait
+                        // that nothing would end.
+                        self.changed.wait_for(&mut w, Duration::from_millis(1_000));
                         continue;
                     }
                 }

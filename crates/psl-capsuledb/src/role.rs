@@ -11,7 +11,11 @@
 //!   `ack_every`, while its backlog (journaled and spilled updates) is within
 //!   `ack_backlog_max`, it signs and multicasts an ack of what the node has applied, which
 //!   paces the writers (flow control: a CapsuleDB that falls behind stops acking, and the
-//!   writers wait for it instead of its queues overflowing).
+//!   writers wait for it instead of its queues overflowing). While nothing changes (no update,
+//!   no head moved, the index the same), its repeats of the frontier and of the full ack wait
+//!   twice as long each time, up to `heads_idle` (Trickle, as the nodes' heads hints), and
+//!   the thread itself sleeps up to [`APPLY_IDLE_WAIT_MAX`] between looks: an update wakes
+//!   it at once.
 //! - *answer*: takes read requests, groups them by key, reads each key once (memtable, L0
 //!   newest first, one block per level) and multicasts signed, sealed answers with the
 //!   original `(lamport, writer)` version of each key, the data record that wrote it (the
@@ -49,8 +53,11 @@ use std::time::{Duration, Instant};
 pub struct RoleOptions {
     /// Freeze a non-empty memtable that has not changed the index for this long.
     pub idle_flush: Duration,
-    /// Re-send the frontier at least this often.
+    /// Re-send the frontier (and a full ack) this soon after a change.
     pub heads_every: Duration,
+    /// ... and at least this often while nothing changes (the wait doubles from
+    /// `heads_every`).
+    pub heads_idle: Duration,
     /// Most journaled updates applied per lock hold.
     pub apply_batch_max: usize,
     /// How often to ack what the node has taken in (`Duration::ZERO`: never; writers then are
@@ -68,6 +75,7 @@ impl Default for RoleOptions {
         RoleOptions {
             idle_flush: Duration::from_millis(500),
             heads_every: Duration::from_millis(250),
+            heads_idle: Duration::from_millis(psl_scl::node::HEADS_IDLE_MS_DEFAULT),
             apply_batch_max: 4096,
             ack_every: Duration::from_millis(ACK_EVERY_MS_DEFAULT),
             ack_backlog_max: ACK_BACKLOG_MAX_DEFAULT,
@@ -75,6 +83,10 @@ impl Default for RoleOptions {
         }
     }
 }
+
+/// The apply thread's wait for updates when it has nothing to do: its wait doubles from
+/// `ack_every` (20 ms) up to this while nothing happens (an update wakes it at once).
+pub const APPLY_IDLE_WAIT_MAX: Duration = Duration::from_millis(500);
 
 /// Default interval between CapsuleDB's acks: short beside a writer's flow window (16,384
 /// ops), so that a healthy CapsuleDB never makes a writer wait.
@@ -184,6 +196,9 @@ struct AckState {
     sent: BTreeMap<u32, u64>,
     last: Instant,
     last_full: Instant,
+    /// The wait between full acks: `heads_every`, doubling up to `heads_idle` while no head
+    /// moves.
+    full_every: Duration,
 }
 
 /// What signs answers and heads: CapsuleDB's writer index and key, and the data key that
@@ -255,20 +270,28 @@ impl Shared {
     /// `heads_every`), unless the backlog toward the tree is above `ack_backlog_max`. The
     /// acks name each writer's newest applied record and its hash; writers count them for
     /// their own chains only (`NodeCore::flow_next`), never toward durability.
-    fn ack(&self, st: &mut AckState, opts: &RoleOptions) {
+    /// Returns whether a head had moved since the last ack.
+    fn ack(&self, st: &mut AckState, opts: &RoleOptions) -> bool {
         if opts.ack_every.is_zero() || st.last.elapsed() < opts.ack_every {
-            return;
+            return false;
         }
         st.last = Instant::now();
         let backlog = self.node.memtable().journal_len() + self.publisher.as_ref().map_or(0, |p| p.spilled());
         if backlog > opts.ack_backlog_max {
             self.stats.acks_held.fetch_add(1, Ordering::Relaxed);
-            return;
+            return false;
         }
         let heads = self.node.applied_heads();
-        let full = st.last_full.elapsed() >= opts.heads_every;
+        let moved = heads.iter().any(|l| st.sent.get(&l.writer).is_none_or(|s| *s < l.seq));
+        if moved {
+            st.full_every = opts.heads_every;
+        }
+        let full = st.last_full.elapsed() >= st.full_every;
         if full {
             st.last_full = Instant::now();
+            if !moved {
+                st.full_every = (st.full_every * 2).min(opts.heads_idle.max(opts.heads_every));
+            }
         }
         let entries: Vec<AckEntry> = heads
             .iter()
@@ -289,21 +312,33 @@ impl Shared {
         for e in entries {
             st.sent.insert(e.writer, e.to_seq);
         }
+        moved
     }
 
     fn apply_loop(&self, opts: RoleOptions) {
         let mut last_change = Instant::now();
         let mut last_heads = Instant::now();
-        let mut acks = AckState { sent: BTreeMap::new(), last: Instant::now(), last_full: Instant::now() };
+        let mut heads_wait = opts.heads_every;
+        let mut acks = AckState {
+            sent: BTreeMap::new(),
+            last: Instant::now(),
+            last_full: Instant::now(),
+            full_every: opts.heads_every,
+        };
+        let busy_wait = if opts.ack_every.is_zero() { Duration::from_millis(20) } else { opts.ack_every };
+        let mut wait = busy_wait;
         while !self.stop.load(Ordering::Acquire) {
-            self.ack(&mut acks, &opts);
+            let moved = self.ack(&mut acks, &opts);
             // With servers, what was spilled while the tree waited for acks comes first.
-            let wait = Duration::from_millis(20);
             let batch = match &self.publisher {
                 Some(p) => p.next_updates(&self.node, opts.apply_batch_max, wait),
                 None => self.node.memtable().drain_journal(opts.apply_batch_max, wait),
             };
+            // Busy (an update, a head moved, a memtable to freeze): look again soon; else
+            // less and less often.
+            let busy = moved || !batch.is_empty();
             let mut db = self.db.lock();
+            wait = if busy || db.memtable_len() > 0 { busy_wait } else { (wait * 2).min(APPLY_IDLE_WAIT_MAX) };
             let before = db.index_seq();
             for (key, version, value, origin) in batch {
                 let record = match origin {
@@ -336,12 +371,14 @@ impl Shared {
             if db.index_seq() != before {
                 last_change = Instant::now();
                 last_heads = Instant::now();
+                heads_wait = opts.heads_every;
                 if let Err(e) = self.index_changed(&db) {
                     tracing::error!("capsuledb: recording the newest index failed: {e}");
                     self.stats.errors.fetch_add(1, Ordering::Relaxed);
                 }
-            } else if last_heads.elapsed() >= opts.heads_every {
+            } else if last_heads.elapsed() >= heads_wait {
                 last_heads = Instant::now();
+                heads_wait = (heads_wait * 2).min(opts.heads_idle.max(opts.heads_every));
                 let h = self.heads(&db);
                 drop(db);
                 if self.node.publish(h).is_ok() {
@@ -414,7 +451,8 @@ impl Shared {
                 std::thread::sleep(Duration::from_millis(10));
                 continue;
             }
-            let Ok(first) = rx.recv_timeout(Duration::from_millis(50)) else { continue };
+            // The stop flag is checked at least this often.
+            let Ok(first) = rx.recv_timeout(Duration::from_millis(250)) else { continue };
             // Group what is queued by key: one read and one answer per key.
             let mut by_key: BTreeMap<Vec<u8>, Vec<u64>> = BTreeMap::new();
             for r in std::iter::once(first).chain(rx.try_iter().take(4096)) {

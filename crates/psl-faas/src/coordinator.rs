@@ -273,6 +273,8 @@ pub fn parse_grant_bundle(
     }
     let cfg = CoordinatorConfig {
         epoch_ms,
+        // Not in the grant: a job's coordinator idles at the engine's pace.
+        epoch_idle_ms: psl_scl::coordinator::EPOCH_IDLE_MS_DEFAULT,
         eoe_timeout_ms,
         takeover_after_epochs,
         rank,

@@ -36,6 +36,8 @@
 //! - [`error`]: [`FabricError`], [`RouterError`], [`ConfigError`].
 //! - [`cli`]: [`RouterArgs`] and [`run_router`], the library side of `psl router`;
 //!   [`FabricArgs`], the `--fabric URL` (alias `--router`) and `--nats-*` flags of every role.
+//! - [`accept`]: [`accept_within`], a TCP listener's accept that waits in `poll(2)` (for the
+//!   roles' control and read listeners, which must also notice a stop flag).
 //! - `link` (private): a TCP link's outbound queue, read loop and write loop, shared by the
 //!   router and the TCP endpoint. `queue` (private): the bounded receive queue.
 //!
@@ -45,6 +47,7 @@
 
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
+pub mod accept;
 pub mod adversary;
 pub mod cli;
 pub mod config;
@@ -64,6 +67,7 @@ pub mod switch;
 pub mod tcp;
 pub mod url;
 
+pub use accept::accept_within;
 pub use adversary::{Adversarial, AdversaryStats};
 pub use cli::{run_router, FabricArgs, RouterArgs};
 pub use config::{FabricConfig, LinkTiming, FRAME_BYTES_MAX_DEFAULT};

@@ -32,6 +32,7 @@
 //! | 6 | CapsuleDB answer | `db.answer` | nodes reading through CapsuleDB |
 //! | 7 | CapsuleDB heads (frontier) | `db.heads` | nodes reading through CapsuleDB |
 //! | 10 | key statements (writer certificates, revocations) | `certs` | every role that takes records |
+//! | 11 | epoch wanted (a node waits on a `sync()` of an idle capsule) | `heads` | as heads hints (the coordinators act on it) |
 //!
 //! An observer (the job recorder of `psl run --cluster`) takes `rec` and `certs` only. A node never
 //! receives another capsule's traffic, nor acks meant for other nodes, nor CapsuleDB gets.
@@ -55,6 +56,7 @@ const TYPE_DB_GET: u8 = 5;
 const TYPE_DB_ANSWER: u8 = 6;
 const TYPE_DB_HEADS: u8 = 7;
 const TYPE_CERTS: u8 = 10;
+const TYPE_EPOCH_WANTED: u8 = 11;
 /// `u32 server | u16 n` after the prefix; then `n × 52` bytes of entries.
 const ACK_HEAD_LEN: usize = 6;
 const ACK_ENTRY_LEN: usize = 4 + 8 + 8 + 32;
@@ -123,7 +125,8 @@ pub fn classify(msg: &[u8]) -> Route {
     let leaf = match msg[1] {
         TYPE_RECORD => Leaf::Record,
         TYPE_REPAIR => Leaf::Repair,
-        TYPE_HEADS => Leaf::Heads,
+        // A hint for the coordinators, who take heads hints (small, rare: no leaf of its own).
+        TYPE_HEADS | TYPE_EPOCH_WANTED => Leaf::Heads,
         TYPE_ACK => {
             return match ack_nodes(&msg[PREFIX_LEN..]) {
                 Some(nodes) => Route::Capsule { capsule, leaves: nodes.into_iter().map(Leaf::Ack).collect() },
@@ -340,6 +343,7 @@ mod tests {
             (6, Leaf::DbAnswer),
             (7, Leaf::DbHeads),
             (10, Leaf::Certs),
+            (11, Leaf::Heads),
         ];
         for (t, leaf) in cases {
             assert_eq!(classify(&msg(t, 3, b"x")), Route::Capsule { capsule: [3; 32], leaves: vec![leaf] });

@@ -4,7 +4,8 @@
 //! `docs/protocol/memcached.md` §6; this module only carries its messages over the sealed peer
 //! channel ([`crate::peer`]) and runs its steps:
 //!
-//! - a *driver* thread ticks the member every few milliseconds and sends the acquisitions,
+//! - a *driver* thread ticks the member every eighth of a lease (at most 125 ms: twice per
+//!   renewal period, `lease_ms / 4`) and sends the acquisitions,
 //!   renewals and releases it asks for (each request to every member at once through eight
 //!   caller threads per member, bounded by the call timeout; the member's own acceptor answers
 //!   in place);
@@ -356,7 +357,9 @@ impl Failover {
 
     /// The driver: ticks the member and runs what it asks for.
     fn drive(self: Arc<Self>) {
-        let tick = Duration::from_millis((self.cfg.lease_ms / 16).clamp(2, 50));
+        // Half a renewal period: a renewal goes out at most an eighth of a lease late, well
+        // inside the lease (an idle front end's driver wakes 8 times a second, not 20).
+        let tick = Duration::from_millis((self.cfg.lease_ms / 8).clamp(2, 125));
         while !self.stopped() {
             let Some(fe) = self.fe.upgrade() else { return };
             let lamport = fe.node().lamport();

@@ -84,6 +84,11 @@ fn instant_of(now: Instant, now_us: u64, t_us: u64) -> Instant {
     now + Duration::from_micros(t_us.saturating_sub(now_us))
 }
 
+/// How long an idle writer waits for an op before it looks at its control channel again.
+/// Only a backstop: every control message pokes the queue's condvar ([`ActorQueue::poke`]),
+/// and every put notifies it, so nothing waits for this to run out.
+const IDLE_WAIT: Duration = Duration::from_millis(1_000);
+
 pub(crate) struct Actor {
     pub queue: Arc<ActorQueue>,
     pub author: Author,
@@ -134,7 +139,7 @@ impl Actor {
 
     /// Waits as the queue's seal policy says (`WriterQueue::seal_step`: for a first op, a
     /// fuller batch or acks), then takes one record's ops; `None` to serve control messages
-    /// first (one is waiting, or no op came within 20 ms). The ops taken are counted in flight
+    /// first (one is waiting, or no op came within [`IDLE_WAIT`]). The ops taken are counted in flight
     /// (flow control) before the queue's lock is released.
     fn take_batch(&mut self) -> Option<Taken> {
         let q = &self.queue;
@@ -148,7 +153,7 @@ impl Actor {
                 SealStep::Idle if urgent || idle_waited => return None,
                 SealStep::Idle => {
                     idle_waited = true;
-                    q.work.wait_for(&mut st, Duration::from_millis(20));
+                    q.work.wait_for(&mut st, IDLE_WAIT);
                 }
                 SealStep::WaitUntilUs(t) => {
                     q.work.wait_until(&mut st, instant_of(now, now_us, t));

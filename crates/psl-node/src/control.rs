@@ -185,8 +185,9 @@ pub fn serve_opts(
     let live = Arc::new(AtomicUsize::new(0));
     let opts = Arc::new(opts);
     while !stop.load(Ordering::Acquire) {
-        match listener.accept() {
-            Ok((s, peer)) => {
+        match psl_fabric::accept_within(&listener, psl_fabric::accept::ACCEPT_WAIT) {
+            Ok(None) => {}
+            Ok(Some((s, peer))) => {
                 if live.load(Ordering::Acquire) >= CONNECTIONS_MAX {
                     let mut s = s;
                     let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
@@ -204,7 +205,6 @@ pub fn serve_opts(
                     live.fetch_sub(1, Ordering::AcqRel);
                 });
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(20)),
             Err(e) => return Err(e),
         }
     }

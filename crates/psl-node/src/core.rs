@@ -24,6 +24,9 @@ pub(crate) struct Replies {
     durable: HashMap<u64, Sender<Result<QuorumDurable, DurableStatus>>>,
 }
 
+/// The longest a quiet core sleeps between ticks when nothing comes (any message wakes it).
+const QUIET_TICK_MAX: Duration = Duration::from_millis(500);
+
 pub(crate) struct Core {
     pub engine: NodeEngine,
     pub actors: Vec<(Arc<ActorQueue>, Sender<ActorCtl>)>,
@@ -63,9 +66,13 @@ impl Core {
         let mut next_tick = Instant::now() + self.tick;
         loop {
             let msg = self.receive(next_tick.saturating_duration_since(Instant::now()));
+            if msg.is_some() {
+                // An event: back to the regular pace (it may have left work for the ticks).
+                next_tick = next_tick.min(Instant::now() + self.tick);
+            }
             if Instant::now() >= next_tick {
-                next_tick = Instant::now() + self.tick;
                 self.tick();
+                next_tick = self.next_tick();
             }
             // Barriers complete on acks and SYNCs (messages) and time out on their own clock.
             let now = self.now();
@@ -126,6 +133,17 @@ impl Core {
         if let Some(a) = &self.applied {
             *a.lock() = self.engine.core().orderer().heads().into_values().collect();
         }
+    }
+
+    /// When to tick next after a tick: at the regular pace, or, when the engine is quiet, at
+    /// its next timed duty (at most [`QUIET_TICK_MAX`] away). Any event wakes the core before.
+    fn next_tick(&self) -> Instant {
+        let now = Instant::now();
+        let wait = match self.engine.quiet_until() {
+            None => self.tick,
+            Some(at) => Duration::from_millis(at.saturating_sub(self.ms(now))).clamp(self.tick, QUIET_TICK_MAX),
+        };
+        now + wait
     }
 
     /// One message for the engine (barriers and `Stop` are the loop's).

@@ -9,6 +9,13 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+/// How long the inbound thread waits for a message before it checks the stop flag again: the
+/// longest a node's shutdown waits for it. (The outbound thread and the dispatcher wait
+/// longer: the end of the thread that feeds each one's ring wakes it at once.)
+pub(crate) const RECV_WAIT: Duration = Duration::from_millis(250);
+/// The outbound thread's and the dispatcher's wait on their rings (see [`RECV_WAIT`]).
+pub(crate) const RING_WAIT: Duration = Duration::from_millis(1_000);
+
 #[derive(Debug, Default)]
 pub struct HostStats {
     pub published: AtomicU64,
@@ -32,7 +39,7 @@ pub(crate) fn spawn(
         let mut batch = Vec::with_capacity(256);
         while !s.load(Ordering::Acquire) {
             batch.clear();
-            if out.pop_batch_wait(&mut batch, 256, Duration::from_millis(50)) == 0 {
+            if out.pop_batch_wait(&mut batch, 256, RING_WAIT) == 0 {
                 continue;
             }
             for m in batch.drain(..) {
@@ -48,7 +55,7 @@ pub(crate) fn spawn(
     })?;
     let rx = std::thread::Builder::new().name("host-in".into()).spawn(move || {
         while !stop.load(Ordering::Acquire) {
-            match fabric.recv_timeout(Duration::from_millis(50)) {
+            match fabric.recv_timeout(RECV_WAIT) {
                 Ok(Some(m)) => {
                     stats.received.fetch_add(1, Ordering::Relaxed);
                     if !inb.push_wait(m, Duration::from_millis(500)) {

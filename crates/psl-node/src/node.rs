@@ -1343,7 +1343,8 @@ struct Dispatcher {
 impl Dispatcher {
     fn run(self, mut inbound: crate::ring::InboundRing) {
         while !self.stop.load(Ordering::Acquire) {
-            let Some(bytes) = inbound.wait_pop(Duration::from_millis(50)) else { continue };
+            // The host's inbound thread ending (at shutdown) wakes this wait.
+            let Some(bytes) = inbound.wait_pop(crate::host::RING_WAIT) else { continue };
             if psl_scl::dbwire::is_db_msg(&bytes) {
                 self.db_message(&bytes);
                 continue;

@@ -1,47 +1,91 @@
 //! The announcement handler: the key statements (certificates of this node's own writers, and
-//! any revocations its leader issued) that the node announces on the fabric, again every
-//! [`CERTS_ANNOUNCE_MS`], so that late joiners learn them (see the `wire` module docs).
-//! Installing the statements in the verifier stays with the [`NodeCore`](crate::NodeCore),
-//! which hands the handler only what it must announce.
+//! any revocations its leader issued) that the node (or a capsule server, its own certificate)
+//! announces on the fabric, and again and again, so that late joiners learn them (see the
+//! `wire` module docs). Installing the statements in the verifier stays with the
+//! [`NodeCore`](crate::NodeCore), which hands the handler only what it must announce.
+//!
+//! The repeats follow Trickle (RFC 6206): the first comes [`CERTS_ANNOUNCE_MS`] after an
+//! announcement, each next one waits twice as long, up to [`CERTS_ANNOUNCE_IDLE_MS`] (below
+//! [`psl_capsule::verify::CERT_WAIT_MS`], so a record held for a certificate outlives the wait for
+//! it). Hearing a statement it did not know (a process joined, or restarted under a new
+//! writer) makes a process announce again at its next tick ([`Announcer::hurry`]): the newcomer
+//! learns everyone's certificates at once, and an idle deployment repeats itself rarely.
 
 use crate::wire::Msg;
 use psl_capsule::{CapsuleName, KeyStatement};
 
-/// How often a node (and a capsule server) announces its own writers' certificates.
+/// How soon a node (and a capsule server) announces its own writers' certificates again after
+/// an announcement that followed a change or a newcomer.
 pub const CERTS_ANNOUNCE_MS: u64 = 1000;
+/// The longest wait between two announcements (see the module docs).
+pub const CERTS_ANNOUNCE_IDLE_MS: u64 = 8_000;
+const _: () = assert!(CERTS_ANNOUNCE_IDLE_MS < psl_capsule::verify::CERT_WAIT_MS);
 
 /// The statements to announce and when they last were.
-#[derive(Debug, Default)]
-pub(crate) struct Announcer {
+#[derive(Debug)]
+pub struct Announcer {
     statements: Vec<KeyStatement>,
     /// When (ms) the statements were last announced; `None`: at the next tick.
     last_at: Option<u64>,
+    /// The wait after `last_at` (doubling from [`CERTS_ANNOUNCE_MS`]).
+    every_ms: u64,
+}
+
+impl Default for Announcer {
+    fn default() -> Self {
+        Announcer { statements: Vec::new(), last_at: None, every_ms: CERTS_ANNOUNCE_MS }
+    }
 }
 
 impl Announcer {
-    pub(crate) fn new() -> Announcer {
+    /// Nothing to announce yet.
+    pub fn new() -> Announcer {
         Announcer::default()
     }
 
     /// Replaces what is announced; announced at the next tick.
-    pub(crate) fn set(&mut self, statements: Vec<KeyStatement>) {
+    pub fn set(&mut self, statements: Vec<KeyStatement>) {
         self.statements = statements;
-        self.last_at = None;
+        self.hurry();
     }
 
     /// Adds a statement (once) to what is announced; everything is announced at the next tick.
-    pub(crate) fn add(&mut self, s: KeyStatement) {
+    pub fn add(&mut self, s: KeyStatement) {
         if !self.statements.contains(&s) {
             self.statements.push(s);
         }
+        self.hurry();
+    }
+
+    /// Whether there is anything to announce.
+    pub fn is_empty(&self) -> bool {
+        self.statements.is_empty()
+    }
+
+    /// Someone may lack what this process announces (it heard a statement new to it): announce
+    /// at the next tick, and repeat at the short interval again.
+    pub fn hurry(&mut self) {
         self.last_at = None;
+        self.every_ms = CERTS_ANNOUNCE_MS;
+    }
+
+    /// When (ms) the statements are due again (`Some(0)`: at the next tick); `None`: nothing
+    /// to announce.
+    pub fn next_due(&self) -> Option<u64> {
+        if self.statements.is_empty() {
+            return None;
+        }
+        Some(self.last_at.map_or(0, |t| t.saturating_add(self.every_ms)))
     }
 
     /// The messages to publish at a tick at `now`: every statement, in chunks of at most
-    /// a record's worth, if any and if they were not announced within [`CERTS_ANNOUNCE_MS`].
-    pub(crate) fn due(&mut self, name: CapsuleName, now: u64) -> Vec<Msg> {
-        if self.statements.is_empty() || self.last_at.is_some_and(|t| now.saturating_sub(t) < CERTS_ANNOUNCE_MS) {
+    /// a record's worth, if any and if the current wait since the last announcement is over.
+    pub fn due(&mut self, name: CapsuleName, now: u64) -> Vec<Msg> {
+        if self.statements.is_empty() || self.last_at.is_some_and(|t| now.saturating_sub(t) < self.every_ms) {
             return Vec::new();
+        }
+        if self.last_at.is_some() {
+            self.every_ms = (self.every_ms * 2).min(CERTS_ANNOUNCE_IDLE_MS);
         }
         self.last_at = Some(now);
         self.statements
@@ -107,5 +151,30 @@ mod tests {
         let msgs = a.due(name, 0);
         assert_eq!(msgs.len(), 2);
         assert_eq!(announced(&msgs), max + 1);
+    }
+
+    #[test]
+    fn repeats_back_off_while_nothing_changes_and_a_newcomer_brings_them_back() {
+        let (name, st) = revocations(1);
+        let mut a = Announcer::new();
+        a.set(st);
+        let mut at = Vec::new();
+        for t in 0..40_000 {
+            if !a.due(name, t).is_empty() {
+                at.push(t);
+            }
+        }
+        let gaps: Vec<u64> = at.windows(2).map(|w| w[1] - w[0]).collect();
+        assert_eq!(
+            &gaps[..4],
+            &[CERTS_ANNOUNCE_MS, 2 * CERTS_ANNOUNCE_MS, 4 * CERTS_ANNOUNCE_MS, CERTS_ANNOUNCE_IDLE_MS]
+        );
+        assert!(gaps[3..].iter().all(|g| *g == CERTS_ANNOUNCE_IDLE_MS), "{gaps:?}");
+        assert_eq!(a.next_due(), Some(at.last().unwrap() + CERTS_ANNOUNCE_IDLE_MS));
+        // A statement new to us was heard: announce at once, then at the short interval.
+        a.hurry();
+        assert_eq!(a.next_due(), Some(0));
+        assert!(!a.due(name, 40_000).is_empty());
+        assert!(!a.due(name, 40_000 + CERTS_ANNOUNCE_MS).is_empty());
     }
 }

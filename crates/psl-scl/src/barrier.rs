@@ -79,6 +79,11 @@ impl Barriers {
         }
     }
 
+    /// Whether any barrier waits (one completed but not yet asked about does not).
+    pub(crate) fn pending(&self) -> bool {
+        self.waits.values().any(|w| !w.done)
+    }
+
     /// Forgets every barrier (RESET).
     pub(crate) fn clear(&mut self) {
         self.waits.clear();

@@ -69,6 +69,11 @@ impl Durability {
         Durability { servers, acked: BTreeMap::new(), barriers: BTreeMap::new() }
     }
 
+    /// Whether any durability barrier is open.
+    pub(crate) fn waiting(&self) -> bool {
+        !self.barriers.is_empty()
+    }
+
     /// Majority of the configured servers.
     pub(crate) fn quorum(&self) -> usize {
         self.servers as usize / 2 + 1

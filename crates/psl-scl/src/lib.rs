@@ -26,8 +26,9 @@
 //!   The runtime's core thread and the simulator both run it, and both put client writes
 //!   through its per-writer queues (`engine::queue`: admission, stamp, seal policy) and
 //!   CapsuleDB reads through its table of asks (`engine::asks`).
-//! - `announce`: the key statements (own writers' certificates, revocations) a node announces
-//!   on the fabric, again every [`node::CERTS_ANNOUNCE_MS`] (a handler of the [`NodeCore`]).
+//! - [`announce`]: the key statements (own writers' certificates, revocations) a node (or a
+//!   capsule server) announces on the fabric, repeated at intervals that double from
+//!   [`node::CERTS_ANNOUNCE_MS`] while nothing new is heard (a handler of the [`NodeCore`]).
 //! - [`window`]: a writer's flow-control window toward what paces it (a quorum of capsule
 //!   servers, CapsuleDB, pacing peers), shared by the runtime's `put` and writer actor.
 //! - `repair`: the repair cache that answers peers' requests, the answers owed, the heads
@@ -45,7 +46,7 @@
 
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
-mod announce;
+pub mod announce;
 mod barrier;
 pub mod clock;
 pub mod coordinator;

@@ -51,8 +51,12 @@ pub struct NodeConfig {
     pub keep_values: bool,
     /// Most records sent in answer to repair requests per tick.
     pub repair_answers_per_tick: usize,
-    /// How often the node publishes a heads hint (see [`crate::wire`]).
+    /// How often the node publishes a heads hint (see [`crate::wire`]) while its heads move.
     pub heads_interval_ms: u64,
+    /// The longest wait between two heads hints: while the node applies nothing, the wait
+    /// doubles from `heads_interval_ms` up to this (Trickle, RFC 6206: a hint repeated to
+    /// peers that already agree is wasted; one after a change, a data op applied, is not).
+    pub heads_idle_ms: u64,
     /// Most repair requests a tick sends because of heads hints.
     pub hint_requests_per_tick: usize,
     /// After a start, how long a node that owns a long-lived writer (a coordinator) asks its
@@ -84,6 +88,7 @@ impl Default for NodeConfig {
             keep_values: true,
             repair_answers_per_tick: 4096,
             heads_interval_ms: 250,
+            heads_idle_ms: HEADS_IDLE_MS_DEFAULT,
             hint_requests_per_tick: 64,
             rejoin_ms: 0,
             servers: 0,
@@ -176,6 +181,13 @@ pub struct NodeCore {
     /// Newest SYNC applied: epoch and links.
     last_sync: Option<(u64, Vec<Link>)>,
     last_heads_at: u64,
+    /// The current wait between full heads hints (`heads_interval_ms` doubling up to
+    /// `heads_idle_ms` while nothing is applied), and the applied-ops count at the last.
+    heads_every_ms: u64,
+    heads_applied: u64,
+    /// When this node last asked for an epoch for its pending barriers (`None`: not since
+    /// they began).
+    epoch_wanted_at: Option<u64>,
     /// The rejoin period after a start, and the own coordinator chain's head it resumes from.
     rejoin: Rejoin,
     /// The servers' acks of own writers' records and the durability barriers on them.
@@ -197,6 +209,13 @@ pub struct NodeCore {
     /// every [`CERTS_ANNOUNCE_MS`] so that late joiners learn them (`wire` module docs).
     announce: Announcer,
 }
+
+/// The default [`NodeConfig::heads_idle_ms`] (and the capsule servers'): 4 s.
+pub const HEADS_IDLE_MS_DEFAULT: u64 = 4_000;
+
+/// How often a node with a pending `sync()` barrier asks for an epoch
+/// ([`Msg::EpochWanted`]): the hint is unreliable, so it is repeated while the barrier waits.
+pub const EPOCH_WANTED_EVERY_MS: u64 = 250;
 
 /// The key of CapsuleDB's pending ack beside the servers' ids (which are below 2^15).
 const DB_ACKER: u32 = u32::MAX;
@@ -240,6 +259,9 @@ impl NodeCore {
             next_ticket: 0,
             last_sync: None,
             last_heads_at: 0,
+            heads_every_ms: cfg.heads_interval_ms,
+            heads_applied: 0,
+            epoch_wanted_at: None,
             rejoin: Rejoin::new(cfg.rejoin_ms, coordinator_writer),
             durability: Durability::new(cfg.servers),
             pending_acks: BTreeMap::new(),
@@ -268,6 +290,7 @@ impl NodeCore {
         if self.verifier.install_statement(&s)? && matches!(s, KeyStatement::Revoke(_)) {
             self.purge_refused();
         }
+        self.note_effect_epoch(&s);
         self.announce.add(s);
         Ok(())
     }
@@ -282,6 +305,7 @@ impl NodeCore {
             match self.verifier.install_statement(s) {
                 Ok(true) => {
                     new += 1;
+                    self.note_effect_epoch(s);
                     revoked |= matches!(s, KeyStatement::Revoke(_));
                 }
                 Ok(false) => {}
@@ -295,6 +319,14 @@ impl NodeCore {
             self.purge_refused();
         }
         new
+    }
+
+    /// A revocation takes effect at its epoch: a coordinator here keeps epochs at the busy pace
+    /// until then, so that it does not wait out idle epochs.
+    fn note_effect_epoch(&mut self, s: &KeyStatement) {
+        if let (KeyStatement::Revoke(r), Some(c)) = (s, &mut self.coordinator) {
+            c.keep_busy_until(r.from_epoch.saturating_add(1));
+        }
     }
 
     /// Drops the records held for ordering that the verifier refuses now (a revocation learnt
@@ -442,6 +474,9 @@ impl NodeCore {
         self.local.insert(h.writer);
         self.orderer.advance_own(rec, now);
         Metrics::add(&self.metrics.records_written, 1);
+        if let Some(c) = &mut self.coordinator {
+            c.on_activity(now);
+        }
         vec![Output::Publish(Msg::Record { capsule: self.verifier.name(), bytes: rec.shared_bytes() }.encode())]
     }
 
@@ -454,6 +489,10 @@ impl NodeCore {
         self.orderer.advance_own(&rec, now);
         Metrics::add(&self.metrics.records_written, 1);
         Metrics::add(&self.metrics.ops_written, ops as u64);
+        if let Some(c) = &mut self.coordinator {
+            // A coordinator on a node with data writers (the embedded deployment).
+            c.on_activity(now);
+        }
         out.push(Output::Publish(Msg::Record { capsule: self.verifier.name(), bytes: rec.shared_bytes() }.encode()));
         let bytes = self.repair.cache(&rec);
         self.metrics.repair_cache_bytes.store(bytes as u64, Ordering::Relaxed);
@@ -468,6 +507,10 @@ impl NodeCore {
         let r = self.verifier.install_rotation(cert, data_key);
         match &r {
             Ok(true) => {
+                if let Some(c) = &mut self.coordinator {
+                    // The new key takes effect there: get there at the busy pace.
+                    c.keep_busy_until(cert.from_epoch.saturating_add(1));
+                }
                 if cert.from_epoch <= self.orderer.current_epoch() {
                     tracing::warn!(
                         key_gen = cert.key_gen,
@@ -552,9 +595,18 @@ impl NodeCore {
             }
             Msg::Ack(a) if a.capsule == self.verifier.name() => self.on_ack(a),
             Msg::Certs { capsule, statements } if capsule == self.verifier.name() => {
-                self.on_statements(&statements);
+                if self.on_statements(&statements) > 0 {
+                    // Someone new is about: it may lack our certificates too.
+                    self.announce.hurry();
+                }
             }
-            Msg::Repair { .. } | Msg::Heads { .. } | Msg::Ack(_) | Msg::Certs { .. } => {
+            Msg::EpochWanted { capsule } if capsule == self.verifier.name() => {
+                let now = self.now_ms;
+                if let Some(c) = &mut self.coordinator {
+                    c.on_activity(now);
+                }
+            }
+            Msg::Repair { .. } | Msg::Heads { .. } | Msg::Ack(_) | Msg::Certs { .. } | Msg::EpochWanted { .. } => {
                 self.metrics.reject(RejectReason::Capsule)
             }
             Msg::Record { .. } => {}
@@ -765,8 +817,57 @@ impl NodeCore {
         }
         self.tick_heads(name, now, &mut out);
         self.tick_repair_answers(name, &mut out);
+        self.tick_epoch_wanted(name, now, &mut out);
         self.tick_coordinator(now, &mut out);
         out
+    }
+
+    /// Tick step: while `sync()` barriers wait, asks the coordinators for epochs every
+    /// [`EPOCH_WANTED_EVERY_MS`] (an idle capsule's epochs are slow; see
+    /// [`crate::coordinator`]). A coordinator on this node takes it directly.
+    fn tick_epoch_wanted(&mut self, name: CapsuleName, now: u64, out: &mut Vec<Output>) {
+        if !self.barriers.pending() {
+            self.epoch_wanted_at = None;
+            return;
+        }
+        if self.epoch_wanted_at.is_some_and(|t| now.saturating_sub(t) < EPOCH_WANTED_EVERY_MS) {
+            return;
+        }
+        self.epoch_wanted_at = Some(now);
+        if let Some(c) = &mut self.coordinator {
+            c.on_activity(now);
+        }
+        out.push(Output::Publish(Msg::EpochWanted { capsule: name }.encode()));
+    }
+
+    /// The earliest time (ms) at which a tick has timed work to do, if the node is quiet:
+    /// nothing pending that a tick retries or times out (repairs, held records, acks to
+    /// verify, repair answers owed, barriers, a rejoin), so that a runtime with no new event
+    /// may sleep until then; nor anything applied since the last full heads hint (the moved
+    /// heads go out between full hints). `None`: not quiet; tick at the regular pace.
+    pub fn quiet_until(&self) -> Option<u64> {
+        let busy = !self.rejoin.rejoined()
+            || self.data_moves() != self.heads_applied
+            || self.barriers.pending()
+            || !self.pending_acks.is_empty()
+            || self.durability.waiting()
+            || self.repair.owes_answers()
+            || self.repair.has_hints()
+            || !self.orderer.gaps().is_empty()
+            || self.verifier.holds_any();
+        if busy {
+            return None;
+        }
+        let mut at = self.last_heads_at.saturating_add(self.heads_every_ms);
+        if let Some(t) = self.announce.next_due() {
+            at = at.min(t);
+        }
+        if let Some(c) = &self.coordinator {
+            if let Some(t) = c.next_due() {
+                at = at.min(t);
+            }
+        }
+        Some(at)
     }
 
     /// Tick step: until rejoined, waits out the rejoin delay and own floor (resuming the
@@ -816,8 +917,20 @@ impl NodeCore {
     /// Tick step: publishes all heads every heads interval, and the moved ones (flow hints) between.
     fn tick_heads(&mut self, name: CapsuleName, now: u64, out: &mut Vec<Output>) {
         let sender = (self.cfg.peer_id != 0).then_some(self.cfg.peer_id);
-        if now.saturating_sub(self.last_heads_at) >= self.cfg.heads_interval_ms {
+        // Trickle: back to the regular interval as soon as a data op was applied. (Epoch
+        // records alone do not count: a node that misses the last of them learns it from the
+        // next epoch's records or from a later hint.)
+        let applied = self.data_moves();
+        if applied != self.heads_applied {
+            self.heads_every_ms = self.cfg.heads_interval_ms;
+        }
+        if now.saturating_sub(self.last_heads_at) >= self.heads_every_ms {
             self.last_heads_at = now;
+            if applied == self.heads_applied {
+                self.heads_every_ms =
+                    (self.heads_every_ms * 2).min(self.cfg.heads_idle_ms.max(self.cfg.heads_interval_ms));
+            }
+            self.heads_applied = applied;
             let heads: Vec<(u32, u64)> =
                 self.orderer.heads().into_values().map(|l| (l.writer, l.seq)).take(crate::wire::HEADS_MAX).collect();
             self.flow.hinted_all(now, &heads);
@@ -864,6 +977,11 @@ impl NodeCore {
         }
     }
 
+    /// Data ops applied and written so far: what restarts the heads hints' Trickle.
+    fn data_moves(&self) -> u64 {
+        self.metrics.ops_applied.load(Ordering::Relaxed) + self.metrics.ops_written.load(Ordering::Relaxed)
+    }
+
     /// Asks peers for this node's own writers' records (after a restart, before writing again).
     pub fn probe_own(&mut self, now: u64) -> Vec<Output> {
         let name = self.verifier.name();
@@ -889,6 +1007,8 @@ impl NodeCore {
     /// links. A node without data writers has no post-call record to wait for: any SYNC
     /// applied after the call counts as the first, so its barrier is best effort.
     pub fn begin_sync(&mut self, next_seqs: BTreeMap<u32, u64>) -> SyncTicket {
+        // Asked for at the next tick (`tick_epoch_wanted`).
+        self.epoch_wanted_at = None;
         self.barriers.begin(next_seqs)
     }
 
@@ -958,6 +1078,16 @@ impl NodeCore {
         if !is_coord && !is_db_kind(h.kind) {
             if let Some(c) = &mut self.coordinator {
                 c.observe_writer(h.writer);
+            }
+        }
+        if let Some(c) = &mut self.coordinator {
+            // Every record but an epoch's own (RTS, EOE, SYNC) needs an epoch to be linked
+            // by a SYNC: it keeps the busy pace (see `coordinator`, "Idle epochs").
+            match body {
+                Body::Control { code: ControlCode::Rts, .. } if is_coord => c.on_rts(),
+                Body::Control { code: ControlCode::Rts | ControlCode::Eoe, .. } => {}
+                _ if h.kind == Kind::Sync => {}
+                _ => c.on_activity(now),
             }
         }
         match body {

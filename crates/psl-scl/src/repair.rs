@@ -65,6 +65,16 @@ impl Repair {
         Repair { cache: Cache::new(records_max, bytes_max), answering: VecDeque::new(), hinted: BTreeMap::new() }
     }
 
+    /// Whether repair answers are owed (sent at the next ticks).
+    pub(crate) fn owes_answers(&self) -> bool {
+        !self.answering.is_empty()
+    }
+
+    /// Whether hinted heads wait to be asked for.
+    pub(crate) fn has_hints(&self) -> bool {
+        !self.hinted.is_empty()
+    }
+
     /// Keeps `r` to answer repairs; returns the cache's size in bytes after it.
     pub(crate) fn cache(&mut self, r: &Record) -> usize {
         self.cache.insert(r);

@@ -12,6 +12,7 @@
 //!                            | [32] hash of to_seq) | [64] signature    (1 <= n <= ACK_ENTRIES_MAX)
 //!   type 10, key statements:  a statement list as in a Cert record's body (writer certificates
 //!                            and revocations, each signed by the application key)
+//!   type 11, epoch wanted:   empty (exactly the prefix)
 //! ```
 //!
 //! Key statements authenticate themselves like records (the application key signs each), so
@@ -26,6 +27,12 @@
 //! [`crate::server_writer`]); the signature is ECDSA secp256k1 over [`ack_digest`], which
 //! covers every byte of the message before the signature, behind a domain tag, so that it can
 //! never be mistaken for a record signature. See `docs/protocol/durability.md`.
+//!
+//! An epoch-wanted hint says "a node waits for the next epochs" (a `sync()` barrier). The
+//! coordinators take it as activity: an idle capsule's coordinator opens its next epoch at the
+//! busy pace instead of waiting out `epoch_idle_ms` (`crate::coordinator`, "Idle epochs").
+//! It is unauthenticated and carries nothing: forged or replayed, it makes epochs run at the
+//! pace a busy capsule runs them anyway.
 //!
 //! A heads hint says "I have applied these writers up to these seqs". It is unauthenticated,
 //! so it never creates a gap (no withholding report can follow from it): it only makes the
@@ -46,6 +53,7 @@ const TYPE_ACK: u8 = 4;
 const REPAIR_ORIGIN_ONLY: u8 = 1;
 /// Types 5 to 9 are CapsuleDB's (`crate::dbwire`).
 const TYPE_CERTS: u8 = 10;
+const TYPE_EPOCH_WANTED: u8 = 11;
 /// Most entries in one ack.
 pub const ACK_ENTRIES_MAX: usize = 1024;
 const ACK_ENTRY_LEN: usize = 4 + 8 + 8 + 32;
@@ -55,7 +63,7 @@ const ACK_DOMAIN: &[u8] = b"psl-ack-v1";
 pub const HEADS_MAX: usize = 4096;
 const PREFIX_LEN: usize = 2 + 32;
 
-/// A message on the fabric (wire types 1 to 4 and 10; see the module docs for the layout).
+/// A message on the fabric (wire types 1 to 4, 10 and 11; see the module docs for the layout).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Msg {
     /// A record's exact bytes (not yet verified).
@@ -99,6 +107,11 @@ pub enum Msg {
         capsule: CapsuleName,
         /// The statements, each signed by the application key.
         statements: Vec<KeyStatement>,
+    },
+    /// Hint: a node waits for the next epochs (see the module docs).
+    EpochWanted {
+        /// The capsule whose coordinator should open an epoch.
+        capsule: CapsuleName,
     },
 }
 
@@ -199,6 +212,9 @@ pub enum WireError {
     /// match the count, or an empty range.
     #[error("ack: {0}")]
     Ack(&'static str),
+    /// An epoch-wanted hint with a payload (it has none).
+    #[error("epoch-wanted hint: {0} bytes after the prefix, want 0")]
+    EpochWantedLen(usize),
     /// A key statement list that does not decode.
     #[error("key statements: {0}")]
     Certs(psl_capsule::DecodeError),
@@ -211,7 +227,8 @@ impl Msg {
             Msg::Record { capsule, .. }
             | Msg::Repair { capsule, .. }
             | Msg::Heads { capsule, .. }
-            | Msg::Certs { capsule, .. } => *capsule,
+            | Msg::Certs { capsule, .. }
+            | Msg::EpochWanted { capsule } => *capsule,
             Msg::Ack(a) => a.capsule,
         }
     }
@@ -271,6 +288,10 @@ impl Msg {
                 b.extend_from_slice(&capsule.0 .0);
                 // `encode_list` asserts the statement count the decoder accepts.
                 b.extend_from_slice(&KeyStatement::encode_list(statements));
+            }
+            Msg::EpochWanted { capsule } => {
+                b.push(TYPE_EPOCH_WANTED);
+                b.extend_from_slice(&capsule.0 .0);
             }
         }
         // Every message leaves as our own decoder reads it (a full decode: debug builds only).
@@ -363,6 +384,8 @@ impl Msg {
                 let statements = KeyStatement::decode_list(p).map_err(WireError::Certs)?;
                 Ok(Msg::Certs { capsule, statements })
             }
+            TYPE_EPOCH_WANTED if p.is_empty() => Ok(Msg::EpochWanted { capsule }),
+            TYPE_EPOCH_WANTED => Err(WireError::EpochWantedLen(p.len())),
             t => Err(WireError::Type(t)),
         }
     }
@@ -481,6 +504,11 @@ mod tests {
         b.extend_from_slice(&8u64.to_le_bytes());
         b.extend_from_slice(&[0; 32 + 64]);
         assert_eq!(Msg::decode(&b), Err(WireError::Ack("empty range")));
+        // Epoch wanted: anything after the prefix.
+        let mut b = prefix(TYPE_EPOCH_WANTED);
+        assert_eq!(Msg::decode(&b), Ok(Msg::EpochWanted { capsule }));
+        b.push(0);
+        assert_eq!(Msg::decode(&b), Err(WireError::EpochWantedLen(1)));
     }
 
     proptest! {
@@ -488,7 +516,7 @@ mod tests {
         fn round_trip(name in any::<[u8; 32]>(), bytes in proptest::collection::vec(any::<u8>(), 0..300), w in any::<u32>(), a in any::<u64>(), n in 0u64..1000) {
             let capsule = CapsuleName(Hash256(name));
             let heads: Vec<(u32, u64)> = bytes.iter().map(|b| ((*b as u32).wrapping_mul(w), a ^ *b as u64)).collect();
-            for m in [Msg::Record { capsule, bytes: bytes.clone().into() }, Msg::Repair { capsule, writer: w, from_seq: a / 2, to_seq: a / 2 + n, origin_only: n % 2 == 0 }, Msg::Heads { capsule, heads: heads.clone(), sender: None }, Msg::Heads { capsule, heads, sender: Some(a) }] {
+            for m in [Msg::Record { capsule, bytes: bytes.clone().into() }, Msg::Repair { capsule, writer: w, from_seq: a / 2, to_seq: a / 2 + n, origin_only: n % 2 == 0 }, Msg::Heads { capsule, heads: heads.clone(), sender: None }, Msg::Heads { capsule, heads, sender: Some(a) }, Msg::EpochWanted { capsule }] {
                 prop_assert_eq!(Msg::decode(&m.encode()), Ok(m));
             }
         }

@@ -15,7 +15,7 @@ use psl_capsule::{KeyStatement, Kind, Link, Record, Verified, Verifier};
 use psl_crypto::{Hash256, SigningKey};
 use psl_scl::wire::ACK_ENTRIES_MAX;
 use psl_scl::{Ack, AckEntry, Msg, Orderer, OrdererConfig};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
 /// The tunables of a [`ServerCore`]: ordering, group-commit and backlog bounds, repair
@@ -32,12 +32,17 @@ pub struct ServerConfig {
     pub answers_per_tick: usize,
     /// Most pending repair requests (oldest dropped).
     pub answering_max: usize,
-    /// How often the server publishes its durable heads (anti-entropy).
+    /// How often the server publishes its durable heads (anti-entropy) while they move.
     pub heads_interval_ms: u64,
+    /// The longest wait between two heads hints: while nothing new is durable, the wait
+    /// doubles from `heads_interval_ms` up to this (Trickle, as a node's:
+    /// `psl_scl::NodeConfig::heads_idle_ms`).
+    pub heads_idle_ms: u64,
     /// Most repair requests per tick caused by peers' heads hints.
     pub hint_requests_per_tick: usize,
-    /// How often acks are repeated for writers whose durable head moved recently (acks travel
-    /// on a lossy fabric).
+    /// How soon acks are first repeated for writers whose durable head moved recently (acks
+    /// travel on a lossy fabric); each repeat after that waits twice as long as the one
+    /// before, until the head moves again.
     pub reack_interval_ms: u64,
     /// How recently a writer's durable head must have moved for its ack to be repeated.
     pub reack_window_ms: u64,
@@ -52,6 +57,7 @@ impl Default for ServerConfig {
             answers_per_tick: 1024,
             answering_max: 1024,
             heads_interval_ms: 250,
+            heads_idle_ms: psl_scl::node::HEADS_IDLE_MS_DEFAULT,
             hint_requests_per_tick: 64,
             reack_interval_ms: 200,
             reack_window_ms: 5_000,
@@ -181,6 +187,12 @@ pub struct ServerCore {
     ready: VecDeque<Verified<Record>>,
     /// Summary of the batch handed out and not yet persisted: writer -> (from, to, hash of to).
     in_flight: Option<BTreeMap<u32, (u64, u64, Hash256)>>,
+    /// The writers of the batch in flight with a record other than an epoch's (RTS, EOE,
+    /// SYNC): the ones whose acks are repeated (`changed`), since someone may wait for them.
+    in_flight_data: BTreeSet<u32>,
+    /// How many batches with such a record were persisted: the heads hints' Trickle starts
+    /// over when it moves.
+    data_batches: u64,
     /// What is on disk, fsync'd: writer -> (next seq, hash of the newest).
     durable: BTreeMap<u32, (u64, Hash256)>,
     /// When each writer's durable head last moved (for re-acks).
@@ -188,7 +200,12 @@ pub struct ServerCore {
     answering: VecDeque<(u32, u64, u64)>,
     hinted: BTreeMap<u32, u64>,
     last_heads_at: Option<u64>,
+    /// The current wait between heads hints, and `data_batches` at the last.
+    heads_every_ms: u64,
+    heads_persisted: u64,
     last_reack_at: u64,
+    /// The current wait between re-acks (doubling from `reack_interval_ms`).
+    reack_every_ms: u64,
     /// Newest SYNC ordered: (epoch, link).
     latest_sync: Option<(u64, Link)>,
     /// The newest sync's proof: every head in `durable` that an ack names was made durable
@@ -197,11 +214,10 @@ pub struct ServerCore {
     failed: Option<String>,
     /// The core's counters, updated as it goes.
     pub stats: ServerStats,
-    /// This server's own certificate (a certified capsule), announced every
-    /// `psl_scl::node::CERTS_ANNOUNCE_MS`: servers write no records, so nodes learn the key
+    /// This server's own certificate (a certified capsule), announced at start and repeated
+    /// (`psl_scl::announce`): servers write no records, so nodes learn the key
     /// that signs its acks this way.
-    announce: Vec<KeyStatement>,
-    last_announce_at: Option<u64>,
+    announce: psl_scl::announce::Announcer,
 }
 
 impl std::fmt::Debug for ServerCore {
@@ -221,18 +237,22 @@ impl ServerCore {
             orderer: Orderer::new(cfg.orderer),
             ready: VecDeque::new(),
             in_flight: None,
+            in_flight_data: BTreeSet::new(),
+            data_batches: 0,
             durable: BTreeMap::new(),
             changed: BTreeMap::new(),
             answering: VecDeque::new(),
             hinted: BTreeMap::new(),
             last_heads_at: None,
+            heads_every_ms: cfg.heads_interval_ms,
+            heads_persisted: 0,
             last_reack_at: 0,
+            reack_every_ms: cfg.reack_interval_ms,
             latest_sync: None,
             synced: None,
             failed: None,
             stats: ServerStats::default(),
-            announce: Vec::new(),
-            last_announce_at: None,
+            announce: psl_scl::announce::Announcer::new(),
         }
     }
 
@@ -241,8 +261,7 @@ impl ServerCore {
         for (writer, e) in self.verifier.install_own(&statements) {
             tracing::error!(writer, "own certificate refused: {e}");
         }
-        self.announce = statements;
-        self.last_announce_at = None;
+        self.announce.set(statements);
     }
 
     /// At start: what the store already holds (re-verified when it was opened) is durable.
@@ -384,8 +403,12 @@ impl ServerCore {
             return None;
         }
         let mut summary: BTreeMap<u32, (u64, u64, Hash256)> = BTreeMap::new();
+        self.in_flight_data.clear();
         for r in &batch {
             let h = r.header();
+            if !matches!(h.kind, psl_capsule::Kind::Sync | psl_capsule::Kind::Control) {
+                self.in_flight_data.insert(h.writer);
+            }
             let e = summary.entry(h.writer).or_insert((h.seq, h.seq, r.hash()));
             e.1 = h.seq;
             e.2 = r.hash();
@@ -402,9 +425,22 @@ impl ServerCore {
         self.stats.records_persisted += records as u64;
         self.stats.commits += 1;
         let mut entries = Vec::with_capacity(summary.len());
+        let data = std::mem::take(&mut self.in_flight_data);
+        if !data.is_empty() {
+            self.data_batches += 1;
+            // Repeats start over: the first one after `reack_interval_ms`.
+            if self.reack_every_ms != self.cfg.reack_interval_ms {
+                self.last_reack_at = now;
+            }
+            self.reack_every_ms = self.cfg.reack_interval_ms;
+        }
         for (w, (from, to, hash)) in summary {
             self.durable.insert(w, (to + 1, hash));
-            self.changed.insert(w, now);
+            // An epoch record's ack is not repeated: nobody waits for it (flow windows and
+            // durable syncs count data), and the next ack of the chain covers it.
+            if data.contains(&w) {
+                self.changed.insert(w, now);
+            }
             entries.push(AckEntry { writer: w, from_seq: from, to_seq: to, hash });
         }
         let out = self.acks(&entries, &synced);
@@ -464,7 +500,13 @@ impl ServerCore {
                 let mut revoked = false;
                 for st in &statements {
                     match self.verifier.install_statement(st) {
-                        Ok(new) => revoked |= new && matches!(st, KeyStatement::Revoke(_)),
+                        Ok(new) => {
+                            if new {
+                                // Someone new is about: it may lack our certificate too.
+                                self.announce.hurry();
+                            }
+                            revoked |= new && matches!(st, KeyStatement::Revoke(_));
+                        }
                         Err(e) => {
                             tracing::debug!(writer = st.writer(), "key statement refused: {e}");
                             self.stats.statements_refused += 1;
@@ -485,17 +527,34 @@ impl ServerCore {
         }
     }
 
+    /// When (ms) a tick has timed work to do, if the server is quiet (no repair owed or asked
+    /// for, no gap, no held record, nothing hinted), so that its runtime may sleep until then
+    /// when no input comes: the next heads hint, re-ack or announcement. `None`: not quiet.
+    pub fn quiet_until(&self) -> Option<u64> {
+        let busy = !self.answering.is_empty()
+            || !self.hinted.is_empty()
+            || !self.orderer.gaps().is_empty()
+            || self.verifier.holds_any()
+            || self.data_batches != self.heads_persisted;
+        if busy {
+            return None;
+        }
+        let mut at = self.last_heads_at.map_or(0, |t| t.saturating_add(self.heads_every_ms));
+        if !self.changed.is_empty() {
+            at = at.min(self.last_reack_at.saturating_add(self.reack_every_ms));
+        }
+        if let Some(t) = self.announce.next_due() {
+            at = at.min(t);
+        }
+        Some(at)
+    }
+
     /// Time passes: repair requests for gaps, pulls driven by peers' heads (anti-entropy), our
     /// own heads, re-acks, and answers to repair requests (from durable records only).
     pub fn on_tick(&mut self, now: u64) -> Vec<Output> {
         let mut out = Vec::new();
         let name = self.verifier.name();
-        if !self.announce.is_empty()
-            && self.last_announce_at.is_none_or(|t| now.saturating_sub(t) >= psl_scl::node::CERTS_ANNOUNCE_MS)
-        {
-            self.last_announce_at = Some(now);
-            out.push(Output::Publish(Msg::Certs { capsule: name, statements: self.announce.clone() }.encode()));
-        }
+        out.extend(self.announce.due(name, now).into_iter().map(|m| Output::Publish(m.encode())));
         let expired = self.verifier.expire_held(now).len() as u64;
         self.stats.uncertified += expired;
         self.stats.records_rejected += expired;
@@ -509,16 +568,27 @@ impl ServerCore {
         for (writer, from_seq, to_seq) in work.withholding {
             out.push(Output::Withholding { writer, from_seq, to_seq });
         }
-        if self.last_heads_at.is_none_or(|t| now.saturating_sub(t) >= self.cfg.heads_interval_ms) {
+        let persisted = self.data_batches;
+        if persisted != self.heads_persisted {
+            self.heads_every_ms = self.cfg.heads_interval_ms;
+        }
+        if self.last_heads_at.is_none_or(|t| now.saturating_sub(t) >= self.heads_every_ms) {
             self.last_heads_at = Some(now);
+            if persisted == self.heads_persisted {
+                self.heads_every_ms =
+                    (self.heads_every_ms * 2).min(self.cfg.heads_idle_ms.max(self.cfg.heads_interval_ms));
+            }
+            self.heads_persisted = persisted;
             let heads: Vec<(u32, u64)> =
                 self.durable.iter().map(|(w, (next, _))| (*w, next - 1)).take(psl_scl::wire::HEADS_MAX).collect();
             if !heads.is_empty() {
                 out.push(Output::Publish(Msg::Heads { capsule: name, heads, sender: None }.encode()));
             }
         }
-        if now.saturating_sub(self.last_reack_at) >= self.cfg.reack_interval_ms {
+        if !self.changed.is_empty() && now.saturating_sub(self.last_reack_at) >= self.reack_every_ms {
             self.last_reack_at = now;
+            self.reack_every_ms =
+                (self.reack_every_ms * 2).min(self.cfg.reack_window_ms.max(self.cfg.reack_interval_ms));
             let window = self.cfg.reack_window_ms;
             self.changed.retain(|_, t| now.saturating_sub(*t) <= window);
             let entries: Vec<AckEntry> = self

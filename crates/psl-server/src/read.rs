@@ -120,8 +120,9 @@ pub fn serve(
     let open = Arc::new(AtomicUsize::new(0));
     let checking = Arc::new(AtomicBool::new(false));
     while !stop.load(Ordering::Acquire) {
-        match listener.accept() {
-            Ok((s, peer)) => {
+        match psl_fabric::accept_within(&listener, psl_fabric::accept::ACCEPT_WAIT) {
+            Ok(None) => {}
+            Ok(Some((s, peer))) => {
                 if open.load(Ordering::Acquire) >= CONNECTIONS_MAX {
                     tracing::warn!(%peer, "too many read connections; refusing one");
                     continue;
@@ -136,7 +137,6 @@ pub fn serve(
                     open.fetch_sub(1, Ordering::AcqRel);
                 })?;
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(20)),
             Err(e) => {
                 tracing::warn!("accepting a read connection: {e}");
                 std::thread::sleep(Duration::from_millis(50));

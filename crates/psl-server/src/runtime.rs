@@ -283,7 +283,7 @@ fn host_in(
     in_tx: Sender<In>,
 ) {
     while !stop.load(Ordering::Acquire) {
-        let m = match fabric.recv_timeout(Duration::from_millis(50)) {
+        let m = match fabric.recv_timeout(RECV_WAIT) {
             Ok(Some(m)) => m,
             Ok(None) => continue,
             Err(e) => {
@@ -563,6 +563,13 @@ struct CoreLoop {
     name: psl_capsule::CapsuleName,
 }
 
+/// How long the fabric-receiving thread waits for a message before it checks the stop flag.
+const RECV_WAIT: Duration = Duration::from_millis(250);
+
+/// The longest a quiet core sleeps between ticks when no input comes (it wakes for input at
+/// once); the stop flag is checked at least this often.
+const QUIET_TICK_MAX: Duration = Duration::from_millis(500);
+
 /// Most inputs taken between two group commits.
 const DRAIN_MAX: usize = 8192;
 
@@ -574,17 +581,20 @@ impl CoreLoop {
     fn run(mut self) {
         let mut next_tick = Instant::now();
         while !self.stop.load(Ordering::Acquire) {
-            // Wait for input (bounded), then take what is there, up to DRAIN_MAX.
-            let mut timeout = next_tick.saturating_duration_since(Instant::now()).min(Duration::from_millis(50));
+            // Wait for input (until the next tick), then take what is there, up to DRAIN_MAX.
+            let mut timeout = next_tick.saturating_duration_since(Instant::now());
             if let FsyncPolicy::IntervalMs(ms) = self.fsync {
                 let next_commit = self.last_commit + Duration::from_millis(ms);
                 timeout = timeout.min(next_commit.saturating_duration_since(Instant::now()));
             }
             self.wait_input(timeout);
-            for _ in 0..DRAIN_MAX {
-                if !self.step() {
-                    break;
-                }
+            let mut took = 0;
+            while took < DRAIN_MAX && self.step() {
+                took += 1;
+            }
+            if took > 0 {
+                // Input: back to the regular pace (what came may need repairs, acks, hints).
+                next_tick = next_tick.min(Instant::now() + self.tick);
             }
             // Group commit: one write, one fsync; the acks only after it returned.
             let due = match self.fsync {
@@ -597,11 +607,16 @@ impl CoreLoop {
                 self.commit();
             }
             if Instant::now() >= next_tick {
-                next_tick = Instant::now() + self.tick;
                 let now = self.now();
                 let out = self.core.on_tick(now);
                 self.outputs(out);
                 *self.stats.lock().unwrap_or_else(|p| p.into_inner()) = self.core.stats;
+                // Quiet: sleep until the core's next timed duty (bounded), or the next input.
+                next_tick = Instant::now()
+                    + match self.core.quiet_until() {
+                        None => self.tick,
+                        Some(at) => Duration::from_millis(at.saturating_sub(now)).clamp(self.tick, QUIET_TICK_MAX),
+                    };
             }
         }
         // Persist what is ready before leaving (acks go out too; a crash instead loses it unacked).

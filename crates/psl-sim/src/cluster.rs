@@ -133,6 +133,7 @@ impl<'c> Cluster<'c> {
     fn coordinator_config(&self, rank: u8) -> CoordinatorConfig {
         CoordinatorConfig {
             epoch_ms: self.cfg.epoch_ms,
+            epoch_idle_ms: psl_scl::coordinator::EPOCH_IDLE_MS_DEFAULT,
             eoe_timeout_ms: self.cfg.epoch_ms * 3,
             takeover_after_epochs: 5,
             rank,

@@ -236,6 +236,7 @@ fn endpoints(cfg: &ScaleConfig) -> Result<(Vec<(SignedMetadata, AppKey)>, Vec<Ep
     for (c, (meta, app)) in metas.iter().enumerate() {
         let ccfg = CoordinatorConfig {
             epoch_ms: cfg.epoch_ms,
+            epoch_idle_ms: psl_scl::coordinator::EPOCH_IDLE_MS_DEFAULT,
             eoe_timeout_ms: cfg.epoch_ms * 3,
             takeover_after_epochs: 5,
             rank: 0,

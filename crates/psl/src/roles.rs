@@ -378,9 +378,14 @@ pub struct CoordinatorArgs {
     /// Milliseconds to wait for every writer's EOE before closing an epoch without it.
     #[arg(long, default_value_t = 300)]
     pub eoe_timeout_ms: u64,
-    /// Epochs without a SYNC before a shadow takes over (times 1 + its rank).
+    /// Epochs without a SYNC before a shadow takes over (times 1 + its rank; counted from the
+    /// first write after the last SYNC, or after `--epoch-idle-ms` if nothing was written).
     #[arg(long, default_value_t = 5)]
     pub takeover_after_epochs: u64,
+    /// Epoch length in milliseconds while nothing but epochs is written (a write, or a node's
+    /// pending sync, brings back the `--epoch-ms` pace at once); at least `--epoch-ms`.
+    #[arg(long, default_value_t = psl_scl::coordinator::EPOCH_IDLE_MS_DEFAULT)]
+    pub epoch_idle_ms: u64,
     /// Control interface address (STATS, DUMP, METRICS).
     #[arg(long, default_value = "127.0.0.1:0")]
     pub control: SocketAddr,
@@ -598,6 +603,7 @@ pub fn run_coordinator(a: CoordinatorArgs) -> Result<i32> {
     let meta = read_metadata(&a.common.capsule)?;
     let cfg = CoordinatorConfig {
         epoch_ms: a.common.epoch_ms,
+        epoch_idle_ms: a.epoch_idle_ms,
         eoe_timeout_ms: a.eoe_timeout_ms,
         takeover_after_epochs: a.takeover_after_epochs,
         rank: a.rank,

@@ -934,7 +934,9 @@ fn dispensable(name: &str) -> bool {
 fn supervise(kids: &mut Vec<Kid>, leader_args: &[String]) -> i32 {
     let mut code = 0;
     while !STOP.load(Ordering::SeqCst) {
-        std::thread::sleep(Duration::from_millis(50));
+        // A child's exit and Ctrl-C are noticed within this (an idle deployment's supervisor
+        // wakes five times a second).
+        std::thread::sleep(Duration::from_millis(200));
         let mut restart_leader = false;
         for k in kids.iter_mut().filter(|k| !k.gone) {
             if let Ok(Some(st)) = k.child.try_wait() {

@@ -195,6 +195,15 @@ impl NodeEngine {
         }
     }
 
+    /// When (ms on the engine's clock) the runtime must tick next if no event comes first, when
+    /// nothing is pending: see [`NodeCore::quiet_until`]. `None`: tick at the regular pace.
+    pub fn quiet_until(&self) -> Option<u64> {
+        if self.anyone_waits() || !self.commands.is_empty() {
+            return None;
+        }
+        self.core.quiet_until()
+    }
+
     /// The next thing the runtime must do.
     pub fn next_command(&mut self) -> Option<Command> {
         self.commands.pop_front()

@@ -109,6 +109,15 @@ impl NodeEngine {
 
     /// Tick step: the paced windows take what a quorum, a live CapsuleDB and the pacing peers
     /// now hold; a window that moved wakes its writer.
+    /// Whether anyone waits on the engine's clock: a `sync()` or durable-sync caller, or a
+    /// writer with ops outstanding in its flow window (a stalled peer stops pacing it after a
+    /// time, with no message to say so).
+    pub(super) fn anyone_waits(&self) -> bool {
+        !self.waiters.syncs.is_empty()
+            || !self.waiters.durables.is_empty()
+            || self.waiters.windows.iter().any(|(_, w)| w.window_ops > 0 && w.unacked_ops() > 0)
+    }
+
     pub(super) fn pace_windows(&mut self) {
         for (writer, w) in &self.waiters.windows {
             if w.window_ops == 0 {

@@ -67,16 +67,16 @@ const ROLE_MB_MAX: u64 = 256;
 
 /// One process of the deployment.
 #[derive(Debug, Clone)]
-struct Role {
-    pid: u32,
-    name: String,
+pub(super) struct Role {
+    pub(super) pid: u32,
+    pub(super) name: String,
     /// The memory budget it runs under (`None`: not a psl role, e.g. nats-server).
-    budget_mb: Option<u64>,
+    pub(super) budget_mb: Option<u64>,
 }
 
 /// The deployment's processes: every descendant of `psl up`, named by their command line (a
 /// `psl` role by its subcommand, whatever the binary is called: `psl up` runs its own binary).
-fn roles(root: u32) -> Vec<Role> {
+pub(super) fn roles(root: u32) -> Vec<Role> {
     let me = std::env::current_exe()
         .ok()
         .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))

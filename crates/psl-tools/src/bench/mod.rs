@@ -16,6 +16,7 @@
 //! | `ycsb` | YCSB A, B, C, D, F against memcached-protocol endpoints and Redis | memcached | `ycsb` |
 //! | `fabric` | messages (256 B, 64 KiB; 3 receivers) and SCL puts over NATS | the router tree | — |
 //! | `cluster` | `psl up --memcached 3` (processes; router and NATS) under 50/50 and 90/10 loads | memcached | — |
+//! | `idle` | `psl up --workers 1 --kv --memcached 3` left alone: CPU per second, all roles | idle memcached | `idle` |
 //!
 //! Module map: one module per benchmark; `loadgen`, the reusable closed-loop YCSB load
 //! generator (memcached text protocol and RESP, many connections per thread, HdrHistogram
@@ -27,6 +28,7 @@ mod capsuledb;
 mod cluster;
 mod fabric;
 mod http;
+mod idle;
 mod launch;
 pub mod loadgen;
 mod memcached;
@@ -43,7 +45,7 @@ pub use psl::util::progress;
 #[derive(Args)]
 pub struct BenchArgs {
     /// Which benchmark: `capsule`, `scl`, `replication`, `memcached`, `http`, `launch`, `capsuledb`,
-    /// `rrt`, `ycsb`, `fabric`, `cluster`.
+    /// `rrt`, `ycsb`, `fabric`, `cluster`, `idle`.
     pub name: String,
     /// Print one JSON object instead of a table.
     #[arg(long)]
@@ -59,17 +61,33 @@ pub struct BenchArgs {
     /// Keys in the data set (`capsuledb`).
     #[arg(long, default_value_t = 1_000_000)]
     pub keys: u64,
-    /// Repetitions of each case (`rrt`, `cluster`: rounds of each system; default: 3).
+    /// Repetitions of each case (`rrt`, `cluster`: rounds of each system; `idle`: measured
+    /// spans; default: 3).
     #[arg(long)]
     pub reps: Option<usize>,
+    /// `idle`: seconds to leave the deployment alone before measuring.
+    #[arg(long, default_value_t = 20.0)]
+    pub settle_s: f64,
     #[command(flatten)]
     pub ycsb: ycsb::YcsbArgs,
 }
 
 /// Every benchmark of this tree (`psl report` asks for others by name and notes them as not
 /// available when the binary says it has no such benchmark).
-pub const NAMES: [&str; 11] =
-    ["capsule", "scl", "replication", "memcached", "http", "launch", "capsuledb", "rrt", "ycsb", "fabric", "cluster"];
+pub const NAMES: [&str; 12] = [
+    "capsule",
+    "scl",
+    "replication",
+    "memcached",
+    "http",
+    "launch",
+    "capsuledb",
+    "rrt",
+    "ycsb",
+    "fabric",
+    "cluster",
+    "idle",
+];
 
 pub fn run(a: BenchArgs) -> Result<i32> {
     let out = match a.name.as_str() {
@@ -80,6 +98,7 @@ pub fn run(a: BenchArgs) -> Result<i32> {
         "fabric" => fabric::run(a.seconds, &a.cases, !a.json)?,
         "cluster" => cluster::run(a.seconds * 5.0, &a.cases, a.reps.unwrap_or(3), a.ycsb.connections, !a.json)?,
         "replication" => replication::run(a.seconds * 2.0, !a.json)?,
+        "idle" => idle::run(a.seconds * 10.0, a.settle_s, a.reps.unwrap_or(3), !a.json)?,
         "launch" => launch::run((a.seconds * 20.0) as usize, !a.json)?,
         "capsuledb" => capsuledb::run(a.seconds, a.keys, !a.json)?,
         "rrt" => {
