@@ -249,25 +249,35 @@ pub(super) fn start_up_kv(
     memory_mb: u64,
     fabric: &str,
 ) -> Result<(ChildGuard, psl::memcached::KvInfo)> {
+    let (fe, mb) = (front_ends.to_string(), memory_mb.to_string());
+    let args = ["--workers", "1", "--servers", "0", "--memcached", &fe, "--kv-memory-mb", &mb, "--fabric", fabric];
+    let (guard, dir) = spawn_up(&args)?;
+    let kv = psl::memcached::read_kv(&dir.join("cluster.json"))?;
+    Ok((guard, kv))
+}
+
+/// Starts `psl up ARGS --dir TMP` (a fresh temporary directory) and waits for its ready line;
+/// returns the guard that stops it and removes TMP, and TMP.
+pub(super) fn spawn_up(args: &[&str]) -> Result<(ChildGuard, std::path::PathBuf)> {
     let exe = psl::util::sibling_exe("psl")?;
     let dir = tempfile::Builder::new().prefix("psl-bench-up").tempdir()?;
+    let path = dir.path().to_path_buf();
     let mut child = Command::new(exe)
-        .args(["up", "--workers", "1", "--servers", "0", "--memcached", &front_ends.to_string()])
-        .args(["--kv-memory-mb", &memory_mb.to_string(), "--fabric", fabric, "--dir"])
-        .arg(dir.path())
+        .arg("up")
+        .args(args)
+        .arg("--dir")
+        .arg(&path)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .context("starting psl up")?;
     let out = child.stdout.take().context("psl up's stdout")?;
-    let path = dir.path().join("cluster.json");
     let guard = ChildGuard::new(child, Some(dir));
     let up = std::io::BufReader::new(out).lines().map_while(Result::ok).any(|l| l.starts_with("up "));
     if !up {
-        bail!("psl up --memcached {front_ends} --fabric {fabric} did not report ready");
+        bail!("psl up {} did not report ready", args.join(" "));
     }
-    let kv = psl::memcached::read_kv(&path)?;
-    Ok((guard, kv))
+    Ok((guard, path))
 }
 
 /// The fabric counters every front end reports in `stats` (the counters of its node).

@@ -18,12 +18,10 @@
 //! Headline: `idle_ms_per_s` (the median round), `goal_ms_per_s` (20) and `met`. Per role:
 //! CPU and switches per second; and the busiest threads, which say where what is left goes.
 
-use super::cluster::{roles, ChildGuard, Role};
+use super::cluster::{roles, spawn_up, Role};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
-use std::io::BufRead;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The goal: an idle deployment's CPU, all roles together.
@@ -107,33 +105,13 @@ fn round2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
 
-/// Starts `psl up --workers 1 --kv --memcached 3` and waits for its ready line.
-fn start_up() -> Result<ChildGuard> {
-    let exe = psl::util::sibling_exe("psl")?;
-    let dir = tempfile::Builder::new().prefix("psl-bench-idle").tempdir()?;
-    let mut child = Command::new(exe)
-        .args(["up", "--workers", "1", "--kv", "--memcached", "3", "--dir"])
-        .arg(dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting psl up")?;
-    let out = child.stdout.take().context("psl up's stdout")?;
-    let guard = ChildGuard::new(child, Some(dir));
-    let up = std::io::BufReader::new(out).lines().map_while(Result::ok).any(|l| l.starts_with("up "));
-    if !up {
-        bail!("psl up --workers 1 --kv --memcached 3 did not report ready");
-    }
-    Ok(guard)
-}
-
 pub fn run(span_s: f64, settle_s: f64, reps: usize, show_progress: bool) -> Result<Value> {
     let reps = reps.max(1);
     let span = Duration::from_secs_f64(span_s.max(1.0));
     let pb =
         if show_progress { super::progress(1 + reps as u64, "bench idle") } else { indicatif::ProgressBar::hidden() };
     let (mc, _) = super::memcached::start_memcached(1)?;
-    let up = start_up()?;
+    let (up, _dir) = spawn_up(&["--workers", "1", "--kv", "--memcached", "3"])?;
     pb.set_message(format!("settling {settle_s} s"));
     std::thread::sleep(Duration::from_secs_f64(settle_s.max(0.0)));
     pb.inc(1);
