@@ -16,7 +16,7 @@
 //! | `ycsb` | YCSB A, B, C, D, F against memcached-protocol endpoints and Redis | memcached | `ycsb` |
 //! | `fabric` | messages (256 B, 64 KiB; 3 receivers) and SCL puts over NATS | the router tree | — |
 //! | `cluster` | `psl up --memcached 3` (processes; router and NATS) under 50/50 and 90/10 loads | memcached | — |
-//! | `idle` | `psl up --workers 1 --kv --memcached 3` left alone: CPU per second, all roles | idle memcached | `idle` |
+//! | `idle` | `psl up --workers 1 --kv --memcached 3` left alone: CPU per second, all roles | idle memcached | — |
 //!
 //! Module map: one module per benchmark; `loadgen`, the reusable closed-loop YCSB load
 //! generator (memcached text protocol and RESP, many connections per thread, HdrHistogram
