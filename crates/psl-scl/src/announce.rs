@@ -57,11 +57,6 @@ impl Announcer {
         self.hurry();
     }
 
-    /// Whether there is anything to announce.
-    pub fn is_empty(&self) -> bool {
-        self.statements.is_empty()
-    }
-
     /// Someone may lack what this process announces (it heard a statement new to it): announce
     /// at the next tick, and repeat at the short interval again.
     pub fn hurry(&mut self) {
