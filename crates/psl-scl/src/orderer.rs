@@ -1,16 +1,17 @@
 //! The receive state machine: verified records in, records in per-writer `seq` order out.
 //!
-//! For each writer it keeps the next expected seq, the hash of every applied record (to tell
-//! a duplicate from an equivocation), a bounded hold-back buffer for records that arrive early,
-//! and a *target*: the highest seq known to exist (from held records and SYNC links). While the
-//! next seq is below the target there is a gap; a gap older than `repair_after_ms` yields a
-//! repair request, repeated every `repair_retry_ms`; a gap with no progress for
-//! `withholding_after_ms` is reported once as withholding. A gap is never skipped.
+//! For each writer it keeps the next expected seq, the hashes of its applied records (to tell
+//! a duplicate from an equivocation: every one by default, the newest
+//! [`OrdererConfig::chain_window`] if that is set), a bounded hold-back buffer for records that
+//! arrive early, and a *target*: the highest seq known to exist (from held records and SYNC
+//! links). While the next seq is below the target there is a gap; a gap older than
+//! `repair_after_ms` yields a repair request, repeated every `repair_retry_ms`; a gap with no
+//! progress for `withholding_after_ms` is reported once as withholding. A gap is never skipped.
 
 use crate::metrics::RejectReason;
 use psl_capsule::{Link, Opened, Record, Verified};
 use psl_crypto::Hash256;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 /// The orderer's bounds and timers (times in milliseconds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +41,20 @@ pub struct OrdererConfig {
     pub hinted_writers_max: usize,
     /// How long a writer known only from hints is tracked without a record of its arriving.
     pub hinted_writer_ttl_ms: u64,
+    /// How many applied hashes to keep per writer (in hashes, 32 bytes each): `None` (the
+    /// default, what nodes use) keeps every one, so memory grows by 32 bytes a record applied;
+    /// `Some(W)` keeps only the newest `W` of each writer (a capsule server:
+    /// `psl_server::SERVER_CHAIN_WINDOW`), whose log already holds the rest.
+    ///
+    /// An applied seq older than the window has no hash here: [`Orderer::applied_hash`] returns
+    /// `None`; a record for it is refused by [`Orderer::known`] and [`Orderer::deliver`] as
+    /// `Duplicate` (or `StaleEpoch`, under the same epoch rule as inside the window) without
+    /// comparing hashes, so no conflict is reported (its slot is durable already, and the
+    /// store refuses a second record for a taken slot); [`Orderer::note_link`] compares
+    /// nothing there. Equivocation evidence is therefore found only within the window. Held
+    /// records, gaps, targets, expected hashes and heads are unaffected. `Some(0)` keeps no
+    /// hash but the head.
+    pub chain_window: Option<usize>,
 }
 
 impl Default for OrdererConfig {
@@ -54,6 +69,7 @@ impl Default for OrdererConfig {
             held_bytes_max: 128 << 20,
             hinted_writers_max: 4096,
             hinted_writer_ttl_ms: 30_000,
+            chain_window: None,
         }
     }
 }
@@ -82,8 +98,10 @@ struct WriterState<T> {
     next_seq: u64,
     head: Hash256,
     last_epoch: u64,
-    /// Hash of every applied seq. 32 bytes a record; see `docs/protocol/scl.md` on bounds.
-    chain: Vec<Hash256>,
+    /// Hashes of the newest applied seqs, oldest first, ending at `next_seq - 1`: every one
+    /// (`chain_window: None`, 32 bytes a record; see `docs/protocol/scl.md` on bounds) or at
+    /// most `chain_window`. The first is the hash of seq `next_seq - chain.len()`.
+    chain: VecDeque<Hash256>,
     held: BTreeMap<u64, T>,
     /// Exclusive: seqs below it are known to exist.
     target: u64,
@@ -111,7 +129,7 @@ impl<T> Default for WriterState<T> {
             next_seq: 0,
             head: Hash256::ZERO,
             last_epoch: 0,
-            chain: Vec::new(),
+            chain: VecDeque::new(),
             held: BTreeMap::new(),
             target: 0,
             expected: BTreeMap::new(),
@@ -124,6 +142,45 @@ impl<T> Default for WriterState<T> {
             asked_at: None,
             origin_quiet_until: 0,
         }
+    }
+}
+
+/// Where an applied seq stands against the hashes a writer's state keeps.
+enum Applied {
+    /// Not applied (at or beyond the next seq).
+    No,
+    /// Applied, with this hash.
+    Hash(Hash256),
+    /// Applied, but older than the window of hashes kept (`OrdererConfig::chain_window`).
+    BelowWindow,
+}
+
+impl<T> WriterState<T> {
+    /// The hash of applied `seq`, if it is still kept.
+    fn applied(&self, seq: u64) -> Applied {
+        if seq >= self.next_seq {
+            return Applied::No;
+        }
+        let first = self.next_seq - self.chain.len() as u64;
+        match seq.checked_sub(first) {
+            Some(i) => Applied::Hash(self.chain[i as usize]),
+            None => Applied::BelowWindow,
+        }
+    }
+
+    /// Appends the hash of the record applied at `next_seq` (the caller then advances
+    /// `next_seq`), dropping the oldest first while `window` is full, so the buffer never
+    /// grows beyond `window` hashes.
+    fn push_applied(&mut self, hash: Hash256, window: Option<usize>) {
+        if let Some(w) = window {
+            if w == 0 {
+                return;
+            }
+            while self.chain.len() >= w {
+                self.chain.pop_front();
+            }
+        }
+        self.chain.push_back(hash);
     }
 }
 
@@ -263,9 +320,13 @@ impl<T: Chained> Orderer<T> {
             .collect()
     }
 
-    /// Hash of the applied record `(writer, seq)`.
+    /// Hash of the applied record `(writer, seq)`. `None` if it is not applied, or if it is
+    /// older than the writer's newest [`OrdererConfig::chain_window`] applied records.
     pub fn applied_hash(&self, writer: u32, seq: u64) -> Option<Hash256> {
-        self.writers.get(&writer).and_then(|w| w.chain.get(seq as usize).copied())
+        match self.writers.get(&writer)?.applied(seq) {
+            Applied::Hash(h) => Some(h),
+            Applied::No | Applied::BelowWindow => None,
+        }
     }
 
     /// Whether every link's target has been applied.
@@ -285,11 +346,18 @@ impl<T: Chained> Orderer<T> {
 
     /// Before spending a signature check: is this record (by its hash) already applied or held?
     /// A record whose hash matches one we hold *is* that record, so it needs no verification.
+    /// A record for an applied seq older than the [`OrdererConfig::chain_window`] is refused
+    /// the same way without comparing hashes (its slot is taken; no evidence is looked for).
     pub fn known(&self, rec: &Record) -> Option<RejectReason> {
         let h = rec.header();
         let st = self.writers.get(&h.writer)?;
         let hash = rec.hash();
-        if h.seq < st.next_seq && st.chain.get(h.seq as usize) == Some(&hash) {
+        let taken = match st.applied(h.seq) {
+            Applied::Hash(a) => a == hash,
+            Applied::BelowWindow => true,
+            Applied::No => false,
+        };
+        if taken {
             return Some(if h.epoch < self.current_epoch { RejectReason::StaleEpoch } else { RejectReason::Duplicate });
         }
         if st.held.get(&h.seq).is_some_and(|x| x.record().hash() == hash) {
@@ -299,6 +367,11 @@ impl<T: Chained> Orderer<T> {
     }
 
     /// Takes a verified record. Returns the records it makes ready, in order.
+    ///
+    /// A record for an applied seq is a duplicate (or stale) if its hash is the applied one,
+    /// evidence of equivocation if not; older than the [`OrdererConfig::chain_window`], where
+    /// no hash is kept, it is refused as a duplicate (or stale) without a comparison and
+    /// without a conflict.
     ///
     /// `recheck` is the apply-time check (`Verifier::recheck`): what may have changed since the
     /// record was verified, possibly on another thread, such as a revocation of its writer or
@@ -327,13 +400,17 @@ impl<T: Chained> Orderer<T> {
         let mut out =
             Delivery { ready: Vec::new(), rejected: None, held: false, conflicts: Vec::new(), dropped: Vec::new() };
         if seq < st.next_seq {
-            let applied = st.chain[seq as usize];
-            if applied == hash {
-                out.rejected =
-                    Some(if epoch < current_epoch { RejectReason::StaleEpoch } else { RejectReason::Duplicate });
-            } else {
-                out.rejected = Some(RejectReason::Equivocation);
-                out.conflicts.push((writer, seq, applied, hash));
+            match st.applied(seq) {
+                Applied::Hash(applied) if applied != hash => {
+                    out.rejected = Some(RejectReason::Equivocation);
+                    out.conflicts.push((writer, seq, applied, hash));
+                }
+                // The same record, or one for a slot older than the window (taken, and durable
+                // where a window is kept: nothing to compare it with).
+                _ => {
+                    out.rejected =
+                        Some(if epoch < current_epoch { RejectReason::StaleEpoch } else { RejectReason::Duplicate });
+                }
             }
             return out;
         }
@@ -364,8 +441,9 @@ impl<T: Chained> Orderer<T> {
         }
         // seq == next_seq: apply it and whatever it unblocks.
         let mut next = Some(rec);
+        let window = self.cfg.chain_window;
         while let Some(r) = next.take() {
-            match Self::accept(st, &r, now) {
+            match Self::accept(st, &r, now, window) {
                 Ok(conflict) => {
                     out.conflicts.extend(conflict);
                     out.ready.push(r);
@@ -458,7 +536,12 @@ impl<T: Chained> Orderer<T> {
         (reasons.len(), bytes, reasons)
     }
 
-    fn accept(st: &mut WriterState<T>, r: &T, now: u64) -> Result<Option<Conflict>, (RejectReason, Option<Conflict>)> {
+    fn accept(
+        st: &mut WriterState<T>,
+        r: &T,
+        now: u64,
+        window: Option<usize>,
+    ) -> Result<Option<Conflict>, (RejectReason, Option<Conflict>)> {
         let h = r.record().header();
         if h.seq > 0 && h.prev != st.head {
             return Err((RejectReason::Equivocation, Some((h.writer, h.seq - 1, st.head, h.prev))));
@@ -468,7 +551,7 @@ impl<T: Chained> Orderer<T> {
         }
         let hash = r.record().hash();
         let conflict = st.expected.remove(&h.seq).filter(|e| *e != hash).map(|e| (h.writer, h.seq, e, hash));
-        st.chain.push(hash);
+        st.push_applied(hash, window);
         st.head = hash;
         st.next_seq += 1;
         st.last_epoch = h.epoch;
@@ -481,21 +564,32 @@ impl<T: Chained> Orderer<T> {
     }
 
     /// Adopts a chain known to be sound (a capsule server's durable store, re-verified on open):
-    /// `hashes` are writer `writer`'s records from seq 0, in order, `last_epoch` the newest's
-    /// epoch. Only for a writer the orderer does not know yet; returns `false` otherwise.
-    pub fn adopt(&mut self, writer: u32, hashes: &[Hash256], last_epoch: u64, now: u64) -> bool {
-        if self.writers.contains_key(&writer) || hashes.is_empty() {
+    /// writer `writer`'s chain is `next_seq` records long, `tail` holds the hashes of its newest
+    /// records, oldest first, ending at seq `next_seq - 1` (so `tail[0]` is seq
+    /// `next_seq - tail.len()`), and `last_epoch` is the newest record's epoch.
+    ///
+    /// Pass at least the newest [`OrdererConfig::chain_window`] hashes (the whole chain when it
+    /// is `None`). More are trimmed to the window. Fewer are taken as given: the missing prefix
+    /// is treated as older than the window (refused as duplicates, no hash compared, no
+    /// `applied_hash`), with or without a window set.
+    ///
+    /// Only for a writer the orderer does not know yet, a chain of at least one record, and a
+    /// `tail` of 1 ..= `next_seq` hashes (the newest is the head the next record must link to);
+    /// returns `false`, adopting nothing, otherwise.
+    pub fn adopt(&mut self, writer: u32, next_seq: u64, tail: &[Hash256], last_epoch: u64, now: u64) -> bool {
+        let Some(head) = tail.last().copied() else { return false };
+        if self.writers.contains_key(&writer) || tail.len() as u64 > next_seq {
             return false;
         }
-        let n = hashes.len() as u64;
+        let keep = self.cfg.chain_window.map_or(tail.len(), |w| w.min(tail.len()));
         self.writers.insert(
             writer,
             WriterState {
-                next_seq: n,
-                head: hashes[hashes.len() - 1],
+                next_seq,
+                head,
                 last_epoch,
-                chain: hashes.to_vec(),
-                target: n,
+                chain: tail[tail.len() - keep..].iter().copied().collect(),
+                target: next_seq,
                 last_progress: now,
                 ..Default::default()
             },
@@ -511,7 +605,7 @@ impl<T: Chained> Orderer<T> {
             self.writers.entry(h.writer).or_insert_with(|| WriterState { last_progress: now, ..Default::default() });
         assert_eq!(h.seq, st.next_seq, "own records are recorded in chain order");
         assert!(h.seq == 0 || h.prev == st.head, "own records extend the own chain");
-        st.chain.push(rec.hash());
+        st.push_applied(rec.hash(), self.cfg.chain_window);
         st.head = rec.hash();
         st.next_seq += 1;
         st.last_epoch = h.epoch;
@@ -520,13 +614,17 @@ impl<T: Chained> Orderer<T> {
     }
 
     /// A SYNC (or EOE) says `link` exists: raise the writer's target, and compare hashes.
-    /// Returns a conflict if the applied record at that seq differs.
+    /// Returns a conflict if the applied record at that seq differs. A link to an applied seq
+    /// older than the [`OrdererConfig::chain_window`] is compared with nothing: `None`.
     pub fn note_link(&mut self, link: &Link, now: u64) -> Option<Conflict> {
         let st =
             self.writers.entry(link.writer).or_insert_with(|| WriterState { last_progress: now, ..Default::default() });
-        if link.seq < st.next_seq {
-            let applied = st.chain[link.seq as usize];
-            return (applied != link.hash).then_some((link.writer, link.seq, applied, link.hash));
+        match st.applied(link.seq) {
+            Applied::Hash(applied) => {
+                return (applied != link.hash).then_some((link.writer, link.seq, applied, link.hash));
+            }
+            Applied::BelowWindow => return None,
+            Applied::No => {}
         }
         st.target = st.target.max(link.seq + 1);
         st.expected.insert(link.seq, link.hash);
@@ -699,6 +797,217 @@ mod tests {
 
     fn no_recheck(_: &Record) -> Option<RejectReason> {
         None
+    }
+
+    /// One writer's chain of `n` verified records, and what makes more records for it.
+    struct Chain {
+        meta: psl_capsule::SignedMetadata,
+        app: psl_crypto::AppKey,
+        v: Verifier,
+        writer: u32,
+        recs: Vec<Verified<Record>>,
+    }
+
+    impl Chain {
+        fn new(n: usize) -> Chain {
+            let owner = OwnerKey::from_seed(&[7; 32]).unwrap();
+            let meta = new_capsule(&owner, 1, "orderer-window", 0, Limits::default()).unwrap();
+            let app = owner.app(1).unwrap();
+            let v = Verifier::new(meta.clone(), None);
+            let writer = 0x10002;
+            let mut a = Author::new(&meta, &app, writer).unwrap();
+            let recs =
+                (0..n).map(|i| v.verify(a.write_ops([(format!("k{i}"), Some("v"))]).unwrap()).unwrap()).collect();
+            Chain { meta, app, v, writer, recs }
+        }
+
+        /// A second, validly signed record for `seq` (after the same predecessor): equivocation.
+        fn other_at(&self, seq: u64) -> Verified<Record> {
+            let mut a = Author::new(&self.meta, &self.app, self.writer).unwrap();
+            if seq > 0 {
+                let p = &self.recs[seq as usize - 1];
+                let h = p.header();
+                a.resume(&psl_capsule::Head {
+                    writer: self.writer,
+                    seq: h.seq,
+                    hash: p.hash(),
+                    lamport: h.lamport,
+                    epoch: h.epoch,
+                });
+            }
+            let r = self.v.verify(a.write_ops([("forged", Some("x"))]).unwrap()).unwrap();
+            assert_eq!(r.header().seq, seq);
+            assert_ne!(r.hash(), self.recs[seq as usize].hash());
+            r
+        }
+
+        fn hashes(&self) -> Vec<Hash256> {
+            self.recs.iter().map(|r| r.hash()).collect()
+        }
+    }
+
+    fn windowed(w: usize) -> Orderer<Verified<Record>> {
+        Orderer::new(OrdererConfig { chain_window: Some(w), ..OrdererConfig::default() })
+    }
+
+    fn deliver_all(o: &mut Orderer<Verified<Record>>, recs: &[Verified<Record>]) {
+        for r in recs {
+            let d = o.deliver(r.clone(), 0, no_recheck);
+            assert_eq!((d.ready.len(), d.rejected), (1, None));
+        }
+    }
+
+    fn kept(o: &Orderer<Verified<Record>>, writer: u32) -> usize {
+        o.writers[&writer].chain.len()
+    }
+
+    #[test]
+    fn a_chain_window_keeps_only_the_newest_hashes() {
+        let c = Chain::new(10);
+        let mut o = windowed(4);
+        deliver_all(&mut o, &c.recs);
+        assert_eq!(kept(&o, c.writer), 4);
+        assert!(o.writers[&c.writer].chain.capacity() < 8, "the buffer does not grow past the window");
+        for (seq, r) in c.recs.iter().enumerate() {
+            let want = (seq >= 6).then(|| r.hash());
+            assert_eq!(o.applied_hash(c.writer, seq as u64), want, "seq {seq}");
+        }
+        assert_eq!(o.applied_hash(c.writer, 10), None, "not applied");
+        assert_eq!(o.next_seq(c.writer), 10);
+        assert_eq!(o.heads()[&c.writer], c.recs[9].link());
+        assert!(!o.has_gaps());
+        // Own records (a node's) keep the window too.
+        let mut own = windowed(3);
+        for r in &c.recs {
+            own.advance_own(r, 0);
+        }
+        assert_eq!(kept(&own, c.writer), 3);
+        assert_eq!(own.applied_hash(c.writer, 6), None);
+        assert_eq!(own.applied_hash(c.writer, 7), Some(c.recs[7].hash()));
+        // A window of 0 keeps the head only, and the chain still links.
+        let mut none = windowed(0);
+        deliver_all(&mut none, &c.recs);
+        assert_eq!(kept(&none, c.writer), 0);
+        assert_eq!(none.applied_hash(c.writer, 9), None);
+        assert_eq!(none.heads()[&c.writer].hash, c.recs[9].hash());
+    }
+
+    #[test]
+    fn a_record_below_the_window_is_refused_as_a_duplicate_without_a_conflict() {
+        let c = Chain::new(10);
+        let mut o = windowed(4);
+        deliver_all(&mut o, &c.recs);
+        let forged = c.other_at(2);
+        for r in [&c.recs[2], &forged] {
+            assert_eq!(o.known(r), Some(RejectReason::Duplicate));
+            let d = o.deliver(r.clone(), 1, no_recheck);
+            assert_eq!(d.rejected, Some(RejectReason::Duplicate));
+            assert!(d.conflicts.is_empty() && d.ready.is_empty() && !d.held);
+        }
+        // The same epoch rule as inside the window: a copy from an older epoch is stale.
+        o.set_epoch(1);
+        for r in [&c.recs[2], &forged] {
+            assert_eq!(o.known(r), Some(RejectReason::StaleEpoch));
+            let d = o.deliver(r.clone(), 2, no_recheck);
+            assert_eq!(d.rejected, Some(RejectReason::StaleEpoch));
+            assert!(d.conflicts.is_empty());
+        }
+        assert_eq!(o.next_seq(c.writer), 10);
+    }
+
+    #[test]
+    fn equivocation_inside_the_window_is_still_a_conflict() {
+        let c = Chain::new(10);
+        let mut o = windowed(4);
+        deliver_all(&mut o, &c.recs);
+        assert_eq!(o.known(&c.recs[8]), Some(RejectReason::Duplicate));
+        let forged = c.other_at(8);
+        assert_eq!(o.known(&forged), None, "a different record inside the window is verified, then compared");
+        let d = o.deliver(forged.clone(), 1, no_recheck);
+        assert_eq!(d.rejected, Some(RejectReason::Equivocation));
+        assert_eq!(d.conflicts, vec![(c.writer, 8, c.recs[8].hash(), forged.hash())]);
+        // The oldest seq of the window is still inside it.
+        let d = o.deliver(c.other_at(6), 1, no_recheck);
+        assert_eq!(d.rejected, Some(RejectReason::Equivocation));
+        assert_eq!(d.conflicts.len(), 1);
+    }
+
+    #[test]
+    fn a_link_below_the_window_is_compared_with_nothing() {
+        let c = Chain::new(10);
+        let mut o = windowed(4);
+        deliver_all(&mut o, &c.recs);
+        let bogus = Hash256([9; 32]);
+        assert_eq!(o.note_link(&Link { writer: c.writer, seq: 2, hash: bogus }, 1), None);
+        assert_eq!(o.note_link(&Link { writer: c.writer, seq: 5, hash: c.recs[5].hash() }, 1), None);
+        assert_eq!(
+            o.note_link(&Link { writer: c.writer, seq: 8, hash: bogus }, 1),
+            Some((c.writer, 8, c.recs[8].hash(), bogus)),
+            "inside the window a link naming another record is evidence"
+        );
+        assert_eq!(o.note_link(&c.recs[8].link(), 1), None);
+        assert!(!o.has_gaps(), "links to applied seqs raise no target");
+    }
+
+    #[test]
+    fn adopting_a_tail_then_delivering_the_next_seq_works() {
+        let c = Chain::new(12);
+        let hashes = c.hashes();
+        let epoch = c.recs[9].header().epoch;
+        let mut o = windowed(4);
+        assert!(!o.adopt(c.writer, 10, &[], epoch, 0), "no head to link to");
+        assert!(!o.adopt(c.writer, 3, &hashes[..4], epoch, 0), "a tail longer than the chain");
+        assert!(o.adopt(c.writer, 10, &hashes[6..10], epoch, 0));
+        assert!(!o.adopt(c.writer, 10, &hashes[6..10], epoch, 0), "a writer already known");
+        assert_eq!((o.next_seq(c.writer), kept(&o, c.writer)), (10, 4));
+        assert_eq!(o.heads()[&c.writer], c.recs[9].link());
+        assert_eq!(o.applied_hash(c.writer, 6), Some(hashes[6]));
+        assert_eq!(o.applied_hash(c.writer, 5), None);
+        // The next seq links to the adopted head and is applied; the one after it too.
+        let d = o.deliver(c.recs[10].clone(), 1, no_recheck);
+        assert_eq!((d.ready.len(), d.rejected), (1, None));
+        deliver_all(&mut o, &c.recs[11..]);
+        assert_eq!((o.next_seq(c.writer), kept(&o, c.writer)), (12, 4));
+        assert_eq!(o.applied_hash(c.writer, 7), None, "slid out of the window");
+        // Old seqs: below the window a duplicate, inside it compared.
+        let d = o.deliver(c.other_at(3), 2, no_recheck);
+        assert_eq!((d.rejected, d.conflicts.len()), (Some(RejectReason::Duplicate), 0));
+        let d = o.deliver(c.other_at(9), 2, no_recheck);
+        assert_eq!((d.rejected, d.conflicts.len()), (Some(RejectReason::Equivocation), 1));
+        // A tail longer than the window is trimmed to it.
+        let mut t = windowed(4);
+        assert!(t.adopt(c.writer, 12, &hashes, epoch, 0));
+        assert_eq!(kept(&t, c.writer), 4);
+        assert_eq!(t.applied_hash(c.writer, 8), Some(hashes[8]));
+        assert_eq!(t.applied_hash(c.writer, 7), None);
+    }
+
+    #[test]
+    fn without_a_window_every_hash_is_kept_as_before() {
+        let c = Chain::new(10);
+        let mut o: Orderer<Verified<Record>> = Orderer::new(OrdererConfig::default());
+        assert_eq!(OrdererConfig::default().chain_window, None);
+        deliver_all(&mut o, &c.recs);
+        assert_eq!(kept(&o, c.writer), 10);
+        assert_eq!(o.applied_hash(c.writer, 0), Some(c.recs[0].hash()));
+        let forged = c.other_at(2);
+        assert_eq!(o.known(&forged), None);
+        let d = o.deliver(forged.clone(), 1, no_recheck);
+        assert_eq!(d.rejected, Some(RejectReason::Equivocation));
+        assert_eq!(d.conflicts, vec![(c.writer, 2, c.recs[2].hash(), forged.hash())]);
+        let bogus = Hash256([9; 32]);
+        assert!(o.note_link(&Link { writer: c.writer, seq: 0, hash: bogus }, 1).is_some());
+        // Adopting the whole chain keeps every hash.
+        let mut a: Orderer<Verified<Record>> = Orderer::new(OrdererConfig::default());
+        assert!(a.adopt(c.writer, 10, &c.hashes(), 0, 0));
+        assert_eq!(kept(&a, c.writer), 10);
+        assert_eq!(a.applied_hash(c.writer, 0), Some(c.recs[0].hash()));
+        // A shorter tail: the missing prefix is outside the hashes kept, as below a window.
+        let mut s: Orderer<Verified<Record>> = Orderer::new(OrdererConfig::default());
+        assert!(s.adopt(c.writer, 10, &c.hashes()[7..], 0, 0));
+        assert_eq!(s.applied_hash(c.writer, 6), None);
+        let d = s.deliver(c.other_at(2), 1, no_recheck);
+        assert_eq!((d.rejected, d.conflicts.len()), (Some(RejectReason::Duplicate), 0));
     }
 
     /// Heads hints are unauthenticated: the attacker names a new made-up writer in every hint.

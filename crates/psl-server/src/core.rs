@@ -18,11 +18,23 @@ use psl_scl::{Ack, AckEntry, Msg, Orderer, OrdererConfig};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
+/// How many applied hashes a capsule server's orderer keeps per writer (its
+/// `OrdererConfig::chain_window`, the default in [`ServerConfig`]): 4096 hashes, 128 KiB a
+/// writer, where keeping every one cost 32 bytes a record for ever (320 MB at 10 million
+/// records). The store holds the whole chain; the orderer needs hashes only to tell a copy from
+/// an equivocation, and what names a seq names a recent one: SYNC and EOE links name heads of
+/// the last epochs, a writer has at most `window_records` (1024) records in flight, and repairs
+/// ask for up to `repair_chunk` (512) seqs from a receiver's next seq. An older record is
+/// refused as a duplicate without a comparison (its slot is durable already), so the server
+/// reports equivocation evidence only within these newest 4096 seqs of each writer.
+pub const SERVER_CHAIN_WINDOW: usize = 4096;
+
 /// The tunables of a [`ServerCore`]: ordering, group-commit and backlog bounds, repair
 /// answering, anti-entropy and re-ack intervals (milliseconds where named `_ms`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ServerConfig {
-    /// Per-writer ordering, hold-back and gap repair (the same engine as a node's).
+    /// Per-writer ordering, hold-back and gap repair (the same engine as a node's; by default
+    /// keeping only the newest [`SERVER_CHAIN_WINDOW`] applied hashes per writer).
     pub orderer: OrdererConfig,
     /// Most records in one group commit (one write, one fsync).
     pub batch_records_max: usize,
@@ -51,7 +63,7 @@ pub struct ServerConfig {
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
-            orderer: OrdererConfig::default(),
+            orderer: OrdererConfig { chain_window: Some(SERVER_CHAIN_WINDOW), ..OrdererConfig::default() },
             batch_records_max: 4096,
             ready_records_max: 65_536,
             answers_per_tick: 1024,
@@ -265,13 +277,22 @@ impl ServerCore {
     }
 
     /// At start: what the store already holds (re-verified when it was opened) is durable.
-    /// `hashes` are the writer's chain from seq 0; `epoch` the newest record's epoch.
-    pub fn adopt(&mut self, writer: u32, hashes: &[Hash256], epoch: u64, now: u64) {
-        if let Some(last) = hashes.last() {
-            if self.orderer.adopt(writer, hashes, epoch, now) {
-                self.durable.insert(writer, (hashes.len() as u64, *last));
+    /// The writer's stored chain is `next_seq` records long; `tail` holds the hashes of its
+    /// newest records, oldest first, ending at seq `next_seq - 1`: at least
+    /// [`ServerCore::adopt_tail_len`] of them (all, for a shorter chain). `epoch` is the newest
+    /// record's epoch. A writer already known, an empty chain or an empty tail adopts nothing.
+    pub fn adopt(&mut self, writer: u32, next_seq: u64, tail: &[Hash256], epoch: u64, now: u64) {
+        if let Some(last) = tail.last() {
+            if self.orderer.adopt(writer, next_seq, tail, epoch, now) {
+                self.durable.insert(writer, (next_seq, *last));
             }
         }
+    }
+
+    /// How many of a chain's newest hashes [`ServerCore::adopt`] wants: the orderer's
+    /// `chain_window` (at least 1, the head), or every one (`usize::MAX`) without a window.
+    pub fn adopt_tail_len(&self) -> usize {
+        self.cfg.orderer.chain_window.map_or(usize::MAX, |w| w.max(1))
     }
 
     /// At start: the newest SYNC in the store.
@@ -676,5 +697,70 @@ mod tests {
         let acked = crate::disk::tests::acked(&out);
         assert!(acked.iter().all(|(_, to)| *to < 2), "an ack covers a revoked record: {acked:?}");
         assert!(core.take_batch().is_none());
+    }
+
+    /// A restarted server adopts a chain longer than its window from its disk: it keeps only
+    /// the newest `SERVER_CHAIN_WINDOW` hashes, takes the next record, refuses an old one as a
+    /// duplicate without reporting evidence, and still reports equivocation inside the window.
+    #[test]
+    fn a_server_adopts_a_long_chains_tail_and_goes_on_from_its_head() {
+        let owner = OwnerKey::from_seed(&[44; 32]).unwrap();
+        let app = owner.app(2).unwrap();
+        let meta = new_capsule_with(&owner, 2, "server-window", 0, Limits::default(), WriterKeys::Derived).unwrap();
+        let verifier = Arc::new(Verifier::new(meta.clone(), None));
+        let me = psl_scl::server_writer(0).unwrap();
+        let w = 0x1000a;
+        let n = SERVER_CHAIN_WINDOW as u64 + 100;
+        let mut a = Author::new(&meta, &app, w).unwrap();
+        let mut disk = crate::disk::tests::MemDisk::default();
+        for i in 0..n {
+            disk.durable.push(verifier.verify(a.write_ops([(format!("k{i}").as_str(), Some("v"))]).unwrap()).unwrap());
+        }
+        let next = verifier.verify(a.write_ops([("next", Some("v"))]).unwrap()).unwrap();
+        // A second record for `seq`, signed by the writer's key after the same predecessor.
+        let other_at = |seq: u64| {
+            let p = disk.durable[seq as usize - 1].clone();
+            let mut b = Author::new(&meta, &app, w).unwrap();
+            let h = p.header();
+            b.resume(&psl_capsule::Head { writer: w, seq: h.seq, hash: p.hash(), lamport: h.lamport, epoch: h.epoch });
+            verifier.verify(b.write_ops([("forged", Some("x"))]).unwrap()).unwrap()
+        };
+        let (old, recent) = (other_at(5), other_at(n - 10));
+
+        let mut core = ServerCore::new(verifier.clone(), app.writer(me).unwrap(), me, ServerConfig::default());
+        assert_eq!(core.adopt_tail_len(), SERVER_CHAIN_WINDOW);
+        crate::disk::adopt(&mut core, &disk, 0).unwrap();
+        let head = disk.durable.last().unwrap().hash();
+        assert_eq!(core.durable()[&w], (n, head));
+        assert_eq!(core.orderer().next_seq(w), n);
+        assert_eq!(core.orderer().applied_hash(w, 99), None, "below the window");
+        assert_eq!(core.orderer().applied_hash(w, 100), Some(disk.durable[100].hash()));
+
+        // The next record links to the adopted head: ordered, stored, acked.
+        assert!(!core.precheck(&next));
+        assert!(core.on_verified(next, 1).is_empty());
+        let out = crate::disk::commit_all(&mut core, &mut disk, 2);
+        assert_eq!(crate::disk::tests::acked(&out), vec![(n, n)]);
+        assert_eq!(core.durable()[&w].0, n + 1);
+
+        // Old records: a copy, or another record for the slot, are duplicates; no evidence.
+        let copy = disk.durable[5].clone();
+        assert!(core.precheck(&copy) && core.precheck(&old));
+        assert_eq!(core.stats.duplicates, 2);
+        assert!(core.on_verified(old, 3).is_empty(), "no equivocation reported below the window");
+        assert_eq!((core.stats.duplicates, core.stats.equivocations), (3, 0));
+        assert!(core.take_batch().is_none(), "nothing to store");
+
+        // Inside the window a second record for a slot is still evidence.
+        assert!(!core.precheck(&recent));
+        let out = core.on_verified(recent.clone(), 4);
+        let want = Output::Equivocation {
+            writer: w,
+            seq: n - 10,
+            a: disk.durable[(n - 10) as usize].hash(),
+            b: recent.hash(),
+        };
+        assert_eq!(out, vec![want]);
+        assert_eq!(core.stats.equivocations, 1);
     }
 }

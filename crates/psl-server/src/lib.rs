@@ -28,7 +28,7 @@ pub mod freshness;
 pub mod read;
 pub mod runtime;
 
-pub use crate::core::{Output, ServerConfig, ServerCore, ServerStats};
+pub use crate::core::{Output, ServerConfig, ServerCore, ServerStats, SERVER_CHAIN_WINDOW};
 pub use disk::{Disk, FsyncPolicy, Synced};
 pub use freshness::{check_fresh, ServerView, Stale};
 pub use runtime::{open_store, Server, ServerError, ServerOptions, StartReport};

@@ -87,8 +87,8 @@ impl Disk for LyingDisk<'_> {
     fn heads(&self) -> BTreeMap<u32, (u64, u64)> {
         self.0.heads()
     }
-    fn chain_hashes(&self, writer: u32) -> Vec<Hash256> {
-        self.0.chain_hashes(writer)
+    fn chain_tail(&self, writer: u32, n: usize) -> Result<(u64, Vec<Hash256>), String> {
+        self.0.chain_tail(writer, n)
     }
     fn range(&self, writer: u32, from_seq: u64, to_seq: u64) -> Result<Vec<Verified<Record>>, String> {
         self.0.range(writer, from_seq, to_seq)
@@ -153,8 +153,9 @@ impl Disk for SimDisk {
         self.chains.iter().filter_map(|(w, c)| c.last().map(|r| (*w, (c.len() as u64, r.header().epoch)))).collect()
     }
 
-    fn chain_hashes(&self, writer: u32) -> Vec<Hash256> {
-        self.chains.get(&writer).map(|c| c.iter().map(|r| r.hash()).collect()).unwrap_or_default()
+    fn chain_tail(&self, writer: u32, n: usize) -> Result<(u64, Vec<Hash256>), String> {
+        let c = self.chains.get(&writer).map(|c| &c[..]).unwrap_or(&[]);
+        Ok((c.len() as u64, c[c.len().saturating_sub(n)..].iter().map(|r| r.hash()).collect()))
     }
 
     fn range(&self, writer: u32, from_seq: u64, to_seq: u64) -> Result<Vec<Verified<Record>>, String> {
@@ -219,7 +220,7 @@ impl SimServer {
         core.set_announcements(cert.map(psl_capsule::KeyStatement::Cert).into_iter().collect());
         // What its disk holds was verified when written: its statements are known again.
         verifier.learn_statements(disk.synced_chains().flat_map(|(_, c)| c.iter().map(|r| &**r)));
-        disk::adopt(&mut core, disk, now);
+        disk::adopt(&mut core, disk, now).expect("the simulated disk reads its chains back");
         SimServer { id, core, verifier, syncing: None, ack_before_sync }
     }
 

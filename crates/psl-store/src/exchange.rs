@@ -30,7 +30,7 @@ impl DiskStore {
         self.verifier().learn_statements(&file.records);
         let mut recs: Vec<Verified<Record>> = Vec::with_capacity(file.records.len());
         for (index, r) in file.records.iter().enumerate() {
-            if self.contains(&r.hash()) {
+            if self.contains(&r.hash())? {
                 known += 1;
                 continue;
             }

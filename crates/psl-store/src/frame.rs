@@ -139,7 +139,7 @@ impl<'a> LogReader<'a> {
     }
 
     /// Bytes `[pos, pos + n)`. The caller has checked `pos + n <= len`.
-    fn get(&mut self, pos: u64, n: u64) -> io::Result<&[u8]> {
+    pub(crate) fn get(&mut self, pos: u64, n: u64) -> io::Result<&[u8]> {
         debug_assert!(pos + n <= self.len);
         let end = pos + n;
         if pos < self.start || end > self.start + self.buf.len() as u64 {
@@ -320,11 +320,21 @@ pub(crate) enum Event {
 ///   - `q` is exactly where the frame at `p` says it ends: a *damaged* frame with intact framing;
 ///   - otherwise `p..q` is *unreadable* (the length field itself is corrupt) and the scan
 ///     resumes at `q`.
-pub(crate) fn scan(r: &mut LogReader<'_>, verifier: &Verifier, mut on: impl FnMut(Event)) -> io::Result<u64> {
+pub(crate) fn scan(r: &mut LogReader<'_>, verifier: &Verifier, on: impl FnMut(Event)) -> io::Result<u64> {
+    scan_from(r, 0, 0, verifier, on)
+}
+
+/// [`scan`] from byte `pos`, where frame number `index` starts; returns the frame count (from
+/// the log's start).
+pub(crate) fn scan_from(
+    r: &mut LogReader<'_>,
+    mut pos: u64,
+    mut index: u64,
+    verifier: &Verifier,
+    mut on: impl FnMut(Event),
+) -> io::Result<u64> {
     let limits = verifier.metadata().meta.policy.limits;
     let name = verifier.name();
-    let mut pos = 0u64;
-    let mut index = 0u64;
     // Records of a certified capsule whose writer's certificate comes later in the log wait
     // here (a statement's place in the log does not matter: the application key signs it).
     let mut held: Vec<(u64, u64, u32, Record)> = Vec::new();
@@ -489,7 +499,11 @@ mod held_order_tests {
         scan(&mut LogReader::new(&f, len), &v, |ev| match ev {
             Event::Good { record, offset, len, .. } => {
                 seqs.push(record.header().seq);
-                assert!(matches!(idx.place(&record), crate::index::Placement::Extends), "seq {}", record.header().seq);
+                assert!(
+                    matches!(idx.place(&record), Ok(crate::index::Placement::Extends)),
+                    "seq {}",
+                    record.header().seq
+                );
                 idx.push(&record, crate::index::Loc { offset, len });
             }
             _ => panic!("every frame verifies"),

@@ -5,7 +5,9 @@
 //!   (`get`, `range`, chain order), `check`, `repair`.
 //! - [`exchange`]: export to and import from the portable capsule file; [`import_into`].
 //! - [`frame`]: the frame format of `records.log` and the resynchronising scanner.
-//! - [`index`]: the in-memory index (hash → offset, per-writer chains); no record bytes.
+//! - [`index`]: the index (per-writer chains of hash and offset, hash → slot), spilled to
+//!   files under `index/` for a writable store so that memory does not grow with the log,
+//!   with checkpoints; no record bytes.
 //! - [`report`]: what open, append, check and repair report.
 //! - [`error`]: the error type, [`StoreError`].
 //! - `fsutil`: positional I/O, directory fsync, atomic file creation.
@@ -19,6 +21,9 @@
 //! - `rotations.bin` (only once the application key was rotated): the owner-signed rotation
 //!   certificates, replaced atomically by `DiskStore::install_rotation` and installed in the
 //!   verifier on every open, so that records of later key generations verify again.
+//! - `index/` (writable stores): the spilled index and its checkpoint ([`index`]), derived from
+//!   the log and rebuilt from it whenever it cannot be trusted; byte layouts in
+//!   `docs/formats/store.md`.
 //!
 //! # The chain-order rule, and why a crash cannot break a replica
 //!
@@ -31,6 +36,10 @@
 //! rule, so even a log damaged in the middle loads as a set of chain prefixes.)
 //!
 //! # Recovery rules (on open)
+//!
+//! (With [`OpenVerify::FromCheckpoint`], the prefix of the log an intact index checkpoint
+//! describes is only walked and CRC-checked, its certificate records re-verified; the rules
+//! below then apply to the rest. A checkpoint exists only for a prefix that loaded clean.)
 //!
 //! Every frame is CRC-checked, decoded under the capsule's limits and re-verified (signature,
 //! capsule, and with the data key, decryption and body). A verified record is loaded only if it
@@ -84,6 +93,8 @@ pub mod store;
 pub use error::StoreError;
 pub use exchange::import_into;
 pub use frame::{DamagedFrame, FrameFault, TornTail, Unreadable, FRAME_HEADER_LEN, MIN_RECORD_LEN};
-pub use index::{Orphan, OrphanCause, FRAME_INDEX_UNKNOWN};
+pub use index::{IndexConfig, Orphan, OrphanCause, FRAME_INDEX_UNKNOWN};
 pub use report::{AppendOutcome, CheckReport, LostRecord, OpenReport, RepairReport};
-pub use store::{read_metadata, DiskStore, LOCK_FILE, LOG_FILE, METADATA_FILE, ROTATIONS_FILE};
+pub use store::{
+    read_metadata, DiskStore, OpenVerify, StoreOptions, INDEX_DIR, LOCK_FILE, LOG_FILE, METADATA_FILE, ROTATIONS_FILE,
+};

@@ -32,6 +32,11 @@ pub struct OpenReport {
     /// before it was known), with the rest of their writer's chain: the first of each writer with
     /// `OrphanCause::Revoked`, the others with `OrphanCause::Gap`. Not damage.
     pub revoked: Vec<Orphan>,
+    /// Bytes at the start of the log that the index's checkpoint described, opened with
+    /// [`crate::OpenVerify::FromCheckpoint`]: walked frame by frame and CRC-checked, its
+    /// certificate records re-verified, the rest not (reads re-verify every record, and
+    /// [`crate::DiskStore::check`] re-verifies everything). 0: every frame was re-verified.
+    pub from_checkpoint_bytes: u64,
 }
 
 impl OpenReport {
@@ -76,6 +81,9 @@ impl fmt::Display for OpenReport {
         }
         if !self.revoked.is_empty() {
             write!(f, "; {} records a revocation in the log refuses were not loaded", self.revoked.len())?;
+        }
+        if self.from_checkpoint_bytes > 0 {
+            write!(f, "; the first {} bytes as the index checkpoint described them", self.from_checkpoint_bytes)?;
         }
         Ok(())
     }

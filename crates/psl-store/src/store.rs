@@ -1,9 +1,9 @@
 //! [`DiskStore`]: a durable replica of one capsule in one directory.
 
 use crate::error::StoreError;
-use crate::frame::{encode_frame, scan, Event, FrameFault, LogReader, FRAME_HEADER_LEN};
+use crate::frame::{encode_frame, scan, scan_from, Event, FrameFault, LogReader, FRAME_HEADER_LEN, MIN_RECORD_LEN};
 use crate::fsutil::{read_exact_at, replace_atomic, sync_dir, write_all_at, write_new_atomic};
-use crate::index::{Index, Loc, Orphan, Placement};
+use crate::index::{Checkpoint, Entry, Index, IndexConfig, Loc, Orphan, Placement};
 use crate::report::{AppendOutcome, CheckReport, LostRecord, OpenReport, RepairReport};
 use psl_capsule::meta::META_BYTES_MAX;
 use psl_capsule::{CapsuleName, Head, Kind, Record, Replica, SignedMetadata, Verified, Verifier};
@@ -42,6 +42,36 @@ fn load_rotations(dir: &Path, verifier: &Verifier) -> Result<(), StoreError> {
 }
 /// The append-only record log.
 pub const LOG_FILE: &str = "records.log";
+/// The directory of a writable store's spilled index (see [`crate::index`]): derived from
+/// the log, rebuilt from it whenever it cannot be trusted.
+pub const INDEX_DIR: &str = "index";
+
+/// How a writable store's open treats the log.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OpenVerify {
+    /// Re-verify every frame and rebuild the index from the log (the default; see the crate
+    /// documentation's recovery rules).
+    #[default]
+    Full,
+    /// If the index has an intact checkpoint for a prefix of the log, take that prefix as it
+    /// describes it: walk its frames and check their CRCs and count, re-verify its certificate
+    /// records (so the verifier knows every writer again), and re-verify only what follows.
+    /// Anything that does not match falls back to [`OpenVerify::Full`]. A checkpoint is only
+    /// ever written for a prefix that loaded without damage, orphans, duplicates or records a
+    /// revocation cut, so what `Full` would report about that prefix is nothing, unless its
+    /// bytes were changed since with their CRCs fixed up: reads re-verify every record, and
+    /// [`DiskStore::check`] re-verifies everything.
+    FromCheckpoint,
+}
+
+/// How a writable store keeps its index and what its open re-verifies.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// What the index keeps in memory, and how often it checkpoints.
+    pub index: IndexConfig,
+    /// What an open re-verifies.
+    pub verify: OpenVerify,
+}
 const METADATA_TMP: &str = "metadata.bin.tmp";
 const REPAIR_TMP: &str = "records.log.repair";
 
@@ -105,6 +135,21 @@ pub struct DiskStore {
     damaged: Option<String>,
     /// Why appends are refused until a reopen (a failed fsync or rollback).
     poisoned: Option<String>,
+    /// Whether the log loaded without damage, orphans, duplicates or revocation cuts: only
+    /// then do index checkpoints get written (a checkpointed prefix must open as `Full` would).
+    clean: bool,
+}
+
+impl Drop for DiskStore {
+    fn drop(&mut self) {
+        // A checkpoint at close, so that the next open re-verifies nothing it need not.
+        if self.checkpointable() {
+            let name = self.name();
+            if let Err(e) = self.index.checkpoint(name, self.end, self.frames) {
+                tracing::warn!(dir = %self.dir.display(), "could not checkpoint the index at close: {e}");
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for DiskStore {
@@ -121,6 +166,16 @@ impl DiskStore {
         dir: impl AsRef<Path>,
         meta: SignedMetadata,
         data_key: Option<DataKey>,
+    ) -> Result<DiskStore, StoreError> {
+        Self::create_with(dir, meta, data_key, StoreOptions::default())
+    }
+
+    /// [`DiskStore::create`] with options (the index's bounds).
+    pub fn create_with(
+        dir: impl AsRef<Path>,
+        meta: SignedMetadata,
+        data_key: Option<DataKey>,
+        opts: StoreOptions,
     ) -> Result<DiskStore, StoreError> {
         let dir = dir.as_ref().to_path_buf();
         fs::create_dir_all(&dir).map_err(|e| StoreError::io(&dir, "creating the store directory", None, e))?;
@@ -144,6 +199,9 @@ impl DiskStore {
             .open(&log_path)
             .map_err(|e| StoreError::io(&log_path, "creating", None, e))?;
         file.sync_all().map_err(|e| StoreError::io(&log_path, "fsync", None, e))?;
+        let index_dir = dir.join(INDEX_DIR);
+        let index = Index::spilled(&index_dir, opts.index)
+            .map_err(|e| StoreError::io(&index_dir, "creating the index", None, e))?;
         write_new_atomic(&dir, &meta_path, &dir.join(METADATA_TMP), &meta.encode())
             .map_err(|e| StoreError::io(&meta_path, "writing (temp file, fsync, rename, directory fsync)", None, e))?;
         Ok(DiskStore {
@@ -151,7 +209,7 @@ impl DiskStore {
             log_path,
             file,
             verifier: Arc::new(Verifier::new(meta, data_key)),
-            index: Index::default(),
+            index,
             end: 0,
             scanned: 0,
             live_writer: false,
@@ -160,6 +218,7 @@ impl DiskStore {
             _lock: Some(lock),
             damaged: None,
             poisoned: None,
+            clean: true,
         })
     }
 
@@ -167,7 +226,17 @@ impl DiskStore {
     /// (and the file fsync'd); damaged frames are skipped and reported. See the crate
     /// documentation for the recovery rules.
     pub fn open(dir: impl AsRef<Path>, data_key: Option<DataKey>) -> Result<(DiskStore, OpenReport), StoreError> {
-        Self::open_with(dir.as_ref(), data_key, false)
+        Self::open_with(dir.as_ref(), data_key, false, StoreOptions::default())
+    }
+
+    /// [`DiskStore::open`] with options: the index's bounds, and whether an intact index
+    /// checkpoint spares re-verifying the prefix it describes ([`OpenVerify`]).
+    pub fn open_with_options(
+        dir: impl AsRef<Path>,
+        data_key: Option<DataKey>,
+        opts: StoreOptions,
+    ) -> Result<(DiskStore, OpenReport), StoreError> {
+        Self::open_with(dir.as_ref(), data_key, false, opts)
     }
 
     /// Like [`DiskStore::open`], but changes nothing on disk: a torn tail is reported and left
@@ -180,13 +249,14 @@ impl DiskStore {
         dir: impl AsRef<Path>,
         data_key: Option<DataKey>,
     ) -> Result<(DiskStore, OpenReport), StoreError> {
-        Self::open_with(dir.as_ref(), data_key, true)
+        Self::open_with(dir.as_ref(), data_key, true, StoreOptions::default())
     }
 
     fn open_with(
         dir: &Path,
         data_key: Option<DataKey>,
         read_only: bool,
+        opts: StoreOptions,
     ) -> Result<(DiskStore, OpenReport), StoreError> {
         let meta = read_metadata(dir)?;
         check_data_key(dir, &meta, data_key.as_ref())?;
@@ -199,7 +269,28 @@ impl DiskStore {
             .write(!read_only)
             .open(&log_path)
             .map_err(|e| StoreError::io(&log_path, "opening", None, e))?;
-        let (index, mut report, scanned) = load(&file, &log_path, &verifier)?;
+        // A read-only open changes nothing on disk, so its index stays in memory.
+        let index_dir = dir.join(INDEX_DIR);
+        let resumed = match (read_only, opts.verify) {
+            (false, OpenVerify::FromCheckpoint) => match resume(&file, &index_dir, opts.index, &verifier) {
+                Ok(r) => r,
+                Err(why) => {
+                    tracing::warn!(dir = %index_dir.display(), "index checkpoint not used, re-verifying the whole log: {why}");
+                    None
+                }
+            },
+            _ => None,
+        };
+        let (idx, start) = match resumed {
+            Some(r) => r,
+            None if read_only => (Index::default(), (0, 0)),
+            None => (
+                Index::spilled(&index_dir, opts.index)
+                    .map_err(|e| StoreError::io(&index_dir, "creating the index", None, e))?,
+                (0, 0),
+            ),
+        };
+        let (mut index, mut report, scanned) = load(&file, &log_path, &verifier, idx, start)?;
         let mut end = scanned;
         if let Some(t) = &mut report.torn_tail {
             end = t.offset;
@@ -226,6 +317,12 @@ impl DiskStore {
                 u.offset
             )
         });
+        let clean = !report.is_damaged() && report.revoked.is_empty() && report.duplicate_frames == 0;
+        if !read_only && clean {
+            index
+                .checkpoint(verifier.name(), end, report.frames)
+                .map_err(|e| StoreError::io(&index_dir, "checkpointing the index", None, e))?;
+        }
         let store = DiskStore {
             dir: dir.to_path_buf(),
             log_path,
@@ -240,6 +337,7 @@ impl DiskStore {
             _lock: lock,
             damaged,
             poisoned: None,
+            clean,
         };
         Ok((store, report))
     }
@@ -295,12 +393,12 @@ impl DiskStore {
 
     /// Records loaded (each extends its writer's chain).
     pub fn len(&self) -> usize {
-        self.index.locs.len()
+        self.index.len() as usize
     }
 
     /// Whether the store holds no record.
     pub fn is_empty(&self) -> bool {
-        self.index.locs.is_empty()
+        self.index.len() == 0
     }
 
     /// Bytes of valid log.
@@ -319,9 +417,17 @@ impl DiskStore {
         self.frames
     }
 
-    /// Whether the store holds the record with `hash`.
-    pub fn contains(&self, hash: &Hash256) -> bool {
-        self.index.locs.contains_key(hash)
+    /// Whether the store holds the record with `hash` (an unreadable index file is an error).
+    pub fn contains(&self, hash: &Hash256) -> Result<bool, StoreError> {
+        Ok(self.index.lookup(hash).map_err(|e| self.index_error("looking up a hash", e))?.is_some())
+    }
+
+    fn index_error(&self, what: &'static str, e: io::Error) -> StoreError {
+        StoreError::io(self.dir.join(INDEX_DIR), what, None, e)
+    }
+
+    fn checkpointable(&self) -> bool {
+        !self.read_only && self.clean && self.poisoned.is_none() && self.damaged.is_none() && self.index.is_spilled()
     }
 
     /// Each writer's newest record.
@@ -334,9 +440,22 @@ impl DiskStore {
         self.index.chain(writer).map(|c| c.next_seq()).unwrap_or(0)
     }
 
-    /// Writer `writer`'s chain: the hash of each stored record, by seq (empty if none).
-    pub fn chain_hashes(&self, writer: u32) -> &[Hash256] {
-        self.index.chain(writer).map(|c| &c.hashes[..]).unwrap_or(&[])
+    /// Writer `writer`'s chain: the hash of each stored record, by seq (empty if none). The
+    /// whole chain, in memory: for tools and tests; a server takes [`DiskStore::chain_tail`].
+    pub fn chain_hashes(&self, writer: u32) -> Result<Vec<Hash256>, StoreError> {
+        let es = self.index.entries(writer, 0, u64::MAX).map_err(|e| self.index_error("reading a chain", e))?;
+        Ok(es.into_iter().map(|e| e.hash).collect())
+    }
+
+    /// The newest `n` hashes of writer `writer`'s chain, oldest first, and the chain's length
+    /// (its next seq): what a server's orderer keeps of a chain at start.
+    pub fn chain_tail(&self, writer: u32, n: usize) -> Result<(u64, Vec<Hash256>), StoreError> {
+        let len = self.next_seq(writer);
+        let es = self
+            .index
+            .entries(writer, len.saturating_sub(n as u64), len)
+            .map_err(|e| self.index_error("reading a chain", e))?;
+        Ok((len, es.into_iter().map(|e| e.hash).collect()))
     }
 
     /// Whether appends are accepted, and if not, why.
@@ -406,7 +525,25 @@ impl DiskStore {
         self.scanned = self.end;
         self.frames += plan.len() as u64;
         debug_assert!(self.index.consistent(), "index inconsistent after append");
+        if let Err(e) = self.maintain_index() {
+            // The records are durable and indexed in memory; what was not written out stays in
+            // memory and is written by the next append (a full disk passes), and the last
+            // checkpoint stays the one an open trusts.
+            tracing::warn!(dir = %self.dir.display(), "writing the index after appending at offset {start} failed: {e}");
+        }
         Ok(AppendOutcome { appended: plan.len(), duplicates, bytes: buf.len() as u64 })
+    }
+
+    /// Keeps the spilled index within its memory bounds and checkpoints it when due.
+    fn maintain_index(&mut self) -> io::Result<()> {
+        if self.index.wants_flush() {
+            self.index.flush()?;
+        }
+        if self.checkpointable() && self.index.checkpoint_due() {
+            let name = self.name();
+            self.index.checkpoint(name, self.end, self.frames)?;
+        }
+        Ok(())
     }
 
     /// The records of `recs` to append, in order, and how many the store (or the batch) already
@@ -433,33 +570,34 @@ impl DiskStore {
                     psl_capsule::Rejected { hash: Some(hash), writer: Some(h.writer), seq: Some(h.seq), reason };
                 return Err(StoreError::Rejected { index, source: Box::new(source) });
             }
-            if self.index.locs.contains_key(&hash) || seen.contains(&hash) {
+            if seen.contains(&hash) {
                 duplicates += 1;
                 continue;
             }
-            let stored: &[Hash256] = self.index.chain(h.writer).map(|c| &c.hashes[..]).unwrap_or(&[]);
+            let (stored_len, stored_head) =
+                self.index.chain(h.writer).map(|c| (c.next_seq(), c.head_hash())).unwrap_or((0, Hash256::ZERO));
             let batch: &[Hash256] = pending.get(&h.writer).map(|v| &v[..]).unwrap_or(&[]);
-            let slot = |s: u64| {
-                let s = s as usize;
-                if s < stored.len() {
-                    stored[s]
-                } else {
-                    batch[s - stored.len()]
-                }
-            };
-            let next = (stored.len() + batch.len()) as u64;
+            let next = stored_len + batch.len() as u64;
             if h.seq < next {
-                return Err(StoreError::Equivocation {
-                    writer: h.writer,
-                    seq: h.seq,
-                    stored: slot(h.seq),
-                    offered: hash,
-                });
+                // The hash fixes writer and seq: the record is stored iff its slot holds it.
+                let stored = if h.seq < stored_len {
+                    self.index
+                        .hash_at(h.writer, h.seq)
+                        .map_err(|e| self.index_error("reading a chain", e))?
+                        .unwrap_or(Hash256::ZERO)
+                } else {
+                    batch[(h.seq - stored_len) as usize]
+                };
+                if stored == hash {
+                    duplicates += 1;
+                    continue;
+                }
+                return Err(StoreError::Equivocation { writer: h.writer, seq: h.seq, stored, offered: hash });
             }
             if h.seq > next {
                 return Err(StoreError::Gap { writer: h.writer, expected: next, got: h.seq });
             }
-            let head = if next == 0 { Hash256::ZERO } else { slot(next - 1) };
+            let head = batch.last().copied().unwrap_or(stored_head);
             if h.prev != head {
                 return Err(StoreError::BrokenChain {
                     writer: h.writer,
@@ -490,8 +628,8 @@ impl DiskStore {
     /// The record with `hash`, read back from disk and re-verified (CRC, decoding, hash,
     /// verifier). Damage on disk is an error, never bad bytes.
     pub fn get(&self, hash: &Hash256) -> Result<Option<Verified<Record>>, StoreError> {
-        match self.index.locs.get(hash) {
-            Some(loc) => self.read_at(*hash, *loc).map(Some),
+        match self.index.lookup(hash).map_err(|e| self.index_error("looking up a hash", e))? {
+            Some((_, _, loc)) => self.read_at(*hash, loc).map(Some),
             None => Ok(None),
         }
     }
@@ -522,19 +660,25 @@ impl DiskStore {
     /// Writer `writer`'s records with seq in `from_seq..to_seq` (half-open, clamped to the
     /// chain), read back and re-verified.
     pub fn range(&self, writer: u32, from_seq: u64, to_seq: u64) -> Result<Vec<Verified<Record>>, StoreError> {
-        let Some(chain) = self.index.chain(writer) else {
-            return Ok(Vec::new());
-        };
-        let to = to_seq.min(chain.next_seq());
-        if from_seq >= to {
-            return Ok(Vec::new());
-        }
-        chain.hashes[from_seq as usize..to as usize].iter().map(|h| self.read_at(*h, self.index.locs[h])).collect()
+        let es = self.index.entries(writer, from_seq, to_seq).map_err(|e| self.index_error("reading a chain", e))?;
+        es.iter().map(|e| self.read_at(e.hash, e.loc)).collect()
     }
 
-    /// Every record in chain order (writer, then seq), read back and re-verified one by one.
+    /// Every record in chain order (writer, then seq), read back and re-verified one by one
+    /// (the index is read a chunk of entries at a time).
     pub fn iter_chain_order(&self) -> impl Iterator<Item = Result<Verified<Record>, StoreError>> + '_ {
-        self.index.chains.values().flat_map(|c| c.hashes.iter()).map(|h| self.read_at(*h, self.index.locs[h]))
+        const CHUNK: u64 = 4096;
+        self.index.writers().flat_map(move |w| {
+            let len = self.next_seq(w);
+            (0..len.div_ceil(CHUNK)).flat_map(move |i| {
+                let out: Vec<Result<Verified<Record>, StoreError>> =
+                    match self.index.entries(w, i * CHUNK, (i + 1) * CHUNK) {
+                        Ok(es) => es.iter().map(|e| self.read_at(e.hash, e.loc)).collect(),
+                        Err(e) => vec![Err(self.index_error("reading a chain", e))],
+                    };
+                out
+            })
+        })
     }
 
     /// Every record in chain order, read back and re-verified.
@@ -628,6 +772,8 @@ impl DiskStore {
             fs::copy(&path, &backup).map_err(|e| StoreError::io(&backup, "copying the old log", None, e))?;
             File::open(&backup).and_then(|f| f.sync_all()).map_err(|e| StoreError::io(&backup, "fsync", None, e))?;
         }
+        // The index checkpoint describes the old log: gone before the log is replaced.
+        self.index.drop_checkpoint().map_err(|e| self.index_error("removing the index checkpoint", e))?;
         // Until the reload below succeeds, the handle and index describe the old file.
         self.poisoned = Some("a repair was interrupted after replacing the log".into());
         fs::rename(&tmp, &path).map_err(|e| StoreError::io(&tmp, "renaming over records.log", None, e))?;
@@ -639,8 +785,11 @@ impl DiskStore {
             .write(true)
             .open(&path)
             .map_err(|e| StoreError::io(&path, "opening", None, e))?;
-        let (index, report, _) = load(&file, &path, &self.verifier)?;
+        let index_dir = self.dir.join(INDEX_DIR);
+        let fresh = self.index.fresh_like().map_err(|e| StoreError::io(&index_dir, "creating the index", None, e))?;
+        let (index, report, _) = load(&file, &path, &self.verifier, fresh, (0, 0))?;
         debug_assert!(report.is_clean(), "a repaired log loads clean: {report}");
+        self.clean = report.revoked.is_empty() && !report.is_damaged() && report.duplicate_frames == 0;
         self.file = file;
         self.index = index;
         self.end = bytes_after;
@@ -732,19 +881,33 @@ fn orphan(index: u64, offset: u64, rec: &Record, cause: crate::index::OrphanCaus
 /// Scans `file` and builds the index the way `open` does: records are loaded in file order,
 /// each only if it extends its writer's chain.
 /// Also returns the length of the log scanned.
-fn load(file: &File, path: &Path, verifier: &Verifier) -> Result<(Index, OpenReport, u64), StoreError> {
+fn load(
+    file: &File,
+    path: &Path,
+    verifier: &Verifier,
+    mut idx: Index,
+    (start, start_frames): (u64, u64),
+) -> Result<(Index, OpenReport, u64), StoreError> {
     let len = file.metadata().map_err(|e| StoreError::io(path, "stat", None, e))?.len();
+    let index_dir = path.with_file_name(INDEX_DIR);
     let mut reader = LogReader::new(file, len);
-    let mut idx = Index::default();
-    let mut report = OpenReport::default();
-    report.frames = scan(&mut reader, verifier, |ev| match ev {
+    let mut report = OpenReport { from_checkpoint_bytes: start, ..OpenReport::default() };
+    let mut fault: Option<io::Error> = None;
+    report.frames = scan_from(&mut reader, start, start_frames, verifier, |ev| match ev {
         Event::Good { index, offset, len, record } => match idx.place(&record) {
-            Placement::Extends => {
+            Ok(Placement::Extends) => {
                 idx.push(&record, Loc { offset, len });
-                report.records += 1;
+                if idx.wants_flush() {
+                    if let Err(e) = idx.flush() {
+                        fault.get_or_insert(e);
+                    }
+                }
             }
-            Placement::Duplicate => report.duplicate_frames += 1,
-            Placement::Orphan(cause) => report.orphaned.push(orphan(index, offset, &record, cause)),
+            Ok(Placement::Duplicate) => report.duplicate_frames += 1,
+            Ok(Placement::Orphan(cause)) => report.orphaned.push(orphan(index, offset, &record, cause)),
+            Err(e) => {
+                fault.get_or_insert(e);
+            }
         },
         Event::Damaged(d) => match revoked_frame(&d) {
             Some(o) => report.revoked.push(o),
@@ -757,13 +920,89 @@ fn load(file: &File, path: &Path, verifier: &Verifier) -> Result<(Index, OpenRep
         }
     })
     .map_err(|e| StoreError::io(path, "reading", None, e))?;
+    if let Some(e) = fault {
+        return Err(StoreError::io(&index_dir, "building the index", None, e));
+    }
     drop_revoked(&mut reader, &mut idx, &mut report, verifier).map_err(|e| StoreError::io(path, "reading", None, e))?;
+    idx.flush().map_err(|e| StoreError::io(&index_dir, "building the index", None, e))?;
+    report.records = idx.len() as usize;
     Ok((idx, report, len))
 }
 
-/// A frame whose record verifies except that a revocation the verifier knows refuses it: stored
-/// before the revocation was known (or after it, in log order, by a store that learnt it only
-/// later), so it is reported as revoked, not as damage.
+/// [`OpenVerify::FromCheckpoint`]: the index resumed from its checkpoint, and where the scan of
+/// the rest of the log starts (byte, frame number); `Ok(None)` without a checkpoint, `Err`
+/// (why) when it cannot be used.
+#[allow(clippy::type_complexity)]
+fn resume(
+    file: &File,
+    index_dir: &Path,
+    cfg: IndexConfig,
+    verifier: &Verifier,
+) -> Result<Option<(Index, (u64, u64))>, String> {
+    let Some(ck) = Checkpoint::read(index_dir) else { return Ok(None) };
+    if ck.capsule != verifier.name() {
+        return Err(format!("the checkpoint names capsule {}", ck.capsule));
+    }
+    let len = file.metadata().map_err(|e| format!("stat of the log: {e}"))?.len();
+    if len < ck.log_end {
+        return Err(format!("the log is {len} bytes, shorter than the {} the checkpoint describes", ck.log_end));
+    }
+    let limits = verifier.metadata().meta.policy.limits;
+    // Every frame of the prefix where the checkpoint says, each with its CRC.
+    let mut r = LogReader::new(file, ck.log_end);
+    let (mut pos, mut frames) = (0u64, 0u64);
+    while pos < ck.log_end {
+        if ck.log_end - pos < FRAME_HEADER_LEN {
+            return Err(format!("a partial frame header at offset {pos}"));
+        }
+        let hdr = r.get(pos, FRAME_HEADER_LEN).map_err(|e| format!("reading offset {pos}: {e}"))?;
+        let flen = u32::from_le_bytes([hdr[0], hdr[1], hdr[2], hdr[3]]);
+        let stored = u32::from_le_bytes([hdr[4], hdr[5], hdr[6], hdr[7]]);
+        if flen < MIN_RECORD_LEN || flen > limits.record_bytes_max || pos + FRAME_HEADER_LEN + flen as u64 > ck.log_end
+        {
+            return Err(format!("the frame at offset {pos} has a bad length {flen}"));
+        }
+        let body = r.get(pos + FRAME_HEADER_LEN, flen as u64).map_err(|e| format!("reading offset {pos}: {e}"))?;
+        if crc32fast::hash(body) != stored {
+            return Err(format!("the frame at offset {pos} fails its CRC"));
+        }
+        pos += FRAME_HEADER_LEN + flen as u64;
+        frames += 1;
+    }
+    if frames != ck.frames {
+        return Err(format!("the prefix holds {frames} frames, the checkpoint says {}", ck.frames));
+    }
+    // The certificate records, so that the verifier knows every writer again (a certificate
+    // may depend on one stored after it: retry until nothing more verifies).
+    let mut waiting: Vec<Record> = Vec::new();
+    for loc in &ck.certs {
+        let mut buf = vec![0u8; FRAME_HEADER_LEN as usize + loc.len as usize];
+        read_exact_at(file, &mut buf, loc.offset).map_err(|e| format!("reading offset {}: {e}", loc.offset))?;
+        let rec = Record::decode(&buf[FRAME_HEADER_LEN as usize..], &limits)
+            .map_err(|e| format!("the certificate record at offset {}: {e}", loc.offset))?;
+        waiting.push(rec);
+    }
+    loop {
+        let before = waiting.len();
+        let mut last = None;
+        waiting.retain(|rec| match verifier.verify(rec.clone()) {
+            Ok(_) => false,
+            Err(e) => {
+                last = Some(e.to_string());
+                true
+            }
+        });
+        if waiting.is_empty() {
+            break;
+        }
+        if waiting.len() == before {
+            return Err(format!("{} certificate records do not verify: {}", waiting.len(), last.unwrap_or_default()));
+        }
+    }
+    let idx = Index::resume(index_dir, cfg, &ck).map_err(|e| format!("index files: {e}"))?;
+    Ok(Some((idx, (ck.log_end, ck.frames))))
+}
+
 fn revoked_frame(d: &crate::frame::DamagedFrame) -> Option<Orphan> {
     let FrameFault::Verify(rej) = &d.fault else { return None };
     let psl_capsule::Reason::Revoked { writer, seq, from_epoch, from_seq, .. } = rej.reason else { return None };
@@ -777,11 +1016,6 @@ fn revoked_frame(d: &crate::frame::DamagedFrame) -> Option<Orphan> {
     })
 }
 
-/// After a scan: a revocation may come later in the log than records it refuses (a server
-/// stored them before it learnt it). Each revoked writer's chain is cut at its first record
-/// that a revocation now refuses; that record and the rest of the chain are not loaded and are
-/// reported in `OpenReport::revoked` (not damage: they verified when they were stored). Only
-/// revoked writers' records are read again.
 fn drop_revoked(
     reader: &mut LogReader<'_>,
     idx: &mut Index,
@@ -790,40 +1024,40 @@ fn drop_revoked(
 ) -> io::Result<()> {
     let limits = verifier.metadata().meta.policy.limits;
     let writers: std::collections::BTreeSet<u32> = verifier.revocations().iter().map(|r| r.writer).collect();
-    let header_at = |reader: &mut LogReader<'_>, idx: &Index, hash: &Hash256| -> io::Result<Option<Record>> {
-        let Some(loc) = idx.locs.get(hash) else { return Ok(None) };
-        Ok(match crate::frame::probe(reader, loc.offset, &limits)? {
+    let header_at = |reader: &mut LogReader<'_>, e: &Entry| -> io::Result<Option<Record>> {
+        Ok(match crate::frame::probe(reader, e.loc.offset, &limits)? {
             crate::frame::Probe::Ok { record, .. } => Some(record),
             crate::frame::Probe::Bad { .. } => None,
         })
     };
+    const CHUNK: u64 = 4096;
     let mut cut_any = false;
     for w in writers {
-        let hashes = match idx.chain(w) {
-            Some(c) => c.hashes.clone(),
-            None => continue,
-        };
+        let len = idx.chain(w).map_or(0, |c| c.next_seq());
         let mut first = None;
-        for (seq, hash) in hashes.iter().enumerate() {
-            let Some(rec) = header_at(reader, idx, hash)? else { continue };
-            if let Err(psl_capsule::Reason::Revoked { from_epoch, from_seq, .. }) = verifier.recheck(rec.header()) {
-                first = Some((seq as u64, from_epoch, from_seq));
-                break;
+        'chunks: for i in 0..len.div_ceil(CHUNK) {
+            for (j, e) in idx.entries(w, i * CHUNK, (i + 1) * CHUNK)?.iter().enumerate() {
+                let Some(rec) = header_at(reader, e)? else { continue };
+                if let Err(psl_capsule::Reason::Revoked { from_epoch, from_seq, .. }) = verifier.recheck(rec.header()) {
+                    first = Some((i * CHUNK + j as u64, from_epoch, from_seq));
+                    break 'chunks;
+                }
             }
         }
         let Some((seq, from_epoch, from_seq)) = first else { continue };
-        let offsets: Vec<u64> =
-            hashes[seq as usize..].iter().map(|h| idx.locs.get(h).map_or(0, |l| l.offset)).collect();
-        let cut = idx.truncate(w, seq);
+        if !cut_any {
+            // The checkpoint no longer describes the chains once they are cut.
+            idx.drop_checkpoint()?;
+        }
+        let cut = idx.truncate(w, seq)?;
         cut_any = true;
-        report.records = report.records.saturating_sub(cut.len());
-        for (i, hash) in cut.iter().enumerate() {
+        for (i, e) in cut.iter().enumerate() {
             report.revoked.push(Orphan {
                 index: crate::index::FRAME_INDEX_UNKNOWN,
-                offset: offsets.get(i).copied().unwrap_or(0),
+                offset: e.loc.offset,
                 writer: w,
                 seq: seq + i as u64,
-                hash: *hash,
+                hash: e.hash,
                 cause: if i == 0 {
                     crate::index::OrphanCause::Revoked { from_epoch, from_seq }
                 } else {
@@ -832,24 +1066,26 @@ fn drop_revoked(
             });
         }
         // The chain's head fields come from its new newest record.
-        if let Some(last) = idx.chain(w).and_then(|c| c.hashes.last().copied()) {
-            if let Some(rec) = header_at(reader, idx, &last)? {
+        if let Some(last) = seq.checked_sub(1).map(|s| idx.entry(w, s)).transpose()?.flatten() {
+            if let Some(rec) = header_at(reader, &last)? {
                 let h = rec.header();
-                if let Some(c) = idx.chains.get_mut(&w) {
-                    c.lamport = h.lamport;
-                    c.epoch = h.epoch;
-                }
+                idx.set_head_fields(w, h.lamport, h.epoch);
             }
         }
     }
     if cut_any && idx.latest_sync.is_none() {
         // The newest SYNC was cut (a revoked coordinator): find the newest one kept.
-        let heads: Vec<Hash256> = idx.chains.values().flat_map(|c| c.hashes.iter().copied()).collect();
-        for hash in heads {
-            if let Some(rec) = header_at(reader, idx, &hash)? {
-                let h = rec.header();
-                if h.kind == Kind::Sync && idx.latest_sync.is_none_or(|(e, s, _)| (h.epoch, h.seq) > (e, s)) {
-                    idx.latest_sync = Some((h.epoch, h.seq, hash));
+        let ws: Vec<u32> = idx.writers().collect();
+        for w in ws {
+            let len = idx.chain(w).map_or(0, |c| c.next_seq());
+            for i in 0..len.div_ceil(CHUNK) {
+                for e in idx.entries(w, i * CHUNK, (i + 1) * CHUNK)? {
+                    if let Some(rec) = header_at(reader, &e)? {
+                        let h = rec.header();
+                        if h.kind == Kind::Sync && idx.latest_sync.is_none_or(|(ep, s, _)| (h.epoch, h.seq) > (ep, s)) {
+                            idx.latest_sync = Some((h.epoch, h.seq, e.hash));
+                        }
+                    }
                 }
             }
         }
@@ -946,10 +1182,12 @@ impl CheckView {
         rep.frames = scan(&mut reader, &self.verifier, |ev| match ev {
             Event::Good { index, offset, len, record } => {
                 rep.verified += 1;
+                // In memory: `place` reads no file.
                 match idx.place(&record) {
-                    Placement::Extends => idx.push(&record, Loc { offset, len }),
-                    Placement::Duplicate => rep.duplicate_frames += 1,
-                    Placement::Orphan(cause) => rep.orphaned.push(orphan(index, offset, &record, cause)),
+                    Ok(Placement::Extends) => idx.push(&record, Loc { offset, len }),
+                    Ok(Placement::Duplicate) => rep.duplicate_frames += 1,
+                    Ok(Placement::Orphan(cause)) => rep.orphaned.push(orphan(index, offset, &record, cause)),
+                    Err(_) => {}
                 }
                 // The verifier checked the capsule name, so this cannot fail.
                 let _ = replica.insert(record);
@@ -968,16 +1206,31 @@ impl CheckView {
         drop_revoked(&mut reader, &mut idx, &mut cut, &self.verifier)
             .map_err(|e| StoreError::io(&self.log_path, "reading", None, e))?;
         rep.chain_problems = replica.check();
-        rep.lost = self
-            .index
-            .locs
-            .iter()
-            .filter(|(h, loc)| idx.locs.get(*h) != Some(*loc))
-            .map(|(h, loc)| LostRecord { hash: *h, offset: loc.offset })
-            .collect();
+        let index_err =
+            |e: io::Error| StoreError::io(self.log_path.with_file_name(INDEX_DIR), "reading the index", None, e);
+        // Every record the store's index holds must be where the log now has it...
+        const CHUNK: u64 = 4096;
+        for w in self.index.writers() {
+            let len = self.index.chain(w).map_or(0, |c| c.next_seq());
+            for i in 0..len.div_ceil(CHUNK) {
+                for e in self.index.entries(w, i * CHUNK, (i + 1) * CHUNK).map_err(index_err)? {
+                    let found = idx.lookup(&e.hash).map_err(index_err)?;
+                    if found.map(|f| f.2) != Some(e.loc) {
+                        rep.lost.push(LostRecord { hash: e.hash, offset: e.loc.offset });
+                    }
+                }
+            }
+        }
         rep.lost.sort_by_key(|l| l.offset);
-        let mut unindexed: Vec<(u64, Hash256)> =
-            idx.locs.iter().filter(|(h, _)| !self.index.locs.contains_key(*h)).map(|(h, l)| (l.offset, *h)).collect();
+        // ... and every record the log holds must be in the store's index.
+        let mut unindexed: Vec<(u64, Hash256)> = Vec::new();
+        for w in idx.writers() {
+            for e in idx.entries(w, 0, u64::MAX).map_err(index_err)? {
+                if self.index.lookup(&e.hash).map_err(index_err)?.is_none() {
+                    unindexed.push((e.loc.offset, e.hash));
+                }
+            }
+        }
         unindexed.sort();
         rep.unindexed = unindexed.into_iter().map(|(_, h)| h).collect();
         Ok(rep)

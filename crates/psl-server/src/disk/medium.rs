@@ -48,8 +48,10 @@ pub trait Disk {
     fn sync(&mut self) -> Result<(), String>;
     /// Each writer's chain length and newest epoch (what is stored in chain order from seq 0).
     fn heads(&self) -> BTreeMap<u32, (u64, u64)>;
-    /// Writer `writer`'s chain hashes from seq 0.
-    fn chain_hashes(&self, writer: u32) -> Vec<Hash256>;
+    /// Writer `writer`'s chain length (its next seq) and the hashes of its newest `n` records,
+    /// oldest first (all of them if the chain is shorter; `n = usize::MAX` asks for the whole
+    /// chain): what a server's orderer keeps of it at start (`ServerCore::adopt_tail_len`).
+    fn chain_tail(&self, writer: u32, n: usize) -> Result<(u64, Vec<Hash256>), String>;
     /// Writer `writer`'s records `from_seq ..= to_seq` (re-verified where the medium can rot).
     fn range(&self, writer: u32, from_seq: u64, to_seq: u64) -> Result<Vec<Verified<Record>>, String>;
     /// The SYNC of the highest epoch stored.
@@ -69,8 +71,8 @@ impl Disk for DiskStore {
     fn heads(&self) -> BTreeMap<u32, (u64, u64)> {
         DiskStore::heads(self).into_iter().map(|(w, h)| (w, (h.seq + 1, h.epoch))).collect()
     }
-    fn chain_hashes(&self, writer: u32) -> Vec<Hash256> {
-        DiskStore::chain_hashes(self, writer).to_vec()
+    fn chain_tail(&self, writer: u32, n: usize) -> Result<(u64, Vec<Hash256>), String> {
+        DiskStore::chain_tail(self, writer, n).map_err(|e| e.to_string())
     }
     fn range(&self, writer: u32, from_seq: u64, to_seq: u64) -> Result<Vec<Verified<Record>>, String> {
         DiskStore::range(self, writer, from_seq, to_seq.saturating_add(1)).map_err(|e| e.to_string())

@@ -14,14 +14,19 @@ pub(crate) mod medium;
 use crate::core::{Output, ServerCore};
 pub use medium::{Disk, FsyncPolicy, Synced};
 
-/// At start: adopt what the disk holds (it is durable by definition).
-pub fn adopt(core: &mut ServerCore, disk: &dyn Disk, now: u64) {
+/// At start: adopt what the disk holds (it is durable by definition): each writer's chain
+/// length and its newest hashes, as many as the core's orderer keeps
+/// ([`ServerCore::adopt_tail_len`]), and the newest SYNC. Fails if a chain cannot be read.
+pub fn adopt(core: &mut ServerCore, disk: &dyn Disk, now: u64) -> Result<(), String> {
+    let n = core.adopt_tail_len();
     for (w, (_, epoch)) in disk.heads() {
-        core.adopt(w, &disk.chain_hashes(w), epoch, now);
+        let (next_seq, tail) = disk.chain_tail(w, n).map_err(|e| format!("writer {w}'s chain: {e}"))?;
+        core.adopt(w, next_seq, &tail, epoch, now);
     }
     if let Ok(Some(s)) = disk.latest_sync() {
         core.adopt_sync(s.header().epoch, s.link());
     }
+    Ok(())
 }
 
 /// First half of a group commit: takes the next batch and writes it (not yet durable).
@@ -96,8 +101,10 @@ pub(crate) mod tests {
             }
             h
         }
-        fn chain_hashes(&self, writer: u32) -> Vec<Hash256> {
-            self.durable.iter().filter(|r| r.header().writer == writer).map(|r| r.hash()).collect()
+        fn chain_tail(&self, writer: u32, n: usize) -> Result<(u64, Vec<Hash256>), String> {
+            let chain: Vec<Hash256> =
+                self.durable.iter().filter(|r| r.header().writer == writer).map(|r| r.hash()).collect();
+            Ok((chain.len() as u64, chain[chain.len().saturating_sub(n)..].to_vec()))
         }
         fn range(&self, writer: u32, from_seq: u64, to_seq: u64) -> Result<Vec<Verified<Record>>, String> {
             let w =

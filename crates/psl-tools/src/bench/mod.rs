@@ -8,6 +8,7 @@
 //! | `capsule` | seal+sign / verify+open per op by batch size | bare sign and verify | `capsule` |
 //! | `scl` | SCL puts by writer nodes (`u1..u8`: unbatched), gets, ring crossing | one op per record | `scl`, `ring` |
 //! | `replication` | puts by writer nodes, with and without 3 capsule servers | non-durable | `replication` |
+//! | `replication --cases big-store` | a capsule server process on a store of `--records` (10M): its memory, reads/s from a cold index | a store of 100,000 records | — |
 //! | `launch` | launch time and its phases, embedded and `psl up` | bare sandbox start | `launch` |
 //! | `capsuledb` | cached / uncached gets by lambdas; the LSM alone | fjall | `capsuledb` |
 //! | `memcached` | `psl memcached` under memcaslap | memcached | `memcached` |
@@ -21,8 +22,9 @@
 //! Module map: one module per benchmark; `loadgen`, the reusable closed-loop YCSB load
 //! generator (memcached text protocol and RESP, many connections per thread, HdrHistogram
 //! latencies) that `ycsb` drives and other benchmarks can build on; `zipf`, the zipfian
-//! generator of the in-process benchmarks.
+//! generator of the in-process benchmarks; `bigstore`, the `big-store` case of `replication`.
 
+mod bigstore;
 mod capsule;
 mod capsuledb;
 mod cluster;
@@ -50,17 +52,23 @@ pub struct BenchArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Seconds to spend on each measured case.
+    /// Seconds to spend on each measured case (`replication --cases big-store`: × 10, each
+    /// store's read phase).
     #[arg(long, default_value_t = 1.0)]
     pub seconds: f64,
     /// Run only these cases (comma-separated; `scl`: w1,w2,w4,w8,ablation,keys,gets,ring, and the
     /// unbatched u1,u2,u4,u8 only when named; `rrt`: l1,l2,l4,l8; `fabric`: router,nats and
-    /// messages,scl; `cluster`: router,nats). Default: all.
+    /// messages,scl; `cluster`: router,nats; `replication`: big-store, only when named, alone).
+    /// Default: all.
     #[arg(long, value_delimiter = ',')]
     pub cases: Vec<String>,
     /// Keys in the data set (`capsuledb`).
     #[arg(long, default_value_t = 1_000_000)]
     pub keys: u64,
+    /// `replication --cases big-store`: empty the OS page cache before each read phase (`sync`,
+    /// then `echo 1 > /proc/sys/vm/drop_caches`; root only).
+    #[arg(long)]
+    pub drop_caches: bool,
     /// Repetitions of each case (`rrt`, `cluster`: rounds of each system; `idle`: measured
     /// spans; default: 3).
     #[arg(long)]
@@ -97,7 +105,16 @@ pub fn run(a: BenchArgs) -> Result<i32> {
         "http" => http::run(a.seconds * 2.0, !a.json)?,
         "fabric" => fabric::run(a.seconds, &a.cases, !a.json)?,
         "cluster" => cluster::run(a.seconds * 5.0, &a.cases, a.reps.unwrap_or(3), a.ycsb.connections, !a.json)?,
-        "replication" => replication::run(a.seconds * 2.0, !a.json)?,
+        "replication" => match a.cases.as_slice() {
+            [] => replication::run(a.seconds * 2.0, !a.json)?,
+            [c] if c == "big-store" => bigstore::run(
+                a.ycsb.records.unwrap_or(bigstore::RECORDS_DEFAULT),
+                a.seconds * 10.0,
+                a.drop_caches,
+                !a.json,
+            )?,
+            _ => bail!("replication's cases: big-store, alone (without --cases: the throughput cases)"),
+        },
         "idle" => idle::run(a.seconds * 10.0, a.settle_s, a.reps.unwrap_or(3), !a.json)?,
         "launch" => launch::run((a.seconds * 20.0) as usize, !a.json)?,
         "capsuledb" => capsuledb::run(a.seconds, a.keys, !a.json)?,

@@ -16,6 +16,9 @@
 //!
 //! Latency: `put_durable` of one op, measured separately on an idle deployment and under the
 //! 8-writer load.
+//!
+//! `--cases big-store` runs another case instead, a capsule server process on a store of many
+//! records (its memory, its reads from a cold index): `super::bigstore`.
 
 use super::zipf::Zipf;
 use anyhow::{bail, Result};

@@ -33,6 +33,8 @@ use std::time::{Duration, Instant};
 
 /// `ycsb`'s connections unless `--connections` is given.
 const CONNECTIONS_DEFAULT: usize = 50;
+/// `ycsb`'s records unless `--records` is given.
+const RECORDS_DEFAULT: u64 = 100_000;
 
 #[derive(Args, Debug, Clone)]
 pub struct YcsbArgs {
@@ -51,9 +53,10 @@ pub struct YcsbArgs {
     /// `ycsb`: request distributions, comma-separated (zipfian, uniform); D always reads latest.
     #[arg(long, value_delimiter = ',', default_value = "zipfian")]
     pub distribution: Vec<String>,
-    /// `ycsb`: records loaded before the runs.
-    #[arg(long, default_value_t = 100_000)]
-    pub records: u64,
+    /// Records: `ycsb`: loaded before the runs (default 100,000); `replication --cases
+    /// big-store`: in the big store (default 10,000,000; its baseline holds 100,000).
+    #[arg(long)]
+    pub records: Option<u64>,
     /// `ycsb`: bytes per value (YCSB's default record: 10 fields of 100 bytes).
     #[arg(long, default_value_t = 1000)]
     pub value_bytes: usize,
@@ -188,7 +191,7 @@ fn base_spec(a: &YcsbArgs, seconds: f64) -> Spec {
         connections: a.connections.unwrap_or(CONNECTIONS_DEFAULT),
         threads: a.client_threads,
         pipeline: a.pipeline,
-        keys: a.records,
+        keys: a.records.unwrap_or(RECORDS_DEFAULT),
         value_bytes: a.value_bytes,
         duration: Duration::from_secs_f64(seconds.max(0.1)),
         warmup: Duration::from_secs_f64((seconds * 0.1).clamp(0.05, 1.0)),
@@ -312,7 +315,7 @@ pub fn run(a: &YcsbArgs, seconds: f64, json_lines: bool, show_progress: bool) ->
     out.insert(
         "load_generator".into(),
         json!({"connections": a.connections.unwrap_or(CONNECTIONS_DEFAULT), "client_threads": a.client_threads, "pipeline": a.pipeline,
-               "records": a.records, "value_bytes": a.value_bytes, "seconds_per_run": seconds,
+               "records": a.records.unwrap_or(RECORDS_DEFAULT), "value_bytes": a.value_bytes, "seconds_per_run": seconds,
                "zipfian": "YCSB scrambled zipfian, theta 0.99", "latency": "from queueing on the connection to the last reply"}),
     );
     out.insert("machine".into(), super::machine());
