@@ -228,7 +228,7 @@ impl Run {
     fn open(dir: &Path, id: u64, entries: u64) -> io::Result<Run> {
         let file = File::open(Run::path(dir, id))?;
         let size = file.metadata()?.len();
-        if size != entries * RUN_ENTRY_BYTES {
+        if entries.checked_mul(RUN_ENTRY_BYTES) != Some(size) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!("run {id} is {size} bytes, the checkpoint says {entries} entries"),
@@ -244,13 +244,15 @@ impl Run {
         Ok(Run { id, file, entries, fences })
     }
 
-    /// Writes a run from entries sorted by prefix, fsyncs it, and opens it.
-    fn write(dir: &Path, id: u64, sorted: impl Iterator<Item = (u64, u32, u64)>) -> io::Result<Run> {
+    /// Writes a run from entries sorted by prefix (the first error stops it), fsyncs it, and
+    /// opens it.
+    fn write(dir: &Path, id: u64, sorted: impl Iterator<Item = io::Result<(u64, u32, u64)>>) -> io::Result<Run> {
         let path = Run::path(dir, id);
         let f = OpenOptions::new().write(true).create(true).truncate(true).open(&path)?;
         let mut w = BufWriter::with_capacity(1 << 16, f);
         let mut entries = 0u64;
-        for (p, writer, seq) in sorted {
+        for item in sorted {
+            let (p, writer, seq) = item?;
             w.write_all(&p.to_be_bytes())?;
             w.write_all(&writer.to_le_bytes())?;
             w.write_all(&seq.to_le_bytes())?;
@@ -331,6 +333,31 @@ impl RunStream<'_> {
     }
 }
 
+/// Two runs' entries merged in order.
+struct Merge<'a> {
+    a: RunStream<'a>,
+    b: RunStream<'a>,
+}
+
+impl Iterator for Merge<'_> {
+    type Item = io::Result<(u64, u32, u64)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let (x, y) = match (self.a.peek(), self.b.peek()) {
+            (Ok(x), Ok(y)) => (x, y),
+            (Err(e), _) | (_, Err(e)) => return Some(Err(e)),
+        };
+        let take_a = match (x, y) {
+            (Some(x), Some(y)) => x <= y,
+            (x, _) => x.is_some(),
+        };
+        let s = if take_a { &mut self.a } else { &mut self.b };
+        let next = if take_a { x } else { y }?;
+        s.at += 1;
+        Some(Ok(next))
+    }
+}
+
 /// The files of a spilled index. Cloning shares the handles: a clone is a snapshot that stays
 /// readable while the original appends (chain files only grow while a store is open; runs
 /// are immutable and a replaced one stays open in every snapshot holding it).
@@ -393,6 +420,8 @@ pub const CHECKPOINT_FILE: &str = "checkpoint";
 const CHECKPOINT_TMP: &str = "checkpoint.tmp";
 /// Most writers, runs and certificate records a checkpoint may name (a bound for decoding).
 const CHECKPOINT_ITEMS_MAX: u64 = 1 << 24;
+/// Most bytes of a checkpoint file read (a larger one is not used).
+const CHECKPOINT_BYTES_MAX: u64 = 64 << 20;
 
 impl Checkpoint {
     fn encode(&self) -> Vec<u8> {
@@ -484,7 +513,14 @@ impl Checkpoint {
 
     /// Reads the checkpoint in `dir`, if there is an intact one.
     pub fn read(dir: &Path) -> Option<Checkpoint> {
-        fs::read(dir.join(CHECKPOINT_FILE)).ok().and_then(|b| Checkpoint::decode(&b))
+        use std::io::Read;
+        let f = File::open(dir.join(CHECKPOINT_FILE)).ok()?;
+        let mut bytes = Vec::new();
+        f.take(CHECKPOINT_BYTES_MAX + 1).read_to_end(&mut bytes).ok()?;
+        if bytes.len() as u64 > CHECKPOINT_BYTES_MAX {
+            return None;
+        }
+        Checkpoint::decode(&bytes)
     }
 }
 
@@ -563,48 +599,54 @@ impl Index {
     /// name are removed; chain files are cut to the lengths it names). Errors when a file it
     /// names is missing or too short: the caller then rebuilds from the log.
     pub fn resume(dir: &Path, cfg: IndexConfig, ck: &Checkpoint) -> io::Result<Index> {
+        // The checkpoint is read from disk: every number in it is checked before it sizes a
+        // read or an allocation, and nothing is changed on disk until all of it checked out.
         let mut runs = Vec::new();
         for &(id, n) in &ck.runs {
             runs.push(Arc::new(Run::open(dir, id, n)?));
         }
-        let next_run = ck.runs.iter().map(|r| r.0 + 1).max().unwrap_or(0);
-        let mut spill = Spill {
-            dir: dir.to_path_buf(),
-            cfg,
-            chain_files: BTreeMap::new(),
-            runs,
-            next_run,
-            obsolete: Vec::new(),
-            runs_changed: false,
+        let next_run = match ck.runs.iter().map(|r| r.0).max() {
+            Some(id) => id.checked_add(1).ok_or_else(|| invalid(format!("run id {id} leaves no next id")))?,
+            None => 0,
         };
         let mut idx = Index { latest_sync: ck.latest_sync, certs: ck.certs.clone(), ..Index::default() };
         let in_runs: BTreeMap<u32, u64> = ck.in_runs.iter().copied().collect();
+        let mut files = BTreeMap::new();
+        let mut cuts = Vec::new();
         for &(w, len, head, lamport, epoch) in &ck.chains {
-            let file = spill.chain_file(w)?;
+            let path = dir.join(format!("chain-{w}"));
+            let file = Arc::new(OpenOptions::new().read(true).write(true).open(&path)?);
             let size = file.metadata()?.len();
-            if size < len * ENTRY_BYTES {
-                return Err(invalid(format!("chain file of writer {w} holds {size} bytes, fewer than {len} entries")));
+            let bytes = len.checked_mul(ENTRY_BYTES).filter(|b| *b <= size).ok_or_else(|| {
+                invalid(format!("chain file of writer {w} holds {size} bytes, fewer than {len} entries"))
+            })?;
+            // Entries not in a run go back into the recent map: fewer than `recent_max` when
+            // the checkpoint was written (it writes a run first when there are more).
+            let covered = in_runs.get(&w).copied().unwrap_or(0).min(len);
+            if idx.recent.len() as u64 + (len - covered) > cfg.recent_max as u64 {
+                return Err(invalid(format!("the checkpoint leaves more than {} hashes out of runs", cfg.recent_max)));
             }
-            if size > len * ENTRY_BYTES {
-                file.set_len(len * ENTRY_BYTES)?;
+            for (i, e) in read_entries(&file, w, covered, len)?.into_iter().enumerate() {
+                idx.recent.insert(e.hash, (w, covered + i as u64));
             }
             let base = len.saturating_sub(cfg.chain_window as u64);
-            let mut chain = Chain { len, head, lamport, epoch, mem: VecDeque::new(), mem_base: base, written: len };
-            chain.mem = read_entries(&file, w, base, len)?.into();
-            if chain.mem.back().map(|e| e.hash) != (len > 0).then_some(head) {
+            let mem: VecDeque<Entry> = read_entries(&file, w, base, len)?.into();
+            if mem.back().map(|e| e.hash) != (len > 0).then_some(head) {
                 return Err(invalid(format!("chain file of writer {w} does not end at the checkpoint's head")));
             }
-            // Entries not in a run go back into the recent map.
-            let covered = in_runs.get(&w).copied().unwrap_or(0).min(len);
-            if covered < len {
-                for (i, e) in read_entries(&file, w, covered, len)?.into_iter().enumerate() {
-                    idx.recent.insert(e.hash, (w, covered + i as u64));
-                }
+            if size > bytes {
+                cuts.push((file.clone(), bytes));
             }
-            idx.count += len;
-            idx.chains.insert(w, chain);
+            idx.count = idx.count.checked_add(len).ok_or_else(|| invalid("record count overflows".into()))?;
+            idx.chains.insert(w, Chain { len, head, lamport, epoch, mem, mem_base: base, written: len });
+            files.insert(w, file);
         }
-        // Remove what the checkpoint does not name (runs replaced since, chains cut by a repair).
+        // All checked: cut chain files back to the lengths named (entries written after the
+        // checkpoint), and remove what it does not name (runs replaced since, chains of a log
+        // rebuilt since).
+        for (file, bytes) in cuts {
+            file.set_len(bytes)?;
+        }
         for entry in fs::read_dir(dir)? {
             let name = entry?.file_name();
             let Some(name) = name.to_str() else { continue };
@@ -617,8 +659,15 @@ impl Index {
                 fs::remove_file(dir.join(name))?;
             }
         }
-        spill.chain_files.retain(|w, _| idx.chains.contains_key(w));
-        idx.spill = Some(spill);
+        idx.spill = Some(Spill {
+            dir: dir.to_path_buf(),
+            cfg,
+            chain_files: files,
+            runs,
+            next_run,
+            obsolete: Vec::new(),
+            runs_changed: false,
+        });
         Ok(idx)
     }
 
@@ -671,6 +720,20 @@ impl Index {
             out.extend(c.mem.range((lo - c.mem_base) as usize..(to - c.mem_base) as usize).copied());
         }
         Ok(out)
+    }
+
+    /// `writer`'s entries from seq 0, as `(seq, entry)`, read from the chain file 4,096 at a
+    /// time (a whole chain never sits in memory at once).
+    pub fn walk(&self, writer: u32) -> impl Iterator<Item = io::Result<(u64, Entry)>> + '_ {
+        const CHUNK: u64 = 4096;
+        let len = self.chain(writer).map_or(0, |c| c.len);
+        (0..len.div_ceil(CHUNK)).flat_map(move |i| {
+            let items: Vec<io::Result<(u64, Entry)>> = match self.entries(writer, i * CHUNK, (i + 1) * CHUNK) {
+                Ok(es) => es.into_iter().enumerate().map(|(j, e)| Ok((i * CHUNK + j as u64, e))).collect(),
+                Err(e) => vec![Err(e)],
+            };
+            items
+        })
     }
 
     fn chain_file(&self, writer: u32) -> io::Result<Arc<File>> {
@@ -790,7 +853,7 @@ impl Index {
             sorted.sort_unstable();
             let id = spill.next_run;
             spill.next_run += 1;
-            spill.runs.push(Arc::new(Run::write(&spill.dir, id, sorted.into_iter())?));
+            spill.runs.push(Arc::new(Run::write(&spill.dir, id, sorted.into_iter().map(Ok))?));
             spill.runs_changed = true;
             self.recent.clear();
             self.recent.shrink_to(spill.cfg.recent_max);
@@ -962,39 +1025,9 @@ fn merge_runs(spill: &mut Spill) -> io::Result<()> {
         if newer.entries * 2 < older.entries {
             break;
         }
-        let (mut a, mut b) = (older.stream(), newer.stream());
-        let id = spill.next_run;
-        // Stream the merge to disk in chunks.
-        let path = Run::path(&spill.dir, id);
-        let f = OpenOptions::new().write(true).create(true).truncate(true).open(&path)?;
-        let mut w = BufWriter::with_capacity(1 << 16, f);
-        let mut entries = 0u64;
-        loop {
-            let next = match (a.peek()?, b.peek()?) {
-                (Some(x), Some(y)) if x <= y => {
-                    a.at += 1;
-                    x
-                }
-                (_, Some(y)) => {
-                    b.at += 1;
-                    y
-                }
-                (Some(x), None) => {
-                    a.at += 1;
-                    x
-                }
-                (None, None) => break,
-            };
-            w.write_all(&next.0.to_be_bytes())?;
-            w.write_all(&next.1.to_le_bytes())?;
-            w.write_all(&next.2.to_le_bytes())?;
-            entries += 1;
-        }
-        let f = w.into_inner().map_err(|e| e.into_error())?;
-        f.sync_all()?;
-        drop(f);
+        let merged = Merge { a: older.stream(), b: newer.stream() };
+        let run = Arc::new(Run::write(&spill.dir, spill.next_run, merged)?);
         spill.next_run += 1;
-        let run = Arc::new(Run::open(&spill.dir, id, entries)?);
         let old: Vec<u64> = spill.runs.drain(n - 2..).map(|r| r.id).collect();
         spill.obsolete.extend(old);
         spill.runs.push(run);
@@ -1078,18 +1111,50 @@ mod tests {
         }
     }
 
+    /// A checkpoint is on the disk, which an attacker may write (with a valid CRC): lengths
+    /// that overflow, a claim that nothing is in a run (every hash back into memory), run
+    /// sizes that overflow: each an error (the open then re-verifies the log), never a panic
+    /// or an allocation the bounds do not allow.
+    #[test]
+    fn a_hostile_checkpoint_is_an_error_not_a_panic_or_a_huge_allocation() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = IndexConfig { chain_window: 4, recent_max: 16, checkpoint_records: 16 };
+        let mut idx = Index::spilled(dir.path(), cfg).unwrap();
+        let owner = psl_crypto::OwnerKey::from_seed(&[3; 32]).unwrap();
+        let meta = psl_capsule::new_capsule(&owner, 1, "hostile", 0, Default::default()).unwrap();
+        let mut a = psl_capsule::Author::new(&meta, &owner.app(1).unwrap(), 1).unwrap();
+        for i in 0..40u64 {
+            let r = a.write_ops([(format!("k{i}"), Some("v"))]).unwrap();
+            idx.push(&r, Loc { offset: i * 300, len: 292 });
+        }
+        idx.checkpoint(meta.name(), 40 * 300, 40).unwrap();
+        let good = Checkpoint::read(dir.path()).unwrap();
+        assert!(Index::resume(dir.path(), cfg, &good).is_ok());
+        let mut bad = Vec::new();
+        let (w, _, head, l, e) = good.chains[0];
+        bad.push(Checkpoint { chains: vec![(w, u64::MAX / 3, head, l, e)], ..good.clone() });
+        bad.push(Checkpoint { chains: vec![(w, u64::MAX, head, l, e)], ..good.clone() });
+        bad.push(Checkpoint { in_runs: vec![(w, 0)], ..good.clone() });
+        bad.push(Checkpoint { runs: vec![(good.runs[0].0, u64::MAX / 7)], ..good.clone() });
+        for (i, ck) in bad.iter().enumerate() {
+            assert!(Index::resume(dir.path(), cfg, ck).is_err(), "hostile checkpoint {i} accepted");
+            // Resume removes nothing the good checkpoint names before it fails.
+            assert!(Index::resume(dir.path(), cfg, &good).is_ok(), "after hostile checkpoint {i}");
+        }
+    }
+
     #[test]
     fn runs_find_every_entry_across_block_boundaries_and_merge_in_order() {
         let dir = tempfile::tempdir().unwrap();
         // Many equal prefixes around block boundaries.
         let a: Vec<(u64, u32, u64)> = (0..1000u64).map(|i| (i / 3 * 2, 1, i)).collect();
         let b: Vec<(u64, u32, u64)> = (0..700u64).map(|i| (i / 2 * 3, 2, i)).collect();
-        let ra = Run::write(dir.path(), 0, a.iter().copied()).unwrap();
+        let ra = Run::write(dir.path(), 0, a.iter().copied().map(Ok)).unwrap();
         for p in [0u64, 2, 135, 136, 137, 665, 666, 1000] {
             let want: Vec<(u32, u64)> = a.iter().filter(|e| e.0 == p).map(|e| (e.1, e.2)).collect();
             assert_eq!(ra.find(p).unwrap(), want, "prefix {p}");
         }
-        let rb = Run::write(dir.path(), 1, b.iter().copied()).unwrap();
+        let rb = Run::write(dir.path(), 1, b.iter().copied().map(Ok)).unwrap();
         let mut spill = Spill {
             dir: dir.path().to_path_buf(),
             cfg: IndexConfig::default(),

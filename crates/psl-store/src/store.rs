@@ -635,6 +635,12 @@ impl DiskStore {
     }
 
     fn read_at(&self, hash: Hash256, loc: Loc) -> Result<Verified<Record>, StoreError> {
+        // The location comes from an index file, which is on disk: bound it before allocating.
+        let max = self.metadata().meta.policy.limits.record_bytes_max;
+        if loc.len < MIN_RECORD_LEN || loc.len > max {
+            let fault = FrameFault::Length { len: loc.len, min: MIN_RECORD_LEN, max };
+            return Err(StoreError::ReadBack { path: self.log_path.clone(), offset: loc.offset, hash, fault });
+        }
         let mut buf = vec![0u8; FRAME_HEADER_LEN as usize + loc.len as usize];
         read_exact_at(&self.file, &mut buf, loc.offset)
             .map_err(|e| StoreError::io(&self.log_path, "reading a frame", Some(loc.offset), e))?;
@@ -667,16 +673,10 @@ impl DiskStore {
     /// Every record in chain order (writer, then seq), read back and re-verified one by one
     /// (the index is read a chunk of entries at a time).
     pub fn iter_chain_order(&self) -> impl Iterator<Item = Result<Verified<Record>, StoreError>> + '_ {
-        const CHUNK: u64 = 4096;
         self.index.writers().flat_map(move |w| {
-            let len = self.next_seq(w);
-            (0..len.div_ceil(CHUNK)).flat_map(move |i| {
-                let out: Vec<Result<Verified<Record>, StoreError>> =
-                    match self.index.entries(w, i * CHUNK, (i + 1) * CHUNK) {
-                        Ok(es) => es.iter().map(|e| self.read_at(e.hash, e.loc)).collect(),
-                        Err(e) => vec![Err(self.index_error("reading a chain", e))],
-                    };
-                out
+            self.index.walk(w).map(move |e| match e {
+                Ok((_, e)) => self.read_at(e.hash, e.loc),
+                Err(e) => Err(self.index_error("reading a chain", e)),
             })
         })
     }
@@ -976,6 +976,12 @@ fn resume(
     // may depend on one stored after it: retry until nothing more verifies).
     let mut waiting: Vec<Record> = Vec::new();
     for loc in &ck.certs {
+        if loc.len < MIN_RECORD_LEN || loc.len > limits.record_bytes_max || loc.offset >= ck.log_end {
+            return Err(format!(
+                "a certificate record at offset {} of {} bytes is not in the prefix",
+                loc.offset, loc.len
+            ));
+        }
         let mut buf = vec![0u8; FRAME_HEADER_LEN as usize + loc.len as usize];
         read_exact_at(file, &mut buf, loc.offset).map_err(|e| format!("reading offset {}: {e}", loc.offset))?;
         let rec = Record::decode(&buf[FRAME_HEADER_LEN as usize..], &limits)
@@ -1030,18 +1036,15 @@ fn drop_revoked(
             crate::frame::Probe::Bad { .. } => None,
         })
     };
-    const CHUNK: u64 = 4096;
     let mut cut_any = false;
     for w in writers {
-        let len = idx.chain(w).map_or(0, |c| c.next_seq());
         let mut first = None;
-        'chunks: for i in 0..len.div_ceil(CHUNK) {
-            for (j, e) in idx.entries(w, i * CHUNK, (i + 1) * CHUNK)?.iter().enumerate() {
-                let Some(rec) = header_at(reader, e)? else { continue };
-                if let Err(psl_capsule::Reason::Revoked { from_epoch, from_seq, .. }) = verifier.recheck(rec.header()) {
-                    first = Some((i * CHUNK + j as u64, from_epoch, from_seq));
-                    break 'chunks;
-                }
+        for item in idx.walk(w) {
+            let (seq, e) = item?;
+            let Some(rec) = header_at(reader, &e)? else { continue };
+            if let Err(psl_capsule::Reason::Revoked { from_epoch, from_seq, .. }) = verifier.recheck(rec.header()) {
+                first = Some((seq, from_epoch, from_seq));
+                break;
             }
         }
         let Some((seq, from_epoch, from_seq)) = first else { continue };
@@ -1075,20 +1078,19 @@ fn drop_revoked(
     }
     if cut_any && idx.latest_sync.is_none() {
         // The newest SYNC was cut (a revoked coordinator): find the newest one kept.
-        let ws: Vec<u32> = idx.writers().collect();
-        for w in ws {
-            let len = idx.chain(w).map_or(0, |c| c.next_seq());
-            for i in 0..len.div_ceil(CHUNK) {
-                for e in idx.entries(w, i * CHUNK, (i + 1) * CHUNK)? {
-                    if let Some(rec) = header_at(reader, &e)? {
-                        let h = rec.header();
-                        if h.kind == Kind::Sync && idx.latest_sync.is_none_or(|(ep, s, _)| (h.epoch, h.seq) > (ep, s)) {
-                            idx.latest_sync = Some((h.epoch, h.seq, e.hash));
-                        }
+        let mut newest: Option<(u64, u64, Hash256)> = None;
+        for w in idx.writers() {
+            for item in idx.walk(w) {
+                let (_, e) = item?;
+                if let Some(rec) = header_at(reader, &e)? {
+                    let h = rec.header();
+                    if h.kind == Kind::Sync && newest.is_none_or(|(ep, s, _)| (h.epoch, h.seq) > (ep, s)) {
+                        newest = Some((h.epoch, h.seq, e.hash));
                     }
                 }
             }
         }
+        idx.latest_sync = newest;
     }
     Ok(())
 }
@@ -1209,15 +1211,12 @@ impl CheckView {
         let index_err =
             |e: io::Error| StoreError::io(self.log_path.with_file_name(INDEX_DIR), "reading the index", None, e);
         // Every record the store's index holds must be where the log now has it...
-        const CHUNK: u64 = 4096;
         for w in self.index.writers() {
-            let len = self.index.chain(w).map_or(0, |c| c.next_seq());
-            for i in 0..len.div_ceil(CHUNK) {
-                for e in self.index.entries(w, i * CHUNK, (i + 1) * CHUNK).map_err(index_err)? {
-                    let found = idx.lookup(&e.hash).map_err(index_err)?;
-                    if found.map(|f| f.2) != Some(e.loc) {
-                        rep.lost.push(LostRecord { hash: e.hash, offset: e.loc.offset });
-                    }
+            for item in self.index.walk(w) {
+                let (_, e) = item.map_err(index_err)?;
+                let found = idx.lookup(&e.hash).map_err(index_err)?;
+                if found.map(|f| f.2) != Some(e.loc) {
+                    rep.lost.push(LostRecord { hash: e.hash, offset: e.loc.offset });
                 }
             }
         }

@@ -174,6 +174,18 @@ fn a_damaged_or_stale_index_is_an_error_or_a_rebuild_never_a_wrong_answer() {
     let e = s.get(&victim.hash()).unwrap_err();
     assert!(e.to_string().contains("CRC") && e.to_string().contains(INDEX_DIR), "{e}");
     drop(s);
+    // An entry rewritten with a valid CRC to claim a 4 GiB record: refused before any read.
+    let chain1 = dir.path().join(INDEX_DIR).join("chain-1");
+    let mut b = std::fs::read(&chain1).unwrap();
+    b[5] ^= 0x40; // the flip above, undone
+    b[40..44].copy_from_slice(&u32::MAX.to_le_bytes());
+    let crc = crc32fast::hash(&b[..44]);
+    b[44..48].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(&chain1, b).unwrap();
+    let (s, _) = DiskStore::open_with_options(dir.path(), fx.key(), tiny(OpenVerify::FromCheckpoint)).unwrap();
+    let e = s.get(&victim.hash()).unwrap_err();
+    assert!(e.to_string().contains(&u32::MAX.to_string()), "{e}");
+    drop(s);
     // A full open rebuilds the index from the log.
     let (s, report) = DiskStore::open_with_options(dir.path(), fx.key(), tiny(OpenVerify::Full)).unwrap();
     assert!(report.is_clean(), "{report}");

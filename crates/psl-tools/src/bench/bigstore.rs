@@ -356,16 +356,9 @@ fn start_router() -> Result<(ChildGuard, SocketAddr)> {
     cmd.args(["router", "--listen", "127.0.0.1:0", "--stats-every", "0"]).stdout(Stdio::piped()).stderr(Stdio::null());
     psl::kids::die_with_parent(&mut cmd, libc::SIGKILL);
     let mut child = cmd.spawn().context("starting psl router")?;
-    let out = child.stdout.take().context("psl router's stdout")?;
+    let read = super::fabric::router_addr(&mut child);
     let guard = ChildGuard::new(child, None);
-    let mut line = String::new();
-    BufReader::new(out).read_line(&mut line).context("reading psl router's first line")?;
-    let addr = line
-        .trim()
-        .strip_prefix("listening ")
-        .and_then(|a| a.parse().ok())
-        .with_context(|| format!("psl router printed {line:?}, not 'listening ADDR'"))?;
-    Ok((guard, addr))
+    Ok((guard, read?))
 }
 
 /// The records count of a server's ready line (`ready WRITER records=N repaired=B`).

@@ -113,16 +113,21 @@ fn start_router() -> Result<(Broker, SocketAddr)> {
         .stderr(Stdio::null())
         .spawn()
         .context("starting psl router")?;
+    let read = router_addr(&mut child);
+    let broker = Broker::Router(child);
+    Ok((broker, read?))
+}
+
+/// The address a `psl router` started with `--listen HOST:0` and a piped stdout listens on
+/// (its first line, `listening ADDR`).
+pub(super) fn router_addr(child: &mut std::process::Child) -> Result<SocketAddr> {
     let out = child.stdout.take().context("psl router's stdout")?;
     let mut line = String::new();
     BufReader::new(out).read_line(&mut line).context("reading psl router's first line")?;
-    let broker = Broker::Router(child);
-    let addr = line
-        .trim()
+    line.trim()
         .strip_prefix("listening ")
         .and_then(|a| a.parse().ok())
-        .with_context(|| format!("psl router printed {line:?}, not 'listening ADDR'"))?;
-    Ok((broker, addr))
+        .with_context(|| format!("psl router printed {line:?}, not 'listening ADDR'"))
 }
 
 fn start_nats() -> Result<(Broker, SocketAddr)> {
