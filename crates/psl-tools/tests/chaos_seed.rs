@@ -37,7 +37,13 @@ const START: u64 = 3;
 /// Runs `psl chaos` on `seeds` seeds from `start` (3-second fault phases, no disk faults, with
 /// `extra` arguments) in `dir`, bounded; requires every seed to pass every check and its report
 /// to name how to replay it. Returns every seed's report.
+/// One `psl chaos` at a time: each process picks its ports itself (free, outside the ephemeral
+/// range), and a port a crashed node leaves free until its restart can be picked meanwhile by a
+/// second `psl chaos` (CI: "binding the control address ...: Address already in use").
+static ONE_RUN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn seeds_pass(dir: &std::path::Path, start: u64, seeds: u64, extra: &[&str]) -> Vec<serde_json::Value> {
+    let _one = ONE_RUN.lock().unwrap_or_else(|e| e.into_inner());
     #[rustfmt::skip]
     let mut child = psl()
         .args(["chaos", "--seeds", &seeds.to_string(), "--start", &start.to_string(), "--fault-ms", "3000",
