@@ -9,14 +9,18 @@ use crate::record::{Link, Record};
 use crate::replica::Head;
 use crate::rotation::RotationCert;
 use crate::seal::{Draft, SealError};
-use psl_crypto::{AppKey, CryptoError, DataKey, Hash256, SigningKey};
+use crate::signers::SignPool;
+use psl_crypto::{AppKey, CryptoError, DataKey, Hash256, SigningKey, SALT_LEN};
+use std::sync::Arc;
 
 /// One writer of one capsule. Holds its signing key and the application data key.
 pub struct Author {
     capsule: CapsuleName,
     limits: Limits,
     writer: u32,
-    key: SigningKey,
+    /// Shared with a [`SignPool`]'s threads while they sign a batch (never copied: the scalar
+    /// stays in the key's one zeroized allocation).
+    key: Arc<SigningKey>,
     data_key: DataKey,
     app_key_fp: Hash256,
     /// Application key generation of `key` and `data_key` (0: the metadata's).
@@ -132,7 +136,7 @@ impl Author {
             capsule: meta.name(),
             limits: meta.meta.policy.limits,
             writer,
-            key,
+            key: Arc::new(key),
             data_key,
             app_key_fp: meta.meta.app.fingerprint(),
             key_gen: 0,
@@ -212,7 +216,7 @@ impl Author {
     fn keys_for(&mut self, epoch: u64) {
         if self.rotation.as_ref().is_some_and(|r| epoch >= r.from_epoch) {
             let r = self.rotation.take().expect("checked above");
-            self.key = r.key;
+            self.key = Arc::new(r.key);
             self.data_key = r.data_key;
             self.key_gen = r.key_gen;
             self.app_key_fp = r.app_key_fp;
@@ -316,14 +320,87 @@ impl Author {
 
     /// Seals any body at this writer's next seq.
     pub fn write_body(&mut self, body: Body) -> Result<Record, SealError> {
-        let lamport = match &body {
-            Body::Data(ops) | Body::Atomic(ops) => ops.last().map(|o| o.lamport).unwrap_or(self.lamport),
-            _ => self.lamport + 1,
-        };
+        let lamport = Self::lamport_for(&body, self.lamport);
         let links = self.epoch_link.into_iter().collect();
         let rec = self.write_with(body, links, self.epoch, lamport)?;
         self.epoch_link = None;
         Ok(rec)
+    }
+
+    /// Seals `bodies` as this writer's next records, byte for byte what [`Author::write_body`]
+    /// makes of them one after another (same salts, seqs, `prev` links, Lamport times and
+    /// epoch link), and signs them on `signers`' threads: [`Author::seal_bodies`], then
+    /// [`SealedBatch::sign`]. A single body goes through [`Author::write_body`], without
+    /// `signers`.
+    pub fn write_bodies(&mut self, bodies: Vec<Body>, signers: &SignPool) -> Result<Vec<Record>, SealError> {
+        if bodies.len() <= 1 {
+            return bodies.into_iter().map(|b| self.write_body(b)).collect();
+        }
+        Ok(self.seal_bodies(bodies)?.sign(signers))
+    }
+
+    /// The first stage of [`Author::write_bodies`]: seals `bodies` in chain order as this
+    /// writer's next records (a record's hash, which the next one's `prev` holds, does not
+    /// cover its signature) and advances the chain past them. The batch is signed by
+    /// [`SealedBatch::sign`], which needs no access to the author: a caller that keeps its
+    /// author behind a lock signs after releasing it, so another batch can be sealed
+    /// meanwhile. The records' seqs are taken whether or not the batch is then signed.
+    ///
+    /// All or nothing: on an error nothing is sealed and the chain state (seq, `prev`,
+    /// Lamport time, epoch link) is as before the call; salts drawn for the batch are not
+    /// drawn again.
+    pub fn seal_bodies(&mut self, bodies: Vec<Body>) -> Result<SealedBatch, SealError> {
+        let epoch = self.epoch;
+        // Every record of the batch has this epoch, so one key signs and seals them all.
+        self.keys_for(epoch);
+        let (mut seq, mut prev, mut lamport) = (self.next_seq, self.prev, self.lamport);
+        let mut epoch_link = self.epoch_link;
+        let mut unsigned = Vec::with_capacity(bodies.len());
+        for body in bodies {
+            let l = Self::lamport_for(&body, lamport);
+            let draft = Draft {
+                writer: self.writer,
+                key_gen: self.key_gen,
+                seq,
+                lamport: l,
+                epoch,
+                prev,
+                links: epoch_link.take().into_iter().collect(),
+                body,
+            };
+            let salt = self.salt();
+            let u = draft.seal_unsigned(salt, self.capsule, &self.limits, &self.data_key)?;
+            seq += 1;
+            prev = u.hash();
+            lamport = l;
+            unsigned.push(u);
+        }
+        self.next_seq = seq;
+        self.prev = prev;
+        self.lamport = lamport;
+        if !unsigned.is_empty() {
+            self.epoch_link = None;
+        }
+        Ok(SealedBatch { key: self.key.clone(), unsigned })
+    }
+
+    /// The Lamport time of a record carrying `body` when the writer's clock is at `clock`: a
+    /// data batch's is its last op's, any other body's the next tick.
+    fn lamport_for(body: &Body, clock: u64) -> u64 {
+        match body {
+            Body::Data(ops) | Body::Atomic(ops) => ops.last().map(|o| o.lamport).unwrap_or(clock),
+            _ => clock + 1,
+        }
+    }
+
+    /// The next record's salt: from the seeded generator if there is one, else fresh randomness.
+    fn salt(&mut self) -> [u8; SALT_LEN] {
+        let mut salt = [0u8; SALT_LEN];
+        match &mut self.salts {
+            Some(rng) => rand::RngCore::fill_bytes(rng, &mut salt),
+            None => rand::fill(&mut salt),
+        }
+        salt
     }
 
     fn write_with(&mut self, body: Body, links: Vec<Link>, epoch: u64, lamport: u64) -> Result<Record, SealError> {
@@ -338,17 +415,45 @@ impl Author {
             links,
             body,
         };
-        let rec = match &mut self.salts {
-            Some(rng) => {
-                let mut salt = [0u8; psl_crypto::SALT_LEN];
-                rand::RngCore::fill_bytes(rng, &mut salt);
-                draft.seal_with_salt(salt, self.capsule, &self.limits, &self.key, &self.data_key)?
-            }
-            None => draft.seal(self.capsule, &self.limits, &self.key, &self.data_key)?,
-        };
+        let salt = self.salt();
+        let rec = draft.seal_with_salt(salt, self.capsule, &self.limits, &self.key, &self.data_key)?;
         self.next_seq += 1;
         self.prev = rec.hash();
         self.lamport = lamport;
         Ok(rec)
+    }
+}
+
+/// Records sealed by [`Author::seal_bodies`], not yet signed: they hold their signing key
+/// (shared, never copied) until [`SealedBatch::sign`] consumes them.
+pub struct SealedBatch {
+    key: Arc<SigningKey>,
+    unsigned: Vec<crate::record::Unsigned>,
+}
+
+impl SealedBatch {
+    /// Records in the batch.
+    pub fn len(&self) -> usize {
+        self.unsigned.len()
+    }
+
+    /// Whether the batch holds no record.
+    pub fn is_empty(&self) -> bool {
+        self.unsigned.is_empty()
+    }
+
+    /// Signs every record on `signers`' threads (RFC 6979 signatures do not depend on the
+    /// thread) and returns them in chain order.
+    pub fn sign(self, signers: &SignPool) -> Vec<Record> {
+        let SealedBatch { key, unsigned } = self;
+        let sigs = signers.sign_all(&key, unsigned.iter().map(|u| u.hash()).collect());
+        assert_eq!(sigs.len(), unsigned.len(), "one signature per sealed record");
+        unsigned.into_iter().zip(sigs).map(|(u, sig)| u.finish(sig)).collect()
+    }
+}
+
+impl std::fmt::Debug for SealedBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SealedBatch").field("records", &self.unsigned.len()).finish_non_exhaustive()
     }
 }

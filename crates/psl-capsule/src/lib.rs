@@ -7,6 +7,8 @@
 //! - [`body`]: plaintext bodies (batches of ops, SYNC, control, CapsuleDB payloads).
 //! - [`seal`]: turning a [`Draft`] into a sealed, signed [`Record`].
 //! - [`author`]: a writer's chain state (seq, prev, Lamport time, epoch links) on top of `seal`.
+//! - [`signers`]: [`SignPool`], threads that sign a batch of records an [`Author`] sealed in
+//!   chain order ([`Author::write_bodies`]).
 //! - [`verify`]: the [`Verifier`], the only maker of [`Verified`] values, and rejection reasons.
 //! - [`replica`]: an in-memory replica (a grow-only set) with chain, link and equivocation checks.
 //! - [`certs`]: [`WriterCert`] and [`Revocation`], the application-key-signed statements by
@@ -37,10 +39,11 @@ pub mod record;
 pub mod replica;
 pub mod rotation;
 pub mod seal;
+pub mod signers;
 pub mod verify;
 
 pub use audit::{audit_file, audit_file_rotated, Audit, Problem};
-pub use author::Author;
+pub use author::{Author, SealedBatch};
 pub use body::{Action, Body, ControlCode, Op, ATOMIC_FLAG};
 pub use certs::{writer_credentials, CertError, KeyStatement, Revocation, WriterCert};
 pub use client::{ClientCert, ClientCertError, Permissions};
@@ -53,6 +56,7 @@ pub use record::{Header, Kind, Link, Record};
 pub use replica::{ChainProblem, Head, Replica};
 pub use rotation::{RotationCert, RotationError, ROTATION_CERT_LEN};
 pub use seal::{Draft, SealError};
+pub use signers::SignPool;
 pub use verify::{Opened, Reason, Rejected, Verified, Verifier};
 
 /// How many coordinators (a primary and shadows) a new capsule allows, unless told otherwise.

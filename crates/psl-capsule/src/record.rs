@@ -219,6 +219,42 @@ impl Parts {
     }
 }
 
+/// A record assembled but for its signature ([`Record::assemble_unsigned`]): its hash is
+/// final (it does not cover the signature), so the next record of the chain can link to it
+/// before it is signed.
+pub(crate) struct Unsigned {
+    /// Header, body length and body; the signature's 64 bytes are reserved, not written.
+    raw: Vec<u8>,
+    parts: Parts,
+}
+
+impl Unsigned {
+    /// The record hash, the digest the signature is over.
+    pub(crate) fn hash(&self) -> Hash256 {
+        self.parts.hash
+    }
+
+    /// Bytes of the record once signed.
+    pub(crate) fn signed_len(&self) -> usize {
+        self.raw.len() + SIGNATURE_LEN
+    }
+
+    /// The second stage of `Record::assemble`: appends `sig` (over [`Unsigned::hash`]).
+    /// Asserts a record within [`Limits::CEILING`] and (debug builds) that the bytes decode to
+    /// this header and hash.
+    pub(crate) fn finish(self, sig: Signature) -> Record {
+        let Unsigned { mut raw, parts } = self;
+        raw.extend_from_slice(&sig.0);
+        assert!(raw.len() <= Limits::CEILING.record_bytes_max as usize, "a record over every capsule's limit");
+        debug_assert!(
+            Record::decode_parts(&raw, &Limits::CEILING)
+                .is_ok_and(|p| p.header == parts.header && p.header_len == parts.header_len && p.hash == parts.hash),
+            "an assembled record must decode to its header and hash"
+        );
+        parts.with_raw(raw.into())
+    }
+}
+
 impl std::fmt::Debug for Record {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
@@ -241,14 +277,26 @@ impl PartialEq for Record {
 impl Eq for Record {}
 
 impl Record {
-    /// Assembles a record from a header, a sealed body and a signature.
+    /// Assembles a record from a header, a sealed body and a signature (tests; writers go
+    /// through the two stages, [`Record::assemble_unsigned`] then [`Unsigned::finish`]).
     ///
     /// The caller (`Draft::seal`) has checked the capsule's limits; what is asserted here is
     /// what every reader checks whatever the capsule: the chain rule the verifier applies
     /// (seq 0 has a zero `prev`, every later seq a non-zero one), a non-hardened writer index,
     /// a body length its u32 field holds, a record within [`Limits::CEILING`], and (debug
-    /// builds) that the bytes decode to this header and hash.
+    /// builds) that the bytes decode to this header and hash. Two stages since the hash does
+    /// not cover the signature: a writer may hash a run of records in chain order and sign them
+    /// afterwards.
+    #[cfg(test)]
     pub(crate) fn assemble(header: Header, body: &[u8], signature_of: impl FnOnce(&Hash256) -> Signature) -> Record {
+        let unsigned = Record::assemble_unsigned(header, body);
+        let sig = signature_of(&unsigned.hash());
+        unsigned.finish(sig)
+    }
+
+    /// The first stage of `Record::assemble`: the bytes but for the signature, and the record
+    /// hash. Asserts the chain rule, the writer index and the body length.
+    pub(crate) fn assemble_unsigned(header: Header, body: &[u8]) -> Unsigned {
         assert_eq!(header.seq == 0, header.prev.is_zero(), "seq 0 has a zero prev, every later seq a non-zero one");
         assert!(header.writer < 1 << 31, "a record's writer is a non-hardened child index");
         assert!(body.len() <= u32::MAX as usize, "record body length does not fit its u32 field");
@@ -260,15 +308,7 @@ impl Record {
         raw.extend_from_slice(body);
         let body_digest = sha256(&[body]);
         let hash = record_hash(&raw[..header_len], body.len() as u32, &body_digest);
-        let sig = signature_of(&hash);
-        raw.extend_from_slice(&sig.0);
-        assert!(raw.len() <= Limits::CEILING.record_bytes_max as usize, "a record over every capsule's limit");
-        debug_assert!(
-            Record::decode_parts(&raw, &Limits::CEILING)
-                .is_ok_and(|p| p.header == header && p.header_len == header_len && p.hash == hash),
-            "an assembled record must decode to its header and hash"
-        );
-        Record { raw: raw.into(), header, header_len, body_len: body.len(), body_digest, hash }
+        Unsigned { raw, parts: Parts { header, header_len, body_len: body.len(), body_digest, hash } }
     }
 
     /// Decodes exactly `bytes` as one record under `limits`. Never panics; allocates only the

@@ -3,7 +3,7 @@
 use crate::body::Body;
 use crate::limits::Limits;
 use crate::meta::CapsuleName;
-use crate::record::{Header, Link, Record, HEADER_FIXED_LEN, LINK_LEN};
+use crate::record::{Header, Link, Record, Unsigned, HEADER_FIXED_LEN, LINK_LEN};
 use psl_crypto::{DataKey, Hash256, SigningKey, SALT_LEN, SIGNATURE_LEN, TAG_LEN};
 
 /// Everything a writer decides about a record before it is sealed.
@@ -90,6 +90,20 @@ impl Draft {
         key: &SigningKey,
         data_key: &DataKey,
     ) -> Result<Record, SealError> {
+        let unsigned = self.seal_unsigned(salt, capsule, limits, data_key)?;
+        let sig = key.sign(&unsigned.hash());
+        Ok(unsigned.finish(sig))
+    }
+
+    /// [`Draft::seal_with_salt`] but for the signature: every check, the sealed body and the
+    /// record hash, which the next record's `prev` needs and the signature does not change.
+    pub(crate) fn seal_unsigned(
+        self,
+        salt: [u8; SALT_LEN],
+        capsule: CapsuleName,
+        limits: &Limits,
+        data_key: &DataKey,
+    ) -> Result<Unsigned, SealError> {
         if !limits.within_ceiling() {
             return Err(SealError::Limits);
         }
@@ -130,8 +144,8 @@ impl Draft {
         if !public {
             data_key.seal_in_place(&salt, &ctx, &aad, &mut body);
         }
-        let rec = Record::assemble(header, &body, |h| key.sign(h));
-        debug_assert_eq!(rec.bytes().len(), len);
-        Ok(rec)
+        let unsigned = Record::assemble_unsigned(header, &body);
+        debug_assert_eq!(unsigned.signed_len(), len);
+        Ok(unsigned)
     }
 }

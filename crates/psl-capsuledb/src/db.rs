@@ -16,6 +16,12 @@
 //! thread: they read immutable input blocks and write new ones without holding any lock, then
 //! take the writers' mutex briefly to install the result in a new index. Without it, a freeze
 //! runs the compactions it makes necessary inline (deterministic: tests).
+//!
+//! Sealing: the records are one writer's chain, so the [`Author`] is behind its own mutex (a
+//! freeze and a compaction may both write blocks). A batch of blocks ([`Blocks::save_many`]) is
+//! sealed in chain order under it, then signed on [`sign_threads`] threads after the lock is
+//! released (the record hash does not cover the signature; the bytes are those of sealing one
+//! by one), then put to the stores.
 
 use crate::codec::{Block, BlockRef, Index};
 use crate::lsm::{self, get_in_index, newest, Blocks, Config};
@@ -23,12 +29,12 @@ use crate::{Cell, Error, RecordHash, Version};
 use lru::LruCache;
 use parking_lot::{Condvar, Mutex as PMutex, RwLock};
 use psl_capsule::replica::Head;
-use psl_capsule::{Author, Body, Limits, Record, Verifier};
+use psl_capsule::{Author, Body, Limits, Record, SignPool, Verifier};
 use psl_crypto::Hash256;
 use std::collections::{BTreeMap, HashMap};
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -183,10 +189,75 @@ struct Io {
     limits: Limits,
     /// The record chain is one writer's: appends are serialized.
     author: PMutex<Author>,
+    /// Puts sealed records in chain order.
+    put_order: PutOrder,
+    /// Signs batches of block records ([`Blocks::save_many`]) on [`sign_threads`] threads;
+    /// started on the first batch (a database that never writes one starts no thread).
+    signers: OnceLock<SignPool>,
     cache: PMutex<BlockCache>,
     /// `block hash ‖ key` to that block's entry for the key, or `None` (a Bloom false positive).
     rows: PMutex<LruCache<Vec<u8>, Option<Cell>>>,
     stats: AtomicStats,
+}
+
+/// Most threads a batch of block records is signed on ([`Blocks::save_many`]), the calling
+/// thread included.
+pub const SIGN_THREADS_MAX: usize = 4;
+
+/// Threads a batch of block records is signed on: the cores this process may use, at most
+/// [`SIGN_THREADS_MAX`]. Signing is CPU-bound, so more threads than cores would only wait.
+pub fn sign_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, SIGN_THREADS_MAX)
+}
+
+/// The order in which sealed records are put to the stores: the chain's. Records are sealed
+/// under the author's lock but signed and put after it (a freeze and a compaction sign at the
+/// same time), and a store that publishes them (the role's, `crate::servers`) drops a record
+/// that does not extend its chain. A writer takes a ticket (the first seq it seals) under the
+/// author's lock and puts its records once every earlier seq is put.
+struct PutOrder {
+    /// The next seq to put; `None` until the first record is sealed.
+    next: PMutex<Option<u64>>,
+    turn: Condvar,
+}
+
+impl PutOrder {
+    fn new() -> PutOrder {
+        PutOrder { next: PMutex::new(None), turn: Condvar::new() }
+    }
+
+    /// Called under the author's lock with the seq the next record will have: the ticket.
+    fn ticket(&self, next_seq: u64) -> u64 {
+        let mut n = self.next.lock();
+        // The first sealer under the author's lock holds the lowest seq.
+        if n.is_none() {
+            *n = Some(next_seq);
+        }
+        next_seq
+    }
+
+    /// Waits until the records from `first` on are next; the returned turn passes on to
+    /// `first + count` when dropped (whatever the puts did, so a failed put blocks no one).
+    fn wait_turn(&self, first: u64, count: u64) -> Turn<'_> {
+        let mut n = self.next.lock();
+        while *n != Some(first) {
+            self.turn.wait(&mut n);
+        }
+        Turn { order: self, next: first + count }
+    }
+}
+
+/// A writer's turn to put its records ([`PutOrder::wait_turn`]).
+struct Turn<'a> {
+    order: &'a PutOrder,
+    next: u64,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        *self.order.next.lock() = Some(self.next);
+        self.order.turn.notify_all();
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -199,18 +270,76 @@ impl Io {
     fn write(&self, body: Body) -> Result<RecordHash, Error> {
         // In a certified capsule a fresh writer's chain opens with its own certificate (servers,
         // nodes and auditors learn its key from the log); a reader that never writes adds none.
-        let intro = {
-            let a = self.author.lock();
-            a.cert().filter(|_| a.next_seq() == 0).cloned()
-        };
+        let intro = Self::intro(&self.author.lock());
         if let Some(c) = intro {
-            self.write_one(Body::Certs(vec![psl_capsule::KeyStatement::Cert(c)]))?;
+            self.write_one(c)?;
         }
         self.write_one(body)
     }
 
+    /// The Cert record a certified writer's chain opens with, if `a` has written nothing yet.
+    fn intro(a: &Author) -> Option<Body> {
+        let c = a.cert().filter(|_| a.next_seq() == 0)?;
+        Some(Body::Certs(vec![psl_capsule::KeyStatement::Cert(c.clone())]))
+    }
+
     fn write_one(&self, body: Body) -> Result<RecordHash, Error> {
-        let rec = self.author.lock().write_body(body).map_err(|e| Error::Seal(e.to_string()))?;
+        let (first, rec) = {
+            let mut a = self.author.lock();
+            let first = self.put_order.ticket(a.next_seq());
+            (first, a.write_body(body).map_err(|e| Error::Seal(e.to_string()))?)
+        };
+        let _turn = self.put_order.wait_turn(first, 1);
+        self.store(&rec)
+    }
+
+    /// Seals `bodies` as consecutive records ([`Author::write_bodies`]: sealed in chain order,
+    /// signed on the pool's threads; the writer's certificate first if its chain is empty), each
+    /// then put to every store. Their hashes in order, the certificate's left out. The records
+    /// are all sealed before any is stored: if one is taken by no store, the others are still
+    /// put (the chain keeps as few holes as it can) and the first failure is returned.
+    fn write_many(&self, mut bodies: Vec<Body>) -> Result<Vec<RecordHash>, Error> {
+        let recs = {
+            let mut a = self.author.lock();
+            let intro = Self::intro(&a);
+            let skip = usize::from(intro.is_some());
+            if let Some(c) = intro {
+                bodies.insert(0, c);
+            }
+            let first = self.put_order.ticket(a.next_seq());
+            let batch = a.seal_bodies(bodies).map_err(|e| Error::Seal(e.to_string()))?;
+            (batch, first, skip)
+        };
+        let (recs, first, skip) = recs;
+        // Signed outside the writer's lock: a freeze and a compaction seal their batches in
+        // turn but sign them at the same time; they are put in chain order.
+        let recs = recs.sign(self.signers());
+        let _turn = self.put_order.wait_turn(first, recs.len() as u64);
+        let mut failed = None;
+        for rec in &recs {
+            if let Err(e) = self.store(rec) {
+                failed.get_or_insert(e);
+            }
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(recs[skip..].iter().map(|r| r.hash().0).collect()),
+        }
+    }
+
+    /// The signing pool, started on first use (with only the calling thread if the OS refuses
+    /// threads: slower, not wrong).
+    fn signers(&self) -> &SignPool {
+        self.signers.get_or_init(|| {
+            SignPool::new(sign_threads()).unwrap_or_else(|e| {
+                tracing::warn!("capsuledb: signing on one thread, no helper thread started: {e}");
+                SignPool::new(1).expect("a pool of one thread starts no thread")
+            })
+        })
+    }
+
+    /// Puts `rec` to every store; its hash.
+    fn store(&self, rec: &Record) -> Result<RecordHash, Error> {
         let hash = rec.hash().0;
         // Written to every store; it is enough that one took it (reads try them all), but a
         // record no store took is an error: the index must never point at nothing.
@@ -342,6 +471,14 @@ impl Blocks for Io {
 
     fn save(&self, b: &Block) -> Result<RecordHash, Error> {
         self.write(Body::DbBlock(b.encode()))
+    }
+
+    fn save_many(&self, blocks: &[Block]) -> Result<Vec<RecordHash>, Error> {
+        if blocks.len() <= 1 {
+            return blocks.iter().map(|b| self.save(b)).collect();
+        }
+        // Encoded before the writer's lock is taken.
+        self.write_many(blocks.iter().map(|b| Body::DbBlock(b.encode())).collect())
     }
 
     fn get_entry(&self, r: &BlockRef, key: &[u8]) -> Result<Option<Cell>, Error> {
@@ -795,6 +932,8 @@ impl CapsuleDb {
             verifier,
             limits,
             author: PMutex::new(author),
+            put_order: PutOrder::new(),
+            signers: OnceLock::new(),
             cache: PMutex::new(BlockCache::new(blocks.get().saturating_mul(config.block_entries_max))),
             rows: PMutex::new(LruCache::new(rows)),
             stats: AtomicStats::default(),

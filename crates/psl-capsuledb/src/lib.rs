@@ -3,10 +3,12 @@
 //! - [`bloom`]: a small Bloom filter (k probes from two 64-bit hashes).
 //! - [`codec`]: the bounded, versioned block and index encodings (never panic on garbage).
 //! - [`lsm`]: the pure LSM core (L0, sorted levels, compaction planning, streaming merge,
-//!   installation, reads through an index snapshot); no I/O.
+//!   installation, reads through an index snapshot); no I/O: it hands the blocks of a run to
+//!   [`Blocks`] in batches ([`Blocks::save_many`]).
 //! - [`db`]: [`CapsuleDb`], the memtable and the core on top of [`BlockStore`]s holding sealed,
-//!   signed records; the background compaction thread; [`Reader`] handles that read without
-//!   waiting for compactions; the block and entry caches.
+//!   signed records (a batch of blocks sealed in chain order, then signed on a small pool of
+//!   threads); the background compaction thread; [`Reader`] handles that read without waiting
+//!   for compactions; the block and entry caches.
 //! - [`store`]: [`DirStore`], a directory's append-only log of CRC-framed records plus the
 //!   pointer to the newest index.
 //! - [`servers`]: CapsuleDB on the capsule servers: [`servers::ServerStore`] (reads a record by

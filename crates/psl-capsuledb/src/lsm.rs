@@ -88,8 +88,8 @@ impl Config {
 }
 
 /// Where blocks live. `load` must return the block the reference names (verified);
-/// `save` stores a block and returns the hash of the record holding it. Shared by readers and
-/// the compaction thread, hence `&self`.
+/// `save` stores a block and returns the hash of the record holding it, `save_many` a batch of
+/// them. Shared by readers and the compaction thread, hence `&self`.
 pub trait Blocks {
     /// The block `r` names, verified.
     fn load(&self, r: &BlockRef) -> Result<Arc<Block>, Error>;
@@ -100,12 +100,28 @@ pub trait Blocks {
     }
     /// Stores `b` in a new record; returns the record's hash.
     fn save(&self, b: &Block) -> Result<RecordHash, Error>;
+    /// Stores each of `blocks` in a new record, in order; the records' hashes in the same order.
+    /// The record-backed store seals the batch in chain order and signs it on several threads
+    /// (the records are the same bytes as saved one by one); by default, [`Blocks::save`] per
+    /// block.
+    fn save_many(&self, blocks: &[Block]) -> Result<Vec<RecordHash>, Error> {
+        blocks.iter().map(|b| self.save(b)).collect()
+    }
     /// The entry for `key` in the block `r` names (blocks are immutable, so an implementation
     /// may cache the answer per `(block, key)`).
     fn get_entry(&self, r: &BlockRef, key: &[u8]) -> Result<Option<Cell>, Error> {
         Ok(self.load(r)?.get(key).cloned())
     }
 }
+
+/// Full blocks a run (a freeze's or a compaction's output) is saved in at once, in blocks:
+/// one [`Blocks::save_many`] call, whose records are signed in parallel. A merge holds this
+/// many output blocks at most, and polls its `stop` after each batch.
+pub const SAVE_BATCH_BLOCKS: usize = 16;
+
+/// A batch is saved early once its blocks' entries take this many bytes (encoded), so that
+/// batches of large blocks (up to [`BLOCK_BYTES_MAX`] each) stay this small in memory.
+pub const SAVE_BATCH_BYTES_MAX: usize = BLOCK_BYTES_MAX;
 
 /// Checks a key and value against the codec limits.
 pub fn check_kv(key: &[u8], value: Option<&[u8]>) -> Result<(), Error> {
@@ -235,8 +251,9 @@ impl<'a> Run<'a> {
 /// Runs `job`: a k-way merge of its inputs (each level-0 run, see [`l0_runs`], since runs may
 /// overlap; a deeper level is one run), keeping per key the highest `(lamport, writer)`
 /// whatever run it sits in (on a tie, the newer run), written out in blocks of at most
-/// `block_entries_max` entries. Streams: holds one block per run and one output block.
-/// `stop` is polled after each output block; when it returns `true` the merge is abandoned
+/// `block_entries_max` entries. Streams: holds one block per run and the output blocks not
+/// saved yet (up to [`SAVE_BATCH_BLOCKS`] full ones and the one being filled). `stop` is polled
+/// after each batch of output blocks saved; when it returns `true` the merge is abandoned
 /// (`Ok(None)`; the blocks written so far are unreferenced garbage).
 pub fn merge(
     config: &Config,
@@ -427,50 +444,74 @@ pub fn scan_in_index(
     Ok(out)
 }
 
-/// Cuts a sorted stream of entries into blocks (by entry count and encoded size) and saves each
-/// as soon as it is full.
+/// Cuts a sorted stream of entries into blocks (by entry count and encoded size) and saves
+/// the full ones in batches ([`SAVE_BATCH_BLOCKS`], [`Blocks::save_many`]); their references
+/// keep the blocks' order.
 struct RunWriter {
     per_block: usize,
     cur: Block,
     bytes: usize,
+    /// Full blocks not saved yet, in order, and the bytes of their entries.
+    full: Vec<Block>,
+    full_bytes: usize,
     refs: Vec<BlockRef>,
 }
 
 impl RunWriter {
     fn new(per_block: usize) -> RunWriter {
-        RunWriter { per_block, cur: Block::default(), bytes: 0, refs: Vec::new() }
+        RunWriter { per_block, cur: Block::default(), bytes: 0, full: Vec::new(), full_bytes: 0, refs: Vec::new() }
     }
 
-    /// Adds an entry; `true` when a block was saved.
+    /// Adds an entry; `true` when a batch of blocks was saved.
     fn push(&mut self, blocks: &dyn Blocks, k: Vec<u8>, c: Cell) -> Result<bool, Error> {
         let len = entry_len(&k, &c.1);
         let mut saved = false;
         if !self.cur.entries.is_empty()
             && (self.cur.entries.len() >= self.per_block || self.bytes + len > BLOCK_BYTES_MAX)
         {
-            self.refs.push(save(blocks, std::mem::take(&mut self.cur))?);
+            self.full.push(std::mem::take(&mut self.cur));
+            self.full_bytes += self.bytes;
             self.bytes = 0;
-            saved = true;
+            if self.full.len() >= SAVE_BATCH_BLOCKS || self.full_bytes >= SAVE_BATCH_BYTES_MAX {
+                self.save_full(blocks)?;
+                saved = true;
+            }
         }
         self.bytes += len;
         self.cur.entries.push((k, c));
         Ok(saved)
     }
 
+    /// Saves the full blocks held, as one batch.
+    fn save_full(&mut self, blocks: &dyn Blocks) -> Result<(), Error> {
+        if self.full.is_empty() {
+            return Ok(());
+        }
+        let batch = std::mem::take(&mut self.full);
+        self.full_bytes = 0;
+        let hashes = blocks.save_many(&batch)?;
+        if hashes.len() != batch.len() {
+            return Err(Error::Invalid("a batch of blocks saved did not give one hash per block"));
+        }
+        self.refs.extend(batch.into_iter().zip(hashes).map(|(b, hash)| block_ref(hash, b)));
+        Ok(())
+    }
+
     fn finish(mut self, blocks: &dyn Blocks) -> Result<Vec<BlockRef>, Error> {
         if !self.cur.entries.is_empty() {
-            self.refs.push(save(blocks, std::mem::take(&mut self.cur))?);
+            self.full.push(std::mem::take(&mut self.cur));
         }
+        self.save_full(blocks)?;
         Ok(self.refs)
     }
 }
 
-fn save(blocks: &dyn Blocks, b: Block) -> Result<BlockRef, Error> {
-    let hash = blocks.save(&b)?;
+/// The index's reference to `b`, saved in the record `hash`.
+fn block_ref(hash: RecordHash, b: Block) -> BlockRef {
     let bloom = Bloom::build(b.entries.len(), b.entries.iter().map(|(k, _)| k.as_slice()));
     let min = b.entries.first().map(|e| e.0.clone()).unwrap_or_default();
     let max = b.entries.last().map(|e| e.0.clone()).unwrap_or_default();
-    Ok(BlockRef { hash, entries: b.entries.len() as u32, min, max, bloom })
+    BlockRef { hash, entries: b.entries.len() as u32, min, max, bloom }
 }
 
 #[cfg(test)]
@@ -479,6 +520,58 @@ mod tests {
 
     fn r(min: &[u8], max: &[u8]) -> BlockRef {
         BlockRef { hash: [0; 32], entries: 1, min: min.to_vec(), max: max.to_vec(), bloom: Bloom::build(1, [min]) }
+    }
+
+    /// Blocks in memory, numbered in the order saved; remembers the size of each batch.
+    #[derive(Default)]
+    struct Batches {
+        saved: std::sync::Mutex<Vec<Block>>,
+        batches: std::sync::Mutex<Vec<usize>>,
+        batched: bool,
+    }
+
+    impl Blocks for Batches {
+        fn load(&self, r: &BlockRef) -> Result<Arc<Block>, Error> {
+            let i = u64::from_le_bytes(r.hash[..8].try_into().unwrap()) as usize;
+            Ok(Arc::new(self.saved.lock().unwrap()[i].clone()))
+        }
+        fn save(&self, b: &Block) -> Result<RecordHash, Error> {
+            let mut saved = self.saved.lock().unwrap();
+            let mut h = [0u8; 32];
+            h[..8].copy_from_slice(&(saved.len() as u64).to_le_bytes());
+            saved.push(b.clone());
+            Ok(h)
+        }
+        fn save_many(&self, blocks: &[Block]) -> Result<Vec<RecordHash>, Error> {
+            if !self.batched {
+                return blocks.iter().map(|b| self.save(b)).collect();
+            }
+            self.batches.lock().unwrap().push(blocks.len());
+            blocks.iter().map(|b| self.save(b)).collect()
+        }
+    }
+
+    fn entries(n: usize) -> Vec<(Vec<u8>, Cell)> {
+        (0..n)
+            .map(|i| (format!("k{i:04}").into_bytes(), (crate::Version::new(i as u64 + 1, 1), Some(vec![1]))))
+            .collect()
+    }
+
+    #[test]
+    fn a_run_is_saved_in_batches_keeping_block_order() {
+        let config = Config { block_entries_max: 3, ..Config::default() };
+        for (n, want) in [(1, vec![1]), (3, vec![1]), (4, vec![2]), (48, vec![16]), (100, vec![16, 16, 2])] {
+            let es = entries(n);
+            let (batched, plain) = (Batches { batched: true, ..Batches::default() }, Batches::default());
+            let refs = freeze(&config, &batched, &es).unwrap();
+            assert_eq!(*batched.batches.lock().unwrap(), want, "{n} entries");
+            // The same references as saving block by block, in key order, each naming its block.
+            assert_eq!(refs, freeze(&config, &plain, &es).unwrap(), "{n} entries");
+            let back: Vec<(Vec<u8>, Cell)> =
+                refs.iter().flat_map(|r| batched.load(r).unwrap().entries.clone()).collect();
+            assert_eq!(back, es);
+            assert!(refs.iter().all(|r| r.entries as usize <= 3));
+        }
     }
 
     #[test]

@@ -217,28 +217,95 @@ pub fn answers_info(addr: SocketAddr) -> bool {
 /// Drawn at random *below* the kernel's ephemeral range (`ip_local_port_range`, 32768 by
 /// default), from 10000 up: a port the kernel hands out for `bind(:0)` is also what it picks as
 /// the local port of outgoing connections, so between the release and the child's own bind an
-/// unrelated connection could take it (`Address already in use`; `psl chaos` hit this). Falls
-/// back to a kernel-chosen port if 200 draws find nothing free. A port is handed out at most
-/// once per process (two draws must not name the same port for two children that have not
-/// bound yet).
+/// unrelated connection could take it (`Address already in use`; `psl chaos` hit this).
+///
+/// Drawn from a block of [`PORT_BLOCK`] ports that this process holds for its whole life
+/// (see `PortBlocks`): a port a child releases while it is down (a crashed node before its
+/// restart) must not be drawn by another process meanwhile (two `psl chaos` runs side by side
+/// hit this too). A port is handed out at most once per process (two draws must not name the
+/// same port for two children that have not bound yet). Falls back to a kernel-chosen port if
+/// no block can be held or every port of the blocks held is taken.
 pub fn free_port(ip: std::net::IpAddr) -> std::io::Result<SocketAddr> {
-    use rand::Rng;
-    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
-        std::sync::Mutex::new(std::collections::BTreeSet::new());
-    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
-    let low = ephemeral_low().clamp(10_001, 65_535);
-    let mut rng = rand::rng();
-    for _ in 0..200 {
-        let port = rng.random_range(10_000..low);
-        if given.contains(&port) {
-            continue;
-        }
-        if let Ok(l) = std::net::TcpListener::bind(SocketAddr::new(ip, port)) {
-            given.insert(port);
-            return l.local_addr();
-        }
+    static BLOCKS: std::sync::Mutex<Option<PortBlocks>> = std::sync::Mutex::new(None);
+    let mut blocks = BLOCKS.lock().unwrap_or_else(|e| e.into_inner());
+    let blocks = blocks.get_or_insert_with(|| PortBlocks::new(ephemeral_low()));
+    if let Some(a) = blocks.draw(ip) {
+        return Ok(a);
     }
     std::net::TcpListener::bind(SocketAddr::new(ip, 0))?.local_addr()
+}
+
+/// Ports in one block that [`free_port`] holds for a process.
+pub const PORT_BLOCK: u16 = 256;
+
+/// The port blocks one process holds, below the ephemeral range from port 10000 on. A block is
+/// held by an exclusive `flock` on `psl-port-blocks/<first port>` in the temporary directory,
+/// which the kernel drops when the process ends (however it ends), so processes on one machine
+/// draw from disjoint blocks.
+struct PortBlocks {
+    low: u16,
+    /// The lock files of the blocks held (kept open: closing one releases its lock), with the
+    /// first port of each.
+    held: Vec<(std::fs::File, u16)>,
+    /// Ports handed out so far.
+    given: std::collections::BTreeSet<u16>,
+}
+
+impl PortBlocks {
+    fn new(ephemeral_low: u16) -> PortBlocks {
+        PortBlocks {
+            low: ephemeral_low.clamp(10_000 + PORT_BLOCK, 65_535),
+            held: Vec::new(),
+            given: Default::default(),
+        }
+    }
+
+    /// A free port from a block held, holding one more block when those are used up.
+    fn draw(&mut self, ip: std::net::IpAddr) -> Option<SocketAddr> {
+        use rand::Rng;
+        let mut rng = rand::rng();
+        for _ in 0..4 {
+            for &(_, first) in &self.held {
+                for _ in 0..64 {
+                    let port = first + rng.random_range(0..PORT_BLOCK);
+                    if self.given.contains(&port) {
+                        continue;
+                    }
+                    if let Ok(l) = std::net::TcpListener::bind(SocketAddr::new(ip, port)) {
+                        self.given.insert(port);
+                        return l.local_addr().ok();
+                    }
+                }
+            }
+            self.hold_another()?;
+        }
+        None
+    }
+
+    /// Holds one more block (a random free one); `None` if none can be held.
+    fn hold_another(&mut self) -> Option<()> {
+        use rand::Rng;
+        let dir = std::env::temp_dir().join("psl-port-blocks");
+        std::fs::create_dir_all(&dir).ok()?;
+        let blocks = (self.low - 10_000) / PORT_BLOCK;
+        let mut rng = rand::rng();
+        for _ in 0..64 {
+            let first = 10_000 + rng.random_range(0..blocks) * PORT_BLOCK;
+            if self.held.iter().any(|(_, f)| *f == first) {
+                continue;
+            }
+            let Ok(f) =
+                std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(dir.join(first.to_string()))
+            else {
+                continue;
+            };
+            if f.try_lock().is_ok() {
+                self.held.push((f, first));
+                return Some(());
+            }
+        }
+        None
+    }
 }
 
 /// The first port of the kernel's ephemeral range (32768 where it cannot be read).
@@ -252,6 +319,28 @@ fn ephemeral_low() -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two holders (two processes: `flock` locks of two open files conflict even within one
+    /// process) draw from disjoint blocks, so a port one releases is never the other's.
+    #[test]
+    fn two_holders_draw_ports_from_disjoint_blocks() {
+        let low = ephemeral_low();
+        let (mut a, mut b) = (PortBlocks::new(low), PortBlocks::new(low));
+        let ip = "127.0.0.1".parse().unwrap();
+        let pa: Vec<u16> = (0..40).map(|_| a.draw(ip).unwrap().port()).collect();
+        let pb: Vec<u16> = (0..40).map(|_| b.draw(ip).unwrap().port()).collect();
+        let firsts = |h: &PortBlocks| h.held.iter().map(|(_, f)| *f).collect::<Vec<_>>();
+        let (fa, fb) = (firsts(&a), firsts(&b));
+        assert!(!fa.is_empty() && !fb.is_empty());
+        assert!(fa.iter().all(|f| !fb.contains(f)), "blocks {fa:?} and {fb:?} overlap");
+        let inside = |p: &u16, fs: &[u16]| fs.iter().any(|f| (*f..*f + PORT_BLOCK).contains(p));
+        assert!(pa.iter().all(|p| inside(p, &fa) && !inside(p, &fb)));
+        assert!(pb.iter().all(|p| inside(p, &fb) && !inside(p, &fa)));
+        // Once dropped, a block can be held again.
+        drop(a);
+        let mut c = PortBlocks::new(low);
+        assert!(c.draw(ip).is_some());
+    }
 
     #[test]
     fn free_ports_come_from_below_the_ephemeral_range() {

@@ -116,7 +116,7 @@ impl FrontEnd {
     /// write failed): as in memcached, the command ends there, without `END`.
     pub fn get_key(&self, key: &[u8], cas: bool, touch: Option<i64>, out: &mut Vec<u8>) -> bool {
         let (value, unique) = match touch {
-            None => match self.lookup(key) {
+            None => match if cas { self.lookup_for_cas(key) } else { self.lookup(key) } {
                 Lookup::Hit { value, cas } => (value, cas),
                 Lookup::Miss => return true,
                 Lookup::Unreadable(_) => {
@@ -260,7 +260,9 @@ impl FrontEnd {
                 o => return line(out, store_reply(&o)),
             }
         } else {
-            match self.lookup(key) {
+            // A unique the client asked for (`c`) is read at the key's home, as for `gets`.
+            let wants_cas = f.tokens().any(|(c, _)| c == b'c');
+            match if wants_cas { self.lookup_for_cas(key) } else { self.lookup(key) } {
                 Lookup::Hit { value, cas } => (value, cas, false),
                 Lookup::Miss => return miss(key, f, out, "EN"),
                 Lookup::Unreadable(_) => return line(out, UNREADABLE),
@@ -465,6 +467,8 @@ fn simple_reply(o: &Outcome, ok: &'static str) -> &'static str {
         Outcome::Failed(_) => "SERVER_ERROR out of memory storing object",
         Outcome::Unavailable(_) => "SERVER_ERROR home front end of this key unavailable",
         Outcome::Unreadable(_) => UNREADABLE,
+        // Only a read for a CAS unique is answered so, and it never reaches a client.
+        Outcome::Behind => "SERVER_ERROR home front end behind this one",
         Outcome::Number { .. } | Outcome::Item { .. } => ok,
     }
 }

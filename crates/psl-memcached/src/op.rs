@@ -4,6 +4,7 @@
 //! failover that routes them.
 
 use crate::proto::StoreMode;
+use psl_scl::Version;
 use std::sync::Arc;
 
 /// A read-modify-write operation, run at the key's home front end.
@@ -50,6 +51,16 @@ pub enum Rmw<'a> {
         /// On a miss, create an empty item with this memcached exptime (meta `N`), returned
         /// with `won` set.
         vivify: Option<i64>,
+    },
+    /// A read whose CAS unique a client will compare against (`gets`, `mg` with `c`), run at
+    /// the home so that the unique is the newest the home has: the live item (`Item`) or
+    /// `NotFound`. `have` is the version of the forwarder's own copy of the key: when the home
+    /// has not applied that version yet (the forwarder's own write still on its way), the
+    /// answer is `Behind` and the forwarder answers from its copy, so a client still reads its
+    /// own writes.
+    Read {
+        /// The version of the key the forwarder holds, if any.
+        have: Option<Version>,
     },
 }
 
@@ -100,4 +111,6 @@ pub enum Outcome {
     Unavailable(String),
     /// The key is not in this node's memtable (evicted) and CapsuleDB did not answer in time.
     Unreadable(String),
+    /// [`Rmw::Read`]: the home has not applied the forwarder's version of the key yet.
+    Behind,
 }

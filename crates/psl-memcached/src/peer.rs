@@ -5,7 +5,8 @@
 //! ([`crate::op::Rmw`]) is sent there as one request frame and answered by one reply frame
 //! ([`crate::op::Outcome`]): one extra loopback/LAN round trip, paid only by `cas`, `add`,
 //! `replace`, `append`, `prepend`, `incr`, `decr`, `touch`, `gat(s)` and their meta forms on
-//! non-home keys. Plain `get`/`set`/`delete` never leave the front end.
+//! non-home keys, and by reads that return a CAS unique (`gets`, `mg` with `c`). Plain
+//! `get`/`set`/`delete` never leave the front end.
 //!
 //! The channel is untrusted like the fabric, so every frame is sealed (AES-256-GCM, a fresh
 //! 16-byte salt per frame) under the *peer key*, derived one-way from the capsule's data key
@@ -21,10 +22,12 @@
 //!   op 2 Delete: cas?
 //!   op 3 Arith:  incr u8 delta u64 create? (initial u64 exptime i64) ttl? i64 cas?
 //!   op 4 Touch:  exptime? i64 vivify? i64
+//!   op 5 Read:   have? (lamport u64 writer u32)
 //!   (x? = presence byte 0/1, then x if 1; integers little-endian)
 //! reply:      tag u8: 1 Stored cas u64 | 2 NotStored | 3 Exists | 4 NotFound | 5 Deleted
 //!             | 6 Number value u64 cas u64 ttl i64 | 7 Item len u32 value cas u64 won u8
 //!             | 8 NonNumeric | 9 TooLarge | 10 Failed len u32 message | 11 Unreadable len u32 message
+//!             | 13 Behind (a Read: the home has not applied the forwarder's version yet)
 //! ```
 //!
 //! A home that cannot be reached within [`PeerConfig::timeout`] (connect, send, reply) makes
@@ -252,6 +255,17 @@ pub fn encode_request(key: &[u8], op: &Rmw<'_>, o: &mut Vec<u8>) {
             put_opt_i64(o, exptime);
             put_opt_i64(o, vivify);
         }
+        Rmw::Read { have } => {
+            o.push(5);
+            match have {
+                Some(v) => {
+                    o.push(1);
+                    o.extend_from_slice(&v.lamport.to_le_bytes());
+                    o.extend_from_slice(&v.writer.to_le_bytes());
+                }
+                None => o.push(0),
+            }
+        }
     }
 }
 
@@ -290,6 +304,7 @@ pub fn decode_request(b: &[u8]) -> Result<(&[u8], Rmw<'_>), PeerError> {
             Rmw::Arith { incr, delta, create, ttl, cas }
         }
         4 => Rmw::Touch { exptime: r.opt_i64()?, vivify: r.opt_i64()? },
+        5 => Rmw::Read { have: if r.flag()? { Some(Version { lamport: r.u64()?, writer: r.u32()? }) } else { None } },
         v => return Err(PeerError::Bad { what: "op", value: v.into() }),
     };
     r.end()?;
@@ -329,6 +344,7 @@ pub fn encode_outcome(o: &Outcome, out: &mut Vec<u8>) {
             out.push(11);
             put_bytes(out, m.as_bytes());
         }
+        Outcome::Behind => out.push(13),
     }
 }
 
@@ -351,6 +367,7 @@ pub fn decode_outcome(b: &[u8]) -> Result<Outcome, PeerError> {
         9 => Outcome::TooLarge,
         10 => Outcome::Failed(String::from_utf8_lossy(r.bytes()?).into_owned()),
         11 => Outcome::Unreadable(String::from_utf8_lossy(r.bytes()?).into_owned()),
+        13 => Outcome::Behind,
         v => return Err(PeerError::Bad { what: "outcome", value: v.into() }),
     };
     r.end()?;
@@ -886,6 +903,8 @@ mod tests {
             Rmw::Arith { incr: false, delta: 0, create: None, ttl: None, cas: Some(4) },
             Rmw::Touch { exptime: Some(10), vivify: None },
             Rmw::Touch { exptime: None, vivify: Some(0) },
+            Rmw::Read { have: None },
+            Rmw::Read { have: Some(Version { lamport: u64::MAX, writer: 7 }) },
         ]
     }
 
@@ -915,6 +934,7 @@ mod tests {
             Outcome::TooLarge,
             Outcome::Failed("disk".into()),
             Outcome::Unreadable("CapsuleDB did not answer".into()),
+            Outcome::Behind,
         ] {
             let mut b = Vec::new();
             encode_outcome(&o, &mut b);

@@ -516,6 +516,47 @@ impl FrontEnd {
         }
     }
 
+    /// A read whose CAS unique the client will compare against (`gets`, `mg` with `c`): it
+    /// runs at the key's home, where the `cas` will run, so that the unique is the home's
+    /// newest and a `cas` loses only to a real concurrent write. Read where it arrives, a key
+    /// written at its home within the last replication delay (up to the writer's flush time,
+    /// 2 ms in a cluster) would answer an older unique, and while the key stays hot the `cas`
+    /// would fail with `EXISTS` however often it was retried (`docs/protocol/memcached.md` §4).
+    /// The request carries the version of this front end's own copy: if the home has not
+    /// applied it yet (this front end's own write on its way there), the answer comes from
+    /// that copy, so a client still reads its own writes. A home that cannot be reached also
+    /// falls back to this front end's copy (a `cas` would then fail as unavailable anyway).
+    /// Counts hits and misses.
+    pub fn lookup_for_cas(&self, key: &[u8]) -> Lookup {
+        if self.failover().is_none() && matches!(self.home(key), Home::Here) {
+            return self.lookup(key);
+        }
+        let have = self.node.memtable().lookup_entry(key).map(|e| e.version);
+        let count = |hit: bool| {
+            Stats::inc(&self.stats.cmd_get);
+            Stats::inc(if hit { &self.stats.get_hits } else { &self.stats.get_misses });
+        };
+        match self.rmw(key, Rmw::Read { have }) {
+            Outcome::Item { value, cas, .. } => {
+                count(true);
+                Lookup::Hit { value, cas }
+            }
+            Outcome::NotFound => {
+                count(false);
+                Lookup::Miss
+            }
+            Outcome::Unreadable(e) => {
+                count(false);
+                Lookup::Unreadable(e)
+            }
+            Outcome::Behind => self.lookup(key),
+            other => {
+                tracing::debug!(?other, "gets at the key's home failed; answering from this front end's copy");
+                self.lookup(key)
+            }
+        }
+    }
+
     /// `set` (no condition): LWW, runs here under the local stripe lock.
     pub fn set(&self, key: &[u8], flags: u32, exptime: i64, data: &[u8], want_cas: bool) -> Outcome {
         let _g = self.lock(key);
@@ -756,6 +797,21 @@ impl FrontEnd {
                 }
             }
             Rmw::Touch { exptime, vivify } => self.touch_locked(key, (exptime, vivify), t, flush, fence),
+            Rmw::Read { have } => {
+                let cur = match self.current(key, t, false) {
+                    Ok(c) => c,
+                    Err(e) => return Outcome::Unreadable(e),
+                };
+                // The forwarder's copy is newer than anything applied here: its own write is
+                // on its way; it answers from that copy.
+                if have.is_some_and(|h| cur.as_ref().is_none_or(|(e, _)| e.version < h)) {
+                    return Outcome::Behind;
+                }
+                match cur.and_then(|(e, _)| self.live_of(e, t, flush, false)) {
+                    Some((value, cas)) => Outcome::Item { value, cas, won: false },
+                    None => Outcome::NotFound,
+                }
+            }
         }
     }
 

@@ -80,7 +80,8 @@ fn two_front_end_processes_share_data_and_arbitrate_cas_and_incr_at_each_keys_ho
 
     // A set through one front end is visible through the other once replicated.
     assert_eq!(ca.call("set shared 42 0 5\r\nhello\r\n"), "STORED");
-    eventually("B sees A's set", || cb.gets("shared").is_some());
+    // (A plain `get` reads B's own copy; `gets` would read at the key's home.)
+    eventually("B sees A's set", || cb.call("get shared\r\n") != "END" && cb.line() == "hello" && cb.line() == "END");
     assert_eq!(cb.call("get shared\r\n"), "VALUE shared 42 5");
     assert_eq!(cb.line(), "hello");
     assert_eq!(cb.line(), "END");
@@ -124,6 +125,66 @@ fn two_front_end_processes_share_data_and_arbitrate_cas_and_incr_at_each_keys_ho
             ca.gets(key).map(|x| x.0) == Some(b"40".to_vec()) && cb.gets(key).map(|x| x.0) == Some(b"40".to_vec())
         });
     }
+}
+
+/// A client's read-modify-write (`gets`, then `cas` with its unique) through either front end
+/// loses only to a real concurrent write. `gets` reads at the key's home, where the `cas` runs:
+/// read where it arrives, a key just written at its home would answer the unique of the copy
+/// replicated so far (writers flush every 2 ms), and a `cas` right after a write through the
+/// other front end would fail with `EXISTS` although nobody else wrote.
+#[test]
+fn gets_then_cas_alternating_between_front_ends_never_loses_without_a_race() {
+    let g = start_group();
+    let mut cs = [Client::connect(g.addr(0)), Client::connect(g.addr(1))];
+    let keys: Vec<String> = (0..6).map(|i| format!("rmw{i}")).collect();
+    for k in &keys {
+        assert_eq!(cs[0].call(&format!("set {k} 0 0 1\r\n0\r\n")), "STORED");
+    }
+    // Plain sets replicate in the background: start once both front ends hold them.
+    for k in &keys {
+        for c in cs.iter_mut() {
+            eventually("the set replicated", || {
+                c.call(&format!("get {k}\r\n")) != "END" && c.line() == "0" && c.line() == "END"
+            });
+        }
+    }
+    for round in 0..40u64 {
+        for (i, k) in keys.iter().enumerate() {
+            // Alternate the front end every step, so each write is followed at once by a read
+            // through the front end that did not make it.
+            let c = &mut cs[(round as usize + i) % 2];
+            let (v, _, unique) = c.gets(k).expect("the key exists");
+            let n: u64 = String::from_utf8(v).unwrap().parse().unwrap();
+            assert_eq!(n, round, "{k}: the read saw every earlier write");
+            let next = (n + 1).to_string();
+            let reply = c.call(&format!("cas {k} 0 0 {} {unique}\r\n{next}\r\n", next.len()));
+            assert_eq!(reply, "STORED", "{k} round {round}: a cas lost though no one else wrote");
+        }
+    }
+    // The meta protocol's unique (`mg k c v`) is read at the home too: right after a cas
+    // through the other front end it is the newest one.
+    for (i, k) in keys.iter().enumerate() {
+        let (w, r) = (i % 2, 1 - i % 2);
+        let (_, _, unique) = cs[w].gets(k).expect("the key exists");
+        assert_eq!(cs[w].call(&format!("cas {k} 0 0 2 {unique}\r\n41\r\n")), "STORED");
+        let reply = cs[r].call(&format!("mg {k} c v\r\n"));
+        let unique: u64 = reply.split(' ').find_map(|t| t.strip_prefix('c')).unwrap().parse().unwrap();
+        assert_eq!(cs[r].line(), "41", "{k}: mg read the newest value");
+        assert_eq!(cs[r].call(&format!("ms {k} 2 C{unique}\r\n42\r\n")), "HD", "{k}: mg's unique was the newest");
+    }
+    // A client reads its own plain `set` through `gets` at once, though the set reaches the
+    // key's home only later: the home answers that it is behind, and the front end its copy.
+    for round in 0..10 {
+        for (i, k) in keys.iter().enumerate() {
+            let c = &mut cs[i % 2];
+            let v = format!("s{round}");
+            assert_eq!(c.call(&format!("set {k} 0 0 {}\r\n{v}\r\n", v.len())), "STORED");
+            assert_eq!(c.gets(k).map(|x| x.0), Some(v.into_bytes()), "{k}: gets after set on one front end");
+        }
+    }
+    // Both homes served reads for the other front end.
+    let (fa, fb) = (cs[0].stat("forwarded"), cs[1].stat("forwarded"));
+    assert!(fa > 0 && fb > 0, "forwarded: A {fa}, B {fb}");
 }
 
 #[test]
