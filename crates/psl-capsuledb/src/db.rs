@@ -192,7 +192,7 @@ struct Io {
     /// Puts sealed records in chain order.
     put_order: PutOrder,
     /// Signs batches of block records ([`Blocks::save_many`]) on [`sign_threads`] threads;
-    /// started on the first batch (a database that never writes one starts no thread).
+    /// started on the first write (a database that never writes starts no thread).
     signers: OnceLock<SignPool>,
     cache: PMutex<BlockCache>,
     /// `block hash ‖ key` to that block's entry for the key, or `None` (a Bloom false positive).
@@ -267,14 +267,9 @@ enum Want {
 }
 
 impl Io {
+    /// Seals `body` as one record and puts it to every store ([`Io::write_many`] of one).
     fn write(&self, body: Body) -> Result<RecordHash, Error> {
-        // In a certified capsule a fresh writer's chain opens with its own certificate (servers,
-        // nodes and auditors learn its key from the log); a reader that never writes adds none.
-        let intro = Self::intro(&self.author.lock());
-        if let Some(c) = intro {
-            self.write_one(c)?;
-        }
-        self.write_one(body)
+        self.write_many(vec![body])?.pop().ok_or(Error::Invalid("a record written gave no hash"))
     }
 
     /// The Cert record a certified writer's chain opens with, if `a` has written nothing yet.
@@ -283,23 +278,15 @@ impl Io {
         Some(Body::Certs(vec![psl_capsule::KeyStatement::Cert(c.clone())]))
     }
 
-    fn write_one(&self, body: Body) -> Result<RecordHash, Error> {
-        let (first, rec) = {
-            let mut a = self.author.lock();
-            let first = self.put_order.ticket(a.next_seq());
-            (first, a.write_body(body).map_err(|e| Error::Seal(e.to_string()))?)
-        };
-        let _turn = self.put_order.wait_turn(first, 1);
-        self.store(&rec)
-    }
-
-    /// Seals `bodies` as consecutive records ([`Author::write_bodies`]: sealed in chain order,
-    /// signed on the pool's threads; the writer's certificate first if its chain is empty), each
-    /// then put to every store. Their hashes in order, the certificate's left out. The records
-    /// are all sealed before any is stored: if one is taken by no store, the others are still
-    /// put (the chain keeps as few holes as it can) and the first failure is returned.
+    /// Seals `bodies` as consecutive records ([`Author::seal_bodies`], under the author's lock;
+    /// the writer's certificate first if its chain is empty, in certified capsules: servers,
+    /// nodes and auditors learn its key from the log), signs them on the pool's threads after
+    /// the lock is released, and puts each to every store in chain order. Their hashes in
+    /// order, the certificate's left out. The records are all sealed before any is stored: if
+    /// one is taken by no store, the others are still put (the chain keeps as few holes as it
+    /// can) and the first failure is returned.
     fn write_many(&self, mut bodies: Vec<Body>) -> Result<Vec<RecordHash>, Error> {
-        let recs = {
+        let (batch, first, skip) = {
             let mut a = self.author.lock();
             let intro = Self::intro(&a);
             let skip = usize::from(intro.is_some());
@@ -307,13 +294,11 @@ impl Io {
                 bodies.insert(0, c);
             }
             let first = self.put_order.ticket(a.next_seq());
-            let batch = a.seal_bodies(bodies).map_err(|e| Error::Seal(e.to_string()))?;
-            (batch, first, skip)
+            (a.seal_bodies(bodies).map_err(|e| Error::Seal(e.to_string()))?, first, skip)
         };
-        let (recs, first, skip) = recs;
         // Signed outside the writer's lock: a freeze and a compaction seal their batches in
         // turn but sign them at the same time; they are put in chain order.
-        let recs = recs.sign(self.signers());
+        let recs = batch.sign(self.signers());
         let _turn = self.put_order.wait_turn(first, recs.len() as u64);
         let mut failed = None;
         for rec in &recs {
@@ -474,8 +459,8 @@ impl Blocks for Io {
     }
 
     fn save_many(&self, blocks: &[Block]) -> Result<Vec<RecordHash>, Error> {
-        if blocks.len() <= 1 {
-            return blocks.iter().map(|b| self.save(b)).collect();
+        if blocks.is_empty() {
+            return Ok(Vec::new());
         }
         // Encoded before the writer's lock is taken.
         self.write_many(blocks.iter().map(|b| Body::DbBlock(b.encode())).collect())
