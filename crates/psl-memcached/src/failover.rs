@@ -129,6 +129,10 @@ pub struct Failover {
     stop: AtomicBool,
     /// Per slot: writes made as its home since the last prune began.
     dirty: Vec<AtomicBool>,
+    /// Wakes the prune thread when a slot turns dirty, and on [`Failover::stop`]
+    /// (the mutex guards nothing: it orders a waiter's check of `dirty` before the
+    /// notification, so none is lost).
+    wake: (Mutex<()>, parking_lot::Condvar),
     /// This member's failover counters.
     pub stats: FailoverStats,
 }
@@ -149,6 +153,10 @@ type Call = (Ctl, std::sync::mpsc::Sender<(usize, std::io::Result<CtlReply>)>);
 const CALLERS_PER_PEER: usize = 8;
 /// Requests queued per member before a broadcast counts it as not answering.
 const CALLS_QUEUED_MAX: usize = 1024;
+/// The driver's shortest and longest sleep between ticks (the longest bounds how late it
+/// notices a request that made a tick due, such as a yield wanted or a release).
+const DRIVER_SLEEP_MIN_MS: u64 = 2;
+const DRIVER_SLEEP_MAX_MS: u64 = 250;
 
 impl Failover {
     /// Member `me` of the group `peers` (the same list on every member, three or more). Starts
@@ -214,6 +222,7 @@ impl Failover {
             fe: host,
             stop: AtomicBool::new(false),
             dirty: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            wake: (Mutex::new(()), parking_lot::Condvar::new()),
             stats: FailoverStats::default(),
         });
         let d = f.clone();
@@ -233,6 +242,12 @@ impl Failover {
     /// Stops the threads (they end within a tick); the leases lapse on their own.
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Release);
+        self.notify();
+    }
+
+    fn notify(&self) {
+        let _ordered = self.wake.0.lock();
+        self.wake.1.notify_all();
     }
 
     fn stopped(&self) -> bool {
@@ -357,9 +372,9 @@ impl Failover {
 
     /// The driver: ticks the member and runs what it asks for.
     fn drive(self: Arc<Self>) {
-        // Half a renewal period: a renewal goes out at most an eighth of a lease late, well
-        // inside the lease (an idle front end's driver wakes 8 times a second, not 20).
-        let tick = Duration::from_millis((self.cfg.lease_ms / 8).clamp(2, 125));
+        // The driver sleeps until the member's next timer (`Member::next_tick`: an idle home
+        // wakes once per renewal, 4 times a second, where a fixed tick of half a renewal
+        // period woke it 8 times), and at least every `DRIVER_SLEEP_MAX_MS` to notice a stop.
         while !self.stopped() {
             let Some(fe) = self.fe.upgrade() else { return };
             let lamport = fe.node().lamport();
@@ -368,7 +383,10 @@ impl Failover {
             for a in acts {
                 self.act(Some(a));
             }
-            std::thread::sleep(tick);
+            let now = self.now();
+            let next = self.member.lock().next_tick(now);
+            let ms = next.saturating_sub(now).clamp(DRIVER_SLEEP_MIN_MS, DRIVER_SLEEP_MAX_MS);
+            std::thread::sleep(Duration::from_millis(ms));
         }
         // Hand the slots back at once rather than letting them lapse.
         for s in 0..self.n {
@@ -503,13 +521,31 @@ impl Failover {
         ok
     }
 
+    /// A write as home of `slot`: the next prune covers it. Wakes the prune thread when the
+    /// slot was clean (once per prune period at most, so the write path rarely locks).
     pub(crate) fn mark_dirty(&self, slot: usize) {
-        self.dirty[slot].store(true, Ordering::Release);
+        if !self.dirty[slot].swap(true, Ordering::AcqRel) {
+            self.notify();
+        }
     }
 
+    /// Every `lease_ms / 4` while slots served get writes; asleep while none does (an idle
+    /// front end's prune thread does not wake, and one that wakes lets a period's writes
+    /// gather before it prunes).
     fn prune_loop(self: Arc<Self>) {
         let every = Duration::from_millis((self.cfg.lease_ms / 4).max(5));
         while !self.stopped() {
+            {
+                let mut g = self.wake.0.lock();
+                while !self.stopped() && !self.dirty.iter().any(|d| d.load(Ordering::Acquire)) {
+                    // The timeout only bounds how long a front end dropped without `stop`
+                    // keeps this thread.
+                    self.wake.1.wait_for(&mut g, Duration::from_secs(5));
+                }
+            }
+            if self.stopped() {
+                return;
+            }
             std::thread::sleep(every);
             let served: Vec<(usize, Lease)> = self.member.lock().serving(self.now());
             let due: Vec<(usize, Lease)> =

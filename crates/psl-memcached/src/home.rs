@@ -773,6 +773,31 @@ impl Member {
         out
     }
 
+    /// When [`Member::tick`] next has something to do if nothing arrives before: the earliest
+    /// renewal due or lease end of the slots held, and, for the slots not held, their retry
+    /// time but at most a renewal period away (whether one of them becomes free to take
+    /// depends on what the other members say and when they fell silent, which the next tick
+    /// checks). A driver sleeps until then rather than polling (an idle home wakes once per
+    /// renewal); a request that makes a tick due sooner (a yield wanted, a release) waits at
+    /// most that long, as a ceiling renewal does.
+    pub fn next_tick(&self, now: Ms) -> Ms {
+        let poll = now + self.cfg.renew_ms();
+        let mut next = poll;
+        for hs in &self.slots {
+            let due = match hs.lease {
+                Some(l) if l.renewing => l.valid_until,
+                Some(l) => (l.last_renew + self.cfg.renew_ms()).min(l.valid_until),
+                // An acquisition or hand-over in flight: its end is not a timer; poll at half a
+                // period, so that the first renewal after it is at most that late.
+                None if hs.busy => now + self.cfg.renew_ms() / 2,
+                None if hs.next_try > now => hs.next_try.min(poll),
+                None => poll,
+            };
+            next = next.min(due);
+        }
+        next.max(now)
+    }
+
     /// A renewal of the lease of `slot` now (from the timer, or because a write reached the
     /// ceiling, or to register a ceiling above a clock a hand-over moved). `None`: no valid
     /// lease, or a renewal is already in flight.
@@ -1181,6 +1206,54 @@ mod tests {
         let acts = m1.tick(t + 3, 70);
         assert!(acts.iter().any(|a| matches!(a, Action::Release { slot: 0, .. })), "{acts:?}");
         assert!(matches!(m1.serve(0, t + 3), Serve::Elsewhere(_)));
+    }
+
+    #[test]
+    fn a_driver_that_sleeps_until_next_tick_renews_in_time_and_wakes_once_per_renewal() {
+        let mut m = Member::new(cfg(3, 0), 1, 0);
+        let mut own = Acceptor::new(cfg(3, 0), 1, 0);
+        let mut a1 = Acceptor::new(cfg(3, 1), 2, 0);
+        let mut a2 = Acceptor::new(cfg(3, 2), 3, 0);
+        let renew = m.cfg.renew_ms();
+        let (mut now, mut wakes, mut renewals) = (0, 0, 0);
+        while now < 10_000 {
+            wakes += 1;
+            // Members 1 and 2 are alive and home of their own slots: member 0 hears their
+            // renewals, so it never competes for their slots.
+            for s in 1..3u16 {
+                m.handle(
+                    now,
+                    &Ctl::Acquire { slot: s, ballot: ballot(1, s as usize), lease_ms: 1000, ceiling: 0, renew: true },
+                );
+            }
+            for act in m.tick(now, 1) {
+                let Action::Acquire(a) = act else { panic!("{act:?}") };
+                assert_eq!(a.slot, 0, "only its own slot");
+                match run(&mut m, &mut [&mut own, &mut a1, &mut a2], &a, now) {
+                    Acquired::TakeOver { .. } => assert_eq!(m.takeover_done(now, 0, true), None),
+                    Acquired::Renewed => renewals += 1,
+                    r => panic!("{r:?} at {now}"),
+                }
+            }
+            assert!(matches!(m.serve(0, now), Serve::Home(_)), "home at {now}");
+            let next = m.next_tick(now);
+            assert!(next > now && next <= now + renew, "next tick {next} at {now}");
+            // Asleep until then: still home the whole time.
+            assert!(matches!(m.serve(0, next), Serve::Home(_)), "home until {next}");
+            now = next;
+        }
+        // About one wake per renewal: 4 a second for a 1 s lease, where a fixed tick of half
+        // a renewal period woke 8 times.
+        assert!(renewals >= 10_000 / renew - 1, "{renewals} renewals");
+        assert!(wakes <= 10_000 / renew + 2, "{wakes} wakes in 10 s");
+        // A renewal in flight: the next tick is no later than a period away, nor the lease end.
+        let r = m.begin_renewal(0, now, 1).unwrap();
+        let Serve::Home(l) = m.serve(0, now) else { panic!() };
+        assert!(m.next_tick(now) <= (now + renew).min(l.valid_until));
+        assert_eq!(run(&mut m, &mut [&mut own, &mut a1, &mut a2], &r, now), Acquired::Renewed);
+        // A member holding nothing polls once a renewal period.
+        let idle = Member::new(cfg(3, 1), 9, 0);
+        assert_eq!(idle.next_tick(500), 500 + renew);
     }
 
     #[test]
