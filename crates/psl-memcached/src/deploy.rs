@@ -28,6 +28,9 @@ pub struct EmbeddedOptions {
     /// How long a writer actor waits for a batch to fill. Longer batches mean fewer
     /// signatures (sealing and verifying) per op, at the cost of replication delay.
     pub flush_delay: std::time::Duration,
+    /// The shortest time between two seals of a writer's batch that is not full (zero: none;
+    /// `NodeOptions::seal_interval`).
+    pub seal_interval: std::time::Duration,
     /// Settings of every front end (limits, memory limit, reported `stats` values).
     pub config: Config,
     /// CapsuleDB's writer index: front-end nodes read what they evicted back from it
@@ -48,6 +51,7 @@ impl Default for EmbeddedOptions {
             verifiers: 0,
             epoch_ms: 100,
             flush_delay: std::time::Duration::from_millis(5),
+            seal_interval: std::time::Duration::ZERO,
             config: Config::default(),
             capsuledb: None,
         }
@@ -102,6 +106,7 @@ impl Embedded {
                 writers: o.writers.max(1),
                 verifiers: o.verifiers,
                 flush_delay: o.flush_delay,
+                seal_interval: o.seal_interval,
                 coordinator: (i == 0).then_some(coordinator),
                 capsuledb: o.capsuledb,
                 ..NodeOptions::default()

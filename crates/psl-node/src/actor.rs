@@ -174,7 +174,8 @@ impl Actor {
         let (batches, at) = {
             let mut st = self.queue.state.lock();
             let mut batches = Vec::new();
-            while let Some(b) = st.take_batch_now() {
+            let now_us = mono_us(Instant::now());
+            while let Some(b) = st.take_batch_now(now_us) {
                 batches.push(b);
             }
             (batches, self.clock.tick())
@@ -188,7 +189,7 @@ impl Actor {
 
     fn drain_all(&mut self) {
         loop {
-            let next = self.queue.state.lock().take_batch_now();
+            let next = self.queue.state.lock().take_batch_now(mono_us(Instant::now()));
             self.queue.space.notify_all();
             match next {
                 Some(taken) => self.seal(taken),

@@ -1282,6 +1282,7 @@ fn spawn_writers(
             batch_ops_max: opts.batch_ops_max.clamp(1, limits.ops_per_record_max as usize),
             batch_bytes_max: (limits.record_bytes_max as usize).saturating_sub(64 * 1024).max(1),
             flush_delay_us: opts.flush_delay.as_micros() as u64,
+            seal_interval_us: opts.seal_interval.as_micros() as u64,
         };
         // Servers, CapsuleDB and peers pace the writer (without any of them the window is
         // released as fast as the core applies the own records).

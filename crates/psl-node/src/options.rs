@@ -20,6 +20,9 @@ pub struct NodeOptions {
     pub batch_ops_max: usize,
     /// How long a writer waits for a batch to fill before sealing what it has.
     pub flush_delay: Duration,
+    /// The shortest time between two seals of a batch that is not full (zero: none; see
+    /// `psl_scl::engine::queue::SealPolicy::seal_interval_us`).
+    pub seal_interval: Duration,
     /// Ops queued per writer before `put` blocks (backpressure).
     pub queue_ops_max: usize,
     /// How long `put` waits on a full queue before failing.
@@ -86,6 +89,7 @@ impl Default for NodeOptions {
             verifiers: 2,
             batch_ops_max: 512,
             flush_delay: Duration::from_micros(500),
+            seal_interval: Duration::ZERO,
             queue_ops_max: 65_536,
             put_timeout: Duration::from_secs(10),
             ring_items: 4096,

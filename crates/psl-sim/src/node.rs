@@ -292,7 +292,7 @@ impl SimNode {
     pub fn flush(&mut self, now: u64, fx: &mut Vec<Effect>) {
         self.introduce(now, fx);
         for i in 0..self.authors.len() {
-            while let Some(taken) = self.queues[i].take_batch_now() {
+            while let Some(taken) = self.queues[i].take_batch_now(now * 1_000) {
                 self.seal(i, taken, now, fx);
             }
         }
@@ -386,6 +386,7 @@ fn sim_queue(writer: u32, meta: &SignedMetadata, batch_ops_max: usize, flush_ms:
         batch_ops_max: batch_ops_max.clamp(1, limits.ops_per_record_max as usize),
         batch_bytes_max: (limits.record_bytes_max as usize).saturating_sub(64 * 1024).max(1),
         flush_delay_us: flush_ms * 1_000,
+        seal_interval_us: 0,
     };
     let off = FlowOptions { window_ops: 0, ..FlowOptions::default() };
     WriterQueue::new(writer, usize::MAX, policy, Arc::new(Window::new(off)))

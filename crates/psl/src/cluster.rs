@@ -68,6 +68,10 @@ pub struct Settings {
     /// Microseconds each front end's writers wait for a batch to fill (`--flush-us`).
     #[serde(default)]
     pub kv_flush_us: Option<u64>,
+    /// Microseconds from one seal of each front end's writer to the next under load
+    /// (`--seal-interval-us`).
+    #[serde(default)]
+    pub kv_seal_interval_us: Option<u64>,
     /// Each front end's flow window in ops (`--flow-window-ops`).
     #[serde(default)]
     pub kv_flow_window_ops: Option<usize>,
@@ -94,6 +98,7 @@ impl Default for Settings {
             kv_memory_mb: default_memory_mb(),
             kv_writers: None,
             kv_flush_us: None,
+            kv_seal_interval_us: None,
             kv_flow_window_ops: None,
             kv_flow_window_records: None,
             metrics: default_metrics(),
@@ -1399,6 +1404,7 @@ impl<'a> HostUp<'a> {
         let tuning = [
             ("--writers", set.kv_writers.map(|v| v.to_string())),
             ("--flush-us", set.kv_flush_us.map(|v| v.to_string())),
+            ("--seal-interval-us", set.kv_seal_interval_us.map(|v| v.to_string())),
             ("--flow-window-ops", set.kv_flow_window_ops.map(|v| v.to_string())),
             ("--flow-window-records", set.kv_flow_window_records.map(|v| v.to_string())),
         ];

@@ -96,6 +96,12 @@ pub struct MemcachedArgs {
     /// Microseconds a writer waits for a batch to fill (default: 5000 embedded, 2000 with --cluster).
     #[arg(long)]
     pub flush_us: Option<u64>,
+    /// Microseconds from one seal of a writer to the next, for a batch that is not full
+    /// (default: 0 embedded, 5000 with --cluster): under a steady load a writer seals at most
+    /// one record per interval, so every role's work per record is spread over more ops,
+    /// while a write after a quiet spell still waits only --flush-us.
+    #[arg(long)]
+    pub seal_interval_us: Option<u64>,
     /// With --cluster: where this front end serves read-modify-write commands forwarded by the
     /// other front ends of its group (sealed under a key derived from the capsule's data key).
     #[arg(long, requires = "peers")]
@@ -173,6 +179,12 @@ pub const CLUSTER_WRITERS_DEFAULT: usize = 1;
 /// How long a joined front end's writer waits for a batch to fill, µs: the replication delay
 /// a set may see on its way to the other front ends, traded for ops per record.
 pub const CLUSTER_FLUSH_US_DEFAULT: u64 = 2000;
+/// The shortest time from one seal of a joined front end's writer to the next, µs, for a
+/// batch that is not full: under load the writer seals every 5 ms (26-32 ops per record in
+/// `psl bench cluster` against 18-19 with seals every 2 ms, and the roles' CPU per op about
+/// 6 % lower; docs/protocol/scale.md §10), while a set after a quiet spell replicates after
+/// `CLUSTER_FLUSH_US_DEFAULT`.
+pub const CLUSTER_SEAL_INTERVAL_US_DEFAULT: u64 = 5000;
 
 /// What a front end needs to join the KV deployment of `psl up --kv` (the `kv` object of
 /// DIR/cluster.json).
@@ -454,6 +466,7 @@ fn start_embedded(a: &MemcachedArgs, config: Config) -> Result<Started> {
         flush_delay: a
             .flush_us
             .map_or(psl_memcached::deploy::EmbeddedOptions::default().flush_delay, Duration::from_micros),
+        seal_interval: a.seal_interval_us.map_or(Duration::ZERO, Duration::from_micros),
         config,
         capsuledb: db_writer,
         ..EmbeddedOptions::default()
@@ -583,6 +596,7 @@ fn node_options(a: &MemcachedArgs, t: &JoinTarget, incarnation: u32, budget_mb: 
         verifiers: a.verifiers.unwrap_or(2),
         batch_ops_max: a.batch_ops_max,
         flush_delay: Duration::from_micros(a.flush_us.unwrap_or(CLUSTER_FLUSH_US_DEFAULT)),
+        seal_interval: Duration::from_micros(a.seal_interval_us.unwrap_or(CLUSTER_SEAL_INTERVAL_US_DEFAULT)),
         capsuledb: t.db,
         core: psl_scl::NodeConfig {
             cache_bytes_max: crate::roles::mib_bytes(crate::roles::repair_cache_mb(

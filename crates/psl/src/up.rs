@@ -106,6 +106,10 @@ pub struct UpArgs {
     /// --flush-us`; its default if not given).
     #[arg(long)]
     pub kv_flush_us: Option<u64>,
+    /// Microseconds from one seal of each front end's writer to the next under load (`psl
+    /// memcached --seal-interval-us`; its default if not given).
+    #[arg(long)]
+    pub kv_seal_interval_us: Option<u64>,
     /// Each front end's flow window in ops (`psl memcached --flow-window-ops`).
     #[arg(long, default_value_t = psl_node::flow::WINDOW_OPS_DEFAULT)]
     pub kv_flow_window_ops: usize,
@@ -375,6 +379,9 @@ impl KvLaunch<'_> {
             }
             if let Some(us) = a.kv_flush_us {
                 args.extend(["--flush-us".into(), us.to_string()]);
+            }
+            if let Some(us) = a.kv_seal_interval_us {
+                args.extend(["--seal-interval-us".into(), us.to_string()]);
             }
             if a.kv_servers > 0 {
                 // The capsule servers hold every record and answer repairs: a front end keeps

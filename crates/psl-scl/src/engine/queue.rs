@@ -35,6 +35,11 @@ pub struct SealPolicy {
     pub batch_bytes_max: usize,
     /// How long a batch that is not full waits for more ops, from when the writer first saw it.
     pub flush_delay_us: u64,
+    /// The shortest time from one seal to the next for a batch that is not full (0: none).
+    /// Under a steady load a writer then seals at most one record per interval, so the work
+    /// every role does per record (above all, a signature check in each) is spread over more
+    /// ops as the load grows; a write after a quiet spell still waits only `flush_delay_us`.
+    pub seal_interval_us: u64,
 }
 
 /// What a writer does next with its queue ([`WriterQueue::seal_step`]).
@@ -81,6 +86,9 @@ pub struct WriterQueue {
     /// When the writer first found its records' window full for the current batch (µs): it
     /// waits for acks at most the window's stall from there.
     acks_since_us: Option<u64>,
+    /// When the policy last said seal (µs): the next batch that is not full waits at least
+    /// `seal_interval_us` from there.
+    last_seal_us: Option<u64>,
 }
 
 impl WriterQueue {
@@ -97,6 +105,7 @@ impl WriterQueue {
             window,
             batch_since_us: None,
             acks_since_us: None,
+            last_seal_us: None,
         }
     }
 
@@ -208,7 +217,8 @@ impl WriterQueue {
     }
 
     /// The seal policy at `now_us`: seal when a batch is full, or when the flush delay since
-    /// the writer first saw the batch has passed; but while the window has `window_records`
+    /// the writer first saw the batch has passed and the seal interval since the last seal
+    /// too; but while the window has `window_records`
     /// records in flight, first wait (up to the window's stall) for acks, the batch growing
     /// meanwhile. `urgent` (a control message waits: an epoch, an EOE, a flush) seals at once.
     pub fn seal_step(&mut self, now_us: u64, urgent: bool) -> SealStep {
@@ -221,7 +231,10 @@ impl WriterQueue {
             // A queued atomic batch is whole: it (and the ops before it) need not wait to fill.
             if self.ops.len() < self.policy.batch_ops_max && self.atomic.is_empty() {
                 let since = *self.batch_since_us.get_or_insert(now_us);
-                let due = since.saturating_add(self.policy.flush_delay_us);
+                let mut due = since.saturating_add(self.policy.flush_delay_us);
+                if let Some(last) = self.last_seal_us {
+                    due = due.max(last.saturating_add(self.policy.seal_interval_us));
+                }
                 if now_us < due {
                     return SealStep::WaitUntilUs(due);
                 }
@@ -234,6 +247,7 @@ impl WriterQueue {
                 }
             }
         }
+        self.last_seal_us = Some(now_us);
         SealStep::Seal { ops: self.fitting() }
     }
 
@@ -285,12 +299,13 @@ impl WriterQueue {
         Taken { ops: batch, atomic, reserved }
     }
 
-    /// The next record's worth of ops, whatever the policy says (a flush, an EOE): `None` when
-    /// the queue is empty.
-    pub fn take_batch_now(&mut self) -> Option<Taken> {
+    /// The next record's worth of ops at `now_us`, whatever the policy says (a flush, an EOE):
+    /// `None` when the queue is empty. It counts as a seal for the seal interval.
+    pub fn take_batch_now(&mut self, now_us: u64) -> Option<Taken> {
         if self.ops.is_empty() {
             return None;
         }
+        self.last_seal_us = Some(now_us);
         let n = self.fitting();
         Some(self.take(n))
     }
@@ -303,7 +318,7 @@ mod tests {
     use std::time::Duration;
 
     fn queue(batch_ops_max: usize, batch_bytes_max: usize, flow: FlowOptions) -> WriterQueue {
-        let policy = SealPolicy { batch_ops_max, batch_bytes_max, flush_delay_us: 500 };
+        let policy = SealPolicy { batch_ops_max, batch_bytes_max, flush_delay_us: 500, seal_interval_us: 0 };
         WriterQueue::new(7, 64, policy, Arc::new(Window::new(flow)))
     }
 
@@ -313,6 +328,50 @@ mod tests {
 
     fn put(q: &mut WriterQueue, m: &Memtable, c: &LamportClock, key: &[u8], value: &[u8]) -> bool {
         q.write(m, c, key, Some(value), u64::MAX).expect("applied").1
+    }
+
+    #[test]
+    fn under_a_steady_load_a_writer_seals_once_per_seal_interval_and_after_a_quiet_spell_at_its_flush_delay() {
+        let (m, c) = (Memtable::new(), LamportClock::new(0));
+        let policy =
+            SealPolicy { batch_ops_max: 64, batch_bytes_max: 1 << 20, flush_delay_us: 500, seal_interval_us: 2_000 };
+        let mut q = WriterQueue::new(7, 1024, policy, Arc::new(Window::new(off())));
+        // A lone write: its flush delay only (no seal before).
+        put(&mut q, &m, &c, b"a", b"1");
+        assert_eq!(q.seal_step(0, false), SealStep::WaitUntilUs(500));
+        assert_eq!(q.seal_step(500, false), SealStep::Seal { ops: 1 });
+        q.take(1);
+        // A steady load, one op every 100 µs: each batch waits for the interval from the last
+        // seal, not only its flush delay, so every record carries about 20 ops.
+        let (mut t, mut seals) = (500, Vec::new());
+        while t < 20_500 {
+            t += 100;
+            put(&mut q, &m, &c, format!("k{t}").as_bytes(), b"v");
+            if let SealStep::Seal { ops } = q.seal_step(t, false) {
+                seals.push((t, ops));
+                q.take(ops);
+            }
+        }
+        assert!(seals.windows(2).all(|w| w[1].0 - w[0].0 >= 2_000), "{seals:?}");
+        assert!(seals.len() >= 9 && seals.iter().skip(1).all(|&(_, n)| n >= 19), "{seals:?}");
+        // A full batch does not wait for the interval, nor does an urgent seal.
+        let now = seals.last().unwrap().0 + 10;
+        let queued = q.len();
+        for i in queued..64 {
+            put(&mut q, &m, &c, format!("full{i}").as_bytes(), b"v");
+        }
+        assert_eq!(q.seal_step(now, false), SealStep::Seal { ops: 64 });
+        q.take(64);
+        put(&mut q, &m, &c, b"u", b"1");
+        assert_eq!(q.seal_step(now + 1, true), SealStep::Seal { ops: 1 });
+        q.take(1);
+        // After a quiet spell longer than the interval, a write waits its flush delay only.
+        put(&mut q, &m, &c, b"late", b"1");
+        assert_eq!(q.seal_step(now + 10_000, false), SealStep::WaitUntilUs(now + 10_500));
+        // A forced seal (a flush, an EOE) counts as a seal: the next batch waits the interval.
+        assert_eq!(q.take_batch_now(now + 10_100).map(|t| t.ops.len()), Some(1));
+        put(&mut q, &m, &c, b"after", b"1");
+        assert_eq!(q.seal_step(now + 10_200, false), SealStep::WaitUntilUs(now + 12_100));
     }
 
     #[test]
@@ -402,7 +461,7 @@ mod tests {
             t.ops.iter().map(|o| o.lamport).collect::<Vec<_>>(),
             versions.iter().map(|v| v.lamport).collect::<Vec<_>>()
         );
-        let t = q.take_batch_now().expect("the plain op after it");
+        let t = q.take_batch_now(0).expect("the plain op after it");
         assert!(!t.atomic && t.ops.len() == 1);
         assert_eq!(m.get(b"b"), None);
         assert_eq!(m.get(b"c").as_deref(), Some(&b"3"[..]));
@@ -415,7 +474,7 @@ mod tests {
     #[test]
     fn a_write_is_admitted_only_with_room_in_the_queue_and_a_fenced_one_queues_nothing() {
         let (m, c) = (Memtable::new(), LamportClock::new(0));
-        let policy = SealPolicy { batch_ops_max: 2, batch_bytes_max: 1 << 20, flush_delay_us: 0 };
+        let policy = SealPolicy { batch_ops_max: 2, batch_bytes_max: 1 << 20, flush_delay_us: 0, seal_interval_us: 0 };
         let mut q = WriterQueue::new(1, 2, policy, Arc::new(Window::new(off())));
         assert!(q.has_room());
         put(&mut q, &m, &c, b"a", b"1");
@@ -423,7 +482,7 @@ mod tests {
         assert!(!q.has_room());
         assert_eq!(q.admit(0, 10), Admission::WaitForSpace);
         assert_eq!(q.admit(10, 10), Admission::Backpressure);
-        let _ = q.take_batch_now().expect("two ops");
+        let _ = q.take_batch_now(0).expect("two ops");
         assert_eq!(q.admit(0, 10), Admission::Go { opened: false });
         assert!(q.write(&m, &c, b"z", Some(b"1"), 1).is_err());
         assert!(q.is_empty() && m.entry(b"z").is_none());
