@@ -2,8 +2,8 @@
 //! `psl memcached`, `psl capsuledb`, `psl capsule-server`, `psl router`) takes
 //! `--memory-budget-mb`, sizes its bounded structures (repair caches, item memory) from it,
 //! and watches its own resident memory against it: [`watch`] samples `VmRSS` every 250 ms
-//! (every second while the process is below half its budget: a sample costs some 60 µs of
-//! kernel time, which an idle deployment of a dozen roles noticed),
+//! (every 2 s while the process is below half its budget: a sample and the wake-up before it
+//! cost some 60–140 µs, which an idle deployment of a dozen roles noticed),
 //! keeps the peak, counts the samples above the budget and warns (at most every 10 s) when the
 //! process is over it. The figures are in every node's `METRICS` (`psl_process_*`) and
 //! `psl bench cluster` reports each role's peak against its budget.
@@ -24,7 +24,7 @@ static STARTED: AtomicBool = AtomicBool::new(false);
 /// How often [`watch`] samples when the process is at or above half its budget (or has none).
 pub const SAMPLE_MS: u64 = 250;
 /// How often it samples below half its budget.
-pub const SAMPLE_FAR_MS: u64 = 1_000;
+pub const SAMPLE_FAR_MS: u64 = 2_000;
 
 /// This process's resident memory now, from `/proc/self/status` (`None` where there is none).
 pub fn resident_bytes() -> Option<u64> {
