@@ -41,6 +41,8 @@
 //! - `rejoin`: the rejoin period after a start (delay, persisted own-chain floor, probes) and
 //!   the own coordinator chain's head it resumes from (a handler of the [`NodeCore`]).
 //! - [`metrics`]: counters, rejections by reason, Prometheus text.
+//! - [`shard`]: a key's point in the hash space and the shard map's codec and rules
+//!   (`docs/protocol/sharding.md`; the rest of that design is not built yet).
 //!
 //! The protocol is described in `docs/protocol/scl.md`.
 
@@ -61,6 +63,7 @@ pub mod node;
 pub mod orderer;
 mod rejoin;
 mod repair;
+pub mod shard;
 pub mod window;
 pub mod wire;
 
