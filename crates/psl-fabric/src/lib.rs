@@ -18,11 +18,13 @@
 //! - [`natsd`]: [`natsd::NatsServer`]: a local `nats-server` process with a generated
 //!   configuration (`psl up --fabric nats`, the benchmark, the tests).
 //! - [`subject`]: the NATS subject of a message (classified by its public SCL header; why
-//!   there is no topic argument is explained there) and the subjects of a role ([`Interest`]).
+//!   there is no topic argument is explained there) and the subjects of a role ([`Interest`],
+//!   also sent to a router as an interest frame).
 //! - [`url`]: [`FabricUrl`] (`psl://HOST:PORT`, `nats://H1:4222,nats://H2:4222`) and
 //!   [`FabricSpec`] (a URL and its NATS options), which connects a role's endpoint.
 //! - [`router`]: [`Router`], [`RouterConfig`], [`RouterHandle`]: one node of a tree of routers
-//!   that forwards every frame to every other link; bounded per-link queues, per-link counters.
+//!   that forwards every frame to every other link that wants it (an endpoint's interest
+//!   frame filters its link); bounded per-link queues, per-link counters.
 //! - [`frame`]: the wire format `u32 LE length ‖ payload` and its bounded, never-panicking
 //!   incremental decoder.
 //! - [`fault`]: [`FaultConfig`] and [`FaultInjector`]: the seeded adversary (drop, duplicate,

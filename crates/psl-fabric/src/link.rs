@@ -35,6 +35,9 @@ pub(crate) struct LinkCounters {
     pub(crate) bytes_out: Counter,
     pub(crate) dropped_full: Counter,
     pub(crate) frames_refused: Counter,
+    /// Frames the router did not forward on this link: its endpoint's interest does not want
+    /// them.
+    pub(crate) filtered: Counter,
 }
 
 /// The producer side of a link's bounded outbound queue (messages and bytes).

@@ -6,6 +6,14 @@
 //! tree of routers delivers every frame to every endpoint once (the topology must be a tree: a
 //! cycle would circulate frames forever, since frames carry nothing but their payload).
 //!
+//! An endpoint may say what it wants: its first frame on a connection is then an *interest
+//! frame* ([`crate::Interest::encode_frame`], first byte `0xFF`, which no wire message starts
+//! with). The router keeps it for that link, forwards it no further, and from then on offers
+//! the link only the frames its interest wants ([`crate::Interest::wants_message`]: by the
+//! capsule and leaf of the message's public prefix; anything unclassified goes to everyone).
+//! Links that sent none (routers, older endpoints, monitors) get everything, so the filter
+//! applies at the last hop.
+//!
 //! Each link has a bounded outbound queue (messages and bytes). Forwarding never waits: a frame
 //! for a link whose queue is full is dropped for that link and counted, so one slow or stalled
 //! peer cannot stall the router or the other links. A link whose writes make no progress for
@@ -43,6 +51,7 @@ use crate::error::{ConfigError, LinkEnd, RouterError};
 use crate::fault::{FaultConfig, FaultInjector};
 use crate::link::{jittered, outbox, read_loop, write_loop, LinkCounters, LinkFaults, Outbox, Refused};
 use crate::stats::{Counter, FaultStats};
+use crate::subject::{Interest, INTEREST_FRAME_TAG};
 
 /// Configuration of one router.
 #[derive(Debug, Clone, PartialEq)]
@@ -136,8 +145,11 @@ pub struct LinkTotals {
     pub bytes_out: u64,
     /// Frames not queued for this link because its outbound queue was full.
     pub dropped_full: u64,
-    /// Inbound frames over `frame_bytes_max` (the link was then closed).
+    /// Inbound frames over `frame_bytes_max` (the link was then closed), and interest frames
+    /// that did not decode.
     pub frames_refused: u64,
+    /// Frames not forwarded on this link because its endpoint's interest does not want them.
+    pub frames_filtered: u64,
     /// Faults injected on this link's send path.
     pub faults: FaultStats,
 }
@@ -151,6 +163,7 @@ impl LinkTotals {
         self.bytes_out += o.bytes_out;
         self.dropped_full += o.dropped_full;
         self.frames_refused += o.frames_refused;
+        self.frames_filtered += o.frames_filtered;
         self.faults.add(&o.faults);
     }
 }
@@ -217,6 +230,9 @@ struct Link {
     out: Outbox,
     ctr: LinkCounters,
     faults: Mutex<FaultStats>,
+    /// What the endpoint at the other end wants, from its interest frame (`None`: it sent
+    /// none, and gets everything: a router, an older endpoint, a monitor).
+    interest: RwLock<Option<Interest>>,
 }
 
 impl Link {
@@ -228,6 +244,7 @@ impl Link {
             bytes_out: self.ctr.bytes_out.get(),
             dropped_full: self.ctr.dropped_full.get(),
             frames_refused: self.ctr.frames_refused.get(),
+            frames_filtered: self.ctr.filtered.get(),
             faults: *self.faults.lock().unwrap_or_else(|e| e.into_inner()),
         }
     }
@@ -271,12 +288,18 @@ impl Shared {
         self.links.read().unwrap_or_else(|e| e.into_inner()).len()
     }
 
-    /// Offers `frame` to every link but `from`; never waits.
+    /// Offers `frame` to every link but `from` whose endpoint wants it; never waits.
     fn fanout(&self, from: u64, frame: &Bytes) {
         let links = self.links.read().unwrap_or_else(|e| e.into_inner());
         for link in links.values() {
             if link.id == from {
                 continue;
+            }
+            if let Some(i) = link.interest.read().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                if !i.wants_message(frame) {
+                    link.ctr.filtered.inc();
+                    continue;
+                }
             }
             match link.out.offer(frame.clone()) {
                 Ok(()) => {}
@@ -312,8 +335,15 @@ async fn serve_link(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr, ro
     let cfg = &shared.cfg;
     let id = shared.next_link.fetch_add(1, Ordering::Relaxed);
     let (out, mut out_rx) = outbox(cfg.link_queue_msgs_max, cfg.link_queue_bytes_max);
-    let link =
-        Arc::new(Link { id, role, peer, out, ctr: LinkCounters::default(), faults: Mutex::new(FaultStats::default()) });
+    let link = Arc::new(Link {
+        id,
+        role,
+        peer,
+        out,
+        ctr: LinkCounters::default(),
+        faults: Mutex::new(FaultStats::default()),
+        interest: RwLock::new(None),
+    });
     shared.links.write().unwrap_or_else(|e| e.into_inner()).insert(id, link.clone());
     let _guard = LinkGuard { shared: &shared, link: link.clone() };
     tracing::info!(link = id, %peer, ?role, "router: link up");
@@ -324,7 +354,21 @@ async fn serve_link(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr, ro
     });
     let (rd, wr) = stream.into_split();
     let end = tokio::select! {
-        e = read_loop(rd, cfg.frame_bytes_max, cfg.timing.idle_timeout, &link.ctr, |f| shared.fanout(id, &f)) => e,
+        e = read_loop(rd, cfg.frame_bytes_max, cfg.timing.idle_timeout, &link.ctr, |f| {
+            // An endpoint's interest frame sets its filter and goes no further (a router below
+            // keeps its endpoints' frames to itself, so none arrives from a router link).
+            if f.first() == Some(&INTEREST_FRAME_TAG) {
+                match Interest::decode_frame(&f) {
+                    Some(i) => {
+                        tracing::debug!(link = id, %peer, capsules = i.capsules.len(), "router: link interest");
+                        *link.interest.write().unwrap_or_else(|e| e.into_inner()) = Some(i);
+                    }
+                    None => link.ctr.frames_refused.inc(),
+                }
+                return;
+            }
+            shared.fanout(id, &f)
+        }) => e,
         e = write_loop(wr, &mut out_rx, faults, &cfg.timing, cfg.frame_bytes_max, &link.ctr) => e,
     };
     match end {

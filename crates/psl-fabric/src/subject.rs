@@ -61,6 +61,14 @@ const TYPE_EPOCH_WANTED: u8 = 11;
 const ACK_HEAD_LEN: usize = 6;
 const ACK_ENTRY_LEN: usize = 4 + 8 + 8 + 32;
 
+/// The first byte of an interest frame ([`Interest::encode_frame`]).
+pub const INTEREST_FRAME_TAG: u8 = 0xFF;
+/// The interest frame's version.
+pub const INTEREST_FRAME_VERSION: u8 = 1;
+/// Most capsules one interest frame names (a role serves a handful; an interest with more is
+/// sent as everything).
+pub const INTEREST_CAPSULES_MAX: usize = 1024;
+
 /// The leaf a message goes to, under its capsule's subject tree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Leaf {
@@ -184,7 +192,8 @@ pub fn valid_prefix(prefix: &str) -> bool {
 }
 
 /// What an endpoint wants to receive: the capsules it serves and, per capsule, the messages
-/// its role consumes. (The router backend ignores it: it delivers everything everywhere.)
+/// its role consumes. NATS subscribes to its subjects; the router tree learns it from the
+/// endpoint's interest frame ([`Interest::encode_frame`]) and filters at the last hop.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Interest {
     /// Capsule names; empty with `everything` means every capsule (`<prefix>.>`).
@@ -289,6 +298,83 @@ impl Interest {
         }
         out.dedup();
         out
+    }
+
+    /// The interest frame an endpoint of the router tree sends after each connect (the
+    /// router then forwards it only what [`Interest::wants`]):
+    ///
+    /// ```text
+    /// u8 0xFF (INTEREST_FRAME_TAG: no wire message starts with it) | u8 version (1)
+    /// | u8 flags (1 records, 2 repair, 4 acks for a node, 8 db gets, 16 db answers, 32 everything)
+    /// | u32 node (0 unless flag 4) | u16 n (0 ..= INTEREST_CAPSULES_MAX) | n × [32] capsule
+    /// ```
+    ///
+    /// An interest naming more than `INTEREST_CAPSULES_MAX` capsules is sent as everything on
+    /// every capsule (a superset: the endpoint misses nothing).
+    pub fn encode_frame(&self) -> Vec<u8> {
+        if self.capsules.len() > INTEREST_CAPSULES_MAX {
+            return Interest::everything(Vec::new()).encode_frame();
+        }
+        let capsules = &self.capsules;
+        let flags = u8::from(self.records)
+            | u8::from(self.repair) << 1
+            | u8::from(self.acks_for_node.is_some()) << 2
+            | u8::from(self.db_gets) << 3
+            | u8::from(self.db_answers) << 4
+            | u8::from(self.everything) << 5;
+        let mut out = Vec::with_capacity(9 + 32 * capsules.len());
+        out.extend_from_slice(&[INTEREST_FRAME_TAG, INTEREST_FRAME_VERSION, flags]);
+        out.extend_from_slice(&self.acks_for_node.unwrap_or(0).to_le_bytes());
+        out.extend_from_slice(&(capsules.len() as u16).to_le_bytes());
+        for c in capsules {
+            out.extend_from_slice(c);
+        }
+        out
+    }
+
+    /// An interest frame's interest; `None` for any other bytes (a frame that is not an
+    /// interest frame, another version, unknown flags, a node without its flag, a count over
+    /// the limit, a length that does not match the count). Never panics; what it accepts
+    /// encodes back to the same bytes.
+    pub fn decode_frame(b: &[u8]) -> Option<Interest> {
+        let (&[tag, version, flags], rest) = b.split_first_chunk::<3>()?;
+        if tag != INTEREST_FRAME_TAG || version != INTEREST_FRAME_VERSION || flags >> 6 != 0 {
+            return None;
+        }
+        let (node, rest) = rest.split_first_chunk::<4>()?;
+        let (n, rest) = rest.split_first_chunk::<2>()?;
+        let n = u16::from_le_bytes(*n) as usize;
+        if n > INTEREST_CAPSULES_MAX || rest.len() != n * 32 || flags & 4 == 0 && *node != [0; 4] {
+            return None;
+        }
+        let capsules = rest
+            .chunks_exact(32)
+            .map(|c| {
+                let mut a = [0u8; 32];
+                a.copy_from_slice(c);
+                a
+            })
+            .collect();
+        let bit = |i: u8| flags & (1 << i) != 0;
+        Some(Interest {
+            capsules,
+            records: bit(0),
+            repair: bit(1),
+            acks_for_node: bit(2).then(|| u32::from_le_bytes(*node)),
+            db_gets: bit(3),
+            db_answers: bit(4),
+            everything: bit(5),
+        })
+    }
+
+    /// Whether the router forwards `msg` to an endpoint with this interest: a message for a
+    /// capsule if some leaf of it is wanted, and anything the classifier does not know (the
+    /// catch-all subject, which every endpoint takes).
+    pub fn wants_message(&self, msg: &[u8]) -> bool {
+        match classify(msg) {
+            Route::Capsule { capsule, leaves } => leaves.iter().any(|l| self.wants(&capsule, *l)),
+            Route::Any => true,
+        }
     }
 
     /// Whether a message routed to `leaf` of `capsule` reaches this interest (the in-process

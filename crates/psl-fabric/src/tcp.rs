@@ -45,6 +45,10 @@ pub struct TcpConfig {
     pub frame_bytes_max: usize,
     /// Connect, reconnect backoff, heartbeat, idle and write timings of the link to the router.
     pub timing: LinkTiming,
+    /// What this endpoint wants (`None`: everything). Sent as the first frame of every
+    /// connection ([`crate::Interest::encode_frame`]), so the router forwards it only the
+    /// messages it takes.
+    pub interest: Option<crate::Interest>,
 }
 
 impl Default for TcpConfig {
@@ -57,6 +61,7 @@ impl Default for TcpConfig {
             send_queue_bytes_max: QUEUE_BYTES_MAX_DEFAULT,
             frame_bytes_max: FRAME_BYTES_MAX_DEFAULT,
             timing: LinkTiming::default(),
+            interest: None,
         }
     }
 }
@@ -231,9 +236,21 @@ async fn serve(sh: &Shared, stream: TcpStream, out_rx: &mut OutboxRx) -> LinkEnd
     if let Err(e) = stream.set_nodelay(true) {
         tracing::warn!(endpoint = %sh.endpoint, error = %e, "fabric: cannot set TCP_NODELAY");
     }
-    let (rd, wr) = stream.into_split();
+    let (rd, mut wr) = stream.into_split();
     let t = &sh.cfg.timing;
     let max = sh.cfg.frame_bytes_max;
+    if let Some(interest) = &sh.cfg.interest {
+        // First, before anything queued: the router filters from the next frame on.
+        let frame = match crate::frame::encode(&interest.encode_frame(), max) {
+            Ok(f) => f,
+            Err(e) => return LinkEnd::Frame(e),
+        };
+        match timeout(t.write_timeout, tokio::io::AsyncWriteExt::write_all(&mut wr, &frame)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(source)) => return LinkEnd::Io { what: "sending the interest frame", source },
+            Err(_) => return LinkEnd::WriteTimeout(t.write_timeout),
+        }
+    }
     tokio::select! {
         e = read_loop(rd, max, t.idle_timeout, &sh.link, |f| { sh.inbox.offer(f); }) => e,
         e = write_loop(wr, out_rx, None, t, max, &sh.link) => e,

@@ -178,8 +178,8 @@ impl FabricSpec {
         FabricUrl::Router(addr.to_string()).into()
     }
 
-    /// Attaches an endpoint named `name` for a role that wants `interest` (used by NATS to
-    /// subscribe; the router delivers everything).
+    /// Attaches an endpoint named `name` for a role that wants `interest` (NATS subscribes to
+    /// its subjects; the router forwards what it wants, told by an interest frame).
     pub fn connect(&self, name: &str, interest: &Interest) -> Result<Arc<dyn Fabric>, FabricError> {
         match &self.url {
             FabricUrl::Router(hp) => {
@@ -191,7 +191,9 @@ impl FabricSpec {
                     })?
                     .next()
                     .ok_or_else(|| FabricError::Url { url: self.url.to_string(), reason: "no address".into() })?;
-                let ep = TcpEndpoint::connect(addr, TcpConfig { name: name.to_string(), ..TcpConfig::default() })?;
+                let cfg =
+                    TcpConfig { name: name.to_string(), interest: Some(interest.clone()), ..TcpConfig::default() };
+                let ep = TcpEndpoint::connect(addr, cfg)?;
                 Ok(Arc::new(ep))
             }
             FabricUrl::Nats(servers) => {
