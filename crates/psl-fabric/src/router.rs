@@ -51,7 +51,7 @@ use crate::error::{ConfigError, LinkEnd, RouterError};
 use crate::fault::{FaultConfig, FaultInjector};
 use crate::link::{jittered, outbox, read_loop, write_loop, LinkCounters, LinkFaults, Outbox, Refused};
 use crate::stats::{Counter, FaultStats};
-use crate::subject::{Interest, INTEREST_FRAME_TAG};
+use crate::subject::{Interest, Route, INTEREST_FRAME_TAG};
 
 /// Configuration of one router.
 #[derive(Debug, Clone, PartialEq)]
@@ -291,12 +291,14 @@ impl Shared {
     /// Offers `frame` to every link but `from` whose endpoint wants it; never waits.
     fn fanout(&self, from: u64, frame: &Bytes) {
         let links = self.links.read().unwrap_or_else(|e| e.into_inner());
+        // Classified once, when the first filtering link needs it.
+        let mut route: Option<Route> = None;
         for link in links.values() {
             if link.id == from {
                 continue;
             }
             if let Some(i) = link.interest.read().unwrap_or_else(|e| e.into_inner()).as_ref() {
-                if !i.wants_message(frame) {
+                if !i.wants_route(route.get_or_insert_with(|| crate::subject::classify(frame))) {
                     link.ctr.filtered.inc();
                     continue;
                 }

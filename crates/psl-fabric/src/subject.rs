@@ -371,8 +371,14 @@ impl Interest {
     /// capsule if some leaf of it is wanted, and anything the classifier does not know (the
     /// catch-all subject, which every endpoint takes).
     pub fn wants_message(&self, msg: &[u8]) -> bool {
-        match classify(msg) {
-            Route::Capsule { capsule, leaves } => leaves.iter().any(|l| self.wants(&capsule, *l)),
+        self.wants_route(&classify(msg))
+    }
+
+    /// [`Interest::wants_message`] for a message already classified (the router classifies
+    /// each frame once, whatever the number of links it offers it to).
+    pub fn wants_route(&self, route: &Route) -> bool {
+        match route {
+            Route::Capsule { capsule, leaves } => leaves.iter().any(|l| self.wants(capsule, *l)),
             Route::Any => true,
         }
     }
