@@ -3,13 +3,14 @@
 //! same stream whose tail arrives later (Incomplete never hides a decision).
 //! Input: 1 byte of line limit (×64, at least 64), 1 byte of item limit (×16), then the stream.
 //! The same bytes also feed the decoders of forwarded commands between front ends
-//! (`psl_memcached::peer`), and of home failover's control requests and replies: they never
-//! panic, and what they accept re-encodes to itself.
+//! (`psl_memcached::peer`), of home failover's control requests and replies, and of scans of
+//! another shard: they never panic, and what they accept re-encodes to itself.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use psl_memcached::peer::{
-    decode_ctl, decode_ctl_reply, decode_outcome, decode_request, decode_routed, encode_ctl, encode_ctl_reply,
-    encode_outcome, encode_request, encode_routed,
+    decode_ctl, decode_ctl_reply, decode_outcome, decode_request, decode_routed, decode_scan_reply,
+    decode_scan_request, encode_ctl, encode_ctl_reply, encode_outcome, encode_request, encode_routed,
+    encode_scan_reply, encode_scan_request,
 };
 use psl_memcached::proto::{parse, valid_key, Command, Limits, Parsed};
 
@@ -97,6 +98,17 @@ fn peer_codecs(data: &[u8]) {
     if let Ok(r) = decode_ctl_reply(data) {
         let mut again = Vec::new();
         encode_ctl_reply(&r, &mut again);
+        assert_eq!(again, data);
+    }
+    // Scans of another shard's front end: exact re-encoding.
+    if let Ok(r) = decode_scan_request(data) {
+        let mut again = Vec::new();
+        encode_scan_request(&r, &mut again);
+        assert_eq!(again, data);
+    }
+    if let Ok(r) = decode_scan_reply(data) {
+        let mut again = Vec::new();
+        encode_scan_reply(&r, &mut again);
         assert_eq!(again, data);
     }
 }

@@ -186,6 +186,13 @@ impl FrontEnd {
                 w("accepting_conns", &1);
                 w("item_size_max", &self.config().limits.item_size_max);
                 w("psl_node_lamport", &self.node().lamport());
+                // Which shard this front end serves, under which map (sharding.md §3): what a
+                // client checks an answer's shard against.
+                if let Some(sh) = self.shards() {
+                    w("psl_shard", &sh.me());
+                    w("psl_shards", &sh.map().shards.len());
+                    w("psl_shard_map_version", &sh.map().map_version);
+                }
                 // Entries this front end's node holds (tombstones included): what the memory
                 // limit bounds in the end, beyond its accounting.
                 w("psl_memtable_entries", &self.node().memtable().held());
@@ -196,6 +203,7 @@ impl FrontEnd {
                 w("psl_repair_records_sent", &psl_scl::Metrics::get(&m.repair_records_sent));
                 w("psl_inbound_dropped", &self.node().inbound_dropped());
                 w("psl_outbound_dropped", &self.node().fabric_stats().dropped_send_full);
+                w("psl_fabric_received_bytes", &self.node().fabric_stats().received_bytes);
                 // What the writers sealed (ops per record: how well sets are batched) and how
                 // often the capsule servers' acks held them back (flow control).
                 w("psl_records_written", &psl_scl::Metrics::get(&m.records_written));

@@ -26,6 +26,8 @@
 //! - [`peer`]: forwarding conditional commands to a key's home front end in another process:
 //!   sealed frames over TCP, their codec (fuzzed with the parser), bounded timeouts; the home
 //!   side serves a [`peer::PeerService`] (the front end).
+//! - [`shards`]: a key space of several shards: each command on a key of another shard goes,
+//!   whole, to a front end of that shard over the peer channel.
 //! - [`home`]: home failover as an I/O-free state machine (leases per slot granted by a
 //!   majority, Lamport fences, hand-over of acknowledged writes), tested in a seeded
 //!   simulation.
@@ -99,6 +101,7 @@ pub mod peer;
 pub mod proto;
 pub mod server;
 pub mod session;
+pub mod shards;
 pub mod stats;
 pub mod store;
 

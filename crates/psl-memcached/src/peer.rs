@@ -24,6 +24,11 @@
 //!   op 4 Touch:  exptime? i64 vivify? i64
 //!   op 5 Read:   have? (lamport u64 writer u32)
 //!   (x? = presence byte 0/1, then x if 1; integers little-endian)
+//! command:    0xFF || one whole memcached request (its line and data block), for a key of
+//!             another shard (crate::shards); its reply is the exact memcached reply bytes
+//! scan:       0xFE || limit u32 || prefix_len u16 || prefix || after? (len u16, bytes)
+//!   reply:    0 || count u32 || count × (key_len u16 key || item_len u32 item || lamport u64
+//!             || writer u32 || cas u64) || more u8   |   1 || len u32 || message
 //! reply:      tag u8: 1 Stored cas u64 | 2 NotStored | 3 Exists | 4 NotFound | 5 Deleted
 //!             | 6 Number value u64 cas u64 ttl i64 | 7 Item len u32 value cas u64 won u8
 //!             | 8 NonNumeric | 9 TooLarge | 10 Failed len u32 message | 11 Unreadable len u32 message
@@ -621,6 +626,143 @@ pub fn decode_ctl_reply(b: &[u8]) -> Result<CtlReply, PeerError> {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Scans of another shard (crate::shards)
+
+/// The first byte of a scan request to another shard's front end.
+pub const SCAN_TAG: u8 = 0xFE;
+/// Most items one scan page asks for.
+pub const SCAN_LIMIT_MAX: u32 = 10_000;
+/// A scan page's reply stops adding items past this many bytes (it says `more`): the reply
+/// must fit a frame whatever the items' sizes.
+pub const SCAN_REPLY_BYTES_MAX: usize = FRAME_MAX - 64 * 1024;
+
+/// A page of a prefix scan asked of another shard: keys that start with `prefix`, after
+/// `after`, at most `limit` of them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScanRequest<'a> {
+    /// Keys that start with this.
+    pub prefix: &'a [u8],
+    /// Keys after this one.
+    pub after: Option<&'a [u8]>,
+    /// At most this many items (1 ..= [`SCAN_LIMIT_MAX`]).
+    pub limit: u32,
+}
+
+/// One live item of a scan page, as the shard's front end holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScanItem {
+    /// The key.
+    pub key: Vec<u8>,
+    /// The encoded item (`crate::item`).
+    pub item: Vec<u8>,
+    /// The record version that holds it.
+    pub lamport: u64,
+    /// The writer of that record.
+    pub writer: u32,
+    /// Its CAS unique.
+    pub cas: u64,
+}
+
+/// A scan page (the items in key order, and whether more follow), or why there is none.
+pub type ScanReply = Result<(Vec<ScanItem>, bool), String>;
+
+/// `SCAN_TAG || limit u32 || prefix_len u16 || prefix || after? (len u16, bytes)`.
+pub fn encode_scan_request(r: &ScanRequest<'_>, o: &mut Vec<u8>) {
+    o.push(SCAN_TAG);
+    o.extend_from_slice(&r.limit.to_le_bytes());
+    o.extend_from_slice(&(r.prefix.len() as u16).to_le_bytes());
+    o.extend_from_slice(r.prefix);
+    match r.after {
+        Some(a) => {
+            o.push(1);
+            o.extend_from_slice(&(a.len() as u16).to_le_bytes());
+            o.extend_from_slice(a);
+        }
+        None => o.push(0),
+    }
+}
+
+/// Decodes a scan request; refuses a limit of 0 or above [`SCAN_LIMIT_MAX`].
+pub fn decode_scan_request(b: &[u8]) -> Result<ScanRequest<'_>, PeerError> {
+    let mut r = Rd { b, pos: 0 };
+    if r.u8()? != SCAN_TAG {
+        return Err(PeerError::Bad { what: "scan tag", value: b.first().copied().unwrap_or(0).into() });
+    }
+    let limit = r.u32()?;
+    if !(1..=SCAN_LIMIT_MAX).contains(&limit) {
+        return Err(PeerError::Bad { what: "scan limit", value: limit.into() });
+    }
+    let n = r.u16()? as usize;
+    let prefix = r.take(n)?;
+    let after = if r.flag()? {
+        let n = r.u16()? as usize;
+        Some(r.take(n)?)
+    } else {
+        None
+    };
+    r.end()?;
+    Ok(ScanRequest { prefix, after, limit })
+}
+
+/// `0 || count u32 || count × (key_len u16 key || item (len u32, bytes) || lamport u64 ||
+/// writer u32 || cas u64) || more u8`, or `1 || message (len u32, bytes)`.
+pub fn encode_scan_reply(r: &ScanReply, o: &mut Vec<u8>) {
+    match r {
+        Ok((items, more)) => {
+            o.push(0);
+            o.extend_from_slice(&(items.len() as u32).to_le_bytes());
+            for it in items {
+                o.extend_from_slice(&(it.key.len() as u16).to_le_bytes());
+                o.extend_from_slice(&it.key);
+                put_bytes(o, &it.item);
+                o.extend_from_slice(&it.lamport.to_le_bytes());
+                o.extend_from_slice(&it.writer.to_le_bytes());
+                o.extend_from_slice(&it.cas.to_le_bytes());
+            }
+            o.push(u8::from(*more));
+        }
+        Err(e) => {
+            o.push(1);
+            put_bytes(o, e.as_bytes());
+        }
+    }
+}
+
+/// Decodes a scan reply; the item count is checked against the bytes left before anything is
+/// allocated for it, and the keys must be in strictly increasing order.
+pub fn decode_scan_reply(b: &[u8]) -> Result<ScanReply, PeerError> {
+    let mut r = Rd { b, pos: 0 };
+    let out = match r.u8()? {
+        0 => {
+            let count = r.u32()? as usize;
+            // Each item takes at least 26 bytes.
+            if count > (b.len() - r.pos) / 26 {
+                return Err(PeerError::Bad { what: "scan item count", value: count as u64 });
+            }
+            let mut items: Vec<ScanItem> = Vec::with_capacity(count);
+            for _ in 0..count {
+                let n = r.u16()? as usize;
+                let key = r.take(n)?.to_vec();
+                if items.last().is_some_and(|l| l.key >= key) {
+                    return Err(PeerError::Bad { what: "scan key order", value: items.len() as u64 });
+                }
+                let item = r.bytes()?.to_vec();
+                let (lamport, writer, cas) = (r.u64()?, r.u32()?, r.u64()?);
+                items.push(ScanItem { key, item, lamport, writer, cas });
+            }
+            Ok((items, r.flag()?))
+        }
+        1 => Err(String::from_utf8(r.bytes()?.to_vec()).map_err(|e| PeerError::Bad {
+            what: "scan error text (not UTF-8)",
+            value: e.utf8_error().valid_up_to() as u64,
+        })?),
+        v => return Err(PeerError::Bad { what: "scan reply tag", value: v.into() }),
+    };
+    r.end()?;
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------------
 // Transport
 
 fn read_frame(s: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<()> {
@@ -651,6 +793,10 @@ impl Default for PeerConfig {
     }
 }
 
+/// The first byte of a whole command forwarded to another shard's front end (a request's key
+/// length is at most 250, a control request's first byte is 0).
+pub const COMMAND_TAG: u8 = 0xFF;
+
 /// What the home side of the channel serves: forwarded commands and home-failover requests.
 /// The front end (`store::FrontEnd`) implements it; the trait lives here so that the channel
 /// does not depend on the store that uses it.
@@ -660,6 +806,11 @@ pub trait PeerService: Send + Sync {
     fn serve_forwarded(&self, key: &[u8], op: Rmw<'_>) -> Routed;
     /// A home-failover request for this member's acceptor; `None` when failover is off.
     fn handle_ctl(&self, req: &Ctl) -> Option<CtlReply>;
+    /// A whole memcached request from a front end of another shard ([`crate::shards`]): its
+    /// reply bytes.
+    fn serve_command(&self, raw: &[u8]) -> Vec<u8>;
+    /// A page of a prefix scan of this front end's shard, for a front end of another shard.
+    fn serve_scan(&self, req: &ScanRequest<'_>) -> ScanReply;
 }
 
 /// The home side: serves forwarded commands with [`PeerService::serve_forwarded`], one thread
@@ -753,7 +904,12 @@ fn serve_peer(fe: &Weak<dyn PeerService>, mut s: TcpStream, key: &PeerKey) -> st
         let plain = key.open(b'q', &nonce, seq, &buf).map_err(invalid)?;
         let Some(fe) = fe.upgrade() else { return Ok(()) };
         out.clear();
-        if plain.first() == Some(&0) {
+        if plain.first() == Some(&COMMAND_TAG) {
+            out = fe.serve_command(&plain[1..]);
+        } else if plain.first() == Some(&SCAN_TAG) {
+            let req = decode_scan_request(&plain).map_err(invalid)?;
+            encode_scan_reply(&fe.serve_scan(&req), &mut out);
+        } else if plain.first() == Some(&0) {
             let ctl = decode_ctl(&plain).map_err(invalid)?;
             let Some(reply) = fe.handle_ctl(&ctl) else {
                 return Err(invalid(PeerError::Bad {
@@ -871,6 +1027,22 @@ impl PeerClient {
             Ok(r) => r,
             Err(e) => Routed::Done(Outcome::Unavailable(format!("home front end {} unreachable: {e}", self.addr))),
         }
+    }
+
+    /// A whole memcached request (`raw`: its line and data block) run at this front end of
+    /// another shard; its reply bytes. Fails when it cannot be reached in time.
+    pub fn call_command(&self, raw: &[u8]) -> std::io::Result<Vec<u8>> {
+        let mut req = Vec::with_capacity(raw.len() + 1);
+        req.push(COMMAND_TAG);
+        req.extend_from_slice(raw);
+        self.round_trip(&req, |b| Ok(b.to_vec()))
+    }
+
+    /// A page of a prefix scan of this front end's shard.
+    pub fn call_scan(&self, req: &ScanRequest<'_>) -> std::io::Result<ScanReply> {
+        let mut b = Vec::with_capacity(16 + req.prefix.len());
+        encode_scan_request(req, &mut b);
+        self.round_trip(&b, decode_scan_reply)
     }
 
     /// A home-failover request to this member's acceptor.
@@ -1009,6 +1181,34 @@ mod tests {
         let mut b = Vec::new();
         encode_ctl(&Ctl::Replicate { slot: 0, ballot: 1, entries: vec![held(b"bad key", None)] }, &mut b);
         assert!(decode_ctl(&b).is_err());
+    }
+
+    #[test]
+    fn scan_requests_and_replies_round_trip_exactly_and_bad_ones_fail() {
+        let req = ScanRequest { prefix: b"user:", after: Some(b"user:7"), limit: 100 };
+        let mut b = Vec::new();
+        encode_scan_request(&req, &mut b);
+        assert_eq!(decode_scan_request(&b).unwrap(), req);
+        for n in 0..b.len() {
+            assert!(decode_scan_request(&b[..n]).is_err(), "truncated at {n}");
+        }
+        let mut zero = Vec::new();
+        encode_scan_request(&ScanRequest { limit: 0, ..req.clone() }, &mut zero);
+        assert!(decode_scan_request(&zero).is_err(), "a limit of 0");
+        let it = |k: &[u8]| ScanItem { key: k.to_vec(), item: b"v".to_vec(), lamport: 9, writer: 65536, cas: 3 };
+        for reply in [Ok((vec![it(b"a"), it(b"b")], true)), Ok((vec![], false)), Err("no".to_string())] {
+            let mut b = Vec::new();
+            encode_scan_reply(&reply, &mut b);
+            assert_eq!(decode_scan_reply(&b).unwrap(), reply);
+            for n in 0..b.len() {
+                assert!(decode_scan_reply(&b[..n]).is_err(), "truncated at {n}");
+            }
+        }
+        // Keys out of order, or a count the bytes cannot hold, are refused.
+        let mut b = Vec::new();
+        encode_scan_reply(&Ok((vec![it(b"b"), it(b"a")], false)), &mut b);
+        assert!(decode_scan_reply(&b).is_err());
+        assert!(decode_scan_reply(&[0, 255, 255, 255, 255, 0]).is_err());
     }
 
     #[test]

@@ -173,6 +173,30 @@ pub enum Command<'a> {
     MetaNoop,
 }
 
+impl<'a> Command<'a> {
+    /// The key of a command on one key (`None` for `get`-family commands, which name a list,
+    /// and for commands without a key).
+    pub fn key(&self) -> Option<&'a [u8]> {
+        match self {
+            Command::Store { key, .. }
+            | Command::Delete { key, .. }
+            | Command::Arith { key, .. }
+            | Command::Touch { key, .. }
+            | Command::MetaGet { key, .. }
+            | Command::MetaSet { key, .. }
+            | Command::MetaDelete { key, .. }
+            | Command::MetaArith { key, .. } => Some(key),
+            Command::Get { .. }
+            | Command::FlushAll { .. }
+            | Command::Stats { .. }
+            | Command::Version
+            | Command::Verbosity { .. }
+            | Command::Quit
+            | Command::MetaNoop => None,
+        }
+    }
+}
+
 /// `ms` modes (`M` flag).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MetaSetMode {

@@ -13,6 +13,8 @@
 
 use crate::exec::Flow;
 use crate::proto::{parse, Command, Parsed};
+use crate::shards::Shards;
+use crate::stats::Stats;
 use crate::store::FrontEnd;
 use bytes::{Buf, BytesMut};
 
@@ -109,6 +111,7 @@ impl Session {
     /// Answers every complete request in the input, in order (see [`Step`]).
     pub fn process(&mut self, fe: &FrontEnd) -> Step {
         let limits = fe.config().limits;
+        let shards = fe.shards();
         loop {
             if self.output.len() >= OUT_FLUSH {
                 return Step::Flush;
@@ -134,7 +137,11 @@ impl Session {
                             self.get_done = i;
                             return Step::Flush;
                         }
-                        if !fe.get_key(k, cas, touch, &mut self.output) {
+                        let done = match shards.as_deref().and_then(|sh| Some((sh, sh.elsewhere(k)?))) {
+                            Some((sh, shard)) => forward_get_key(fe, sh, shard, k, cas, touch, &mut self.output),
+                            None => fe.get_key(k, cas, touch, &mut self.output),
+                        };
+                        if !done {
                             complete = false;
                             break;
                         }
@@ -145,7 +152,34 @@ impl Session {
                     self.get_done = 0;
                     self.input.advance(used);
                 }
+                Parsed::Cmd { cmd: cmd @ Command::FlushAll { .. }, used } if shards.is_some() => {
+                    // Every shard's items: the other shards' front ends flush theirs first.
+                    let sh = shards.as_deref().expect("checked");
+                    let mut failed = Vec::new();
+                    for other in (0..sh.map().shards.len() as u16).filter(|s| *s != sh.me()) {
+                        let mut reply = Vec::new();
+                        let ok = forward(fe, sh, other, &self.input[..used], &mut reply);
+                        let noreply = matches!(cmd, Command::FlushAll { noreply: true, .. });
+                        if !ok || !(reply == b"OK\r\n" || (noreply && reply.is_empty())) {
+                            failed.push(other);
+                        }
+                    }
+                    let mut here = Vec::new();
+                    fe.execute(&cmd, &mut here);
+                    if failed.is_empty() {
+                        self.output.extend_from_slice(&here);
+                    } else {
+                        let msg = format!("SERVER_ERROR flush_all flushed every shard but {failed:?}\r\n");
+                        self.output.extend_from_slice(msg.as_bytes());
+                    }
+                    self.input.advance(used);
+                }
                 Parsed::Cmd { cmd, used } => {
+                    if let Some((sh, shard)) = shards.as_deref().and_then(|sh| Some((sh, sh.elsewhere(cmd.key()?)?))) {
+                        forward(fe, sh, shard, &self.input[..used], &mut self.output);
+                        self.input.advance(used);
+                        continue;
+                    }
                     let flow = fe.execute(&cmd, &mut self.output);
                     self.input.advance(used);
                     if flow == Flow::Close {
@@ -165,6 +199,53 @@ impl Session {
                 }
             }
         }
+    }
+}
+
+/// Sends one whole command to a front end of `shard` and appends its reply, or a
+/// `SERVER_ERROR` naming the shard.
+fn forward(fe: &FrontEnd, sh: &Shards, shard: u16, raw: &[u8], out: &mut Vec<u8>) -> bool {
+    Stats::inc(&fe.stats.shard_forwarded);
+    match sh.forward(shard, raw, out) {
+        Ok(()) => true,
+        Err(e) => {
+            Stats::inc(&fe.stats.shard_forward_failures);
+            out.extend_from_slice(b"SERVER_ERROR ");
+            out.extend_from_slice(e.as_bytes());
+            out.extend_from_slice(b"\r\n");
+            false
+        }
+    }
+}
+
+/// One key of a `get`-family command whose shard is another: its `VALUE` block (if any) from
+/// a front end of that shard. Returns false after an error line (the command ends there, as
+/// [`FrontEnd::get_key`]'s does).
+fn forward_get_key(
+    fe: &FrontEnd,
+    sh: &Shards,
+    shard: u16,
+    key: &[u8],
+    cas: bool,
+    touch: Option<i64>,
+    out: &mut Vec<u8>,
+) -> bool {
+    let mut req = Vec::with_capacity(key.len() + 32);
+    match touch {
+        None => req.extend_from_slice(if cas { b"gets " } else { b"get " }),
+        Some(t) => req.extend_from_slice(format!("{} {t} ", if cas { "gats" } else { "gat" }).as_bytes()),
+    }
+    req.extend_from_slice(key);
+    req.extend_from_slice(b"\r\n");
+    let start = out.len();
+    if !forward(fe, sh, shard, &req, out) {
+        return false;
+    }
+    if out[start..].ends_with(b"END\r\n") {
+        out.truncate(out.len() - b"END\r\n".len());
+        true
+    } else {
+        false
     }
 }
 

@@ -100,6 +100,15 @@ counters!(
     forwarded,
     /// Forwarded commands whose home could not be reached (`Unavailable`).
     forward_failures,
+    /// Commands (or keys of a `get`) sent whole to a front end of the key's shard.
+    shard_forwarded,
+    /// Of those, the ones no front end of the shard answered (`SERVER_ERROR`).
+    shard_forward_failures,
+    /// Commands other shards' front ends sent here, run here.
+    shard_served,
+    /// Commands other shards' front ends sent here for a key this front end's map puts in
+    /// another shard: refused (the two maps disagree).
+    shard_misrouted,
 );
 
 impl Stats {

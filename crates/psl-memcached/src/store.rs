@@ -12,12 +12,14 @@ use crate::lru::{key_hash, Lru, Victim};
 pub use crate::op::{Outcome, Rmw};
 use crate::peer::{PeerClient, PeerConfig, PeerKey, PeerService, Routed};
 use crate::proto::{parse_counter, Limits, StoreMode};
+use crate::shards::Shards;
 use crate::stats::Stats;
 use parking_lot::{Mutex, RwLock};
 use psl_node::{Node, NodeError};
 use psl_scl::{Entry, EvictKey, Version};
 use std::cell::Cell;
 use std::collections::VecDeque;
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -128,6 +130,8 @@ pub struct FrontEnd {
     pinned: Mutex<VecDeque<Victim>>,
     pinned_bytes: AtomicU64,
     pinned_len: AtomicU64,
+    /// The shard map this front end routes by, when the key space has several shards.
+    shards: RwLock<Option<Arc<Shards>>>,
 }
 
 #[derive(Default)]
@@ -204,8 +208,20 @@ impl FrontEnd {
             pinned: Mutex::new(VecDeque::new()),
             pinned_bytes: AtomicU64::new(0),
             pinned_len: AtomicU64::new(0),
+            shards: RwLock::new(None),
             node,
         })
+    }
+
+    /// Serves one shard of a key space of several ([`crate::shards`]): commands on other
+    /// shards' keys go to their front ends.
+    pub fn serve_shard(&self, shards: Shards) {
+        *self.shards.write() = Some(Arc::new(shards));
+    }
+
+    /// The shard map routed by, if any.
+    pub fn shards(&self) -> Option<Arc<Shards>> {
+        self.shards.read().clone()
     }
 
     /// Whether evictions are backed by CapsuleDB (an evicted item is read back from it).
@@ -489,6 +505,29 @@ impl FrontEnd {
                 return Ok((out, false));
             }
         }
+    }
+
+    /// Like [`FrontEnd::scan_live`] over every shard of the map this front end routes by
+    /// ([`FrontEnd::serve_shard`]): each shard's page (this one's read here, the others' from
+    /// one of their front ends), merged in key order ([`crate::shards::merge_pages`]). Fails,
+    /// naming the shard, when a shard's front ends cannot be reached.
+    pub fn scan_shards(&self, prefix: &[u8], after: Option<&[u8]>, limit: usize) -> Result<ScanPage, String> {
+        let Some(sh) = self.shards() else { return self.scan_live(prefix, after, limit) };
+        let limit = limit.clamp(1, crate::peer::SCAN_LIMIT_MAX as usize);
+        let mut pages = vec![self.scan_live(prefix, after, limit)?];
+        let req = crate::peer::ScanRequest { prefix, after, limit: limit as u32 };
+        for other in (0..sh.map().shards.len() as u16).filter(|s| *s != sh.me()) {
+            let (items, more) = sh.scan(other, &req)?;
+            let items = items
+                .into_iter()
+                .map(|it| {
+                    let version = Version { lamport: it.lamport, writer: it.writer };
+                    (it.key, Versioned { item: Arc::from(it.item), version, cas: it.cas })
+                })
+                .collect();
+            pages.push((items, more));
+        }
+        Ok(crate::shards::merge_pages(pages, limit))
     }
 
     /// A read of one key (get, gets, mg without T/N). Counts hits and misses.
@@ -1088,6 +1127,65 @@ impl PeerService for FrontEnd {
 
     fn handle_ctl(&self, req: &Ctl) -> Option<CtlReply> {
         self.failover().map(|f| f.handle(req))
+    }
+
+    /// A page of this front end's own shard, bounded in bytes so that the reply fits a frame
+    /// (it then says `more`; the first item is always sent).
+    fn serve_scan(&self, req: &crate::peer::ScanRequest<'_>) -> crate::peer::ScanReply {
+        Stats::inc(&self.stats.shard_served);
+        let (page, mut more) = self.scan_live(req.prefix, req.after, req.limit as usize)?;
+        let mut bytes = 0usize;
+        let mut items = Vec::with_capacity(page.len());
+        for (key, v) in page {
+            bytes += key.len() + v.item.len() + 26;
+            if bytes > crate::peer::SCAN_REPLY_BYTES_MAX && !items.is_empty() {
+                more = true;
+                break;
+            }
+            items.push(crate::peer::ScanItem {
+                key,
+                item: v.item.to_vec(),
+                lamport: v.version.lamport,
+                writer: v.version.writer,
+                cas: v.cas,
+            });
+        }
+        Ok((items, more))
+    }
+
+    /// Runs the command here if its key is this shard's under this front end's map, and
+    /// refuses it otherwise (never forwards it again).
+    fn serve_command(&self, raw: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let limits = self.config().limits;
+        match crate::proto::parse(raw, &limits) {
+            crate::proto::Parsed::Cmd { cmd, used } if used == raw.len() => {
+                let Some(sh) = self.shards() else {
+                    out.extend_from_slice(b"SERVER_ERROR a command forwarded from another shard to a front end that serves no shard map\r\n");
+                    return out;
+                };
+                let keys: Vec<&[u8]> = match &cmd {
+                    crate::proto::Command::Get { keys, .. } => keys.iter().collect(),
+                    c => c.key().into_iter().collect(),
+                };
+                for key in keys {
+                    if let Some(other) = sh.elsewhere(key) {
+                        Stats::inc(&self.stats.shard_misrouted);
+                        let _ = write!(
+                            out,
+                            "SERVER_ERROR key of shard {other}, not this front end's shard {} (map version {})\r\n",
+                            sh.me(),
+                            sh.map().map_version
+                        );
+                        return out;
+                    }
+                }
+                Stats::inc(&self.stats.shard_served);
+                let _ = self.execute(&cmd, &mut out);
+            }
+            _ => out.extend_from_slice(b"CLIENT_ERROR a forwarded command must be exactly one complete request\r\n"),
+        }
+        out
     }
 }
 

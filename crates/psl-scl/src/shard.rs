@@ -37,6 +37,13 @@ pub const MOVES_MAX: usize = 64;
 pub const FRONT_ENDS_MAX: usize = 64;
 /// The domain of a key's point hash.
 pub const POINT_DOMAIN: &[u8] = b"psl/shard/v1";
+/// The one writer of a map capsule (`sharding.md` §3): the owner, or the leader on its
+/// behalf, writes each map under this index. No role is ever given it: worker writers start
+/// at 2^16 ([`crate::writer_index`]), capsule servers' keys at 2^15, coordinators' just below
+/// 2^31. A reader refuses a map capsule with a data record of any other writer.
+pub const MAP_WRITER: u32 = 1;
+/// The key under which a map record puts its map (the record's only op).
+pub const MAP_KEY: &[u8] = b"psl/shard-map";
 
 /// The part of `key` that decides its shard: the bytes between the first `{` and the first
 /// `}` after it when there are some (a *hash tag*, Redis Cluster's rule: `{user42}.cart` and

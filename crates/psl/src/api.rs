@@ -518,9 +518,49 @@ fn batch_answer(
 /// wait runs under [`psl_http::may_block`].
 pub fn kv(fe: Arc<FrontEnd>, guard: Arc<Guard>) -> (Vec<&'static str>, psl_http::Api) {
     let api: psl_http::Api = Arc::new(move |req: ApiRequest| {
-        guard.serve(&req, |r| route_inline(&fe, r).unwrap_or_else(|| psl_http::may_block(|| route(&fe, r))))
+        guard.serve(&req, |r| {
+            misdirected(&fe, r)
+                .or_else(|| route_inline(&fe, r))
+                .unwrap_or_else(|| psl_http::may_block(|| route(&fe, r)))
+        })
     });
     (KV_PREFIXES.to_vec(), api)
+}
+
+/// With several shards (`psl up --shards N`; docs/protocol/sharding.md): the answer to a
+/// request this front end does not serve. A key of another shard is 421 (the client asks
+/// that shard's front end); an atomic batch whose keys span shards is 400, as the design
+/// refuses it. A scan merges every shard's pages ([`FrontEnd::scan_shards`]).
+fn misdirected(fe: &FrontEnd, r: &Request) -> Option<(u16, Value)> {
+    let sh = fe.shards()?;
+    let (me, version) = (sh.me(), sh.map().map_version);
+    let elsewhere = |key: &[u8]| {
+        sh.elsewhere(key).map(|s| {
+            (
+                421,
+                json!({ "error": format!("key of shard {s}; this front end serves shard {me} (map version {version})"),
+                        "shard": s, "map_version": version }),
+            )
+        })
+    };
+    match r {
+        Request::Get(k) | Request::Put(k, _) | Request::Delete(k) | Request::Cas(k, _, _) => elsewhere(k),
+        Request::Batch(ops) => {
+            let mut shards: Vec<u16> = ops.iter().map(|(k, _)| sh.map().shard_of(k)).collect();
+            shards.sort_unstable();
+            shards.dedup();
+            match shards.as_slice() {
+                [] => None,
+                [_] => elsewhere(&ops[0].0),
+                many => Some((
+                    400,
+                    json!({ "error": format!("an atomic batch must stay in one shard (keys in shards {many:?})"),
+                            "map_version": version }),
+                )),
+            }
+        }
+        Request::Scan { .. } | Request::Sync { .. } => None,
+    }
 }
 
 /// `r` on the front end without waiting: a get the memtable answers, a put its writer queue
@@ -565,6 +605,9 @@ pub fn route(fe: &FrontEnd, r: &Request) -> (u16, Value) {
     let epoch = || node.metrics().epoch.load(std::sync::atomic::Ordering::Relaxed);
     let failed = |why: String| (503, json!({ "error": why }));
     let written = |key: &[u8], o: Outcome| put_answer(fe, key, o);
+    if let Some(refused) = misdirected(fe, r) {
+        return refused;
+    }
     match r {
         Request::Get(key) => get_answer(fe, key, fe.read_versioned(key)),
         Request::Put(key, value) => written(key, fe.set(key, 0, 0, value, true)),
@@ -573,7 +616,7 @@ pub fn route(fe: &FrontEnd, r: &Request) -> (u16, Value) {
             Outcome::NotFound => (200, json!({ "key": b64(key), "deleted": false, "epoch": epoch() })),
             other => failed(format!("not deleted: {other:?}")),
         },
-        Request::Scan { prefix, after, limit } => match fe.scan_live(prefix, after.as_deref(), *limit) {
+        Request::Scan { prefix, after, limit } => match fe.scan_shards(prefix, after.as_deref(), *limit) {
             Ok((items, more)) => {
                 let items: Vec<Value> = items
                     .iter()
@@ -1093,6 +1136,45 @@ mod tests {
             assert!(!AnswerSigner::verify(&self.server_key, &other, &sig));
             (a.status, serde_json::from_slice(&a.body).unwrap())
         }
+    }
+
+    #[test]
+    fn a_front_end_of_one_shard_refuses_other_shards_keys_and_spanning_batches() {
+        use psl_scl::shard::{Route, Shard, ShardMap};
+        let w = World::new();
+        let map = ShardMap {
+            map_version: 4,
+            shards: vec![
+                Shard { capsule: w.capsule.0 .0, front_ends: vec!["127.0.0.1:9".into()] },
+                Shard { capsule: [7; 32], front_ends: vec!["127.0.0.1:9".into()] },
+            ],
+            routes: vec![Route { first: 0, shard: 0 }, Route { first: 1 << 63, shard: 1 }],
+            moves: vec![],
+        };
+        let key = psl_memcached::peer::PeerKey::derive(&psl_crypto::DataKey::from_bytes(&[1; 32]));
+        let cfg = psl_memcached::peer::PeerConfig::default();
+        w.fe.serve_shard(psl_memcached::shards::Shards::new(map.clone(), &w.capsule.0 .0, key, cfg).unwrap());
+        let key_in = |s: u16| (0..).map(|i| format!("k{i}")).find(|k| map.shard_of(k.as_bytes()) == s).unwrap();
+        let (mine, theirs) = (key_in(0), key_in(1));
+        let c = w.cred(&w.owner, w.capsule, "read,write");
+        assert_eq!(w.call(Some(&c), &w.spki, "PUT", &format!("/v1/kv/{mine}"), b"v").0, 200);
+        let (s, body) = w.call(Some(&c), &w.spki, "GET", &format!("/v1/kv/{theirs}"), b"");
+        assert_eq!((s, &body["shard"], &body["map_version"]), (421, &json!(1), &json!(4)), "{body}");
+        assert_eq!(w.call(Some(&c), &w.spki, "PUT", &format!("/v1/kv/{theirs}"), b"v").0, 421);
+        assert!(matches!(w.fe.lookup(theirs.as_bytes()), psl_memcached::store::Lookup::Miss), "not written here");
+        let batch = |keys: &[&str]| {
+            let ops: Vec<Value> =
+                keys.iter().map(|k| json!({"op": "put", "key": b64(k.as_bytes()), "value": b64(b"x")})).collect();
+            serde_json::to_vec(&json!({ "ops": ops })).unwrap()
+        };
+        let (s, body) = w.call(Some(&c), &w.spki, "POST", "/v1/batch", &batch(&[&mine, &theirs]));
+        assert_eq!(s, 400, "{body}");
+        assert!(body["error"].as_str().unwrap().contains("must stay in one shard"), "{body}");
+        assert_eq!(w.call(Some(&c), &w.spki, "POST", "/v1/batch", &batch(&[&theirs])).0, 421);
+        assert_eq!(w.call(Some(&c), &w.spki, "POST", "/v1/batch", &batch(&[&mine])).0, 200);
+        // The other shard's front end (127.0.0.1:9) does not answer: the scan says which shard.
+        let (s, body) = w.call(Some(&c), &w.spki, "GET", "/v1/kv?prefix=k", b"");
+        assert!(s == 503 && body["error"].as_str().unwrap().contains("shard 1"), "{s} {body}");
     }
 
     #[test]

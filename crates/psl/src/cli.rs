@@ -2,7 +2,8 @@
 //! `chaos` take their arguments raw and hand them to `psl-tools` ([`crate::tools`]).
 
 use crate::{
-    attest, capsule, capsuledb, demo, doctor, faas_roles, keys, kv, memcached, roles, run, sim, status, tools, up,
+    attest, capsule, capsuledb, demo, doctor, faas_roles, keys, kv, memcached, roles, run, shard, sim, status, tools,
+    up,
 };
 use clap::{Parser, Subcommand};
 
@@ -36,6 +37,9 @@ enum Cmd {
     /// Create, append to, inspect, verify, merge and prove DataCapsules.
     #[command(subcommand)]
     Capsule(capsule::CapsuleCmd),
+    /// Show a KV deployment's shard map (verified), and which shard holds a key.
+    #[command(subcommand)]
+    Shard(shard::ShardCmd),
     /// Run a benchmark; `--json` prints one JSON object (psl-tools; `psl bench --help`).
     #[command(disable_help_flag = true)]
     Bench(tools::ToolArgs),
@@ -113,7 +117,10 @@ pub fn main() -> ! {
 /// head` ends them the way it ends `cat`, not with `println!`'s panic on a closed pipe. Roles and
 /// clients keep SIGPIPE ignored (Rust's default), so a peer that hangs up is an error they handle.
 fn prints_only(cmd: &Cmd) -> bool {
-    matches!(cmd, Cmd::Keys(_) | Cmd::Capsule(_) | Cmd::Attest(_) | Cmd::Doctor(_) | Cmd::Completions { .. })
+    matches!(
+        cmd,
+        Cmd::Keys(_) | Cmd::Capsule(_) | Cmd::Shard(_) | Cmd::Attest(_) | Cmd::Doctor(_) | Cmd::Completions { .. }
+    )
 }
 
 /// Restores SIGPIPE's default action (end the process), as before Rust's runtime ignored it.
@@ -130,6 +137,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.cmd {
         Cmd::Keys(c) => keys::run(c),
         Cmd::Capsule(c) => capsule::run(c),
+        Cmd::Shard(c) => shard::run(c),
         Cmd::Bench(a) => tools::run("bench", a),
         Cmd::Report(a) => tools::run("report", a),
         Cmd::Demo(a) => demo::run(a),

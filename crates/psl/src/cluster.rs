@@ -522,6 +522,8 @@ struct Shared {
     legacy_kv_owner: PathBuf,
     /// The KV capsule's public metadata.
     kv_capsule: PathBuf,
+    /// The shard map capsule (sealed under the KV application's data key; `psl shard show`).
+    kv_map: PathBuf,
     /// The operator's control public key (the secret half stays in `[cluster] operator`).
     control_pub: PathBuf,
 }
@@ -533,6 +535,7 @@ impl Shared {
             policy: dir.join("attest-policy.toml"),
             legacy_kv_owner: dir.join("kv-owner.key"),
             kv_capsule: dir.join("kv.capsule"),
+            kv_map: dir.join("kv-map.capsule"),
             control_pub: dir.join("control.pub"),
         }
     }
@@ -689,6 +692,21 @@ fn make_kv_capsule(c: &ClusterConfig, base: &Path, sh: &Shared, owner: &Path) ->
         ])?;
     }
     kv_host_keys(c, base, sh, owner)?;
+    kv_shard_map(c, sh, owner)
+}
+
+/// `--init`, KV: the shard map capsule (once) and, when the front ends' peer addresses
+/// changed, a new map: one shard, the KV capsule, served by every front end of the file.
+fn kv_shard_map(c: &ClusterConfig, sh: &Shared, owner_path: &Path) -> Result<()> {
+    let owner = crate::util::read_owner_key(owner_path)?;
+    let kv = crate::roles::read_metadata(&sh.kv_capsule)?;
+    crate::shard::create(&owner, &kv, &sh.kv_map)?;
+    let peers = c.memcached().iter().map(|m| m.2.to_string()).collect();
+    let map = psl_scl::shard::ShardMap::single(0, kv.name().0 .0, peers);
+    let (now, written) = crate::shard::publish(&sh.kv_map, &owner, &kv.name(), map)?;
+    if written {
+        println!("KV shard map version {} in {}", now.map.map_version, sh.kv_map.display());
+    }
     Ok(())
 }
 
@@ -816,6 +834,7 @@ fn cluster_file(c: &ClusterConfig, sh: &Shared, kv_dir: &Path) -> Result<serde_j
         v["kv"] = serde_json::json!({
             "fabric": c.fabric_spec(None).ok(),
             "capsule": sh.kv_capsule,
+            "map": sh.kv_map.exists().then_some(&sh.kv_map),
             // A front end joining on this host gets its keys from the leader, attested.
             "leader": c.leader().map(|a| serde_json::json!({
                 "addr": a.to_string(),

@@ -31,6 +31,8 @@
 //! - `kids`: the child processes `up` and `cluster` start, watch and stop together.
 //! - `status`: `psl status --config F`: every role's health, epoch, lag and counters.
 //! - `memcached`: `psl memcached`: the SecureCached front end.
+//! - `shard`: the shard map capsule that `psl up --kv` and `--init` write beside the KV
+//!   capsule, and `psl shard show|which` (docs/protocol/sharding.md §3).
 //! - `capsuledb`: `psl capsuledb`: the CapsuleDB role, `snapshots` and `get --at`.
 //! - `kv`: the client of a node's control interface (`psl kv put|get|del|sync|stats|dump`).
 //! - `kvkeys`: the KV roles' keys, from the leader or from the owner key.
@@ -57,6 +59,7 @@ mod kvkeys;
 pub mod memcached;
 pub mod roles;
 mod run;
+pub mod shard;
 mod sim;
 pub mod status;
 pub mod tools;

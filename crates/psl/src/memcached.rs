@@ -143,6 +143,12 @@ pub struct MemcachedArgs {
     /// This front end's entry in --peers, when --peer-listen binds another address (0.0.0.0).
     #[arg(long, requires = "peer_listen")]
     pub peer_advertise: Option<SocketAddr>,
+    /// With --cluster: the KV deployment's shard map capsule (docs/protocol/sharding.md).
+    /// Under a map of several shards this front end serves the shard of its --capsule and
+    /// sends each command on another shard's key, whole, to a front end of that shard.
+    /// `--cluster DIR` takes the map the cluster file names.
+    #[arg(long)]
+    pub shard_map: Option<PathBuf>,
     /// Back the memory limit with CapsuleDB: an evicted item is read back through CapsuleDB
     /// (same value, flags and CAS unique) instead of being lost. Embedded: runs a CapsuleDB
     /// role in this process (its records in a temporary directory, removed on exit).
@@ -199,6 +205,12 @@ pub struct KvInfo {
     /// The KV capsule's owner key file, where this machine has it.
     #[serde(default)]
     pub owner: Option<PathBuf>,
+    /// The shard map capsule (`psl shard show`), where this machine has it.
+    #[serde(default)]
+    pub map: Option<PathBuf>,
+    /// The version of the map it held when this was written (0: none, or not recorded).
+    #[serde(default)]
+    pub map_version: u64,
     /// Where a joining front end gets the KV keys instead (`psl up --config` clusters): the
     /// leader, after attestation.
     #[serde(default)]
@@ -237,6 +249,10 @@ pub struct KvInfo {
     /// `psl bench cluster` reads their `STATS`).
     #[serde(default)]
     pub server_reads: Vec<SocketAddr>,
+    /// With several shards (`psl up --shards N`): the memcached addresses of each shard's
+    /// front ends, by shard (the fields above are shard 0's). Any front end serves every key.
+    #[serde(default)]
+    pub shard_front_ends: Vec<Vec<SocketAddr>>,
 }
 
 /// Node ids drawn by joining front ends: the group's own front ends use 1 ..= 255.
@@ -528,7 +544,30 @@ fn join_deployment(a: &MemcachedArgs, join: Join, config: Config, budget_mb: u64
     let node = Node::start(keys, ep, opts)?;
     tracing::info!(id, incarnation, capsuledb = ?db, "front-end node joined");
     let fe = FrontEnd::new(Arc::new(node), config);
-    let key = PeerKey::derive(&psl_node::KeySource::data_key(&app));
+    let data_key = psl_node::KeySource::data_key(&app);
+    let key = PeerKey::derive(&data_key);
+    let map_file = match (&a.shard_map, &join) {
+        (Some(m), _) => Some(m.clone()),
+        (None, Join::Dir(kv)) => kv.map.clone(),
+        (None, _) => None,
+    };
+    if let Some(m) = map_file {
+        let now = crate::shard::read_as_member(&m, &f.metadata, data_key)
+            .with_context(|| format!("reading the shard map {}", m.display()))?
+            .with_context(|| format!("the shard map {} holds no map yet", m.display()))?;
+        if now.map.shards.len() > 1 {
+            let cfg = PeerConfig { timeout: Duration::from_millis(a.peer_timeout_ms.max(1)) };
+            let version = now.map.map_version;
+            let shards = psl_memcached::shards::Shards::new(now.map, &f.metadata.name().0 .0, key.clone(), cfg)?;
+            tracing::info!(
+                shard = shards.me(),
+                of = shards.map().shards.len(),
+                version,
+                "serving one shard of the map"
+            );
+            fe.serve_shard(shards);
+        }
+    }
     let fresh = t.state.is_some() && incarnation == 1;
     let peer_server = join_group(a, &join, &fe, key, fresh)?;
     Ok((fe, Box::new(peer_server)))

@@ -95,6 +95,13 @@ pub struct UpArgs {
     /// Capsule servers of the KV capsule (2f + 1; 0 for none).
     #[arg(long, default_value_t = 3)]
     pub kv_servers: u32,
+    /// Shards of the KV key space (docs/protocol/sharding.md; 1 to 16): each its own capsule
+    /// (DIR/kv for shard 0, DIR/kv/shard<S> for the others), coordinator, capsule servers,
+    /// CapsuleDB and `--memcached` front ends. Each key belongs to one shard (a range of its
+    /// hash, in the map capsule DIR/kv/map.capsule); a front end sends a command on another
+    /// shard's key to a front end of that shard.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub shards: u16,
     /// Memory limit of each front end, MiB (evictions are read back through CapsuleDB).
     #[arg(long, default_value_t = 64)]
     pub kv_memory_mb: u64,
@@ -192,17 +199,22 @@ fn path_arg(p: &std::path::Path) -> String {
     p.display().to_string()
 }
 
-/// The KV deployment's files in `DIR/kv/` (absolute paths).
+/// The KV deployment's files in `DIR/kv/` (absolute paths); a shard's other than shard 0's in
+/// `DIR/kv/shard<S>/` ([`KvFiles::for_shard`]).
+#[derive(Clone)]
 struct KvFiles {
     dir: PathBuf,
     owner: PathBuf,
     capsule: PathBuf,
+    /// The shard map capsule ([`crate::shard`]).
+    map: PathBuf,
     control_key: PathBuf,
     control_pub: PathBuf,
 }
 
 impl KvFiles {
-    /// Makes `DIR/kv/`, and there (once) the KV owner key and capsule, and the control keys.
+    /// Makes `DIR/kv/`, and there (once) the KV owner key, capsule and map capsule, and the
+    /// control keys.
     fn create(a: &UpArgs) -> Result<KvFiles> {
         let dir = a.dir.join("kv");
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -236,12 +248,43 @@ impl KvFiles {
                 s(&capsule),
             ])?;
         }
+        let map = dir.join("map.capsule");
+        let kv_meta = crate::roles::read_metadata(&capsule)?;
+        crate::shard::create(&crate::util::read_owner_key(&owner)?, &kv_meta, &map)?;
         // The operator's control key (secret, 0600, in this directory): it signs the commands
         // on the coordinator's and CapsuleDB's control interfaces, which get its public half.
         let control_key = dir.join("control.key");
         let control_pub = dir.join("control.pub");
         crate::util::write_control_keys(&control_key, &control_pub)?;
-        Ok(KvFiles { dir, owner, capsule, control_key, control_pub })
+        Ok(KvFiles { dir, owner, capsule, map, control_key, control_pub })
+    }
+
+    /// Shard `s`'s files: shard 0's are these; another shard's capsule (made once: the same
+    /// owner and application, so one data key reads every shard and the map) and its roles'
+    /// state are in `DIR/kv/shard<s>/`. The owner key, the control keys and the map are shared.
+    fn for_shard(&self, s: u16) -> Result<KvFiles> {
+        if s == 0 {
+            return Ok(self.clone());
+        }
+        let dir = self.dir.join(format!("shard{s}"));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let capsule = dir.join("kv.capsule");
+        if !capsule.exists() {
+            let app_index = crate::roles::read_metadata(&self.capsule)?.meta.app_index;
+            psl_once(&[
+                "capsule".into(),
+                "new".into(),
+                "--owner".into(),
+                path_arg(&self.owner),
+                "--label".into(),
+                format!("psl-up-kv-shard{s}"),
+                "--app-index".into(),
+                app_index.to_string(),
+                "--out".into(),
+                path_arg(&capsule),
+            ])?;
+        }
+        Ok(KvFiles { dir, capsule, ..self.clone() })
     }
 
     /// Each capsule server's own ack key (0600) and certificate, never the owner key; made
@@ -271,9 +314,6 @@ impl KvFiles {
 /// Started children's ids, each with its output.
 type Outputs = Vec<(u32, Receiver<String>)>;
 
-/// Front ends started: their peer addresses, memcached addresses and HTTPS endpoints.
-type FrontEnds = (Vec<SocketAddr>, Vec<SocketAddr>, Vec<String>);
-
 /// What starting the KV deployment's processes needs: the arguments, the fabric, the files
 /// and the deadline for their first lines.
 struct KvLaunch<'a> {
@@ -283,9 +323,29 @@ struct KvLaunch<'a> {
     fabric: &'a psl_fabric::FabricSpec,
     files: KvFiles,
     deadline: Instant,
+    /// This shard's index (0 with one shard).
+    shard: u16,
+    /// The map capsule the front ends route by, with several shards.
+    map: Option<PathBuf>,
 }
 
 impl KvLaunch<'_> {
+    /// The name of this shard's process `role` (`kv coordinator`; `kv shard 1 coordinator`).
+    fn name(&self, role: &str) -> String {
+        match self.shard {
+            0 => format!("kv {role}"),
+            s => format!("kv shard {s} {role}"),
+        }
+    }
+
+    /// The name of this shard's front end `id` (`memcached 1`; `shard 1 memcached 1`).
+    fn front_end(&self, id: u32) -> String {
+        match self.shard {
+            0 => format!("memcached {id}"),
+            s => format!("shard {s} memcached {id}"),
+        }
+    }
+
     /// The arguments of KV role `role` (the coordinator or CapsuleDB) before its own.
     fn common(&self, role: &str) -> Vec<String> {
         let f = &self.files;
@@ -323,7 +383,7 @@ impl KvLaunch<'_> {
             ]);
             // Its read interface (records, heads, STATS): loopback, for operators and benchmarks.
             args.extend(["--read".into(), "127.0.0.1:0".into()]);
-            let (k, rx) = spawn(&format!("kv capsule server {id}"), &args)?;
+            let (k, rx) = spawn(&self.name(&format!("capsule server {id}")), &args)?;
             kids.push(k);
             srx.push((id, rx));
             servers.push((id, sdir));
@@ -336,19 +396,23 @@ impl KvLaunch<'_> {
     fn wait_servers(&self, srx: Outputs) -> Result<Vec<SocketAddr>> {
         let mut server_reads = Vec::new();
         for (id, rx) in srx {
-            wait_line(&format!("kv capsule server {id}"), &rx, "ready ", self.deadline)?;
-            server_reads.push(wait_line(&format!("kv capsule server {id}"), &rx, "reads ", self.deadline)?.parse()?);
+            wait_line(&self.name(&format!("capsule server {id}")), &rx, "ready ", self.deadline)?;
+            server_reads
+                .push(wait_line(&self.name(&format!("capsule server {id}")), &rx, "reads ", self.deadline)?.parse()?);
         }
         Ok(server_reads)
     }
 
-    /// Starts `n` front ends, one peer group, with CapsuleDB's writer index `writer`; returns
-    /// their peer addresses and their memcached addresses.
-    /// Starts `n` front ends in one peer group; returns their peer addresses, their memcached
-    /// addresses and their attested HTTPS endpoints.
-    fn start_front_ends(&self, n: u32, writer: u32, kids: &mut Vec<Kid>) -> Result<FrontEnds> {
+    /// Starts a front end on each peer address of `binds`, one peer group, with CapsuleDB's
+    /// writer index `writer`; returns their peer addresses and their outputs
+    /// ([`KvLaunch::wait_front_ends`]).
+    fn spawn_front_ends(
+        &self,
+        binds: &[SocketAddr],
+        writer: u32,
+        kids: &mut Vec<Kid>,
+    ) -> Result<(Vec<SocketAddr>, Outputs)> {
         let (a, f, s) = (self.a, &self.files, path_arg);
-        let binds = (0..n).map(|_| free_port(a.bind)).collect::<Result<Vec<_>>>()?;
         let peers: Vec<SocketAddr> = binds.iter().map(|b| a.advertised(*b)).collect();
         let list = peers.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(",");
         let mut frx = Vec::new();
@@ -393,23 +457,32 @@ impl KvLaunch<'_> {
             args.extend(["--peer-listen".into(), binds[i].to_string(), "--peers".into(), list.clone()]);
             args.extend(["--peer-advertise".into(), peer.to_string()]);
             args.extend(["--home-lease-ms".into(), a.home_lease_ms.to_string()]);
+            if let Some(m) = &self.map {
+                args.extend(["--shard-map".into(), s(m)]);
+            }
             // Its attested HTTPS endpoint (`psl verify`, docs/client.md).
             args.extend(["--http".into(), SocketAddr::new(a.bind, 0).to_string()]);
             args.extend(self.attest.iter().cloned());
-            let (k, rx) = spawn(&format!("memcached {id}"), &args)?;
+            let (k, rx) = spawn(&self.front_end(id), &args)?;
             kids.push(k);
             frx.push((id, rx));
         }
+        Ok((peers, frx))
+    }
+
+    /// Waits for the front ends' HTTPS and memcached lines; returns their memcached addresses
+    /// and their attested HTTPS endpoints.
+    fn wait_front_ends(&self, frx: Outputs) -> Result<(Vec<SocketAddr>, Vec<String>)> {
+        let a = self.a;
         let (mut listen, mut http) = (Vec::new(), Vec::new());
         for (id, rx) in frx {
             // In the order it prints them: its HTTPS endpoint, then its memcached address.
-            let url = wait_line(&format!("memcached {id}"), &rx, "https ", self.deadline)?;
+            let url = wait_line(&self.front_end(id), &rx, "https ", self.deadline)?;
             let at: SocketAddr = url.trim_start_matches("https://").parse()?;
             http.push(format!("https://{}", a.advertised(at)));
-            listen
-                .push(a.advertised(wait_line(&format!("memcached {id}"), &rx, "listening ", self.deadline)?.parse()?));
+            listen.push(a.advertised(wait_line(&self.front_end(id), &rx, "listening ", self.deadline)?.parse()?));
         }
-        Ok((peers, listen, http))
+        Ok((listen, http))
     }
 }
 
@@ -422,8 +495,110 @@ fn capsuledb_writer(ready: &str) -> Result<u32> {
         .with_context(|| format!("psl capsuledb printed 'ready {ready}' without writer=W"))
 }
 
-/// Starts the KV deployment's processes on `fabric` (see the module docs); returns what a
-/// front end needs to join (the `kv` object of the cluster file).
+/// A shard's roles spawned, before their first lines are read ([`KvLaunch::spawn_shard`]).
+struct ShardSpawned {
+    servers: Vec<(u32, PathBuf)>,
+    srx: Outputs,
+    drx: Receiver<String>,
+}
+
+/// A shard's capsule servers, CapsuleDB and coordinator up ([`KvLaunch::core_up`]).
+struct ShardCore {
+    servers: Vec<(u32, PathBuf)>,
+    server_reads: Vec<SocketAddr>,
+    coordinator_control: SocketAddr,
+    capsuledb_control: SocketAddr,
+    writer: u32,
+}
+
+impl KvLaunch<'_> {
+    /// Spawns this shard's capsule servers and CapsuleDB (every shard's start before any is
+    /// waited for: the shards start side by side).
+    fn spawn_shard(&self, kids: &mut Vec<Kid>) -> Result<ShardSpawned> {
+        let (srx, servers) = self.spawn_servers(kids)?;
+        let mut dargs = self.common("capsuledb");
+        // Its control interface hands out plaintext: loopback only, like the coordinator's.
+        dargs.extend([
+            "--store".into(),
+            path_arg(&self.files.dir.join("capsuledb")),
+            "--control".into(),
+            "127.0.0.1:0".into(),
+        ]);
+        let (k, drx) = spawn(&self.name("capsuledb"), &dargs)?;
+        kids.push(k);
+        Ok(ShardSpawned { servers, srx, drx })
+    }
+
+    /// Waits for the servers, then starts the coordinator: a restarted coordinator (its
+    /// writer index has no incarnation) learns its own chain back from them during its rejoin
+    /// period, so it never re-uses a seq. Waits for it and for CapsuleDB.
+    fn core_up(&self, sp: ShardSpawned, kids: &mut Vec<Kid>) -> Result<ShardCore> {
+        let deadline = self.deadline;
+        let server_reads = self.wait_servers(sp.srx)?;
+        let mut cargs = self.common("coordinator");
+        cargs.extend(["--state".into(), path_arg(&self.files.dir.join("coordinator"))]);
+        let (k, crx) = spawn(&self.name("coordinator"), &cargs)?;
+        kids.push(k);
+        let coordinator_control: SocketAddr =
+            wait_line(&self.name("coordinator"), &crx, "control ", deadline)?.parse()?;
+        let capsuledb_control: SocketAddr =
+            wait_line(&self.name("capsuledb"), &sp.drx, "control ", deadline)?.parse()?;
+        let writer = capsuledb_writer(&wait_line(&self.name("capsuledb"), &sp.drx, "ready ", deadline)?)?;
+        Ok(ShardCore { servers: sp.servers, server_reads, coordinator_control, capsuledb_control, writer })
+    }
+
+    /// What a front end needs to join this shard (the `kv` object of the cluster file).
+    fn info(
+        &self,
+        core: ShardCore,
+        peers: Vec<SocketAddr>,
+        fronts: (Vec<SocketAddr>, Vec<String>),
+    ) -> crate::memcached::KvInfo {
+        let files = &self.files;
+        let (front_ends, http) = fronts;
+        crate::memcached::KvInfo {
+            fabric: self.fabric.clone(),
+            capsule: files.capsule.clone(),
+            owner: Some(files.owner.clone()),
+            map: Some(files.map.clone()),
+            map_version: 0,
+            leader: None,
+            capsuledb_writer: core.writer,
+            home_lease_ms: if peers.len() >= psl_memcached::failover::MEMBERS_MIN { self.a.home_lease_ms } else { 0 },
+            peers,
+            front_ends,
+            http,
+            servers: core.servers,
+            state: files.dir.join("joined"),
+            coordinator_control: Some(core.coordinator_control),
+            capsuledb_control: Some(core.capsuledb_control),
+            control_key: Some(files.control_key.clone()),
+            server_reads: core.server_reads,
+            shard_front_ends: Vec::new(),
+        }
+    }
+}
+
+/// The map of `a.shards` shards: the capsules `names`, each served by the front ends at
+/// `peers`, the point space cut into equal ranges in shard order.
+fn shard_map(names: &[psl_capsule::CapsuleName], peers: &[Vec<SocketAddr>]) -> psl_scl::shard::ShardMap {
+    use psl_scl::shard::{Route, Shard, ShardMap};
+    let n = names.len() as u128;
+    ShardMap {
+        map_version: 0,
+        shards: names
+            .iter()
+            .zip(peers)
+            .map(|(c, p)| Shard { capsule: c.0 .0, front_ends: p.iter().map(|a| a.to_string()).collect() })
+            .collect(),
+        routes: (0..n).map(|s| Route { first: ((s << 64) / n) as u64, shard: s as u16 }).collect(),
+        moves: Vec::new(),
+    }
+}
+
+/// Starts the KV deployment's processes on `fabric` (see the module docs), every shard's;
+/// returns what a front end needs to join (the `kv` object of the cluster file: shard 0's,
+/// with every shard's memcached addresses).
 fn start_kv(
     a: &UpArgs,
     attest: &[String],
@@ -432,47 +607,55 @@ fn start_kv(
     kids: &mut Vec<Kid>,
     deadline: Instant,
 ) -> Result<crate::memcached::KvInfo> {
-    let kv = KvLaunch { a, attest, fabric, files: KvFiles::create(a)?, deadline };
-    let (srx, servers) = kv.spawn_servers(kids)?;
-    let mut dargs = kv.common("capsuledb");
-    // Its control interface hands out plaintext: loopback only, like the coordinator's.
-    dargs.extend([
-        "--store".into(),
-        path_arg(&kv.files.dir.join("capsuledb")),
-        "--control".into(),
-        "127.0.0.1:0".into(),
-    ]);
-    let (k, drx) = spawn("kv capsuledb", &dargs)?;
-    kids.push(k);
-    let server_reads = kv.wait_servers(srx)?;
-    // After the servers are up: a restarted coordinator (its writer index has no incarnation)
-    // learns its own chain back from them during its rejoin period, so it never re-uses a seq.
-    let mut cargs = kv.common("coordinator");
-    cargs.extend(["--state".into(), path_arg(&kv.files.dir.join("coordinator"))]);
-    let (k, crx) = spawn("kv coordinator", &cargs)?;
-    kids.push(k);
-    let coordinator_control: SocketAddr = wait_line("kv coordinator", &crx, "control ", deadline)?.parse()?;
-    let capsuledb_control: SocketAddr = wait_line("kv capsuledb", &drx, "control ", deadline)?.parse()?;
-    let writer = capsuledb_writer(&wait_line("kv capsuledb", &drx, "ready ", deadline)?)?;
-    let (peers, listen, http) = kv.start_front_ends(front_ends, writer, kids)?;
-    let files = kv.files;
-    Ok(crate::memcached::KvInfo {
-        fabric: fabric.clone(),
-        capsule: files.capsule,
-        owner: Some(files.owner),
-        leader: None,
-        capsuledb_writer: writer,
-        home_lease_ms: if peers.len() >= psl_memcached::failover::MEMBERS_MIN { a.home_lease_ms } else { 0 },
-        peers,
-        front_ends: listen,
-        http,
-        servers,
-        state: files.dir.join("joined"),
-        coordinator_control: Some(coordinator_control),
-        capsuledb_control: Some(capsuledb_control),
-        control_key: Some(files.control_key),
-        server_reads,
-    })
+    let files = KvFiles::create(a)?;
+    let shards = (0..a.shards).map(|s| files.for_shard(s)).collect::<Result<Vec<_>>>()?;
+    // Every front end's peer address first: the map names them, and each front end reads the
+    // map when it starts. A new map version when they changed since the last start.
+    let mut binds = Vec::with_capacity(shards.len());
+    for _ in &shards {
+        binds.push((0..front_ends).map(|_| free_port(a.bind)).collect::<Result<Vec<_>>>()?);
+    }
+    let names =
+        shards.iter().map(|f| Ok(crate::roles::read_metadata(&f.capsule)?.name())).collect::<Result<Vec<_>>>()?;
+    let advertised: Vec<Vec<SocketAddr>> = binds.iter().map(|b| b.iter().map(|x| a.advertised(*x)).collect()).collect();
+    let owner = crate::util::read_owner_key(&files.owner)?;
+    let next = shard_map(&names, &advertised);
+    match crate::shard::read(&files.map, &owner, Some(&names[0]))? {
+        Some(current) => {
+            crate::shard::same_layout(&current.map, &next).with_context(|| format!("--shards {}", a.shards))?
+        }
+        // A store from before maps were written: it has one shard.
+        None if a.shards > 1 && files.dir.join("coordinator").exists() => bail!(
+            "--shards {}: {} holds a store of one shard (made before shard maps); changing its shard count would hide              keys; remove the directory to start an empty store",
+            a.shards,
+            files.dir.display()
+        ),
+        None => {}
+    }
+    let (map, _) = crate::shard::publish(&files.map, &owner, &names[0], next)?;
+    let routed = (a.shards > 1).then(|| files.map.clone());
+    let launches: Vec<KvLaunch> = shards
+        .into_iter()
+        .enumerate()
+        .map(|(s, f)| KvLaunch { a, attest, fabric, files: f, deadline, shard: s as u16, map: routed.clone() })
+        .collect();
+    // Stage by stage across the shards, so that they start side by side.
+    let spawned = launches.iter().map(|l| l.spawn_shard(kids)).collect::<Result<Vec<_>>>()?;
+    let cores = launches.iter().zip(spawned).map(|(l, sp)| l.core_up(sp, kids)).collect::<Result<Vec<_>>>()?;
+    let mut fronts = Vec::with_capacity(launches.len());
+    for ((l, core), b) in launches.iter().zip(&cores).zip(&binds) {
+        fronts.push(l.spawn_front_ends(b, core.writer, kids)?);
+    }
+    let mut infos = Vec::with_capacity(launches.len());
+    for ((l, core), (peers, frx)) in launches.iter().zip(cores).zip(fronts) {
+        let up = l.wait_front_ends(frx)?;
+        infos.push(l.info(core, peers, up));
+    }
+    let shard_front_ends = infos.iter().map(|i| i.front_ends.clone()).collect();
+    let mut info = infos.swap_remove(0);
+    info.map_version = map.map.map_version;
+    info.shard_front_ends = shard_front_ends;
+    Ok(info)
 }
 
 /// Starts the leader again with `args` (its first start's, bound to the address it had),
@@ -904,8 +1087,20 @@ fn print_summary(a: &UpArgs, up: &Started, cluster_path: &std::path::Path, cold_
             kv.owner.as_deref().unwrap_or(std::path::Path::new("-")).display()
         );
         println!("kv capsuledb writer {}", kv.capsuledb_writer);
+        if let Some(m) = &kv.map {
+            println!("kv shard map {} (version {})", m.display(), kv.map_version);
+            if let Some(owner) = &kv.owner {
+                println!("try: psl shard show --map {} --owner {}", m.display(), owner.display());
+            }
+        }
         for (i, m) in kv.front_ends.iter().enumerate() {
             println!("memcached {} {m}", i + 1);
+        }
+        // Shard 0's are the lines above; any front end serves every key.
+        for (s, fes) in kv.shard_front_ends.iter().enumerate().skip(1) {
+            for (i, m) in fes.iter().enumerate() {
+                println!("memcached shard {s} {} {m}", i + 1);
+            }
         }
         if let Some(h) = kv.http.first() {
             println!("try: psl verify {h} --policy {}", self_policy(a).display());

@@ -142,10 +142,38 @@ fn init_shares_no_secret_key_and_gives_capsule_servers_only_their_ack_keys() {
     assert!(!d.join("state/b/kv-owner.key").exists(), "the old copy on host b is still there");
     assert!(k.exists());
 
-    // Running it again keeps every key.
+    // The shard map (sharding.md §3): one shard, the KV capsule, served by the front end of
+    // the file (host a's, at its peer port 7961), signed by the owner in a capsule of its own,
+    // which the shared directory holds and `psl shard show` verifies.
+    let show = || -> serde_json::Value {
+        let o = Command::new(env!("CARGO_BIN_EXE_psl"))
+            .args(["shard", "show", "--map", "shared/kv-map.capsule", "--owner", "psl-operator/kv-owner.key", "--json"])
+            .current_dir(d)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "shard show: {}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let map = show();
+    assert_eq!(map["map_version"], 1, "{map}");
+    assert_eq!(map["shards"][0]["capsule"], meta.name().0.to_hex(), "{map}");
+    assert_eq!(map["shards"][0]["front_ends"], serde_json::json!(["127.0.0.1:7961"]), "{map}");
+    assert_eq!(map["routes"], serde_json::json!([{"first": 0, "last": u64::MAX, "shard": 0}]), "{map}");
+    let o = Command::new(env!("CARGO_BIN_EXE_psl"))
+        .args(["shard", "which", "--map", "shared/kv-map.capsule", "--owner", "psl-operator/kv-owner.key", "--json"])
+        .args(["--", "user:1", "{user42}.cart"])
+        .current_dir(d)
+        .output()
+        .unwrap();
+    let which: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(which["keys"][1]["point"], psl_scl::shard::point(b"user42"), "{which}");
+    assert_eq!(which["keys"][0]["capsule"], map["shards"][0]["capsule"], "{which}");
+
+    // Running it again keeps every key, and the map (nothing in it changed).
     let before = std::fs::read(d.join("state/c/kv-server2.ack-key")).unwrap();
     init();
     assert_eq!(std::fs::read(d.join("state/c/kv-server2.ack-key")).unwrap(), before);
+    assert_eq!(show()["map_version"], 1);
 
     // A capsule server given another server's ack key refuses to start (before any network).
     let o = Command::new(env!("CARGO_BIN_EXE_psl"))

@@ -100,6 +100,16 @@ fn front_ends_joining_psl_up_kv_by_its_dir_share_items_and_cas_arbitration() {
         assert_eq!(std::fs::metadata(&args[i + 1]).unwrap().permissions().mode() & 0o777, 0o600);
     }
 
+    // The shard map names this KV capsule and the group's peer addresses (sharding.md §3).
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_psl"))
+        .args(["shard", "show", "--json", "--owner", owner, "--map", kv["map"].as_str().expect("the map capsule")])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "shard show: {}", String::from_utf8_lossy(&o.stderr));
+    let map: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(map["shards"][0]["front_ends"], kv["peers"], "{map}");
+    assert_eq!(map["map_version"], kv["map_version"], "{map}");
+
     // Written before anyone joins: a joined node never received it, CapsuleDB did.
     let mut g0 = Client::connect(group[0]);
     // The group's front ends run with the writers and flow window `psl up` was given.
