@@ -520,7 +520,7 @@ pub fn kv(fe: Arc<FrontEnd>, guard: Arc<Guard>) -> (Vec<&'static str>, psl_http:
     let api: psl_http::Api = Arc::new(move |req: ApiRequest| {
         guard.serve(&req, |r| {
             misdirected(&fe, r)
-                .or_else(|| route_inline(&fe, r))
+                .or_else(|| route_inline(&fe, r).map(|a| stamped(&fe, a)))
                 .unwrap_or_else(|| psl_http::may_block(|| route(&fe, r)))
         })
     });
@@ -598,16 +598,36 @@ fn get_answer(fe: &FrontEnd, key: &[u8], read: Result<Option<Versioned>, String>
     }
 }
 
-/// Runs one parsed request on the front end: `(status, body)`.
+/// Adds to an answer's body what a client checks it against (docs/client.md): the capsule
+/// the answering front end serves and, with several shards, its shard and map version, so
+/// that a client holding the map can check `map.shard_of(point(key))` named that capsule.
+/// The answer's signature covers them.
+fn stamped(fe: &FrontEnd, (status, mut body): (u16, Value)) -> (u16, Value) {
+    if let Value::Object(m) = &mut body {
+        m.insert("capsule".into(), json!(fe.node().capsule().0.to_hex()));
+        if let Some(sh) = fe.shards() {
+            m.insert("shard".into(), json!(sh.me()));
+            m.insert("map_version".into(), json!(sh.map().map_version));
+        }
+    }
+    (status, body)
+}
+
+/// Runs one parsed request on the front end: `(status, body)`, stamped with the capsule
+/// (and shard) that answered.
 pub fn route(fe: &FrontEnd, r: &Request) -> (u16, Value) {
+    if let Some(refused) = misdirected(fe, r) {
+        return refused;
+    }
+    stamped(fe, route_unstamped(fe, r))
+}
+
+fn route_unstamped(fe: &FrontEnd, r: &Request) -> (u16, Value) {
     let node = fe.node();
     // The gauge the node's core sets when it applies a SYNC (no round trip to the core).
     let epoch = || node.metrics().epoch.load(std::sync::atomic::Ordering::Relaxed);
     let failed = |why: String| (503, json!({ "error": why }));
     let written = |key: &[u8], o: Outcome| put_answer(fe, key, o);
-    if let Some(refused) = misdirected(fe, r) {
-        return refused;
-    }
     match r {
         Request::Get(key) => get_answer(fe, key, fe.read_versioned(key)),
         Request::Put(key, value) => written(key, fe.set(key, 0, 0, value, true)),
@@ -1157,7 +1177,11 @@ mod tests {
         let key_in = |s: u16| (0..).map(|i| format!("k{i}")).find(|k| map.shard_of(k.as_bytes()) == s).unwrap();
         let (mine, theirs) = (key_in(0), key_in(1));
         let c = w.cred(&w.owner, w.capsule, "read,write");
-        assert_eq!(w.call(Some(&c), &w.spki, "PUT", &format!("/v1/kv/{mine}"), b"v").0, 200);
+        let (s, body) = w.call(Some(&c), &w.spki, "PUT", &format!("/v1/kv/{mine}"), b"v");
+        assert_eq!(s, 200);
+        // The signed answer names the capsule and shard that answered, as the map says.
+        assert_eq!(body["capsule"], json!(w.capsule.0.to_hex()), "{body}");
+        assert_eq!((&body["shard"], &body["map_version"]), (&json!(0), &json!(4)), "{body}");
         let (s, body) = w.call(Some(&c), &w.spki, "GET", &format!("/v1/kv/{theirs}"), b"");
         assert_eq!((s, &body["shard"], &body["map_version"]), (421, &json!(1), &json!(4)), "{body}");
         assert_eq!(w.call(Some(&c), &w.spki, "PUT", &format!("/v1/kv/{theirs}"), b"v").0, 421);
