@@ -247,34 +247,32 @@ pub fn same_layout(current: &ShardMap, next: &ShardMap) -> Result<()> {
     Ok(())
 }
 
+/// The map capsule a `psl shard` command reads, and how it prints.
+#[derive(clap::Args)]
+pub struct MapArgs {
+    /// The map capsule (`DIR/kv/map.capsule` of `psl up --kv`, `kv-map.capsule` in a
+    /// cluster's shared directory).
+    #[arg(long)]
+    map: PathBuf,
+    /// The owner key (the map is sealed under the KV application's data key).
+    #[arg(long)]
+    owner: PathBuf,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
 /// `psl shard ...`: the shard map of a KV deployment.
 #[derive(Subcommand)]
 pub enum ShardCmd {
     /// Verify a map capsule and print its newest map: shards, capsules, front ends, routes.
-    Show {
-        /// The map capsule (`DIR/kv/map.capsule` of `psl up --kv`, `kv-map.capsule` in a
-        /// cluster's shared directory).
-        #[arg(long)]
-        map: PathBuf,
-        /// The owner key (the map is sealed under the KV application's data key).
-        #[arg(long)]
-        owner: PathBuf,
-        /// Print one JSON object instead of text.
-        #[arg(long)]
-        json: bool,
-    },
+    Show(MapArgs),
     /// Which shard, and which capsule, holds each key under the newest map: what a client
     /// checks an answer's capsule against.
     Which {
-        /// The map capsule.
-        #[arg(long)]
-        map: PathBuf,
-        /// The owner key.
-        #[arg(long)]
-        owner: PathBuf,
-        /// Print one JSON object instead of text.
-        #[arg(long)]
-        json: bool,
+        /// The map capsule, and how to print.
+        #[command(flatten)]
+        m: MapArgs,
         /// The keys (as memcached sees them; `{tag}` hash tags apply).
         #[arg(required = true)]
         keys: Vec<String>,
@@ -284,8 +282,8 @@ pub enum ShardCmd {
 /// Runs `psl shard ...`.
 pub fn run(cmd: ShardCmd) -> Result<i32> {
     match cmd {
-        ShardCmd::Show { map, owner, json } => show(&map, &owner, json),
-        ShardCmd::Which { map, owner, json, keys } => which(&map, &owner, &keys, json),
+        ShardCmd::Show(m) => show(&m.map, &m.owner, m.json),
+        ShardCmd::Which { m, keys } => which(&m.map, &m.owner, &keys, m.json),
     }
 }
 
