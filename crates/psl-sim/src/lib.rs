@@ -22,9 +22,10 @@
 //!   no equivocation, read your writes, durability, convergence, completeness, revocation
 //!   learnt), over the history of what honest writers did.
 //! - [`run`]: the loop: one step per simulated millisecond over the above, the report.
-//! - [`scale`]: the scale scenario: N nodes over several capsules, delivered by NATS-style
-//!   subjects (`psl_fabric::subject`), with what the router tree's flood would have cost
-//!   beside it; records and bytes received per node per second, memory per node.
+//! - [`scale`]: the scale scenario: N nodes over several capsules (shards of the key space),
+//!   delivered by NATS-style subjects (`psl_fabric::subject`), with what the router tree's
+//!   flood would have cost beside it; records and bytes received per node per second, memory
+//!   per node, and over the deployment the ops applied and records verified per second.
 //!
 //! Everything random comes from one seed (network, workload, faults, and the record salts), so
 //! a seed replays exactly: `psl sim --seeds 1 --start SEED`.

@@ -1,5 +1,7 @@
-//! The scale scenario (`psl sim --scenario scale --nodes N`): N worker nodes spread over C
-//! capsules (each with its own primary coordinator), the real protocol engines, and a network
+//! The scale scenario (`psl sim --scenario scale --nodes N`, or `--shards S`): N worker nodes
+//! spread over C capsules (each with its own primary coordinator; a capsule is a shard of the
+//! KV key space, docs/protocol/sharding.md, so `--shards S` runs S capsules of
+//! `--nodes-per-shard` nodes each), the real protocol engines, and a network
 //! that delivers the way NATS subjects do: a message reaches only the endpoints whose role
 //! subscribes to its leaf of its capsule's subject tree (`psl_fabric::subject`: records,
 //! repair and heads to the capsule's nodes and coordinator, an ack to its writing node only).
@@ -10,13 +12,16 @@
 //! Reported per node (mean and max over nodes): records and bytes received per simulated
 //! second, under subjects and under the flood; and the process's memory per node (the caller
 //! measures resident memory, the engines' state included, since this crate does no I/O).
+//! Reported over the whole deployment: the ops applied by every node of their shard per
+//! simulated second of the write phase (the aggregate throughput), and the records verified
+//! and applied per simulated second.
 //! At the end the run checks that the nodes of each capsule converged (equal memtables).
 
 use crate::node::{Effect, NodeSpec, SimNode};
 use psl_capsule::{new_capsule, Limits, SignedMetadata};
 use psl_crypto::{AppKey, OwnerKey};
 use psl_fabric::subject::{classify, Interest, Leaf, Route};
-use psl_scl::CoordinatorConfig;
+use psl_scl::{CoordinatorConfig, Metrics};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::VecDeque;
@@ -69,6 +74,11 @@ impl ScaleConfig {
             batch_ops_max: 64,
         }
     }
+
+    /// `shards` capsules (shards of the key space) of `nodes_per_shard` worker nodes each.
+    pub fn sharded(shards: usize, nodes_per_shard: usize) -> ScaleConfig {
+        ScaleConfig { capsules: shards, ..ScaleConfig::new(shards * nodes_per_shard) }
+    }
 }
 
 /// Mean and max over nodes.
@@ -110,7 +120,23 @@ pub struct ScaleReport {
     /// second.
     pub flood_bytes_received_per_s: Spread,
     /// Records verified per simulated second, all nodes (each receiver verifies each record).
+    /// Counted as records delivered; `records_applied_per_s` counts what the engines applied.
     pub verifications_per_s: f64,
+    /// Ops (puts) that every worker node of their capsule had applied when the run ended, each
+    /// op counted once (not once per node). The writing node counts an op as applied once it is
+    /// sealed into a record; another node, once its engine has applied that record (records of
+    /// a writer are applied in seq order, so: once its orderer expects a later seq of that
+    /// writer). Equal to `ops_issued` when every op reached every node of its capsule.
+    pub ops_applied: u64,
+    /// Aggregate throughput: ops that every worker node of their capsule had applied by the end
+    /// of the write phase (`work_ms`), counted as in `ops_applied`, per simulated second of the
+    /// write phase. Ops still in flight when the phase ends (not yet sealed, or their record
+    /// not yet delivered) are not counted, so this is a little below `ops_issued` per second.
+    pub ops_applied_per_s: f64,
+    /// Records verified and applied per simulated second of the whole run, summed over all
+    /// endpoints (worker nodes and coordinators): the engines' `records_applied` counters (a
+    /// node's own records are not counted).
+    pub records_applied_per_s: f64,
     /// Every capsule's nodes hold identical memtables at the end.
     pub converged: bool,
     /// Resident memory when the run ended, in bytes (from the caller's probe).
@@ -132,6 +158,11 @@ struct Ep {
     capsule: usize,
     interest: Interest,
     worker: bool,
+    /// A worker's data writer (its only one).
+    writer: Option<u32>,
+    /// The data records its writer sealed, in seq order: (seq, ops sealed up to and including
+    /// this record).
+    written: Vec<(u64, u64)>,
     rx_records: u64,
     rx_bytes: u64,
     flood_records: u64,
@@ -153,10 +184,13 @@ pub fn run_scale(cfg: &ScaleConfig, rss: &dyn Fn() -> u64) -> Result<ScaleReport
         by_capsule[e.capsule].push(i);
     }
     let total = cfg.work_ms + cfg.settle_ms;
-    let (published, ops, flood) = drive(cfg, &mut rng, &mut eps, &by_capsule);
+    let (published, ops, flood, applied_in_work) = drive(cfg, &mut rng, &mut eps, &by_capsule);
+    let ops_applied = applied_everywhere(&eps, &by_capsule);
     let mut verifications = 0u64;
+    let mut records_applied = 0u64;
     for e in &mut eps {
         verifications += e.rx_records;
+        records_applied += Metrics::get(&e.node.metrics.records_applied);
         // Until here `flood_*` held what the endpoint itself published.
         e.flood_bytes = flood.bytes - e.flood_bytes;
         e.flood_records = flood.records - e.flood_records;
@@ -181,6 +215,9 @@ pub fn run_scale(cfg: &ScaleConfig, rss: &dyn Fn() -> u64) -> Result<ScaleReport
         flood_records_received_per_s: per(&|e| e.flood_records),
         flood_bytes_received_per_s: per(&|e| e.flood_bytes),
         verifications_per_s: verifications as f64 / secs,
+        ops_applied,
+        ops_applied_per_s: if cfg.work_ms == 0 { 0.0 } else { applied_in_work as f64 * 1000.0 / cfg.work_ms as f64 },
+        records_applied_per_s: records_applied as f64 / secs,
         converged,
         rss_bytes: end_rss,
         rss_per_node_bytes: end_rss.saturating_sub(base_rss) / cfg.nodes as u64,
@@ -222,11 +259,14 @@ fn endpoints(cfg: &ScaleConfig) -> Result<(Vec<(SignedMetadata, AppKey)>, Vec<Ep
             log: None,
         });
         let interest = Interest::node(meta.name().0 .0, id, false);
+        let writer = node.authors.first().map(|a| a.writer());
         eps.push(Ep {
             node,
             capsule: c,
             interest,
             worker: true,
+            writer,
+            written: Vec::new(),
             rx_records: 0,
             rx_bytes: 0,
             flood_records: 0,
@@ -264,6 +304,8 @@ fn endpoints(cfg: &ScaleConfig) -> Result<(Vec<(SignedMetadata, AppKey)>, Vec<Ep
             capsule: c,
             interest,
             worker: false,
+            writer: None,
+            written: Vec::new(),
             rx_records: 0,
             rx_bytes: 0,
             flood_records: 0,
@@ -273,9 +315,36 @@ fn endpoints(cfg: &ScaleConfig) -> Result<(Vec<(SignedMetadata, AppKey)>, Vec<Ep
     Ok((metas, eps))
 }
 
+/// Ops that every worker node of their capsule has applied (see `ScaleReport::ops_applied`).
+fn applied_everywhere(eps: &[Ep], by_capsule: &[Vec<usize>]) -> u64 {
+    let mut n = 0u64;
+    for members in by_capsule {
+        for &w in members {
+            let Some(writer) = eps[w].writer else { continue };
+            // The first seq of `writer` that some other node of the capsule has not applied.
+            let next = members
+                .iter()
+                .filter(|&&o| o != w && eps[o].worker)
+                .map(|&o| eps[o].node.engine.core().orderer().next_seq(writer))
+                .min()
+                .unwrap_or(u64::MAX);
+            let written = &eps[w].written;
+            let k = written.partition_point(|&(seq, _)| seq < next);
+            n += if k == 0 { 0 } else { written[k - 1].1 };
+        }
+    }
+    n
+}
+
 /// The run: writes during `work_ms`, then quiet until `settle_ms` more have passed; messages
-/// routed by subject. Returns (messages published, ops issued, the flood's totals).
-fn drive(cfg: &ScaleConfig, rng: &mut StdRng, eps: &mut [Ep], by_capsule: &[Vec<usize>]) -> (u64, u64, FloodTotals) {
+/// routed by subject. Returns (messages published, ops issued, the flood's totals, the ops
+/// applied by every node of their capsule when the write phase ended).
+fn drive(
+    cfg: &ScaleConfig,
+    rng: &mut StdRng,
+    eps: &mut [Ep],
+    by_capsule: &[Vec<usize>],
+) -> (u64, u64, FloodTotals, u64) {
     // Deliveries due next millisecond: (to, bytes).
     let mut due: VecDeque<(usize, std::sync::Arc<[u8]>)> = VecDeque::new();
     let mut published = 0u64;
@@ -285,7 +354,12 @@ fn drive(cfg: &ScaleConfig, rng: &mut StdRng, eps: &mut [Ep], by_capsule: &[Vec<
     let mut fx = Vec::new();
     let mut flood = FloodTotals::default();
     let n_eps = eps.len();
+    let mut applied_in_work = None;
     for now in 0..total {
+        if now == cfg.work_ms {
+            // What was applied during milliseconds 0 .. work_ms.
+            applied_in_work = Some(applied_everywhere(eps, by_capsule));
+        }
         // Deliver what was published during the previous millisecond.
         let batch: Vec<_> = due.drain(..).collect();
         for (to, bytes) in batch {
@@ -309,11 +383,13 @@ fn drive(cfg: &ScaleConfig, rng: &mut StdRng, eps: &mut [Ep], by_capsule: &[Vec<
             publish(eps, by_capsule, &mut flood, i, &mut fx, &mut due, &mut published);
         }
     }
-    (published, ops, flood)
+    let applied_in_work = applied_in_work.unwrap_or_else(|| applied_everywhere(eps, by_capsule));
+    (published, ops, flood, applied_in_work)
 }
 
 /// Routes what endpoint `from` published: to its capsule's subscribers by subject (queued for
-/// the next millisecond), and counts what the flood would have delivered to everyone.
+/// the next millisecond), and counts what the flood would have delivered to everyone. Notes
+/// the data records `from` sealed.
 fn publish(
     eps: &mut [Ep],
     by_capsule: &[Vec<usize>],
@@ -324,7 +400,16 @@ fn publish(
     published: &mut u64,
 ) {
     for f in fx.drain(..) {
-        let Effect::Publish(bytes) = f else { continue };
+        let bytes = match f {
+            Effect::Publish(bytes) => bytes,
+            Effect::Wrote(writer, seq, _, ops) if !ops.is_empty() && eps[from].writer == Some(writer) => {
+                let w = &mut eps[from].written;
+                let before = w.last().map_or(0, |&(_, n)| n);
+                w.push((seq, before + ops.len() as u64));
+                continue;
+            }
+            _ => continue,
+        };
         *published += 1;
         let len = bytes.len() as u64;
         let route = classify(&bytes);
@@ -368,5 +453,40 @@ mod tests {
         // fraction of the flood (twenty-two endpoints).
         let (sub, flood) = (r.records_received_per_s.mean, r.flood_records_received_per_s.mean);
         assert!(sub > 0.0 && flood > 1.8 * sub, "subject {sub} flood {flood}");
+    }
+
+    #[test]
+    fn per_node_cost_stays_flat_while_throughput_grows_with_shards() {
+        let run = |shards| {
+            let cfg = ScaleConfig {
+                puts_per_node_per_s: 100.0,
+                work_ms: 300,
+                settle_ms: 500,
+                ..ScaleConfig::sharded(shards, 3)
+            };
+            run_scale(&cfg, &|| 0).unwrap()
+        };
+        let (one, three) = (run(1), run(3));
+        assert_eq!((one.config.nodes, one.config.capsules, three.config.nodes, three.config.capsules), (3, 1, 9, 3));
+        for r in [&one, &three] {
+            assert!(r.converged, "{r:?}");
+            // Every op reached every node of its shard by the end, and most of them during the
+            // write phase (what was in flight when it ended is not counted there).
+            assert_eq!(r.ops_applied, r.ops_issued, "{r:?}");
+            let offered = r.ops_issued as f64 * 1000.0 / r.config.work_ms as f64;
+            assert!(r.ops_applied_per_s > 0.8 * offered && r.ops_applied_per_s <= offered, "{r:?}");
+        }
+        // Per node: what it receives depends on its shard only.
+        for (a, b) in [
+            (one.records_received_per_s.mean, three.records_received_per_s.mean),
+            (one.bytes_received_per_s.mean, three.bytes_received_per_s.mean),
+        ] {
+            assert!(a > 0.0 && b / a < 1.5 && a / b < 1.5, "1 shard {a}/s, 3 shards {b}/s per node");
+        }
+        // Over the deployment: the work grows with the shards.
+        let (a, b) = (one.ops_applied_per_s, three.ops_applied_per_s);
+        assert!(a > 0.0 && b >= 2.0 * a, "ops applied/s: 1 shard {a}, 3 shards {b}");
+        let (a, b) = (one.records_applied_per_s, three.records_applied_per_s);
+        assert!(a > 0.0 && b >= 2.0 * a, "records applied/s: 1 shard {a}, 3 shards {b}");
     }
 }

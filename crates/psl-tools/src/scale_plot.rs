@@ -31,8 +31,9 @@ fn num(v: &serde_json::Value) -> f64 {
     v.as_f64().unwrap_or(0.0)
 }
 
-/// The curve: per-node KiB/s received (subjects, flood) and KiB of memory per node, against N,
-/// on log-log axes, with the report's embedded font.
+/// The curve: per-node KiB/s received (subjects, flood), KiB of memory per node, and the
+/// deployment's ops applied per second (its throughput), against N, on log-log axes, with the
+/// report's embedded font.
 fn plot(rows: &[serde_json::Value], path: &Path) -> Result<()> {
     use plotters::prelude::*;
     crate::report::plots::init_font()?;
@@ -47,9 +48,12 @@ fn plot(rows: &[serde_json::Value], path: &Path) -> Result<()> {
         rows.iter().map(|r| (num(&r["config"]["nodes"]), (num(&r["rss_per_node_bytes"]) / 1024.0).max(1e-3))).collect();
     let xmax = sub.iter().map(|p| p.0).fold(10.0, f64::max) * 1.5;
     let xmin = sub.iter().map(|p| p.0).fold(f64::MAX, f64::min).min(10.0) / 1.5;
-    let root = BitMapBackend::new(path, (1200, 520)).into_drawing_area();
+    let ops: Vec<(f64, f64)> =
+        rows.iter().map(|r| (num(&r["config"]["nodes"]), num(&r["ops_applied_per_s"]).max(1e-3))).collect();
+    let root = BitMapBackend::new(path, (1800, 520)).into_drawing_area();
     root.fill(&WHITE)?;
-    let (left, right) = root.split_horizontally(620);
+    let (left, rest) = root.split_horizontally(620);
+    let (right, third) = rest.split_horizontally(590);
     let ymax = flood.iter().chain(&sub).map(|p| p.1).fold(1.0, f64::max) * 3.0;
     let ymin = flood.iter().chain(&sub).map(|p| p.1).fold(f64::MAX, f64::min).min(1.0) / 3.0;
     let mut c = ChartBuilder::on(&left)
@@ -58,9 +62,9 @@ fn plot(rows: &[serde_json::Value], path: &Path) -> Result<()> {
         .x_label_area_size(45)
         .y_label_area_size(70)
         .build_cartesian_2d((xmin..xmax).log_scale(), (ymin..ymax).log_scale())?;
-    c.configure_mesh().x_desc("nodes (10 per capsule)").y_desc("KiB/s").label_style(("sans-serif", 15)).draw()?;
+    c.configure_mesh().x_desc("nodes (10 per shard)").y_desc("KiB/s").label_style(("sans-serif", 15)).draw()?;
     c.draw_series(LineSeries::new(flood.clone(), RED.stroke_width(2)))?
-        .label("router tree (every message to every node)")
+        .label("unfiltered fan-out (every message to every node)")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED.stroke_width(2)));
     c.draw_series(flood.iter().map(|p| Circle::new(*p, 4, RED.filled())))?;
     c.draw_series(LineSeries::new(sub.clone(), BLUE.stroke_width(2)))?
@@ -81,9 +85,20 @@ fn plot(rows: &[serde_json::Value], path: &Path) -> Result<()> {
         .x_label_area_size(45)
         .y_label_area_size(70)
         .build_cartesian_2d((xmin..xmax).log_scale(), (mmin..mmax).log_scale())?;
-    m.configure_mesh().x_desc("nodes (10 per capsule)").y_desc("KiB").label_style(("sans-serif", 15)).draw()?;
+    m.configure_mesh().x_desc("nodes (10 per shard)").y_desc("KiB").label_style(("sans-serif", 15)).draw()?;
     m.draw_series(LineSeries::new(mem.clone(), GREEN.stroke_width(2)))?;
     m.draw_series(mem.iter().map(|p| Circle::new(*p, 4, GREEN.filled())))?;
+    let omax = ops.iter().map(|p| p.1).fold(1.0, f64::max) * 3.0;
+    let omin = ops.iter().map(|p| p.1).fold(f64::MAX, f64::min).min(1.0) / 3.0;
+    let mut t = ChartBuilder::on(&third)
+        .caption("ops applied per second, whole deployment", ("sans-serif", 22))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        .build_cartesian_2d((xmin..xmax).log_scale(), (omin..omax).log_scale())?;
+    t.configure_mesh().x_desc("nodes (10 per shard)").y_desc("ops/s").label_style(("sans-serif", 15)).draw()?;
+    t.draw_series(LineSeries::new(ops.clone(), MAGENTA.stroke_width(2)))?;
+    t.draw_series(ops.iter().map(|p| Circle::new(*p, 4, MAGENTA.filled())))?;
     root.present()?;
     Ok(())
 }
