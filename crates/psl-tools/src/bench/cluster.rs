@@ -45,6 +45,28 @@
 //! Headline: `ratio_a` and `ratio_mix` (uniform keys, router tree), the deployment over
 //! memcached in the same run. Goals (issue 17): 0.7 and 0.8; `drain_ms` under 1,000; no role
 //! above 256 MiB.
+//!
+//! `--shards LIST` (e.g. `1,2,4`; issue 36) runs a shard sweep instead ([`run_shards`]): for each
+//! shard count N, `psl up --workers 1 --servers 0 --shards N --memcached 1 --kv-memory-mb 64
+//! --fabric router` (per shard a capsule, its three capsule servers, CapsuleDB, coordinator and
+//! one front end), loaded with the same keys, then `--reps` rounds of the `a` mix (50 % get /
+//! 50 % set, uniform keys; `--seconds` × 5 s each) with the connections spread over every front
+//! end of every shard, so that about (N − 1)/N of the commands are forwarded to another shard.
+//! Per N: throughput and p50/p99 (medians of the rounds); CPU per operation of all the
+//! deployment's roles and per kind of role (the rounds and their drains, over the measured
+//! operations); the payload bytes each front end's node received from the fabric (its `stats`'
+//! `psl_fabric_received_bytes`) per command the front ends ran (`cmd_get` + `cmd_set`, over the
+//! same span), mean and max over the front ends, per command its own shard ran and per record
+//! its writer sealed (with `ops_per_record`: the servers' acks and the epochs' messages come per
+//! record and per second, so a front end that batches less receives more per op), and per
+//! second of the rounds; the peak
+//! resident memory (`VmHWM`) of each role, the max per kind; and the commands forwarded to
+//! another shard (`shard_forwarded`). Each figure also as a ratio against the smallest N of the
+//! run (`*_ratio_<N>_over_<min>`, e.g. `bytes_per_op_front_end_ratio_4_over_1` and
+//! `memory_max_front_end_ratio_4_over_1`), which a noisy machine reproduces. Goal (issue 36):
+//! the bytes each front end receives per operation and each role's memory do not grow with N
+//! (`grew` names the figures of the goal whose ratio passed 1.1); on 2 shared cores more shards
+//! are more processes on the same cores, so throughput cannot grow there.
 
 use super::loadgen::{self, Distribution, Mix, Protocol, Spec};
 use anyhow::{bail, Context, Result};
@@ -259,6 +281,12 @@ pub(super) fn start_up_kv(
 /// Starts `psl up ARGS --dir TMP` (a fresh temporary directory) and waits for its ready line;
 /// returns the guard that stops it and removes TMP, and TMP.
 pub(super) fn spawn_up(args: &[&str]) -> Result<(ChildGuard, std::path::PathBuf)> {
+    spawn_up_within(args, None)
+}
+
+/// As [`spawn_up`], but gives up (and stops `psl up`) if it has not reported ready within
+/// `limit`.
+pub(super) fn spawn_up_within(args: &[&str], limit: Option<Duration>) -> Result<(ChildGuard, std::path::PathBuf)> {
     let exe = psl::util::sibling_exe("psl")?;
     let dir = tempfile::Builder::new().prefix("psl-bench-up").tempdir()?;
     let path = dir.path().to_path_buf();
@@ -273,9 +301,22 @@ pub(super) fn spawn_up(args: &[&str]) -> Result<(ChildGuard, std::path::PathBuf)
         .context("starting psl up")?;
     let out = child.stdout.take().context("psl up's stdout")?;
     let guard = ChildGuard::new(child, Some(dir));
-    let up = std::io::BufReader::new(out).lines().map_while(Result::ok).any(|l| l.starts_with("up "));
+    // Read on a thread, so that a `psl up` that neither reports nor exits cannot hang the bench
+    // (the thread ends when the guard stops it and its output closes).
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(std::io::BufReader::new(out).lines().map_while(Result::ok).any(|l| l.starts_with("up ")));
+    });
+    let up = match limit {
+        Some(limit) => rx.recv_timeout(limit).unwrap_or(false),
+        None => rx.recv().unwrap_or(false),
+    };
     if !up {
-        bail!("psl up {} did not report ready", args.join(" "));
+        bail!(
+            "psl up {} did not report ready{}",
+            args.join(" "),
+            limit.map(|l| format!(" within {l:?}")).unwrap_or_default()
+        );
     }
     Ok((guard, path))
 }
@@ -534,6 +575,397 @@ pub fn run(secs: f64, cases: &[String], reps: usize, connections: Option<usize>,
     Ok(Value::Object(out))
 }
 
+/// How long the shard sweep waits for `psl up` to report ready.
+const UP_TIME_MAX: Duration = Duration::from_secs(180);
+/// Most shards `psl up --shards` starts.
+const SHARDS_MAX: u16 = 16;
+/// The kinds of role whose memory the shard sweep's goal bounds (the others are the FaaS roles
+/// that `psl up` runs beside the KV store).
+const KV_KINDS: [&str; 5] = ["front_end", "capsule_server", "capsuledb", "coordinator", "router"];
+/// A ratio against the smallest shard count above this counts as growth (`grew`).
+const GROWTH_TOLERANCE: f64 = 1.1;
+
+/// What the shard sweep reads from each front end's `stats`: the payload bytes its node received
+/// from the fabric, the commands it ran (a command forwarded to another shard is run, and
+/// counted, there), what it forwarded and served for other shards, and how its writer batched
+/// sets (ops per record: the acks and control messages it receives come per record and per
+/// epoch, not per op).
+const SHARD_STATS: [&str; 8] = [
+    "psl_fabric_received_bytes",
+    "cmd_get",
+    "cmd_set",
+    "shard_forwarded",
+    "shard_served",
+    "shard_forward_failures",
+    "psl_records_written",
+    "psl_ops_written",
+];
+
+/// Each front end's `names` from its `stats`, as numbers; an error if one is missing.
+fn front_end_stats(targets: &[SocketAddr], names: &[&str]) -> Result<Vec<BTreeMap<String, u64>>> {
+    targets
+        .iter()
+        .map(|t| {
+            let (stats, complete) = psl::status::memcached_stats_named(*t, Duration::from_secs(5), names)
+                .with_context(|| format!("reading front end {t}'s stats"))?;
+            if !complete {
+                bail!("front end {t} closed its stats reply before END");
+            }
+            if let Some(k) = names.iter().find(|k| !stats.contains_key(**k)) {
+                bail!("front end {t}'s stats have no {k} (a psl binary older than this bench?)");
+            }
+            Ok(stats.into_iter().map(|(k, v)| (k, v.parse().unwrap_or(0))).collect())
+        })
+        .collect()
+}
+
+/// The kind of a role, by its subcommand (the first word of [`Role::name`]): the KV store's as
+/// [`KV_KINDS`] names them, the others by their subcommand.
+fn role_kind(r: &Role) -> String {
+    match r.name.split(' ').next().unwrap_or("") {
+        "memcached" => "front_end".into(),
+        "capsule-server" => "capsule_server".into(),
+        "capsuledb" => "capsuledb".into(),
+        "coordinator" => "coordinator".into(),
+        "router" => "router".into(),
+        other => other.replace('-', "_"),
+    }
+}
+
+/// The names `psl up` gave its processes (`pids` of its cluster file: `kv shard 1 capsule
+/// server 0`, `shard 1 memcached 1`, …), by pid.
+fn process_names(dir: &std::path::Path) -> BTreeMap<u32, String> {
+    let v: Value = std::fs::read_to_string(dir.join("cluster.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null);
+    let pids = v.get("pids").and_then(Value::as_array).cloned().unwrap_or_default();
+    pids.iter()
+        .filter_map(|p| Some((u32::try_from(p.get(1)?.as_u64()?).ok()?, p.get(0)?.as_str()?.to_string())))
+        .collect()
+}
+
+fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        f64::NAN
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    }
+}
+
+fn max_of(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::NAN, f64::max)
+}
+
+/// One point of the shard sweep: `psl up --shards n --memcached 1` loaded, then `reps` rounds
+/// of the `a` mix over every front end; its figures (see [`run_shards`]).
+fn shard_point(n: u16, secs: f64, reps: usize, connections: usize, pb: &indicatif::ProgressBar) -> Result<Value> {
+    let (shards, mb) = (n.to_string(), FRONT_END_MB.to_string());
+    let args = [
+        "--workers",
+        "1",
+        "--servers",
+        "0",
+        "--shards",
+        &shards,
+        "--memcached",
+        "1",
+        "--kv-memory-mb",
+        &mb,
+        "--fabric",
+        "router",
+    ];
+    let (guard, dir) = spawn_up_within(&args, Some(UP_TIME_MAX))?;
+    let kv = psl::memcached::read_kv(&dir.join("cluster.json"))?;
+    let by_shard: Vec<Vec<SocketAddr>> =
+        if kv.shard_front_ends.is_empty() { vec![kv.front_ends.clone()] } else { kv.shard_front_ends.clone() };
+    if by_shard.len() != usize::from(n) || by_shard.iter().any(Vec::is_empty) {
+        bail!("psl up --shards {n} listed the front ends of {} shards: {by_shard:?}", by_shard.len());
+    }
+    let targets: Vec<SocketAddr> = by_shard.concat();
+    let shard_of: Vec<usize> = by_shard.iter().enumerate().flat_map(|(s, f)| std::iter::repeat_n(s, f.len())).collect();
+    let names = process_names(&dir);
+    let rs = roles(guard.pid());
+    let kinds: Vec<String> = rs.iter().map(role_kind).collect();
+    let idle = idle_cpu_ms_per_s(&rs);
+    let l = loadgen::load(&spec(&targets, Mix::read_update(0.0), Distribution::Uniform, secs, CONNECTIONS))
+        .with_context(|| format!("loading {n} shards"))?;
+    if l.errors > 0 {
+        bail!("loading {n} shards: {} errors: {:?}", l.errors, l.first_error);
+    }
+    let load_drain = drain_ms(&rs, idle);
+    pb.inc(1);
+
+    // The rounds and their drains: the roles' CPU and the front ends' counters around them all.
+    let me = std::process::id();
+    let stats0 = front_end_stats(&targets, &SHARD_STATS)?;
+    let cpu0: Vec<f64> = rs.iter().map(|r| super::pid_cpu_seconds(r.pid)).collect();
+    let (mut ops, mut gen_cpu, mut wall) = (0u64, 0.0, 0.0);
+    let (mut tput, mut p50, mut p99, mut drains) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..reps {
+        let t0 = Instant::now();
+        let g0 = super::pid_cpu_seconds(me);
+        let o = loadgen::run(&spec(&targets, Mix::read_update(0.5), Distribution::Uniform, secs, connections))?;
+        gen_cpu += super::pid_cpu_seconds(me) - g0;
+        if o.errors > 0 {
+            bail!("{n} shards, a, uniform: {} errors: {:?}", o.errors, o.first_error);
+        }
+        drains.push(drain_ms(&rs, idle));
+        wall += t0.elapsed().as_secs_f64();
+        ops += o.ops;
+        tput.push(o.ops_per_s());
+        p50.push(o.quantile_us(0.5));
+        p99.push(o.quantile_us(0.99));
+        pb.inc(1);
+    }
+    let cpu: Vec<f64> = rs.iter().zip(&cpu0).map(|(r, c)| super::pid_cpu_seconds(r.pid) - c).collect();
+    let stats1 = front_end_stats(&targets, &SHARD_STATS)?;
+    let rss: Vec<f64> = rs.iter().map(|r| hwm_mb(r.pid)).collect();
+    drop(guard);
+
+    let delta = |i: usize, k: &str| {
+        stats1[i].get(k).copied().unwrap_or(0).saturating_sub(stats0[i].get(k).copied().unwrap_or(0))
+    };
+    let ran: Vec<u64> = (0..targets.len()).map(|i| delta(i, "cmd_get") + delta(i, "cmd_set")).collect();
+    let commands: u64 = ran.iter().sum();
+    let received: Vec<u64> = (0..targets.len()).map(|i| delta(i, "psl_fabric_received_bytes")).collect();
+    let per_op: Vec<f64> = received.iter().map(|b| *b as f64 / commands.max(1) as f64).collect();
+    let per_own_op: Vec<f64> = received.iter().zip(&ran).map(|(b, c)| *b as f64 / (*c).max(1) as f64).collect();
+    // Per record its writer sealed: the servers' acks and the epochs' messages come per record
+    // (and per unit of time), so fewer ops per record means more bytes per op.
+    let per_record: Vec<f64> =
+        (0..targets.len()).map(|i| received[i] as f64 / delta(i, "psl_records_written").max(1) as f64).collect();
+    // And per second of the rounds and their drains: a writer seals at its seal interval,
+    // whatever share of the ops it has.
+    let per_s: Vec<f64> = received.iter().map(|b| *b as f64 / wall.max(1e-9)).collect();
+    let sum = |k: &str| (0..targets.len()).map(|i| delta(i, k)).sum::<u64>();
+    let by_front_end: Vec<Value> = (0..targets.len())
+        .map(|i| {
+            json!({"shard": shard_of[i], "addr": targets[i].to_string(), "received_bytes": received[i],
+                   "commands_run": ran[i], "bytes_per_op": per_op[i], "bytes_per_own_op": per_own_op[i],
+                   "bytes_per_record": per_record[i], "bytes_per_s": per_s[i], "records_written": delta(i, "psl_records_written"),
+                   "shard_forwarded": delta(i, "shard_forwarded"), "shard_served": delta(i, "shard_served")})
+        })
+        .collect();
+
+    let us_per_op = |cpu_s: f64| cpu_s * 1e6 / ops.max(1) as f64;
+    let mut cpu_by_kind: BTreeMap<String, f64> = BTreeMap::new();
+    let mut rss_by_kind: BTreeMap<String, f64> = BTreeMap::new();
+    let mut count_by_kind: BTreeMap<String, u64> = BTreeMap::new();
+    for ((k, c), m) in kinds.iter().zip(&cpu).zip(&rss) {
+        *cpu_by_kind.entry(k.clone()).or_default() += us_per_op(*c);
+        let e = rss_by_kind.entry(k.clone()).or_default();
+        *e = e.max(*m);
+        *count_by_kind.entry(k.clone()).or_default() += 1;
+    }
+    let roles_json: Vec<Value> = rs
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            json!({"role": names.get(&r.pid).cloned().unwrap_or_else(|| r.name.clone()), "kind": kinds[i],
+                   "rss_mb_max": rss[i], "budget_mb": r.budget_mb, "cpu_us_per_op": us_per_op(cpu[i])})
+        })
+        .collect();
+    Ok(json!({
+        "shards": n, "front_ends": targets.len(), "processes": rs.len(), "processes_by_kind": count_by_kind,
+        "ops_per_s": median(tput.clone()), "ops_per_s_rounds": tput, "p50_us": median(p50), "p99_us": median(p99),
+        "ops_measured": ops, "commands_run": commands,
+        "cpu_us_per_op": us_per_op(cpu.iter().sum()), "cpu_us_per_op_by_kind": cpu_by_kind,
+        "load_generator_cpu_us_per_op": us_per_op(gen_cpu),
+        "idle_cpu_ms_per_s": idle, "idle_cpu_us_per_op": us_per_op(idle / 1000.0 * wall),
+        "bytes_per_op_front_end_mean": mean(&per_op), "bytes_per_op_front_end_max": max_of(&per_op),
+        "bytes_per_own_op_front_end_mean": mean(&per_own_op), "bytes_per_own_op_front_end_max": max_of(&per_own_op),
+        "bytes_per_record_front_end_mean": mean(&per_record), "bytes_per_record_front_end_max": max_of(&per_record),
+        "bytes_per_s_front_end_mean": mean(&per_s), "bytes_per_s_front_end_max": max_of(&per_s),
+        "memory_max_mb_by_kind": rss_by_kind,
+        "shard_forwarded": sum("shard_forwarded"), "shard_served": sum("shard_served"),
+        "shard_forward_failures": sum("shard_forward_failures"),
+        "ops_per_record": sum("psl_ops_written") as f64 / sum("psl_records_written").max(1) as f64,
+        "drain_ms": drains, "load_ops_per_s": l.ops_per_s(), "load_drain_ms": load_drain,
+        "by_front_end": by_front_end, "roles": roles_json,
+    }))
+}
+
+/// `psl bench cluster --shards LIST`: the shard sweep (see the module docs). Each round is
+/// `secs` long; `reps` rounds per shard count.
+pub fn run_shards(
+    secs: f64,
+    shard_counts: &[u16],
+    reps: usize,
+    connections: Option<usize>,
+    show_progress: bool,
+) -> Result<Value> {
+    let connections = connections.unwrap_or(CONNECTIONS).max(CLIENT_THREADS);
+    let (secs, reps) = (secs.max(0.5), reps.max(1));
+    let mut counts = shard_counts.to_vec();
+    counts.sort_unstable();
+    counts.dedup();
+    if counts.is_empty() || counts.iter().any(|n| !(1..=SHARDS_MAX).contains(n)) {
+        bail!("--shards takes shard counts from 1 to {SHARDS_MAX}, e.g. 1,2,4");
+    }
+    let base = counts[0];
+    let pb = if show_progress {
+        super::progress((counts.len() * (1 + reps)) as u64, "bench cluster --shards")
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let mut points = Map::new();
+    for &n in &counts {
+        pb.set_message(format!("{n} shards"));
+        points.insert(n.to_string(), shard_point(n, secs, reps, connections, &pb)?);
+    }
+    pb.finish_and_clear();
+
+    let mut out = Map::new();
+    let fig = |n: u16, path: &[&str]| -> f64 {
+        let mut v = &points[&n.to_string()];
+        for p in path {
+            v = &v[*p];
+        }
+        v.as_f64().unwrap_or(f64::NAN)
+    };
+    // Headline figures per shard count, then each as a ratio against the smallest count.
+    let mut figures: Vec<(String, Vec<&str>)> = [
+        "ops_per_s",
+        "p50_us",
+        "p99_us",
+        "cpu_us_per_op",
+        "bytes_per_op_front_end_mean",
+        "bytes_per_op_front_end_max",
+        "bytes_per_own_op_front_end_max",
+        "bytes_per_record_front_end_max",
+        "bytes_per_s_front_end_max",
+        "ops_per_record",
+        "shard_forwarded",
+    ]
+    .into_iter()
+    .map(|f| (f.to_string(), vec![f]))
+    .collect();
+    for k in KV_KINDS {
+        figures.push((format!("memory_max_{k}"), vec!["memory_max_mb_by_kind", k]));
+    }
+    let mut grew = Vec::new();
+    for &n in &counts {
+        for (name, path) in &figures {
+            out.insert(format!("{name}_{n}"), json!(fig(n, path)));
+        }
+        if n == base {
+            continue;
+        }
+        for (name, path) in &figures {
+            if name == "shard_forwarded" {
+                continue;
+            }
+            // `bytes_per_op_front_end_ratio_*`, `bytes_per_own_op_front_end_ratio_*` and
+            // `bytes_per_record_front_end_ratio_*`, `bytes_per_s_front_end_ratio_*`: of the max
+            // over the front ends.
+            let short = name.strip_suffix("_max").filter(|s| s.starts_with("bytes_")).unwrap_or(name);
+            let key = format!("{short}_ratio_{n}_over_{base}");
+            let r = fig(n, path) / fig(base, path);
+            let goal = short == "bytes_per_op_front_end" || short.starts_with("memory_max_");
+            if goal && r > GROWTH_TOLERANCE {
+                grew.push(key.clone());
+            }
+            out.insert(key, json!(r));
+        }
+    }
+    out.insert("shard_counts".into(), json!(counts));
+    out.insert("grew".into(), json!(grew));
+    out.insert(
+        "goals".into(),
+        json!({"bytes_per_op_front_end_ratio_max": 1.0, "memory_max_ratio_max": 1.0,
+               "tolerance": GROWTH_TOLERANCE,
+               "note": "bytes each front end receives per operation and each role's memory do not grow with the shard count; on 2 cores throughput cannot grow"}),
+    );
+    out.insert(
+        "load".into(),
+        json!({"mix": "a", "distribution": "uniform", "keys": KEYS, "value_bytes": VALUE_BYTES,
+               "connections": connections, "client_threads": CLIENT_THREADS, "seconds_per_round": secs, "rounds": reps,
+               "front_ends_per_shard": 1, "front_end_memory_mb": FRONT_END_MB, "fabric": "router"}),
+    );
+    out.insert("by_shards".into(), Value::Object(points));
+    out.insert("machine".into(), super::machine());
+    Ok(Value::Object(out))
+}
+
+/// The shard sweep's result ([`run_shards`]) as a table.
+pub fn shards_table(v: &Value) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let f = |x: &Value| x.as_f64().unwrap_or(f64::NAN);
+    let _ = writeln!(
+        s,
+        "{:>6} {:>5} {:>9} {:>7} {:>7} {:>8} {:>9} {:>9} {:>9} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>7} {:>9}",
+        "shards",
+        "procs",
+        "ops/s",
+        "p50 µs",
+        "p99 µs",
+        "µs/op",
+        "B/op mean",
+        "B/op max",
+        "B/own op",
+        "B/rec",
+        "KiB/s",
+        "FE MiB",
+        "CS MiB",
+        "DB MiB",
+        "Co MiB",
+        "Ro MiB",
+        "ops/rec",
+        "forwarded"
+    );
+    let empty = Map::new();
+    // In the order of the shard counts (the object's keys sort as strings).
+    let points: Vec<&Value> = v["shard_counts"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|n| v["by_shards"].get(n.to_string())).collect())
+        .unwrap_or_default();
+    for p in &points {
+        let m = &p["memory_max_mb_by_kind"];
+        let _ = writeln!(
+            s,
+            "{:>6} {:>5} {:>9.0} {:>7.0} {:>7.0} {:>8.1} {:>9.1} {:>9.1} {:>9.1} {:>6.0} {:>6.0} {:>6.0} {:>6.0} {:>6.0} {:>6.0} {:>6.0} {:>7.1} {:>9}",
+            p["shards"].as_u64().unwrap_or(0),
+            p["processes"].as_u64().unwrap_or(0),
+            f(&p["ops_per_s"]),
+            f(&p["p50_us"]),
+            f(&p["p99_us"]),
+            f(&p["cpu_us_per_op"]),
+            f(&p["bytes_per_op_front_end_mean"]),
+            f(&p["bytes_per_op_front_end_max"]),
+            f(&p["bytes_per_own_op_front_end_max"]),
+            f(&p["bytes_per_record_front_end_max"]),
+            f(&p["bytes_per_s_front_end_max"]) / 1024.0,
+            f(&m["front_end"]),
+            f(&m["capsule_server"]),
+            f(&m["capsuledb"]),
+            f(&m["coordinator"]),
+            f(&m["router"]),
+            f(&p["ops_per_record"]),
+            p["shard_forwarded"].as_u64().unwrap_or(0)
+        );
+    }
+    let _ = writeln!(s, "\nCPU µs per op by kind of role:");
+    for p in &points {
+        let by: Vec<String> = p["cpu_us_per_op_by_kind"]
+            .as_object()
+            .unwrap_or(&empty)
+            .iter()
+            .map(|(k, x)| format!("{k} {:.1}", f(x)))
+            .collect();
+        let _ = writeln!(s, "  {} shards: {}", p["shards"], by.join(", "));
+    }
+    let _ = writeln!(s, "\nratios against the smallest shard count:");
+    if let Some(o) = v.as_object() {
+        for (k, x) in o.iter().filter(|(k, _)| k.contains("_ratio_")) {
+            let _ = writeln!(s, "  {k} {:.2}", f(x));
+        }
+    }
+    let _ = writeln!(s, "grew (goal figures above {GROWTH_TOLERANCE}): {}", v["grew"]);
+    s
+}
+
 /// A child process stopped on drop (SIGTERM, then SIGKILL after 5 s), with a directory that
 /// goes with it.
 pub(super) struct ChildGuard {
@@ -566,5 +998,37 @@ impl Drop for ChildGuard {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roles_group_by_kind() {
+        let r = |name: &str| Role { pid: 1, name: name.into(), budget_mb: None };
+        assert_eq!(role_kind(&r("memcached")), "front_end");
+        assert_eq!(role_kind(&r("capsule-server 2")), "capsule_server");
+        assert_eq!(role_kind(&r("capsuledb")), "capsuledb");
+        assert_eq!(role_kind(&r("coordinator")), "coordinator");
+        assert_eq!(role_kind(&r("router")), "router");
+        assert_eq!(role_kind(&r("coordinator-host 1")), "coordinator_host");
+    }
+
+    #[test]
+    fn shard_table_follows_the_counts() {
+        let point = |n: u64| {
+            json!({"shards": n, "processes": 7 * n, "ops_per_s": 1000.0, "p50_us": 1.0, "p99_us": 2.0,
+                   "cpu_us_per_op": 100.0, "bytes_per_op_front_end_mean": 10.0, "bytes_per_op_front_end_max": 11.0,
+                   "bytes_per_own_op_front_end_max": 12.0, "memory_max_mb_by_kind": {"front_end": 50.0},
+                   "shard_forwarded": 0, "cpu_us_per_op_by_kind": {"front_end": 40.0}})
+        };
+        let v = json!({"shard_counts": [2, 16], "by_shards": {"16": point(16), "2": point(2)}, "grew": [],
+                       "ops_per_s_ratio_16_over_2": 1.0});
+        let t = shards_table(&v);
+        let (two, sixteen) = (t.find("  2 shards").unwrap(), t.find("  16 shards").unwrap());
+        assert!(two < sixteen, "{t}");
+        assert!(t.contains("ops_per_s_ratio_16_over_2 1.00"), "{t}");
     }
 }

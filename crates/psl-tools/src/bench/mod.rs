@@ -17,6 +17,7 @@
 //! | `ycsb` | YCSB A, B, C, D, F against memcached-protocol endpoints and Redis | memcached | `ycsb` |
 //! | `fabric` | messages (256 B, 64 KiB; 3 receivers) and SCL puts over NATS | the router tree | — |
 //! | `cluster` | `psl up --memcached 3` (processes; router and NATS) under 50/50 and 90/10 loads | memcached | — |
+//! | `cluster --shards 1,2,4` | `psl up --shards N --memcached 1` per N: CPU per op, bytes each front end receives per op, memory per role kind | the smallest N | — |
 //! | `idle` | `psl up --workers 1 --kv --memcached 3` left alone: CPU per second, all roles | idle memcached | — |
 //!
 //! Module map: one module per benchmark; `loadgen`, the reusable closed-loop YCSB load
@@ -69,15 +70,22 @@ pub struct BenchArgs {
     /// then `echo 1 > /proc/sys/vm/drop_caches`; root only).
     #[arg(long)]
     pub drop_caches: bool,
-    /// Repetitions of each case (`rrt`, `cluster`: rounds of each system; `idle`: measured
-    /// spans; default: 3).
+    /// Repetitions of each case (`rrt`, `cluster`: rounds of each system; `cluster --shards`:
+    /// rounds per shard count; `idle`: measured spans; default: 3).
     #[arg(long)]
     pub reps: Option<usize>,
     /// `idle`: seconds to leave the deployment alone before measuring.
     #[arg(long, default_value_t = 20.0)]
     pub settle_s: f64,
+    /// `cluster`: run the shard sweep instead of the usual rounds, once per shard count
+    /// (comma-separated, 1 to 16, e.g. 1,2,4): `psl up --shards N --memcached 1` on the router
+    /// tree under the `a` mix (uniform keys) over every shard's front end.
+    #[arg(long, value_delimiter = ',')]
+    pub shards: Vec<u16>,
+    /// Boxed: `psl-tools`' command enum holds these arguments inline, and clippy bounds how
+    /// much larger than the other commands' they may be.
     #[command(flatten)]
-    pub ycsb: ycsb::YcsbArgs,
+    pub ycsb: Box<ycsb::YcsbArgs>,
 }
 
 /// Every benchmark of this tree (`psl report` asks for others by name and notes them as not
@@ -104,6 +112,18 @@ pub fn run(a: BenchArgs) -> Result<i32> {
         "memcached" => memcached::run(a.seconds, !a.json)?,
         "http" => http::run(a.seconds * 2.0, !a.json)?,
         "fabric" => fabric::run(a.seconds, &a.cases, !a.json)?,
+        "cluster" if !a.shards.is_empty() => {
+            if a.cases.iter().any(|c| c != "router") {
+                bail!("bench cluster --shards runs on the router tree only (--cases router or none)");
+            }
+            let out =
+                cluster::run_shards(a.seconds * 5.0, &a.shards, a.reps.unwrap_or(3), a.ycsb.connections, !a.json)?;
+            if !a.json {
+                print!("{}", cluster::shards_table(&out));
+                return Ok(0);
+            }
+            out
+        }
         "cluster" => cluster::run(a.seconds * 5.0, &a.cases, a.reps.unwrap_or(3), a.ycsb.connections, !a.json)?,
         "replication" => match a.cases.as_slice() {
             [] => replication::run(a.seconds * 2.0, !a.json)?,
