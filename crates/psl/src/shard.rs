@@ -167,14 +167,14 @@ fn load(path: &Path, owner: &OwnerPublicKey, kv: Option<&CapsuleName>, data_key:
     Ok(Loaded { meta, records: f.records, replica, current })
 }
 
-/// The newest map in the map capsule at `path` (see [`load`]), as a role of the KV capsule
+/// The newest map in the map capsule at `path` (checked as the module docs say), as a role of the KV capsule
 /// `kv` reads it: with the KV application's data key, trusting `kv`'s owner, and refusing a
 /// map that does not name `kv`.
 pub fn read_as_member(path: &Path, kv: &SignedMetadata, data_key: DataKey) -> Result<Option<CurrentMap>> {
     Ok(load(path, &kv.meta.owner, Some(&kv.name()), data_key)?.current)
 }
 
-/// The newest map in the map capsule at `path` (see [`load`]), read with the owner key.
+/// The newest map in the map capsule at `path` (checked as the module docs say), read with the owner key.
 pub fn read(path: &Path, owner: &OwnerKey, kv: Option<&CapsuleName>) -> Result<Option<CurrentMap>> {
     let meta = metadata(path)?;
     let key = data_key_for(owner, &meta)?;
