@@ -18,7 +18,7 @@ import pytest
 import psl_client
 import psl_client.client as client_mod
 from helpers import TlsRelay
-from psl_client import AnswerError, ApiError, AuthError, Client, PinError, VerificationError
+from psl_client import AnswerError, ApiError, AuthError, Client, PinError, ShardMap, VerificationError
 
 PSL_BIN = os.environ.get("PSL_BIN")
 pytestmark = [
@@ -129,6 +129,21 @@ def test_round_trip(up, rw):
         assert c.get("py/two")[0] == b"zwei"
     with Client(up.url, up.policy, rw, sign_every_request=True) as c:
         assert c.get("py/two")[0] == b"zwei" and c.delete("py/two")
+
+
+def test_answers_name_the_capsule_the_shard_map_gives_each_key(up, rw):
+    shown = json.loads(psl("shard", "show", "--json", "--owner", str(up.owner), "--map", up.cluster["kv"]["map"], cwd=up.dir))
+    m = ShardMap.from_json(shown)
+    with Client(up.url, up.policy, rw, shard_map=m) as c:
+        c.put("py/shard", "s")
+        assert c.get("py/shard")[0] == b"s"
+        assert c.delete("py/shard")
+    # A map that puts every key in another capsule: the real front end's answers name its own
+    # capsule, so the client refuses them, as it would a front end of the wrong shard.
+    other = dict(shown, shards=[dict(shown["shards"][0], capsule="bb" * 32)])
+    with Client(up.url, up.policy, rw, shard_map=ShardMap.from_json(other)) as c:
+        with pytest.raises(AnswerError, match="puts the key in"):
+            c.get("py/shard")
 
 
 def test_reads_back_what_the_front_end_evicted(up, rw):

@@ -412,6 +412,9 @@ mod tests {
         // The point is part of the format: clients compute it too.
         let h = sha256(&[b"psl/shard/v1abc"]);
         assert_eq!(point(b"abc"), u64::from_be_bytes(h.as_bytes()[..8].try_into().unwrap()));
+        // The same vectors as the Python SDK's tests (clients/python/tests/test_shards.py).
+        assert_eq!(point(b"user:1"), 0xe874_d9ad_abb8_1120);
+        assert_eq!(point(b"{user42}.cart"), 0x4d73_b003_3f54_392d);
     }
 
     #[test]

@@ -20,6 +20,7 @@ from .errors import (
     VerificationError,
 )
 from .policy import Policy
+from .shards import ShardMap, point
 
 __all__ = [
     "AnswerError",
@@ -36,9 +37,11 @@ __all__ = [
     "PslError",
     "Receipt",
     "ScanPage",
+    "ShardMap",
     "VerificationError",
     "VerifiedReport",
     "Version",
+    "point",
     "verify_evidence",
 ]
 __version__ = "0.1.0"

@@ -19,6 +19,7 @@ from .attest import VerifiedReport, verify_evidence
 from .credential import Credential
 from .errors import AnswerError, ApiError, AuthError, JobError, PinError, VerificationError
 from .policy import Policy
+from .shards import ShardMap
 from .wire import (
     answer_message,
     event_message,
@@ -203,7 +204,10 @@ class Client:
 
     ``url``: ``https://HOST:PORT``. ``policy``, ``credential``: paths or loaded objects.
     ``timeout``: seconds per socket operation. ``verify_at``: verification time (Unix
-    seconds) for the evidence's certificates; default now.
+    seconds) for the evidence's certificates; default now. ``shard_map``: the deployment's
+    shard map (``psl shard show --json``, a path or a loaded :class:`ShardMap`); with it,
+    every answer about a key must name the capsule the map gives that key
+    (:class:`AnswerError` otherwise), so a front end of the wrong shard cannot answer for it.
     """
 
     def __init__(
@@ -216,6 +220,7 @@ class Client:
         max_body: int = BODY_BYTES_MAX,
         sign_every_request: bool = False,
         verify_at: Optional[int] = None,
+        shard_map: Union[str, "os.PathLike[str]", ShardMap, None] = None,
     ) -> None:
         u = urlsplit(url)
         if u.scheme != "https" or not u.hostname or u.port is None:
@@ -228,6 +233,9 @@ class Client:
         self.timeout = timeout
         self.max_body = max_body
         self.sign_every_request = sign_every_request
+        self.shard_map: Optional[ShardMap] = (
+            shard_map if isinstance(shard_map, ShardMap) or shard_map is None else ShardMap.load(shard_map)
+        )
         self.receipts: Deque[Receipt] = collections.deque(maxlen=RECEIPTS_KEPT)
         self._lock = threading.Lock()
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
@@ -368,6 +376,12 @@ class Client:
             raise AnswerError(f"{receipt.method} {receipt.path_and_query}: the answer is not a JSON object")
         return parsed
 
+    def _check_shard(self, receipt: Receipt, key: bytes, d: Dict[str, Any]) -> None:
+        if self.shard_map is not None:
+            why = self.shard_map.check_answer(key, d)
+            if why is not None:
+                raise AnswerError(f"{receipt.method} {receipt.path_and_query}: {why}")
+
     @staticmethod
     def _key_path(key: BytesLike) -> str:
         k = _b(key)
@@ -387,6 +401,7 @@ class Client:
         """The value of ``key`` and its version, or None if there is none."""
         r, p = self.request("GET", "/v1/kv/" + self._key_path(key))
         d = self._expect(r, p, (200, 404))
+        self._check_shard(r, _b(key), d)
         if r.status == 404 or not d.get("found"):
             return None
         try:
@@ -400,12 +415,16 @@ class Client:
         if len(v) > VALUE_BYTES_MAX:
             raise ValueError(f"a value is at most {VALUE_BYTES_MAX} bytes")
         r, p = self.request("PUT", "/v1/kv/" + self._key_path(key), v)
-        return int(self._expect(r, p, (200,)).get("cas", 0))
+        d = self._expect(r, p, (200,))
+        self._check_shard(r, _b(key), d)
+        return int(d.get("cas", 0))
 
     def delete(self, key: BytesLike) -> bool:
         """Deletes ``key``; whether there was a value to delete."""
         r, p = self.request("DELETE", "/v1/kv/" + self._key_path(key))
-        return bool(self._expect(r, p, (200,)).get("deleted"))
+        d = self._expect(r, p, (200,))
+        self._check_shard(r, _b(key), d)
+        return bool(d.get("deleted"))
 
     def scan(self, prefix: BytesLike = b"", limit: int = 100, after: Optional[BytesLike] = None) -> ScanPage:
         """Items whose keys start with ``prefix``, in key order, at most ``limit`` (1..1000);
@@ -436,6 +455,7 @@ class Client:
             raise ValueError(f"a value is at most {VALUE_BYTES_MAX} bytes")
         r, p = self.request("POST", f"/v1/cas/{self._key_path(key)}?cas={int(cas_unique)}", v)
         d = self._expect(r, p, (200, 409))
+        self._check_shard(r, _b(key), d)
         return r.status == 200 and bool(d.get("stored"))
 
     def batch(self, ops: Sequence[Tuple[BytesLike, Optional[BytesLike]]]) -> List[Version]:
@@ -462,6 +482,8 @@ class Client:
             wire.append(op)
         r, p = self.request("POST", "/v1/batch", json.dumps({"ops": wire}).encode())
         d = self._expect(r, p, (200,))
+        for key, _ in ops:
+            self._check_shard(r, _b(key), d)
         done = d.get("ops")
         if not d.get("applied") or not isinstance(done, list) or len(done) != len(ops):
             raise AnswerError("POST /v1/batch: the answer does not name every op")
