@@ -552,7 +552,7 @@ fn join_deployment(a: &MemcachedArgs, join: Join, config: Config, budget_mb: u64
         (None, _) => None,
     };
     if let Some(m) = map_file {
-        let now = crate::shard::read_as_member(&m, &f.metadata, data_key)
+        let now = crate::shard::read_as_member(&m, &f.metadata, data_key.clone())
             .with_context(|| format!("reading the shard map {}", m.display()))?
             .with_context(|| format!("the shard map {} holds no map yet", m.display()))?;
         if now.map.shards.len() > 1 {
@@ -566,11 +566,69 @@ fn join_deployment(a: &MemcachedArgs, join: Join, config: Config, budget_mb: u64
                 "serving one shard of the map"
             );
             fe.serve_shard(shards);
+            let watch = MapWatch { path: m, meta: f.metadata.clone(), data_key, key: key.clone(), cfg, version };
+            std::thread::Builder::new()
+                .name("shard-map-watch".into())
+                .spawn({
+                    let fe = Arc::downgrade(&fe);
+                    move || watch.run(fe)
+                })
+                .context("spawning the shard map's watcher")?;
         }
     }
     let fresh = t.state.is_some() && incarnation == 1;
     let peer_server = join_group(a, &join, &fe, key, fresh)?;
     Ok((fe, Box::new(peer_server)))
+}
+
+/// How often a front end looks at its shard map's file for a newer map.
+const MAP_WATCH_PERIOD: Duration = Duration::from_secs(1);
+
+/// A front end's watch over the map capsule's file: a newer map (new front-end addresses
+/// after a restart, say) is read, verified as at start, and routed by from then on. A file
+/// that does not verify is refused and the map in use kept.
+struct MapWatch {
+    path: PathBuf,
+    meta: psl_capsule::SignedMetadata,
+    data_key: psl_crypto::DataKey,
+    key: PeerKey,
+    cfg: PeerConfig,
+    version: u64,
+}
+
+impl MapWatch {
+    /// Until the front end is dropped: once a period, if the file changed, read it again.
+    fn run(mut self, fe: std::sync::Weak<FrontEnd>) {
+        let stamp = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+        let mut seen = stamp(&self.path);
+        loop {
+            std::thread::sleep(MAP_WATCH_PERIOD);
+            let Some(fe) = fe.upgrade() else { return };
+            let now = stamp(&self.path);
+            if now == seen {
+                continue;
+            }
+            seen = now;
+            match crate::shard::read_as_member(&self.path, &self.meta, self.data_key.clone()) {
+                Ok(Some(c)) if c.map.map_version > self.version => {
+                    let version = c.map.map_version;
+                    match psl_memcached::shards::Shards::new(c.map, &self.meta.name().0 .0, self.key.clone(), self.cfg)
+                    {
+                        Ok(sh) => {
+                            tracing::info!(from = self.version, to = version, "routing by a newer shard map");
+                            fe.serve_shard(sh);
+                            self.version = version;
+                        }
+                        Err(e) => tracing::warn!("shard map version {version} refused: {e}; keeping {}", self.version),
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!("shard map {} refused: {e:#}; keeping version {}", self.path.display(), self.version)
+                }
+            }
+        }
+    }
 }
 
 /// The node's fabric, capsule, keys, id, state and CapsuleDB: from the command line

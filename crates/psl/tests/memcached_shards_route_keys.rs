@@ -99,6 +99,27 @@ fn two_shards_each_store_their_own_keys_and_every_front_end_serves_every_key() {
     assert_eq!(c[1].call(&format!("cas {k} 0 0 1 {unique}\r\nx\r\n")), "STORED");
     assert_eq!(c[0].call(&format!("cas {k} 0 0 1 {unique}\r\ny\r\n")), "EXISTS");
 
+    // A newer map (here: each shard also lists a front end that is down, first) reaches the
+    // running front ends, which verify it and route by it; a dead address is skipped for the
+    // shard's live one.
+    let owner_key = psl::util::read_owner_key(Path::new(owner)).unwrap();
+    let kv0 =
+        psl_capsule::CapsuleFile::parse(&std::fs::read(d.join("up/kv/kv.capsule")).unwrap()).unwrap().metadata.name();
+    let mut next = psl::shard::read(Path::new(map), &owner_key, Some(&kv0)).unwrap().unwrap().map;
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    for s in next.shards.iter_mut() {
+        s.front_ends.insert(0, dead.clone());
+    }
+    let (published, written) = psl::shard::publish(Path::new(map), &owner_key, &kv0, next).unwrap();
+    assert!(written);
+    let v = published.map.map_version;
+    common::eventually("both front ends route by the new map", || {
+        c.iter_mut().all(|cl| cl.stat("psl_shard_map_version") == v)
+    });
+    for (i, k) in keys.iter().enumerate().take(10) {
+        assert!(c[1 - i % 2].gets(k).is_some(), "{k} under map version {v}");
+    }
+
     // Started again with one shard, the store would route shard 1's keys to shard 0's
     // capsule, where they are not: `psl up` refuses, before any KV role starts.
     drop(c);
