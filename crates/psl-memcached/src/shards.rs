@@ -100,26 +100,26 @@ impl Shards {
         (s != self.me).then_some(s)
     }
 
-    /// Sends the command `raw` (one complete request) to a front end of `shard` and appends
-    /// its reply to `out`; tries each of the shard's front ends at most once.
-    pub fn forward(&self, shard: u16, raw: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+    /// Calls `call` on the front ends of `shard` in turn, starting at the next in the shard's
+    /// rotation, until one answers; tries each at most once. Errs naming the shard when it
+    /// has no front end or none answered.
+    fn on_a_front_end<R>(
+        &self,
+        shard: u16,
+        what: &str,
+        call: impl Fn(&PeerClient) -> std::io::Result<R>,
+    ) -> Result<R, String> {
         let clients = self.front_ends.get(shard as usize).filter(|c| !c.is_empty()).ok_or_else(|| {
-            format!("no front end to forward to for shard {shard} (map version {})", self.map.map_version)
+            format!("no front end to {what} for shard {shard} (map version {})", self.map.map_version)
         })?;
-        if raw.len() + 1 > crate::peer::FRAME_MAX {
-            return Err(format!("a command of {} bytes does not fit a peer frame", raw.len()));
-        }
         let start = self.next[shard as usize].fetch_add(1, Ordering::Relaxed);
         let mut last = String::new();
         for i in 0..clients.len() {
             let c = &clients[(start + i) % clients.len()];
-            match c.call_command(raw) {
-                Ok(reply) => {
-                    out.extend_from_slice(&reply);
-                    return Ok(());
-                }
+            match call(c) {
+                Ok(r) => return Ok(r),
                 Err(e) => {
-                    tracing::debug!(shard, front_end = %c.addr(), "forwarding to another shard: {e}");
+                    tracing::debug!(shard, front_end = %c.addr(), "{what} at another shard: {e}");
                     last = format!("{}: {e}", c.addr());
                 }
             }
@@ -127,23 +127,20 @@ impl Shards {
         Err(format!("shard {shard}'s front ends unavailable (last: {last})"))
     }
 
-    /// A page of a prefix scan from a front end of `shard`; tries each of its front ends at
-    /// most once.
-    pub fn scan(&self, shard: u16, req: &ScanRequest<'_>) -> ScanReply {
-        let clients =
-            self.front_ends.get(shard as usize).filter(|c| !c.is_empty()).ok_or_else(|| {
-                format!("no front end to scan for shard {shard} (map version {})", self.map.map_version)
-            })?;
-        let start = self.next[shard as usize].fetch_add(1, Ordering::Relaxed);
-        let mut last = String::new();
-        for i in 0..clients.len() {
-            let c = &clients[(start + i) % clients.len()];
-            match c.call_scan(req) {
-                Ok(page) => return page.map_err(|e| format!("shard {shard}: {e}")),
-                Err(e) => last = format!("{}: {e}", c.addr()),
-            }
+    /// Sends the command `raw` (one complete request) to a front end of `shard` and appends
+    /// its reply to `out`.
+    pub fn forward(&self, shard: u16, raw: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+        if raw.len() + 1 > crate::peer::FRAME_MAX {
+            return Err(format!("a command of {} bytes does not fit a peer frame", raw.len()));
         }
-        Err(format!("shard {shard}'s front ends unavailable (last: {last})"))
+        let reply = self.on_a_front_end(shard, "forward to", |c| c.call_command(raw))?;
+        out.extend_from_slice(&reply);
+        Ok(())
+    }
+
+    /// A page of a prefix scan from a front end of `shard`.
+    pub fn scan(&self, shard: u16, req: &ScanRequest<'_>) -> ScanReply {
+        self.on_a_front_end(shard, "scan", |c| c.call_scan(req))?.map_err(|e| format!("shard {shard}: {e}"))
     }
 }
 

@@ -77,28 +77,35 @@ fn plot(rows: &[serde_json::Value], path: &Path) -> Result<()> {
         .border_style(BLACK)
         .label_font(("sans-serif", 14))
         .draw()?;
-    let mmax = mem.iter().map(|p| p.1).fold(1.0, f64::max) * 3.0;
-    let mmin = mem.iter().map(|p| p.1).fold(f64::MAX, f64::min).min(1.0) / 3.0;
-    let mut m = ChartBuilder::on(&right)
-        .caption("memory per node (resident)", ("sans-serif", 22))
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(70)
-        .build_cartesian_2d((xmin..xmax).log_scale(), (mmin..mmax).log_scale())?;
-    m.configure_mesh().x_desc("nodes (10 per shard)").y_desc("KiB").label_style(("sans-serif", 15)).draw()?;
-    m.draw_series(LineSeries::new(mem.clone(), GREEN.stroke_width(2)))?;
-    m.draw_series(mem.iter().map(|p| Circle::new(*p, 4, GREEN.filled())))?;
-    let omax = ops.iter().map(|p| p.1).fold(1.0, f64::max) * 3.0;
-    let omin = ops.iter().map(|p| p.1).fold(f64::MAX, f64::min).min(1.0) / 3.0;
-    let mut t = ChartBuilder::on(&third)
-        .caption("ops applied per second, whole deployment", ("sans-serif", 22))
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(70)
-        .build_cartesian_2d((xmin..xmax).log_scale(), (omin..omax).log_scale())?;
-    t.configure_mesh().x_desc("nodes (10 per shard)").y_desc("ops/s").label_style(("sans-serif", 15)).draw()?;
-    t.draw_series(LineSeries::new(ops.clone(), MAGENTA.stroke_width(2)))?;
-    t.draw_series(ops.iter().map(|p| Circle::new(*p, 4, MAGENTA.filled())))?;
+    one_series(&right, "memory per node (resident)", "KiB", &mem, (xmin, xmax), &GREEN)?;
+    one_series(&third, "ops applied per second, whole deployment", "ops/s", &ops, (xmin, xmax), &MAGENTA)?;
     root.present()?;
+    Ok(())
+}
+
+/// A log-log panel of one series against the node count.
+fn one_series<DB: plotters::prelude::DrawingBackend>(
+    area: &plotters::prelude::DrawingArea<DB, plotters::coord::Shift>,
+    caption: &str,
+    y_desc: &str,
+    pts: &[(f64, f64)],
+    (xmin, xmax): (f64, f64),
+    color: &plotters::prelude::RGBColor,
+) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    use plotters::prelude::*;
+    let ymax = pts.iter().map(|p| p.1).fold(1.0, f64::max) * 3.0;
+    let ymin = pts.iter().map(|p| p.1).fold(f64::MAX, f64::min).min(1.0) / 3.0;
+    let mut c = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 22))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        .build_cartesian_2d((xmin..xmax).log_scale(), (ymin..ymax).log_scale())?;
+    c.configure_mesh().x_desc("nodes (10 per shard)").y_desc(y_desc).label_style(("sans-serif", 15)).draw()?;
+    c.draw_series(LineSeries::new(pts.to_vec(), color.stroke_width(2)))?;
+    c.draw_series(pts.iter().map(|p| Circle::new(*p, 4, color.filled())))?;
     Ok(())
 }

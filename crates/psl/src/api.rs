@@ -519,9 +519,10 @@ fn batch_answer(
 pub fn kv(fe: Arc<FrontEnd>, guard: Arc<Guard>) -> (Vec<&'static str>, psl_http::Api) {
     let api: psl_http::Api = Arc::new(move |req: ApiRequest| {
         guard.serve(&req, |r| {
-            misdirected(&fe, r)
-                .or_else(|| route_inline(&fe, r).map(|a| stamped(&fe, a)))
-                .unwrap_or_else(|| psl_http::may_block(|| route(&fe, r)))
+            misdirected(&fe, r).unwrap_or_else(|| {
+                let a = route_inline(&fe, r).unwrap_or_else(|| psl_http::may_block(|| route_unstamped(&fe, r)));
+                stamped(&fe, a)
+            })
         })
     });
     (KV_PREFIXES.to_vec(), api)
